@@ -1,0 +1,98 @@
+//! How the suite reaches a backend: a [`Harness`] makes independent clients.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lockcore::{LockGuard, LockName, Locker, Result};
+
+/// A boxed future, for closures that connect clients.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Gives the suite independent clients of one backend instance.
+#[async_trait]
+pub trait Harness: Send + Sync + 'static {
+    /// A label for test names and reports, with secrets redacted (for example `redis-tls`).
+    fn label(&self) -> String;
+
+    /// A new client with its own connection or session: two clients never share one, so their
+    /// locks exclude each other as two processes' would.
+    async fn client(&self) -> Result<Locker>;
+
+    /// Plays a crash of the holder of `guard`: the lease is neither renewed nor released, and the
+    /// client goes away as a killed process's would. The default abandons the guard and drops
+    /// the client; session-bound backends override it so the session dies without a goodbye.
+    async fn crash(&self, guard: LockGuard, client: Locker) {
+        guard.abandon();
+        drop(client);
+    }
+
+    /// Whether [`Harness::revoke`] works; scenarios that need it are unsupported otherwise.
+    fn can_revoke(&self) -> bool {
+        false
+    }
+
+    /// Deletes the lock `name` behind its holder's back, as an operator (or a failover) would.
+    async fn revoke(&self, name: &LockName) -> Result<()> {
+        let _ = name;
+        Err(lockcore::Error::unsupported("this harness cannot revoke locks"))
+    }
+
+    /// The shortest TTL the scenarios should use with this backend (its timing floor, for
+    /// example ZooKeeper's minimum session timeout). Scenario TTLs are at least this.
+    fn min_scenario_ttl(&self) -> Duration {
+        Duration::from_millis(300)
+    }
+}
+
+/// A harness from a label and a connect closure.
+pub struct FnHarness<F> {
+    label: String,
+    connect: F,
+    min_ttl: Duration,
+}
+
+impl<F> FnHarness<F>
+where
+    F: Fn() -> BoxFuture<'static, Result<Locker>> + Send + Sync + 'static,
+{
+    /// `connect` is called once per client.
+    pub fn new(label: impl Into<String>, connect: F) -> Self {
+        FnHarness {
+            label: label.into(),
+            connect,
+            min_ttl: Duration::from_millis(300),
+        }
+    }
+
+    /// Sets [`Harness::min_scenario_ttl`].
+    pub fn min_scenario_ttl(mut self, ttl: Duration) -> Self {
+        self.min_ttl = ttl;
+        self
+    }
+
+    /// Boxes it.
+    pub fn arc(self) -> Arc<dyn Harness> {
+        Arc::new(self)
+    }
+}
+
+#[async_trait]
+impl<F> Harness for FnHarness<F>
+where
+    F: Fn() -> BoxFuture<'static, Result<Locker>> + Send + Sync + 'static,
+{
+    fn label(&self) -> String {
+        self.label.clone()
+    }
+
+    async fn client(&self) -> Result<Locker> {
+        (self.connect)().await
+    }
+
+    fn min_scenario_ttl(&self) -> Duration {
+        self.min_ttl
+    }
+}

@@ -1,0 +1,214 @@
+//! The small trait a backend implements. Users call [`Locker`](crate::Locker), which adds
+//! validation, waiting, auto-renewal, the lost signal and release on drop.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::{Capabilities, LockName, LostNotifier, Result};
+
+/// The random owner token of one acquisition (a UUID v4). Release and extend only ever touch the
+/// lease that carries it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OwnerToken(uuid::Uuid);
+
+impl OwnerToken {
+    /// A new random token.
+    pub fn random() -> Self {
+        OwnerToken(uuid::Uuid::new_v4())
+    }
+
+    /// The token as a UUID.
+    pub fn uuid(&self) -> uuid::Uuid {
+        self.0
+    }
+
+    /// The token as 32 lowercase hex digits, the form backends store.
+    pub fn to_hex(&self) -> String {
+        self.0.simple().to_string()
+    }
+}
+
+impl fmt::Debug for OwnerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OwnerToken({})", self.0.simple())
+    }
+}
+
+impl fmt::Display for OwnerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0.simple())
+    }
+}
+
+/// One acquisition as the backend sees it.
+#[derive(Debug, Clone)]
+pub struct AcquireRequest {
+    /// The validated lock name.
+    pub name: LockName,
+    /// This acquisition's owner token; store it with the lock.
+    pub token: OwnerToken,
+    /// The lease TTL asked for (already validated against the backend's range).
+    pub ttl: Duration,
+    /// Fire it when the backend learns the lease is lost (session expired, connection dropped).
+    pub lost: LostNotifier,
+}
+
+/// A held lease, as returned by a backend.
+///
+/// `extend` and `release` must be owner-checked and atomic (compare-and-extend,
+/// compare-and-delete): on a lease that is no longer this token's they change nothing and return
+/// [`ErrorKind::NotHeld`](crate::ErrorKind::NotHeld).
+#[async_trait]
+pub trait Lease: Send + Sync + fmt::Debug + 'static {
+    /// The fencing token, if the backend gives them.
+    fn fencing_token(&self) -> Option<u64>;
+
+    /// Resets the lease's TTL to `ttl` from now, if it is still this owner's.
+    ///
+    /// Cancel safety: dropping the future may or may not have extended the lease; either way the
+    /// lease stays owner-checked.
+    async fn extend(&self, ttl: Duration) -> Result<()>;
+
+    /// Releases the lease, if it is still this owner's. Called once (again only after a call was
+    /// cancelled).
+    ///
+    /// Cancel safety: dropping the future may leave the lock held until its TTL runs out.
+    async fn release(&self) -> Result<()>;
+}
+
+/// A held lease, boxed.
+pub type BoxLease = Box<dyn Lease>;
+
+/// A successful acquisition: the lease and the moment the request that won it was sent, from
+/// which the contract computes the validity deadline.
+#[derive(Debug)]
+pub struct Acquired {
+    /// The lease.
+    pub lease: BoxLease,
+    /// When the winning request was sent (taken just before sending it, on the monotonic clock).
+    pub sent_at: Instant,
+}
+
+impl Acquired {
+    /// Wraps a lease won by a request sent at `sent_at`.
+    pub fn new(lease: impl Lease, sent_at: Instant) -> Self {
+        Acquired {
+            lease: Box::new(lease),
+            sent_at,
+        }
+    }
+}
+
+/// A lock backend: one client (connection pool, session) to one lock service.
+///
+/// Two `Backend` values created separately must behave as independent clients: they never share
+/// a session or a held connection, so that locks exclude each other between them.
+#[async_trait]
+pub trait Backend: Send + Sync + fmt::Debug + 'static {
+    /// What this instance can do.
+    fn capabilities(&self) -> &Capabilities;
+
+    /// One attempt: the lease, or `Ok(None)` if someone else holds the lock.
+    ///
+    /// Cancel safety: a dropped attempt must leave no lock behind beyond `req.ttl`.
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>>;
+
+    /// Waits for the lock until `deadline` (`None`: no deadline); `Ok(None)` when the deadline
+    /// passed. The default polls [`Backend::try_acquire`] with [`Backoff`]; backends that can be
+    /// notified override it and declare [`WaitKind::Notify`](crate::WaitKind::Notify).
+    ///
+    /// Cancel safety: a dropped wait must leave no lock and no queue entry behind beyond
+    /// `req.ttl`.
+    async fn acquire(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Acquired>> {
+        poll_acquire(self, req, deadline, &Backoff::for_ttl(req.ttl)).await
+    }
+
+    /// A description for logs and reports, with any secret (password) redacted.
+    fn describe(&self) -> String;
+}
+
+#[async_trait]
+impl<B: Backend + ?Sized> Backend for Arc<B> {
+    fn capabilities(&self) -> &Capabilities {
+        (**self).capabilities()
+    }
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
+        (**self).try_acquire(req).await
+    }
+    async fn acquire(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Acquired>> {
+        (**self).acquire(req, deadline).await
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+}
+
+/// Exponential backoff with full jitter, capped: the poll schedule for backends that cannot be
+/// notified, and the safety-net poll for those that can.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Backoff {
+    /// The first delay's upper bound.
+    pub initial: Duration,
+    /// The cap on any delay.
+    pub max: Duration,
+}
+
+impl Backoff {
+    /// 5 ms doubling up to a quarter of the TTL, capped at 1 s and at least 10 ms.
+    pub fn for_ttl(ttl: Duration) -> Self {
+        Backoff {
+            initial: Duration::from_millis(5),
+            max: (ttl / 4).clamp(Duration::from_millis(10), Duration::from_secs(1)),
+        }
+    }
+
+    /// The delay before poll number `attempt` (0-based): uniform in `[0, min(max, initial * 2^attempt)]`.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let ceiling = self
+            .initial
+            .saturating_mul(1u32 << attempt.min(20))
+            .min(self.max);
+        let nanos = ceiling.as_nanos().min(u64::MAX as u128) as u64;
+        Duration::from_nanos(fastrand::u64(0..=nanos))
+    }
+}
+
+/// Polls [`Backend::try_acquire`] until it succeeds or `deadline` passes, sleeping per `backoff`
+/// between attempts (never past the deadline). The default [`Backend::acquire`].
+///
+/// Cancel safe as far as `try_acquire` is.
+pub async fn poll_acquire<B: Backend + ?Sized>(
+    backend: &B,
+    req: &AcquireRequest,
+    deadline: Option<Instant>,
+    backoff: &Backoff,
+) -> Result<Option<Acquired>> {
+    let mut attempt = 0u32;
+    loop {
+        if let Some(lease) = backend.try_acquire(req).await? {
+            return Ok(Some(lease));
+        }
+        let now = Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            return Ok(None);
+        }
+        let mut wake = now + backoff.delay(attempt);
+        if let Some(d) = deadline {
+            wake = wake.min(d);
+        }
+        tokio::time::sleep_until(wake).await;
+        attempt = attempt.saturating_add(1);
+    }
+}

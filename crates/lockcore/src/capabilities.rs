@@ -1,0 +1,82 @@
+//! What a backend instance can do, declared by the backend and checked by the suite.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// How a waiting `lock()` learns that the lock became free.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum WaitKind {
+    /// The backend notifies waiters (pub/sub, watches, a server-side queue).
+    Notify,
+    /// Waiters poll with exponential backoff and full jitter, capped.
+    Poll,
+}
+
+/// How leases are kept alive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum RenewKind {
+    /// The lease lives as long as a session or connection; the backend keeps it alive itself and
+    /// `extend` only checks the session.
+    Native,
+    /// The lease has a TTL and the contract's watchdog extends it.
+    Emulated,
+}
+
+/// The capabilities of one backend instance (not of a backend type: the same crate may declare
+/// different ones per URL or server).
+///
+/// Backends start from [`Capabilities::default`] (nothing optional) and set what they have.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Guards carry a fencing token, strictly increasing across holders of one name.
+    pub fencing: bool,
+    /// Waiters are served first come, first served.
+    pub fair: bool,
+    /// How `lock()` waits.
+    pub wait: WaitKind,
+    /// How leases are kept alive under auto-renewal.
+    pub renew: RenewKind,
+    /// The backend itself reports a lost lease (session expiry, dropped connection) besides the
+    /// contract's renewal and validity checks.
+    pub lost_detection: bool,
+    /// The same holder may acquire a lock it already holds.
+    pub reentrant: bool,
+    /// A crashed holder's lock is held until its TTL runs out, and not freed before. Backends
+    /// whose locks die with the holder's connection free them at once instead.
+    pub expiry_after_ttl: bool,
+    /// The smallest TTL accepted.
+    #[serde(serialize_with = "ser_duration")]
+    pub min_ttl: Duration,
+    /// The largest TTL accepted.
+    #[serde(serialize_with = "ser_duration")]
+    pub max_ttl: Duration,
+    /// Free text for the report: caveats of this backend's guarantees.
+    pub notes: Vec<String>,
+}
+
+fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Capabilities {
+            fencing: false,
+            fair: false,
+            wait: WaitKind::Poll,
+            renew: RenewKind::Emulated,
+            lost_detection: false,
+            reentrant: false,
+            expiry_after_ttl: true,
+            min_ttl: Duration::from_millis(1),
+            max_ttl: crate::options::MAX_TTL,
+            notes: Vec::new(),
+        }
+    }
+}

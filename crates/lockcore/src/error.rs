@@ -1,0 +1,151 @@
+//! One error type, with kinds shared by every backend.
+
+use std::fmt;
+
+/// What went wrong, independent of the backend.
+///
+/// Contention is not an error: `try_lock` on a held lock returns `Ok(None)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The lock name is empty, too long, or contains characters that are not allowed.
+    InvalidName,
+    /// An option, TTL or URL is malformed or out of range.
+    InvalidConfig,
+    /// `lock()` did not get the lock before its wait deadline.
+    Timeout,
+    /// Release or extend of a lease that is no longer the caller's (expired, taken over or
+    /// already released). Nothing was changed.
+    NotHeld,
+    /// The backend cannot do what was asked (for example fencing tokens or reentrancy).
+    Unsupported,
+    /// The backend could not be reached or did not answer in time; the outcome may be unknown.
+    Unavailable,
+    /// The backend answered with an error that fits no other kind.
+    Backend,
+}
+
+impl ErrorKind {
+    /// A short stable name for logs and reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidName => "invalid name",
+            ErrorKind::InvalidConfig => "invalid config",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::NotHeld => "not held",
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Backend => "backend error",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The error of every locksmith operation: a kind, a message and, where there is one, the
+/// client error it came from.
+pub struct Error {
+    kind: ErrorKind,
+    message: String,
+    source: Option<BoxError>,
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// A new error of `kind`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Error {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Attaches the underlying error.
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// The kind of error.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The message, without the kind.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Shorthand for an [`ErrorKind::InvalidName`] error.
+    pub fn invalid_name(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::InvalidName, message)
+    }
+
+    /// Shorthand for an [`ErrorKind::InvalidConfig`] error.
+    pub fn invalid_config(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::InvalidConfig, message)
+    }
+
+    /// Shorthand for an [`ErrorKind::NotHeld`] error.
+    pub fn not_held(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::NotHeld, message)
+    }
+
+    /// Shorthand for an [`ErrorKind::Unsupported`] error.
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::Unsupported, message)
+    }
+
+    /// Shorthand for an [`ErrorKind::Unavailable`] error with its source.
+    pub fn unavailable(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Error::new(ErrorKind::Unavailable, message).with_source(source)
+    }
+
+    /// Shorthand for an [`ErrorKind::Backend`] error with its source.
+    pub fn backend(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Error::new(ErrorKind::Backend, message).with_source(source)
+    }
+
+    /// Shorthand for an [`ErrorKind::Timeout`] error.
+    pub fn timeout(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::Timeout, message)
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Error");
+        d.field("kind", &self.kind).field("message", &self.message);
+        if let Some(source) = &self.source {
+            d.field("source", &format_args!("{source}"));
+        }
+        d.finish()
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind, self.message)?;
+        if let Some(source) = &self.source {
+            write!(f, ": {source}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}

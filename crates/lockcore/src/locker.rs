@@ -1,0 +1,481 @@
+//! The user-facing client: validation, waiting, guards, auto-renewal, the lost signal and
+//! release on drop, the same for every backend.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::backend::{Acquired, AcquireRequest, Backend, BoxLease, OwnerToken};
+use crate::{
+    AutoRenew, Capabilities, Error, ErrorKind, IntoLockName, LockName, LockOptions, LostNotifier,
+    LostReason, LostSignal, Result,
+};
+
+/// The safety margin taken off every lease's validity: 1 % of the TTL plus 2 ms, for clock rate
+/// differences between client and server (the Redlock paper's drift factor).
+pub fn drift_margin(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// A client of one lock backend. Cheap to clone; clones share the backend connection(s).
+///
+/// Create it inside a tokio runtime: guards dropped without an explicit release are released by
+/// a task spawned on that runtime.
+#[derive(Clone)]
+pub struct Locker {
+    inner: Arc<LockerInner>,
+}
+
+struct LockerInner {
+    backend: Arc<dyn Backend>,
+    runtime: Handle,
+    pending_releases: AtomicUsize,
+    releases_done: Notify,
+}
+
+impl fmt::Debug for Locker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Locker")
+            .field("backend", &self.inner.backend.describe())
+            .finish()
+    }
+}
+
+impl Locker {
+    /// Wraps a backend.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn new(backend: impl Backend) -> Self {
+        Self::from_arc(Arc::new(backend))
+    }
+
+    /// Wraps a shared backend.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
+        Locker {
+            inner: Arc::new(LockerInner {
+                backend,
+                runtime: Handle::current(),
+                pending_releases: AtomicUsize::new(0),
+                releases_done: Notify::new(),
+            }),
+        }
+    }
+
+    /// The backend's capabilities.
+    pub fn capabilities(&self) -> &Capabilities {
+        self.inner.backend.capabilities()
+    }
+
+    /// The backend, described with secrets redacted.
+    pub fn describe(&self) -> String {
+        self.inner.backend.describe()
+    }
+
+    /// The backend itself.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.inner.backend
+    }
+
+    /// One attempt to take the lock: `Ok(None)` if someone else holds it (contention is not an
+    /// error). The wait timeout in `options` is ignored.
+    ///
+    /// Cancel safety: dropping the future before it completes may leave the lock held by nobody
+    /// reachable until the TTL runs out (the request may have reached the server); it never leaves
+    /// it held longer.
+    ///
+    /// # Errors
+    /// `InvalidName`, `InvalidConfig` or `Unsupported` before any I/O; `Unavailable` or `Backend`
+    /// when the backend fails.
+    pub async fn try_lock(
+        &self,
+        name: impl IntoLockName,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        let req = self.request(name, options)?;
+        let acquired = self.inner.backend.try_acquire(&req.request).await?;
+        Ok(acquired.map(|a| self.guard(req, a, options)))
+    }
+
+    /// Takes the lock, waiting up to the options' wait timeout (or without deadline, with
+    /// [`LockOptions::wait_forever`]). Waits by the backend's notification where it has one, and
+    /// otherwise polls with exponential backoff and full jitter; fair backends serve waiters FIFO.
+    ///
+    /// Cancel safety: dropping the future removes this waiter from any queue; a lock granted in
+    /// the instant before the drop is left to expire after its TTL at the latest.
+    ///
+    /// # Errors
+    /// `Timeout` when the deadline passes; otherwise as [`Locker::try_lock`].
+    pub async fn lock(&self, name: impl IntoLockName, options: &LockOptions) -> Result<LockGuard> {
+        let req = self.request(name, options)?;
+        let deadline = options.wait_value().map(|w| Instant::now() + w);
+        match self.inner.backend.acquire(&req.request, deadline).await? {
+            Some(a) => Ok(self.guard(req, a, options)),
+            None => Err(Error::timeout(format!(
+                "lock {:?} was not acquired within {:?}",
+                req.request.name.as_str(),
+                options.wait_value().unwrap_or_default()
+            ))),
+        }
+    }
+
+    /// Waits until every release handed to the background by dropped guards has finished. Call
+    /// it before shutting a runtime down, so that no lock is left to expire by its TTL.
+    ///
+    /// Cancel safe.
+    pub async fn flush(&self) {
+        loop {
+            let done = self.inner.releases_done.notified();
+            if self.inner.pending_releases.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            done.await;
+        }
+    }
+
+    /// How many background releases are still running.
+    pub fn pending_releases(&self) -> usize {
+        self.inner.pending_releases.load(Ordering::Acquire)
+    }
+
+    fn request(&self, name: impl IntoLockName, options: &LockOptions) -> Result<PendingGuard> {
+        let name = name.into_lock_name()?;
+        options.validate(self.capabilities())?;
+        let (notifier, signal) = LostNotifier::new();
+        Ok(PendingGuard {
+            request: AcquireRequest {
+                name,
+                token: OwnerToken::random(),
+                ttl: options.ttl_value(),
+                lost: notifier,
+            },
+            signal,
+        })
+    }
+
+    fn guard(&self, pending: PendingGuard, acquired: Acquired, options: &LockOptions) -> LockGuard {
+        let PendingGuard { request, signal } = pending;
+        let ttl = request.ttl;
+        let valid_until = acquired.sent_at + ttl.saturating_sub(drift_margin(ttl));
+        let shared = Arc::new(GuardShared {
+            lease: acquired.lease,
+            notifier: request.lost,
+            valid_until: Mutex::new(valid_until),
+            release_started: AtomicBool::new(false),
+        });
+        let watchdog = self.inner.runtime.spawn(watchdog(
+            shared.clone(),
+            self.inner.clone(),
+            signal.clone(),
+            ttl,
+            acquired.sent_at,
+            options.auto_renew_value().cloned(),
+        ));
+        LockGuard {
+            name: request.name,
+            token: request.token,
+            ttl,
+            fencing_token: shared.lease.fencing_token(),
+            acquired_at: acquired.sent_at,
+            shared,
+            signal,
+            watchdog: Some(watchdog),
+            locker: self.inner.clone(),
+            finished: false,
+        }
+    }
+}
+
+struct PendingGuard {
+    request: AcquireRequest,
+    signal: LostSignal,
+}
+
+struct GuardShared {
+    lease: BoxLease,
+    notifier: LostNotifier,
+    valid_until: Mutex<Instant>,
+    release_started: AtomicBool,
+}
+
+impl GuardShared {
+    fn valid_until(&self) -> Instant {
+        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_valid_until(&self, at: Instant) {
+        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = at;
+    }
+
+    /// True for the one caller that may release the lease.
+    fn begin_release(&self) -> bool {
+        !self.release_started.swap(true, Ordering::AcqRel)
+    }
+}
+
+impl LockerInner {
+    /// Hands a release to a background task: never blocks, and runs to completion as long as the
+    /// runtime does.
+    fn release_in_background(self: &Arc<Self>, shared: Arc<GuardShared>) {
+        self.pending_releases.fetch_add(1, Ordering::AcqRel);
+        let inner = self.clone();
+        self.runtime.spawn(async move {
+            if let Err(e) = shared.lease.release().await
+                && e.kind() != ErrorKind::NotHeld
+            {
+                tracing::warn!(error = %e, "background release failed; the lock frees after its ttl");
+            }
+            if inner.pending_releases.fetch_sub(1, Ordering::AcqRel) == 1 {
+                inner.releases_done.notify_waiters();
+            }
+        });
+    }
+}
+
+/// Keeps one lease: renews it (when asked) until the maximum hold time, fires the lost signal
+/// when the validity deadline passes or a renewal is refused, and releases a lease whose validity
+/// ran out (so that session-bound backends honour the TTL too).
+async fn watchdog(
+    shared: Arc<GuardShared>,
+    locker: Arc<LockerInner>,
+    signal: LostSignal,
+    ttl: Duration,
+    acquired_at: Instant,
+    renew: Option<AutoRenew>,
+) {
+    let hold_deadline = renew.as_ref().map(|r| acquired_at + r.max_hold());
+    let interval = renew.as_ref().map(|r| ttl.mul_f64(r.fraction()));
+    let mut next_renew = interval.map(|i| acquired_at + i);
+    loop {
+        let valid_until = shared.valid_until();
+        tokio::select! {
+            _ = tokio::time::sleep_until(valid_until) => {
+                // A manual extend may have moved the deadline while we slept.
+                if shared.valid_until() > Instant::now() {
+                    continue;
+                }
+                shared.notifier.fire(LostReason::ValidityExpired);
+                if shared.begin_release() {
+                    locker.release_in_background(shared.clone());
+                }
+                return;
+            }
+            _ = signal.lost() => return,
+            _ = sleep_until_opt(next_renew) => {
+                let (Some(hold_deadline), Some(interval)) = (hold_deadline, interval) else {
+                    return;
+                };
+                let now = Instant::now();
+                let remaining_hold = hold_deadline.saturating_duration_since(now);
+                if remaining_hold < Duration::from_millis(1) {
+                    next_renew = None;
+                    continue;
+                }
+                let new_ttl = ttl.min(remaining_hold);
+                match tokio::time::timeout_at(valid_until, shared.lease.extend(new_ttl)).await {
+                    Ok(Ok(())) => {
+                        shared.set_valid_until(now + new_ttl.saturating_sub(drift_margin(new_ttl)));
+                        // The last renewal stops at the maximum hold time exactly.
+                        next_renew = (new_ttl == ttl).then(|| now + interval);
+                    }
+                    Ok(Err(e)) if e.kind() == ErrorKind::NotHeld => {
+                        shared.notifier.fire(LostReason::RenewalRefused);
+                        return;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "lease renewal failed; retrying before the validity deadline");
+                        next_renew = Some((Instant::now() + interval / 4).min(valid_until));
+                    }
+                    Err(_elapsed) => {
+                        // Loop again: the validity branch fires the signal and releases.
+                        next_renew = None;
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A held lock. Release it with [`LockGuard::release`] to learn the outcome; dropping it hands
+/// the release to a background task of the [`Locker`] (never blocking, and not immediate: the
+/// lock is free a round trip later).
+///
+/// Check [`LockGuard::lost`] (or [`LockGuard::is_valid`]) before acting on the lock's behalf,
+/// and pass [`LockGuard::fencing_token`] to the resource you protect where the backend has one.
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct LockGuard {
+    name: LockName,
+    token: OwnerToken,
+    ttl: Duration,
+    fencing_token: Option<u64>,
+    acquired_at: Instant,
+    shared: Arc<GuardShared>,
+    signal: LostSignal,
+    watchdog: Option<JoinHandle<()>>,
+    locker: Arc<LockerInner>,
+    finished: bool,
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("name", &self.name)
+            .field("token", &self.token)
+            .field("fencing_token", &self.fencing_token)
+            .field("lost", &self.signal.reason())
+            .finish()
+    }
+}
+
+impl LockGuard {
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    /// This acquisition's random owner token.
+    pub fn token(&self) -> OwnerToken {
+        self.token
+    }
+
+    /// The fencing token: strictly increasing across successive holders of this name, on
+    /// backends that declare `fencing`.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fencing_token
+    }
+
+    /// When the request that won the lock was sent.
+    pub fn acquired_at(&self) -> Instant {
+        self.acquired_at
+    }
+
+    /// The TTL asked for.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Until when the lease is surely this holder's, on the monotonic clock: the moment the
+    /// winning (or last renewing) request was sent, plus the TTL, minus a drift margin.
+    pub fn valid_until(&self) -> Instant {
+        self.shared.valid_until()
+    }
+
+    /// Whether the lease is still within its validity and not known lost.
+    pub fn is_valid(&self) -> bool {
+        !self.signal.is_lost() && Instant::now() < self.valid_until()
+    }
+
+    /// The lost signal: fires when the lease is known lost.
+    pub fn lost(&self) -> LostSignal {
+        self.signal.clone()
+    }
+
+    /// Extends the lease to `ttl` from now.
+    ///
+    /// Cancel safety: dropping the future may or may not have extended the lease; the validity
+    /// deadline is only moved on success.
+    ///
+    /// # Errors
+    /// `NotHeld` if the lease is no longer this holder's (nothing changes), `InvalidConfig` for a
+    /// bad TTL, `Unavailable` or `Backend` on failure.
+    pub async fn extend(&self, ttl: Duration) -> Result<()> {
+        LockOptions::new()
+            .ttl(ttl)
+            .validate(self.locker.backend.capabilities())?;
+        if self.shared.release_started.load(Ordering::Acquire) {
+            return Err(Error::not_held("the lease has been released"));
+        }
+        let sent = Instant::now();
+        match self.shared.lease.extend(ttl).await {
+            Ok(()) => {
+                self.shared
+                    .set_valid_until(sent + ttl.saturating_sub(drift_margin(ttl)));
+                Ok(())
+            }
+            Err(e) => {
+                if e.kind() == ErrorKind::NotHeld {
+                    self.shared.notifier.fire(LostReason::RenewalRefused);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Releases the lock and reports how it went.
+    ///
+    /// Cancel safety: if the future is dropped before it completes, the release goes on in the
+    /// background as if the guard had been dropped.
+    ///
+    /// # Errors
+    /// `NotHeld` if the lease had already expired or been taken over (nothing was freed);
+    /// `Unavailable` or `Backend` on failure (the lock then frees after its TTL).
+    pub async fn release(mut self) -> Result<()> {
+        self.stop_watchdog();
+        self.finished = true;
+        if !self.shared.begin_release() {
+            return Err(Error::not_held(
+                "the lease ran past its validity and was already released",
+            ));
+        }
+        let mut on_cancel = ReleaseOnCancel {
+            shared: Some(self.shared.clone()),
+            locker: self.locker.clone(),
+        };
+        let result = self.shared.lease.release().await;
+        on_cancel.shared = None;
+        result
+    }
+
+    /// Stops renewal and forgets the lease without releasing it: the lock stays held until its
+    /// TTL runs out (or, on session-bound backends, until the session ends). Meant for tests that
+    /// play a crashed holder.
+    pub fn abandon(mut self) {
+        self.stop_watchdog();
+        self.finished = true;
+        self.shared.release_started.store(true, Ordering::Release);
+    }
+
+    fn stop_watchdog(&mut self) {
+        if let Some(w) = self.watchdog.take() {
+            w.abort();
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        self.stop_watchdog();
+        if !self.finished && self.shared.begin_release() {
+            self.locker.release_in_background(self.shared.clone());
+        }
+    }
+}
+
+struct ReleaseOnCancel {
+    shared: Option<Arc<GuardShared>>,
+    locker: Arc<LockerInner>,
+}
+
+impl Drop for ReleaseOnCancel {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            self.locker.release_in_background(shared);
+        }
+    }
+}

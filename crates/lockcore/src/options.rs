@@ -1,0 +1,205 @@
+//! Per-acquisition options.
+
+use std::time::Duration;
+
+use crate::{Capabilities, Error, Result};
+
+/// The default lease TTL: 30 seconds, as Redisson's lock watchdog.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// The default time `lock()` waits for a held lock before it returns a timeout error.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+/// The longest TTL accepted by the contract; a backend may declare a smaller range.
+pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// How `lock()` waits, what lease it asks for and whether it renews it.
+///
+/// ```
+/// use std::time::Duration;
+/// use lockcore::{AutoRenew, LockOptions};
+/// let opts = LockOptions::new()
+///     .ttl(Duration::from_secs(10))
+///     .wait_timeout(Duration::from_secs(5))
+///     .auto_renew(AutoRenew::until(Duration::from_secs(600)));
+/// assert_eq!(opts.ttl_value(), Duration::from_secs(10));
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct LockOptions {
+    ttl: Duration,
+    wait: Option<Duration>,
+    auto_renew: Option<AutoRenew>,
+    require_fencing: bool,
+    require_fair: bool,
+    reentrant: bool,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions {
+            ttl: DEFAULT_TTL,
+            wait: Some(DEFAULT_WAIT),
+            auto_renew: None,
+            require_fencing: false,
+            require_fair: false,
+            reentrant: false,
+        }
+    }
+}
+
+impl LockOptions {
+    /// TTL 30 s, wait up to 30 s, no auto-renewal.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The lease TTL: a holder that neither renews nor releases loses the lock after it.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long `lock()` waits for a held lock before returning
+    /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout). Zero makes it a single attempt.
+    pub fn wait_timeout(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// `lock()` waits without a deadline (drop the future to give up).
+    pub fn wait_forever(mut self) -> Self {
+        self.wait = None;
+        self
+    }
+
+    /// Renews the lease in the background until the guard is released or dropped, or until the
+    /// maximum hold time of `renew` has passed.
+    pub fn auto_renew(mut self, renew: AutoRenew) -> Self {
+        self.auto_renew = Some(renew);
+        self
+    }
+
+    /// Refuse with [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) unless the backend
+    /// gives fencing tokens.
+    pub fn require_fencing(mut self, yes: bool) -> Self {
+        self.require_fencing = yes;
+        self
+    }
+
+    /// Refuse with [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) unless waiters are
+    /// served first come, first served.
+    pub fn require_fair(mut self, yes: bool) -> Self {
+        self.require_fair = yes;
+        self
+    }
+
+    /// Ask for a reentrant lock. No backend here is reentrant, so this is refused with
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) unless a backend declares it.
+    pub fn reentrant(mut self, yes: bool) -> Self {
+        self.reentrant = yes;
+        self
+    }
+
+    /// The lease TTL.
+    pub fn ttl_value(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The wait timeout of `lock()`, `None` for no deadline.
+    pub fn wait_value(&self) -> Option<Duration> {
+        self.wait
+    }
+
+    /// The auto-renewal policy.
+    pub fn auto_renew_value(&self) -> Option<&AutoRenew> {
+        self.auto_renew.as_ref()
+    }
+
+    /// Checks the options against the contract and the backend's capabilities, before any I/O.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for a TTL of zero, above
+    /// [`MAX_TTL`] or outside the backend's range, or a bad renewal policy;
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) for a required feature the backend
+    /// lacks.
+    pub fn validate(&self, caps: &Capabilities) -> Result<()> {
+        if self.ttl.is_zero() {
+            return Err(Error::invalid_config("ttl must be greater than zero"));
+        }
+        if self.ttl > MAX_TTL {
+            return Err(Error::invalid_config(format!(
+                "ttl {:?} is above the maximum of {:?}",
+                self.ttl, MAX_TTL
+            )));
+        }
+        if self.ttl < caps.min_ttl || self.ttl > caps.max_ttl {
+            return Err(Error::invalid_config(format!(
+                "ttl {:?} is outside this backend's range {:?}..={:?}",
+                self.ttl, caps.min_ttl, caps.max_ttl
+            )));
+        }
+        if self.wait.is_some_and(|w| w > MAX_TTL * 52) {
+            return Err(Error::invalid_config("wait timeout is too large; use wait_forever()"));
+        }
+        if let Some(renew) = &self.auto_renew {
+            renew.validate()?;
+        }
+        if self.require_fencing && !caps.fencing {
+            return Err(Error::unsupported("this backend gives no fencing tokens"));
+        }
+        if self.require_fair && !caps.fair {
+            return Err(Error::unsupported("this backend does not serve waiters in FIFO order"));
+        }
+        if self.reentrant && !caps.reentrant {
+            return Err(Error::unsupported("this backend's locks are not reentrant"));
+        }
+        Ok(())
+    }
+}
+
+/// Background renewal of a lease (a watchdog), always bounded by a maximum hold time so that a
+/// stuck holder cannot keep a lock forever.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AutoRenew {
+    max_hold: Duration,
+    interval_fraction: f64,
+}
+
+impl AutoRenew {
+    /// Renews every third of the TTL until `max_hold` has passed since the lock was acquired;
+    /// after that the lease runs out at most one TTL later (never later than `max_hold`).
+    pub fn until(max_hold: Duration) -> Self {
+        AutoRenew {
+            max_hold,
+            interval_fraction: 1.0 / 3.0,
+        }
+    }
+
+    /// Renews after this fraction of the TTL has passed since the last renewal (0.05 to 0.8).
+    pub fn interval_fraction(mut self, fraction: f64) -> Self {
+        self.interval_fraction = fraction;
+        self
+    }
+
+    /// The maximum hold time.
+    pub fn max_hold(&self) -> Duration {
+        self.max_hold
+    }
+
+    /// The renewal interval as a fraction of the TTL.
+    pub fn fraction(&self) -> f64 {
+        self.interval_fraction
+    }
+
+    fn validate(&self) -> Result<()> {
+        if !(0.05..=0.8).contains(&self.interval_fraction) {
+            return Err(Error::invalid_config(
+                "auto-renew interval fraction must be between 0.05 and 0.8 of the ttl",
+            ));
+        }
+        if self.max_hold.is_zero() || self.max_hold > MAX_TTL * 52 {
+            return Err(Error::invalid_config(
+                "auto-renew max hold time must be above zero and at most a year",
+            ));
+        }
+        Ok(())
+    }
+}
