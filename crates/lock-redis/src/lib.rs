@@ -1,0 +1,1 @@
+//! locksmith backend: redis (in progress)

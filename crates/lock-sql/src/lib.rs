@@ -1,0 +1,1 @@
+//! locksmith backend: sql (in progress)

@@ -1,0 +1,1 @@
+//! locksmith backend: zk (in progress)
