@@ -1,1 +1,628 @@
-//! locksmith backend: redis (in progress)
+//! locksmith backend for Redis: a single node (`redis://`, `rediss://`) or a Redis Cluster
+//! (`redis+cluster://h1:p1,h2:p2`, `rediss+cluster://...`).
+//!
+//! # How a lock is kept
+//!
+//! * **Acquire** is one Lua script (sent with `EVALSHA`, loaded on `NOSCRIPT`): `SET lock token NX
+//!   PX ttl` and, only if that succeeded, `INCR` of the name's fencing counter, whose new value is
+//!   the fencing token. When the lock is held, the script returns the holder's `PTTL` so a waiter
+//!   can wake when the lease runs out. There is never a window with a lock key without TTL.
+//! * **Release** is a compare-and-delete script that also `PUBLISH`es on the lock's channel;
+//!   **extend** is a compare-and-`PEXPIRE` script. Both change nothing and return
+//!   [`ErrorKind::NotHeld`](lockcore::ErrorKind::NotHeld) when the token no longer matches.
+//! * **Keys**: `<namespace>:{<escaped name>}:lock` and `<namespace>:{<escaped name>}:fence`, and
+//!   the channel `<namespace>:{<escaped name>}:released`. The hash tag is
+//!   [`LockName::escaped`], which never contains `{` or `}`: a user's `{...}` in a name cannot pick
+//!   the slot, and both keys of a name share one slot, so the scripts are legal on a cluster.
+//!   The fencing counter key has no TTL: it must outlive every lease to stay increasing.
+//! * **Waiting** (`lock()`): one attempt; if held, subscribe to the lock's channel, attempt again
+//!   (so a release between the first attempt and the subscription is not missed), then sleep
+//!   until a release message, the holder's `PTTL` (expiry publishes nothing), the safety-net
+//!   poll (`poll_ms`, jittered) or the deadline, whichever comes first. Each client has one
+//!   RESP3 pub/sub connection (opened on the first wait, resubscribing after reconnects) shared by
+//!   all its waiters; waiters of one name share one subscription and are woken one at a time.
+//!
+//! # URL
+//!
+//! `redis[s][+cluster]://[[user]:password@]host[:port][,host[:port]...][/db][?params]`.
+//! User name and password are percent-decoded (`redis://:pw@h` for `requirepass`,
+//! `redis://user:pw@h` for an ACL user). Query parameters (anything else is refused with
+//! [`ErrorKind::InvalidConfig`](lockcore::ErrorKind::InvalidConfig)):
+//!
+//! | parameter | default | meaning |
+//! |---|---|---|
+//! | `namespace` | `locksmith` | key prefix, `[A-Za-z0-9_.:-]{1,64}` |
+//! | `min_replicas` | `0` | after winning, `WAIT` for this many replicas; too few: release and fail with `Unavailable` |
+//! | `replica_timeout_ms` | `100` | the `WAIT` timeout |
+//! | `tls_ca` | system roots | PEM file of the CA that signed the server certificate (`rediss` only) |
+//! | `poll_ms` | `1000` | safety-net poll of a notified waiter (jittered in `[poll/2, poll]`) |
+//! | `connect_timeout_ms` | `2000` | connection timeout |
+//! | `response_timeout_ms` | `2000` | per-command response timeout |
+//!
+//! `min_replicas` narrows the failover window of Redis's asynchronous replication but does not
+//! close it: `WAIT` only says that replicas received the write, not that a failover will promote
+//! one of them, and the fencing counter is replicated the same way (a failover can lose
+//! increments, so tokens may repeat after one). With `min_replicas`, acquisitions of one client
+//! go one at a time through a dedicated connection (`WAIT` blocks the connection it runs on).
+//!
+//! Passwords never appear in `Debug`, [`Backend::describe`], logs or error messages.
+#![deny(missing_docs)]
+
+mod config;
+mod conn;
+mod subs;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lockcore::{
+    AcquireRequest, Acquired, Backend, Backoff, Capabilities, Error, Instant, Lease, LockName,
+    Result, WaitKind, poll_acquire,
+};
+use redis::{RedisError, Script};
+
+use crate::config::Config;
+use crate::conn::{Conn, Factory, PubSubOpener};
+use crate::subs::Subscriptions;
+
+/// `SET NX PX` and, on success, `INCR` of the fencing counter, atomically. Returns `{1, fence}` or
+/// `{0, pttl of the holder}`.
+const ACQUIRE_LUA: &str = r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, redis.call('INCR', KEYS[2])}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+";
+
+/// Compare-and-delete, then tell the waiters.
+const RELEASE_LUA: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], 'released')
+  return 1
+end
+return 0
+";
+
+/// Compare-and-pexpire.
+const EXTEND_LUA: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+";
+
+/// Delete whoever holds it (an administrator's override), and tell the waiters.
+const REVOKE_LUA: &str = r"
+if redis.call('DEL', KEYS[1]) == 1 then
+  redis.call('PUBLISH', ARGV[1], 'revoked')
+  return 1
+end
+return 0
+";
+
+struct Scripts {
+    acquire: Script,
+    release: Script,
+    extend: Script,
+    revoke: Script,
+}
+
+fn scripts() -> &'static Scripts {
+    static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
+    SCRIPTS.get_or_init(|| Scripts {
+        acquire: Script::new(ACQUIRE_LUA),
+        release: Script::new(RELEASE_LUA),
+        extend: Script::new(EXTEND_LUA),
+        revoke: Script::new(REVOKE_LUA),
+    })
+}
+
+/// Maps a client error: connection, I/O and timeouts are `Unavailable`, the rest `Backend`.
+pub(crate) fn map_err(msg: &str, e: RedisError) -> Error {
+    if e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_cluster_error()
+    {
+        Error::unavailable(msg.to_owned(), e)
+    } else {
+        Error::backend(msg.to_owned(), e)
+    }
+}
+
+/// As [`map_err`], for connection setup.
+pub(crate) fn map_err_connect(msg: &str, e: RedisError) -> Error {
+    map_err(msg, e)
+}
+
+/// The keys and channel of one lock name.
+#[derive(Clone, Debug)]
+struct Keys {
+    lock: String,
+    fence: String,
+    channel: String,
+    /// The hash tag (the escaped name), for routing `WAIT` on a cluster.
+    tag: String,
+}
+
+impl Keys {
+    fn new(namespace: &str, name: &LockName) -> Keys {
+        let tag = name.escaped();
+        Keys {
+            lock: format!("{namespace}:{{{tag}}}:lock"),
+            fence: format!("{namespace}:{{{tag}}}:fence"),
+            channel: format!("{namespace}:{{{tag}}}:released"),
+            tag,
+        }
+    }
+}
+
+/// Redis Cluster's key slot of a hash tag: CRC16/XMODEM modulo 16384.
+fn slot_of(tag: &str) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in tag.as_bytes() {
+        crc ^= (b as u16) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+/// A TTL in whole milliseconds for `PX`, rounded up: the server never frees the lock before the
+/// client's validity deadline (which is below the TTL by the drift margin anyway).
+fn ttl_ms(ttl: Duration) -> u64 {
+    let ms = ttl.as_nanos().div_ceil(1_000_000);
+    ms.clamp(1, u64::MAX as u128) as u64
+}
+
+enum Attempt {
+    Won(Acquired),
+    Held { pttl: Option<Duration> },
+}
+
+struct Inner {
+    cfg: Config,
+    conn: Conn,
+    /// Only with `min_replicas`: `WAIT` blocks the connection it runs on, so acquisitions that
+    /// wait for replicas go one at a time through this one, never through `conn`.
+    wait_conn: Option<tokio::sync::Mutex<Conn>>,
+    subs: Arc<Subscriptions>,
+    caps: Capabilities,
+    describe: String,
+}
+
+/// A Redis (single node or Cluster) lock client. Every [`RedisBackend::connect`] makes a new,
+/// independent client: one multiplexed reconnecting command connection, plus one pub/sub
+/// connection opened on the first wait. Clones share them.
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("url", &self.inner.describe)
+            .field("subscriptions", &self.inner.subs)
+            .finish()
+    }
+}
+
+impl RedisBackend {
+    /// Parses `url` (see the [crate docs](crate) for its form and parameters) and connects a new
+    /// client.
+    ///
+    /// Cancel safety: dropping the future closes whatever connection it had opened.
+    ///
+    /// # Errors
+    /// `InvalidConfig` for a malformed URL, an unknown or malformed parameter, or an unreadable
+    /// `tls_ca` file (the URL, which may hold a password, is never quoted); `Unavailable` when the
+    /// server cannot be reached; `Backend` when it refuses the connection (wrong password).
+    pub async fn connect(url: &str) -> Result<RedisBackend> {
+        let cfg = Config::parse(url)?;
+        let factory = Factory::new(&cfg)?;
+        let mut conn = factory.command_conn(&cfg).await?;
+        // Fail now, not at the first lock, on wrong credentials or an unreachable cluster.
+        redis::cmd("PING")
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| map_err("PING after connecting failed", e))?;
+        let wait_conn = if cfg.min_replicas > 0 {
+            let extra = cfg.replica_timeout + Duration::from_millis(500);
+            Some(tokio::sync::Mutex::new(factory.slow_conn(&cfg, extra).await?))
+        } else {
+            None
+        };
+        let caps = Self::capabilities_for(&cfg);
+        let describe = cfg.redacted();
+        let subs = Subscriptions::new(Box::new(PubSubOpener {
+            factory,
+            cfg: cfg.clone(),
+        }));
+        Ok(RedisBackend {
+            inner: Arc::new(Inner {
+                cfg,
+                conn,
+                wait_conn,
+                subs,
+                caps,
+                describe,
+            }),
+        })
+    }
+
+    fn capabilities_for(cfg: &Config) -> Capabilities {
+        let mut c = Capabilities::default();
+        c.fencing = true;
+        c.fair = false;
+        c.wait = WaitKind::Notify;
+        c.lost_detection = false;
+        c.reentrant = false;
+        c.expiry_after_ttl = true;
+        c.min_ttl = Duration::from_millis(1);
+        c.notes = vec![
+            "fencing tokens come from an INCR in the same asynchronously replicated store: a \
+             failover can lose increments (and the lock), so tokens may repeat after one"
+                .into(),
+            "asynchronous replication: a failover right after an acquire can lose the lock \
+             (min_replicas narrows this window with WAIT but does not close it)"
+                .into(),
+            "not fair: a release wakes one local waiter per client, and any client may win".into(),
+            "lease expiry publishes nothing: waiters also wake at the holder's PTTL, and poll \
+             every poll_ms as a safety net for lost messages"
+                .into(),
+            "lost leases are detected by the contract (renewal refused, validity deadline), not \
+             by the backend"
+                .into(),
+        ];
+        if cfg.cluster {
+            c.notes.push(
+                "cluster: release notifications use classic PUBLISH, which the cluster bus \
+                 broadcasts to every node"
+                    .into(),
+            );
+        }
+        c
+    }
+
+    /// The Redis key that holds the lock `name` (for operators and tests).
+    pub fn lock_key(&self, name: &LockName) -> String {
+        Keys::new(&self.inner.cfg.namespace, name).lock
+    }
+
+    /// The Redis key of the fencing counter of `name`.
+    pub fn fence_key(&self, name: &LockName) -> String {
+        Keys::new(&self.inner.cfg.namespace, name).fence
+    }
+
+    /// How many lock names this client holds pub/sub subscriptions (or pending unsubscriptions)
+    /// for; zero once no `lock()` call waits.
+    pub fn waited_names(&self) -> usize {
+        self.inner.subs.tracked()
+    }
+
+    /// Deletes the lock `name` whoever holds it, as an administrator would, and wakes its
+    /// waiters. Returns whether it was held. The holder learns it at its next renewal.
+    ///
+    /// Cancel safety: dropping the future may or may not have deleted the lock.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Backend` when the server fails.
+    pub async fn force_release(&self, name: &LockName) -> Result<bool> {
+        let keys = Keys::new(&self.inner.cfg.namespace, name);
+        let mut conn = self.inner.conn.clone();
+        let n: i64 = scripts()
+            .revoke
+            .key(&keys.lock)
+            .arg(&keys.channel)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| map_err("revoke failed", e))?;
+        Ok(n == 1)
+    }
+
+    /// Sends `PING` and returns once it is answered (for measuring the round trip).
+    ///
+    /// Cancel safe.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Backend` when the server fails.
+    pub async fn ping(&self) -> Result<()> {
+        let mut conn = self.inner.conn.clone();
+        redis::cmd("PING")
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| map_err("PING failed", e))
+    }
+
+    async fn attempt(&self, req: &AcquireRequest, keys: &Keys) -> Result<Attempt> {
+        if let Some(wait_conn) = &self.inner.wait_conn {
+            return self.attempt_with_replicas(req, keys, wait_conn).await;
+        }
+        let mut conn = self.inner.conn.clone();
+        let sent_at = Instant::now();
+        let (won, value) = self.run_acquire(&mut conn, req, keys).await?;
+        self.outcome(req, keys, won, value, sent_at)
+    }
+
+    async fn run_acquire(
+        &self,
+        conn: &mut Conn,
+        req: &AcquireRequest,
+        keys: &Keys,
+    ) -> Result<(i64, i64)> {
+        scripts()
+            .acquire
+            .key(&keys.lock)
+            .key(&keys.fence)
+            .arg(req.token.to_hex())
+            .arg(ttl_ms(req.ttl))
+            .invoke_async(conn)
+            .await
+            .map_err(|e| map_err("acquire script failed", e))
+    }
+
+    fn outcome(
+        &self,
+        req: &AcquireRequest,
+        keys: &Keys,
+        won: i64,
+        value: i64,
+        sent_at: Instant,
+    ) -> Result<Attempt> {
+        if won == 1 {
+            let fencing = u64::try_from(value)
+                .map_err(|_| Error::new(lockcore::ErrorKind::Backend, "negative fencing counter"))?;
+            return Ok(Attempt::Won(Acquired::new(
+                RedisLease {
+                    inner: self.inner.clone(),
+                    keys: keys.clone(),
+                    token: req.token.to_hex(),
+                    fencing,
+                },
+                sent_at,
+            )));
+        }
+        // PTTL: -1 (no expiry, not ours) or -2 (gone) give no useful wake-up time.
+        let pttl = u64::try_from(value).ok().map(Duration::from_millis);
+        Ok(Attempt::Held { pttl })
+    }
+
+    async fn attempt_with_replicas(
+        &self,
+        req: &AcquireRequest,
+        keys: &Keys,
+        wait_conn: &tokio::sync::Mutex<Conn>,
+    ) -> Result<Attempt> {
+        let conn = wait_conn.lock().await;
+        let mut conn = conn.clone();
+        let sent_at = Instant::now();
+        let (won, value) = self.run_acquire(&mut conn, req, keys).await?;
+        if won != 1 {
+            return self.outcome(req, keys, won, value, sent_at);
+        }
+        let cfg = &self.inner.cfg;
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(cfg.min_replicas)
+            .arg(cfg.replica_timeout.as_millis() as u64);
+        // WAIT counts the replicas that acknowledged this connection's writes: on a cluster it
+        // must reach the master of the lock's slot, over the same connection as the script.
+        let acked = match &mut conn {
+            Conn::Single(c) => wait.query_async::<i64>(c).await,
+            Conn::Cluster(c) => {
+                use redis::cluster_routing::{
+                    Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+                };
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                    Route::new(slot_of(&keys.tag), SlotAddr::Master),
+                ));
+                c.route_command(wait, route)
+                    .await
+                    .and_then(|v| redis::from_redis_value(v).map_err(Into::into))
+            }
+        };
+        let shortfall = match acked {
+            Ok(n) if n >= i64::from(cfg.min_replicas) => None,
+            Ok(n) => Some(Error::new(
+                lockcore::ErrorKind::Unavailable,
+                format!(
+                    "only {n} of {} replicas acknowledged the lock within {:?}; released it",
+                    cfg.min_replicas, cfg.replica_timeout
+                ),
+            )),
+            Err(e) => Some(map_err("WAIT for replicas failed; released the lock", e)),
+        };
+        let Some(err) = shortfall else {
+            return self.outcome(req, keys, won, value, sent_at);
+        };
+        let lease = RedisLease {
+            inner: self.inner.clone(),
+            keys: keys.clone(),
+            token: req.token.to_hex(),
+            fencing: 0,
+        };
+        if let Err(e) = lease.release().await {
+            tracing::warn!(error = %e, "could not release an under-replicated lock; it frees after its ttl");
+        }
+        Err(err)
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    /// One atomic acquire script.
+    ///
+    /// Cancel safety: a dropped attempt may have taken the lock; it then frees after `req.ttl`.
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
+        let keys = Keys::new(&self.inner.cfg.namespace, &req.name);
+        match self.attempt(req, &keys).await? {
+            Attempt::Won(a) => Ok(Some(a)),
+            Attempt::Held { .. } => Ok(None),
+        }
+    }
+
+    /// Waits by notification (see the crate docs).
+    ///
+    /// Cancel safety: dropping the future unregisters the waiter (the last waiter of a name
+    /// unsubscribes in the background); a lock won by an attempt in flight at the drop frees
+    /// after `req.ttl`.
+    async fn acquire(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Acquired>> {
+        let keys = Keys::new(&self.inner.cfg.namespace, &req.name);
+        // Uncontended fast path: no subscription round trip when the lock is free.
+        let mut pttl = match self.attempt(req, &keys).await? {
+            Attempt::Won(a) => return Ok(Some(a)),
+            Attempt::Held { pttl } => pttl,
+        };
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(None);
+        }
+        let waiting = match self.inner.subs.join(&keys.channel).await {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot subscribe to release notifications; polling instead");
+                return poll_acquire(self, req, deadline, &Backoff::for_ttl(req.ttl)).await;
+            }
+        };
+        let poll = self.inner.cfg.poll;
+        loop {
+            // Registered before the attempt: a release published while it is in flight wakes us.
+            let notified = waiting.channel().notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // Subscribed now: this attempt sees any release that came before the subscription.
+            match self.attempt(req, &keys).await? {
+                Attempt::Won(a) => return Ok(Some(a)),
+                Attempt::Held { pttl: p } => pttl = p.or(pttl),
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(None);
+            }
+            let safety = poll / 2 + poll.mul_f64(fastrand::f64() / 2.0);
+            let mut wake = now + safety;
+            if let Some(p) = pttl.take() {
+                // Expiry publishes nothing: come back when the holder's lease runs out.
+                wake = wake.min(now + p + Duration::from_millis(fastrand::u64(1..=5)));
+            }
+            if let Some(d) = deadline {
+                wake = wake.min(d);
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe.clone()
+    }
+}
+
+/// A held Redis lease.
+struct RedisLease {
+    inner: Arc<Inner>,
+    keys: Keys,
+    token: String,
+    fencing: u64,
+}
+
+impl fmt::Debug for RedisLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLease")
+            .field("key", &self.keys.lock)
+            .field("token", &self.token)
+            .field("fencing", &self.fencing)
+            .finish()
+    }
+}
+
+fn not_held() -> Error {
+    Error::not_held("the lease expired or belongs to another holder")
+}
+
+#[async_trait]
+impl Lease for RedisLease {
+    fn fencing_token(&self) -> Option<u64> {
+        Some(self.fencing)
+    }
+
+    /// One compare-and-pexpire script, one round trip.
+    ///
+    /// Cancel safety: dropping the future may or may not have extended the lease.
+    async fn extend(&self, ttl: Duration) -> Result<()> {
+        let mut conn = self.inner.conn.clone();
+        let n: i64 = scripts()
+            .extend
+            .key(&self.keys.lock)
+            .arg(&self.token)
+            .arg(ttl_ms(ttl))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| map_err("extend script failed", e))?;
+        if n == 1 { Ok(()) } else { Err(not_held()) }
+    }
+
+    /// One compare-and-delete script that also wakes the waiters.
+    ///
+    /// Cancel safety: dropping the future may leave the lock held until its TTL runs out.
+    async fn release(&self) -> Result<()> {
+        let mut conn = self.inner.conn.clone();
+        let n: i64 = scripts()
+            .release
+            .key(&self.keys.lock)
+            .arg(&self.token)
+            .arg(&self.keys.channel)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| map_err("release script failed", e))?;
+        if n == 1 { Ok(()) } else { Err(not_held()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_share_a_slot_and_ignore_user_braces() {
+        let k = Keys::new("ns", &LockName::new("{a}x").unwrap());
+        assert_eq!(k.lock, "ns:{%7Ba%7Dx}:lock");
+        assert_eq!(k.fence, "ns:{%7Ba%7Dx}:fence");
+        let plain = Keys::new("ns", &LockName::new("a").unwrap());
+        assert_eq!(plain.lock, "ns:{a}:lock");
+        assert_ne!(k.lock, plain.lock);
+    }
+
+    #[test]
+    fn crc16_slot_matches_redis() {
+        // Values from CLUSTER KEYSLOT.
+        assert_eq!(slot_of("foo"), 12182);
+        assert_eq!(slot_of("bar"), 5061);
+        assert_eq!(slot_of(""), 0);
+    }
+
+    #[test]
+    fn ttl_rounds_up() {
+        assert_eq!(ttl_ms(Duration::from_micros(1500)), 2);
+        assert_eq!(ttl_ms(Duration::from_millis(30)), 30);
+        assert_eq!(ttl_ms(Duration::from_nanos(1)), 1);
+    }
+}

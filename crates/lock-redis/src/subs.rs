@@ -1,0 +1,208 @@
+//! Release notifications: one RESP3 pub/sub connection per client, shared by every waiter of that
+//! client, with one server subscription per lock name however many local tasks wait for it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::{Notify, OnceCell};
+
+use crate::conn::PubSubConn;
+use crate::map_err;
+
+/// The waiters of one channel in this client.
+#[derive(Debug, Default)]
+pub(crate) struct Channel {
+    /// Woken one waiter at a time on a release message (no thundering herd among local waiters),
+    /// and all at once after a resubscription (messages may have been lost while disconnected).
+    pub(crate) notify: Notify,
+    /// Whether the server subscription exists. The async mutex also orders the SUBSCRIBE and
+    /// UNSUBSCRIBE of one channel, so a waiter arriving while the last one leaves cannot end up
+    /// unsubscribed.
+    subscribed: tokio::sync::Mutex<bool>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    channel: Arc<Channel>,
+    waiters: usize,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    channels: Mutex<HashMap<String, Entry>>,
+}
+
+impl Registry {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+        self.channels.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Called by the connection for every push message; must not block.
+    pub(crate) fn dispatch(&self, push: PushInfo) {
+        let wake_all = match push.kind {
+            PushKind::Message => false,
+            // Sent again by the automatic resubscription after a reconnect: releases published
+            // meanwhile were lost, so every waiter re-checks.
+            PushKind::Subscribe => true,
+            _ => return,
+        };
+        let Some(name) = push.data.first().and_then(|v| match v {
+            Value::BulkString(b) => std::str::from_utf8(b).ok(),
+            Value::SimpleString(s) => Some(s.as_str()),
+            _ => None,
+        }) else {
+            return;
+        };
+        let channels = self.lock();
+        if let Some(entry) = channels.get(name) {
+            if wake_all {
+                entry.channel.notify.notify_waiters();
+            } else {
+                entry.channel.notify.notify_one();
+            }
+        }
+    }
+}
+
+/// The pub/sub side of one client.
+pub(crate) struct Subscriptions {
+    pub(crate) registry: Arc<Registry>,
+    conn: OnceCell<PubSubConn>,
+    factory: Box<dyn PubSubFactory>,
+}
+
+impl std::fmt::Debug for Subscriptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscriptions")
+            .field("connected", &self.conn.initialized())
+            .field("channels", &self.registry.lock().len())
+            .finish()
+    }
+}
+
+/// Opens the pub/sub connection on first use, with a push sender that dispatches into the
+/// registry.
+#[async_trait::async_trait]
+pub(crate) trait PubSubFactory: Send + Sync + 'static {
+    async fn open(&self, registry: Weak<Registry>) -> lockcore::Result<PubSubConn>;
+}
+
+impl Subscriptions {
+    pub(crate) fn new(factory: Box<dyn PubSubFactory>) -> Arc<Self> {
+        Arc::new(Subscriptions {
+            registry: Arc::default(),
+            conn: OnceCell::new(),
+            factory,
+        })
+    }
+
+    async fn conn(&self) -> lockcore::Result<PubSubConn> {
+        self.conn
+            .get_or_try_init(|| self.factory.open(Arc::downgrade(&self.registry)))
+            .await
+            .cloned()
+    }
+
+    /// Registers a waiter for `channel` and makes sure the server subscription exists before it
+    /// returns, so that a release published after this returns is seen.
+    ///
+    /// Cancel safety: the returned (or, when cancelled, the internal) [`Waiting`] unregisters on
+    /// drop and unsubscribes when it was the channel's last waiter.
+    pub(crate) async fn join(self: &Arc<Self>, channel: &str) -> lockcore::Result<Waiting> {
+        let chan = {
+            let mut channels = self.registry.lock();
+            let entry = channels.entry(channel.to_owned()).or_insert_with(|| Entry {
+                channel: Arc::default(),
+                waiters: 0,
+            });
+            entry.waiters += 1;
+            entry.channel.clone()
+        };
+        let waiting = Waiting {
+            subs: self.clone(),
+            name: channel.to_owned(),
+            channel: chan,
+        };
+        {
+            let mut subscribed = waiting.channel.subscribed.lock().await;
+            if !*subscribed {
+                let mut conn = self.conn().await?;
+                conn.subscribe(channel)
+                    .await
+                    .map_err(|e| map_err("SUBSCRIBE failed", e))?;
+                *subscribed = true;
+            }
+        }
+        Ok(waiting)
+    }
+
+    /// Unsubscribes `channel` if nobody waits for it any more, and forgets it.
+    async fn leave(self: Arc<Self>, name: String, channel: Arc<Channel>) {
+        let mut subscribed = channel.subscribed.lock().await;
+        if self.registry.lock().get(&name).is_some_and(|e| e.waiters > 0) {
+            // A new waiter arrived meanwhile and uses the subscription.
+            return;
+        }
+        if *subscribed && let Some(conn) = self.conn.get() {
+            let mut conn = conn.clone();
+            if let Err(e) = conn.unsubscribe(&name).await {
+                tracing::debug!(error = %e, "UNSUBSCRIBE failed; the subscription lives until the pub/sub connection closes");
+            }
+        }
+        *subscribed = false;
+        let mut channels = self.registry.lock();
+        if channels.get(&name).is_some_and(|e| e.waiters == 0) {
+            channels.remove(&name);
+        }
+    }
+
+    /// How many channels this client tracks (for tests: no leak after waits end).
+    pub(crate) fn tracked(&self) -> usize {
+        self.registry.lock().len()
+    }
+}
+
+/// One waiter's registration. Dropping it unregisters; the last waiter of a channel
+/// unsubscribes (in a spawned task, since drop cannot wait).
+pub(crate) struct Waiting {
+    subs: Arc<Subscriptions>,
+    name: String,
+    channel: Arc<Channel>,
+}
+
+impl Waiting {
+    pub(crate) fn channel(&self) -> &Channel {
+        &self.channel
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let last = {
+            let mut channels = self.subs.registry.lock();
+            match channels.get_mut(&self.name) {
+                Some(entry) => {
+                    entry.waiters -= 1;
+                    entry.waiters == 0
+                }
+                None => false,
+            }
+        };
+        if last {
+            let leave = self
+                .subs
+                .clone()
+                .leave(std::mem::take(&mut self.name), self.channel.clone());
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(leave);
+                }
+                Err(_) => {
+                    // No runtime: the pub/sub connection goes down with it. Forget the entry.
+                    tracing::debug!("waiter dropped outside a runtime; not unsubscribing");
+                }
+            }
+        }
+    }
+}
