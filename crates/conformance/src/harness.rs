@@ -37,7 +37,9 @@ pub trait Harness: Send + Sync + 'static {
     /// Deletes the lock `name` behind its holder's back, as an operator (or a failover) would.
     async fn revoke(&self, name: &LockName) -> Result<()> {
         let _ = name;
-        Err(lockcore::Error::unsupported("this harness cannot revoke locks"))
+        Err(lockcore::Error::unsupported(
+            "this harness cannot revoke locks",
+        ))
     }
 
     /// The shortest TTL the scenarios should use with this backend (its timing floor, for

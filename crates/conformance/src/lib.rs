@@ -3,11 +3,22 @@
 #![deny(missing_docs)]
 
 mod harness;
+mod measure;
+mod run;
+pub mod scenarios;
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use libtest_mimic::{Arguments, Failed, Trial};
+
 pub use harness::{BoxFuture, FnHarness, Harness};
+pub use measure::{Figures, MEASURE_TIME, measure};
+pub use run::{
+    BackendReport, Progress, ScenarioResult, Status, TIME_SCALE_ENV, run_all, run_scenario,
+    scenario_timeout, time_scale,
+};
+pub use scenarios::Scenario;
 
 /// Set (to anything) in CI: a missing server URL is then a failure, not a skip.
 pub const REQUIRE_ALL_ENV: &str = "LOCK_TEST_REQUIRE_ALL";
@@ -34,7 +45,9 @@ pub fn require_env(var: &str) -> Option<String> {
 /// to make its harness from that URL.
 pub struct Target {
     label: String,
-    env_var: String,
+    /// The environment variable with the URL; `None` for a fixed URL.
+    env_var: Option<String>,
+    fixed_url: String,
     make: Box<dyn Fn(String) -> Arc<dyn Harness> + Send + Sync>,
 }
 
@@ -48,7 +61,22 @@ impl Target {
     ) -> Self {
         Target {
             label: label.into(),
-            env_var: env_var.into(),
+            env_var: Some(env_var.into()),
+            fixed_url: String::new(),
+            make: Box::new(make),
+        }
+    }
+
+    /// A target with a fixed URL, for backends that need no server (`memory://`, a SQLite file).
+    pub fn fixed(
+        label: impl Into<String>,
+        url: impl Into<String>,
+        make: impl Fn(String) -> Arc<dyn Harness> + Send + Sync + 'static,
+    ) -> Self {
+        Target {
+            label: label.into(),
+            env_var: None,
+            fixed_url: url.into(),
             make: Box::new(make),
         }
     }
@@ -57,7 +85,99 @@ impl Target {
 /// Runs every scenario against every target as separately named libtest tests, taking libtest's
 /// command line (filters, `--test-threads`, `--list`). Unsupported scenarios show as ignored with
 /// their reason. Call it from a `harness = false` test target's `main`.
+///
+/// Each trial runs on its own tokio runtime, so a harness must hold configuration only, never a
+/// connection: every client comes from [`Harness::client`].
 pub fn run_tests(targets: Vec<Target>) -> ExitCode {
-    let _ = targets;
-    ExitCode::SUCCESS
+    let args = Arguments::from_args();
+    let trials = targets.into_iter().flat_map(trials_for).collect();
+    libtest_mimic::run(&args, trials).exit_code()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// The trials of one target: one per scenario, unsupported ones ignored with kind
+/// `unsupported`.
+fn trials_for(target: Target) -> Vec<Trial> {
+    let all = scenarios::all();
+    let test_name = |s: &Scenario| format!("{}::{}", target.label, s.name);
+    let env_var = target.env_var.clone().unwrap_or_default();
+    let url = match target.env_var.as_ref().map(std::env::var) {
+        None => target.fixed_url.clone(),
+        Some(Ok(url)) if !url.is_empty() => url,
+        _ if std::env::var_os(REQUIRE_ALL_ENV).is_some() => {
+            let msg = format!(
+                "{env_var} is not set, and {REQUIRE_ALL_ENV} says every server is required"
+            );
+            return vec![Trial::test(
+                format!("{}::server_url", target.label),
+                move || Err(msg.into()),
+            )];
+        }
+        _ => {
+            eprintln!(
+                "{}: {env_var} is not set; its scenarios are skipped",
+                target.label
+            );
+            return all
+                .iter()
+                .map(|s| {
+                    Trial::test(test_name(s), || Err("skipped: no server URL".into()))
+                        .with_ignored_flag(true)
+                        .with_kind("skipped")
+                })
+                .collect();
+        }
+    };
+    let harness = (target.make)(url);
+    let probe = runtime().block_on(async {
+        let client = harness.client().await?;
+        Ok::<_, lockcore::Error>(client.capabilities().clone())
+    });
+    let caps = match probe {
+        Ok(caps) => caps,
+        Err(e) => {
+            // Loud: every scenario fails with the connection error.
+            let msg = format!("could not connect a client: {e}");
+            return all
+                .iter()
+                .map(|s| {
+                    let msg = msg.clone();
+                    Trial::test(test_name(s), move || Err(msg.into()))
+                })
+                .collect();
+        }
+    };
+    let scale = time_scale();
+    all.into_iter()
+        .map(|scenario| {
+            let name = test_name(&scenario);
+            match (scenario.applies)(&caps, &*harness) {
+                Err(why) => {
+                    eprintln!("{name}: unsupported: {why}");
+                    let why = format!("unsupported: {why}");
+                    Trial::test(name, move || Err(why.into()))
+                        .with_ignored_flag(true)
+                        .with_kind("unsupported")
+                }
+                Ok(()) => {
+                    let (harness, caps) = (harness.clone(), caps.clone());
+                    Trial::test(name, move || {
+                        let result =
+                            runtime().block_on(run_scenario(scenario, harness, &caps, scale));
+                        match result.status {
+                            Status::Pass => Ok(()),
+                            _ => Err(Failed::from(result.reason.unwrap_or_default())),
+                        }
+                    })
+                }
+            }
+        })
+        .collect()
 }

@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::backend::{Acquired, AcquireRequest, Backend, BoxLease, OwnerToken};
+use crate::backend::{AcquireRequest, Acquired, Backend, BoxLease, OwnerToken};
 use crate::{
     AutoRenew, Capabilities, Error, ErrorKind, IntoLockName, LockName, LockOptions, LostNotifier,
     LostReason, LostSignal, Result,

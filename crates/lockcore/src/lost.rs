@@ -40,7 +40,9 @@ pub struct LostNotifier(Arc<watch::Sender<Option<LostReason>>>);
 
 impl fmt::Debug for LostNotifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("LostNotifier").field(&*self.0.borrow()).finish()
+        f.debug_tuple("LostNotifier")
+            .field(&*self.0.borrow())
+            .finish()
     }
 }
 

@@ -59,8 +59,16 @@ impl LockName {
                 out.push(b as char);
             } else {
                 out.push('%');
-                out.push(char::from_digit((b >> 4) as u32, 16).unwrap().to_ascii_uppercase());
-                out.push(char::from_digit((b & 15) as u32, 16).unwrap().to_ascii_uppercase());
+                out.push(
+                    char::from_digit((b >> 4) as u32, 16)
+                        .unwrap()
+                        .to_ascii_uppercase(),
+                );
+                out.push(
+                    char::from_digit((b & 15) as u32, 16)
+                        .unwrap()
+                        .to_ascii_uppercase(),
+                );
             }
         }
         out
@@ -171,10 +179,17 @@ mod tests {
     #[test]
     fn rejects_bad_names() {
         for bad in ["", "a\0b", "tab\there", "nl\n", "\u{7f}", "\u{85}x"] {
-            assert_eq!(LockName::new(bad).unwrap_err().kind(), ErrorKind::InvalidName, "{bad:?}");
+            assert_eq!(
+                LockName::new(bad).unwrap_err().kind(),
+                ErrorKind::InvalidName,
+                "{bad:?}"
+            );
         }
         let long = "x".repeat(MAX_NAME_LEN + 1);
-        assert_eq!(LockName::new(long).unwrap_err().kind(), ErrorKind::InvalidName);
+        assert_eq!(
+            LockName::new(long).unwrap_err().kind(),
+            ErrorKind::InvalidName
+        );
         assert!(LockName::new("x".repeat(MAX_NAME_LEN)).is_ok());
         // 255 bytes counted in UTF-8, not chars.
         assert!(LockName::new("é".repeat(128)).is_err());
@@ -182,12 +197,27 @@ mod tests {
 
     #[test]
     fn escaping_is_injective_and_safe() {
-        let names = ["a", "../x", "a/b", "a%2Fb", "{tag}", "*", "'; DROP TABLE locks; --", "é", ".", ".."];
+        let names = [
+            "a",
+            "../x",
+            "a/b",
+            "a%2Fb",
+            "{tag}",
+            "*",
+            "'; DROP TABLE locks; --",
+            "é",
+            ".",
+            "..",
+        ];
         let mut seen = std::collections::HashSet::new();
         for n in names {
             let name = LockName::new(n).unwrap();
             let e = name.escaped();
-            assert!(e.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-%".contains(&b)), "{e}");
+            assert!(
+                e.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-%".contains(&b)),
+                "{e}"
+            );
             assert!(!e.contains('.') && !e.contains('/') && !e.contains('{'));
             assert_eq!(LockName::from_escaped(&e).unwrap(), name);
             assert!(seen.insert(e));

@@ -137,7 +137,9 @@ impl LockOptions {
             )));
         }
         if self.wait.is_some_and(|w| w > MAX_TTL * 52) {
-            return Err(Error::invalid_config("wait timeout is too large; use wait_forever()"));
+            return Err(Error::invalid_config(
+                "wait timeout is too large; use wait_forever()",
+            ));
         }
         if let Some(renew) = &self.auto_renew {
             renew.validate()?;
@@ -146,7 +148,9 @@ impl LockOptions {
             return Err(Error::unsupported("this backend gives no fencing tokens"));
         }
         if self.require_fair && !caps.fair {
-            return Err(Error::unsupported("this backend does not serve waiters in FIFO order"));
+            return Err(Error::unsupported(
+                "this backend does not serve waiters in FIFO order",
+            ));
         }
         if self.reentrant && !caps.reentrant {
             return Err(Error::unsupported("this backend's locks are not reentrant"));

@@ -1,0 +1,203 @@
+//! Running scenarios: as libtest tests, or collected into a report.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use lockcore::{Capabilities, Instant};
+use serde::Serialize;
+
+use crate::harness::Harness;
+use crate::measure::{Figures, measure};
+use crate::scenarios::{self, Ctx, Scenario};
+
+/// Multiplies every time bound in the scenarios; set `LOCK_TEST_TIME_SCALE` on slow machines.
+pub const TIME_SCALE_ENV: &str = "LOCK_TEST_TIME_SCALE";
+
+/// The time scale from [`TIME_SCALE_ENV`], 1.0 by default.
+pub fn time_scale() -> f64 {
+    std::env::var(TIME_SCALE_ENV)
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .unwrap_or(1.0)
+}
+
+/// How one scenario ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// It passed.
+    Pass,
+    /// It failed; the reason says how.
+    Fail,
+    /// The backend cannot support it (a capability it does not declare); never counted as passed.
+    Unsupported,
+    /// It was not run (for example: no server URL given).
+    Skipped,
+}
+
+impl Status {
+    /// A short label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pass => "pass",
+            Status::Fail => "fail",
+            Status::Unsupported => "unsupported",
+            Status::Skipped => "skipped",
+        }
+    }
+}
+
+/// One scenario's result against one backend.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScenarioResult {
+    /// The scenario's name.
+    pub scenario: String,
+    /// How it ended.
+    pub status: Status,
+    /// Why it did not pass.
+    pub reason: Option<String>,
+    /// How long it ran, in milliseconds.
+    pub millis: u64,
+}
+
+/// Everything measured about one backend.
+#[derive(Clone, Debug, Serialize)]
+pub struct BackendReport {
+    /// The harness label.
+    pub label: String,
+    /// The backend as it describes itself (secrets redacted).
+    pub backend: String,
+    /// The declared capabilities (`None` if no client could connect).
+    pub capabilities: Option<Capabilities>,
+    /// One result per scenario, in suite order.
+    pub results: Vec<ScenarioResult>,
+    /// Latency and hand-over figures, if measured.
+    pub figures: Option<Figures>,
+    /// Why nothing ran, if a client could not connect.
+    pub error: Option<String>,
+}
+
+/// Progress of a report run, for a terminal.
+#[derive(Clone, Debug)]
+pub enum Progress<'a> {
+    /// A scenario ended.
+    Scenario {
+        /// The backend's label.
+        label: &'a str,
+        /// How many scenarios have ended, this one included.
+        done: usize,
+        /// How many there are.
+        total: usize,
+        /// Its result.
+        result: &'a ScenarioResult,
+    },
+    /// The benchmark started.
+    Measuring {
+        /// The backend's label.
+        label: &'a str,
+    },
+}
+
+/// The longest a scenario may run before it counts as hung.
+pub fn scenario_timeout(scale: f64) -> Duration {
+    Duration::from_secs(180).mul_f64(scale)
+}
+
+/// Runs one scenario against a harness whose capabilities are known.
+pub async fn run_scenario(
+    scenario: Scenario,
+    harness: Arc<dyn Harness>,
+    caps: &Capabilities,
+    scale: f64,
+) -> ScenarioResult {
+    let start = Instant::now();
+    let (status, reason) = match (scenario.applies)(caps, &*harness) {
+        Err(why) => (Status::Unsupported, Some(why.to_string())),
+        Ok(()) => {
+            let ctx = Ctx::new(harness, caps.clone(), scenario.name, scale);
+            match tokio::time::timeout(scenario_timeout(scale), (scenario.run)(&ctx)).await {
+                Ok(Ok(())) => (Status::Pass, None),
+                Ok(Err(why)) => (Status::Fail, Some(why)),
+                Err(_) => (
+                    Status::Fail,
+                    Some(format!("hung for {:?}", scenario_timeout(scale))),
+                ),
+            }
+        }
+    };
+    ScenarioResult {
+        scenario: scenario.name.to_string(),
+        status,
+        reason,
+        millis: start.elapsed().as_millis() as u64,
+    }
+}
+
+/// Runs every scenario against `harness` (a few at a time), then measures it when `measure_it`,
+/// reporting progress as it goes.
+pub async fn run_all(
+    harness: Arc<dyn Harness>,
+    measure_it: bool,
+    mut progress: impl FnMut(Progress<'_>),
+) -> BackendReport {
+    let label = harness.label();
+    let scale = time_scale();
+    let probe = match harness.client().await {
+        Ok(c) => c,
+        Err(e) => {
+            return BackendReport {
+                label,
+                backend: String::new(),
+                capabilities: None,
+                results: scenarios::all()
+                    .iter()
+                    .map(|s| ScenarioResult {
+                        scenario: s.name.to_string(),
+                        status: Status::Fail,
+                        reason: Some(format!("could not connect: {e}")),
+                        millis: 0,
+                    })
+                    .collect(),
+                figures: None,
+                error: Some(e.to_string()),
+            };
+        }
+    };
+    let caps = probe.capabilities().clone();
+    let backend = probe.describe();
+    drop(probe);
+    let all = scenarios::all();
+    let total = all.len();
+    let mut results = Vec::with_capacity(total);
+    let mut stream = futures::stream::iter(all.into_iter().map(|s| {
+        let (harness, caps) = (harness.clone(), caps.clone());
+        async move { run_scenario(s, harness, &caps, scale).await }
+    }))
+    .buffered(4);
+    while let Some(result) = stream.next().await {
+        results.push(result);
+        progress(Progress::Scenario {
+            label: &label,
+            done: results.len(),
+            total,
+            result: results.last().expect("just pushed"),
+        });
+    }
+    drop(stream);
+    let figures = if measure_it {
+        progress(Progress::Measuring { label: &label });
+        measure(&*harness).await.ok()
+    } else {
+        None
+    };
+    BackendReport {
+        label,
+        backend,
+        capabilities: Some(caps),
+        results,
+        figures,
+        error: None,
+    }
+}

@@ -1,0 +1,44 @@
+//! Every scenario against the in-memory reference backend: the suite is first proven here.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use conformance::{Harness, Target, run_tests};
+use lockcore::memory::MemoryBackend;
+use lockcore::{LockName, Locker, Result};
+
+struct MemoryHarness {
+    store: String,
+}
+
+#[async_trait]
+impl Harness for MemoryHarness {
+    fn label(&self) -> String {
+        "memory".into()
+    }
+
+    async fn client(&self) -> Result<Locker> {
+        Ok(Locker::new(MemoryBackend::connect(&self.store)))
+    }
+
+    fn can_revoke(&self) -> bool {
+        true
+    }
+
+    async fn revoke(&self, name: &LockName) -> Result<()> {
+        MemoryBackend::connect(&self.store).force_release(name);
+        Ok(())
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    // The memory backend needs no server: its URL names a store of this process.
+    run_tests(vec![Target::fixed(
+        "memory",
+        "memory://conformance",
+        |url| {
+            let store = url.trim_start_matches("memory://").to_string();
+            Arc::new(MemoryHarness { store })
+        },
+    )])
+}
