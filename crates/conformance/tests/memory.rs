@@ -5,7 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use conformance::{Harness, Target, run_tests};
 use lockcore::memory::MemoryBackend;
-use lockcore::{LockName, Locker, Result};
+use lockcore::{Locker, Result};
 
 struct MemoryHarness {
     store: String,
@@ -23,11 +23,6 @@ impl Harness for MemoryHarness {
 
     fn can_revoke(&self) -> bool {
         true
-    }
-
-    async fn revoke(&self, name: &LockName) -> Result<()> {
-        MemoryBackend::connect(&self.store).force_release(name);
-        Ok(())
     }
 }
 

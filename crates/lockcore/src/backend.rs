@@ -131,6 +131,16 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         poll_acquire(self, req, deadline, &Backoff::for_ttl(req.ttl)).await
     }
 
+    /// Frees `name` whoever holds it, as an operator would (Redisson's `forceUnlock`); the
+    /// holder's lease is then refused at its next renewal or check. Returns whether it was held.
+    /// Backends that can do it declare [`Capabilities::force_release`].
+    ///
+    /// Cancel safety: dropping the future may or may not have freed the lock.
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        let _ = name;
+        Err(crate::Error::unsupported("this backend cannot force-release locks"))
+    }
+
     /// A description for logs and reports, with any secret (password) redacted.
     fn describe(&self) -> String;
 }
@@ -149,6 +159,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
         deadline: Option<Instant>,
     ) -> Result<Option<Acquired>> {
         (**self).acquire(req, deadline).await
+    }
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        (**self).force_release(name).await
     }
     fn describe(&self) -> String {
         (**self).describe()

@@ -50,6 +50,8 @@ pub struct Capabilities {
     /// A crashed holder's lock is held until its TTL runs out, and not freed before. Backends
     /// whose locks die with the holder's connection free them at once instead.
     pub expiry_after_ttl: bool,
+    /// [`Backend::force_release`](crate::Backend::force_release) works.
+    pub force_release: bool,
     /// The smallest TTL accepted.
     #[serde(serialize_with = "ser_duration")]
     pub min_ttl: Duration,
@@ -74,6 +76,7 @@ impl Default for Capabilities {
             lost_detection: false,
             reentrant: false,
             expiry_after_ttl: true,
+            force_release: false,
             min_ttl: Duration::from_millis(1),
             max_ttl: crate::options::MAX_TTL,
             notes: Vec::new(),

@@ -104,14 +104,15 @@ impl MemoryBackend {
             fair: true,
             wait: WaitKind::Notify,
             lost_detection: true,
+            force_release: true,
             notes: vec!["process-local: excludes tasks of one process only".into()],
             ..Capabilities::default()
         }
     }
 
-    /// Frees `name` whoever holds it (an administrator's override, like Redisson's
-    /// `forceUnlock`); the holder's lost signal fires at once. Returns whether it was held.
-    pub fn force_release(&self, name: &LockName) -> bool {
+    /// Frees `name` whoever holds it; the holder's lost signal fires at once. Returns whether it
+    /// was held.
+    pub fn force_release_now(&self, name: &LockName) -> bool {
         let mut slots = self.store.lock();
         let Some(slot) = slots.get_mut(name) else {
             return false;
@@ -253,6 +254,10 @@ impl Backend for MemoryBackend {
                 None => wake.notified().await,
             }
         }
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        Ok(self.force_release_now(name))
     }
 
     fn describe(&self) -> String {
