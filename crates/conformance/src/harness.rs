@@ -30,16 +30,17 @@ pub trait Harness: Send + Sync + 'static {
     }
 
     /// Whether [`Harness::revoke`] works; scenarios that need it are unsupported otherwise.
+    /// The default is false; harnesses of backends that declare
+    /// [`Capabilities::force_release`](lockcore::Capabilities::force_release) say true.
     fn can_revoke(&self) -> bool {
         false
     }
 
     /// Deletes the lock `name` behind its holder's back, as an operator (or a failover) would.
+    /// The default uses [`Backend::force_release`](lockcore::Backend::force_release) from a new
+    /// client.
     async fn revoke(&self, name: &LockName) -> Result<()> {
-        let _ = name;
-        Err(lockcore::Error::unsupported(
-            "this harness cannot revoke locks",
-        ))
+        self.client().await?.backend().force_release(name).await.map(drop)
     }
 
     /// The shortest TTL the scenarios should use with this backend (its timing floor, for
