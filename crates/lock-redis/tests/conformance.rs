@@ -1,3 +1,63 @@
+//! The shared conformance suite against every Redis variant the test servers provide.
+
+use std::sync::Arc;
+
+use conformance::{Harness, Target};
+use lock_redis::RedisBackend;
+use lockcore::{LockName, Locker, Result};
+
+/// Clients from one URL; revocation through a separate admin client, as an operator would.
+struct RedisHarness {
+    label: &'static str,
+    url: String,
+}
+
+#[lockcore::async_trait]
+impl Harness for RedisHarness {
+    fn label(&self) -> String {
+        self.label.to_owned()
+    }
+
+    async fn client(&self) -> Result<Locker> {
+        Ok(Locker::new(RedisBackend::connect(&self.url).await?))
+    }
+
+    fn can_revoke(&self) -> bool {
+        true
+    }
+
+    async fn revoke(&self, name: &LockName) -> Result<()> {
+        // The harness holds configuration only (each trial has its own runtime): connect here.
+        let admin = RedisBackend::connect(&self.url).await?;
+        admin.force_release(name).await?;
+        Ok(())
+    }
+}
+
+/// Appends the TLS test server's CA (from `LOCK_TEST_REDIS_TLS_CA`) as `?tls_ca=`.
+fn with_test_ca(url: String) -> String {
+    match std::env::var("LOCK_TEST_REDIS_TLS_CA") {
+        Ok(ca) if !ca.is_empty() && !url.contains("tls_ca=") => {
+            let sep = if url.contains('?') { '&' } else { '?' };
+            format!("{url}{sep}tls_ca={ca}")
+        }
+        _ => url,
+    }
+}
+
+fn target(label: &'static str, var: &'static str) -> Target {
+    Target::new(label, var, move |url| {
+        let url = if url.starts_with("rediss") { with_test_ca(url) } else { url };
+        Arc::new(RedisHarness { label, url }) as Arc<dyn Harness>
+    })
+}
+
 fn main() -> std::process::ExitCode {
-    conformance::run_tests(vec![])
+    conformance::run_tests(vec![
+        target("redis", "LOCK_TEST_REDIS_URL"),
+        target("redis-auth", "LOCK_TEST_REDIS_AUTH_URL"),
+        target("redis-acl", "LOCK_TEST_REDIS_ACL_URL"),
+        target("redis-tls", "LOCK_TEST_REDIS_TLS_URL"),
+        target("redis-cluster", "LOCK_TEST_REDIS_CLUSTER_URL"),
+    ])
 }
