@@ -1,0 +1,369 @@
+//! Redis-specific tests beyond the conformance suite. Each needs a test server URL (see
+//! `scripts/servers.sh env`) and is skipped when it is unset (failing under
+//! `LOCK_TEST_REQUIRE_ALL`).
+
+use std::time::Duration;
+
+use conformance::require_env;
+use lock_redis::RedisBackend;
+use lockcore::{Backend, ErrorKind, Instant, LockName, LockOptions, Locker};
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{:016x}", fastrand::u64(..))
+}
+
+fn opts(ttl: Duration) -> LockOptions {
+    LockOptions::new().ttl(ttl).wait_timeout(Duration::from_secs(20))
+}
+
+fn with_query(url: &str, param: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{param}")
+}
+
+/// A raw connection per node of the URL (plain `redis://` URLs only), to inspect the server.
+async fn raw_nodes(url: &str) -> Vec<redis::aio::MultiplexedConnection> {
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let scheme = scheme.trim_end_matches("+cluster");
+    let (userinfo, hosts) = match rest.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), rest),
+    };
+    let hosts = hosts.split(['/', '?']).next().unwrap();
+    let mut out = Vec::new();
+    for h in hosts.split(',') {
+        let client = redis::Client::open(format!("{scheme}://{userinfo}{h}")).unwrap();
+        out.push(client.get_multiplexed_async_connection().await.unwrap());
+    }
+    out
+}
+
+/// Subscribers of `channel` over all nodes.
+async fn numsub(nodes: &mut [redis::aio::MultiplexedConnection], channel: &str) -> i64 {
+    let mut total = 0;
+    for c in nodes.iter_mut() {
+        let (_, n): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query_async(c)
+            .await
+            .unwrap();
+        total += n;
+    }
+    total
+}
+
+/// Waits (bounded) until `cond` holds, checking every few ms: an observable condition on the
+/// server, not a sleep standing in for one.
+async fn eventually<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = Instant::now() + Duration::from_secs(10);
+    while !cond().await {
+        assert!(Instant::now() < end, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn woken_by_release(url: &str) {
+    // Safety-net poll of 2 s: it fires 1 to 2 s after the waiter's last attempt, so a hand-over
+    // within well under a second of the release can only come from the notification.
+    let url = with_query(url, "poll_ms=2000");
+    let holder = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let waiter_backend = RedisBackend::connect(&url).await.unwrap();
+    let waiter = Locker::new(waiter_backend.clone());
+    let name = LockName::new(unique("{notify}/x")).unwrap();
+    let channel = waiter_backend.lock_key(&name).replace(":lock", ":released");
+    let nodes = raw_nodes(&url).await;
+
+    let g = holder.try_lock(&name, &opts(Duration::from_secs(30))).await.unwrap().unwrap();
+    let task = {
+        let (waiter, name) = (waiter.clone(), name.clone());
+        tokio::spawn(async move { waiter.lock(&name, &opts(Duration::from_secs(30))).await })
+    };
+    eventually("the waiter is subscribed", || {
+        let mut nodes = nodes.clone();
+        let channel = channel.clone();
+        async move { numsub(&mut nodes, &channel).await >= 1 }
+    })
+    .await;
+    assert!(!task.is_finished());
+    let released = Instant::now();
+    g.release().await.unwrap();
+    let g2 = task.await.unwrap().unwrap();
+    let took = released.elapsed();
+    assert!(
+        took < Duration::from_millis(800),
+        "the waiter took {took:?} after the release: not woken by the notification"
+    );
+    g2.release().await.unwrap();
+    // The last waiter gone, the subscription goes too.
+    eventually("the subscription is gone", || {
+        let mut nodes = nodes.clone();
+        let channel = channel.clone();
+        let b = waiter_backend.clone();
+        async move { numsub(&mut nodes, &channel).await == 0 && b.waited_names() == 0 }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_is_woken_by_release_not_poll() {
+    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else { return };
+    woken_by_release(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_waiter_is_woken_by_release_not_poll() {
+    let Some(url) = require_env("LOCK_TEST_REDIS_CLUSTER_URL") else { return };
+    woken_by_release(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_waits_leave_no_subscription() {
+    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else { return };
+    let holder = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    let waiter = Locker::new(backend.clone());
+    let name = LockName::new(unique("cancel")).unwrap();
+    let channel = backend.lock_key(&name).replace(":lock", ":released");
+    let nodes = raw_nodes(&url).await;
+    let g = holder.try_lock(&name, &opts(Duration::from_secs(30))).await.unwrap().unwrap();
+    // Three waiters of one client share one subscription; all are dropped mid-wait.
+    let tasks: Vec<_> = (0..3)
+        .map(|_| {
+            let (waiter, name) = (waiter.clone(), name.clone());
+            tokio::spawn(async move { waiter.lock(&name, &opts(Duration::from_secs(30))).await })
+        })
+        .collect();
+    eventually("the waiters are subscribed", || {
+        let mut nodes = nodes.clone();
+        let channel = channel.clone();
+        async move { numsub(&mut nodes, &channel).await == 1 }
+    })
+    .await;
+    for t in &tasks {
+        t.abort();
+    }
+    for t in tasks {
+        assert!(t.await.unwrap_err().is_cancelled());
+    }
+    eventually("the subscription is gone", || {
+        let mut nodes = nodes.clone();
+        let channel = channel.clone();
+        let b = backend.clone();
+        async move { numsub(&mut nodes, &channel).await == 0 && b.waited_names() == 0 }
+    })
+    .await;
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_urls_are_invalid_config_and_never_show_the_password() {
+    const PW: &str = "hunter2-very-secret";
+    for url in [
+        format!("redis://:{PW}@127.0.0.1:notaport"),
+        format!("redis://user:{PW}@127.0.0.1:6379?bogus=1"),
+        format!("redis://user:{PW}@127.0.0.1:6379?min_replicas=lots"),
+        format!("redis://user:{PW}@127.0.0.1:6379?namespace=%7Bx%7D"),
+        format!("redis://user:{PW}@a,b"),
+        format!("http://user:{PW}@127.0.0.1"),
+        format!("rediss://user:{PW}@127.0.0.1?tls_ca=/nonexistent/ca.pem"),
+        format!("redis://user:{PW}@127.0.0.1#insecure"),
+        format!("redis://user:{PW}@127.0.0.1/notadb"),
+    ] {
+        let e = RedisBackend::connect(&url).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+        assert!(!format!("{e}").contains(PW), "{e}");
+        assert!(!format!("{e:?}").contains(PW), "{e:?}");
+    }
+    // Unreachable server: a connection error, still without the password.
+    let e = RedisBackend::connect(&format!("redis://:{PW}@127.0.0.1:1?connect_timeout_ms=500"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(!format!("{e} {e:?}").contains(PW));
+
+    if let Some(url) = require_env("LOCK_TEST_REDIS_AUTH_URL") {
+        // A wrong password is refused, and not echoed either.
+        let wrong = url.replacen("://:", &format!("://:{PW}"), 1);
+        let e = RedisBackend::connect(&wrong).await.unwrap_err();
+        assert!(!format!("{e} {e:?}").contains(PW), "{e:?}");
+    }
+    for var in ["LOCK_TEST_REDIS_AUTH_URL", "LOCK_TEST_REDIS_ACL_URL"] {
+        let Some(url) = require_env(var) else { continue };
+        let authority = url.split_once("://").unwrap().1.rsplit_once('@').unwrap().0;
+        let raw_pw = authority.split_once(':').unwrap().1;
+        let decoded = percent_encoding::percent_decode_str(raw_pw).decode_utf8().unwrap();
+        let b = RedisBackend::connect(&url).await.unwrap();
+        let locker = Locker::new(b.clone());
+        for shown in [b.describe(), format!("{b:?}"), format!("{locker:?}")] {
+            assert!(!shown.contains(raw_pw) && !shown.contains(&*decoded), "{shown}");
+            assert!(shown.contains("***"), "{shown}");
+        }
+        // And the credentials work.
+        let name = LockName::new(unique("auth")).unwrap();
+        let g = locker.try_lock(&name, &opts(Duration::from_secs(5))).await.unwrap().unwrap();
+        g.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn min_replicas_without_replicas_is_unavailable_and_leaves_the_lock_free() {
+    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else { return };
+    let strict = Locker::new(
+        RedisBackend::connect(&with_query(&url, "min_replicas=1&replica_timeout_ms=100"))
+            .await
+            .unwrap(),
+    );
+    let plain = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let name = LockName::new(unique("replicas")).unwrap();
+    let t0 = Instant::now();
+    let e = strict
+        .try_lock(&name, &opts(Duration::from_secs(30)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(t0.elapsed() >= Duration::from_millis(90), "WAIT did not wait");
+    let e = strict
+        .lock(&name, &opts(Duration::from_secs(30)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    // Left free: another client takes it at once.
+    let g = plain
+        .try_lock(&name, &opts(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("the under-replicated lock was released");
+    g.release().await.unwrap();
+}
+
+async fn hash_tags_are_ours(url: &str) {
+    let b = RedisBackend::connect(url).await.unwrap();
+    let locker = Locker::new(b.clone());
+    let nodes = raw_nodes(url).await;
+    let base = unique("t");
+    let names: Vec<LockName> = [format!("{{{base}}}x"), format!("{{{base}}}y"), base.clone()]
+        .iter()
+        .map(|n| LockName::new(n).unwrap())
+        .collect();
+    let o = opts(Duration::from_secs(10));
+    // All three are held at once: independent locks.
+    let mut guards = Vec::new();
+    for n in &names {
+        guards.push(
+            locker
+                .try_lock(n, &o)
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("{n:?} is not independent")),
+        );
+    }
+    for n in &names {
+        let key = b.lock_key(n);
+        // The hash tag is the escaped name: no user brace inside it, and the fencing counter
+        // shares the slot.
+        let tag = &key[key.find('{').unwrap() + 1..key.find('}').unwrap()];
+        assert_eq!(tag, n.escaped(), "{key}");
+        assert_eq!(key.matches('{').count(), 1, "{key}");
+        assert_eq!(key.matches('}').count(), 1, "{key}");
+        let slot = |k: String| {
+            let mut c = nodes[0].clone();
+            async move {
+                redis::cmd("CLUSTER")
+                    .arg("KEYSLOT")
+                    .arg(k)
+                    .query_async::<i64>(&mut c)
+                    .await
+                    .ok()
+            }
+        };
+        if url.contains("+cluster") {
+            assert_eq!(slot(key.clone()).await, slot(b.fence_key(n)).await);
+        }
+    }
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn hash_tag_names_are_independent() {
+    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else { return };
+    hash_tags_are_ours(&url).await;
+}
+
+#[tokio::test]
+async fn cluster_hash_tag_names_are_independent() {
+    let Some(url) = require_env("LOCK_TEST_REDIS_CLUSTER_URL") else { return };
+    hash_tags_are_ours(&url).await;
+}
+
+#[tokio::test]
+async fn acquire_sets_the_ttl_atomically() {
+    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else { return };
+    let b = RedisBackend::connect(&url).await.unwrap();
+    let locker = Locker::new(b.clone());
+    let mut raw = raw_nodes(&url).await.remove(0);
+    let ttl = Duration::from_millis(5000);
+    let name = LockName::new(unique("pttl")).unwrap();
+    let before: Option<i64> = redis::cmd("GET")
+        .arg(b.fence_key(&name))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(before, None);
+    for round in 1..=2u64 {
+        let g = locker.try_lock(&name, &opts(ttl)).await.unwrap().unwrap();
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(b.lock_key(&name))
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert!(pttl > 0 && pttl <= ttl.as_millis() as i64, "PTTL {pttl}");
+        // The fencing token is the counter, bumped in the same script.
+        assert_eq!(g.fencing_token(), Some(round));
+        let owner: String = redis::cmd("GET")
+            .arg(b.lock_key(&name))
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!(owner, g.token().to_hex());
+        g.release().await.unwrap();
+    }
+    // extend resets the TTL, one round trip, owner-checked.
+    let g = locker.try_lock(&name, &opts(Duration::from_millis(500))).await.unwrap().unwrap();
+    g.extend(Duration::from_secs(20)).await.unwrap();
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(b.lock_key(&name))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(pttl > 10_000, "PTTL after extend {pttl}");
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn separate_connects_are_independent_clients() {
+    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else { return };
+    let a = RedisBackend::connect(&url).await.unwrap();
+    let b = RedisBackend::connect(&url).await.unwrap();
+    let mut raw = raw_nodes(&url).await.remove(0);
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let before = list.lines().count();
+    let c = RedisBackend::connect(&url).await.unwrap();
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(list.lines().count(), before + 1, "one command connection per client");
+    drop((a, b, c));
+}
