@@ -1,0 +1,220 @@
+//! SQLite: leases only, in a file shared by the processes of one host (WAL mode, busy timeout).
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockcore::{AcquireRequest, Acquired, Error, Instant, Lease, LockName, OwnerToken, Result};
+use sqlx::AssertSqlSafe;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+use crate::config::Config;
+use crate::map_err;
+
+/// Unix time in seconds (millisecond resolution) on the database's clock.
+const NOW: &str = "((julianday('now') - 2440587.5) * 86400.0)";
+
+struct Sql {
+    acquire: String,
+    extend: String,
+    release: String,
+    revoke: String,
+}
+
+pub(crate) struct LiteBackend {
+    config: Config,
+    pool: SqlitePool,
+    sql: Arc<Sql>,
+}
+
+/// SQLITE_BUSY / SQLITE_LOCKED and their extended codes: another connection holds the write
+/// lock beyond the busy timeout. Retried, never reported as a failure of the lock itself.
+fn is_busy(e: &sqlx::Error) -> bool {
+    crate::db_code(e)
+        .and_then(|c| c.parse::<i32>().ok())
+        .is_some_and(|c| matches!(c & 0xff, 5 | 6))
+}
+
+/// Runs `op` again while SQLite reports busy, for up to about two seconds.
+async fn retry_busy<T, F, Fut>(mut op: F) -> sqlx::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = sqlx::Result<T>>,
+{
+    let give_up = Instant::now() + Duration::from_secs(2);
+    let mut attempt = 0u32;
+    loop {
+        match op().await {
+            Err(e) if is_busy(&e) && Instant::now() < give_up => {
+                attempt += 1;
+                let cap = 2u64 << attempt.min(6);
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(1..=cap))).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+impl LiteBackend {
+    pub(crate) async fn connect(config: &Config) -> Result<LiteBackend> {
+        let opts = SqliteConnectOptions::from_str(&config.sqlx_url)
+            .map_err(|e| Error::invalid_config(config.scrub(format!("invalid sqlite URL: {e}"))))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(config.pool_max)
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(opts)
+            .await
+            .map_err(|e| map_err(config, "opening the sqlite database", e))?;
+        let t = &config.table;
+        let ddl = format!(
+            "CREATE TABLE IF NOT EXISTS {t} (name TEXT NOT NULL PRIMARY KEY, owner TEXT, \
+               fence INTEGER NOT NULL DEFAULT 0, expires_at REAL NOT NULL DEFAULT 0)"
+        );
+        retry_busy(|| sqlx::raw_sql(AssertSqlSafe(ddl.clone())).execute(&pool))
+            .await
+            .map_err(|e| map_err(config, "creating the lock table", e))?;
+        let sql = Sql {
+            acquire: format!(
+                "INSERT INTO {t} (name, owner, fence, expires_at) VALUES (?1, ?2, 1, {NOW} + ?3) \
+                 ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, fence = fence + 1, \
+                   expires_at = excluded.expires_at \
+                 WHERE owner IS NULL OR expires_at <= {NOW} \
+                 RETURNING fence"
+            ),
+            extend: format!(
+                "UPDATE {t} SET expires_at = {NOW} + ?3 \
+                 WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW}"
+            ),
+            release: format!(
+                "UPDATE {t} SET owner = NULL, expires_at = 0 \
+                 WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW}"
+            ),
+            revoke: format!(
+                "UPDATE {t} SET owner = NULL, expires_at = 0 \
+                 WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {NOW}"
+            ),
+        };
+        Ok(LiteBackend {
+            config: config.clone(),
+            pool,
+            sql: Arc::new(sql),
+        })
+    }
+
+    pub(crate) async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .await
+            .map(|_| ())
+            .map_err(|e| map_err(&self.config, "SELECT 1", e))
+    }
+
+    pub(crate) async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
+        let token = req.token.to_hex();
+        let sent_at = Instant::now();
+        let res = retry_busy(|| {
+            sqlx::query_scalar::<_, i64>(AssertSqlSafe(self.sql.acquire.clone()))
+                .bind(req.name.as_str())
+                .bind(&token)
+                .bind(req.ttl.as_secs_f64())
+                .fetch_optional(&self.pool)
+        })
+        .await;
+        let fence = match res {
+            Ok(f) => f,
+            // Still busy: as good as contention; the poller retries.
+            Err(e) if is_busy(&e) => return Ok(None),
+            Err(e) => return Err(map_err(&self.config, "acquiring a lease", e)),
+        };
+        Ok(fence.map(|f| {
+            Acquired::new(
+                LiteLease {
+                    pool: self.pool.clone(),
+                    config: self.config.clone(),
+                    sql: self.sql.clone(),
+                    name: req.name.clone(),
+                    token: req.token,
+                    fencing: f as u64,
+                },
+                sent_at,
+            )
+        }))
+    }
+
+    pub(crate) async fn revoke(&self, name: &LockName) -> Result<bool> {
+        let r = retry_busy(|| {
+            sqlx::query(AssertSqlSafe(self.sql.revoke.clone()))
+                .bind(name.as_str())
+                .execute(&self.pool)
+        })
+        .await
+        .map_err(|e| map_err(&self.config, "revoking a lease", e))?;
+        Ok(r.rows_affected() > 0)
+    }
+}
+
+struct LiteLease {
+    pool: SqlitePool,
+    config: Config,
+    sql: Arc<Sql>,
+    name: LockName,
+    token: OwnerToken,
+    fencing: u64,
+}
+
+impl fmt::Debug for LiteLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LiteLease")
+            .field("name", &self.name)
+            .field("token", &self.token)
+            .field("fencing", &self.fencing)
+            .finish()
+    }
+}
+
+impl LiteLease {
+    async fn update(&self, sql: &str, ttl: Option<Duration>, what: &str) -> Result<()> {
+        let token = self.token.to_hex();
+        let r = retry_busy(|| {
+            let q = sqlx::query(AssertSqlSafe(sql.to_owned()))
+                .bind(self.name.as_str())
+                .bind(&token);
+            // SQLite refuses a parameter the statement does not use.
+            let q = match ttl {
+                Some(ttl) => q.bind(ttl.as_secs_f64()),
+                None => q,
+            };
+            q.execute(&self.pool)
+        })
+        .await
+        .map_err(|e| map_err(&self.config, what, e))?;
+        if r.rows_affected() == 1 {
+            Ok(())
+        } else {
+            Err(Error::not_held("the lease expired or belongs to another holder"))
+        }
+    }
+}
+
+#[lockcore::async_trait]
+impl Lease for LiteLease {
+    fn fencing_token(&self) -> Option<u64> {
+        Some(self.fencing)
+    }
+
+    async fn extend(&self, ttl: Duration) -> Result<()> {
+        self.update(&self.sql.extend, Some(ttl), "extending a lease").await
+    }
+
+    async fn release(&self) -> Result<()> {
+        self.update(&self.sql.release, None, "releasing a lease").await
+    }
+}
