@@ -20,8 +20,7 @@ declare -A PROVIDES=(
   [openssl]=/usr/bin/openssl
   [curl]=/usr/bin/curl
   [netcat-openbsd]=/usr/bin/nc.openbsd
-  [iproute2]=/usr/bin/ss
-  [procps]=/usr/bin/pgrep
+  [iproute2]=/usr/bin/ss # servers.sh finds leftovers by port with ss
 )
 # Other files the scripts rely on, with the package that brings them.
 declare -A EXTRA=(
@@ -55,16 +54,31 @@ if [[ $(id -u) -ne 0 ]]; then
   SUDO=(sudo -n)
 fi
 
+APT_LOG=${TMPDIR:-/tmp}/install-servers.apt.log
+APT_OPTS=(-o DPkg::Lock::Timeout=300 -o Acquire::Retries=3)
+
+# retry TRIES CMD...: transient mirror/lock errors should not fail the test run.
+retry() {
+  local tries=$1 i
+  shift
+  for ((i = 1; i <= tries; i++)); do
+    "$@" >>"$APT_LOG" 2>&1 && return 0
+    echo "install-servers: attempt $i/$tries failed: $*" >&2
+    ((i < tries)) && sleep 5
+  done
+  echo "install-servers: giving up; last lines of $APT_LOG:" >&2
+  tail -n 40 "$APT_LOG" >&2
+  return 1
+}
+
 echo "install-servers: installing: ${missing[*]}"
 start=$SECONDS
-"${SUDO[@]}" apt-get update -qq
-"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+: >"$APT_LOG"
+retry 3 "${SUDO[@]}" apt-get "${APT_OPTS[@]}" update -qq
+retry 3 "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get "${APT_OPTS[@]}" install -y -qq \
+  --no-install-recommends \
   -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
-  "${missing[@]}" >/tmp/install-servers.apt.log 2>&1 || {
-    echo "install-servers: apt-get install failed; last lines:" >&2
-    tail -n 40 /tmp/install-servers.apt.log >&2
-    exit 1
-  }
+  "${missing[@]}"
 
 # Verify.
 bad=0

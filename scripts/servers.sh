@@ -90,6 +90,14 @@ alive() {
 
 comm_of() { cat "/proc/$1/comm" 2>/dev/null || true; }
 
+# ours PID: one of our server programs (a java only if it is a ZooKeeper server).
+ours() {
+  local comm
+  comm=$(comm_of "$1")
+  [[ $comm =~ $OUR_COMMS ]] || return 1
+  [[ $comm != java ]] || [[ $(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null) == *QuorumPeerMain* ]]
+}
+
 # wait_for TIMEOUT DESCRIPTION "LOGFILES" PID CMD... : poll CMD every 0.1 s.
 # Fails loudly (with the logs' tails) on timeout or when PID (if given) dies.
 wait_for() {
@@ -192,16 +200,16 @@ stop_all() {
     "$DIR"/zk/zk.pid "$DIR"/etcd/etcd.pid "$DIR"/postgres/data/postmaster.pid; do
     [[ -f $f ]] || continue
     pid=$(head -n1 "$f" 2>/dev/null | tr -dc 0-9)
-    if alive "$pid" && [[ $(comm_of "$pid") =~ $OUR_COMMS ]]; then
+    if alive "$pid" && ours "$pid"; then
       pids+=("$pid")
     fi
   done
   # ...and whatever of ours still listens on our ports (leftovers of a run whose dir is gone).
   for pid in $(port_pids); do
-    comm=$(comm_of "$pid")
-    if [[ $comm =~ $OUR_COMMS ]]; then
+    if ours "$pid"; then
       pids+=("$pid")
     else
+      comm=$(comm_of "$pid")
       log "WARNING: pid $pid ($comm) listens on one of our ports; not ours, not killing it"
     fi
   done
@@ -494,9 +502,13 @@ zk_classpath() {
   echo "$cp"
 }
 
-zk_srvr() {
-  [[ $(echo srvr | timeout 3 nc -w 2 127.0.0.1 "$ZK_PORT" 2>/dev/null) == *Mode:* ]]
+# Four-letter word through bash's /dev/tcp. (A plain `echo srvr | nc HOST PORT` with Debian's
+# nc returns nothing ~3-6% of the time; `nc -q 1` or `nc -N` would be fine too.)
+zk_4lw() {
+  # shellcheck disable=SC2016 # expanded by the inner bash
+  timeout 3 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1" && printf %s "$2" >&3 && cat <&3' _ "$ZK_PORT" "$1" 2>/dev/null
 }
+zk_srvr() { [[ $(zk_4lw srvr) == *Mode:* ]]; }
 
 start_zookeeper() {
   local t0 d=$DIR/zk pid cp
@@ -566,7 +578,7 @@ start_all() {
   local t0
   t0=$(now_us)
   need redis-server redis-cli "$PGBIN/initdb" "$PGBIN/pg_ctl" "$PGBIN/psql" mariadb-install-db \
-    mariadbd mariadb mariadb-admin java etcd curl nc openssl runuser setsid timeout
+    mariadbd mariadb mariadb-admin java etcd curl openssl runuser setsid timeout
 
   # Leftovers of a previous (possibly crashed) run: by pidfile, then by port.
   stop_all >/dev/null 2>&1 || stop_all || die "could not free our ports"

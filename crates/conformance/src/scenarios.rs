@@ -773,8 +773,9 @@ async fn release_racing_expiry_keeps_next_holder(ctx: &Ctx) -> Outcome {
     );
     let ttl = ctx.ttl(Duration::from_millis(500));
     let opts = ctx.opts(ttl);
-    // Release at several points around the moment the lease runs out, with a waiter ready.
-    for (i, before) in [40u64, 20, 10, 5, 0].into_iter().enumerate() {
+    // Release at several points around the moment the lease runs out (the last one after it),
+    // with a waiter ready to take over.
+    for (i, before_ms) in [40i64, 20, 10, 5, 0, -30].into_iter().enumerate() {
         let name = ctx.name(&format!("r{i}"));
         let (lease, sent) = raw_lease(&a, &name, ttl).await?;
         let waiter = {
@@ -787,14 +788,19 @@ async fn release_racing_expiry_keeps_next_holder(ctx: &Ctx) -> Outcome {
             );
             tokio::spawn(async move { b.lock(&name, &opts).await })
         };
-        tokio::time::sleep_until(sent + ttl - Duration::from_millis(before)).await;
+        let at = if before_ms >= 0 {
+            sent + ttl - Duration::from_millis(before_ms as u64)
+        } else {
+            sent + ttl + Duration::from_millis(before_ms.unsigned_abs())
+        };
+        tokio::time::sleep_until(at).await;
         let _ = lease.release().await;
         let g2 = ok_or(ok_or(waiter.await, "waiter task")?, "the waiter's lock()")?;
         must_be_held(
             &c,
             &name,
             &opts,
-            &format!("while the next holder holds it (release sent {before} ms before expiry)"),
+            &format!("while the next holder holds it (release sent {before_ms} ms before expiry)"),
         )
         .await?;
         ok_or(g2.release().await, "next holder's release")?;
