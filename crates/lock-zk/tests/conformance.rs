@@ -1,3 +1,84 @@
+//! The conformance suite against ZooKeeper (`LOCK_TEST_ZK_URL`).
+//!
+//! Every client connects through its own pausable TCP proxy so that `crash` can play a killed
+//! process: the proxy stops forwarding, the session is never closed and expires on the server
+//! one session timeout later (dropping a client would close its session and delete its
+//! ephemeral nodes at once).
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use conformance::{Harness, Target};
+use lock_zk::ZkBackend;
+use lockcore::{LockGuard, LockName, Locker, Result, async_trait};
+use support::Proxy;
+
+/// The session timeout the tests ask for (the server has tickTime=500, minSessionTimeout=1000).
+const SESSION_TIMEOUT_MS: u64 = 2000;
+
+struct ZkHarness {
+    url: String,
+    proxies: Mutex<HashMap<usize, Proxy>>,
+    crashed: Mutex<Vec<Proxy>>,
+}
+
+fn key(locker: &Locker) -> usize {
+    Arc::as_ptr(locker.backend()) as *const () as usize
+}
+
+#[async_trait]
+impl Harness for ZkHarness {
+    fn label(&self) -> String {
+        "zk".into()
+    }
+
+    async fn client(&self) -> Result<Locker> {
+        let (upstream, _) = support::split_url(&self.url);
+        let proxy = Proxy::start(upstream)
+            .await
+            .map_err(|e| lockcore::Error::unavailable("starting the test proxy", e))?;
+        let backend = ZkBackend::connect(&support::via(&self.url, proxy.addr())).await?;
+        let locker = Locker::new(backend);
+        // A key reused by a new client belongs to a client that is gone: replace its proxy.
+        self.proxies.lock().unwrap().insert(key(&locker), proxy);
+        Ok(locker)
+    }
+
+    async fn crash(&self, guard: LockGuard, client: Locker) {
+        guard.abandon();
+        if let Some(proxy) = self.proxies.lock().unwrap().remove(&key(&client)) {
+            proxy.pause();
+            // Kept (paused, refusing reconnections) so the session can only expire.
+            self.crashed.lock().unwrap().push(proxy);
+        }
+        drop(client);
+    }
+
+    fn can_revoke(&self) -> bool {
+        true
+    }
+
+    async fn revoke(&self, name: &LockName) -> Result<()> {
+        // An operator's session with the same identity (digest) as the clients.
+        let admin = ZkBackend::connect(&self.url).await?;
+        admin.force_release(name).await?;
+        Ok(())
+    }
+
+    fn min_scenario_ttl(&self) -> Duration {
+        Duration::from_millis(SESSION_TIMEOUT_MS)
+    }
+}
+
 fn main() -> std::process::ExitCode {
-    conformance::run_tests(vec![])
+    conformance::run_tests(vec![Target::new("zk", "LOCK_TEST_ZK_URL", |url| {
+        Arc::new(ZkHarness {
+            url: support::with_param(&url, &format!("session_timeout_ms={SESSION_TIMEOUT_MS}")),
+            proxies: Mutex::new(HashMap::new()),
+            crashed: Mutex::new(Vec::new()),
+        }) as Arc<dyn Harness>
+    })])
 }
