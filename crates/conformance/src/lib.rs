@@ -5,6 +5,7 @@
 mod harness;
 mod measure;
 mod run;
+pub mod report;
 pub mod scenarios;
 
 use std::process::ExitCode;
@@ -18,6 +19,7 @@ pub use run::{
     BackendReport, Progress, ScenarioResult, Status, TIME_SCALE_ENV, run_all, run_scenario,
     scenario_timeout, time_scale,
 };
+pub use report::{Report, ScenarioInfo};
 pub use scenarios::Scenario;
 
 /// Set (to anything) in CI: a missing server URL is then a failure, not a skip.
