@@ -271,6 +271,12 @@ impl ZkBackend {
         self.inner.lost_after_disconnect
     }
 
+    /// Whether lock nodes are CONTAINER nodes (removed by the server once empty); false after
+    /// the server refused them, in which case releases delete empty lock nodes (best effort).
+    pub fn uses_containers(&self) -> bool {
+        self.inner.containers.load(Ordering::Relaxed)
+    }
+
     /// The ZooKeeper session id.
     pub fn session_id(&self) -> i64 {
         self.inner.client.session_id().0
