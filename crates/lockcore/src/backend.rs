@@ -138,7 +138,9 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Cancel safety: dropping the future may or may not have freed the lock.
     async fn force_release(&self, name: &LockName) -> Result<bool> {
         let _ = name;
-        Err(crate::Error::unsupported("this backend cannot force-release locks"))
+        Err(crate::Error::unsupported(
+            "this backend cannot force-release locks",
+        ))
     }
 
     /// A description for logs and reports, with any secret (password) redacted.
@@ -223,5 +225,32 @@ pub async fn poll_acquire<B: Backend + ?Sized>(
         }
         tokio::time::sleep_until(wake).await;
         attempt = attempt.saturating_add(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_is_full_jitter_and_capped() {
+        let b = Backoff::for_ttl(Duration::from_secs(2));
+        assert_eq!(b.max, Duration::from_millis(500));
+        for attempt in 0..40 {
+            let ceiling = (b.initial * 2u32.pow(attempt.min(20))).min(b.max);
+            for _ in 0..50 {
+                assert!(b.delay(attempt) <= ceiling);
+            }
+        }
+        // Full jitter: delays spread over the whole range, not around the ceiling.
+        let small = (0..200).filter(|_| b.delay(30) < b.max / 4).count();
+        assert!(
+            small > 10,
+            "{small} of 200 delays fell in the lowest quarter"
+        );
+        assert_eq!(
+            Backoff::for_ttl(Duration::from_millis(1)).max,
+            Duration::from_millis(10)
+        );
     }
 }

@@ -107,3 +107,22 @@ impl LostSignal {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn first_reason_wins_and_release_is_not_loss() {
+        let (n, s) = LostNotifier::new();
+        assert!(!s.is_lost());
+        assert!(n.fire(LostReason::SessionExpired));
+        assert!(!n.fire(LostReason::ValidityExpired));
+        assert_eq!(s.lost().await, LostReason::SessionExpired);
+
+        let (n, s) = LostNotifier::new();
+        drop(n);
+        let never = tokio::time::timeout(std::time::Duration::from_millis(20), s.lost()).await;
+        assert!(never.is_err(), "a lease that ended normally is not lost");
+    }
+}

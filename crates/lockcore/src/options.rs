@@ -207,3 +207,49 @@ impl AutoRenew {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    #[test]
+    fn validation() {
+        let caps = Capabilities::default();
+        let kind = |o: LockOptions| o.validate(&caps).err().map(|e| e.kind());
+        assert_eq!(kind(LockOptions::new()), None);
+        assert_eq!(
+            kind(LockOptions::new().ttl(Duration::ZERO)),
+            Some(ErrorKind::InvalidConfig)
+        );
+        assert_eq!(
+            kind(LockOptions::new().ttl(Duration::MAX)),
+            Some(ErrorKind::InvalidConfig)
+        );
+        assert_eq!(
+            kind(
+                LockOptions::new()
+                    .auto_renew(AutoRenew::until(Duration::from_secs(1)).interval_fraction(0.99))
+            ),
+            Some(ErrorKind::InvalidConfig)
+        );
+        assert_eq!(
+            kind(LockOptions::new().reentrant(true)),
+            Some(ErrorKind::Unsupported)
+        );
+        assert_eq!(
+            kind(LockOptions::new().require_fencing(true)),
+            Some(ErrorKind::Unsupported)
+        );
+        let mut narrow = Capabilities::default();
+        narrow.min_ttl = Duration::from_secs(2);
+        assert_eq!(
+            LockOptions::new()
+                .ttl(Duration::from_secs(1))
+                .validate(&narrow)
+                .unwrap_err()
+                .kind(),
+            ErrorKind::InvalidConfig
+        );
+    }
+}
