@@ -139,14 +139,20 @@ impl Config {
                 }
             };
             if seen.contains(&key) {
-                return Err(Error::invalid_config(format!("zk:// parameter {key} is given twice")));
+                return Err(Error::invalid_config(format!(
+                    "zk:// parameter {key} is given twice"
+                )));
             }
             seen.push(key);
             let value = decode(raw_value).map_err(|_| {
-                Error::invalid_config(format!("zk:// parameter {key} is not valid percent-encoded UTF-8"))
+                Error::invalid_config(format!(
+                    "zk:// parameter {key} is not valid percent-encoded UTF-8"
+                ))
             })?;
             if value.is_empty() {
-                return Err(Error::invalid_config(format!("zk:// parameter {key} is empty")));
+                return Err(Error::invalid_config(format!(
+                    "zk:// parameter {key} is empty"
+                )));
             }
             match key {
                 "session_timeout_ms" => {
@@ -173,7 +179,9 @@ impl Config {
                 "digest" => {
                     // Never echo the value: it holds the password.
                     let (user, password) = value.split_once(':').ok_or_else(|| {
-                        Error::invalid_config("digest must be user:password (percent-encode reserved characters)")
+                        Error::invalid_config(
+                            "digest must be user:password (percent-encode reserved characters)",
+                        )
                     })?;
                     if user.is_empty() || password.is_empty() {
                         return Err(Error::invalid_config(
@@ -189,7 +197,9 @@ impl Config {
             }
         }
         if config.chroot.is_empty() && config.namespace == "zookeeper" {
-            return Err(Error::invalid_config("namespace \"zookeeper\" is reserved by ZooKeeper at the root"));
+            return Err(Error::invalid_config(
+                "namespace \"zookeeper\" is reserved by ZooKeeper at the root",
+            ));
         }
         Ok(config)
     }
@@ -213,12 +223,15 @@ fn is_segment(s: &str) -> bool {
         && s != "."
         && s != ".."
         && s.len() <= 200
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
 }
 
 fn parse_hosts(authority: &str) -> Result<Vec<String>> {
     if authority.is_empty() {
-        return Err(Error::invalid_config("a zk:// URL needs at least one host:port"));
+        return Err(Error::invalid_config(
+            "a zk:// URL needs at least one host:port",
+        ));
     }
     let mut hosts = Vec::new();
     for entry in authority.split(',') {
@@ -226,14 +239,19 @@ fn parse_hosts(authority: &str) -> Result<Vec<String>> {
             let (h, after) = rest
                 .split_once(']')
                 .ok_or_else(|| Error::invalid_config(format!("bad IPv6 host in {entry:?}")))?;
-            if h.is_empty() || !h.bytes().all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.') {
+            if h.is_empty()
+                || !h
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+            {
                 return Err(Error::invalid_config(format!("bad IPv6 host in {entry:?}")));
             }
             let port = match after {
                 "" => None,
-                p => Some(p.strip_prefix(':').ok_or_else(|| {
-                    Error::invalid_config(format!("bad host:port {entry:?}"))
-                })?),
+                p => Some(
+                    p.strip_prefix(':')
+                        .ok_or_else(|| Error::invalid_config(format!("bad host:port {entry:?}")))?,
+                ),
             };
             (format!("[{h}]"), port)
         } else {
@@ -241,7 +259,11 @@ fn parse_hosts(authority: &str) -> Result<Vec<String>> {
                 Some((h, p)) => (h, Some(p)),
                 None => (entry, None),
             };
-            if h.is_empty() || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b)) {
+            if h.is_empty()
+                || !h
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
+            {
                 return Err(Error::invalid_config(format!("bad host in {entry:?}")));
             }
             (h.to_owned(), p)
@@ -272,7 +294,9 @@ fn parse_chroot(path: &str) -> Result<String> {
         }
     }
     if trimmed == "/zookeeper" || trimmed.starts_with("/zookeeper/") {
-        return Err(Error::invalid_config("the chroot may not be under /zookeeper (reserved)"));
+        return Err(Error::invalid_config(
+            "the chroot may not be under /zookeeper (reserved)",
+        ));
     }
     Ok(trimmed.to_owned())
 }
@@ -297,7 +321,10 @@ mod tests {
         assert_eq!(d.password.expose(), "p@ss:w");
         assert_eq!(c.base_path(), "/app/x/ns");
         let shown = format!("{c:?} {}", c.redacted(None));
-        assert!(!shown.contains("p@ss") && !shown.contains("p%40ss"), "{shown}");
+        assert!(
+            !shown.contains("p@ss") && !shown.contains("p%40ss"),
+            "{shown}"
+        );
         assert!(shown.contains("me:***"), "{shown}");
     }
 

@@ -194,7 +194,9 @@ impl ZkBackend {
             Err(_) => {
                 return Err(Error::new(
                     lockcore::ErrorKind::Unavailable,
-                    format!("connecting to ZooKeeper at {hosts}: no session within {connect_bound:?}"),
+                    format!(
+                        "connecting to ZooKeeper at {hosts}: no session within {connect_bound:?}"
+                    ),
                 ));
             }
         };
@@ -217,7 +219,9 @@ impl ZkBackend {
             drop_next_create_reply: AtomicBool::new(false),
             config,
         };
-        let backend = ZkBackend { inner: Arc::new(inner) };
+        let backend = ZkBackend {
+            inner: Arc::new(inner),
+        };
         backend.ensure_base().await?;
         tracing::debug!(backend = %backend.describe(), "zookeeper session open");
         Ok(backend)
@@ -326,7 +330,10 @@ impl ZkBackend {
     /// `InvalidName`; `Unavailable` or `Backend` (NoAuth included) from ZooKeeper.
     pub async fn force_release(&self, name: impl IntoLockName) -> Result<usize> {
         let parent = self.parent_path(&name.into_lock_name()?);
-        let children = match self.retry(|| self.inner.client.list_children(&parent)).await {
+        let children = match self
+            .retry(|| self.inner.client.list_children(&parent))
+            .await
+        {
             Ok(c) => c,
             Err(zk::Error::NoNode) => return Ok(0),
             Err(e) => return Err(map_err("listing contenders", e)),
@@ -394,11 +401,7 @@ impl ZkBackend {
     }
 
     /// Creates this contender's node, recovering a create whose reply was lost.
-    async fn create_contender(
-        &self,
-        parent: &str,
-        contender: &mut ContenderGuard,
-    ) -> Result<Node> {
+    async fn create_contender(&self, parent: &str, contender: &mut ContenderGuard) -> Result<Node> {
         let prefix = format!("{parent}/{}", contender.name_prefix);
         let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         let client = &self.inner.client;
@@ -407,31 +410,51 @@ impl ZkBackend {
             let result = client.create(&prefix, &[], &opts).await;
             #[cfg(test)]
             let result = match result {
-                Ok(_) if self.inner.drop_next_create_reply.swap(false, Ordering::SeqCst) => {
+                Ok(_)
+                    if self
+                        .inner
+                        .drop_next_create_reply
+                        .swap(false, Ordering::SeqCst) =>
+                {
                     Err(zk::Error::ConnectionLoss)
                 }
                 other => other,
             };
             match result {
                 Ok((stat, seq)) => {
-                    self.inner.stats.nodes_created.fetch_add(1, Ordering::Relaxed);
+                    self.inner
+                        .stats
+                        .nodes_created
+                        .fetch_add(1, Ordering::Relaxed);
                     let name = format!("{}{seq}", contender.name_prefix);
                     let path = format!("{parent}/{name}");
                     contender.state = GuardState::Created(path.clone());
-                    return Ok(Node { path, name, czxid: stat.czxid });
+                    return Ok(Node {
+                        path,
+                        name,
+                        czxid: stat.czxid,
+                    });
                 }
                 Err(zk::Error::NoNode) => self.ensure_parent(parent).await?,
                 Err(e) if is_retryable(&e) => {
                     // The create may or may not have been applied: look for our own node by
                     // the owner token in its name (protection mode).
                     if let Some(node) = self.find_own(parent, &contender.name_prefix).await? {
-                        self.inner.stats.creates_recovered.fetch_add(1, Ordering::Relaxed);
+                        self.inner
+                            .stats
+                            .creates_recovered
+                            .fetch_add(1, Ordering::Relaxed);
                         tracing::debug!(path = %node.path, "recovered a create whose reply was lost");
                         contender.state = GuardState::Created(node.path.clone());
                         return Ok(node);
                     }
                 }
-                Err(e) => return Err(map_err(format!("creating a contender node under {parent}"), e)),
+                Err(e) => {
+                    return Err(map_err(
+                        format!("creating a contender node under {parent}"),
+                        e,
+                    ));
+                }
             }
         }
     }
@@ -451,7 +474,11 @@ impl ZkBackend {
         };
         let path = format!("{parent}/{name}");
         match self.retry(|| client.check_stat(&path)).await {
-            Ok(Some(stat)) => Ok(Some(Node { path, name, czxid: stat.czxid })),
+            Ok(Some(stat)) => Ok(Some(Node {
+                path,
+                name,
+                czxid: stat.czxid,
+            })),
             Ok(None) => Ok(None),
             Err(e) => Err(map_err(format!("reading {path}"), e)),
         }
@@ -513,13 +540,19 @@ impl ZkBackend {
                     Err(e) => return Err(map_err(format!("watching {predecessor}"), e)),
                     Ok((_, _, watcher)) => {
                         let event = watcher.changed().await;
-                        self.inner.stats.watch_wakeups.fetch_add(1, Ordering::Relaxed);
+                        self.inner
+                            .stats
+                            .watch_wakeups
+                            .fetch_add(1, Ordering::Relaxed);
                         if event.event_type == zk::EventType::Session
                             && event.session_state.is_terminated()
                         {
                             return Err(Error::new(
                                 lockcore::ErrorKind::Unavailable,
-                                format!("the ZooKeeper session ended ({}) while waiting", event.session_state),
+                                format!(
+                                    "the ZooKeeper session ended ({}) while waiting",
+                                    event.session_state
+                                ),
                             ));
                         }
                     }
@@ -750,7 +783,9 @@ impl Lease for ZkLease {
                 Err(zk::Error::NoNode) if lost_reply => break,
                 Err(zk::Error::NoNode) => return Err(not_held("the lock node was already gone")),
                 Err(zk::Error::SessionExpired) => {
-                    return Err(not_held("the session expired (the server deleted the node)"));
+                    return Err(not_held(
+                        "the session expired (the server deleted the node)",
+                    ));
                 }
                 Err(e) if is_retryable(&e) => {
                     lost_reply = true;
@@ -821,7 +856,11 @@ fn reason_for(state: zk::SessionState) -> LostReason {
 }
 
 /// Fires the lost signal of one lease; ends when the lease is released or nobody listens.
-async fn watch_lease(shared: Arc<LeaseShared>, lost: LostNotifier, mut stop: watch::Receiver<bool>) {
+async fn watch_lease(
+    shared: Arc<LeaseShared>,
+    lost: LostNotifier,
+    mut stop: watch::Receiver<bool>,
+) {
     let inner = &shared.backend.inner;
     let client = &inner.client;
     let mut states = client.state_watcher();
@@ -889,7 +928,11 @@ mod tests {
         let names: Vec<&str> = q.iter().map(|(_, n)| *n).collect();
         assert_eq!(
             names,
-            ["_c_aaa-lock-0000000002", "_c_ddd-lock-0000000003", "_c_bbb-lock-0000000010"]
+            [
+                "_c_aaa-lock-0000000002",
+                "_c_ddd-lock-0000000003",
+                "_c_bbb-lock-0000000010"
+            ]
         );
     }
 
@@ -909,7 +952,10 @@ mod tests {
             ttl: Duration::from_secs(10),
             lost,
         };
-        backend.inner.drop_next_create_reply.store(true, Ordering::SeqCst);
+        backend
+            .inner
+            .drop_next_create_reply
+            .store(true, Ordering::SeqCst);
         let acquired = backend.try_acquire(&req).await.unwrap().expect("free lock");
         assert_eq!(backend.stats().creates_recovered, 1);
         let parent = backend.parent_path(&name);
@@ -920,6 +966,12 @@ mod tests {
     }
 
     fn fastrand_suffix() -> String {
-        format!("{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos())
+        format!(
+            "{:x}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        )
     }
 }

@@ -61,13 +61,19 @@ async fn session_expiry_fires_lost_and_hands_over_with_larger_token() {
     let url = support::with_param(&url, "session_timeout_ms=6000");
     let (upstream, _) = support::split_url(&url);
     let proxy = Proxy::start(upstream.clone()).await.unwrap();
-    let holder_backend = ZkBackend::connect(&support::via(&url, proxy.addr())).await.unwrap();
+    let holder_backend = ZkBackend::connect(&support::via(&url, proxy.addr()))
+        .await
+        .unwrap();
     let session = holder_backend.client().session().clone();
     let holder = Locker::new(holder_backend);
     let waiter = Locker::new(ZkBackend::connect(&url).await.unwrap());
     let name = unique("expiry");
 
-    let g1 = holder.try_lock(&name, &opts()).await.unwrap().expect("free");
+    let g1 = holder
+        .try_lock(&name, &opts())
+        .await
+        .unwrap()
+        .expect("free");
     let t1 = g1.fencing_token().unwrap();
     let lost = g1.lost();
     let waiting = {
@@ -91,7 +97,10 @@ async fn session_expiry_fires_lost_and_hands_over_with_larger_token() {
         .unwrap()
         .unwrap();
     let t2 = g2.fencing_token().unwrap();
-    assert!(t2 > t1, "fencing token {t2} is not larger than the expired holder's {t1}");
+    assert!(
+        t2 > t1,
+        "fencing token {t2} is not larger than the expired holder's {t1}"
+    );
     assert!(!lost.is_lost(), "lost fired before the holder could know");
 
     // The holder reconnects and learns from the server that its session is gone.
@@ -114,12 +123,18 @@ async fn partition_fires_connection_lost_before_takeover() {
     let url = support::with_param(&url, "session_timeout_ms=2000");
     let (upstream, _) = support::split_url(&url);
     let proxy = Proxy::start(upstream).await.unwrap();
-    let backend = ZkBackend::connect(&support::via(&url, proxy.addr())).await.unwrap();
+    let backend = ZkBackend::connect(&support::via(&url, proxy.addr()))
+        .await
+        .unwrap();
     let timeout = backend.session_timeout();
     let holder = Locker::new(backend);
     let other = Locker::new(ZkBackend::connect(&url).await.unwrap());
     let name = unique("partition");
-    let g = holder.try_lock(&name, &opts()).await.unwrap().expect("free");
+    let g = holder
+        .try_lock(&name, &opts())
+        .await
+        .unwrap()
+        .expect("free");
     let lost = g.lost();
     let waiting = {
         let (other, name) = (other.clone(), name.clone());
@@ -127,17 +142,25 @@ async fn partition_fires_connection_lost_before_takeover() {
     };
     let cut = Instant::now();
     proxy.pause();
-    let reason = tokio::time::timeout(timeout * 2, lost.lost()).await.expect("lost fired");
+    let reason = tokio::time::timeout(timeout * 2, lost.lost())
+        .await
+        .expect("lost fired");
     let lost_after = cut.elapsed();
     assert_eq!(reason, LostReason::ConnectionLost);
-    assert!(lost_after < timeout * 2 / 3 + Duration::from_millis(200), "lost after {lost_after:?}");
+    assert!(
+        lost_after < timeout * 2 / 3 + Duration::from_millis(200),
+        "lost after {lost_after:?}"
+    );
     let g2 = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
         .expect("the session expired and the waiter got the lock")
         .unwrap()
         .unwrap();
     let taken = cut.elapsed();
-    assert!(taken >= timeout * 3 / 4, "taken over {taken:?} after the cut, session timeout {timeout:?}");
+    assert!(
+        taken >= timeout * 3 / 4,
+        "taken over {taken:?} after the cut, session timeout {timeout:?}"
+    );
     assert!(taken > lost_after, "taken over before the holder was told");
     drop(g);
     g2.release().await.unwrap();
@@ -157,7 +180,11 @@ async fn one_release_wakes_one_waiter() {
     let holder = Locker::new(holder_backend);
     let waiters = Locker::new(waiter_backend.clone());
 
-    let g = holder.try_lock(&name, &opts()).await.unwrap().expect("free");
+    let g = holder
+        .try_lock(&name, &opts())
+        .await
+        .unwrap()
+        .expect("free");
     let (acquired_tx, mut acquired_rx) = mpsc::unbounded_channel();
     let mut releases = Vec::new();
     for i in 0..WAITERS {
@@ -172,7 +199,12 @@ async fn one_release_wakes_one_waiter() {
         });
     }
     let queued = eventually(Duration::from_secs(20), || async {
-        admin.list_children(&parent).await.map(|c| c.len()).unwrap_or(0) == WAITERS + 1
+        admin
+            .list_children(&parent)
+            .await
+            .map(|c| c.len())
+            .unwrap_or(0)
+            == WAITERS + 1
     })
     .await;
     assert!(queued, "the waiters did not all queue");
@@ -202,11 +234,18 @@ async fn one_release_wakes_one_waiter() {
         releases[i].send(()).unwrap();
     }
     let wakeups = waiter_backend.stats().watch_wakeups;
-    assert_eq!(wakeups, WAITERS as u64, "{WAITERS} hand-overs caused {wakeups} wake-ups");
+    assert_eq!(
+        wakeups, WAITERS as u64,
+        "{WAITERS} hand-overs caused {wakeups} wake-ups"
+    );
     // (Arrival order among concurrently spawned tasks is not spawn order; fifo_order in the
     // conformance suite checks FIFO with spaced arrivals.)
     order.sort_unstable();
-    assert_eq!(order, (0..WAITERS).collect::<Vec<_>>(), "some waiter never got the lock");
+    assert_eq!(
+        order,
+        (0..WAITERS).collect::<Vec<_>>(),
+        "some waiter never got the lock"
+    );
 }
 
 /// (4) With digest auth, lock nodes carry creator-all + world-read: another identity can see
@@ -216,7 +255,8 @@ async fn digest_acl_protects_lock_nodes() {
     let Some(url) = url() else { return };
     let ns = unique("acl");
     let alice_url = support::with_param(&url, &format!("namespace={ns}&digest=alice:alice-pw%3Ax"));
-    let mallory_url = support::with_param(&url, &format!("namespace={ns}&digest=mallory:mallory-pw"));
+    let mallory_url =
+        support::with_param(&url, &format!("namespace={ns}&digest=mallory:mallory-pw"));
     let alice = ZkBackend::connect(&alice_url).await.unwrap();
     let mallory = ZkBackend::connect(&mallory_url).await.unwrap();
     for shown in [alice.describe_for_test(), format!("{alice:?}")] {
@@ -224,20 +264,39 @@ async fn digest_acl_protects_lock_nodes() {
     }
     let holder = Locker::new(alice.clone());
     let name = unique("held");
-    let g = holder.try_lock(&name, &opts()).await.unwrap().expect("free");
+    let g = holder
+        .try_lock(&name, &opts())
+        .await
+        .unwrap()
+        .expect("free");
     let parent = alice.lock_path(name.as_str()).unwrap();
-    let children = mallory.client().list_children(&parent).await.expect("world may read");
+    let children = mallory
+        .client()
+        .list_children(&parent)
+        .await
+        .expect("world may read");
     assert_eq!(children.len(), 1);
     let node = format!("{parent}/{}", children[0]);
     let (acl, _) = alice.client().get_acl(&node).await.unwrap();
-    assert!(acl.iter().any(|a| a.scheme() == "digest" && a.id().starts_with("alice:")), "{acl:?}");
-    assert!(acl.iter().any(|a| a.scheme() == "world" && a.permission() == zk::Permission::READ), "{acl:?}");
+    assert!(
+        acl.iter()
+            .any(|a| a.scheme() == "digest" && a.id().starts_with("alice:")),
+        "{acl:?}"
+    );
+    assert!(
+        acl.iter()
+            .any(|a| a.scheme() == "world" && a.permission() == zk::Permission::READ),
+        "{acl:?}"
+    );
 
     let r = mallory.client().delete(&node, None).await;
     assert!(matches!(r, Err(zk::Error::NoAuth)), "{r:?}");
     let r = mallory.client().delete(&parent, None).await;
     assert!(matches!(r, Err(zk::Error::NoAuth)), "{r:?}");
-    let err = Locker::new(mallory.clone()).try_lock(&name, &opts()).await.unwrap_err();
+    let err = Locker::new(mallory.clone())
+        .try_lock(&name, &opts())
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
     assert!(!err.to_string().contains("pw"), "{err}");
     assert!(g.is_valid());
@@ -264,9 +323,11 @@ async fn bad_urls_are_invalid_config_without_the_password() {
         assert!(!shown.contains(pw), "{url} leaked: {shown}");
     }
     // Unreachable server: Unavailable, still without the password.
-    let err = ZkBackend::connect(&format!("zk://127.0.0.1:1?digest=u:{pw}&session_timeout_ms=1000"))
-        .await
-        .unwrap_err();
+    let err = ZkBackend::connect(&format!(
+        "zk://127.0.0.1:1?digest=u:{pw}&session_timeout_ms=1000"
+    ))
+    .await
+    .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     assert!(!format!("{err} {err:?}").contains(pw));
 }
@@ -280,13 +341,24 @@ async fn fencing_survives_parent_recreation() {
     let locker = Locker::new(backend.clone());
     let name = unique("fence");
     let parent = backend.lock_path(name.as_str()).unwrap();
-    let g = locker.try_lock(&name, &opts()).await.unwrap().expect("free");
+    let g = locker
+        .try_lock(&name, &opts())
+        .await
+        .unwrap()
+        .expect("free");
     let t1 = g.fencing_token().unwrap();
     // (Clients see ephemeralOwner 0 for containers; the backend says what the server took.)
-    assert!(backend.uses_containers(), "the server refused CONTAINER lock nodes");
+    assert!(
+        backend.uses_containers(),
+        "the server refused CONTAINER lock nodes"
+    );
     g.release().await.unwrap();
     backend.client().delete(&parent, None).await.unwrap();
-    let g = locker.try_lock(&name, &opts()).await.unwrap().expect("free");
+    let g = locker
+        .try_lock(&name, &opts())
+        .await
+        .unwrap()
+        .expect("free");
     let t2 = g.fencing_token().unwrap();
     assert!(t2 > t1, "{t2} <= {t1}");
     g.release().await.unwrap();
@@ -300,20 +372,32 @@ async fn crashed_holder_frees_after_session_timeout() {
     let url = support::with_param(&url, "session_timeout_ms=2000");
     let (upstream, _) = support::split_url(&url);
     let proxy = Proxy::start(upstream).await.unwrap();
-    let backend = ZkBackend::connect(&support::via(&url, proxy.addr())).await.unwrap();
+    let backend = ZkBackend::connect(&support::via(&url, proxy.addr()))
+        .await
+        .unwrap();
     let timeout = backend.session_timeout();
     let holder = Locker::new(backend);
     let other = Locker::new(ZkBackend::connect(&url).await.unwrap());
     let name = unique("crash");
-    let g = holder.try_lock(&name, &opts()).await.unwrap().expect("free");
+    let g = holder
+        .try_lock(&name, &opts())
+        .await
+        .unwrap()
+        .expect("free");
     g.abandon();
     let crashed = Instant::now();
     proxy.pause();
     drop(holder);
     let g2 = other.lock(&name, &opts()).await.unwrap();
     let took = crashed.elapsed();
-    assert!(took >= timeout * 3 / 4, "freed {took:?} after the crash, session timeout {timeout:?}");
-    assert!(took <= timeout * 2 + Duration::from_secs(2), "freed only {took:?} after the crash");
+    assert!(
+        took >= timeout * 3 / 4,
+        "freed {took:?} after the crash, session timeout {timeout:?}"
+    );
+    assert!(
+        took <= timeout * 2 + Duration::from_secs(2),
+        "freed only {took:?} after the crash"
+    );
     g2.release().await.unwrap();
     drop(Arc::new(proxy));
 }
