@@ -35,8 +35,9 @@
 //! let err = locker.lock("reports/daily", &opts).await.unwrap_err();
 //! assert_eq!(err.kind(), ErrorKind::Timeout);                // the wait deadline passed
 //! let token = guard.fencing_token();                         // hand it to the storage you write
+//! let lost = guard.lost();                                   // fires if the lease is lost
 //! tokio::select! {
-//!     reason = guard.lost().lost() => eprintln!("lock lost ({reason}): stop writing"),
+//!     reason = lost.lost() => eprintln!("lock lost ({reason}): stop writing"),
 //!     _ = async { /* the critical section, writing with `token` */ } => {}
 //! }
 //! assert!(token.is_some());

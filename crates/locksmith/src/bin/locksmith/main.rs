@@ -1,1 +1,192 @@
-fn main() {}
+//! The `locksmith` command: conformance reports and benchmarks of lock backends, and a lock
+//! around a command (the cron-job use case).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+mod duration;
+mod harness;
+mod report_cmd;
+mod run_cmd;
+
+use duration::{Wait, parse_duration, parse_wait};
+
+/// Exit codes of `locksmith run` besides the command's own; see `locksmith run --help`.
+pub mod exit {
+    /// The lock was busy (`--wait 0`) or the wait timed out: nothing ran (sysexits EX_TEMPFAIL).
+    pub const LOCK_BUSY: u8 = 75;
+    /// The lock was lost while the command ran, and the command was terminated.
+    pub const LOCK_LOST: u8 = 70;
+    /// The lock service could not be reached or failed (sysexits EX_UNAVAILABLE).
+    pub const UNAVAILABLE: u8 = 69;
+    /// Bad URL, lock name, TTL or option (sysexits EX_CONFIG).
+    pub const CONFIG: u8 = 78;
+    /// The command was found but could not be executed (shell convention).
+    pub const CANNOT_EXECUTE: u8 = 126;
+    /// The command was not found (shell convention).
+    pub const NOT_FOUND: u8 = 127;
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "locksmith",
+    version,
+    about = "Distributed locks behind one contract: conformance reports, benchmarks, and a lock around a command"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Runs the conformance suite against each URL and writes report.{json,md,html}.
+    ///
+    /// Exit code: 0 when no scenario failed (unsupported and skipped are not failures, nor
+    /// passes), 1 when some failed, 2 on a usage error or when the report cannot be written.
+    Report(ReportArgs),
+    /// Runs a command while holding a lock (for cron jobs): at most one copy runs at a time.
+    Run(RunArgs),
+    /// Measures uncontended latency and contended hand-over rate of each URL.
+    Bench(BenchArgs),
+}
+
+#[derive(Args, Debug)]
+struct ReportArgs {
+    /// Where to write report.json, report.md and report.html.
+    #[arg(long, default_value = "target/conformance")]
+    out: PathBuf,
+    /// Skip the benchmark (latency and hand-over figures).
+    #[arg(long)]
+    no_bench: bool,
+    /// Lock service URLs, e.g. memory:// redis://127.0.0.1:6379 "postgres://u:pw@h/db?strategy=lease".
+    #[arg(default_values_t = [String::from("memory://")])]
+    urls: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+#[command(after_long_help = RUN_HELP)]
+struct RunArgs {
+    /// The lock service URL, e.g. redis://127.0.0.1:6379 or postgres://u:pw@h/db.
+    #[arg(long)]
+    url: String,
+    /// Lease TTL: if locksmith dies, the lock frees after this long.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    ttl: Duration,
+    /// How long to wait for a busy lock: a duration, 0 (one attempt) or `forever`.
+    #[arg(long, default_value = "10s", value_parser = parse_wait)]
+    wait: Wait,
+    /// The lease is renewed while the command runs, but for at most this long; then the command
+    /// is terminated.
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    max_hold: Duration,
+    /// After SIGTERM, how long the command gets to exit before SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    kill_grace: Duration,
+    /// The lock's name.
+    name: String,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, num_args = 1.., value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+const RUN_HELP: &str = "\
+The command runs with LOCKSMITH_LOCK_NAME and, where the backend gives fencing tokens,
+LOCKSMITH_FENCING_TOKEN in its environment (pass the token to whatever you write to).
+If the lock is lost while the command runs (a renewal is refused, the lock service is
+unreachable past the lease's validity, or --max-hold is reached), the command gets SIGTERM,
+then SIGKILL after --kill-grace. SIGTERM and SIGHUP sent to locksmith are forwarded to the
+command; the lock is released when the command exits.
+
+Exit codes:
+  the command's own   it ran and exited (128+N if it was killed by signal N)
+  75                  the lock was busy (--wait 0) or the wait timed out; nothing ran
+  70                  the lock was lost while the command ran; it was terminated
+  69                  the lock service could not be reached or failed
+  78                  bad URL, lock name, TTL or option
+  126 / 127           the command could not be executed / was not found
+  2                   usage error
+
+Example (cron): locksmith run --url redis://127.0.0.1:6379 --wait 0 nightly-backup -- /usr/local/bin/backup.sh";
+
+#[derive(Args, Debug)]
+struct BenchArgs {
+    /// Lock service URLs.
+    #[arg(required = true)]
+    urls: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("locksmith: cannot start the tokio runtime: {e}");
+            return ExitCode::from(exit::UNAVAILABLE);
+        }
+    };
+    let code = rt.block_on(async move {
+        match cli.command {
+            Command::Report(a) => report_cmd::report(&a.urls, &a.out, !a.no_bench).await,
+            Command::Run(a) => run_cmd::run(a).await,
+            Command::Bench(a) => report_cmd::bench(&a.urls).await,
+        }
+    });
+    // Let background tasks (releases) end with the runtime before exiting.
+    rt.shutdown_timeout(Duration::from_secs(5));
+    ExitCode::from(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn parses_run() {
+        let cli = Cli::try_parse_from([
+            "locksmith", "run", "--url", "memory://", "--wait", "0", "--ttl", "5s", "job", "--",
+            "echo", "-n", "hi",
+        ])
+        .unwrap();
+        let Command::Run(a) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(a.wait, Wait::For(Duration::ZERO));
+        assert_eq!(a.ttl, Duration::from_secs(5));
+        assert_eq!(a.max_hold, Duration::from_secs(3600));
+        assert_eq!(a.name, "job");
+        assert_eq!(a.command, ["echo", "-n", "hi"]);
+        // Garbage durations and a missing command are usage errors.
+        assert!(
+            Cli::try_parse_from(["locksmith", "run", "--url", "m://", "--ttl", "5x", "j", "--", "x"])
+                .unwrap_err()
+                .to_string()
+                .contains("invalid duration")
+        );
+        assert!(Cli::try_parse_from(["locksmith", "run", "--url", "m://", "j"]).is_err());
+    }
+
+    #[test]
+    fn parses_report_defaults() {
+        let cli = Cli::try_parse_from(["locksmith", "report"]).unwrap();
+        let Command::Report(a) = cli.command else {
+            panic!("not report")
+        };
+        assert_eq!(a.urls, ["memory://"]);
+        assert_eq!(a.out, PathBuf::from("target/conformance"));
+        assert!(!a.no_bench);
+    }
+}

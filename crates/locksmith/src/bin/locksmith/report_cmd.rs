@@ -1,0 +1,121 @@
+//! `locksmith report` and `locksmith bench`.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use conformance::{BackendReport, Harness, Progress, Report, Status, run_all, scenarios};
+
+use crate::harness::{UrlHarness, labels};
+
+/// Runs the suite against every URL, writes the report, prints its paths. Returns the exit
+/// code: 0 when nothing failed, 1 otherwise, 2 when the report could not be written.
+pub async fn report(urls: &[String], out: &Path, bench: bool) -> u8 {
+    let labels = labels(urls);
+    let label_width = labels.iter().map(|l| l.len()).max().unwrap_or(0);
+    let name_width = scenarios::all()
+        .iter()
+        .map(|s| s.name.len())
+        .max()
+        .unwrap_or(0);
+    let mut backends: Vec<BackendReport> = Vec::with_capacity(urls.len());
+    for (label, url) in labels.into_iter().zip(urls) {
+        let harness = UrlHarness::probe(label.clone(), url.clone()).await;
+        eprintln!("==> {label}: {}", harness.shown_url());
+        let harness: Arc<dyn Harness> = Arc::new(harness);
+        let result = run_all(harness, bench, |p| match p {
+            Progress::Scenario {
+                label,
+                done,
+                total,
+                result,
+            } => {
+                let status = match result.status {
+                    Status::Fail => "FAIL",
+                    other => other.as_str(),
+                };
+                eprintln!(
+                    "[{done:>2}/{total}] {label:<label_width$}  {:<name_width$}  {status:<11}  {:>5} ms",
+                    result.scenario, result.millis
+                );
+                if let Some(reason) = &result.reason
+                    && result.status != Status::Pass
+                {
+                    for line in reason.lines() {
+                        eprintln!("        {line}");
+                    }
+                }
+            }
+            Progress::Measuring { label } => {
+                eprintln!(
+                    "[bench] {label:<label_width$}  measuring uncontended latency and hand-over rate (about {} s)",
+                    2 * conformance::MEASURE_TIME.as_secs()
+                );
+            }
+        })
+        .await;
+        if let Some(e) = &result.error {
+            eprintln!("{label}: could not connect: {e}");
+        }
+        if bench && result.error.is_none() && result.figures.is_none() {
+            eprintln!("{label}: the benchmark failed; no figures");
+        }
+        let n = |s| result.results.iter().filter(|r| r.status == s).count();
+        eprintln!(
+            "{label}: {} pass, {} FAIL, {} unsupported, {} skipped",
+            n(Status::Pass),
+            n(Status::Fail),
+            n(Status::Unsupported),
+            n(Status::Skipped)
+        );
+        backends.push(result);
+    }
+    let report = Report::new(backends);
+    match report.write_to(out) {
+        Ok(paths) => {
+            for p in paths {
+                println!("{}", p.display());
+            }
+        }
+        Err(e) => {
+            eprintln!("locksmith: cannot write the report to {}: {e}", out.display());
+            return 2;
+        }
+    }
+    let failed = report.failed();
+    if failed > 0 {
+        eprintln!("{failed} scenario result(s) failed");
+        1
+    } else {
+        0
+    }
+}
+
+/// Measures every URL and prints the figures. Returns 0, or 1 if any measurement failed.
+pub async fn bench(urls: &[String]) -> u8 {
+    let labels = labels(urls);
+    let w = labels.iter().map(|l| l.len()).max().unwrap_or(0).max(7);
+    println!(
+        "{:<w$}  {:>10}  {:>10}  {:>8}  {:>12}  {:>7}",
+        "backend", "p50 (µs)", "p99 (µs)", "samples", "hand-over/s", "holders"
+    );
+    let mut code = 0;
+    for (label, url) in labels.into_iter().zip(urls) {
+        let harness = UrlHarness::probe(label.clone(), url.clone()).await;
+        eprintln!("measuring {label}: {} (about 4 s)", harness.shown_url());
+        match conformance::measure(&harness).await {
+            Ok(f) => println!(
+                "{label:<w$}  {:>10.1}  {:>10.1}  {:>8}  {:>12.0}  {:>7}",
+                f.uncontended_p50_us,
+                f.uncontended_p99_us,
+                f.samples,
+                f.handover_per_sec,
+                f.holders
+            ),
+            Err(e) => {
+                eprintln!("{label}: measurement failed: {e}");
+                code = 1;
+            }
+        }
+    }
+    code
+}
