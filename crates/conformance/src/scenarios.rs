@@ -169,6 +169,11 @@ pub fn all() -> Vec<Scenario> {
             "lock() on a held lock returns Timeout at its deadline, within a bound"
         ),
         scenario!(
+            waiter_does_not_spin,
+            needs_thread_cpu_clock,
+            "a waiting lock() sleeps until notified or its next poll; it does not spin"
+        ),
+        scenario!(
             wait_succeeds_on_release,
             always,
             "a waiting lock() gets the lock soon after the holder releases"
@@ -394,6 +399,65 @@ async fn wait_deadline_honoured(ctx: &Ctx) -> Outcome {
         "Timeout after {took:?}, deadline {wait:?} (allowed up to {late:?})"
     );
     ok_or(g.release().await, "release")
+}
+
+/// CPU time used by the calling thread so far, from `/proc/thread-self/stat` (10 ms ticks).
+fn thread_cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
+fn needs_thread_cpu_clock(_: &Capabilities, _: &dyn Harness) -> Result<(), &'static str> {
+    if thread_cpu_time().is_some() {
+        Ok(())
+    } else {
+        Err("no per-thread CPU clock (/proc) on this machine")
+    }
+}
+
+async fn waiter_does_not_spin(ctx: &Ctx) -> Outcome {
+    let a = ctx.client().await?;
+    let name = ctx.name("x");
+    let opts = ctx.opts(ctx.ttl(Duration::from_secs(30)));
+    let g = must_try(&a, &name, &opts, "holder").await?;
+    let wait = ctx.bound(Duration::from_millis(1500));
+    // The waiter, its client and the client's background tasks all run on one thread of their
+    // own, whose CPU time is then the waiter's alone.
+    let harness = ctx.harness.clone();
+    let (name2, opts2) = (name.clone(), opts.clone().wait_timeout(wait));
+    let measured = tokio::task::spawn_blocking(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async {
+            let c = harness.client().await.map_err(|e| format!("client: {e}"))?;
+            let cpu0 = thread_cpu_time().ok_or("no thread CPU clock")?;
+            let start = Instant::now();
+            let r = c.lock(&name2, &opts2).await;
+            let (cpu, wall) = (
+                thread_cpu_time().ok_or("no thread CPU clock")? - cpu0,
+                start.elapsed(),
+            );
+            match r {
+                Err(e) if e.kind() == ErrorKind::Timeout => Ok((cpu, wall)),
+                Err(e) => Err(format!("the waiter failed: {e}")),
+                Ok(_) => Err("the waiter got a held lock".to_string()),
+            }
+        })
+    })
+    .await;
+    let (cpu, wall) = ok_or(measured, "waiter thread")??;
+    ok_or(g.release().await, "release")?;
+    check!(
+        cpu.as_secs_f64() <= wall.as_secs_f64() * 0.25,
+        "the waiter burned {cpu:?} of CPU in {wall:?} of waiting: it spins"
+    );
+    Ok(())
 }
 
 async fn wait_succeeds_on_release(ctx: &Ctx) -> Outcome {

@@ -26,6 +26,8 @@ enum Flaw {
     ReadThenDelete,
     /// Extend claims success without renewing: the lease runs out under a live holder.
     NeverRenewed,
+    /// A waiter retries at once, again and again, instead of sleeping or being notified.
+    SpinningWaiter,
 }
 
 /// A toy key-value store with expiry, standing in for a Redis server.
@@ -151,6 +153,10 @@ impl Backend for FlawedBackend {
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);
+            }
+            if self.flaw == Flaw::SpinningWaiter {
+                tokio::task::yield_now().await;
+                continue;
             }
             let wake = now + Duration::from_millis(2);
             tokio::time::sleep_until(deadline.map_or(wake, |d| d.min(wake))).await;
@@ -317,5 +323,13 @@ fn lease_never_renewed_is_caught() {
             "extend_after_expiry_not_held",
             "lost_signal_on_revoke",
         ])
+    );
+}
+
+#[test]
+fn spinning_waiter_is_caught() {
+    assert_eq!(
+        failing(Flaw::SpinningWaiter),
+        set(&["waiter_does_not_spin"])
     );
 }
