@@ -83,7 +83,8 @@ impl Ctx {
 
 macro_rules! check {
     ($cond:expr, $($fmt:tt)+) => {
-        if !$cond {
+        let holds: bool = $cond;
+        if !holds {
             return Err(format!($($fmt)+));
         }
     };
