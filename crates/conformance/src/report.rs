@@ -212,11 +212,7 @@ impl Report {
                     );
                 }
                 None => {
-                    let _ = writeln!(
-                        w,
-                        "| {} | not measured | | | | |",
-                        md_cell(&b.label)
-                    );
+                    let _ = writeln!(w, "| {} | not measured | | | | |", md_cell(&b.label));
                 }
             }
         }
@@ -268,12 +264,15 @@ impl Report {
                 "<div class=\"card {verdict}\"><div class=\"label\">{}</div>\
                  <div class=\"desc\">{}</div>\
                  <div class=\"big\">{pass}<span>/{}</span> passed</div><div class=\"counts\">\
-                 <span class=\"st fail\">{fail} FAIL</span> \
-                 <span class=\"st unsupported\">{unsup} unsupported</span> \
-                 <span class=\"st skipped\">{skip} skipped</span></div>{}</div>",
+                 <span class=\"st {}\">{fail} FAIL</span> \
+                 <span class=\"st {}\">{unsup} unsupported</span> \
+                 <span class=\"st {}\">{skip} skipped</span></div>{}</div>",
                 esc(&b.label),
                 esc(&describe(b)),
                 b.results.len(),
+                if fail > 0 { "fail" } else { "zero" },
+                if unsup > 0 { "unsupported" } else { "zero" },
+                if skip > 0 { "skipped" } else { "zero" },
                 b.error
                     .as_ref()
                     .map(|e| format!("<div class=\"err\">could not connect: {}</div>", esc(e)))
@@ -284,7 +283,10 @@ impl Report {
 
         // Matrix.
         let notes = self.notes();
-        let _ = writeln!(w, "<h2>Scenarios</h2>\n<p class=\"legend\">{STATUS_LEGEND_HTML}</p>");
+        let _ = writeln!(
+            w,
+            "<h2>Scenarios</h2>\n<p class=\"legend\">{STATUS_LEGEND_HTML}</p>"
+        );
         let _ = writeln!(
             w,
             "<div class=\"scroll\"><table class=\"matrix\">\n<thead><tr><th class=\"left\">scenario</th>"
@@ -590,9 +592,10 @@ impl Report {
                     );
                 }
                 Some(f) => {
-                    for (j, (v, cls)) in [(f.uncontended_p50_us, "p50"), (f.uncontended_p99_us, "p99")]
-                        .into_iter()
-                        .enumerate()
+                    for (j, (v, cls)) in
+                        [(f.uncontended_p50_us, "p50"), (f.uncontended_p99_us, "p99")]
+                            .into_iter()
+                            .enumerate()
                     {
                         let y = y0 + j as f64 * BAR;
                         let bw = (x(v) - LEFT).max(if v > 0.0 { 1.0 } else { 0.0 });
@@ -660,7 +663,10 @@ const CAPABILITY_ROWS: [(&str, &str); 11] = [
     ("renew", "native: session-bound; emulated: TTL + watchdog"),
     ("lost_detection", "the backend itself reports lost leases"),
     ("reentrant", "a holder may take its own lock again"),
-    ("expiry_after_ttl", "a crashed holder's lock is held until its TTL runs out"),
+    (
+        "expiry_after_ttl",
+        "a crashed holder's lock is held until its TTL runs out",
+    ),
     ("force_release", "an operator can free a held lock"),
     ("min_ttl", "smallest TTL accepted"),
     ("max_ttl", "largest TTL accepted"),
@@ -695,7 +701,7 @@ const STATUS_LEGEND_MD: &str = "Statuses: **pass**; **FAIL** (the backend broke 
      **unsupported** (the backend does not declare the capability the scenario needs: not a pass); \
      **skipped** (not run, e.g. no server URL).";
 
-const STATUS_LEGEND_HTML: &str = "<span class=\"st pass\">pass</span> \
+const STATUS_LEGEND_HTML: &str = "<span class=\"st pass\">pass</span> the contract held · \
      <span class=\"st fail\">FAIL</span> the backend broke the contract · \
      <span class=\"st unsupported\">unsupported</span> the backend does not declare what the \
      scenario needs: <b>not</b> a pass · <span class=\"st skipped\">skipped</span> not run. \
@@ -750,7 +756,9 @@ fn md_cell(s: &str) -> String {
 
 /// Text safe inside a backtick code span in a table.
 fn md_code(s: &str) -> String {
-    s.replace('`', "'").replace('|', "\\|").replace(['\r', '\n'], " ")
+    s.replace('`', "'")
+        .replace('|', "\\|")
+        .replace(['\r', '\n'], " ")
 }
 
 fn truncate(s: &str, max: usize) -> String {
@@ -895,6 +903,7 @@ span.st { display: inline-block; padding: 0 6px; border-radius: 4px; font-size: 
 .st.fail { color: var(--fail); background: var(--fail-bg); }
 .st.unsupported { color: var(--uns); background: var(--uns-bg); }
 .st.skipped, .st.none { color: var(--skip); background: var(--skip-bg); font-weight: 400; }
+.st.zero { color: var(--muted); background: transparent; border: 1px solid var(--line); font-weight: 400; }
 td.st small { display: block; font-weight: 400; color: var(--muted); font-size: 11px; }
 td.st a { color: inherit; font-weight: 400; font-size: 12px; }
 .notes { padding-left: 28px; }
@@ -938,7 +947,11 @@ mod tests {
         }
     }
 
-    fn backend(label: &str, results: Vec<ScenarioResult>, figures: Option<Figures>) -> BackendReport {
+    fn backend(
+        label: &str,
+        results: Vec<ScenarioResult>,
+        figures: Option<Figures>,
+    ) -> BackendReport {
         let mut caps = Capabilities::default();
         caps.fencing = true;
         caps.notes = vec!["caveat <b>bold</b> & \"quoted\"".to_string()];
@@ -1016,7 +1029,10 @@ mod tests {
     fn html_escapes_every_string() {
         let html = fake_report().to_html();
         assert!(!html.contains("<script>"), "a reason injected a tag");
-        assert!(!html.contains("<b>bold"), "a capability note injected a tag");
+        assert!(
+            !html.contains("<b>bold"),
+            "a capability note injected a tag"
+        );
         assert!(!html.contains("redis<x>"));
         assert!(!html.contains("<again>"));
         assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
@@ -1058,7 +1074,9 @@ mod tests {
         assert!(cells[2].starts_with("unsupported ["), "{row}");
         // Counts: redis has no pass at all.
         assert!(html.contains("0<span>/3</span> passed"));
-        assert!(md.contains("| redis&lt;x&gt; | redis&lt;x&gt;://host (password redacted) | 0 | 1 | 1 | 1 |"));
+        assert!(md.contains(
+            "| redis&lt;x&gt; | redis&lt;x&gt;://host (password redacted) | 0 | 1 | 1 | 1 |"
+        ));
         // Pass cells only for pass results: 4 passes in the fake report.
         assert_eq!(html.matches("<td class=\"st pass\">").count(), 4);
         assert_eq!(report.failed(), 1);
@@ -1067,12 +1085,20 @@ mod tests {
     #[test]
     fn markdown_notes_and_escaping() {
         let md = fake_report().to_markdown();
-        assert!(md.contains("1. redis&lt;x&gt; · `acquire_release_reacquire`: **FAIL**: expected &lt;Timeout&gt;"));
+        assert!(md.contains(
+            "1. redis&lt;x&gt; · `acquire_release_reacquire`: **FAIL**: expected &lt;Timeout&gt;"
+        ));
         assert!(md.contains("not measured"));
         // Every table row of the matrix has one cell per backend.
-        let row = md.lines().find(|l| l.starts_with("| `fifo_fairness`")).unwrap();
+        let row = md
+            .lines()
+            .find(|l| l.starts_with("| `fifo_fairness`"))
+            .unwrap();
         assert_eq!(row.matches(" |").count(), 4, "{row}");
-        assert!(md.contains("| `fifo_fairness` | pass | skipped [3] | – |"), "{md}");
+        assert!(
+            md.contains("| `fifo_fairness` | pass | skipped [3] | – |"),
+            "{md}"
+        );
     }
 
     #[test]

@@ -164,7 +164,10 @@ mod tests {
         assert!(b.try_lock("x", &opts).await.unwrap().is_none());
         assert!(c.try_lock("x", &opts).await.unwrap().is_some());
         g.release().await.unwrap();
-        assert!(connect("MEMORY://").await.is_ok(), "schemes are case-insensitive");
+        assert!(
+            connect("MEMORY://").await.is_ok(),
+            "schemes are case-insensitive"
+        );
     }
 
     #[test]

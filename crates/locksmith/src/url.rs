@@ -17,9 +17,7 @@ pub fn scheme_of(url: &str) -> Result<String> {
     let (scheme, _) = url.split_once(':').ok_or_else(bad)?;
     let mut chars = scheme.chars();
     let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic());
-    if !first_ok
-        || !chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
-    {
+    if !first_ok || !chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')) {
         return Err(bad());
     }
     Ok(scheme.to_ascii_lowercase())
@@ -111,7 +109,10 @@ mod tests {
     fn redacts_passwords_in_user_info() {
         for (url, want) in [
             ("redis://:pw@host:6379", "redis://:***@host:6379"),
-            ("redis://user:pw@host:6379/0", "redis://user:***@host:6379/0"),
+            (
+                "redis://user:pw@host:6379/0",
+                "redis://user:***@host:6379/0",
+            ),
             ("rediss://user:p%40ss@host", "rediss://user:***@host"),
             ("postgres://u:pw@h:5432/db", "postgres://u:***@h:5432/db"),
             ("mysql://u:a:b:c@h/db", "mysql://u:***@h/db"),
@@ -137,7 +138,10 @@ mod tests {
             ("redis://:pa/ss@host", "redis://:***@host"),
             ("redis://:a?b#c@host", "redis://:***@host"),
             ("redis://u:12/34@host", "redis://u:***@host"),
-            ("redis+cluster://:pw@h1:1,h2:2", "redis+cluster://:***@h1:1,h2:2"),
+            (
+                "redis+cluster://:pw@h1:1,h2:2",
+                "redis+cluster://:***@h1:1,h2:2",
+            ),
             ("not a url :pw@", "not a url :pw@"),
         ] {
             assert_eq!(redact_url(url), want, "{url}");

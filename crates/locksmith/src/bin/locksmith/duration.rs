@@ -37,7 +37,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let mut total = Duration::ZERO;
     let mut rest = text;
     while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
         if digits == 0 {
             return Err(bad("expected a whole number before each unit"));
         }
@@ -71,11 +73,11 @@ pub fn show(d: Duration) -> String {
     let ms = d.as_millis();
     if ms == 0 {
         "0".into()
-    } else if ms % 3_600_000 == 0 {
+    } else if ms.is_multiple_of(3_600_000) {
         format!("{}h", ms / 3_600_000)
-    } else if ms % 60_000 == 0 {
+    } else if ms.is_multiple_of(60_000) {
         format!("{}m", ms / 60_000)
-    } else if ms % 1000 == 0 {
+    } else if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")
@@ -112,15 +114,30 @@ mod tests {
     #[test]
     fn rejects_garbage_clearly() {
         for text in [
-            "", "10", "s", "5x", "-1s", "1.5s", "forever", "1 s", "30 s", "ms", "1sm",
-            "99999999999999999999s", "18446744073709551615d",
+            "",
+            "10",
+            "s",
+            "5x",
+            "-1s",
+            "1.5s",
+            "forever",
+            "1 s",
+            "30 s",
+            "ms",
+            "1sm",
+            "99999999999999999999s",
+            "18446744073709551615d",
         ] {
             let err = parse_duration(text).unwrap_err();
             assert!(err.contains("invalid duration"), "{text}: {err}");
             assert!(err.contains("examples"), "{text}: {err}");
         }
         assert!(parse_duration("10").unwrap_err().contains("needs a unit"));
-        assert!(parse_duration("5x").unwrap_err().contains("unknown unit \"x\""));
+        assert!(
+            parse_duration("5x")
+                .unwrap_err()
+                .contains("unknown unit \"x\"")
+        );
     }
 
     #[test]

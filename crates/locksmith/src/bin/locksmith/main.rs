@@ -157,8 +157,19 @@ mod tests {
     #[test]
     fn parses_run() {
         let cli = Cli::try_parse_from([
-            "locksmith", "run", "--url", "memory://", "--wait", "0", "--ttl", "5s", "job", "--",
-            "echo", "-n", "hi",
+            "locksmith",
+            "run",
+            "--url",
+            "memory://",
+            "--wait",
+            "0",
+            "--ttl",
+            "5s",
+            "job",
+            "--",
+            "echo",
+            "-n",
+            "hi",
         ])
         .unwrap();
         let Command::Run(a) = cli.command else {
@@ -171,10 +182,20 @@ mod tests {
         assert_eq!(a.command, ["echo", "-n", "hi"]);
         // Garbage durations and a missing command are usage errors.
         assert!(
-            Cli::try_parse_from(["locksmith", "run", "--url", "m://", "--ttl", "5x", "j", "--", "x"])
-                .unwrap_err()
-                .to_string()
-                .contains("invalid duration")
+            Cli::try_parse_from([
+                "locksmith",
+                "run",
+                "--url",
+                "m://",
+                "--ttl",
+                "5x",
+                "j",
+                "--",
+                "x"
+            ])
+            .unwrap_err()
+            .to_string()
+            .contains("invalid duration")
         );
         assert!(Cli::try_parse_from(["locksmith", "run", "--url", "m://", "j"]).is_err());
     }

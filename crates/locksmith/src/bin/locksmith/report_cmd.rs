@@ -77,7 +77,10 @@ pub async fn report(urls: &[String], out: &Path, bench: bool) -> u8 {
             }
         }
         Err(e) => {
-            eprintln!("locksmith: cannot write the report to {}: {e}", out.display());
+            eprintln!(
+                "locksmith: cannot write the report to {}: {e}",
+                out.display()
+            );
             return 2;
         }
     }
