@@ -4,8 +4,8 @@
 
 mod harness;
 mod measure;
-mod run;
 pub mod report;
+mod run;
 pub mod scenarios;
 
 use std::process::ExitCode;
@@ -15,11 +15,11 @@ use libtest_mimic::{Arguments, Failed, Trial};
 
 pub use harness::{BoxFuture, FnHarness, Harness};
 pub use measure::{Figures, MEASURE_TIME, measure};
+pub use report::{Report, ScenarioInfo};
 pub use run::{
     BackendReport, Progress, ScenarioResult, Status, TIME_SCALE_ENV, run_all, run_scenario,
     scenario_timeout, time_scale,
 };
-pub use report::{Report, ScenarioInfo};
 pub use scenarios::Scenario;
 
 /// Set (to anything) in CI: a missing server URL is then a failure, not a skip.
