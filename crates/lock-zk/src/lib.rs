@@ -84,6 +84,8 @@ pub struct ZkStats {
     pub creates_recovered: u64,
     /// Lost signals fired by this backend (not by lockcore's watchdog).
     pub lost_fired: u64,
+    /// Contenders waiting right now on a predecessor watch that the server has set.
+    pub waiting: u64,
 }
 
 #[derive(Debug, Default)]
@@ -92,6 +94,23 @@ struct Stats {
     nodes_created: AtomicU64,
     creates_recovered: AtomicU64,
     lost_fired: AtomicU64,
+    waiting: AtomicU64,
+}
+
+/// Counts one contender in [`ZkStats::waiting`] while alive (cancellation included).
+struct Waiting<'a>(&'a AtomicU64);
+
+impl<'a> Waiting<'a> {
+    fn new(gauge: &'a AtomicU64) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        Waiting(gauge)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// A ZooKeeper lock client: one session. See the crate docs for the URL and the recipe.
@@ -294,6 +313,7 @@ impl ZkBackend {
             nodes_created: s.nodes_created.load(Ordering::Relaxed),
             creates_recovered: s.creates_recovered.load(Ordering::Relaxed),
             lost_fired: s.lost_fired.load(Ordering::Relaxed),
+            waiting: s.waiting.load(Ordering::Relaxed),
         }
     }
 
@@ -539,7 +559,9 @@ impl ZkBackend {
                     Err(e) if is_retryable(&e) => tokio::time::sleep(RETRY_PAUSE).await,
                     Err(e) => return Err(map_err(format!("watching {predecessor}"), e)),
                     Ok((_, _, watcher)) => {
+                        let waiting = Waiting::new(&self.inner.stats.waiting);
                         let event = watcher.changed().await;
+                        drop(waiting);
                         self.inner
                             .stats
                             .watch_wakeups

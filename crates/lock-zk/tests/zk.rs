@@ -205,12 +205,13 @@ async fn one_release_wakes_one_waiter() {
             .map(|c| c.len())
             .unwrap_or(0)
             == WAITERS + 1
+            && waiter_backend.stats().waiting == WAITERS as u64
     })
     .await;
-    assert!(queued, "the waiters did not all queue");
-    // Every waiter has its predecessor watch set once the list shows it? Not quite: a waiter
-    // sets its watch right after listing. Give the watches a moment to be registered.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        queued,
+        "the waiters did not all queue and set their watches"
+    );
     assert_eq!(waiter_backend.stats().watch_wakeups, 0);
 
     g.release().await.unwrap();
