@@ -9,7 +9,7 @@
 //! | `memory://[store]` | in-process reference ([`memory::MemoryBackend`]) | always |
 //! | `redis://`, `rediss://`, `redis+cluster://`, `rediss+cluster://` | Redis | `redis` |
 //! | `postgres://`, `postgresql://` | PostgreSQL | `postgres` |
-//! | `mysql://` | MySQL / MariaDB | `mysql` |
+//! | `mysql://`, `mariadb://` | MySQL / MariaDB | `mysql` |
 //! | `sqlite://path` | SQLite | `sqlite` |
 //! | `zk://host:port[,host:port]/chroot` | ZooKeeper | `zk` |
 //!
@@ -92,7 +92,7 @@ pub async fn connect(url: &str) -> Result<Locker> {
         // #[cfg(feature = "postgres")]
         // "postgres" | "postgresql" => Ok(Locker::new(lock_sql::SqlBackend::connect(url).await?)),
         // #[cfg(feature = "mysql")]
-        // "mysql" => Ok(Locker::new(lock_sql::SqlBackend::connect(url).await?)),
+        // "mysql" | "mariadb" => Ok(Locker::new(lock_sql::SqlBackend::connect(url).await?)),
         // #[cfg(feature = "sqlite")]
         // "sqlite" => Ok(Locker::new(lock_sql::SqlBackend::connect(url).await?)),
         // #[cfg(feature = "zk")]
@@ -112,7 +112,7 @@ fn not_compiled_in(scheme: &str, url: &str) -> Error {
         )),
         None => Error::invalid_config(format!(
             "{}: unknown lock backend scheme `{scheme}` (known: memory, redis, rediss, \
-             redis+cluster, rediss+cluster, postgres, postgresql, mysql, sqlite, zk)",
+             redis+cluster, rediss+cluster, postgres, postgresql, mysql, mariadb, sqlite, zk)",
             redact_url(url)
         )),
     }
@@ -199,6 +199,7 @@ mod tests {
             ("postgres://u:pw@h/db?strategy=lease", "postgres"),
             ("postgresql://u:pw@h/db", "postgres"),
             ("mysql://u:pw@h/db", "mysql"),
+            ("mariadb://u:pw@h/db", "mysql"),
             ("sqlite:///tmp/x.db", "sqlite"),
             ("zk://u:pw@h1:1,h2:2/chroot", "zk"),
         ] {
