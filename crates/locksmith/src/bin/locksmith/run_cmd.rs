@@ -179,3 +179,71 @@ fn fail(e: &Error) -> u8 {
         _ => exit::UNAVAILABLE,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn args(argv: &[&str]) -> RunArgs {
+        let mut full = vec!["locksmith", "run"];
+        full.extend_from_slice(argv);
+        match crate::Cli::try_parse_from(full).unwrap().command {
+            crate::Command::Run(a) => a,
+            _ => unreachable!(),
+        }
+    }
+
+    #[tokio::test]
+    async fn busy_lock_exits_75_without_running_the_command() {
+        // The memory store is shared within the process: hold the lock here.
+        let holder = locksmith::connect("memory://run-busy").await.unwrap();
+        let guard = holder
+            .try_lock("job", &LockOptions::new())
+            .await
+            .unwrap()
+            .unwrap();
+        let marker = std::env::temp_dir().join(format!("locksmith-busy-{}", std::process::id()));
+        let touch = format!("touch {}", marker.display());
+        for wait in ["0", "200ms"] {
+            let code = run(args(&[
+                "--url",
+                "memory://run-busy",
+                "--wait",
+                wait,
+                "job",
+                "--",
+                "sh",
+                "-c",
+                &touch,
+            ]))
+            .await;
+            assert_eq!(code, exit::LOCK_BUSY, "--wait {wait}");
+        }
+        assert!(!marker.exists(), "the command must not run");
+        guard.release().await.unwrap();
+        // Free now: it runs, and the lock is released afterwards.
+        let code = run(args(&[
+            "--url",
+            "memory://run-busy",
+            "--wait",
+            "0",
+            "job",
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ]))
+        .await;
+        assert_eq!(code, 0);
+        assert!(marker.exists());
+        std::fs::remove_file(&marker).ok();
+        assert!(
+            holder
+                .try_lock("job", &LockOptions::new())
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }
+}
