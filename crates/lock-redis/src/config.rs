@@ -53,7 +53,11 @@ fn decode(part: &str, what: &str) -> Result<String> {
     percent_decode_str(part)
         .decode_utf8()
         .map(|s| s.into_owned())
-        .map_err(|_| bad(format_args!("the {what} is not valid percent-encoded UTF-8")))
+        .map_err(|_| {
+            bad(format_args!(
+                "the {what} is not valid percent-encoded UTF-8"
+            ))
+        })
 }
 
 fn parse_ms(key: &str, value: &str, min: u64, max: u64) -> Result<Duration> {
@@ -71,7 +75,9 @@ fn parse_host_port(part: &str, default_port: u16) -> Result<(String, u16)> {
     }
     let (host, port) = if let Some(rest) = part.strip_prefix('[') {
         // [IPv6]:port
-        let end = rest.find(']').ok_or_else(|| bad("unclosed `[` in an IPv6 host"))?;
+        let end = rest
+            .find(']')
+            .ok_or_else(|| bad("unclosed `[` in an IPv6 host"))?;
         let host = &rest[..end];
         let after = &rest[end + 1..];
         let port = match after.strip_prefix(':') {
@@ -91,7 +97,9 @@ fn parse_host_port(part: &str, default_port: u16) -> Result<(String, u16)> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-._:".contains(&b))
     {
-        return Err(bad("a host is empty or contains characters not allowed in a host name"));
+        return Err(bad(
+            "a host is empty or contains characters not allowed in a host name",
+        ));
     }
     let port = match port {
         None => default_port,
@@ -121,7 +129,9 @@ impl Config {
             }
         };
         if rest.contains('#') {
-            return Err(bad("fragments (`#...`) are not supported; use ?tls_ca= for TLS"));
+            return Err(bad(
+                "fragments (`#...`) are not supported; use ?tls_ca= for TLS",
+            ));
         }
         let (before_query, query) = match rest.split_once('?') {
             Some((b, q)) => (b, Some(q)),
@@ -219,9 +229,14 @@ impl Config {
                     cfg.namespace = value;
                 }
                 "min_replicas" => {
-                    cfg.min_replicas = value.parse::<u32>().ok().filter(|n| *n <= 100).ok_or_else(
-                        || bad("query parameter `min_replicas` must be a number in 0..=100"),
-                    )?;
+                    cfg.min_replicas =
+                        value
+                            .parse::<u32>()
+                            .ok()
+                            .filter(|n| *n <= 100)
+                            .ok_or_else(|| {
+                                bad("query parameter `min_replicas` must be a number in 0..=100")
+                            })?;
                 }
                 "replica_timeout_ms" => {
                     cfg.replica_timeout = parse_ms(&key, &value, 1, 60_000)?;
@@ -234,9 +249,7 @@ impl Config {
                 }
                 "poll_ms" => cfg.poll = parse_ms(&key, &value, 10, 3_600_000)?,
                 "connect_timeout_ms" => cfg.connect_timeout = parse_ms(&key, &value, 1, 600_000)?,
-                "response_timeout_ms" => {
-                    cfg.response_timeout = parse_ms(&key, &value, 1, 600_000)?
-                }
+                "response_timeout_ms" => cfg.response_timeout = parse_ms(&key, &value, 1, 600_000)?,
                 _ => {
                     return Err(bad(format_args!(
                         "unknown query parameter `{key}` (known: namespace, min_replicas, \

@@ -147,7 +147,10 @@ impl Factory {
         if cfg.cluster {
             return Ok(Factory::Cluster { nodes, certs });
         }
-        let info = nodes.into_iter().next().expect("one node, checked by the parser");
+        let info = nodes
+            .into_iter()
+            .next()
+            .expect("one node, checked by the parser");
         let client = match certs {
             Some(certs) => Client::build_with_tls(info, certs),
             None => Client::open(info),
@@ -156,11 +159,7 @@ impl Factory {
         Ok(Factory::Single(client))
     }
 
-    fn cluster_client(
-        &self,
-        cfg: &Config,
-        push: Option<Weak<Registry>>,
-    ) -> Result<ClusterClient> {
+    fn cluster_client(&self, cfg: &Config, push: Option<Weak<Registry>>) -> Result<ClusterClient> {
         let Factory::Cluster { nodes, certs } = self else {
             unreachable!("cluster_client on a single-node factory");
         };
@@ -203,11 +202,7 @@ impl Factory {
     }
 
     /// A command connection whose responses may take `extra` longer (for `WAIT`).
-    pub(crate) async fn slow_conn(
-        &self,
-        cfg: &Config,
-        extra: std::time::Duration,
-    ) -> Result<Conn> {
+    pub(crate) async fn slow_conn(&self, cfg: &Config, extra: std::time::Duration) -> Result<Conn> {
         let mut cfg = cfg.clone();
         cfg.response_timeout += extra;
         self.command_conn(&cfg).await

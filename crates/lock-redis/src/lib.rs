@@ -238,7 +238,9 @@ impl RedisBackend {
             .map_err(|e| map_err("PING after connecting failed", e))?;
         let wait_conn = if cfg.min_replicas > 0 {
             let extra = cfg.replica_timeout + Duration::from_millis(500);
-            Some(tokio::sync::Mutex::new(factory.slow_conn(&cfg, extra).await?))
+            Some(tokio::sync::Mutex::new(
+                factory.slow_conn(&cfg, extra).await?,
+            ))
         } else {
             None
         };
@@ -380,8 +382,9 @@ impl RedisBackend {
         sent_at: Instant,
     ) -> Result<Attempt> {
         if won == 1 {
-            let fencing = u64::try_from(value)
-                .map_err(|_| Error::new(lockcore::ErrorKind::Backend, "negative fencing counter"))?;
+            let fencing = u64::try_from(value).map_err(|_| {
+                Error::new(lockcore::ErrorKind::Backend, "negative fencing counter")
+            })?;
             return Ok(Attempt::Won(Acquired::new(
                 RedisLease {
                     inner: self.inner.clone(),
@@ -419,9 +422,7 @@ impl RedisBackend {
         let acked = match &mut conn {
             Conn::Single(c) => wait.query_async::<i64>(c).await,
             Conn::Cluster(c) => {
-                use redis::cluster_routing::{
-                    Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
-                };
+                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
                 let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
                     Route::new(slot_of(&keys.tag), SlotAddr::Master),
                 ));

@@ -140,7 +140,12 @@ impl Subscriptions {
     /// Unsubscribes `channel` if nobody waits for it any more, and forgets it.
     async fn leave(self: Arc<Self>, name: String, channel: Arc<Channel>) {
         let mut subscribed = channel.subscribed.lock().await;
-        if self.registry.lock().get(&name).is_some_and(|e| e.waiters > 0) {
+        if self
+            .registry
+            .lock()
+            .get(&name)
+            .is_some_and(|e| e.waiters > 0)
+        {
             // A new waiter arrived meanwhile and uses the subscription.
             return;
         }

@@ -47,7 +47,11 @@ fn with_test_ca(url: String) -> String {
 
 fn target(label: &'static str, var: &'static str) -> Target {
     Target::new(label, var, move |url| {
-        let url = if url.starts_with("rediss") { with_test_ca(url) } else { url };
+        let url = if url.starts_with("rediss") {
+            with_test_ca(url)
+        } else {
+            url
+        };
         Arc::new(RedisHarness { label, url }) as Arc<dyn Harness>
     })
 }

@@ -13,7 +13,9 @@ fn unique(prefix: &str) -> String {
 }
 
 fn opts(ttl: Duration) -> LockOptions {
-    LockOptions::new().ttl(ttl).wait_timeout(Duration::from_secs(20))
+    LockOptions::new()
+        .ttl(ttl)
+        .wait_timeout(Duration::from_secs(20))
 }
 
 fn with_query(url: &str, param: &str) -> String {
@@ -78,7 +80,11 @@ async fn woken_by_release(url: &str) {
     let channel = waiter_backend.lock_key(&name).replace(":lock", ":released");
     let nodes = raw_nodes(&url).await;
 
-    let g = holder.try_lock(&name, &opts(Duration::from_secs(30))).await.unwrap().unwrap();
+    let g = holder
+        .try_lock(&name, &opts(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .unwrap();
     let task = {
         let (waiter, name) = (waiter.clone(), name.clone());
         tokio::spawn(async move { waiter.lock(&name, &opts(Duration::from_secs(30))).await })
@@ -111,26 +117,36 @@ async fn woken_by_release(url: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_is_woken_by_release_not_poll() {
-    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else { return };
+    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
+        return;
+    };
     woken_by_release(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_waiter_is_woken_by_release_not_poll() {
-    let Some(url) = require_env("LOCK_TEST_REDIS_CLUSTER_URL") else { return };
+    let Some(url) = require_env("LOCK_TEST_REDIS_CLUSTER_URL") else {
+        return;
+    };
     woken_by_release(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_waits_leave_no_subscription() {
-    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else { return };
+    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
+        return;
+    };
     let holder = Locker::new(RedisBackend::connect(&url).await.unwrap());
     let backend = RedisBackend::connect(&url).await.unwrap();
     let waiter = Locker::new(backend.clone());
     let name = LockName::new(unique("cancel")).unwrap();
     let channel = backend.lock_key(&name).replace(":lock", ":released");
     let nodes = raw_nodes(&url).await;
-    let g = holder.try_lock(&name, &opts(Duration::from_secs(30))).await.unwrap().unwrap();
+    let g = holder
+        .try_lock(&name, &opts(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .unwrap();
     // Three waiters of one client share one subscription; all are dropped mid-wait.
     let tasks: Vec<_> = (0..3)
         .map(|_| {
@@ -193,26 +209,39 @@ async fn bad_urls_are_invalid_config_and_never_show_the_password() {
         assert!(!format!("{e} {e:?}").contains(PW), "{e:?}");
     }
     for var in ["LOCK_TEST_REDIS_AUTH_URL", "LOCK_TEST_REDIS_ACL_URL"] {
-        let Some(url) = require_env(var) else { continue };
+        let Some(url) = require_env(var) else {
+            continue;
+        };
         let authority = url.split_once("://").unwrap().1.rsplit_once('@').unwrap().0;
         let raw_pw = authority.split_once(':').unwrap().1;
-        let decoded = percent_encoding::percent_decode_str(raw_pw).decode_utf8().unwrap();
+        let decoded = percent_encoding::percent_decode_str(raw_pw)
+            .decode_utf8()
+            .unwrap();
         let b = RedisBackend::connect(&url).await.unwrap();
         let locker = Locker::new(b.clone());
         for shown in [b.describe(), format!("{b:?}"), format!("{locker:?}")] {
-            assert!(!shown.contains(raw_pw) && !shown.contains(&*decoded), "{shown}");
+            assert!(
+                !shown.contains(raw_pw) && !shown.contains(&*decoded),
+                "{shown}"
+            );
             assert!(shown.contains("***"), "{shown}");
         }
         // And the credentials work.
         let name = LockName::new(unique("auth")).unwrap();
-        let g = locker.try_lock(&name, &opts(Duration::from_secs(5))).await.unwrap().unwrap();
+        let g = locker
+            .try_lock(&name, &opts(Duration::from_secs(5)))
+            .await
+            .unwrap()
+            .unwrap();
         g.release().await.unwrap();
     }
 }
 
 #[tokio::test]
 async fn min_replicas_without_replicas_is_unavailable_and_leaves_the_lock_free() {
-    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else { return };
+    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
+        return;
+    };
     let strict = Locker::new(
         RedisBackend::connect(&with_query(&url, "min_replicas=1&replica_timeout_ms=100"))
             .await
@@ -226,7 +255,10 @@ async fn min_replicas_without_replicas_is_unavailable_and_leaves_the_lock_free()
         .await
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
-    assert!(t0.elapsed() >= Duration::from_millis(90), "WAIT did not wait");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(90),
+        "WAIT did not wait"
+    );
     let e = strict
         .lock(&name, &opts(Duration::from_secs(30)))
         .await
@@ -292,19 +324,25 @@ async fn hash_tags_are_ours(url: &str) {
 
 #[tokio::test]
 async fn hash_tag_names_are_independent() {
-    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else { return };
+    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
+        return;
+    };
     hash_tags_are_ours(&url).await;
 }
 
 #[tokio::test]
 async fn cluster_hash_tag_names_are_independent() {
-    let Some(url) = require_env("LOCK_TEST_REDIS_CLUSTER_URL") else { return };
+    let Some(url) = require_env("LOCK_TEST_REDIS_CLUSTER_URL") else {
+        return;
+    };
     hash_tags_are_ours(&url).await;
 }
 
 #[tokio::test]
 async fn acquire_sets_the_ttl_atomically() {
-    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else { return };
+    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
+        return;
+    };
     let b = RedisBackend::connect(&url).await.unwrap();
     let locker = Locker::new(b.clone());
     let mut raw = raw_nodes(&url).await.remove(0);
@@ -335,7 +373,11 @@ async fn acquire_sets_the_ttl_atomically() {
         g.release().await.unwrap();
     }
     // extend resets the TTL, one round trip, owner-checked.
-    let g = locker.try_lock(&name, &opts(Duration::from_millis(500))).await.unwrap().unwrap();
+    let g = locker
+        .try_lock(&name, &opts(Duration::from_millis(500)))
+        .await
+        .unwrap()
+        .unwrap();
     g.extend(Duration::from_secs(20)).await.unwrap();
     let pttl: i64 = redis::cmd("PTTL")
         .arg(b.lock_key(&name))
@@ -348,7 +390,9 @@ async fn acquire_sets_the_ttl_atomically() {
 
 #[tokio::test]
 async fn separate_connects_are_independent_clients() {
-    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else { return };
+    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
+        return;
+    };
     let a = RedisBackend::connect(&url).await.unwrap();
     let b = RedisBackend::connect(&url).await.unwrap();
     let mut raw = raw_nodes(&url).await.remove(0);
@@ -364,6 +408,10 @@ async fn separate_connects_are_independent_clients() {
         .query_async(&mut raw)
         .await
         .unwrap();
-    assert_eq!(list.lines().count(), before + 1, "one command connection per client");
+    assert_eq!(
+        list.lines().count(),
+        before + 1,
+        "one command connection per client"
+    );
     drop((a, b, c));
 }
