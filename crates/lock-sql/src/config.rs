@@ -102,18 +102,16 @@ impl Config {
                 )));
             }
         };
-        let password = url
-            .password()
-            .filter(|p| !p.is_empty())
-            .map(|p| {
-                percent_encoding::percent_decode_str(p)
-                    .decode_utf8_lossy()
-                    .into_owned()
-            });
+        let password = url.password().filter(|p| !p.is_empty()).map(|p| {
+            percent_encoding::percent_decode_str(p)
+                .decode_utf8_lossy()
+                .into_owned()
+        });
 
         let mut strategy = Strategy::Lease;
         let mut table = DEFAULT_TABLE.to_owned();
         let mut pool_max = if dialect == Dialect::Sqlite { 4 } else { 10 };
+        let mut pool_max_set = false;
         let mut passthrough = Vec::new();
         for (k, v) in url.query_pairs() {
             match &*k {
@@ -133,12 +131,21 @@ impl Config {
                     table = v.into_owned();
                 }
                 "pool_max" => {
-                    pool_max = v.parse::<u32>().ok().filter(|n| (1..=1000).contains(n)).ok_or_else(
-                        || Error::invalid_config(format!("pool_max must be 1..=1000, got {v:?}")),
-                    )?;
+                    pool_max_set = true;
+                    pool_max = v
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|n| (1..=1000).contains(n))
+                        .ok_or_else(|| {
+                            Error::invalid_config(format!("pool_max must be 1..=1000, got {v:?}"))
+                        })?;
                 }
                 _ => passthrough.push((k.into_owned(), v.into_owned())),
             }
+        }
+        if !pool_max_set && strategy == Strategy::RowLock {
+            // Every held row lock keeps a connection for as long as it is held.
+            pool_max = 64;
         }
         if dialect == Dialect::Sqlite && strategy == Strategy::RowLock {
             return Err(Error::invalid_config(
@@ -153,7 +160,12 @@ impl Config {
         if dialect == Dialect::Sqlite {
             let path = url.path();
             let host = url.host_str().unwrap_or("");
-            if path.contains(":memory:") || host.contains(":memory:") || passthrough.iter().any(|(k, v)| k == "mode" && v == "memory") {
+            if path.contains(":memory:")
+                || host.contains(":memory:")
+                || passthrough
+                    .iter()
+                    .any(|(k, v)| k == "mode" && v == "memory")
+            {
                 return Err(Error::invalid_config(
                     "an in-memory SQLite database cannot hold locks shared between connections; use a file",
                 ));
@@ -198,7 +210,10 @@ mod tests {
         assert_eq!(c.strategy, Strategy::RowLock);
         assert_eq!(c.table, "t1");
         assert_eq!(c.pool_max, 3);
-        assert_eq!(c.sqlx_url, "postgres://u:s3cret@h:5/db?sslmode=require&application_name=x");
+        assert_eq!(
+            c.sqlx_url,
+            "postgres://u:s3cret@h:5/db?sslmode=require&application_name=x"
+        );
         assert!(!c.redacted.contains("s3cret"));
         assert!(!format!("{c:?}").contains("s3cret"));
         let c = Config::parse("mysql://u:p@h/db?strategy=lease").unwrap();

@@ -23,8 +23,9 @@
 //!   everywhere and has a real server-side TTL.
 //! * `table=` the lock table (default `locksmith_locks`), `^[A-Za-z_][A-Za-z0-9_]{0,62}$`.
 //!   It is created on connect if missing. Do not use one table with both strategies.
-//! * `pool_max=` the most connections this client opens (default 10, SQLite 4). In row-lock mode
-//!   every held lock occupies one connection for as long as it is held.
+//! * `pool_max=` the most connections this client opens (default 10 for leases, 4 on SQLite, 64
+//!   for row locks: every held row lock occupies one connection for as long as it is held, and a
+//!   client holding `pool_max` locks waits for a connection to take another).
 //!
 //! Every other parameter (`sslmode`, `ssl-mode`, `application_name`, ...) goes to sqlx as is.
 //! Passwords never appear in `Debug`, [`Backend::describe`], logs or errors.
@@ -67,8 +68,8 @@ use std::time::Duration;
 
 use lockcore::{AcquireRequest, Acquired, Backend, Capabilities, Error, LockName, Result};
 
-pub use config::{DEFAULT_TABLE, Strategy, validate_table};
 use config::{Config, Dialect};
+pub use config::{DEFAULT_TABLE, Strategy, validate_table};
 
 /// A client of one SQL database: a connection pool plus the lock table.
 ///
@@ -295,7 +296,9 @@ pub(crate) fn map_err(config: &Config, what: &str, e: sqlx::Error) -> Error {
 /// The database error's code (SQLSTATE on PostgreSQL, the result code on SQLite).
 #[allow(dead_code)]
 pub(crate) fn db_code(e: &sqlx::Error) -> Option<String> {
-    e.as_database_error().and_then(|d| d.code()).map(|c| c.into_owned())
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.into_owned())
 }
 
 /// How long the server-side guard of a row-lock holder waits: the TTL plus one second.

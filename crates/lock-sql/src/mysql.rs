@@ -53,9 +53,8 @@ fn error_number(e: &sqlx::Error) -> Option<u16> {
 
 impl MyBackend {
     pub(crate) async fn connect(config: &Config) -> Result<MyBackend> {
-        let opts = MySqlConnectOptions::from_str(&config.sqlx_url).map_err(|e| {
-            Error::invalid_config(config.scrub(format!("invalid mysql URL: {e}")))
-        })?;
+        let opts = MySqlConnectOptions::from_str(&config.sqlx_url)
+            .map_err(|e| Error::invalid_config(config.scrub(format!("invalid mysql URL: {e}"))))?;
         let pool = MySqlPoolOptions::new()
             .max_connections(config.pool_max)
             .min_connections(0)
@@ -247,7 +246,6 @@ impl MyBackend {
                     deadline,
                 )
             };
-            let sent_at = Instant::now();
             let query = sqlx::query_scalar::<_, i32>(AssertSqlSafe(sql))
                 .bind(req.name.as_str())
                 .fetch_optional(pending.conn());
@@ -271,7 +269,14 @@ impl MyBackend {
                         .execute(&self.admin)
                         .await
                         .map_err(|e| self.err("drawing a fencing token", e))?;
-                    let fence = if r.rows_affected() == 1 { 1 } else { r.last_insert_id() };
+                    let fence = if r.rows_affected() == 1 {
+                        1
+                    } else {
+                        r.last_insert_id()
+                    };
+                    // The validity counts from this round trip, sent after the grant (the lock
+                    // may have been granted long after the request, following a wait).
+                    let sent_at = Instant::now();
                     pending
                         .conn()
                         .ping()
@@ -408,7 +413,9 @@ impl Lease for MyLease {
         if r.rows_affected() == 1 {
             Ok(())
         } else {
-            Err(Error::not_held("the lease expired or belongs to another holder"))
+            Err(Error::not_held(
+                "the lease expired or belongs to another holder",
+            ))
         }
     }
 
@@ -422,7 +429,9 @@ impl Lease for MyLease {
         if r.rows_affected() == 1 {
             Ok(())
         } else {
-            Err(Error::not_held("the lease expired or belongs to another holder"))
+            Err(Error::not_held(
+                "the lease expired or belongs to another holder",
+            ))
         }
     }
 }

@@ -6,9 +6,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{
-    AcquireRequest, Acquired, Error, Instant, Lease, LockName, OwnerToken, Result,
-};
+use lockcore::{AcquireRequest, Acquired, Error, Instant, Lease, LockName, OwnerToken, Result};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Postgres};
 use tokio::sync::{OnceCell, broadcast, oneshot};
@@ -197,11 +195,12 @@ impl PgBackend {
                 Ok(n > 0)
             }
             Strategy::RowLock => {
-                let killed: Vec<bool> = sqlx::query_scalar(AssertSqlSafe(self.sql.revoke_row.clone()))
-                    .bind(name.as_str())
-                    .fetch_all(&self.admin)
-                    .await
-                    .map_err(|e| self.err("terminating a row lock's holder", e))?;
+                let killed: Vec<bool> =
+                    sqlx::query_scalar(AssertSqlSafe(self.sql.revoke_row.clone()))
+                        .bind(name.as_str())
+                        .fetch_all(&self.admin)
+                        .await
+                        .map_err(|e| self.err("terminating a row lock's holder", e))?;
                 Ok(killed.into_iter().any(|k| k))
             }
         }
@@ -225,14 +224,15 @@ impl PgBackend {
         let mut pending = Pending::<Postgres>::new(conn);
         let guard_ms = guard_timeout(req.ttl).as_millis();
         for _ in 0..3 {
-            let mut begin = format!(
-                "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '{guard_ms}ms'"
-            );
+            let mut begin =
+                format!("BEGIN; SET LOCAL idle_in_transaction_session_timeout = '{guard_ms}ms'");
             if !nowait {
                 // 0 = no timeout. The waiter sleeps in the server's queue; lock_timeout ends it at
                 // the deadline.
                 let ms = deadline.map_or(0, |d| {
-                    d.saturating_duration_since(Instant::now()).as_millis().max(1)
+                    d.saturating_duration_since(Instant::now())
+                        .as_millis()
+                        .max(1)
                 });
                 begin.push_str(&format!("; SET LOCAL lock_timeout = '{ms}ms'"));
             }
@@ -242,7 +242,11 @@ impl PgBackend {
             exec::<Postgres>(pending.conn(), begin)
                 .await
                 .map_err(|e| self.err("beginning the lock transaction", e))?;
-            let sql = if nowait { &self.sql.lock_nowait } else { &self.sql.lock_wait };
+            let sql = if nowait {
+                &self.sql.lock_nowait
+            } else {
+                &self.sql.lock_wait
+            };
             let sent_at = Instant::now();
             let res: sqlx::Result<Option<i64>> = sqlx::query_scalar(AssertSqlSafe(sql.clone()))
                 .bind(req.name.as_str())
@@ -250,6 +254,18 @@ impl PgBackend {
                 .await;
             match res {
                 Ok(Some(fence)) => {
+                    // After a wait in the server's queue the grant came long after the request:
+                    // the validity is counted from a round trip sent after the grant instead
+                    // (the lock, and the server's idle guard, hold from then on).
+                    let sent_at = if sent_at.elapsed() > Duration::from_millis(20) {
+                        let at = Instant::now();
+                        sqlx::Connection::ping(pending.conn())
+                            .await
+                            .map_err(|e| self.err("checking the holding connection", e))?;
+                        at
+                    } else {
+                        sent_at
+                    };
                     let conn = pending.disarm();
                     let lease = RowLease::start(
                         conn,
@@ -392,7 +408,11 @@ impl PgBackend {
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);
             }
-            let cap = if rx.is_some() { SAFETY_POLL } else { backoff.delay(attempt) };
+            let cap = if rx.is_some() {
+                SAFETY_POLL
+            } else {
+                backoff.delay(attempt)
+            };
             let mut wake = now + remaining.map_or(cap, |r| (r + Duration::from_millis(1)).min(cap));
             if let Some(d) = deadline {
                 wake = wake.min(d);
@@ -463,7 +483,9 @@ impl Lease for PgLease {
         if r.rows_affected() == 1 {
             Ok(())
         } else {
-            Err(Error::not_held("the lease expired or belongs to another holder"))
+            Err(Error::not_held(
+                "the lease expired or belongs to another holder",
+            ))
         }
     }
 
@@ -478,7 +500,9 @@ impl Lease for PgLease {
         if n == 1 {
             Ok(())
         } else {
-            Err(Error::not_held("the lease expired or belongs to another holder"))
+            Err(Error::not_held(
+                "the lease expired or belongs to another holder",
+            ))
         }
     }
 }

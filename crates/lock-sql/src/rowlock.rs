@@ -70,7 +70,10 @@ where
     DB: Database,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
-    sqlx::raw_sql(AssertSqlSafe(sql)).execute(conn).await.map(|_| ())
+    sqlx::raw_sql(AssertSqlSafe(sql))
+        .execute(conn)
+        .await
+        .map(|_| ())
 }
 
 /// The state of a held row lock shared by the lease and its health check.
@@ -193,7 +196,9 @@ where
     async fn extend(&self, ttl: Duration) -> Result<()> {
         let mut slot = self.held.conn.lock().await;
         let Some(conn) = slot.as_mut() else {
-            return Err(Error::not_held("the row lock was released or its connection was lost"));
+            return Err(Error::not_held(
+                "the row lock was released or its connection was lost",
+            ));
         };
         let sql = (self.held.guard_sql)(ttl);
         match tokio::time::timeout(CHECK_TIMEOUT, exec::<DB>(conn, sql)).await {
@@ -220,7 +225,9 @@ where
 
     async fn release(&self) -> Result<()> {
         let Some(mut conn) = self.held.conn.lock().await.take() else {
-            return Err(Error::not_held("the row lock was released or its connection was lost"));
+            return Err(Error::not_held(
+                "the row lock was released or its connection was lost",
+            ));
         };
         // Nothing was written in the holding transaction: rolling back just drops the lock.
         match tokio::time::timeout(CHECK_TIMEOUT, exec::<DB>(&mut conn, "ROLLBACK".into())).await {

@@ -199,7 +199,9 @@ impl LiteLease {
         if r.rows_affected() == 1 {
             Ok(())
         } else {
-            Err(Error::not_held("the lease expired or belongs to another holder"))
+            Err(Error::not_held(
+                "the lease expired or belongs to another holder",
+            ))
         }
     }
 }
@@ -211,10 +213,12 @@ impl Lease for LiteLease {
     }
 
     async fn extend(&self, ttl: Duration) -> Result<()> {
-        self.update(&self.sql.extend, Some(ttl), "extending a lease").await
+        self.update(&self.sql.extend, Some(ttl), "extending a lease")
+            .await
     }
 
     async fn release(&self) -> Result<()> {
-        self.update(&self.sql.release, None, "releasing a lease").await
+        self.update(&self.sql.release, None, "releasing a lease")
+            .await
     }
 }

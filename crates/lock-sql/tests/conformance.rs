@@ -1,3 +1,113 @@
+//! The conformance suite against PostgreSQL, MySQL/MariaDB and SQLite, both strategies.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance::{Harness, Target};
+use lock_sql::SqlBackend;
+use lockcore::{LockGuard, LockName, Locker, Result, async_trait};
+
+struct SqlHarness {
+    label: String,
+    url: String,
+    row_lock: bool,
+}
+
+#[async_trait]
+impl Harness for SqlHarness {
+    fn label(&self) -> String {
+        self.label.clone()
+    }
+
+    async fn client(&self) -> Result<Locker> {
+        Ok(Locker::new(SqlBackend::connect(&self.url).await?))
+    }
+
+    /// A crashed row-lock holder is a process whose connection died: the server ends the
+    /// holding session (as it does when the socket of a killed process closes). A lease holder
+    /// just stops renewing; its row expires after the TTL.
+    async fn crash(&self, guard: LockGuard, client: Locker) {
+        if self.row_lock {
+            let name = guard.name().clone();
+            let admin = SqlBackend::connect(&self.url)
+                .await
+                .expect("admin connection");
+            guard.abandon();
+            admin.revoke(&name).await.expect("terminating the holder");
+        } else {
+            guard.abandon();
+        }
+        drop(client);
+    }
+
+    fn can_revoke(&self) -> bool {
+        true
+    }
+
+    async fn revoke(&self, name: &LockName) -> Result<()> {
+        let admin = SqlBackend::connect(&self.url).await?;
+        admin.revoke(name).await?;
+        Ok(())
+    }
+
+    fn min_scenario_ttl(&self) -> Duration {
+        Duration::from_millis(300)
+    }
+}
+
+fn with_params(url: &str, params: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{params}")
+}
+
+fn target(label: &'static str, env: &'static str, params: &'static str) -> Target {
+    Target::new(label, env, move |url| {
+        Arc::new(SqlHarness {
+            label: label.into(),
+            url: with_params(&url, params),
+            row_lock: params.contains("row-lock"),
+        }) as Arc<dyn Harness>
+    })
+}
+
 fn main() -> std::process::ExitCode {
-    conformance::run_tests(vec![])
+    let mut targets = vec![
+        target(
+            "postgres-row-lock",
+            "LOCK_TEST_POSTGRES_URL",
+            "strategy=row-lock",
+        ),
+        target("postgres-lease", "LOCK_TEST_POSTGRES_URL", "strategy=lease"),
+        target(
+            "postgres-tls-lease",
+            "LOCK_TEST_POSTGRES_TLS_URL",
+            "strategy=lease",
+        ),
+        target("mysql-row-lock", "LOCK_TEST_MYSQL_URL", "strategy=row-lock"),
+        target("mysql-lease", "LOCK_TEST_MYSQL_URL", "strategy=lease"),
+    ];
+    let sqlite_set = std::env::var("LOCK_TEST_SQLITE_URL").is_ok_and(|v| !v.is_empty());
+    if sqlite_set || std::env::var_os(conformance::REQUIRE_ALL_ENV).is_some() {
+        targets.push(target(
+            "sqlite-lease",
+            "LOCK_TEST_SQLITE_URL",
+            "strategy=lease",
+        ));
+    } else {
+        // Outside CI only: a temporary file stands in for the configured database.
+        let path =
+            std::env::temp_dir().join(format!("lock-sql-conformance-{}.db", std::process::id()));
+        targets.push(Target::fixed(
+            "sqlite-lease",
+            format!("sqlite://{}", path.display()),
+            |url| {
+                Arc::new(SqlHarness {
+                    label: "sqlite-lease".into(),
+                    url,
+                    row_lock: false,
+                }) as Arc<dyn Harness>
+            },
+        ));
+    }
+    conformance::run_tests(targets)
 }

@@ -35,7 +35,8 @@ fn sqlite_url() -> String {
         _ => {
             // Falls back to a temp file only outside CI.
             let _ = conformance::require_env("LOCK_TEST_SQLITE_URL");
-            let path = std::env::temp_dir().join(format!("lock-sql-test-{}.db", std::process::id()));
+            let path =
+                std::env::temp_dir().join(format!("lock-sql-test-{}.db", std::process::id()));
             format!("sqlite://{}", path.display())
         }
     }
@@ -87,7 +88,9 @@ async fn basic_exclusion_fencing_and_hostile_names() {
     for (label, url) in variants() {
         let a = client(&url).await;
         let b = client(&url).await;
-        let opts = LockOptions::new().ttl(Duration::from_secs(5)).wait_timeout(WAIT);
+        let opts = LockOptions::new()
+            .ttl(Duration::from_secs(5))
+            .wait_timeout(WAIT);
         let base = unique("hostile");
         let names = [
             format!("'; DROP TABLE x; --{base}"),
@@ -97,8 +100,15 @@ async fn basic_exclusion_fencing_and_hostile_names() {
         ];
         let mut guards = Vec::new();
         for n in &names {
-            let g = a.try_lock(n.as_str(), &opts).await.unwrap().unwrap_or_else(|| panic!("{label}: {n}"));
-            assert!(b.try_lock(n.as_str(), &opts).await.unwrap().is_none(), "{label}: {n}");
+            let g = a
+                .try_lock(n.as_str(), &opts)
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("{label}: {n}"));
+            assert!(
+                b.try_lock(n.as_str(), &opts).await.unwrap().is_none(),
+                "{label}: {n}"
+            );
             guards.push(g);
         }
         let mut fences = Vec::new();
@@ -122,12 +132,17 @@ async fn basic_exclusion_fencing_and_hostile_names() {
 /// (ConnectionLost) and the waiter gets the lock with a larger fencing token.
 #[tokio::test]
 async fn killed_holder_connection_fires_lost_and_fencing_grows() {
-    for (label, url) in variants().into_iter().filter(|(l, _)| l.ends_with("row-lock")) {
+    for (label, url) in variants()
+        .into_iter()
+        .filter(|(l, _)| l.ends_with("row-lock"))
+    {
         let holder = client(&url).await;
         let waiter = client(&url).await;
         let admin = SqlBackend::connect(&url).await.unwrap();
         let name = unique("kill");
-        let opts = LockOptions::new().ttl(Duration::from_secs(30)).wait_timeout(WAIT);
+        let opts = LockOptions::new()
+            .ttl(Duration::from_secs(30))
+            .wait_timeout(WAIT);
         let g = holder.lock(name.as_str(), &opts).await.unwrap();
         let f1 = g.fencing_token().unwrap();
         let lost = g.lost();
@@ -137,12 +152,29 @@ async fn killed_holder_connection_fires_lost_and_fencing_grows() {
             async move { waiter.lock(name.as_str(), &opts).await }
         });
         tokio::time::sleep(Duration::from_millis(200)).await;
-        assert!(admin.revoke(&LockName::new(&name).unwrap()).await.unwrap(), "{label}: nothing killed");
-        let reason = tokio::time::timeout(Duration::from_secs(10), lost.lost()).await.expect("lost signal");
+        assert!(
+            admin.revoke(&LockName::new(&name).unwrap()).await.unwrap(),
+            "{label}: nothing killed"
+        );
+        let reason = tokio::time::timeout(Duration::from_secs(10), lost.lost())
+            .await
+            .expect("lost signal");
         assert_eq!(reason, LostReason::ConnectionLost, "{label}");
-        let g2 = tokio::time::timeout(WAIT, w).await.unwrap().unwrap().unwrap();
-        assert!(g2.fencing_token().unwrap() > f1, "{label}: {f1} then {:?}", g2.fencing_token());
-        assert_eq!(g.release().await.unwrap_err().kind(), ErrorKind::NotHeld, "{label}");
+        let g2 = tokio::time::timeout(WAIT, w)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(
+            g2.fencing_token().unwrap() > f1,
+            "{label}: {f1} then {:?}",
+            g2.fencing_token()
+        );
+        assert_eq!(
+            g.release().await.unwrap_err().kind(),
+            ErrorKind::NotHeld,
+            "{label}"
+        );
         g2.release().await.unwrap();
         eprintln!("{label}: killed holder lost its lock; fence {f1} -> larger");
     }
@@ -152,7 +184,10 @@ async fn killed_holder_connection_fires_lost_and_fencing_grows() {
 /// through the server-side idle-transaction guard, about ttl + 1 s later.
 #[tokio::test]
 async fn abandoned_row_lock_is_freed_by_the_server_guard() {
-    for (label, url) in variants().into_iter().filter(|(l, _)| l.ends_with("row-lock")) {
+    for (label, url) in variants()
+        .into_iter()
+        .filter(|(l, _)| l.ends_with("row-lock"))
+    {
         let holder = client(&url).await;
         let waiter = client(&url).await;
         let name = unique("abandon");
@@ -165,7 +200,10 @@ async fn abandoned_row_lock_is_freed_by_the_server_guard() {
         let took = t0.elapsed();
         // Guard = ttl + 1 s (MariaDB rounds to whole seconds and checks with its own slack).
         assert!(took >= ttl, "{label}: freed after {took:?}, before the ttl");
-        assert!(took < ttl + Duration::from_secs(5), "{label}: freed after {took:?}");
+        assert!(
+            took < ttl + Duration::from_secs(5),
+            "{label}: freed after {took:?}"
+        );
         g2.release().await.unwrap();
         eprintln!("{label}: abandoned holder freed after {took:?}");
     }
@@ -185,14 +223,94 @@ async fn lease_takeover_after_expiry_uses_db_clock() {
         let f1 = g.fencing_token().unwrap();
         let t0 = tokio::time::Instant::now();
         g.abandon();
-        assert!(b.try_lock(name.as_str(), &opts).await.unwrap().is_none(), "{label}");
+        assert!(
+            b.try_lock(name.as_str(), &opts).await.unwrap().is_none(),
+            "{label}"
+        );
         let g2 = b.lock(name.as_str(), &opts).await.unwrap();
         let took = t0.elapsed();
-        assert!(took >= ttl - Duration::from_millis(50), "{label}: taken over after {took:?}");
-        assert!(took < ttl + Duration::from_secs(3), "{label}: taken over after {took:?}");
+        assert!(
+            took >= ttl - Duration::from_millis(50),
+            "{label}: taken over after {took:?}"
+        );
+        assert!(
+            took < ttl + Duration::from_secs(3),
+            "{label}: taken over after {took:?}"
+        );
         assert!(g2.fencing_token().unwrap() > f1, "{label}");
         // The first holder's lease is gone: its token no longer matches.
         g2.release().await.unwrap();
         eprintln!("{label}: taken over after {took:?}");
+    }
+}
+
+/// A row lock stays held while its health check runs (regression: renewals and pings must not
+/// end the holding transaction).
+#[tokio::test]
+async fn row_lock_survives_health_checks_and_renewals() {
+    for (label, url) in variants()
+        .into_iter()
+        .filter(|(l, _)| l.ends_with("row-lock"))
+    {
+        let a = client(&url).await;
+        let b = client(&url).await;
+        let name = unique("held");
+        let ttl = Duration::from_millis(600);
+        let opts = LockOptions::new()
+            .ttl(ttl)
+            .wait_timeout(WAIT)
+            .auto_renew(lockcore::AutoRenew::until(Duration::from_secs(10)));
+        let g = a.lock(name.as_str(), &opts).await.unwrap();
+        for i in 0..8 {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            assert!(
+                b.try_lock(name.as_str(), &opts).await.unwrap().is_none(),
+                "{label}: taken at step {i}, lost={:?}",
+                g.lost().reason()
+            );
+        }
+        g.release().await.unwrap();
+    }
+}
+
+/// A waiter granted the lock after a long wait gets a guard valid from the grant, not from the
+/// moment it started waiting (regression: the guard was born expired).
+#[tokio::test]
+async fn waiter_validity_counts_from_the_grant() {
+    for (label, url) in variants()
+        .into_iter()
+        .filter(|(l, _)| l.ends_with("row-lock"))
+    {
+        let a = client(&url).await;
+        let b = client(&url).await;
+        let name = unique("held");
+        let ttl = Duration::from_millis(400);
+        let opts = LockOptions::new()
+            .ttl(ttl)
+            .wait_timeout(WAIT)
+            .auto_renew(lockcore::AutoRenew::until(ttl * 3));
+        let g = a.try_lock(name.as_str(), &opts).await.unwrap().unwrap();
+        let start = g.acquired_at();
+        tokio::time::sleep_until(start + ttl * 3 / 2).await;
+        assert!(
+            b.try_lock(name.as_str(), &LockOptions::new().ttl(ttl))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let g2 = b
+            .lock(
+                name.as_str(),
+                &LockOptions::new().ttl(ttl).wait_timeout(WAIT),
+            )
+            .await
+            .unwrap();
+        let at = g2.acquired_at() - start;
+        assert!(
+            at >= ttl * 3 - Duration::from_millis(100),
+            "{label}: taken after {at:?}"
+        );
+        assert!(g2.is_valid(), "{label}");
+        g2.release().await.unwrap();
     }
 }
