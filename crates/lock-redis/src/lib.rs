@@ -122,7 +122,15 @@ fn scripts() -> &'static Scripts {
 
 /// Maps a client error: connection, I/O and timeouts are `Unavailable`, the rest `Backend`.
 pub(crate) fn map_err(msg: &str, e: RedisError) -> Error {
-    if e.is_io_error()
+    use redis::{ErrorKind as K, ServerErrorKind as S};
+    // Transient states of a server or cluster (loading, failover, resharding) are Unavailable too.
+    let transient = matches!(
+        e.kind(),
+        K::ClusterConnectionNotFound
+            | K::Server(S::BusyLoading | S::MasterDown | S::ReadOnly | S::TryAgain)
+    );
+    if transient
+        || e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()

@@ -149,7 +149,9 @@ impl Subscriptions {
             // A new waiter arrived meanwhile and uses the subscription.
             return;
         }
-        if *subscribed && let Some(conn) = self.conn.get() {
+        // Unsubscribe even when the flag says we never subscribed: a SUBSCRIBE whose caller was
+        // cancelled may still have been sent; this UNSUBSCRIBE follows it on the same connection.
+        if let Some(conn) = self.conn.get() {
             let mut conn = conn.clone();
             if let Err(e) = conn.unsubscribe(&name).await {
                 tracing::debug!(error = %e, "UNSUBSCRIBE failed; the subscription lives until the pub/sub connection closes");

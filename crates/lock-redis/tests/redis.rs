@@ -242,12 +242,24 @@ async fn min_replicas_without_replicas_is_unavailable_and_leaves_the_lock_free()
     let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
         return;
     };
+    min_replicas_unavailable(&url).await;
+}
+
+#[tokio::test]
+async fn cluster_min_replicas_without_replicas_is_unavailable() {
+    let Some(url) = require_env("LOCK_TEST_REDIS_CLUSTER_URL") else {
+        return;
+    };
+    min_replicas_unavailable(&url).await;
+}
+
+async fn min_replicas_unavailable(url: &str) {
     let strict = Locker::new(
-        RedisBackend::connect(&with_query(&url, "min_replicas=1&replica_timeout_ms=100"))
+        RedisBackend::connect(&with_query(url, "min_replicas=1&replica_timeout_ms=100"))
             .await
             .unwrap(),
     );
-    let plain = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let plain = Locker::new(RedisBackend::connect(url).await.unwrap());
     let name = LockName::new(unique("replicas")).unwrap();
     let t0 = Instant::now();
     let e = strict
