@@ -114,7 +114,9 @@ fn needs_ttl_expiry(c: &Capabilities, _: &dyn Harness) -> Result<(), &'static st
     if c.expiry_after_ttl {
         Ok(())
     } else {
-        Err("a crashed holder's lock dies with its connection at once, not after the TTL")
+        Err(
+            "leases are bound to a connection or session: a crashed holder's lock ends with it, not exactly after the TTL",
+        )
     }
 }
 

@@ -260,6 +260,7 @@ impl ZkBackend {
         // never expires by time at all while its session lives. So the lock does not expire
         // "after the TTL".
         c.expiry_after_ttl = false;
+        c.force_release = true;
         // The TTL is lockcore's validity deadline, enforced by its watchdog (which releases
         // the node when it passes); the session keeps the node alive meanwhile, so any TTL
         // works. Below 10 ms renewal would be mostly round trips.
@@ -719,6 +720,12 @@ impl Backend for ZkBackend {
                 Err(_elapsed) => Ok(None),
             },
         }
+    }
+
+    async fn force_release(&self, name: &lockcore::LockName) -> Result<bool> {
+        ZkBackend::force_release(self, name)
+            .await
+            .map(|deleted| deleted > 0)
     }
 
     fn describe(&self) -> String {
