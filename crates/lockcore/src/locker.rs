@@ -2,8 +2,8 @@
 //! release on drop, the same for every backend.
 
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -12,8 +12,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::backend::{AcquireRequest, Acquired, Backend, BoxLease, OwnerToken};
+use crate::lost::Validity;
 use crate::{
-    AutoRenew, Capabilities, Error, ErrorKind, IntoLockName, LockName, LockOptions, LostNotifier,
+    AutoRenew, Capabilities, RenewKind, Error, ErrorKind, IntoLockName, LockName, LockOptions, LostNotifier,
     LostReason, LostSignal, Result,
 };
 
@@ -165,21 +166,34 @@ impl Locker {
     fn guard(&self, pending: PendingGuard, acquired: Acquired, options: &LockOptions) -> LockGuard {
         let PendingGuard { request, signal } = pending;
         let ttl = request.ttl;
-        let valid_until = acquired.sent_at + ttl.saturating_sub(drift_margin(ttl));
+        let validity = Arc::new(Validity::new(
+            acquired.sent_at + ttl.saturating_sub(drift_margin(ttl)),
+        ));
         let shared = Arc::new(GuardShared {
             lease: acquired.lease,
             notifier: request.lost,
-            valid_until: Mutex::new(valid_until),
+            validity: validity.clone(),
             release_started: AtomicBool::new(false),
         });
-        let watchdog = self.inner.runtime.spawn(watchdog(
-            shared.clone(),
-            self.inner.clone(),
-            signal.clone(),
-            ttl,
-            acquired.sent_at,
-            options.auto_renew_value().cloned(),
-        ));
+        // The lost signal notices a passed deadline by itself, and a TTL backend's server frees
+        // the lock by itself: a watchdog task is needed only to renew, or to release a
+        // session-bound lease at its deadline. Not spawning one keeps a worker wake-up off the
+        // uncontended path.
+        let caps = self.capabilities();
+        let needs_watchdog = options.auto_renew_value().is_some()
+            || !caps.expiry_after_ttl
+            || caps.renew == RenewKind::Native;
+        let watchdog = needs_watchdog.then(|| {
+            self.inner.runtime.spawn(watchdog(
+                shared.clone(),
+                self.inner.clone(),
+                signal.clone(),
+                ttl,
+                acquired.sent_at,
+                options.auto_renew_value().cloned(),
+            ))
+        });
+        let signal = signal.with_validity(validity);
         LockGuard {
             name: request.name,
             token: request.token,
@@ -188,7 +202,7 @@ impl Locker {
             acquired_at: acquired.sent_at,
             shared,
             signal,
-            watchdog: Some(watchdog),
+            watchdog,
             locker: self.inner.clone(),
             finished: false,
         }
@@ -203,22 +217,28 @@ struct PendingGuard {
 struct GuardShared {
     lease: BoxLease,
     notifier: LostNotifier,
-    valid_until: Mutex<Instant>,
+    validity: Arc<Validity>,
     release_started: AtomicBool,
 }
 
 impl GuardShared {
     fn valid_until(&self) -> Instant {
-        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner())
+        self.validity.until()
     }
 
     fn set_valid_until(&self, at: Instant) {
-        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = at;
+        self.validity.set_until(at);
     }
 
-    /// True for the one caller that may release the lease.
+    /// True for the one caller that may release the lease. A user's release (or drop, or
+    /// abandon) also ends the lease for the lost signal; the watchdog's release at the deadline
+    /// does not, since the deadline passing is the loss.
     fn begin_release(&self) -> bool {
         !self.release_started.swap(true, Ordering::AcqRel)
+    }
+
+    fn end_by_holder(&self) {
+        self.validity.ended.store(true, Ordering::Release);
     }
 }
 
@@ -269,7 +289,7 @@ async fn watchdog(
                 }
                 return;
             }
-            _ = signal.lost() => return,
+            _ = signal.reported() => return,
             _ = sleep_until_opt(next_renew) => {
                 let (Some(hold_deadline), Some(interval)) = (hold_deadline, interval) else {
                     return;
@@ -428,6 +448,11 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<()> {
         self.stop_watchdog();
         self.finished = true;
+        if self.signal.is_lost() {
+            // Released after the loss: the signal stays fired, and the release is still sent.
+        } else {
+            self.shared.end_by_holder();
+        }
         if !self.shared.begin_release() {
             return Err(Error::not_held(
                 "the lease ran past its validity and was already released",
@@ -448,6 +473,7 @@ impl LockGuard {
     pub fn abandon(mut self) {
         self.stop_watchdog();
         self.finished = true;
+        self.shared.end_by_holder();
         self.shared.release_started.store(true, Ordering::Release);
     }
 
@@ -461,6 +487,9 @@ impl LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         self.stop_watchdog();
+        if !self.finished && !self.signal.is_lost() {
+            self.shared.end_by_holder();
+        }
         if !self.finished && self.shared.begin_release() {
             self.locker.release_in_background(self.shared.clone());
         }

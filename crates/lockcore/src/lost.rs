@@ -1,10 +1,12 @@
 //! The lost-lease signal.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// Why a lease is known lost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -50,7 +52,13 @@ impl LostNotifier {
     /// A new notifier and its signal.
     pub fn new() -> (LostNotifier, LostSignal) {
         let (tx, rx) = watch::channel(None);
-        (LostNotifier(Arc::new(tx)), LostSignal(rx))
+        (
+            LostNotifier(Arc::new(tx)),
+            LostSignal {
+                reported: rx,
+                validity: None,
+            },
+        )
     }
 
     /// Reports the lease lost; returns false if it was already reported.
@@ -77,15 +85,60 @@ impl LostNotifier {
     }
 }
 
-/// Fires when the lease is known lost. Clone it freely; select on [`LostSignal::lost`] in the
-/// critical section to stop work that must not outlive the lease.
+/// A lease's validity deadline, shared by its guard, its watchdog and its signals.
+#[derive(Debug)]
+pub(crate) struct Validity {
+    until: Mutex<Instant>,
+    /// Set once the lease is released (or abandoned): a deadline passing after that is no loss.
+    pub(crate) ended: AtomicBool,
+}
+
+impl Validity {
+    pub(crate) fn new(until: Instant) -> Self {
+        Validity {
+            until: Mutex::new(until),
+            ended: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn until(&self) -> Instant {
+        *self.until.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn set_until(&self, at: Instant) {
+        *self.until.lock().unwrap_or_else(|e| e.into_inner()) = at;
+    }
+
+    /// Whether the deadline passed while the lease was still held.
+    fn expired(&self) -> bool {
+        !self.ended.load(Ordering::Acquire) && Instant::now() >= self.until()
+    }
+}
+
+/// Fires when the lease is known lost: reported by the backend or the watchdog, or the validity
+/// deadline passed. Clone it freely; select on [`LostSignal::lost`] in the critical section to
+/// stop work that must not outlive the lease.
 #[derive(Clone, Debug)]
-pub struct LostSignal(watch::Receiver<Option<LostReason>>);
+pub struct LostSignal {
+    reported: watch::Receiver<Option<LostReason>>,
+    validity: Option<Arc<Validity>>,
+}
 
 impl LostSignal {
+    pub(crate) fn with_validity(mut self, validity: Arc<Validity>) -> Self {
+        self.validity = Some(validity);
+        self
+    }
+
     /// The reason, if the lease is known lost.
     pub fn reason(&self) -> Option<LostReason> {
-        *self.0.borrow()
+        let reported = *self.reported.borrow();
+        reported.or_else(|| {
+            self.validity
+                .as_ref()
+                .filter(|v| v.expired())
+                .map(|_| LostReason::ValidityExpired)
+        })
     }
 
     /// Whether the lease is known lost.
@@ -98,7 +151,30 @@ impl LostSignal {
     ///
     /// Cancel safe: dropping the future loses nothing.
     pub async fn lost(&self) -> LostReason {
-        let mut rx = self.0.clone();
+        let deadline = async {
+            let Some(validity) = &self.validity else {
+                return std::future::pending().await;
+            };
+            loop {
+                tokio::time::sleep_until(validity.until()).await;
+                if validity.expired() {
+                    return LostReason::ValidityExpired;
+                }
+                if validity.ended.load(Ordering::Acquire) {
+                    return std::future::pending().await;
+                }
+                // Renewed meanwhile: sleep until the new deadline.
+            }
+        };
+        tokio::select! {
+            reason = self.reported() => reason,
+            reason = deadline => reason,
+        }
+    }
+
+    /// Waits for a loss reported through the [`LostNotifier`] only, ignoring the deadline.
+    pub(crate) async fn reported(&self) -> LostReason {
+        let mut rx = self.reported.clone();
         let reason = rx.wait_for(|r| r.is_some()).await.ok().and_then(|r| *r);
         match reason {
             Some(reason) => reason,
