@@ -40,7 +40,12 @@ pub trait Harness: Send + Sync + 'static {
     /// The default uses [`Backend::force_release`](lockcore::Backend::force_release) from a new
     /// client.
     async fn revoke(&self, name: &LockName) -> Result<()> {
-        self.client().await?.backend().force_release(name).await.map(drop)
+        self.client()
+            .await?
+            .backend()
+            .force_release(name)
+            .await
+            .map(drop)
     }
 
     /// The shortest TTL the scenarios should use with this backend (its timing floor, for

@@ -278,6 +278,7 @@ impl RedisBackend {
         c.lost_detection = false;
         c.reentrant = false;
         c.expiry_after_ttl = true;
+        c.force_release = true;
         c.min_ttl = Duration::from_millis(1);
         c.notes = vec![
             "fencing tokens come from an INCR in the same asynchronously replicated store: a \
@@ -538,6 +539,10 @@ impl Backend for RedisBackend {
                 _ = tokio::time::sleep_until(wake) => {}
             }
         }
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        RedisBackend::force_release(self, name).await
     }
 
     fn describe(&self) -> String {

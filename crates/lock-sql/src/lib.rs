@@ -187,6 +187,10 @@ fn capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
     let mut c = Capabilities::default();
     c.fencing = true;
     c.reentrant = false;
+    // MariaDB row locks are freed by killing the holder's connection, whose id is recorded
+    // when the lock is won and may be stale (reused by another holder) by the time an operator
+    // acts: not safe enough to offer.
+    c.force_release = !(dialect == Dialect::MySql && strategy == Strategy::RowLock);
     match strategy {
         Strategy::RowLock => {
             // The server's lock queue: waiters sleep in the server and are woken by it.
@@ -266,6 +270,15 @@ impl Backend for SqlBackend {
                     .await
             }
         }
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        if !self.capabilities.force_release {
+            return Err(lockcore::Error::unsupported(
+                "force_release is not offered for MariaDB row locks (the holder's connection id may be stale)",
+            ));
+        }
+        self.revoke(name).await
     }
 
     fn describe(&self) -> String {

@@ -14,8 +14,8 @@ use tokio::time::Instant;
 use crate::backend::{AcquireRequest, Acquired, Backend, BoxLease, OwnerToken};
 use crate::lost::Validity;
 use crate::{
-    AutoRenew, Capabilities, RenewKind, Error, ErrorKind, IntoLockName, LockName, LockOptions, LostNotifier,
-    LostReason, LostSignal, Result,
+    AutoRenew, Capabilities, Error, ErrorKind, IntoLockName, LockName, LockOptions, LostNotifier,
+    LostReason, LostSignal, RenewKind, Result,
 };
 
 /// The safety margin taken off every lease's validity: 1 % of the TTL plus 2 ms, for clock rate

@@ -82,19 +82,17 @@ pub async fn connect(url: &str) -> Result<Locker> {
         "memory" => Ok(Locker::new(memory::MemoryBackend::connect(&memory_store(
             url,
         )?))),
-        // Backend arms, one per feature, in the object_store style. Each is added together with
-        // its optional dependency and feature in Cargo.toml (see the comments there):
-        //
-        // #[cfg(feature = "redis")]
-        // "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
-        //     Ok(Locker::new(lock_redis::RedisBackend::connect(url).await?))
-        // }
-        // #[cfg(feature = "postgres")]
-        // "postgres" | "postgresql" => Ok(Locker::new(lock_sql::SqlBackend::connect(url).await?)),
-        // #[cfg(feature = "mysql")]
-        // "mysql" | "mariadb" => Ok(Locker::new(lock_sql::SqlBackend::connect(url).await?)),
-        // #[cfg(feature = "sqlite")]
-        // "sqlite" => Ok(Locker::new(lock_sql::SqlBackend::connect(url).await?)),
+        // Backend arms, one per feature, in the object_store style.
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
+            Ok(Locker::new(lock_redis::RedisBackend::connect(url).await?))
+        }
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(Locker::new(lock_sql::SqlBackend::connect(url).await?)),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Ok(Locker::new(lock_sql::SqlBackend::connect(url).await?)),
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Locker::new(lock_sql::SqlBackend::connect(url).await?)),
         #[cfg(feature = "zk")]
         "zk" => Ok(Locker::new(lock_zk::ZkBackend::connect(url).await?)),
         other => Err(not_compiled_in(other, url)),
@@ -191,6 +189,10 @@ mod tests {
     /// Whether the backend feature is compiled in (its scheme would then really connect).
     fn compiled_in(feature: &str) -> bool {
         match feature {
+            "redis" => cfg!(feature = "redis"),
+            "postgres" => cfg!(feature = "postgres"),
+            "mysql" => cfg!(feature = "mysql"),
+            "sqlite" => cfg!(feature = "sqlite"),
             "zk" => cfg!(feature = "zk"),
             _ => false,
         }
