@@ -241,8 +241,10 @@ mod tests {
             kind(LockOptions::new().require_fencing(true)),
             Some(ErrorKind::Unsupported)
         );
-        let mut narrow = Capabilities::default();
-        narrow.min_ttl = Duration::from_secs(2);
+        let narrow = Capabilities {
+            min_ttl: Duration::from_secs(2),
+            ..Capabilities::default()
+        };
         assert_eq!(
             LockOptions::new()
                 .ttl(Duration::from_secs(1))
