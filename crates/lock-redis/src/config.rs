@@ -4,27 +4,11 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lockcore::{Error, Result};
+use lockcore::{Error, Result, Secret};
 use percent_encoding::percent_decode_str;
 
 /// The default key namespace.
 pub(crate) const DEFAULT_NAMESPACE: &str = "locksmith";
-
-/// A password that never prints.
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) struct Secret(String);
-
-impl Secret {
-    pub(crate) fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
 
 /// Everything a URL says, validated. `Debug` never shows the password.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -165,7 +149,7 @@ impl Config {
                 }
                 (
                     (!user.is_empty()).then_some(user),
-                    pw.filter(|p| !p.is_empty()).map(Secret),
+                    pw.filter(|p| !p.is_empty()).map(Secret::new),
                 )
             }
         };

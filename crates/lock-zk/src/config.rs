@@ -1,10 +1,9 @@
 //! Parsing and validating `zk://` URLs. Nothing here ever echoes the digest password: error
 //! messages name the parameter, never its value.
 
-use std::fmt;
 use std::time::Duration;
 
-use lockcore::{Error, Result};
+use lockcore::{Error, Result, Secret};
 use percent_encoding::percent_decode_str;
 
 /// The session timeout asked for when the URL does not say: a crashed holder blocks its locks
@@ -15,22 +14,6 @@ pub(crate) const DEFAULT_NAMESPACE: &str = "locksmith";
 const DEFAULT_PORT: u16 = 2181;
 const MIN_SESSION_TIMEOUT_MS: u64 = 100;
 const MAX_SESSION_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
-
-/// A password that never shows in `Debug`.
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) struct Secret(String);
-
-impl Secret {
-    pub(crate) fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("\"***\"")
-    }
-}
 
 /// `digest` authentication: ZooKeeper's built-in `user:password` scheme.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -190,7 +173,7 @@ impl Config {
                     }
                     config.digest = Some(Digest {
                         user: user.to_owned(),
-                        password: Secret(password.to_owned()),
+                        password: Secret::new(password),
                     });
                 }
                 _ => unreachable!("keys are matched above"),

@@ -32,6 +32,7 @@ mod lost;
 pub mod memory;
 mod name;
 mod options;
+mod secret;
 
 pub use backend::{
     AcquireRequest, Acquired, Backend, Backoff, BoxLease, Lease, OwnerToken, poll_acquire,
@@ -42,6 +43,7 @@ pub use locker::{LockGuard, Locker, drift_margin};
 pub use lost::{LostNotifier, LostReason, LostSignal};
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN};
 pub use options::{AutoRenew, DEFAULT_TTL, DEFAULT_WAIT, LockOptions, MAX_TTL};
+pub use secret::Secret;
 
 /// Re-exported so backends name the same types.
 pub use async_trait::async_trait;
