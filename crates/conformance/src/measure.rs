@@ -16,6 +16,9 @@ pub struct Figures {
     pub uncontended_p50_us: f64,
     /// Uncontended try_lock + release, 99th percentile, microseconds.
     pub uncontended_p99_us: f64,
+    /// The backend's cheapest round trip (`PING`, `SELECT 1`, `exists`), median, microseconds,
+    /// measured interleaved with the uncontended pairs; `None` where there is no server.
+    pub round_trip_p50_us: Option<f64>,
     /// How many uncontended samples.
     pub samples: usize,
     /// Acquisitions per second with `holders` clients looping lock/release on one name.
@@ -42,9 +45,18 @@ pub async fn measure(harness: &dyn Harness) -> lockcore::Result<Figures> {
             g.release().await?;
         }
     }
+    let backend = client.backend().clone();
+    let has_round_trip = backend.round_trip().await.is_ok();
     let mut samples = Vec::with_capacity(2000);
+    let mut round_trips = Vec::with_capacity(2000);
     let until = Instant::now() + MEASURE_TIME;
     while samples.len() < 2000 && Instant::now() < until {
+        // Interleaved, so that machine noise hits both alike.
+        if has_round_trip {
+            let start = Instant::now();
+            backend.round_trip().await?;
+            round_trips.push(start.elapsed());
+        }
         let start = Instant::now();
         let g = client.try_lock(&name, &opts).await?.ok_or_else(|| {
             lockcore::Error::new(lockcore::ErrorKind::Backend, "benchmark lock was held")
@@ -52,9 +64,12 @@ pub async fn measure(harness: &dyn Harness) -> lockcore::Result<Figures> {
         g.release().await?;
         samples.push(start.elapsed());
     }
-    samples.sort();
-    let pct = |p: f64| samples[((samples.len() - 1) as f64 * p).round() as usize];
-    let (p50, p99) = (pct(0.5), pct(0.99));
+    let (p50, p99) = (
+        percentile(&mut samples, 0.5),
+        percentile(&mut samples, 0.99),
+    );
+    let round_trip_p50 =
+        has_round_trip.then(|| percentile(&mut round_trips, 0.5).as_secs_f64() * 1e6);
 
     const HOLDERS: usize = 4;
     let count = Arc::new(AtomicU64::new(0));
@@ -84,9 +99,15 @@ pub async fn measure(harness: &dyn Harness) -> lockcore::Result<Figures> {
     Ok(Figures {
         uncontended_p50_us: p50.as_secs_f64() * 1e6,
         uncontended_p99_us: p99.as_secs_f64() * 1e6,
+        round_trip_p50_us: round_trip_p50,
         samples: samples.len(),
         handover_per_sec: handovers as f64 / secs,
         holders: HOLDERS,
         contended_secs: secs,
     })
+}
+
+fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    samples.sort_unstable();
+    samples[((samples.len() - 1) as f64 * p).round() as usize]
 }

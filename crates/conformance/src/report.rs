@@ -190,29 +190,32 @@ impl Report {
         let _ = writeln!(
             w,
             "Uncontended: `try_lock` + `release` by one client, one after the other. Hand-over: \
-             N clients looping `lock` + `release` on one name.\n"
+             N clients looping `lock` + `release` on one name. Round trip: the backend's cheapest \
+             request (`PING`, `SELECT 1`, `exists`), measured interleaved with the uncontended pairs.\n"
         );
         let _ = writeln!(
             w,
-            "| backend | uncontended p50 (µs) | uncontended p99 (µs) | samples | hand-over rate (/s) | holders (N) |"
+            "| backend | uncontended p50 (µs) | uncontended p99 (µs) | round trip p50 (µs) | p50 / round trip | samples | hand-over rate (/s) | holders (N) |"
         );
-        let _ = writeln!(w, "|---|---:|---:|---:|---:|---:|");
+        let _ = writeln!(w, "|---|---:|---:|---:|---:|---:|---:|---:|");
         for b in &self.backends {
             match &b.figures {
                 Some(f) => {
                     let _ = writeln!(
                         w,
-                        "| {} | {} | {} | {} | {} | {} |",
+                        "| {} | {} | {} | {} | {} | {} | {} | {} |",
                         md_cell(&b.label),
                         fmt_us(f.uncontended_p50_us),
                         fmt_us(f.uncontended_p99_us),
+                        f.round_trip_p50_us.map_or("-".into(), fmt_us),
+                        fmt_ratio(f),
                         f.samples,
                         fmt_rate(f.handover_per_sec),
                         f.holders
                     );
                 }
                 None => {
-                    let _ = writeln!(w, "| {} | not measured | | | | |", md_cell(&b.label));
+                    let _ = writeln!(w, "| {} | not measured | | | | | | |", md_cell(&b.label));
                 }
             }
         }
@@ -413,13 +416,16 @@ impl Report {
             w,
             "<h2>Figures</h2>\n<p class=\"legend\">Uncontended: <code>try_lock</code> + \
              <code>release</code> by one client, one after the other. Hand-over: N clients \
-             looping <code>lock</code> + <code>release</code> on one name. Loopback servers on \
-             a shared machine: compare ratios, not absolute numbers.</p>"
+             looping <code>lock</code> + <code>release</code> on one name. Round trip: the \
+             backend's cheapest request (<code>PING</code>, <code>SELECT 1</code>, \
+             <code>exists</code>), measured interleaved with the uncontended pairs. Loopback \
+             servers on a shared machine: compare ratios, not absolute numbers.</p>"
         );
         let _ = writeln!(
             w,
             "<table class=\"figs\"><thead><tr><th class=\"left\">backend</th>\
-             <th>uncontended p50 (µs)</th><th>uncontended p99 (µs)</th><th>samples</th>\
+             <th>uncontended p50 (µs)</th><th>uncontended p99 (µs)</th>\
+             <th>round trip p50 (µs)</th><th>p50 / round trip</th><th>samples</th>\
              <th>hand-over rate (/s)</th><th>holders (N)</th></tr></thead><tbody>"
         );
         for b in &self.backends {
@@ -427,11 +433,13 @@ impl Report {
                 Some(f) => {
                     let _ = writeln!(
                         w,
-                        "<tr><th class=\"left\">{}</th><td>{}</td><td>{}</td><td>{}</td>\
-                         <td>{}</td><td>{}</td></tr>",
+                        "<tr><th class=\"left\">{}</th><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+                         <td>{}</td><td>{}</td><td>{}</td></tr>",
                         esc(&b.label),
                         fmt_us(f.uncontended_p50_us),
                         fmt_us(f.uncontended_p99_us),
+                        f.round_trip_p50_us.map_or("-".into(), fmt_us),
+                        fmt_ratio(f),
                         f.samples,
                         fmt_rate(f.handover_per_sec),
                         f.holders
@@ -440,7 +448,7 @@ impl Report {
                 None => {
                     let _ = writeln!(
                         w,
-                        "<tr><th class=\"left\">{}</th><td colspan=\"5\" class=\"unknown\">not measured</td></tr>",
+                        "<tr><th class=\"left\">{}</th><td colspan=\"7\" class=\"unknown\">not measured</td></tr>",
                         esc(&b.label)
                     );
                 }
@@ -773,6 +781,14 @@ fn truncate(s: &str, max: usize) -> String {
     }
 }
 
+/// Uncontended p50 as a multiple of the round trip, or `-`.
+fn fmt_ratio(f: &crate::measure::Figures) -> String {
+    match f.round_trip_p50_us {
+        Some(rt) if rt > 0.0 => format!("{:.2}x", f.uncontended_p50_us / rt),
+        _ => "-".into(),
+    }
+}
+
 fn fmt_us(v: f64) -> String {
     if !v.is_finite() {
         "?".to_string()
@@ -971,6 +987,7 @@ mod tests {
         Figures {
             uncontended_p50_us: p50,
             uncontended_p99_us: p99,
+            round_trip_p50_us: Some(p50 / 2.5),
             samples: 2000,
             handover_per_sec: 1234.5,
             holders: 4,

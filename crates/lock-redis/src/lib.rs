@@ -545,6 +545,10 @@ impl Backend for RedisBackend {
         RedisBackend::force_release(self, name).await
     }
 
+    async fn round_trip(&self) -> Result<()> {
+        RedisBackend::ping(self).await
+    }
+
     fn describe(&self) -> String {
         self.inner.describe.clone()
     }

@@ -281,6 +281,10 @@ impl Backend for SqlBackend {
         self.revoke(name).await
     }
 
+    async fn round_trip(&self) -> Result<()> {
+        SqlBackend::ping(self).await
+    }
+
     fn describe(&self) -> String {
         format!(
             "{} (strategy={}, table={})",

@@ -728,6 +728,16 @@ impl Backend for ZkBackend {
             .map(|deleted| deleted > 0)
     }
 
+    async fn round_trip(&self) -> Result<()> {
+        // `exists` on the root: the cheapest read that reaches the server.
+        self.inner
+            .client
+            .check_stat("/")
+            .await
+            .map(drop)
+            .map_err(|e| map_err("exists /", e))
+    }
+
     fn describe(&self) -> String {
         self.inner.config.redacted(Some(self.inner.session_timeout))
     }

@@ -143,6 +143,17 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         ))
     }
 
+    /// One cheap round trip to the server (`PING`, `SELECT 1`, `exists`): the floor that the
+    /// benchmark compares acquire + release with. Unsupported by default (and for `memory://`,
+    /// which has no server).
+    ///
+    /// Cancel safe.
+    async fn round_trip(&self) -> Result<()> {
+        Err(crate::Error::unsupported(
+            "this backend has no round trip to measure",
+        ))
+    }
+
     /// A description for logs and reports, with any secret (password) redacted.
     fn describe(&self) -> String;
 }
@@ -164,6 +175,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     async fn force_release(&self, name: &LockName) -> Result<bool> {
         (**self).force_release(name).await
+    }
+    async fn round_trip(&self) -> Result<()> {
+        (**self).round_trip().await
     }
     fn describe(&self) -> String {
         (**self).describe()
