@@ -114,3 +114,77 @@ fn report_writes_three_files_without_bench() {
     assert!(json.contains("\"status\": \"pass\""));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Two processes on one host exclude each other through the embedded SQLite default: while the
+/// first holds the lock (its command waits for a file that only the test creates), the second
+/// finds it busy (75) and never runs its command.
+#[cfg(feature = "sqlite")]
+#[test]
+fn two_processes_exclude_each_other_through_sqlite() {
+    let dir = std::env::temp_dir().join(format!("locksmith-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}/locks.db", dir.display());
+    let (go, ran) = (dir.join("go"), dir.join("second-ran"));
+    let wait_for_go = format!(
+        "echo held > {dir}/held; while [ ! -e {go} ]; do sleep 0.05; done",
+        dir = dir.display(),
+        go = go.display()
+    );
+    let mut first = Command::new(env!("CARGO_BIN_EXE_locksmith"))
+        .args([
+            "run",
+            "--url",
+            &url,
+            "--wait",
+            "0",
+            "nightly",
+            "--",
+            "sh",
+            "-c",
+            &wait_for_go,
+        ])
+        .spawn()
+        .expect("the first locksmith runs");
+    // The first process holds the lock once its command has started.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !dir.join("held").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the first process never got the lock"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let second = locksmith(&[
+        "run",
+        "--url",
+        &url,
+        "--wait",
+        "0",
+        "nightly",
+        "--",
+        "touch",
+        ran.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&second), 75, "{second:?}");
+    assert!(
+        !ran.exists(),
+        "the second process ran its command while the lock was held"
+    );
+    std::fs::write(&go, "").unwrap();
+    assert!(first.wait().unwrap().success());
+    // Released: the next process gets the lock at once.
+    let third = locksmith(&[
+        "run",
+        "--url",
+        &url,
+        "--wait",
+        "0",
+        "nightly",
+        "--",
+        "touch",
+        ran.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&third), 0, "{third:?}");
+    assert!(ran.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
