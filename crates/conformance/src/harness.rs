@@ -19,11 +19,16 @@ pub trait Harness: Send + Sync + 'static {
 
     /// A new client with its own connection or session: two clients never share one, so their
     /// locks exclude each other as two processes' would.
+    ///
+    /// Cancel safe: a dropped connect leaves nothing behind.
     async fn client(&self) -> Result<Locker>;
 
     /// Plays a crash of the holder of `guard`: the lease is neither renewed nor released, and the
     /// client goes away as a killed process's would. The default abandons the guard and drops
     /// the client; session-bound backends override it so the session dies without a goodbye.
+    ///
+    /// Cancel safety: a dropped crash may leave the holder alive; its lock then frees after
+    /// its TTL.
     async fn crash(&self, guard: LockGuard, client: Locker) {
         guard.abandon();
         drop(client);
@@ -39,6 +44,8 @@ pub trait Harness: Send + Sync + 'static {
     /// Deletes the lock `name` behind its holder's back, as an operator (or a failover) would.
     /// The default uses [`Backend::force_release`](lockcore::Backend::force_release) from a new
     /// client.
+    ///
+    /// Cancel safety: dropping the future may or may not have revoked the lock.
     async fn revoke(&self, name: &LockName) -> Result<()> {
         self.client()
             .await?

@@ -34,6 +34,9 @@ pub const MEASURE_TIME: Duration = Duration::from_secs(2);
 
 /// Measures `harness`: up to 2000 uncontended acquire+release pairs (at most two seconds), then
 /// four clients handing one lock around for two seconds.
+///
+/// Cancel safety: dropping the future stops the measurement; its clients' locks are released
+/// in the background (or expire after their TTL).
 pub async fn measure(harness: &dyn Harness) -> lockcore::Result<Figures> {
     let name = LockName::new(format!("lsbench-{:08x}", fastrand::u32(..)))?;
     let opts = LockOptions::new()

@@ -106,6 +106,9 @@ pub fn scenario_timeout(scale: f64) -> Duration {
 }
 
 /// Runs one scenario against a harness whose capabilities are known.
+///
+/// Cancel safety: dropping the future abandons the scenario; its locks are released in the
+/// background or expire after their TTL.
 pub async fn run_scenario(
     scenario: Scenario,
     harness: Arc<dyn Harness>,
@@ -137,6 +140,8 @@ pub async fn run_scenario(
 
 /// Runs every scenario against `harness` (a few at a time), then measures it when `measure_it`,
 /// reporting progress as it goes.
+///
+/// Cancel safety: as [`run_scenario`].
 pub async fn run_all(
     harness: Arc<dyn Harness>,
     measure_it: bool,

@@ -56,6 +56,8 @@ impl Ctx {
     }
 
     /// A new independent client.
+    ///
+    /// Cancel safe.
     pub async fn client(&self) -> Result<Locker, Failure> {
         self.harness
             .client()

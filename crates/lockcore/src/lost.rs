@@ -80,6 +80,8 @@ impl LostNotifier {
 
     /// Resolves when every signal is gone (the guard and its watchdog ended): backends use it to
     /// stop watching a lease nobody listens to any more.
+    ///
+    /// Cancel safe.
     pub async fn closed(&self) {
         self.0.closed().await
     }
