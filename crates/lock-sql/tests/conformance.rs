@@ -85,6 +85,11 @@ fn main() -> std::process::ExitCode {
         ),
         target("mysql-row-lock", "LOCK_TEST_MYSQL_URL", "strategy=row-lock"),
         target("mysql-lease", "LOCK_TEST_MYSQL_URL", "strategy=lease"),
+        target(
+            "mysql-tls-lease",
+            "LOCK_TEST_MYSQL_TLS_URL",
+            "strategy=lease",
+        ),
     ];
     let sqlite_set = std::env::var("LOCK_TEST_SQLITE_URL").is_ok_and(|v| !v.is_empty());
     if sqlite_set || std::env::var_os(conformance::REQUIRE_ALL_ENV).is_some() {
