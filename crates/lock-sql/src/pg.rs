@@ -56,6 +56,10 @@ impl PgBackend {
             Error::invalid_config(config.scrub(format!("invalid postgres URL: {e}")))
         })?;
         let pool = PgPoolOptions::new()
+            // No ping before every checkout: that would add a round trip to every lock
+            // operation. A connection that died idle fails its next statement instead, which
+            // surfaces as `Unavailable` (and sqlx drops it from the pool).
+            .test_before_acquire(false)
             .max_connections(config.pool_max)
             .min_connections(0)
             .acquire_timeout(Duration::from_secs(30))
