@@ -970,7 +970,16 @@ async fn auto_renew_stops_at_max_hold(ctx: &Ctx) -> Outcome {
         lost.is_lost(),
         "the first holder's lost signal did not fire although another client holds the lock"
     );
+    // The lost guard's release on drop must not free the new holder's lock.
     drop(g);
+    a.flush().await;
+    must_be_held(
+        &a,
+        &name,
+        &ctx.opts(ttl),
+        "after the lost guard was dropped",
+    )
+    .await?;
     ok_or(g2.release().await, "release")
 }
 
@@ -992,7 +1001,16 @@ async fn lost_signal_on_expiry(ctx: &Ctx) -> Outcome {
         !g.is_valid(),
         "the guard says valid after its lease was lost ({reason})"
     );
+    // The lost guard's release on drop must not free the new holder's lock.
     drop(g);
+    a.flush().await;
+    must_be_held(
+        &a,
+        &name,
+        &ctx.opts(ttl),
+        "after the lost guard was dropped",
+    )
+    .await?;
     ok_or(g2.release().await, "release")
 }
 
