@@ -2,6 +2,7 @@
 //! release on drop, the same for every backend.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -125,6 +126,45 @@ impl Locker {
                 "lock {:?} was not acquired within {:?}",
                 req.request.name.as_str(),
                 options.wait_value().unwrap_or_default()
+            ))),
+        }
+    }
+
+    /// Takes the lock (waiting as [`Locker::lock`] does), runs `work` while holding it, and
+    /// releases it. If the lease is lost first, `work` is dropped at its next await point (so it
+    /// stops acting on the lock's behalf) and the call returns `NotHeld` naming the reason.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockcore::Result<()> {
+    /// use lockcore::{LockOptions, Locker, memory::MemoryBackend};
+    /// let locker = Locker::new(MemoryBackend::connect("with_lock"));
+    /// let n = locker.with_lock("jobs/nightly", &LockOptions::new(), async { 42 }).await?;
+    /// assert_eq!(n, 42);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Cancel safety: dropping the future drops `work` and releases the lock in the background.
+    ///
+    /// # Errors
+    /// As [`Locker::lock`]; `NotHeld` when the lease was lost while `work` ran. The release's own
+    /// error, if any, is returned after `work` completed.
+    pub async fn with_lock<T>(
+        &self,
+        name: impl IntoLockName,
+        options: &LockOptions,
+        work: impl Future<Output = T>,
+    ) -> Result<T> {
+        let guard = self.lock(name, options).await?;
+        let lost = guard.lost();
+        tokio::select! {
+            out = work => {
+                guard.release().await?;
+                Ok(out)
+            }
+            reason = lost.lost() => Err(Error::not_held(format!(
+                "the lease on {:?} was lost while the work ran: {reason}",
+                guard.name().as_str()
             ))),
         }
     }
@@ -506,5 +546,46 @@ impl Drop for ReleaseOnCancel {
         if let Some(shared) = self.shared.take() {
             self.locker.release_in_background(shared);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryBackend;
+
+    #[tokio::test]
+    async fn with_lock_runs_the_work_and_releases() {
+        let locker = Locker::new(MemoryBackend::connect("with_lock_runs"));
+        let opts = LockOptions::new();
+        let out = locker
+            .with_lock("x", &opts, async {
+                // Held while the work runs.
+                let other = Locker::new(MemoryBackend::connect("with_lock_runs"));
+                other
+                    .try_lock("x", &LockOptions::new())
+                    .await
+                    .map(|g| g.is_none())
+            })
+            .await
+            .unwrap();
+        assert_eq!(out.ok(), Some(true));
+        assert!(locker.try_lock("x", &opts).await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn with_lock_stops_the_work_when_the_lease_is_lost() {
+        let locker = Locker::new(MemoryBackend::connect("with_lock_lost"));
+        let opts = LockOptions::new().ttl(Duration::from_millis(100));
+        let started = Instant::now();
+        let err = locker
+            .with_lock("x", &opts, tokio::time::sleep(Duration::from_secs(30)))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the work was not stopped"
+        );
     }
 }
