@@ -970,17 +970,23 @@ async fn auto_renew_stops_at_max_hold(ctx: &Ctx) -> Outcome {
         lost.is_lost(),
         "the first holder's lost signal did not fire although another client holds the lock"
     );
-    // The lost guard's release on drop must not free the new holder's lock.
-    drop(g);
-    a.flush().await;
-    must_be_held(
-        &a,
-        &name,
-        &ctx.opts(ttl),
-        "after the lost guard was dropped",
-    )
-    .await?;
-    ok_or(g2.release().await, "release")
+    drop_lost_guard_then_release_new(ctx, &a, g, g2).await
+}
+
+/// Drops a guard whose lease was lost (its release runs in the background), waits for that
+/// release, checks it did not free the new holder's lock, then releases the new holder.
+async fn drop_lost_guard_then_release_new(
+    ctx: &Ctx,
+    old_client: &Locker,
+    lost: LockGuard,
+    new: LockGuard,
+) -> Outcome {
+    let name = lost.name().clone();
+    drop(lost);
+    old_client.flush().await;
+    let opts = ctx.opts(new.ttl());
+    must_be_held(old_client, &name, &opts, "after the lost guard was dropped").await?;
+    ok_or(new.release().await, "release")
 }
 
 async fn lost_signal_on_expiry(ctx: &Ctx) -> Outcome {
@@ -1001,17 +1007,7 @@ async fn lost_signal_on_expiry(ctx: &Ctx) -> Outcome {
         !g.is_valid(),
         "the guard says valid after its lease was lost ({reason})"
     );
-    // The lost guard's release on drop must not free the new holder's lock.
-    drop(g);
-    a.flush().await;
-    must_be_held(
-        &a,
-        &name,
-        &ctx.opts(ttl),
-        "after the lost guard was dropped",
-    )
-    .await?;
-    ok_or(g2.release().await, "release")
+    drop_lost_guard_then_release_new(ctx, &a, g, g2).await
 }
 
 async fn lost_signal_on_revoke(ctx: &Ctx) -> Outcome {
