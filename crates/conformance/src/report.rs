@@ -891,7 +891,7 @@ const CSS: &str = r#"
   --pass:#1a7f37; --pass-bg:#dafbe1; --fail:#b3261e; --fail-bg:#ffe1de;
   --uns:#7a5c00; --uns-bg:#fff4cc; --skip:#57606a; --skip-bg:#eef1f4; }
 * { box-sizing: border-box; }
-body { margin: 0 auto; max-width: 1240px; padding: 24px 28px 48px; color: var(--fg); background: var(--bg);
+body { margin: 0 auto; max-width: 1680px; padding: 24px 28px 48px; color: var(--fg); background: var(--bg);
   font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
 h1 { font-size: 26px; margin: 0 0 4px; }
 h2 { font-size: 20px; margin: 32px 0 6px; padding-bottom: 4px; border-bottom: 1px solid var(--line); }
@@ -932,7 +932,8 @@ td.st a { color: inherit; font-weight: 400; font-size: 12px; }
 td.yes { color: var(--pass); font-weight: 600; }
 td.no { color: var(--muted); }
 td.val { font-variant-numeric: tabular-nums; }
-td.notes { text-align: left; font-size: 12.5px; max-width: 360px; }
+td.notes { text-align: left; vertical-align: top; font-size: 12px; min-width: 180px; max-width: 360px; }
+td.notes ul { margin: 0; padding-left: 16px; }
 td.notes ul { margin: 0; padding-left: 16px; }
 .unknown { color: var(--muted); font-style: italic; }
 .figs td { text-align: right; font-variant-numeric: tabular-nums; }
