@@ -1162,13 +1162,16 @@ mod tests {
         assert_eq!(md_cell("a|b\nc"), "a\\|b c");
     }
 
-    /// Writes the fake report to `target/conformance-fake/` for eyeballing:
-    /// `cargo test -p conformance --lib report::tests::write_fake -- --ignored`.
+    /// The three files are written, and a failure and an unsupported result reach the page.
     #[test]
-    #[ignore]
-    fn write_fake() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/conformance-fake");
+    fn writes_the_three_files() {
+        let dir = std::env::temp_dir().join(format!("locksmith-report-{}", std::process::id()));
         let paths = fake_report().write_to(&dir).unwrap();
-        eprintln!("{paths:?}");
+        for p in &paths {
+            assert!(std::fs::metadata(p).unwrap().len() > 0, "{p:?} is empty");
+        }
+        let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+        assert!(html.contains("FAIL") && html.contains("unsupported"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

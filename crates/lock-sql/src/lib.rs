@@ -323,3 +323,15 @@ pub(crate) fn db_code(e: &sqlx::Error) -> Option<String> {
 pub(crate) fn guard_timeout(ttl: Duration) -> Duration {
     ttl + Duration::from_secs(1)
 }
+
+/// The outcome of an owner-checked update or delete of a lease row: exactly one row means it
+/// was still the caller's; none means it expired or another holder has it, and nothing changed.
+pub(crate) fn owner_checked(rows: u64) -> Result<()> {
+    if rows == 1 {
+        Ok(())
+    } else {
+        Err(lockcore::Error::not_held(
+            "the lease expired or belongs to another holder",
+        ))
+    }
+}

@@ -414,13 +414,7 @@ impl Lease for MyLease {
             .map_err(|e| map_err(&self.config, "extending a lease", e))?;
         // FOUND_ROWS is on: this counts matched rows, so an extend within the same microsecond
         // still reports 1.
-        if r.rows_affected() == 1 {
-            Ok(())
-        } else {
-            Err(Error::not_held(
-                "the lease expired or belongs to another holder",
-            ))
-        }
+        crate::owner_checked(r.rows_affected() as u64)
     }
 
     async fn release(&self) -> Result<()> {
@@ -430,12 +424,6 @@ impl Lease for MyLease {
             .execute(&self.pool)
             .await
             .map_err(|e| map_err(&self.config, "releasing a lease", e))?;
-        if r.rows_affected() == 1 {
-            Ok(())
-        } else {
-            Err(Error::not_held(
-                "the lease expired or belongs to another holder",
-            ))
-        }
+        crate::owner_checked(r.rows_affected() as u64)
     }
 }

@@ -484,13 +484,7 @@ impl Lease for PgLease {
             .execute(&self.pool)
             .await
             .map_err(|e| map_err(&self.config, "extending a lease", e))?;
-        if r.rows_affected() == 1 {
-            Ok(())
-        } else {
-            Err(Error::not_held(
-                "the lease expired or belongs to another holder",
-            ))
-        }
+        crate::owner_checked(r.rows_affected() as u64)
     }
 
     async fn release(&self) -> Result<()> {
@@ -501,12 +495,6 @@ impl Lease for PgLease {
             .fetch_one(&self.pool)
             .await
             .map_err(|e| map_err(&self.config, "releasing a lease", e))?;
-        if n == 1 {
-            Ok(())
-        } else {
-            Err(Error::not_held(
-                "the lease expired or belongs to another holder",
-            ))
-        }
+        crate::owner_checked(n as u64)
     }
 }

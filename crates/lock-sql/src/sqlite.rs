@@ -200,13 +200,7 @@ impl LiteLease {
         })
         .await
         .map_err(|e| map_err(&self.config, what, e))?;
-        if r.rows_affected() == 1 {
-            Ok(())
-        } else {
-            Err(Error::not_held(
-                "the lease expired or belongs to another holder",
-            ))
-        }
+        crate::owner_checked(r.rows_affected() as u64)
     }
 }
 

@@ -151,7 +151,7 @@ async fn killed_holder_connection_fires_lost_and_fencing_grows() {
             let opts = opts.clone();
             async move { waiter.lock(name.as_str(), &opts).await }
         });
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        until_a_lock_wait(&url).await;
         assert!(
             admin.revoke(&LockName::new(&name).unwrap()).await.unwrap(),
             "{label}: nothing killed"
@@ -312,5 +312,42 @@ async fn waiter_validity_counts_from_the_grant() {
         );
         assert!(g2.is_valid(), "{label}");
         g2.release().await.unwrap();
+    }
+}
+
+/// Waits (up to 30 s) until the server shows a transaction queued for a row lock: the waiter
+/// is then surely waiting in the server's queue.
+async fn until_a_lock_wait(url: &str) {
+    let base = url.split('?').next().unwrap_or(url);
+    let (pg, my) = if base.starts_with("postgres") {
+        (Some(sqlx::PgPool::connect(base).await.unwrap()), None)
+    } else {
+        (None, Some(sqlx::MySqlPool::connect(base).await.unwrap()))
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = match (&pg, &my) {
+            (Some(pool), _) => sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap(),
+            (_, Some(pool)) => sqlx::query_scalar(
+                "SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap(),
+            _ => unreachable!("one pool is connected"),
+        };
+        if waiting > 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no waiter queued on the server"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
