@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use lockcore::{
     AcquireRequest, AutoRenew, BoxLease, Capabilities, ErrorKind, Instant, LockGuard, LockName,
-    LockOptions, Locker, LostNotifier, LostReason, OwnerToken,
+    LockOptions, Locker, LostReason, OwnerToken,
 };
 
 use crate::harness::{BoxFuture, Harness};
@@ -718,13 +718,7 @@ async fn raw_lease(
     name: &LockName,
     ttl: Duration,
 ) -> Result<(BoxLease, Instant), Failure> {
-    let (lost, _signal) = LostNotifier::new();
-    let req = AcquireRequest {
-        name: name.clone(),
-        token: OwnerToken::random(),
-        ttl,
-        lost,
-    };
+    let req = AcquireRequest::new(name.clone(), OwnerToken::random(), ttl);
     match locker.backend().try_acquire(&req).await {
         Ok(Some(a)) => Ok((a.lease, a.sent_at)),
         Ok(None) => Err("raw try_acquire found the lock held, expected it free".into()),
@@ -773,7 +767,7 @@ async fn extend_after_expiry_not_held(ctx: &Ctx) -> Outcome {
                 "backend extend after expiry: expected NotHeld, got {e}"
             ));
         }
-        Ok(()) => {
+        Ok(_) => {
             return Err("the backend extended a lease that had run out and been taken over".into());
         }
     }

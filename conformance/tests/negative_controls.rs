@@ -190,12 +190,12 @@ impl Lease for FlawedLease {
         None
     }
 
-    async fn extend(&self, ttl: Duration) -> Result<()> {
+    async fn extend(&self, ttl: Duration) -> Result<Duration> {
         if self.flaw == Flaw::NeverRenewed {
-            return Ok(());
+            return Ok(ttl);
         }
         if self.store.0.compare_and_expire(&self.key, &self.value, ttl) {
-            Ok(())
+            Ok(ttl)
         } else {
             Err(not_held())
         }

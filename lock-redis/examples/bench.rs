@@ -62,13 +62,11 @@ async fn run() -> lockcore::Result<()> {
     let (mut acquire, mut release) = (Vec::new(), Vec::new());
     for _ in 0..ITERATIONS {
         // The backend alone, without the Locker's guard and watchdog task.
-        let (lost, _signal) = lockcore::LostNotifier::new();
-        let req = lockcore::AcquireRequest {
-            name: name.clone(),
-            token: lockcore::OwnerToken::random(),
-            ttl: Duration::from_secs(10),
-            lost,
-        };
+        let req = lockcore::AcquireRequest::new(
+            name.clone(),
+            lockcore::OwnerToken::random(),
+            Duration::from_secs(10),
+        );
         let t = Instant::now();
         let a = lockcore::Backend::try_acquire(&backend, &req)
             .await?

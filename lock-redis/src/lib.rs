@@ -585,7 +585,7 @@ impl Lease for RedisLease {
     /// One compare-and-pexpire script, one round trip.
     ///
     /// Cancel safety: dropping the future may or may not have extended the lease.
-    async fn extend(&self, ttl: Duration) -> Result<()> {
+    async fn extend(&self, ttl: Duration) -> Result<Duration> {
         let mut conn = self.inner.conn.clone();
         let n: i64 = scripts()
             .extend
@@ -595,7 +595,7 @@ impl Lease for RedisLease {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| map_err("extend script failed", e))?;
-        if n == 1 { Ok(()) } else { Err(not_held()) }
+        if n == 1 { Ok(ttl) } else { Err(not_held()) }
     }
 
     /// One compare-and-delete script that also wakes the waiters.

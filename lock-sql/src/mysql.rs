@@ -404,7 +404,7 @@ impl Lease for MyLease {
         Some(self.fencing)
     }
 
-    async fn extend(&self, ttl: Duration) -> Result<()> {
+    async fn extend(&self, ttl: Duration) -> Result<Duration> {
         let r = sqlx::query(AssertSqlSafe(self.sql.lease_extend.clone()))
             .bind(ttl.as_micros() as u64)
             .bind(self.name.as_str())
@@ -414,7 +414,8 @@ impl Lease for MyLease {
             .map_err(|e| map_err(&self.config, "extending a lease", e))?;
         // FOUND_ROWS is on: this counts matched rows, so an extend within the same microsecond
         // still reports 1.
-        crate::owner_checked(r.rows_affected() as u64)
+        crate::owner_checked(r.rows_affected() as u64)?;
+        Ok(ttl)
     }
 
     async fn release(&self) -> Result<()> {

@@ -476,7 +476,7 @@ impl Lease for PgLease {
         Some(self.fencing)
     }
 
-    async fn extend(&self, ttl: Duration) -> Result<()> {
+    async fn extend(&self, ttl: Duration) -> Result<Duration> {
         let r = sqlx::query(AssertSqlSafe(self.sql.lease_extend.clone()))
             .bind(self.name.as_str())
             .bind(self.token.to_hex())
@@ -484,7 +484,8 @@ impl Lease for PgLease {
             .execute(&self.pool)
             .await
             .map_err(|e| map_err(&self.config, "extending a lease", e))?;
-        crate::owner_checked(r.rows_affected() as u64)
+        crate::owner_checked(r.rows_affected() as u64)?;
+        Ok(ttl)
     }
 
     async fn release(&self) -> Result<()> {

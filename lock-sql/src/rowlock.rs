@@ -193,7 +193,7 @@ where
 
     /// The lock lives as long as the connection: extending checks it is alive (a statement on
     /// it) and moves the server-side idle guard to `ttl + 1 s`.
-    async fn extend(&self, ttl: Duration) -> Result<()> {
+    async fn extend(&self, ttl: Duration) -> Result<Duration> {
         let mut slot = self.held.conn.lock().await;
         let Some(conn) = slot.as_mut() else {
             return Err(Error::not_held(
@@ -205,7 +205,7 @@ where
             Ok(Ok(())) => {
                 *self.held.guard.lock().unwrap_or_else(|e| e.into_inner()) =
                     crate::guard_timeout(ttl);
-                Ok(())
+                Ok(ttl)
             }
             outcome => {
                 self.held.lost.fire(LostReason::ConnectionLost);

@@ -210,9 +210,10 @@ impl Lease for LiteLease {
         Some(self.fencing)
     }
 
-    async fn extend(&self, ttl: Duration) -> Result<()> {
+    async fn extend(&self, ttl: Duration) -> Result<Duration> {
         self.update(&self.sql.extend, Some(ttl), "extending a lease")
-            .await
+            .await?;
+        Ok(ttl)
     }
 
     async fn release(&self) -> Result<()> {

@@ -780,7 +780,7 @@ impl Lease for ZkLease {
     /// trip); the session itself is kept alive by the client's heartbeats.
     ///
     /// Cancel safety: read-only; dropping the future changes nothing.
-    async fn extend(&self, _ttl: Duration) -> Result<()> {
+    async fn extend(&self, ttl: Duration) -> Result<Duration> {
         let client = &self.shared.backend.inner.client;
         let state = client.state();
         if state == zk::SessionState::Expired {
@@ -799,7 +799,7 @@ impl Lease for ZkLease {
             ));
         }
         match client.check_stat(&self.shared.path).await {
-            Ok(Some(stat)) if stat.ephemeral_owner == client.session_id().0 => Ok(()),
+            Ok(Some(stat)) if stat.ephemeral_owner == client.session_id().0 => Ok(ttl),
             Ok(_) => Err(not_held("the lock node was deleted")),
             Err(zk::Error::SessionExpired) => Err(not_held("the session expired")),
             Err(e) => Err(map_err("checking the lock node", e)),
@@ -984,13 +984,11 @@ mod tests {
         };
         let backend = ZkBackend::connect(&url).await.unwrap();
         let name = lockcore::LockName::new(format!("protect-{}", fastrand_suffix())).unwrap();
-        let (lost, _signal) = LostNotifier::new();
-        let req = AcquireRequest {
-            name: name.clone(),
-            token: lockcore::OwnerToken::random(),
-            ttl: Duration::from_secs(10),
-            lost,
-        };
+        let req = AcquireRequest::new(
+            name.clone(),
+            lockcore::OwnerToken::random(),
+            Duration::from_secs(10),
+        );
         backend
             .inner
             .drop_next_create_reply

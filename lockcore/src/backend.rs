@@ -45,7 +45,11 @@ impl fmt::Display for OwnerToken {
 }
 
 /// One acquisition as the backend sees it.
+///
+/// `#[non_exhaustive]`: fields may be added without breaking backends; build one with
+/// [`AcquireRequest::new`].
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct AcquireRequest {
     /// The validated lock name.
     pub name: LockName,
@@ -55,6 +59,142 @@ pub struct AcquireRequest {
     pub ttl: Duration,
     /// Fire it when the backend learns the lease is lost (session expired, connection dropped).
     pub lost: LostNotifier,
+    /// Where the backend runs cleanup that must outlive a cancelled call (deleting a dropped
+    /// waiter's queue entry, undoing a partial quorum acquire); [`Locker::flush`](crate::Locker::flush)
+    /// waits for it.
+    pub background: Background,
+}
+
+impl AcquireRequest {
+    /// A request with its own [`LostNotifier`] (whose signal is dropped) and a [`Background`]
+    /// on the current runtime. [`Locker`](crate::Locker) builds its requests itself; this is
+    /// for tests and tools that drive a backend directly.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn new(name: LockName, token: OwnerToken, ttl: Duration) -> Self {
+        AcquireRequest {
+            name,
+            token,
+            ttl,
+            lost: LostNotifier::new().0,
+            background: Background::new(),
+        }
+    }
+
+    /// The same request reporting loss to `lost`.
+    pub fn with_lost(mut self, lost: LostNotifier) -> Self {
+        self.lost = lost;
+        self
+    }
+
+    /// The same request running its cleanup on `background`.
+    pub fn with_background(mut self, background: Background) -> Self {
+        self.background = background;
+        self
+    }
+}
+
+/// Background work that must finish even when the caller's future is dropped, counted so that
+/// [`Locker::flush`](crate::Locker::flush) can wait for it.
+///
+/// Each task is counted from [`Background::spawn`] until it completes *or is dropped* (a runtime
+/// that shuts down drops its tasks): the count never stays up for work that will never run.
+#[derive(Clone)]
+pub struct Background {
+    inner: Arc<BackgroundInner>,
+}
+
+struct BackgroundInner {
+    runtime: tokio::runtime::Handle,
+    pending: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+impl fmt::Debug for Background {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Background")
+            .field("pending", &self.pending())
+            .finish()
+    }
+}
+
+impl Default for Background {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Counts one task down when dropped, whether the task ran to its end or was dropped unrun.
+struct PendingTask(Arc<BackgroundInner>);
+
+impl Drop for PendingTask {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        if self.0.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Background {
+    /// Tasks on the current runtime.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn new() -> Self {
+        Self::on(tokio::runtime::Handle::current())
+    }
+
+    /// Tasks on the runtime of `handle`.
+    pub fn on(handle: tokio::runtime::Handle) -> Self {
+        Background {
+            inner: Arc::new(BackgroundInner {
+                runtime: handle,
+                pending: std::sync::atomic::AtomicUsize::new(0),
+                idle: tokio::sync::Notify::new(),
+            }),
+        }
+    }
+
+    /// Runs `task` to completion in the background; never blocks. If the runtime has shut
+    /// down, the task is dropped unrun (and uncounted): a lock it would have freed then frees
+    /// by its TTL, or with the session it belongs to.
+    pub fn spawn<F>(&self, task: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        use std::sync::atomic::Ordering;
+        self.inner.pending.fetch_add(1, Ordering::AcqRel);
+        let counted = PendingTask(self.inner.clone());
+        let task = async move {
+            let _counted = counted;
+            task.await;
+        };
+        // After a shutdown `spawn` hands back a handle to a task that is dropped at once, which
+        // drops `counted` with it.
+        let _ = self.inner.runtime.spawn(task);
+    }
+
+    /// How many tasks are pending.
+    pub fn pending(&self) -> usize {
+        self.inner
+            .pending
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Waits until no task is pending.
+    ///
+    /// Cancel safe.
+    pub async fn idle(&self) {
+        loop {
+            let done = self.inner.idle.notified();
+            if self.pending() == 0 {
+                return;
+            }
+            done.await;
+        }
+    }
 }
 
 /// A held lease, as returned by a backend.
@@ -67,11 +207,16 @@ pub trait Lease: Send + Sync + fmt::Debug + 'static {
     /// The fencing token, if the backend gives them.
     fn fencing_token(&self) -> Option<u64>;
 
-    /// Resets the lease's TTL to `ttl` from now, if it is still this owner's.
+    /// Resets the lease's TTL to `ttl` from now, if it is still this owner's, and returns the
+    /// TTL the server granted, counted from when the request was sent (servers that grant
+    /// leases themselves, like etcd, may grant another than asked; most return `ttl`).
+    ///
+    /// Never re-creates a lease: on a lease that was released, expired or taken over it creates
+    /// nothing and returns `NotHeld`.
     ///
     /// Cancel safety: dropping the future may or may not have extended the lease; either way the
     /// lease stays owner-checked.
-    async fn extend(&self, ttl: Duration) -> Result<()>;
+    async fn extend(&self, ttl: Duration) -> Result<Duration>;
 
     /// Releases the lease, if it is still this owner's. Called once (again only after a call was
     /// cancelled).
@@ -83,23 +228,36 @@ pub trait Lease: Send + Sync + fmt::Debug + 'static {
 /// A held lease, boxed.
 pub type BoxLease = Box<dyn Lease>;
 
-/// A successful acquisition: the lease and the moment the request that won it was sent, from
-/// which the contract computes the validity deadline.
+/// A successful acquisition: the lease, the moment the request that won it was sent and the TTL
+/// granted, from which the contract computes the validity deadline
+/// (`sent_at + granted_ttl - drift margin`).
+///
+/// `#[non_exhaustive]`: build one with [`Acquired::new`].
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Acquired {
     /// The lease.
     pub lease: BoxLease,
     /// When the winning request was sent (taken just before sending it, on the monotonic clock).
     pub sent_at: Instant,
+    /// The TTL the server granted, when it differs from the one asked for.
+    pub granted_ttl: Option<Duration>,
 }
 
 impl Acquired {
-    /// Wraps a lease won by a request sent at `sent_at`.
+    /// Wraps a lease won by a request sent at `sent_at`, granted the TTL asked for.
     pub fn new(lease: impl Lease, sent_at: Instant) -> Self {
         Acquired {
             lease: Box::new(lease),
             sent_at,
+            granted_ttl: None,
         }
+    }
+
+    /// The server granted `ttl` (counted from `sent_at`) instead of the TTL asked for.
+    pub fn with_granted_ttl(mut self, ttl: Duration) -> Self {
+        self.granted_ttl = Some(ttl);
+        self
     }
 }
 

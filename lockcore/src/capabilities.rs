@@ -58,8 +58,22 @@ pub struct Capabilities {
     /// The largest TTL accepted.
     #[serde(serialize_with = "ser_duration")]
     pub max_ttl: Duration,
+    /// The drift margin taken off every lease's validity, as a rate of the TTL in parts per
+    /// million (10,000 = 1 %): clock rate differences between client and server.
+    pub drift_ppm: u32,
+    /// The fixed part of the drift margin.
+    #[serde(serialize_with = "ser_duration")]
+    pub drift_fixed: Duration,
     /// Free text for the report: caveats of this backend's guarantees.
     pub notes: Vec<String>,
+}
+
+impl Capabilities {
+    /// The margin taken off a lease of `ttl`: `ttl * drift_ppm / 1e6 + drift_fixed`.
+    pub fn drift_margin(&self, ttl: Duration) -> Duration {
+        let rate = ttl.as_nanos().saturating_mul(u128::from(self.drift_ppm)) / 1_000_000;
+        Duration::from_nanos(rate.min(u128::from(u64::MAX)) as u64).saturating_add(self.drift_fixed)
+    }
 }
 
 fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -79,6 +93,8 @@ impl Default for Capabilities {
             force_release: false,
             min_ttl: Duration::from_millis(1),
             max_ttl: crate::options::MAX_TTL,
+            drift_ppm: 10_000,
+            drift_fixed: Duration::from_millis(2),
             notes: Vec::new(),
         }
     }

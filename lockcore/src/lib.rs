@@ -35,7 +35,8 @@ mod options;
 mod secret;
 
 pub use backend::{
-    AcquireRequest, Acquired, Backend, Backoff, BoxLease, Lease, OwnerToken, poll_acquire,
+    AcquireRequest, Acquired, Backend, Background, Backoff, BoxLease, Lease, OwnerToken,
+    poll_acquire,
 };
 pub use capabilities::{Capabilities, RenewKind, WaitKind};
 pub use error::{Error, ErrorKind, Result};

@@ -4,23 +4,23 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::backend::{AcquireRequest, Acquired, Backend, BoxLease, OwnerToken};
+use crate::backend::{AcquireRequest, Acquired, Backend, Background, BoxLease, OwnerToken};
 use crate::lost::Validity;
 use crate::{
     AutoRenew, Capabilities, Error, ErrorKind, IntoLockName, LockName, LockOptions, LostNotifier,
     LostReason, LostSignal, RenewKind, Result,
 };
 
-/// The safety margin taken off every lease's validity: 1 % of the TTL plus 2 ms, for clock rate
-/// differences between client and server (the Redlock paper's drift factor).
+/// The default safety margin taken off every lease's validity: 1 % of the TTL plus 2 ms, for
+/// clock rate differences between client and server (the Redlock paper's drift factor). A
+/// backend declares its own in [`Capabilities::drift_margin`].
 pub fn drift_margin(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
 }
@@ -37,8 +37,8 @@ pub struct Locker {
 struct LockerInner {
     backend: Arc<dyn Backend>,
     runtime: Handle,
-    pending_releases: AtomicUsize,
-    releases_done: Notify,
+    /// Drop-releases and the backends' own cleanup (cancelled waiters, partial acquires).
+    background: Background,
 }
 
 impl fmt::Debug for Locker {
@@ -66,9 +66,8 @@ impl Locker {
         Locker {
             inner: Arc::new(LockerInner {
                 backend,
+                background: Background::on(Handle::current()),
                 runtime: Handle::current(),
-                pending_releases: AtomicUsize::new(0),
-                releases_done: Notify::new(),
             }),
         }
     }
@@ -169,23 +168,22 @@ impl Locker {
         }
     }
 
-    /// Waits until every release handed to the background by dropped guards has finished. Call
-    /// it before shutting a runtime down, so that no lock is left to expire by its TTL.
+    /// Waits until every release handed to the background by dropped guards, and every cleanup
+    /// a backend started for a cancelled call (a dropped waiter's queue entry, a partial
+    /// acquire), has finished. Call it before shutting a runtime down, so that no lock is left
+    /// to expire by its TTL.
+    ///
+    /// A guard dropped after its runtime shut down cannot release: its lock frees by its TTL (or
+    /// with its session), and `flush` does not wait for it.
     ///
     /// Cancel safe.
     pub async fn flush(&self) {
-        loop {
-            let done = self.inner.releases_done.notified();
-            if self.inner.pending_releases.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            done.await;
-        }
+        self.inner.background.idle().await
     }
 
-    /// How many background releases are still running.
+    /// How many background releases and cleanups are still running.
     pub fn pending_releases(&self) -> usize {
-        self.inner.pending_releases.load(Ordering::Acquire)
+        self.inner.background.pending()
     }
 
     fn request(&self, name: impl IntoLockName, options: &LockOptions) -> Result<PendingGuard> {
@@ -193,12 +191,9 @@ impl Locker {
         options.validate(self.capabilities())?;
         let (notifier, signal) = LostNotifier::new();
         Ok(PendingGuard {
-            request: AcquireRequest {
-                name,
-                token: OwnerToken::random(),
-                ttl: options.ttl_value(),
-                lost: notifier,
-            },
+            request: AcquireRequest::new(name, OwnerToken::random(), options.ttl_value())
+                .with_lost(notifier)
+                .with_background(self.inner.background.clone()),
             signal,
         })
     }
@@ -206,8 +201,10 @@ impl Locker {
     fn guard(&self, pending: PendingGuard, acquired: Acquired, options: &LockOptions) -> LockGuard {
         let PendingGuard { request, signal } = pending;
         let ttl = request.ttl;
+        let caps = self.capabilities();
+        let granted = acquired.granted_ttl.unwrap_or(ttl);
         let validity = Arc::new(Validity::new(
-            acquired.sent_at + ttl.saturating_sub(drift_margin(ttl)),
+            acquired.sent_at + granted.saturating_sub(caps.drift_margin(granted)),
         ));
         let shared = Arc::new(GuardShared {
             lease: acquired.lease,
@@ -219,7 +216,6 @@ impl Locker {
         // the lock by itself: a watchdog task is needed only to renew, or to release a
         // session-bound lease at its deadline. Not spawning one keeps a worker wake-up off the
         // uncontended path.
-        let caps = self.capabilities();
         let needs_watchdog = options.auto_renew_value().is_some()
             || !caps.expiry_after_ttl
             || caps.renew == RenewKind::Native;
@@ -286,18 +282,17 @@ impl LockerInner {
     /// Hands a release to a background task: never blocks, and runs to completion as long as the
     /// runtime does.
     fn release_in_background(self: &Arc<Self>, shared: Arc<GuardShared>) {
-        self.pending_releases.fetch_add(1, Ordering::AcqRel);
-        let inner = self.clone();
-        self.runtime.spawn(async move {
+        self.background.spawn(async move {
             if let Err(e) = shared.lease.release().await
                 && e.kind() != ErrorKind::NotHeld
             {
                 tracing::warn!(error = %e, "background release failed; the lock frees after its ttl");
             }
-            if inner.pending_releases.fetch_sub(1, Ordering::AcqRel) == 1 {
-                inner.releases_done.notify_waiters();
-            }
         });
+    }
+
+    fn drift_margin(&self, ttl: Duration) -> Duration {
+        self.backend.capabilities().drift_margin(ttl)
     }
 }
 
@@ -342,8 +337,8 @@ async fn watchdog(
                 }
                 let new_ttl = ttl.min(remaining_hold);
                 match tokio::time::timeout_at(valid_until, shared.lease.extend(new_ttl)).await {
-                    Ok(Ok(())) => {
-                        shared.set_valid_until(now + new_ttl.saturating_sub(drift_margin(new_ttl)));
+                    Ok(Ok(granted)) => {
+                        shared.set_valid_until(now + granted.saturating_sub(locker.drift_margin(granted)));
                         // The last renewal stops at the maximum hold time exactly.
                         next_renew = (new_ttl == ttl).then(|| now + interval);
                     }
@@ -463,9 +458,10 @@ impl LockGuard {
         }
         let sent = Instant::now();
         match self.shared.lease.extend(ttl).await {
-            Ok(()) => {
-                self.shared
-                    .set_valid_until(sent + ttl.saturating_sub(drift_margin(ttl)));
+            Ok(granted) => {
+                self.shared.set_valid_until(
+                    sent + granted.saturating_sub(self.locker.drift_margin(granted)),
+                );
                 Ok(())
             }
             Err(e) => {

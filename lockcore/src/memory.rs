@@ -300,12 +300,13 @@ impl Lease for MemoryLease {
         Some(self.fencing)
     }
 
-    async fn extend(&self, ttl: Duration) -> Result<()> {
+    async fn extend(&self, ttl: Duration) -> Result<Duration> {
         self.with_own_slot(|slot, now| {
             if let Some(h) = slot.holder.as_mut() {
                 h.expires = now + ttl;
             }
-        })
+        })?;
+        Ok(ttl)
     }
 
     async fn release(&self) -> Result<()> {
