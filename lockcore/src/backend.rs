@@ -173,7 +173,7 @@ impl Background {
         };
         // After a shutdown `spawn` hands back a handle to a task that is dropped at once, which
         // drops `counted` with it.
-        let _ = self.inner.runtime.spawn(task);
+        drop(self.inner.runtime.spawn(task));
     }
 
     /// How many tasks are pending.
@@ -312,6 +312,34 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         ))
     }
 
+    /// The backend's bare lock primitive without the library around it: one acquire and one
+    /// release of `name` in the fewest server requests the mechanism allows (for example
+    /// `SET NX PX` then the compare-and-delete script; `BEGIN; SELECT ... FOR UPDATE; COMMIT`;
+    /// an etcd put-if-absent with a lease, then a delete). The benchmark measures it interleaved
+    /// with [`Locker::try_lock`](crate::Locker::try_lock) + release, by the same client, and
+    /// reports the ratio. Unsupported by default.
+    ///
+    /// Cancel safety: dropping the future may leave `name` held until the TTL of its bare
+    /// acquisition runs out; use a name nobody else locks.
+    async fn bare_cycle(&self, name: &LockName) -> Result<()> {
+        let _ = name;
+        Err(crate::Error::unsupported(
+            "this backend has no bare primitive to measure",
+        ))
+    }
+
+    /// The number of requests the server has handled so far, from its own statistics (Redis
+    /// `INFO commandstats`, ZooKeeper `mntr`, etcd's metrics, PostgreSQL's `pg_stat_database`):
+    /// the benchmark divides its growth by the hand-overs to show server requests per
+    /// hand-over (a herd shows as growth with the number of waiters). Unsupported by default.
+    ///
+    /// Cancel safe.
+    async fn server_requests(&self) -> Result<u64> {
+        Err(crate::Error::unsupported(
+            "this backend does not report server request counts",
+        ))
+    }
+
     /// A description for logs and reports, with any secret (password) redacted.
     fn describe(&self) -> String;
 }
@@ -336,6 +364,12 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     async fn round_trip(&self) -> Result<()> {
         (**self).round_trip().await
+    }
+    async fn bare_cycle(&self, name: &LockName) -> Result<()> {
+        (**self).bare_cycle(name).await
+    }
+    async fn server_requests(&self) -> Result<u64> {
+        (**self).server_requests().await
     }
     fn describe(&self) -> String {
         (**self).describe()
