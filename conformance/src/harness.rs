@@ -42,7 +42,7 @@ pub trait Harness: Send + Sync + 'static {
     }
 
     /// Deletes the lock `name` behind its holder's back, as an operator (or a failover) would.
-    /// The default uses [`Backend::force_release`](lockcore::Backend::force_release) from a new
+    /// The default uses [`Backend::force_release`](lockcore::backend::Backend::force_release) from a new
     /// client.
     ///
     /// Cancel safety: dropping the future may or may not have revoked the lock.

@@ -5,9 +5,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use lockcore::backend::{AcquireRequest, BoxLease};
 use lockcore::{
-    AcquireRequest, AutoRenew, BoxLease, Capabilities, ErrorKind, Instant, LockGuard, LockName,
-    LockOptions, Locker, LostReason, OwnerToken,
+    AutoRenew, Capabilities, ErrorKind, Instant, LockGuard, LockName, LockOptions, Locker,
+    LostReason, OwnerToken,
 };
 
 use crate::harness::{BoxFuture, Harness};

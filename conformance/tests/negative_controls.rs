@@ -8,10 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::{Harness, Status, run_all};
-use lockcore::{
-    AcquireRequest, Acquired, Backend, Capabilities, Error, Instant, Lease, LockName, Locker,
-    Result,
-};
+use lockcore::backend::{AcquireRequest, Acquired, Backend, Lease};
+use lockcore::{Capabilities, Error, Instant, LockName, Locker, Result};
 
 /// The mistake a backend makes.
 #[derive(Clone, Copy, Debug, PartialEq)]

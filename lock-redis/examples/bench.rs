@@ -44,7 +44,10 @@ async fn run() -> lockcore::Result<()> {
         .or_else(|| std::env::var("LOCK_TEST_REDIS_URL").ok())
         .expect("pass a redis URL or set LOCK_TEST_REDIS_URL");
     let backend = RedisBackend::connect(&url).await?;
-    println!("backend: {}", lockcore::Backend::describe(&backend));
+    println!(
+        "backend: {}",
+        lockcore::backend::Backend::describe(&backend)
+    );
     let locker = Locker::new(backend.clone());
     let name = LockName::new(format!("bench-{:08x}", fastrand::u32(..)))?;
     let opts = LockOptions::new().ttl(Duration::from_secs(10));
@@ -62,13 +65,13 @@ async fn run() -> lockcore::Result<()> {
     let (mut acquire, mut release) = (Vec::new(), Vec::new());
     for _ in 0..ITERATIONS {
         // The backend alone, without the Locker's guard and watchdog task.
-        let req = lockcore::AcquireRequest::new(
+        let req = lockcore::backend::AcquireRequest::new(
             name.clone(),
             lockcore::OwnerToken::random(),
             Duration::from_secs(10),
         );
         let t = Instant::now();
-        let a = lockcore::Backend::try_acquire(&backend, &req)
+        let a = lockcore::backend::Backend::try_acquire(&backend, &req)
             .await?
             .expect("free");
         let t2 = Instant::now();

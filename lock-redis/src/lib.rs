@@ -57,10 +57,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockcore::{
-    AcquireRequest, Acquired, Backend, Backoff, Capabilities, Error, Instant, Lease, LockName,
-    Result, WaitKind, poll_acquire,
-};
+use lockcore::backend::{AcquireRequest, Acquired, Backend, Backoff, Lease, poll_acquire};
+use lockcore::{Capabilities, Error, Instant, LockName, Result, WaitKind};
 use redis::{RedisError, Script};
 
 use crate::config::Config;

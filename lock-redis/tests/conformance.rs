@@ -12,7 +12,7 @@ struct RedisHarness {
     url: String,
 }
 
-#[lockcore::async_trait]
+#[lockcore::backend::async_trait]
 impl Harness for RedisHarness {
     fn label(&self) -> String {
         self.label.to_owned()

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use conformance::require_env;
 use lock_redis::RedisBackend;
-use lockcore::{Backend, ErrorKind, Instant, LockName, LockOptions, Locker};
+use lockcore::backend::Backend;
+use lockcore::{ErrorKind, Instant, LockName, LockOptions, Locker};
 
 fn unique(prefix: &str) -> String {
     format!("{prefix}-{:016x}", fastrand::u64(..))

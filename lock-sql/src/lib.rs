@@ -66,7 +66,8 @@ mod sqlite;
 use std::fmt;
 use std::time::Duration;
 
-use lockcore::{AcquireRequest, Acquired, Backend, Capabilities, Error, LockName, Result};
+use lockcore::backend::{AcquireRequest, Acquired, Backend};
+use lockcore::{Capabilities, Error, LockName, Result};
 
 use config::{Config, Dialect};
 pub use config::{DEFAULT_TABLE, Strategy, validate_table};
@@ -234,7 +235,7 @@ fn capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
     c
 }
 
-#[lockcore::async_trait]
+#[lockcore::backend::async_trait]
 impl Backend for SqlBackend {
     fn capabilities(&self) -> &Capabilities {
         &self.capabilities
@@ -266,8 +267,13 @@ impl Backend for SqlBackend {
             // MySQL and SQLite leases poll with backoff and full jitter.
             #[allow(unreachable_patterns)]
             _ => {
-                lockcore::poll_acquire(self, req, deadline, &lockcore::Backoff::for_ttl(req.ttl))
-                    .await
+                lockcore::backend::poll_acquire(
+                    self,
+                    req,
+                    deadline,
+                    &lockcore::backend::Backoff::for_ttl(req.ttl),
+                )
+                .await
             }
         }
     }

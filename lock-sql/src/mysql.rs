@@ -6,7 +6,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{AcquireRequest, Acquired, Error, Instant, Lease, LockName, OwnerToken, Result};
+use lockcore::backend::{AcquireRequest, Acquired, Lease};
+use lockcore::{Error, Instant, LockName, OwnerToken, Result};
 use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Row};
 
@@ -398,7 +399,7 @@ impl fmt::Debug for MyLease {
     }
 }
 
-#[lockcore::async_trait]
+#[lockcore::backend::async_trait]
 impl Lease for MyLease {
     fn fencing_token(&self) -> Option<u64> {
         Some(self.fencing)

@@ -6,7 +6,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{AcquireRequest, Acquired, Error, Instant, Lease, LockName, OwnerToken, Result};
+use lockcore::backend::{AcquireRequest, Acquired, Lease};
+use lockcore::{Error, Instant, LockName, OwnerToken, Result};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Postgres};
 use tokio::sync::{OnceCell, broadcast, oneshot};
@@ -401,7 +402,7 @@ impl PgBackend {
         // Subscribed before the first attempt, so a release between an attempt and the sleep
         // is not missed.
         let mut rx = wakeups.as_ref().map(|w| w.tx.subscribe());
-        let backoff = lockcore::Backoff::for_ttl(req.ttl);
+        let backoff = lockcore::backend::Backoff::for_ttl(req.ttl);
         let mut attempt = 0u32;
         loop {
             let (acquired, remaining) = self.lease_attempt(req).await?;
@@ -470,7 +471,7 @@ impl fmt::Debug for PgLease {
     }
 }
 
-#[lockcore::async_trait]
+#[lockcore::backend::async_trait]
 impl Lease for PgLease {
     fn fencing_token(&self) -> Option<u64> {
         Some(self.fencing)

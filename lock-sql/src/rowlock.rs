@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use lockcore::{Error, Lease, LockName, LostNotifier, LostReason, Result};
+use lockcore::backend::{Lease, LostNotifier};
+use lockcore::{Error, LockName, LostReason, Result};
 use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, Connection, Database, Executor};
 use tokio::sync::Mutex;
@@ -181,7 +182,7 @@ where
     }
 }
 
-#[lockcore::async_trait]
+#[lockcore::backend::async_trait]
 impl<DB> Lease for RowLease<DB>
 where
     DB: Database,

@@ -5,7 +5,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{AcquireRequest, Acquired, Error, Instant, Lease, LockName, OwnerToken, Result};
+use lockcore::backend::{AcquireRequest, Acquired, Lease};
+use lockcore::{Error, Instant, LockName, OwnerToken, Result};
 use sqlx::AssertSqlSafe;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -204,7 +205,7 @@ impl LiteLease {
     }
 }
 
-#[lockcore::async_trait]
+#[lockcore::backend::async_trait]
 impl Lease for LiteLease {
     fn fencing_token(&self) -> Option<u64> {
         Some(self.fencing)

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use conformance::{Harness, Target};
 use lock_sql::SqlBackend;
-use lockcore::{LockGuard, LockName, Locker, Result, async_trait};
+use lockcore::backend::async_trait;
+use lockcore::{LockGuard, LockName, Locker, Result};
 
 struct SqlHarness {
     label: String,

@@ -73,7 +73,7 @@ async fn passwords_never_show() {
     };
     let b = SqlBackend::connect(&pg).await.unwrap();
     let pw = url::Url::parse(&pg).unwrap().password().unwrap().to_owned();
-    assert!(!lockcore::Backend::describe(&b).contains(&pw));
+    assert!(!lockcore::backend::Backend::describe(&b).contains(&pw));
     assert!(!format!("{b:?}").contains(&pw));
     // A wrong password: the error does not echo it either.
     let mut wrong = url::Url::parse(&pg).unwrap();

@@ -29,7 +29,7 @@ async fn main() -> lockcore::Result<()> {
         .expect("pass a zk:// URL or set LOCK_TEST_ZK_URL");
     const N: usize = 1000;
     let backend = ZkBackend::connect(&url).await?;
-    println!("{}", lockcore::Backend::describe(&backend));
+    println!("{}", lockcore::backend::Backend::describe(&backend));
     let locker = Locker::new(backend.clone());
     let opts = LockOptions::new().ttl(Duration::from_secs(30));
     let name = format!("bench-{}", std::process::id());

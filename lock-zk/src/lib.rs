@@ -46,9 +46,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use lockcore::backend::{AcquireRequest, Acquired, Backend, Lease, LostNotifier, async_trait};
 use lockcore::{
-    AcquireRequest, Acquired, Backend, Capabilities, Error, Instant, IntoLockName, Lease,
-    LostNotifier, LostReason, RenewKind, Result, WaitKind, async_trait,
+    Capabilities, Error, Instant, IntoLockName, LostReason, RenewKind, Result, WaitKind,
 };
 use tokio::sync::watch;
 use zookeeper_client as zk;

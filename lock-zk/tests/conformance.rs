@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use conformance::{Harness, Target};
 use lock_zk::ZkBackend;
-use lockcore::{LockGuard, LockName, Locker, Result, async_trait};
+use lockcore::backend::async_trait;
+use lockcore::{LockGuard, LockName, Locker, Result};
 use support::Proxy;
 
 /// The session timeout the tests ask for (the server has tickTime=500, minSessionTimeout=1000).

@@ -409,6 +409,6 @@ trait DescribeForTest {
 
 impl DescribeForTest for ZkBackend {
     fn describe_for_test(&self) -> String {
-        lockcore::Backend::describe(self)
+        lockcore::backend::Backend::describe(self)
     }
 }

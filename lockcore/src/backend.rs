@@ -1,14 +1,25 @@
-//! The small trait a backend implements. Users call [`Locker`](crate::Locker), which adds
-//! validation, waiting, auto-renewal, the lost signal and release on drop.
+//! What only backend authors need: the small [`Backend`] and [`Lease`] traits a backend
+//! implements, the [`AcquireRequest`] it is handed and the [`Acquired`] it returns, the
+//! [`LostNotifier`] it fires, the [`Background`] it runs cleanup on, and the polling helpers
+//! ([`Backoff`], [`poll_acquire`]).
+//!
+//! Users never need this module: they call [`Locker`](crate::Locker), which adds validation,
+//! waiting (with retries of transient errors), auto-renewal, the lost signal and release on
+//! drop, the same for every backend.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::{Capabilities, LockName, LostNotifier, Result};
+use crate::{Capabilities, LockName, Result};
+
+/// The attribute backends implement [`Backend`] and [`Lease`] with (re-exported so that every
+/// backend names the same version).
+pub use async_trait::async_trait;
+
+pub use crate::lost::LostNotifier;
 
 /// The random owner token of one acquisition (a UUID v4). Release and extend only ever touch the
 /// lease that carries it.

@@ -1,12 +1,15 @@
 //! The locksmith contract: one lock/lease API over pluggable distributed-lock backends.
 //!
 //! * [`Locker`] is the client users hold: [`Locker::try_lock`] returns `Ok(None)` on contention,
-//!   [`Locker::lock`] waits up to a deadline. Both return a [`LockGuard`].
+//!   [`Locker::lock`] waits until the lock is acquired (or up to a deadline, when asked with
+//!   [`LockOptions::wait_timeout`]); [`Locker::with_lock`] runs work under the lock, renewing it.
+//!   All of them give a [`LockGuard`].
 //! * A [`LockGuard`] carries a random owner token, an optional fencing token, a validity deadline
 //!   and a [`LostSignal`]; it renews itself when asked ([`AutoRenew`], always bounded by a
 //!   maximum hold time) and releases on drop through a background task, never blocking.
-//! * Backends implement the small [`Backend`] and [`Lease`] traits and declare
-//!   [`Capabilities`]; [`memory::MemoryBackend`] is the in-process reference.
+//! * Backends implement the small [`backend::Backend`] and [`backend::Lease`] traits and declare
+//!   [`Capabilities`]; everything only backend authors need lives in the [`backend`] module, the
+//!   crate root is the user API. [`memory::MemoryBackend`] is the in-process reference.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -24,7 +27,7 @@
 //! ```
 #![deny(missing_docs)]
 
-mod backend;
+pub mod backend;
 mod capabilities;
 mod error;
 mod locker;
@@ -34,18 +37,15 @@ mod name;
 mod options;
 mod secret;
 
-pub use backend::{
-    AcquireRequest, Acquired, Backend, Background, Backoff, BoxLease, Lease, OwnerToken,
-    poll_acquire,
-};
+pub use backend::OwnerToken;
 pub use capabilities::{Capabilities, RenewKind, WaitKind};
 pub use error::{Error, ErrorKind, Result};
-pub use locker::{LockGuard, Locker, drift_margin};
-pub use lost::{LostNotifier, LostReason, LostSignal};
+pub use locker::{LockGuard, Locker};
+pub use lost::{LostReason, LostSignal};
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN};
-pub use options::{AutoRenew, DEFAULT_TTL, DEFAULT_WAIT, LockOptions, MAX_TTL};
+pub use options::{AutoRenew, DEFAULT_MAX_HOLD, DEFAULT_TTL, LockOptions, MAX_TTL};
 pub use secret::Secret;
 
-/// Re-exported so backends name the same types.
-pub use async_trait::async_trait;
+/// The monotonic clock every deadline of the contract is on (tokio's, so paused test time
+/// applies).
 pub use tokio::time::Instant;

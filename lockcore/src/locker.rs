@@ -2,7 +2,6 @@
 //! release on drop, the same for every backend.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -11,19 +10,14 @@ use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::backend::{AcquireRequest, Acquired, Backend, Background, BoxLease, OwnerToken};
+use crate::backend::{
+    AcquireRequest, Acquired, Backend, Background, BoxLease, LostNotifier, OwnerToken,
+};
 use crate::lost::Validity;
 use crate::{
-    AutoRenew, Capabilities, Error, ErrorKind, IntoLockName, LockName, LockOptions, LostNotifier,
-    LostReason, LostSignal, RenewKind, Result,
+    AutoRenew, Capabilities, Error, ErrorKind, IntoLockName, LockName, LockOptions, LostReason,
+    LostSignal, RenewKind, Result,
 };
-
-/// The default safety margin taken off every lease's validity: 1 % of the TTL plus 2 ms, for
-/// clock rate differences between client and server (the Redlock paper's drift factor). A
-/// backend declares its own in [`Capabilities::drift_margin`].
-pub fn drift_margin(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
-}
 
 /// A client of one lock backend. Cheap to clone; clones share the backend connection(s).
 ///
@@ -107,9 +101,11 @@ impl Locker {
         Ok(acquired.map(|a| self.guard(req, a, options)))
     }
 
-    /// Takes the lock, waiting up to the options' wait timeout (or without deadline, with
-    /// [`LockOptions::wait_forever`]). Waits by the backend's notification where it has one, and
-    /// otherwise polls with exponential backoff and full jitter; fair backends serve waiters FIFO.
+    /// Takes the lock, waiting until it is acquired, or until the options' wait timeout when
+    /// they set one ([`LockOptions::wait_timeout`]; no deadline by default, as tokio's `Mutex`,
+    /// Redisson, Curator, `flock` and `etcdctl lock`). Waits by the backend's notification where
+    /// it has one, and otherwise polls with exponential backoff and full jitter; fair backends
+    /// serve waiters FIFO.
     ///
     /// Cancel safety: dropping the future removes this waiter from any queue; a lock granted in
     /// the instant before the drop is left to expire after its TTL at the latest.
@@ -129,17 +125,29 @@ impl Locker {
         }
     }
 
-    /// Takes the lock (waiting as [`Locker::lock`] does), runs `work` while holding it, and
-    /// releases it. If the lease is lost first, `work` is dropped at its next await point (so it
-    /// stops acting on the lock's behalf) and the call returns `NotHeld` naming the reason.
+    /// Takes the lock (waiting as [`Locker::lock`] does), runs `work` with the guard while
+    /// holding it, and releases it. The work gets the [`LockGuard`] so it can hand the
+    /// [fencing token](LockGuard::fencing_token) to the storage it writes.
+    ///
+    /// The lease is renewed while the work runs: with the options' [`AutoRenew`] if they set
+    /// one, otherwise up to [`DEFAULT_MAX_HOLD`](crate::DEFAULT_MAX_HOLD) (one hour;
+    /// [`LockOptions::no_auto_renew`] turns it off). If the lease is lost first (a refused
+    /// renewal, the validity deadline, the maximum hold time), `work` is dropped at its next
+    /// await point, so it stops acting on the lock's behalf, and the call returns `NotHeld`
+    /// naming the reason.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> lockcore::Result<()> {
-    /// use lockcore::{LockOptions, Locker, memory::MemoryBackend};
+    /// use lockcore::{LockGuard, LockOptions, Locker, memory::MemoryBackend};
     /// let locker = Locker::new(MemoryBackend::connect("with_lock"));
-    /// let n = locker.with_lock("jobs/nightly", &LockOptions::new(), async { 42 }).await?;
-    /// assert_eq!(n, 42);
+    /// let token = locker
+    ///     .with_lock("jobs/nightly", &LockOptions::new(), async |guard: &LockGuard| {
+    ///         // write to storage with guard.fencing_token() ...
+    ///         guard.fencing_token()
+    ///     })
+    ///     .await?;
+    /// assert!(token.is_some());
     /// # Ok(()) }
     /// ```
     ///
@@ -152,20 +160,20 @@ impl Locker {
         &self,
         name: impl IntoLockName,
         options: &LockOptions,
-        work: impl Future<Output = T>,
+        work: impl AsyncFnOnce(&LockGuard) -> T,
     ) -> Result<T> {
-        let guard = self.lock(name, options).await?;
+        let options = options.renewing_by_default();
+        let guard = self.lock(name, &options).await?;
         let lost = guard.lost();
-        tokio::select! {
-            out = work => {
-                guard.release().await?;
-                Ok(out)
-            }
-            reason = lost.lost() => Err(Error::not_held(format!(
+        let out = tokio::select! {
+            out = work(&guard) => out,
+            reason = lost.lost() => return Err(Error::not_held(format!(
                 "the lease on {:?} was lost while the work ran: {reason}",
                 guard.name().as_str()
             ))),
-        }
+        };
+        guard.release().await?;
+        Ok(out)
     }
 
     /// Waits until every release handed to the background by dropped guards, and every cleanup
@@ -555,7 +563,7 @@ mod tests {
         let locker = Locker::new(MemoryBackend::connect("with_lock_runs"));
         let opts = LockOptions::new();
         let out = locker
-            .with_lock("x", &opts, async {
+            .with_lock("x", &opts, async |_: &LockGuard| {
                 // Held while the work runs.
                 let other = Locker::new(MemoryBackend::connect("with_lock_runs"));
                 other
@@ -572,10 +580,14 @@ mod tests {
     #[tokio::test]
     async fn with_lock_stops_the_work_when_the_lease_is_lost() {
         let locker = Locker::new(MemoryBackend::connect("with_lock_lost"));
-        let opts = LockOptions::new().ttl(Duration::from_millis(100));
+        let opts = LockOptions::new()
+            .ttl(Duration::from_millis(100))
+            .no_auto_renew();
         let started = Instant::now();
         let err = locker
-            .with_lock("x", &opts, tokio::time::sleep(Duration::from_secs(30)))
+            .with_lock("x", &opts, async |_: &LockGuard| {
+                tokio::time::sleep(Duration::from_secs(30)).await
+            })
             .await
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");

@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{AcquireRequest, Acquired, Backend, Lease, OwnerToken};
-use crate::{Capabilities, Error, LockName, LostNotifier, LostReason, Result, WaitKind};
+use crate::backend::{AcquireRequest, Acquired, Backend, Lease, LostNotifier, OwnerToken};
+use crate::{Capabilities, Error, LockName, LostReason, Result, WaitKind};
 
 /// A process-local lock service: FIFO waiters woken by notification, TTL expiry, fencing tokens
 /// and lost-lease signals.

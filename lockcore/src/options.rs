@@ -6,12 +6,22 @@ use crate::{Capabilities, Error, Result};
 
 /// The default lease TTL: 30 seconds, as Redisson's lock watchdog.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
-/// The default time `lock()` waits for a held lock before it returns a timeout error.
-pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+/// The maximum hold time of the renewal [`Locker::with_lock`](crate::Locker::with_lock) applies
+/// when the options name none: one hour, longer than most jobs run, short enough that a stuck
+/// holder frees the lock within the hour. An explicit [`LockOptions::auto_renew`] (or
+/// [`LockOptions::no_auto_renew`]) wins.
+///
+/// (`lock()` has no default wait deadline: like tokio's `Mutex`, Redisson, Curator, `flock` and
+/// `etcdctl lock`, it waits until acquired unless [`LockOptions::wait_timeout`] asks for one.)
+pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(3600);
 /// The longest TTL accepted by the contract; a backend may declare a smaller range.
 pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// How `lock()` waits, what lease it asks for and whether it renews it.
+///
+/// The defaults: TTL [`DEFAULT_TTL`] (30 s), `lock()` waits until acquired (no deadline), no
+/// renewal for [`Locker::lock`](crate::Locker::lock) and [`Locker::try_lock`](crate::Locker::try_lock) guards,
+/// renewal up to [`DEFAULT_MAX_HOLD`] for [`Locker::with_lock`](crate::Locker::with_lock).
 ///
 /// ```
 /// use std::time::Duration;
@@ -26,7 +36,7 @@ pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 pub struct LockOptions {
     ttl: Duration,
     wait: Option<Duration>,
-    auto_renew: Option<AutoRenew>,
+    auto_renew: Renew,
     require_fencing: bool,
     require_fair: bool,
     reentrant: bool,
@@ -36,8 +46,8 @@ impl Default for LockOptions {
     fn default() -> Self {
         LockOptions {
             ttl: DEFAULT_TTL,
-            wait: Some(DEFAULT_WAIT),
-            auto_renew: None,
+            wait: None,
+            auto_renew: Renew::Default,
             require_fencing: false,
             require_fair: false,
             reentrant: false,
@@ -46,7 +56,8 @@ impl Default for LockOptions {
 }
 
 impl LockOptions {
-    /// TTL 30 s, wait up to 30 s, no auto-renewal.
+    /// TTL 30 s, `lock()` waits until acquired, no auto-renewal (except in
+    /// [`Locker::with_lock`](crate::Locker::with_lock), which renews up to [`DEFAULT_MAX_HOLD`]).
     pub fn new() -> Self {
         Self::default()
     }
@@ -58,13 +69,15 @@ impl LockOptions {
     }
 
     /// How long `lock()` waits for a held lock before returning
-    /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout). Zero makes it a single attempt.
+    /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout). Zero makes it a single attempt. Without
+    /// it, `lock()` waits until acquired.
     pub fn wait_timeout(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);
         self
     }
 
-    /// `lock()` waits without a deadline (drop the future to give up).
+    /// `lock()` waits without a deadline (drop the future to give up): the default, to undo a
+    /// [`LockOptions::wait_timeout`].
     pub fn wait_forever(mut self) -> Self {
         self.wait = None;
         self
@@ -73,7 +86,14 @@ impl LockOptions {
     /// Renews the lease in the background until the guard is released or dropped, or until the
     /// maximum hold time of `renew` has passed.
     pub fn auto_renew(mut self, renew: AutoRenew) -> Self {
-        self.auto_renew = Some(renew);
+        self.auto_renew = Renew::On(renew);
+        self
+    }
+
+    /// No renewal, not even the default one of [`Locker::with_lock`](crate::Locker::with_lock):
+    /// the lease ends one TTL after it was acquired (or last extended by hand).
+    pub fn no_auto_renew(mut self) -> Self {
+        self.auto_renew = Renew::Off;
         self
     }
 
@@ -108,9 +128,22 @@ impl LockOptions {
         self.wait
     }
 
-    /// The auto-renewal policy.
+    /// The auto-renewal policy of `lock()` and `try_lock()` guards (`None`: no renewal).
     pub fn auto_renew_value(&self) -> Option<&AutoRenew> {
-        self.auto_renew.as_ref()
+        match &self.auto_renew {
+            Renew::On(r) => Some(r),
+            Renew::Default | Renew::Off => None,
+        }
+    }
+
+    /// The options [`Locker::with_lock`](crate::Locker::with_lock) uses: renewal up to
+    /// [`DEFAULT_MAX_HOLD`] unless the options set a policy of their own.
+    pub(crate) fn renewing_by_default(&self) -> LockOptions {
+        let mut opts = self.clone();
+        if opts.auto_renew == Renew::Default {
+            opts.auto_renew = Renew::On(AutoRenew::until(DEFAULT_MAX_HOLD));
+        }
+        opts
     }
 
     /// Checks the options against the contract and the backend's capabilities, before any I/O.
@@ -141,7 +174,7 @@ impl LockOptions {
                 "wait timeout is too large; use wait_forever()",
             ));
         }
-        if let Some(renew) = &self.auto_renew {
+        if let Some(renew) = self.auto_renew_value() {
             renew.validate()?;
         }
         if self.require_fencing && !caps.fencing {
@@ -157,6 +190,15 @@ impl LockOptions {
         }
         Ok(())
     }
+}
+
+/// The renewal policy as set: `Default` is off for `lock()`/`try_lock()` and
+/// [`DEFAULT_MAX_HOLD`] for `with_lock()`.
+#[derive(Clone, Debug, PartialEq)]
+enum Renew {
+    Default,
+    Off,
+    On(AutoRenew),
 }
 
 /// Background renewal of a lease (a watchdog), always bounded by a maximum hold time so that a
