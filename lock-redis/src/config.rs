@@ -10,21 +10,36 @@ use percent_encoding::percent_decode_str;
 /// The default key namespace.
 pub(crate) const DEFAULT_NAMESPACE: &str = "locksmith";
 
-/// Everything a URL says, validated. `Debug` never shows the password.
+/// Everything a `redis://` URL says, validated (see the [crate docs](crate) for the form and
+/// parameters). `Debug` never shows the password.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Config {
+#[non_exhaustive]
+pub struct Config {
+    /// `rediss`: TLS with certificate verification.
     pub tls: bool,
+    /// `+cluster`: a Redis Cluster.
     pub cluster: bool,
+    /// Host and port of each node given (one unless `cluster`).
     pub nodes: Vec<(String, u16)>,
+    /// The ACL user name.
     pub username: Option<String>,
+    /// The password.
     pub password: Option<Secret>,
+    /// The database number.
     pub db: i64,
+    /// The key prefix.
     pub namespace: String,
+    /// `WAIT` for this many replicas after winning.
     pub min_replicas: u32,
+    /// The `WAIT` timeout.
     pub replica_timeout: Duration,
+    /// PEM file of the CA that signed the server certificate.
     pub tls_ca: Option<PathBuf>,
+    /// Safety-net poll of a notified waiter.
     pub poll: Duration,
+    /// Connection timeout.
     pub connect_timeout: Duration,
+    /// Per-command response timeout.
     pub response_timeout: Duration,
 }
 
@@ -97,7 +112,10 @@ fn parse_host_port(part: &str, default_port: u16) -> Result<(String, u16)> {
 
 impl Config {
     /// Parses `redis://`, `rediss://`, `redis+cluster://` and `rediss+cluster://` URLs.
-    pub(crate) fn parse(url: &str) -> Result<Config> {
+    ///
+    /// # Errors
+    /// `InvalidConfig` for anything malformed or unknown (the URL itself is never quoted).
+    pub fn parse(url: &str) -> Result<Config> {
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| bad("expected <scheme>://..."))?;
@@ -251,7 +269,7 @@ impl Config {
     }
 
     /// The URL again, with the password replaced by `***`.
-    pub(crate) fn redacted(&self) -> String {
+    pub fn redacted(&self) -> String {
         let scheme = match (self.tls, self.cluster) {
             (false, false) => "redis",
             (true, false) => "rediss",

@@ -16,10 +16,12 @@ use crate::subs::{PubSubFactory, Registry};
 use crate::{map_err, map_err_connect};
 use lockcore::{Error, Result};
 
-/// A multiplexed connection for commands.
+/// A multiplexed connection for commands (a `redis::aio::ConnectionLike`). Clones share it.
 #[derive(Clone)]
-pub(crate) enum Conn {
+pub enum Conn {
+    /// One server, through a reconnecting connection manager.
     Single(ConnectionManager),
+    /// A Redis Cluster.
     Cluster(ClusterConnection),
 }
 

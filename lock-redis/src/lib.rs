@@ -46,10 +46,14 @@
 //! go one at a time through a dedicated connection (`WAIT` blocks the connection it runs on).
 //!
 //! Passwords never appear in `Debug`, [`Backend::describe`], logs or error messages.
+//!
+//! The single-node protocol (scripts, key layout, connection setup, subscriptions) is the public
+//! [`node`] module, shared with `lock-redlock`.
 #![deny(missing_docs)]
 
 mod config;
 mod conn;
+pub mod node;
 mod subs;
 
 use std::fmt;
@@ -59,136 +63,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockcore::backend::{AcquireRequest, Acquired, Backend, Backoff, Lease, poll_acquire};
 use lockcore::{Capabilities, Error, Instant, LockName, Result, WaitKind};
-use redis::{RedisError, Script};
 
 use crate::config::Config;
-use crate::conn::{Conn, Factory, PubSubOpener};
-use crate::subs::Subscriptions;
-
-/// `SET NX PX` and, on success, `INCR` of the fencing counter, atomically. Returns `{1, fence}` or
-/// `{0, pttl of the holder}`.
-const ACQUIRE_LUA: &str = r"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, redis.call('INCR', KEYS[2])}
-end
-return {0, redis.call('PTTL', KEYS[1])}
-";
-
-/// Compare-and-delete, then tell the waiters.
-const RELEASE_LUA: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], 'released')
-  return 1
-end
-return 0
-";
-
-/// Compare-and-pexpire.
-const EXTEND_LUA: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-";
-
-/// Delete whoever holds it (an administrator's override), and tell the waiters.
-const REVOKE_LUA: &str = r"
-if redis.call('DEL', KEYS[1]) == 1 then
-  redis.call('PUBLISH', ARGV[1], 'revoked')
-  return 1
-end
-return 0
-";
-
-struct Scripts {
-    acquire: Script,
-    release: Script,
-    extend: Script,
-    revoke: Script,
-}
-
-fn scripts() -> &'static Scripts {
-    static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
-    SCRIPTS.get_or_init(|| Scripts {
-        acquire: Script::new(ACQUIRE_LUA),
-        release: Script::new(RELEASE_LUA),
-        extend: Script::new(EXTEND_LUA),
-        revoke: Script::new(REVOKE_LUA),
-    })
-}
-
-/// Maps a client error: connection, I/O and timeouts are `Unavailable`, the rest `Backend`.
-pub(crate) fn map_err(msg: &str, e: RedisError) -> Error {
-    use redis::{ErrorKind as K, ServerErrorKind as S};
-    // Transient states of a server or cluster (loading, failover, resharding) are Unavailable too.
-    let transient = matches!(
-        e.kind(),
-        K::ClusterConnectionNotFound
-            | K::Server(S::BusyLoading | S::MasterDown | S::ReadOnly | S::TryAgain)
-    );
-    if transient
-        || e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_cluster_error()
-    {
-        Error::unavailable(msg.to_owned(), e)
-    } else {
-        Error::backend(msg.to_owned(), e)
-    }
-}
-
-/// As [`map_err`], for connection setup.
-pub(crate) fn map_err_connect(msg: &str, e: RedisError) -> Error {
-    map_err(msg, e)
-}
-
-/// The keys and channel of one lock name.
-#[derive(Clone, Debug)]
-struct Keys {
-    lock: String,
-    fence: String,
-    channel: String,
-    /// The hash tag (the escaped name), for routing `WAIT` on a cluster.
-    tag: String,
-}
-
-impl Keys {
-    fn new(namespace: &str, name: &LockName) -> Keys {
-        let tag = name.escaped();
-        Keys {
-            lock: format!("{namespace}:{{{tag}}}:lock"),
-            fence: format!("{namespace}:{{{tag}}}:fence"),
-            channel: format!("{namespace}:{{{tag}}}:released"),
-            tag,
-        }
-    }
-}
-
-/// Redis Cluster's key slot of a hash tag: CRC16/XMODEM modulo 16384.
-fn slot_of(tag: &str) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in tag.as_bytes() {
-        crc ^= (b as u16) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
-}
-
-/// A TTL in whole milliseconds for `PX`, rounded up: the server never frees the lock before the
-/// client's validity deadline (which is below the TTL by the drift margin anyway).
-fn ttl_ms(ttl: Duration) -> u64 {
-    let ms = ttl.as_nanos().div_ceil(1_000_000);
-    ms.clamp(1, u64::MAX as u128) as u64
-}
+use crate::conn::Conn;
+use crate::node::{Keys, Node, NodeAttempt, slot_of};
+pub(crate) use crate::node::{map_err, map_err_connect};
 
 enum Attempt {
     Won(Acquired),
@@ -196,12 +75,10 @@ enum Attempt {
 }
 
 struct Inner {
-    cfg: Config,
-    conn: Conn,
+    node: Node,
     /// Only with `min_replicas`: `WAIT` blocks the connection it runs on, so acquisitions that
     /// wait for replicas go one at a time through this one, never through `conn`.
     wait_conn: Option<tokio::sync::Mutex<Conn>>,
-    subs: Arc<Subscriptions>,
     caps: Capabilities,
     describe: String,
 }
@@ -218,7 +95,7 @@ impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
             .field("url", &self.inner.describe)
-            .field("subscriptions", &self.inner.subs)
+            .field("subscriptions", self.inner.node.subscriptions())
             .finish()
     }
 }
@@ -235,33 +112,20 @@ impl RedisBackend {
     /// server cannot be reached; `Backend` when it refuses the connection (wrong password).
     pub async fn connect(url: &str) -> Result<RedisBackend> {
         let cfg = Config::parse(url)?;
-        let factory = Factory::new(&cfg)?;
-        let mut conn = factory.command_conn(&cfg).await?;
-        // Fail now, not at the first lock, on wrong credentials or an unreachable cluster.
-        redis::cmd("PING")
-            .query_async::<()>(&mut conn)
-            .await
-            .map_err(|e| map_err("PING after connecting failed", e))?;
+        // Fails now, not at the first lock, on wrong credentials or an unreachable cluster.
+        let node = Node::connect(&cfg).await?;
         let wait_conn = if cfg.min_replicas > 0 {
             let extra = cfg.replica_timeout + Duration::from_millis(500);
-            Some(tokio::sync::Mutex::new(
-                factory.slow_conn(&cfg, extra).await?,
-            ))
+            Some(tokio::sync::Mutex::new(node.slow_conn(extra).await?))
         } else {
             None
         };
         let caps = Self::capabilities_for(&cfg);
         let describe = cfg.redacted();
-        let subs = Subscriptions::new(Box::new(PubSubOpener {
-            factory,
-            cfg: cfg.clone(),
-        }));
         Ok(RedisBackend {
             inner: Arc::new(Inner {
-                cfg,
-                conn,
+                node,
                 wait_conn,
-                subs,
                 caps,
                 describe,
             }),
@@ -305,18 +169,18 @@ impl RedisBackend {
 
     /// The Redis key that holds the lock `name` (for operators and tests).
     pub fn lock_key(&self, name: &LockName) -> String {
-        Keys::new(&self.inner.cfg.namespace, name).lock
+        self.inner.node.keys(name).lock
     }
 
     /// The Redis key of the fencing counter of `name`.
     pub fn fence_key(&self, name: &LockName) -> String {
-        Keys::new(&self.inner.cfg.namespace, name).fence
+        self.inner.node.keys(name).fence
     }
 
     /// How many lock names this client holds pub/sub subscriptions (or pending unsubscriptions)
     /// for; zero once no `lock()` call waits.
     pub fn waited_names(&self) -> usize {
-        self.inner.subs.tracked()
+        self.inner.node.subscriptions().tracked()
     }
 
     /// Deletes the lock `name` whoever holds it, as an administrator would, and wakes its
@@ -327,16 +191,7 @@ impl RedisBackend {
     /// # Errors
     /// `Unavailable` or `Backend` when the server fails.
     pub async fn force_release(&self, name: &LockName) -> Result<bool> {
-        let keys = Keys::new(&self.inner.cfg.namespace, name);
-        let mut conn = self.inner.conn.clone();
-        let n: i64 = scripts()
-            .revoke
-            .key(&keys.lock)
-            .arg(&keys.channel)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| map_err("revoke failed", e))?;
-        Ok(n == 1)
+        node::revoke(&mut self.inner.node.conn(), &self.inner.node.keys(name)).await
     }
 
     /// Sends `PING` and returns once it is answered (for measuring the round trip).
@@ -346,21 +201,17 @@ impl RedisBackend {
     /// # Errors
     /// `Unavailable` or `Backend` when the server fails.
     pub async fn ping(&self) -> Result<()> {
-        let mut conn = self.inner.conn.clone();
-        redis::cmd("PING")
-            .query_async::<()>(&mut conn)
-            .await
-            .map_err(|e| map_err("PING failed", e))
+        node::ping(&mut self.inner.node.conn()).await
     }
 
     async fn attempt(&self, req: &AcquireRequest, keys: &Keys) -> Result<Attempt> {
         if let Some(wait_conn) = &self.inner.wait_conn {
             return self.attempt_with_replicas(req, keys, wait_conn).await;
         }
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.node.conn();
         let sent_at = Instant::now();
-        let (won, value) = self.run_acquire(&mut conn, req, keys).await?;
-        self.outcome(req, keys, won, value, sent_at)
+        let attempt = self.run_acquire(&mut conn, req, keys).await?;
+        Ok(self.outcome(req, keys, attempt, sent_at))
     }
 
     async fn run_acquire(
@@ -368,43 +219,29 @@ impl RedisBackend {
         conn: &mut Conn,
         req: &AcquireRequest,
         keys: &Keys,
-    ) -> Result<(i64, i64)> {
-        scripts()
-            .acquire
-            .key(&keys.lock)
-            .key(&keys.fence)
-            .arg(req.token.to_hex())
-            .arg(ttl_ms(req.ttl))
-            .invoke_async(conn)
-            .await
-            .map_err(|e| map_err("acquire script failed", e))
+    ) -> Result<NodeAttempt> {
+        node::acquire(conn, keys, &req.token.to_hex(), req.ttl, true).await
     }
 
     fn outcome(
         &self,
         req: &AcquireRequest,
         keys: &Keys,
-        won: i64,
-        value: i64,
+        attempt: NodeAttempt,
         sent_at: Instant,
-    ) -> Result<Attempt> {
-        if won == 1 {
-            let fencing = u64::try_from(value).map_err(|_| {
-                Error::new(lockcore::ErrorKind::Backend, "negative fencing counter")
-            })?;
-            return Ok(Attempt::Won(Acquired::new(
+    ) -> Attempt {
+        match attempt {
+            NodeAttempt::Won { fence } => Attempt::Won(Acquired::new(
                 RedisLease {
                     inner: self.inner.clone(),
                     keys: keys.clone(),
                     token: req.token.to_hex(),
-                    fencing,
+                    fencing: fence.unwrap_or(0),
                 },
                 sent_at,
-            )));
+            )),
+            NodeAttempt::Held { pttl } => Attempt::Held { pttl },
         }
-        // PTTL: -1 (no expiry, not ours) or -2 (gone) give no useful wake-up time.
-        let pttl = u64::try_from(value).ok().map(Duration::from_millis);
-        Ok(Attempt::Held { pttl })
     }
 
     async fn attempt_with_replicas(
@@ -416,11 +253,11 @@ impl RedisBackend {
         let conn = wait_conn.lock().await;
         let mut conn = conn.clone();
         let sent_at = Instant::now();
-        let (won, value) = self.run_acquire(&mut conn, req, keys).await?;
-        if won != 1 {
-            return self.outcome(req, keys, won, value, sent_at);
+        let attempt = self.run_acquire(&mut conn, req, keys).await?;
+        if !matches!(attempt, NodeAttempt::Won { .. }) {
+            return Ok(self.outcome(req, keys, attempt, sent_at));
         }
-        let cfg = &self.inner.cfg;
+        let cfg = self.inner.node.config();
         let mut wait = redis::cmd("WAIT");
         wait.arg(cfg.min_replicas)
             .arg(cfg.replica_timeout.as_millis() as u64);
@@ -450,7 +287,7 @@ impl RedisBackend {
             Err(e) => Some(map_err("WAIT for replicas failed; released the lock", e)),
         };
         let Some(err) = shortfall else {
-            return self.outcome(req, keys, won, value, sent_at);
+            return Ok(self.outcome(req, keys, attempt, sent_at));
         };
         let lease = RedisLease {
             inner: self.inner.clone(),
@@ -475,7 +312,7 @@ impl Backend for RedisBackend {
     ///
     /// Cancel safety: a dropped attempt may have taken the lock; it then frees after `req.ttl`.
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
-        let keys = Keys::new(&self.inner.cfg.namespace, &req.name);
+        let keys = self.inner.node.keys(&req.name);
         match self.attempt(req, &keys).await? {
             Attempt::Won(a) => Ok(Some(a)),
             Attempt::Held { .. } => Ok(None),
@@ -492,7 +329,7 @@ impl Backend for RedisBackend {
         req: &AcquireRequest,
         deadline: Option<Instant>,
     ) -> Result<Option<Acquired>> {
-        let keys = Keys::new(&self.inner.cfg.namespace, &req.name);
+        let keys = self.inner.node.keys(&req.name);
         // Uncontended fast path: no subscription round trip when the lock is free.
         let mut pttl = match self.attempt(req, &keys).await? {
             Attempt::Won(a) => return Ok(Some(a)),
@@ -501,14 +338,14 @@ impl Backend for RedisBackend {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(None);
         }
-        let waiting = match self.inner.subs.join(&keys.channel).await {
+        let waiting = match self.inner.node.subscriptions().join(&keys.channel).await {
             Ok(w) => w,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot subscribe to release notifications; polling instead");
                 return poll_acquire(self, req, deadline, &Backoff::for_ttl(req.ttl)).await;
             }
         };
-        let poll = self.inner.cfg.poll;
+        let poll = self.inner.node.config().poll;
         loop {
             // Registered before the attempt: a release published while it is in flight wakes us.
             let notified = waiting.channel().notify.notified();
@@ -584,61 +421,15 @@ impl Lease for RedisLease {
     ///
     /// Cancel safety: dropping the future may or may not have extended the lease.
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
-        let mut conn = self.inner.conn.clone();
-        let n: i64 = scripts()
-            .extend
-            .key(&self.keys.lock)
-            .arg(&self.token)
-            .arg(ttl_ms(ttl))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| map_err("extend script failed", e))?;
-        if n == 1 { Ok(ttl) } else { Err(not_held()) }
+        let held = node::extend(&mut self.inner.node.conn(), &self.keys, &self.token, ttl).await?;
+        if held { Ok(ttl) } else { Err(not_held()) }
     }
 
     /// One compare-and-delete script that also wakes the waiters.
     ///
     /// Cancel safety: dropping the future may leave the lock held until its TTL runs out.
     async fn release(&self) -> Result<()> {
-        let mut conn = self.inner.conn.clone();
-        let n: i64 = scripts()
-            .release
-            .key(&self.keys.lock)
-            .arg(&self.token)
-            .arg(&self.keys.channel)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| map_err("release script failed", e))?;
-        if n == 1 { Ok(()) } else { Err(not_held()) }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_share_a_slot_and_ignore_user_braces() {
-        let k = Keys::new("ns", &LockName::new("{a}x").unwrap());
-        assert_eq!(k.lock, "ns:{%7Ba%7Dx}:lock");
-        assert_eq!(k.fence, "ns:{%7Ba%7Dx}:fence");
-        let plain = Keys::new("ns", &LockName::new("a").unwrap());
-        assert_eq!(plain.lock, "ns:{a}:lock");
-        assert_ne!(k.lock, plain.lock);
-    }
-
-    #[test]
-    fn crc16_slot_matches_redis() {
-        // Values from CLUSTER KEYSLOT.
-        assert_eq!(slot_of("foo"), 12182);
-        assert_eq!(slot_of("bar"), 5061);
-        assert_eq!(slot_of(""), 0);
-    }
-
-    #[test]
-    fn ttl_rounds_up() {
-        assert_eq!(ttl_ms(Duration::from_micros(1500)), 2);
-        assert_eq!(ttl_ms(Duration::from_millis(30)), 30);
-        assert_eq!(ttl_ms(Duration::from_nanos(1)), 1);
+        let held = node::release(&mut self.inner.node.conn(), &self.keys, &self.token).await?;
+        if held { Ok(()) } else { Err(not_held()) }
     }
 }

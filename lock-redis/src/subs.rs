@@ -12,10 +12,10 @@ use crate::map_err;
 
 /// The waiters of one channel in this client.
 #[derive(Debug, Default)]
-pub(crate) struct Channel {
+pub struct Channel {
     /// Woken one waiter at a time on a release message (no thundering herd among local waiters),
     /// and all at once after a resubscription (messages may have been lost while disconnected).
-    pub(crate) notify: Notify,
+    pub notify: Notify,
     /// Whether the server subscription exists. The async mutex also orders the SUBSCRIBE and
     /// UNSUBSCRIBE of one channel, so a waiter arriving while the last one leaves cannot end up
     /// unsubscribed.
@@ -65,8 +65,9 @@ impl Registry {
     }
 }
 
-/// The pub/sub side of one client.
-pub(crate) struct Subscriptions {
+/// The pub/sub side of one client: one RESP3 pub/sub connection (opened on the first
+/// [`Subscriptions::join`], resubscribing after reconnects) shared by all its waiters.
+pub struct Subscriptions {
     pub(crate) registry: Arc<Registry>,
     conn: OnceCell<PubSubConn>,
     factory: Box<dyn PubSubFactory>,
@@ -109,7 +110,10 @@ impl Subscriptions {
     ///
     /// Cancel safety: the returned (or, when cancelled, the internal) [`Waiting`] unregisters on
     /// drop and unsubscribes when it was the channel's last waiter.
-    pub(crate) async fn join(self: &Arc<Self>, channel: &str) -> lockcore::Result<Waiting> {
+    ///
+    /// # Errors
+    /// `Unavailable` or `Backend` when the pub/sub connection or the `SUBSCRIBE` fails.
+    pub async fn join(self: &Arc<Self>, channel: &str) -> lockcore::Result<Waiting> {
         let chan = {
             let mut channels = self.registry.lock();
             let entry = channels.entry(channel.to_owned()).or_insert_with(|| Entry {
@@ -165,21 +169,22 @@ impl Subscriptions {
     }
 
     /// How many channels this client tracks (for tests: no leak after waits end).
-    pub(crate) fn tracked(&self) -> usize {
+    pub fn tracked(&self) -> usize {
         self.registry.lock().len()
     }
 }
 
 /// One waiter's registration. Dropping it unregisters; the last waiter of a channel
 /// unsubscribes (in a spawned task, since drop cannot wait).
-pub(crate) struct Waiting {
+pub struct Waiting {
     subs: Arc<Subscriptions>,
     name: String,
     channel: Arc<Channel>,
 }
 
 impl Waiting {
-    pub(crate) fn channel(&self) -> &Channel {
+    /// The channel's waiters, whose [`Channel::notify`] a release message wakes.
+    pub fn channel(&self) -> &Channel {
         &self.channel
     }
 }
