@@ -63,7 +63,8 @@ struct ReportArgs {
     #[arg(long)]
     no_bench: bool,
     /// Lock service URLs, e.g. memory:// redis://127.0.0.1:6379 "postgres://u:pw@h/db?strategy=lease".
-    #[arg(default_values_t = [String::from("memory://")])]
+    /// Without any: the two embedded backends, memory:// and a SQLite file in the output
+    /// directory (no server needed).
     urls: Vec<String>,
 }
 
@@ -134,7 +135,14 @@ fn main() -> ExitCode {
     };
     let code = rt.block_on(async move {
         match cli.command {
-            Command::Report(a) => report_cmd::report(&a.urls, &a.out, !a.no_bench).await,
+            Command::Report(a) => {
+                let urls = if a.urls.is_empty() {
+                    report_cmd::embedded_urls(&a.out)
+                } else {
+                    a.urls
+                };
+                report_cmd::report(&urls, &a.out, !a.no_bench).await
+            }
             Command::Run(a) => run_cmd::run(a).await,
             Command::Bench(a) => report_cmd::bench(&a.urls).await,
         }
@@ -206,7 +214,7 @@ mod tests {
         let Command::Report(a) = cli.command else {
             panic!("not report")
         };
-        assert_eq!(a.urls, ["memory://"]);
+        assert!(a.urls.is_empty(), "the embedded backends are chosen later");
         assert_eq!(a.out, PathBuf::from("target/conformance"));
         assert!(!a.no_bench);
     }

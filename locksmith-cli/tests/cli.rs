@@ -118,7 +118,6 @@ fn report_writes_three_files_without_bench() {
 /// Two processes on one host exclude each other through the embedded SQLite default: while the
 /// first holds the lock (its command waits for a file that only the test creates), the second
 /// finds it busy (75) and never runs its command.
-#[cfg(feature = "sqlite")]
 #[test]
 fn two_processes_exclude_each_other_through_sqlite() {
     let dir = std::env::temp_dir().join(format!("locksmith-cli-{}", std::process::id()));

@@ -7,9 +7,22 @@ use conformance::{BackendReport, Harness, Progress, Report, Status, run_all, sce
 
 use crate::harness::{UrlHarness, labels};
 
+/// The URLs `report` uses when given none: the two embedded backends, which need no server
+/// (memory, and a SQLite file in the output directory).
+pub fn embedded_urls(out: &Path) -> Vec<String> {
+    let db = out.join("report-sqlite.db");
+    vec!["memory://".into(), format!("sqlite://{}", db.display())]
+}
+
 /// Runs the suite against every URL, writes the report, prints its paths. Returns the exit
 /// code: 0 when nothing failed, 1 otherwise, 2 when the report could not be written.
 pub async fn report(urls: &[String], out: &Path, bench: bool) -> u8 {
+    // Early, so that a bad --out fails before the suite runs (and the embedded SQLite file
+    // has its directory).
+    if let Err(e) = std::fs::create_dir_all(out) {
+        eprintln!("locksmith: cannot create {}: {e}", out.display());
+        return 2;
+    }
     let labels = labels(urls);
     let label_width = labels.iter().map(|l| l.len()).max().unwrap_or(0);
     let name_width = scenarios::all()
