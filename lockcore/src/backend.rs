@@ -351,6 +351,19 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         ))
     }
 
+    /// How many `acquire` calls are queued waiting for `name` right now, as the server sees
+    /// them (queue entries, sequential nodes, blocked lock requests). The suite uses it to know
+    /// that a waiter is enqueued instead of sleeping and hoping. Unsupported by default; fair
+    /// backends implement it.
+    ///
+    /// Cancel safe.
+    async fn queued_waiters(&self, name: &LockName) -> Result<usize> {
+        let _ = name;
+        Err(crate::Error::unsupported(
+            "this backend does not report its queued waiters",
+        ))
+    }
+
     /// A description for logs and reports, with any secret (password) redacted.
     fn describe(&self) -> String;
 }
@@ -381,6 +394,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     async fn server_requests(&self) -> Result<u64> {
         (**self).server_requests().await
+    }
+    async fn queued_waiters(&self, name: &LockName) -> Result<usize> {
+        (**self).queued_waiters(name).await
     }
     fn describe(&self) -> String {
         (**self).describe()

@@ -11,13 +11,22 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::backend::{
-    AcquireRequest, Acquired, Backend, Background, BoxLease, LostNotifier, OwnerToken,
+    AcquireRequest, Acquired, Backend, Background, Backoff, BoxLease, LostNotifier, OwnerToken,
 };
 use crate::lost::Validity;
 use crate::{
     AutoRenew, Capabilities, Error, ErrorKind, IntoLockName, LockName, LockOptions, LostReason,
     LostSignal, RenewKind, Result,
 };
+
+/// How `lock()` spaces its retries of `Unavailable` errors.
+const RETRY_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(10),
+    max: Duration::from_secs(1),
+};
+
+/// How long `Unavailable` errors must persist before `lock()` gives up on them.
+const RETRY_GIVE_UP: Duration = Duration::from_secs(30);
 
 /// A client of one lock backend. Cheap to clone; clones share the backend connection(s).
 ///
@@ -107,15 +116,22 @@ impl Locker {
     /// it has one, and otherwise polls with exponential backoff and full jitter; fair backends
     /// serve waiters FIFO.
     ///
+    /// Transient errors do not end the wait: an `Unavailable` error (a dropped connection, a
+    /// server restarting) is retried with exponential backoff and full jitter (10 ms doubling up
+    /// to 1 s, never past the deadline). The wait ends with the last `Unavailable` error only
+    /// when the deadline passes, or when the errors persist: every attempt failed, each within
+    /// 1 s, for 30 s. Other errors end the wait at once.
+    ///
     /// Cancel safety: dropping the future removes this waiter from any queue; a lock granted in
     /// the instant before the drop is left to expire after its TTL at the latest.
     ///
     /// # Errors
-    /// `Timeout` when the deadline passes; otherwise as [`Locker::try_lock`].
+    /// `Timeout` when the deadline passes; `Unavailable` as above; otherwise as
+    /// [`Locker::try_lock`].
     pub async fn lock(&self, name: impl IntoLockName, options: &LockOptions) -> Result<LockGuard> {
         let req = self.request(name, options)?;
         let deadline = options.wait_value().map(|w| Instant::now() + w);
-        match self.inner.backend.acquire(&req.request, deadline).await? {
+        match self.acquire_retrying(&req.request, deadline).await? {
             Some(a) => Ok(self.guard(req, a, options)),
             None => Err(Error::timeout(format!(
                 "lock {:?} was not acquired within {:?}",
@@ -194,6 +210,40 @@ impl Locker {
         self.inner.background.pending()
     }
 
+    /// The backend's wait, retrying `Unavailable` errors as [`Locker::lock`] documents.
+    async fn acquire_retrying(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Acquired>> {
+        let mut first_failure: Option<Instant> = None;
+        let mut attempt = 0u32;
+        loop {
+            let started = Instant::now();
+            let err = match self.inner.backend.acquire(req, deadline).await {
+                Err(e) if e.kind() == ErrorKind::Unavailable => e,
+                other => return other,
+            };
+            let now = Instant::now();
+            if now.duration_since(started) >= RETRY_BACKOFF.max {
+                // That attempt reached the server and waited before failing: a new failure run.
+                first_failure = None;
+                attempt = 0;
+            }
+            let since = *first_failure.get_or_insert(started);
+            if deadline.is_some_and(|d| now >= d) || now.duration_since(since) >= RETRY_GIVE_UP {
+                return Err(err);
+            }
+            let mut wake = now + RETRY_BACKOFF.delay(attempt);
+            if let Some(d) = deadline {
+                wake = wake.min(d);
+            }
+            tracing::debug!(error = %err, lock = req.name.as_str(), attempt, "lock wait: transient error, retrying");
+            tokio::time::sleep_until(wake).await;
+            attempt = attempt.saturating_add(1);
+        }
+    }
+
     fn request(&self, name: impl IntoLockName, options: &LockOptions) -> Result<PendingGuard> {
         let name = name.into_lock_name()?;
         options.validate(self.capabilities())?;
@@ -211,15 +261,23 @@ impl Locker {
         let ttl = request.ttl;
         let caps = self.capabilities();
         let granted = acquired.granted_ttl.unwrap_or(ttl);
-        let validity = Arc::new(Validity::new(
-            acquired.sent_at + granted.saturating_sub(caps.drift_margin(granted)),
-        ));
+        // The maximum hold time ends the lease whatever the TTL: the validity never runs past
+        // it, and the watchdog releases the lock there.
+        let hold_deadline = options
+            .auto_renew_value()
+            .map(|r| acquired.sent_at + r.max_hold());
         let shared = Arc::new(GuardShared {
             lease: acquired.lease,
             notifier: request.lost,
-            validity: validity.clone(),
+            validity: Arc::new(Validity::new(acquired.sent_at)),
             release_started: AtomicBool::new(false),
+            extending: tokio::sync::Mutex::new(()),
+            hold_deadline,
         });
+        shared
+            .validity
+            .set_until(shared.deadline(acquired.sent_at, granted, caps));
+        let validity = shared.validity.clone();
         // The lost signal notices a passed deadline by itself, and a TTL backend's server frees
         // the lock by itself: a watchdog task is needed only to renew, or to release a
         // session-bound lease at its deadline. Not spawning one keeps a worker wake-up off the
@@ -263,6 +321,11 @@ struct GuardShared {
     notifier: LostNotifier,
     validity: Arc<Validity>,
     release_started: AtomicBool,
+    /// Held across each extend: extends of one guard (the watchdog's and the user's) run one at
+    /// a time, so the validity always follows the request the server applied last.
+    extending: tokio::sync::Mutex<()>,
+    /// Acquired at plus the maximum hold time, when auto-renewal is on.
+    hold_deadline: Option<Instant>,
 }
 
 impl GuardShared {
@@ -270,8 +333,58 @@ impl GuardShared {
         self.validity.until()
     }
 
-    fn set_valid_until(&self, at: Instant) {
-        self.validity.set_until(at);
+    /// The validity of a lease granted `granted` by a request sent at `sent`: minus the drift
+    /// margin, never past the maximum hold time.
+    fn deadline(&self, sent: Instant, granted: Duration, caps: &Capabilities) -> Instant {
+        let until = sent + granted.saturating_sub(caps.drift_margin(granted));
+        match self.hold_deadline {
+            Some(hold) => until.min(hold),
+            None => until,
+        }
+    }
+
+    /// Extends the lease to `ttl`, one extend at a time per guard. Once the lease is known lost
+    /// it stays lost: an extend after the lost signal fired, or whose reply comes back after the
+    /// validity deadline passed, returns `NotHeld` and the signal stays fired.
+    async fn extend(&self, ttl: Duration, caps: &Capabilities) -> Result<Duration> {
+        let _one_at_a_time = self.extending.lock().await;
+        if self.release_started.load(Ordering::Acquire) {
+            return Err(Error::not_held("the lease has been released"));
+        }
+        self.latch_loss()?;
+        let sent = Instant::now();
+        match self.lease.extend(ttl).await {
+            Ok(granted) => {
+                if !self.validity.renew_to(self.deadline(sent, granted, caps)) {
+                    self.notifier.fire(LostReason::ValidityExpired);
+                    return Err(Error::not_held(
+                        "the validity deadline passed before the extend was confirmed; the lease counts as lost",
+                    ));
+                }
+                Ok(granted)
+            }
+            Err(e) => {
+                if e.kind() == ErrorKind::NotHeld {
+                    self.notifier.fire(LostReason::RenewalRefused);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// `NotHeld` if the lease is known lost (reported, or past its validity), making a passed
+    /// deadline a reported loss so that it stays lost.
+    fn latch_loss(&self) -> Result<()> {
+        if let Some(reason) = self.notifier.reason() {
+            return Err(Error::not_held(format!("the lease was lost: {reason}")));
+        }
+        if self.validity.expired() {
+            self.notifier.fire(LostReason::ValidityExpired);
+            return Err(Error::not_held(
+                "the lease was lost: validity deadline passed",
+            ));
+        }
+        Ok(())
     }
 
     /// True for the one caller that may release the lease. A user's release (or drop, or
@@ -298,15 +411,12 @@ impl LockerInner {
             }
         });
     }
-
-    fn drift_margin(&self, ttl: Duration) -> Duration {
-        self.backend.capabilities().drift_margin(ttl)
-    }
 }
 
 /// Keeps one lease: renews it (when asked) until the maximum hold time, fires the lost signal
 /// when the validity deadline passes or a renewal is refused, and releases a lease whose validity
-/// ran out (so that session-bound backends honour the TTL too).
+/// ran out (so that session-bound backends honour the TTL too, and the lock frees at the maximum
+/// hold time whatever the TTL).
 async fn watchdog(
     shared: Arc<GuardShared>,
     locker: Arc<LockerInner>,
@@ -315,7 +425,7 @@ async fn watchdog(
     acquired_at: Instant,
     renew: Option<AutoRenew>,
 ) {
-    let hold_deadline = renew.as_ref().map(|r| acquired_at + r.max_hold());
+    let caps = locker.backend.capabilities();
     let interval = renew.as_ref().map(|r| ttl.mul_f64(r.fraction()));
     let mut next_renew = interval.map(|i| acquired_at + i);
     loop {
@@ -334,26 +444,22 @@ async fn watchdog(
             }
             _ = signal.reported() => return,
             _ = sleep_until_opt(next_renew) => {
-                let (Some(hold_deadline), Some(interval)) = (hold_deadline, interval) else {
+                let (Some(hold_deadline), Some(interval)) = (shared.hold_deadline, interval) else {
                     return;
                 };
-                let now = Instant::now();
-                let remaining_hold = hold_deadline.saturating_duration_since(now);
-                if remaining_hold < Duration::from_millis(1) {
+                let remaining_hold = hold_deadline.saturating_duration_since(Instant::now());
+                // The last renewal asks the server for what is left of the hold, so that the
+                // lock frees there even if the release at the deadline is lost.
+                let new_ttl = ttl.min(remaining_hold);
+                if new_ttl < caps.min_ttl.max(Duration::from_millis(1)) {
                     next_renew = None;
                     continue;
                 }
-                let new_ttl = ttl.min(remaining_hold);
-                match tokio::time::timeout_at(valid_until, shared.lease.extend(new_ttl)).await {
-                    Ok(Ok(granted)) => {
-                        shared.set_valid_until(now + granted.saturating_sub(locker.drift_margin(granted)));
-                        // The last renewal stops at the maximum hold time exactly.
-                        next_renew = (new_ttl == ttl).then(|| now + interval);
+                match tokio::time::timeout_at(valid_until, shared.extend(new_ttl, caps)).await {
+                    Ok(Ok(_granted)) => {
+                        next_renew = (new_ttl == ttl).then(|| Instant::now() + interval);
                     }
-                    Ok(Err(e)) if e.kind() == ErrorKind::NotHeld => {
-                        shared.notifier.fire(LostReason::RenewalRefused);
-                        return;
-                    }
+                    Ok(Err(e)) if e.kind() == ErrorKind::NotHeld => return,
                     Ok(Err(e)) => {
                         tracing::warn!(error = %e, "lease renewal failed; retrying before the validity deadline");
                         next_renew = Some((Instant::now() + interval / 4).min(valid_until));
@@ -378,6 +484,11 @@ async fn sleep_until_opt(at: Option<Instant>) {
 /// A held lock. Release it with [`LockGuard::release`] to learn the outcome; dropping it hands
 /// the release to a background task of the [`Locker`] (never blocking, and not immediate: the
 /// lock is free a round trip later).
+///
+/// A guard dropped after the runtime its [`Locker`] was created on has shut down cannot release:
+/// the release task is dropped unrun, the lock frees by its TTL (or with its session), and
+/// [`Locker::flush`] does not wait for it. Release guards (or [`Locker::flush`]) before shutting
+/// a runtime down.
 ///
 /// Check [`LockGuard::lost`] (or [`LockGuard::is_valid`]) before acting on the lock's behalf,
 /// and pass [`LockGuard::fencing_token`] to the resource you protect where the backend has one.
@@ -449,36 +560,24 @@ impl LockGuard {
         self.signal.clone()
     }
 
-    /// Extends the lease to `ttl` from now.
+    /// Extends the lease to `ttl` from now (shorter or longer than before), never past the
+    /// maximum hold time of its auto-renewal. Extends of one guard run one at a time (a second
+    /// waits for the first), so the validity follows what the server applied last.
     ///
-    /// Cancel safety: dropping the future may or may not have extended the lease; the validity
-    /// deadline is only moved on success.
+    /// Once the lease is known lost it stays lost: after the lost signal fired (or the validity
+    /// deadline passed), `extend` returns `NotHeld` without asking the server, and a reply that
+    /// comes back after the validity deadline counts as lost too.
+    ///
+    /// Cancel safety: dropping the future may or may not have extended the lease on the server;
+    /// the validity deadline is only moved on a confirmed success.
     ///
     /// # Errors
     /// `NotHeld` if the lease is no longer this holder's (nothing changes), `InvalidConfig` for a
     /// bad TTL, `Unavailable` or `Backend` on failure.
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
-        LockOptions::new()
-            .ttl(ttl)
-            .validate(self.locker.backend.capabilities())?;
-        if self.shared.release_started.load(Ordering::Acquire) {
-            return Err(Error::not_held("the lease has been released"));
-        }
-        let sent = Instant::now();
-        match self.shared.lease.extend(ttl).await {
-            Ok(granted) => {
-                self.shared.set_valid_until(
-                    sent + granted.saturating_sub(self.locker.drift_margin(granted)),
-                );
-                Ok(())
-            }
-            Err(e) => {
-                if e.kind() == ErrorKind::NotHeld {
-                    self.shared.notifier.fire(LostReason::RenewalRefused);
-                }
-                Err(e)
-            }
-        }
+        let caps = self.locker.backend.capabilities();
+        LockOptions::new().ttl(ttl).validate(caps)?;
+        self.shared.extend(ttl, caps).await.map(drop)
     }
 
     /// Releases the lock and reports how it went.
@@ -595,5 +694,328 @@ mod tests {
             started.elapsed() < Duration::from_secs(10),
             "the work was not stopped"
         );
+    }
+
+    /// A client of `store` whose `acquire` fails with `Unavailable` the next `failures` times,
+    /// as over a connection that drops.
+    #[derive(Debug)]
+    struct Flaky {
+        inner: MemoryBackend,
+        failures: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Flaky {
+        fn new(store: &str, failures: usize) -> Self {
+            Flaky {
+                inner: MemoryBackend::connect(store),
+                failures: failures.into(),
+            }
+        }
+    }
+
+    #[crate::backend::async_trait]
+    impl Backend for Flaky {
+        fn capabilities(&self) -> &Capabilities {
+            self.inner.capabilities()
+        }
+        async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
+            self.inner.try_acquire(req).await
+        }
+        async fn acquire(
+            &self,
+            req: &AcquireRequest,
+            deadline: Option<Instant>,
+        ) -> Result<Option<Acquired>> {
+            let failing = self
+                .failures
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok();
+            if failing {
+                return Err(Error::unavailable("connection reset", "test"));
+            }
+            self.inner.acquire(req, deadline).await
+        }
+        fn describe(&self) -> String {
+            "flaky".into()
+        }
+    }
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    /// §1.1: ttl 30 s with a 5 s maximum hold used to keep the lock 29.7 s.
+    #[tokio::test(start_paused = true)]
+    async fn max_hold_below_the_first_renewal_ends_the_lease_there() {
+        let a = Locker::new(MemoryBackend::connect("max_hold_short"));
+        let b = Locker::new(MemoryBackend::connect("max_hold_short"));
+        let opts = LockOptions::new()
+            .ttl(30 * SEC)
+            .auto_renew(AutoRenew::until(5 * SEC));
+        let g = a.lock("x", &opts).await.unwrap();
+        let start = g.acquired_at();
+        assert!(g.valid_until() <= start + 5 * SEC, "validity past max hold");
+        let lost = g.lost();
+        let reason = tokio::time::timeout(6 * SEC, lost.lost())
+            .await
+            .expect("the lease did not end at the maximum hold time");
+        assert_eq!(reason, LostReason::ValidityExpired);
+        let g2 = b
+            .lock("x", &LockOptions::new().wait_timeout(SEC))
+            .await
+            .expect("the lock was not released at the maximum hold time");
+        assert!(g2.acquired_at() <= start + 5 * SEC + Duration::from_millis(10));
+        assert!(!g.is_valid());
+    }
+
+    /// §1.1: the renewals stop at the maximum hold time exactly, also when it is not a multiple
+    /// of the renewal interval.
+    #[tokio::test(start_paused = true)]
+    async fn max_hold_between_renewals_ends_the_lease_there() {
+        let a = Locker::new(MemoryBackend::connect("max_hold_between"));
+        let b = Locker::new(MemoryBackend::connect("max_hold_between"));
+        let opts = LockOptions::new()
+            .ttl(3 * SEC)
+            .auto_renew(AutoRenew::until(Duration::from_millis(4500)));
+        let g = a.lock("x", &opts).await.unwrap();
+        let start = g.acquired_at();
+        tokio::time::sleep(4 * SEC).await;
+        assert!(g.is_valid(), "renewal stopped early");
+        assert!(
+            b.try_lock("x", &LockOptions::new())
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let g2 = b
+            .lock("x", &LockOptions::new().wait_timeout(5 * SEC))
+            .await
+            .unwrap();
+        let at = g2.acquired_at() - start;
+        assert!(
+            at <= Duration::from_millis(4510),
+            "taken over {at:?} after acquiring"
+        );
+        assert!(at >= Duration::from_millis(4400), "taken over {at:?}");
+        assert!(g.lost().is_lost());
+    }
+
+    /// §1.2: after the lost signal fired at the validity deadline, an extend used to succeed
+    /// (the server lease had milliseconds left) and `is_lost()` turned false again.
+    #[tokio::test(start_paused = true)]
+    async fn once_lost_always_lost() {
+        let a = Locker::new(MemoryBackend::connect("once_lost"));
+        let g = a.lock("x", &LockOptions::new().ttl(SEC)).await.unwrap();
+        let reason = g.lost().lost().await;
+        assert_eq!(reason, LostReason::ValidityExpired);
+        assert!(
+            Instant::now() < g.acquired_at() + SEC,
+            "the server lease should still run here"
+        );
+        let err = g.extend(SEC).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+        assert!(g.lost().is_lost(), "the lost signal was taken back");
+        assert!(!g.is_valid());
+        assert_eq!(g.extend(SEC).await.unwrap_err().kind(), ErrorKind::NotHeld);
+    }
+
+    /// §1.2: an extend sent before the validity deadline whose reply comes back after it cannot
+    /// bring the lease back.
+    #[tokio::test(start_paused = true)]
+    async fn extend_confirmed_after_the_deadline_stays_lost() {
+        let backend = MemoryBackend::connect("late_extend");
+        let a = Locker::new(backend.clone());
+        let g = a.lock("x", &LockOptions::new().ttl(SEC)).await.unwrap();
+        tokio::time::sleep_until(g.valid_until() - Duration::from_millis(5)).await;
+        backend.set_reply_delay(Duration::from_millis(50));
+        let err = g.extend(SEC).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+        assert!(g.lost().is_lost());
+        assert!(!g.is_valid());
+    }
+
+    /// §1.3: two extends in flight used to leave the validity of whichever reply came last,
+    /// although the server applied the other one last.
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_extends_follow_what_the_server_applied_last() {
+        let backend = MemoryBackend::connect("concurrent_extends");
+        let a = Locker::new(backend.clone());
+        let b = Locker::new(MemoryBackend::connect("concurrent_extends"));
+        let g = a.lock("x", &LockOptions::new().ttl(5 * SEC)).await.unwrap();
+        backend.set_reply_delay(Duration::from_millis(500));
+        let slow = g.extend(10 * SEC);
+        let fast = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            backend.set_reply_delay(Duration::ZERO);
+            g.extend(2 * SEC).await
+        };
+        let (slow, fast) = tokio::join!(slow, fast);
+        slow.unwrap();
+        fast.unwrap();
+        let until = g.valid_until();
+        tokio::time::sleep_until(until - Duration::from_millis(1)).await;
+        assert!(
+            b.try_lock("x", &LockOptions::new())
+                .await
+                .unwrap()
+                .is_none(),
+            "the guard believes it is valid for {:?} more, but another client took the lock",
+            until - g.acquired_at()
+        );
+        assert!(g.is_valid());
+    }
+
+    /// §1.4: a guard dropped after its runtime shut down cannot release; `flush` must not wait
+    /// for that release forever, and the lock frees by its TTL.
+    #[test]
+    fn drop_after_the_runtime_shut_down_does_not_hang_flush() {
+        let rt = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let first = rt();
+        let (locker, guard) = first.block_on(async {
+            let l = Locker::new(MemoryBackend::connect("after_shutdown"));
+            let g = l
+                .lock("x", &LockOptions::new().ttl(Duration::from_millis(300)))
+                .await
+                .unwrap();
+            (l, g)
+        });
+        drop(first);
+        rt().block_on(async {
+            drop(guard);
+            assert_eq!(locker.pending_releases(), 0);
+            tokio::time::timeout(5 * SEC, locker.flush())
+                .await
+                .expect("flush() hangs on a release that can never run");
+            let other = Locker::new(MemoryBackend::connect("after_shutdown"));
+            assert!(
+                other
+                    .try_lock("x", &LockOptions::new())
+                    .await
+                    .unwrap()
+                    .is_none(),
+                "nothing released the lock: it frees by its TTL"
+            );
+            let g = other
+                .lock("x", &LockOptions::new().wait_timeout(5 * SEC))
+                .await
+                .expect("the lock frees by its TTL");
+            g.release().await.unwrap();
+        });
+    }
+
+    /// §1.5: a TTL at or below the drift margin (a guard born lost) and a renewal point after
+    /// the validity end used to be accepted.
+    #[tokio::test]
+    async fn impossible_ttls_are_refused() {
+        let a = Locker::new(MemoryBackend::connect("impossible_ttls"));
+        let margin = a.capabilities().drift_margin(Duration::from_millis(2));
+        for ttl in [margin, Duration::from_millis(1), Duration::from_millis(2)] {
+            let err = a
+                .try_lock("x", &LockOptions::new().ttl(ttl))
+                .await
+                .unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidConfig, "ttl {ttl:?}: {err}");
+        }
+        let late_renewal = LockOptions::new()
+            .ttl(Duration::from_millis(10))
+            .auto_renew(AutoRenew::until(SEC).interval_fraction(0.8));
+        let err = a.try_lock("x", &late_renewal).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+        let g = a.try_lock("x", &LockOptions::new()).await.unwrap().unwrap();
+        assert_eq!(
+            g.extend(Duration::from_millis(2)).await.unwrap_err().kind(),
+            ErrorKind::InvalidConfig
+        );
+        assert!(g.is_valid());
+    }
+
+    /// §1.7: one connection error in a wait with time left used to end the whole wait.
+    #[tokio::test(start_paused = true)]
+    async fn transient_errors_inside_a_wait_are_retried() {
+        let holder = Locker::new(MemoryBackend::connect("transient"));
+        let g = holder.lock("x", &LockOptions::new()).await.unwrap();
+        let waiter = Locker::new(Flaky::new("transient", 3));
+        let release = async {
+            tokio::time::sleep(2 * SEC).await;
+            g.release().await.unwrap();
+        };
+        let opts = LockOptions::new().wait_timeout(10 * SEC);
+        let (got, ()) = tokio::join!(waiter.lock("x", &opts), release);
+        let got = got.expect("the wait was not retried after a transient error");
+        assert!(got.acquired_at() - Instant::now() < SEC);
+    }
+
+    /// §1.7: errors that persist end the wait: at the deadline, or after 30 s without one.
+    #[tokio::test(start_paused = true)]
+    async fn persistent_unavailable_ends_the_wait() {
+        let waiter = Locker::new(Flaky::new("persistent", usize::MAX));
+        let start = Instant::now();
+        let err = waiter
+            .lock("x", &LockOptions::new().wait_timeout(2 * SEC))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unavailable);
+        assert!(start.elapsed() >= 2 * SEC && start.elapsed() < 3 * SEC);
+        let start = Instant::now();
+        let err = waiter.lock("x", &LockOptions::new()).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unavailable);
+        assert!(start.elapsed() >= 30 * SEC && start.elapsed() < 32 * SEC);
+        // Other errors are not retried.
+        let a = Locker::new(MemoryBackend::connect("persistent"));
+        assert_eq!(
+            a.lock("", &LockOptions::new()).await.unwrap_err().kind(),
+            ErrorKind::InvalidName
+        );
+    }
+
+    /// §1.9: `with_lock` renews by default: a 40 s job under a 30 s TTL used to lose the lock.
+    #[tokio::test(start_paused = true)]
+    async fn with_lock_renews_by_default_and_hands_over_the_guard() {
+        let a = Locker::new(MemoryBackend::connect("with_lock_renews"));
+        let b = Locker::new(MemoryBackend::connect("with_lock_renews"));
+        let token = a
+            .with_lock("x", &LockOptions::new(), async |g: &LockGuard| {
+                tokio::time::sleep(40 * SEC).await;
+                assert!(g.is_valid());
+                assert!(
+                    b.try_lock("x", &LockOptions::new())
+                        .await
+                        .unwrap()
+                        .is_none()
+                );
+                g.fencing_token()
+            })
+            .await
+            .expect("the lease was lost during a 40 s job");
+        assert!(token.is_some());
+        assert!(
+            b.try_lock("x", &LockOptions::new())
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }
+
+    /// §1.9: `lock()` waits until acquired by default (it used to give up after 30 s).
+    #[tokio::test(start_paused = true)]
+    async fn lock_waits_until_acquired_by_default() {
+        let a = Locker::new(MemoryBackend::connect("waits_by_default"));
+        let b = Locker::new(MemoryBackend::connect("waits_by_default"));
+        let g = a
+            .lock("x", &LockOptions::new().ttl(600 * SEC))
+            .await
+            .unwrap();
+        let release = async {
+            tokio::time::sleep(120 * SEC).await;
+            g.release().await.unwrap();
+        };
+        let opts = LockOptions::new();
+        let started = Instant::now();
+        let (got, ()) = tokio::join!(b.lock("x", &opts), release);
+        let got = got.expect("lock() gave up before the lock was free");
+        assert!(got.acquired_at() - started >= 120 * SEC);
     }
 }

@@ -78,6 +78,11 @@ impl LostNotifier {
         self.0.borrow().is_some()
     }
 
+    /// The reason reported, if any.
+    pub fn reason(&self) -> Option<LostReason> {
+        *self.0.borrow()
+    }
+
     /// Resolves when every signal is gone (the guard and its watchdog ended): backends use it to
     /// stop watching a lease nobody listens to any more.
     ///
@@ -111,8 +116,20 @@ impl Validity {
         *self.until.lock().unwrap_or_else(|e| e.into_inner()) = at;
     }
 
+    /// Moves the deadline to `at` (later or earlier) unless it has already passed: a lease past
+    /// its validity was lost, and a late confirmation cannot bring it back. Returns whether it
+    /// moved.
+    pub(crate) fn renew_to(&self, at: Instant) -> bool {
+        let mut until = self.until.lock().unwrap_or_else(|e| e.into_inner());
+        if Instant::now() >= *until {
+            return false;
+        }
+        *until = at;
+        true
+    }
+
     /// Whether the deadline passed while the lease was still held.
-    fn expired(&self) -> bool {
+    pub(crate) fn expired(&self) -> bool {
         !self.ended.load(Ordering::Acquire) && Instant::now() >= self.until()
     }
 }

@@ -20,6 +20,25 @@ pub struct MemoryBackend {
     store: Arc<Store>,
     store_name: String,
     capabilities: Arc<Capabilities>,
+    reply_delay: ReplyDelay,
+}
+
+/// How long this client's replies take to come back: the operation takes effect at once (as a
+/// request reaching the server), the reply arrives this much later (as over a slow network).
+#[derive(Debug, Clone, Default)]
+struct ReplyDelay(Arc<AtomicU64>);
+
+impl ReplyDelay {
+    fn get(&self) -> Duration {
+        Duration::from_nanos(self.0.load(Ordering::Relaxed))
+    }
+
+    /// Waits out `delay`, read when the request was sent.
+    async fn wait(delay: Duration) {
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -89,12 +108,31 @@ impl MemoryBackend {
             store,
             store_name: store_name.to_owned(),
             capabilities: Arc::new(Self::declared_capabilities()),
+            reply_delay: ReplyDelay::default(),
         }
     }
 
-    /// Another client of the same store.
+    /// Another client of the same store (with no reply delay).
     pub fn new_client(&self) -> Self {
-        self.clone()
+        MemoryBackend {
+            reply_delay: ReplyDelay::default(),
+            ..self.clone()
+        }
+    }
+
+    /// This client with every reply delayed by `delay` (see [`MemoryBackend::set_reply_delay`]).
+    pub fn with_reply_delay(self, delay: Duration) -> Self {
+        self.set_reply_delay(delay);
+        self
+    }
+
+    /// Delays the replies of this client, and of the leases it acquired, by `delay` from now on:
+    /// each operation takes effect at once, as a request reaching the server would, and its
+    /// reply comes back `delay` later, as over a slow network. For tests of latency on the reply
+    /// path (validity counted from when a request was sent, concurrent extends).
+    pub fn set_reply_delay(&self, delay: Duration) {
+        let nanos = delay.as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.reply_delay.0.store(nanos, Ordering::Relaxed);
     }
 
     /// What the memory backend declares.
@@ -142,6 +180,7 @@ impl MemoryBackend {
                 name: req.name.clone(),
                 token: req.token,
                 fencing,
+                reply_delay: self.reply_delay.clone(),
             },
             now,
         )
@@ -188,15 +227,17 @@ impl Backend for MemoryBackend {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
+        let delay = self.reply_delay.get();
         let now = Instant::now();
-        let mut slots = self.store.lock();
-        let slot = slots.entry(req.name.clone()).or_default();
-        slot.drop_expired(now);
-        // Waiters are served first: a try_lock does not barge ahead of the queue.
-        if slot.holder.is_none() && slot.queue.is_empty() {
-            return Ok(Some(self.grant(slot, req, now)));
-        }
-        Ok(None)
+        let granted = {
+            let mut slots = self.store.lock();
+            let slot = slots.entry(req.name.clone()).or_default();
+            slot.drop_expired(now);
+            // Waiters are served first: a try_lock does not barge ahead of the queue.
+            (slot.holder.is_none() && slot.queue.is_empty()).then(|| self.grant(slot, req, now))
+        };
+        ReplyDelay::wait(delay).await;
+        Ok(granted)
     }
 
     async fn acquire(
@@ -226,22 +267,29 @@ impl Backend for MemoryBackend {
                     let acquired = self.grant(slot, req, now);
                     // The next waiter now waits for this holder's expiry.
                     slot.wake_head();
-                    return Ok(Some(acquired));
-                }
-                if deadline.is_some_and(|d| now >= d) {
+                    Err(acquired)
+                } else if deadline.is_some_and(|d| now >= d) {
                     return Ok(None);
+                } else {
+                    if !entry.queued {
+                        slot.queue.push_back(Waiter {
+                            id: entry.id,
+                            wake: wake.clone(),
+                        });
+                        entry.queued = true;
+                    }
+                    let expiry = slot.holder.as_ref().filter(|_| is_head).map(|h| h.expires);
+                    Ok(match (deadline, expiry) {
+                        (Some(d), Some(e)) => Some(d.min(e)),
+                        (d, e) => d.or(e),
+                    })
                 }
-                if !entry.queued {
-                    slot.queue.push_back(Waiter {
-                        id: entry.id,
-                        wake: wake.clone(),
-                    });
-                    entry.queued = true;
-                }
-                let expiry = slot.holder.as_ref().filter(|_| is_head).map(|h| h.expires);
-                match (deadline, expiry) {
-                    (Some(d), Some(e)) => Some(d.min(e)),
-                    (d, e) => d.or(e),
+            };
+            let wait_until = match wait_until {
+                Ok(wait_until) => wait_until,
+                Err(acquired) => {
+                    ReplyDelay::wait(self.reply_delay.get()).await;
+                    return Ok(Some(acquired));
                 }
             };
             match wait_until {
@@ -260,6 +308,14 @@ impl Backend for MemoryBackend {
         Ok(self.force_release_now(name))
     }
 
+    async fn queued_waiters(&self, name: &LockName) -> Result<usize> {
+        Ok(self
+            .store
+            .lock()
+            .get(name)
+            .map_or(0, |slot| slot.queue.len()))
+    }
+
     fn describe(&self) -> String {
         format!("memory://{}", self.store_name)
     }
@@ -271,6 +327,7 @@ struct MemoryLease {
     name: LockName,
     token: OwnerToken,
     fencing: u64,
+    reply_delay: ReplyDelay,
 }
 
 impl MemoryLease {
@@ -301,18 +358,23 @@ impl Lease for MemoryLease {
     }
 
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
-        self.with_own_slot(|slot, now| {
+        let delay = self.reply_delay.get();
+        let done = self.with_own_slot(|slot, now| {
             if let Some(h) = slot.holder.as_mut() {
                 h.expires = now + ttl;
             }
-        })?;
-        Ok(ttl)
+        });
+        ReplyDelay::wait(delay).await;
+        done.map(|()| ttl)
     }
 
     async fn release(&self) -> Result<()> {
-        self.with_own_slot(|slot, _| {
+        let delay = self.reply_delay.get();
+        let done = self.with_own_slot(|slot, _| {
             slot.holder = None;
             slot.wake_head();
-        })
+        });
+        ReplyDelay::wait(delay).await;
+        done
     }
 }

@@ -150,7 +150,9 @@ impl LockOptions {
     ///
     /// # Errors
     /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for a TTL of zero, above
-    /// [`MAX_TTL`] or outside the backend's range, or a bad renewal policy;
+    /// [`MAX_TTL`], outside the backend's range or not above the backend's drift margin (the
+    /// guard would be born lost), or a bad renewal policy (including one whose first renewal
+    /// would come after the lease's validity ends);
     /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) for a required feature the backend
     /// lacks.
     pub fn validate(&self, caps: &Capabilities) -> Result<()> {
@@ -174,8 +176,23 @@ impl LockOptions {
                 "wait timeout is too large; use wait_forever()",
             ));
         }
+        let margin = caps.drift_margin(self.ttl);
+        if margin >= self.ttl {
+            return Err(Error::invalid_config(format!(
+                "ttl {:?} is not above this backend's drift margin of {margin:?}: the lease would be lost on arrival",
+                self.ttl
+            )));
+        }
         if let Some(renew) = self.auto_renew_value() {
             renew.validate()?;
+            let renew_at = self.ttl.mul_f64(renew.fraction());
+            let valid_for = self.ttl - margin;
+            if renew_at >= valid_for {
+                return Err(Error::invalid_config(format!(
+                    "auto-renewal would renew {renew_at:?} after acquiring, after the lease's validity ends ({valid_for:?}: ttl {:?} minus a drift margin of {margin:?}); use a longer ttl or a smaller interval fraction",
+                    self.ttl
+                )));
+            }
         }
         if self.require_fencing && !caps.fencing {
             return Err(Error::unsupported("this backend gives no fencing tokens"));
