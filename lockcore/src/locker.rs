@@ -429,8 +429,11 @@ async fn watchdog(
     let interval = renew.as_ref().map(|r| ttl.mul_f64(r.fraction()));
     let mut next_renew = interval.map(|i| acquired_at + i);
     loop {
+        let moved = shared.validity.moved.notified();
         let valid_until = shared.valid_until();
         tokio::select! {
+            // An extend moved the deadline (maybe earlier): re-arm.
+            _ = moved => continue,
             _ = tokio::time::sleep_until(valid_until) => {
                 // A manual extend may have moved the deadline while we slept.
                 if shared.valid_until() > Instant::now() {
@@ -702,6 +705,8 @@ mod tests {
     struct Flaky {
         inner: MemoryBackend,
         failures: std::sync::atomic::AtomicUsize,
+        /// Every call that reached the backend.
+        calls: std::sync::atomic::AtomicUsize,
     }
 
     impl Flaky {
@@ -709,6 +714,7 @@ mod tests {
             Flaky {
                 inner: MemoryBackend::connect(store),
                 failures: failures.into(),
+                calls: 0.into(),
             }
         }
     }
@@ -719,6 +725,7 @@ mod tests {
             self.inner.capabilities()
         }
         async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
+            self.calls.fetch_add(1, Ordering::AcqRel);
             self.inner.try_acquire(req).await
         }
         async fn acquire(
@@ -726,6 +733,7 @@ mod tests {
             req: &AcquireRequest,
             deadline: Option<Instant>,
         ) -> Result<Option<Acquired>> {
+            self.calls.fetch_add(1, Ordering::AcqRel);
             let failing = self
                 .failures
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
@@ -1017,5 +1025,101 @@ mod tests {
         let (got, ()) = tokio::join!(b.lock("x", &opts), release);
         let got = got.expect("lock() gave up before the lock was free");
         assert!(got.acquired_at() - started >= 120 * SEC);
+    }
+
+    /// A shorter extend moves the lost signal (and the watchdog's release) earlier: both used to
+    /// sleep until the old deadline.
+    #[tokio::test(start_paused = true)]
+    async fn shorter_extend_moves_the_deadline_earlier() {
+        let a = Locker::new(MemoryBackend::connect("shorter_extend"));
+        let g = a
+            .lock(
+                "x",
+                &LockOptions::new()
+                    .ttl(10 * SEC)
+                    .auto_renew(AutoRenew::until(600 * SEC)),
+            )
+            .await
+            .unwrap();
+        let lost = g.lost();
+        let waiting = tokio::spawn(async move { lost.lost().await });
+        tokio::task::yield_now().await;
+        let start = Instant::now();
+        // Auto-renewal then renews to the full TTL at its next tick; stop it from doing so by
+        // checking before that tick.
+        g.extend(SEC).await.unwrap();
+        assert!(g.valid_until() <= start + SEC);
+        let reason = tokio::time::timeout(2 * SEC, waiting)
+            .await
+            .expect("the lost signal still waited for the old deadline")
+            .unwrap();
+        assert_eq!(reason, LostReason::ValidityExpired);
+    }
+
+    /// Bad names and options get typed errors before any I/O and change nothing (moved here from
+    /// the conformance suite, where it exercised this validation and not the backends).
+    #[tokio::test]
+    async fn invalid_input_is_refused_before_any_io() {
+        let backend = Arc::new(Flaky::new("invalid_input", 0));
+        let a = Locker::from_arc(backend.clone());
+        let too_long = "x".repeat(crate::MAX_NAME_LEN + 1);
+        for bad in ["", "nul\0byte", "new\nline", "esc\u{1b}", too_long.as_str()] {
+            assert_eq!(
+                a.try_lock(bad, &LockOptions::new())
+                    .await
+                    .unwrap_err()
+                    .kind(),
+                ErrorKind::InvalidName,
+                "{bad:?}"
+            );
+            assert_eq!(
+                a.lock(bad, &LockOptions::new()).await.unwrap_err().kind(),
+                ErrorKind::InvalidName
+            );
+        }
+        for (what, bad) in [
+            ("zero", LockOptions::new().ttl(Duration::ZERO)),
+            ("huge", LockOptions::new().ttl(Duration::MAX)),
+            (
+                "bad renew",
+                LockOptions::new().auto_renew(AutoRenew::until(Duration::ZERO)),
+            ),
+        ] {
+            assert_eq!(
+                a.try_lock("x", &bad).await.unwrap_err().kind(),
+                ErrorKind::InvalidConfig,
+                "{what}"
+            );
+        }
+        for (what, opts) in [
+            ("reentrant", LockOptions::new().reentrant(true)),
+            ("require_fair on a", LockOptions::new().require_fair(true)),
+        ] {
+            let caps = a.capabilities();
+            let supported = match what {
+                "reentrant" => caps.reentrant,
+                _ => caps.fair,
+            };
+            match a.try_lock("x", &opts).await {
+                Err(e) => assert!(
+                    !supported && e.kind() == ErrorKind::Unsupported,
+                    "{what}: {e}"
+                ),
+                Ok(g) => {
+                    assert!(supported, "{what} accepted");
+                    drop(g);
+                }
+            }
+        }
+        let calls = backend.calls.load(Ordering::Acquire);
+        // Only the supported require_fair attempt reached the backend.
+        assert_eq!(calls, 1, "refused input reached the backend");
+        a.flush().await;
+        assert!(
+            a.try_lock("x", &LockOptions::new())
+                .await
+                .unwrap()
+                .is_some()
+        );
     }
 }

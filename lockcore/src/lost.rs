@@ -96,6 +96,8 @@ impl LostNotifier {
 #[derive(Debug)]
 pub(crate) struct Validity {
     until: Mutex<Instant>,
+    /// Woken whenever the deadline moves, so that sleepers re-arm (an extend may shorten it).
+    pub(crate) moved: tokio::sync::Notify,
     /// Set once the lease is released (or abandoned): a deadline passing after that is no loss.
     pub(crate) ended: AtomicBool,
 }
@@ -104,6 +106,7 @@ impl Validity {
     pub(crate) fn new(until: Instant) -> Self {
         Validity {
             until: Mutex::new(until),
+            moved: tokio::sync::Notify::new(),
             ended: AtomicBool::new(false),
         }
     }
@@ -125,6 +128,8 @@ impl Validity {
             return false;
         }
         *until = at;
+        drop(until);
+        self.moved.notify_waiters();
         true
     }
 
@@ -175,7 +180,11 @@ impl LostSignal {
                 return std::future::pending().await;
             };
             loop {
-                tokio::time::sleep_until(validity.until()).await;
+                let moved = validity.moved.notified();
+                tokio::select! {
+                    _ = tokio::time::sleep_until(validity.until()) => {}
+                    _ = moved => continue,
+                }
                 if validity.expired() {
                     return LostReason::ValidityExpired;
                 }
