@@ -19,6 +19,8 @@ pub struct Config {
     pub tls: bool,
     /// `+cluster`: a Redis Cluster.
     pub cluster: bool,
+    /// `+sentinel`: the name of the primary the sentinels in `nodes` watch.
+    pub sentinel: Option<String>,
     /// Host and port of each node given (one unless `cluster`).
     pub nodes: Vec<(String, u16)>,
     /// The ACL user name.
@@ -111,7 +113,8 @@ fn parse_host_port(part: &str, default_port: u16) -> Result<(String, u16)> {
 }
 
 impl Config {
-    /// Parses `redis://`, `rediss://`, `redis+cluster://` and `rediss+cluster://` URLs.
+    /// Parses `redis://`, `rediss://`, `redis+cluster://`, `rediss+cluster://`,
+    /// `redis+sentinel://` and `rediss+sentinel://` URLs.
     ///
     /// # Errors
     /// `InvalidConfig` for anything malformed or unknown (the URL itself is never quoted).
@@ -119,14 +122,17 @@ impl Config {
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| bad("expected <scheme>://..."))?;
-        let (tls, cluster) = match scheme.to_ascii_lowercase().as_str() {
-            "redis" => (false, false),
-            "rediss" => (true, false),
-            "redis+cluster" => (false, true),
-            "rediss+cluster" => (true, true),
+        let (tls, cluster, sentinel) = match scheme.to_ascii_lowercase().as_str() {
+            "redis" => (false, false, false),
+            "rediss" => (true, false, false),
+            "redis+cluster" => (false, true, false),
+            "rediss+cluster" => (true, true, false),
+            "redis+sentinel" => (false, false, true),
+            "rediss+sentinel" => (true, false, true),
             _ => {
                 return Err(bad(
-                    "the scheme must be redis, rediss, redis+cluster or rediss+cluster",
+                    "the scheme must be redis, rediss, redis+cluster, rediss+cluster, \
+                     redis+sentinel or rediss+sentinel",
                 ));
             }
         };
@@ -171,15 +177,38 @@ impl Config {
                 )
             }
         };
+        let default_port = if sentinel { 26379 } else { 6379 };
         let nodes = hosts
             .split(',')
-            .map(|h| parse_host_port(h, 6379))
+            .map(|h| parse_host_port(h, default_port))
             .collect::<Result<Vec<_>>>()?;
-        if !cluster && nodes.len() != 1 {
+        if !cluster && !sentinel && nodes.len() != 1 {
             return Err(bad(
-                "several hosts need the redis+cluster:// (or rediss+cluster://) scheme",
+                "several hosts need the redis+cluster:// or redis+sentinel:// scheme",
             ));
         }
+        // Sentinel: the path is `<primary name>[/db]`.
+        let (master, path) = if sentinel {
+            let (name, db) = match path.split_once('/') {
+                Some((n, d)) => (n, d),
+                None => (path, ""),
+            };
+            let name = decode(name, "primary name")?;
+            if name.is_empty()
+                || name.len() > 128
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b))
+            {
+                return Err(bad(
+                    "redis+sentinel:// needs the primary's name as the path \
+                     (1 to 128 characters of [A-Za-z0-9_.:-]), like /mymaster or /mymaster/0",
+                ));
+            }
+            (Some(name), db)
+        } else {
+            (None, path)
+        };
         let db = match path {
             "" => 0,
             p => match p.parse::<i64>() {
@@ -193,6 +222,7 @@ impl Config {
         let mut cfg = Config {
             tls,
             cluster,
+            sentinel: master,
             nodes,
             username,
             password,
@@ -270,11 +300,13 @@ impl Config {
 
     /// The URL again, with the password replaced by `***`.
     pub fn redacted(&self) -> String {
-        let scheme = match (self.tls, self.cluster) {
-            (false, false) => "redis",
-            (true, false) => "rediss",
-            (false, true) => "redis+cluster",
-            (true, true) => "rediss+cluster",
+        let scheme = match (self.tls, self.cluster, self.sentinel.is_some()) {
+            (false, false, false) => "redis",
+            (true, false, false) => "rediss",
+            (false, true, _) => "redis+cluster",
+            (true, true, _) => "rediss+cluster",
+            (false, false, true) => "redis+sentinel",
+            (true, false, true) => "rediss+sentinel",
         };
         let mut out = format!("{scheme}://");
         match (&self.username, &self.password) {
@@ -295,6 +327,9 @@ impl Config {
             })
             .collect();
         out.push_str(&hosts.join(","));
+        if let Some(master) = &self.sentinel {
+            out.push_str(&format!("/{master}"));
+        }
         out.push_str(&format!("/{}?namespace={}", self.db, self.namespace));
         if self.min_replicas > 0 {
             out.push_str(&format!(
@@ -340,6 +375,21 @@ mod tests {
         assert!(c.tls && c.cluster);
         assert_eq!(c.nodes.len(), 3);
         assert_eq!(c.nodes[2], ("::1".to_owned(), 3));
+
+        let c = Config::parse("redis+sentinel://:pw@a,b:26380/mymaster/2").unwrap();
+        assert_eq!(c.sentinel.as_deref(), Some("mymaster"));
+        assert_eq!(
+            c.nodes,
+            vec![("a".to_owned(), 26379), ("b".to_owned(), 26380)]
+        );
+        assert_eq!(c.db, 2);
+        assert!(!c.cluster && !c.tls);
+        assert_eq!(
+            c.redacted(),
+            "redis+sentinel://:***@a:26379,b:26380/mymaster/2?namespace=locksmith"
+        );
+        let c = Config::parse("rediss+sentinel://a/m").unwrap();
+        assert!(c.tls && c.sentinel.is_some() && c.db == 0);
     }
 
     #[test]
@@ -365,6 +415,10 @@ mod tests {
             "redis+cluster://a:1,b:2/1",
             "redis://us er:pw@h",
             "redis://user@h",
+            "redis+sentinel://a:1",
+            "redis+sentinel://a:1/",
+            "redis+sentinel://a:1/m/x",
+            "redis+sentinel://a:1/m{x}",
         ] {
             let e = Config::parse(url).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{url}");

@@ -1,26 +1,49 @@
-//! Connections: a single node through a reconnecting `ConnectionManager`, or a cluster through
-//! the cluster client's async connection, behind one `ConnectionLike`.
+//! Connections: a single node (or the primary a set of sentinels names) through
+//! [`Reconnecting`], or a cluster through the cluster client's async connection, behind one
+//! `ConnectionLike`.
+//!
+//! [`Reconnecting`] replaces redis-rs' `ConnectionManager`, which gives up after a few retries
+//! and then hands the cached failure to the next command even once the server is back. Here one
+//! supervisor task per connection reconnects without a retry cap (jittered exponential delay,
+//! bounded by [`MAX_RECONNECT_DELAY`]); a command that finds the connection down asks for an
+//! attempt at once and waits for the outcome of an attempt that started after it asked (never
+//! an older one), at most the connect timeout; and a hook runs on every new connection before
+//! any command uses it (the pub/sub side re-subscribes there).
 
-use std::sync::Weak;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::{
-    Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, ProtocolVersion,
-    RedisConnectionInfo, RedisFuture, RedisResult, TlsCertificates, ToRedisArgs, Value,
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo,
+    Pipeline, ProtocolVersion, PushInfo, PushKind, RedisConnectionInfo, RedisError, RedisFuture,
+    RedisResult, TlsCertificates, ToRedisArgs, Value,
 };
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::subs::{PubSubFactory, Registry};
 use crate::{map_err, map_err_connect};
 use lockcore::{Error, Result};
 
+/// The longest pause between two reconnection attempts (the delay doubles from
+/// [`MIN_RECONNECT_DELAY`] up to it, with full jitter). A command that needs the connection
+/// does not wait for it: it triggers an attempt at once.
+pub(crate) const MAX_RECONNECT_DELAY: Duration = Duration::from_millis(1000);
+/// The shortest pause between two attempts, so that commands arriving during an outage cannot
+/// make the supervisor spin.
+const MIN_RECONNECT_DELAY: Duration = Duration::from_millis(10);
+
 /// A multiplexed connection for commands (a `redis::aio::ConnectionLike`). Clones share it.
 #[derive(Clone)]
 pub enum Conn {
-    /// One server, through a reconnecting connection manager.
-    Single(ConnectionManager),
+    /// One server (or the primary named by sentinels), reconnecting by itself.
+    Single(Reconnecting),
     /// A Redis Cluster.
     Cluster(ClusterConnection),
 }
@@ -56,23 +79,390 @@ impl ConnectionLike for Conn {
 /// The RESP3 connection that carries this client's subscriptions.
 #[derive(Clone)]
 pub(crate) enum PubSubConn {
-    Single(ConnectionManager),
+    Single(Reconnecting),
     Cluster(ClusterConnection),
 }
 
 impl PubSubConn {
-    pub(crate) async fn subscribe(&mut self, channel: impl ToRedisArgs) -> RedisResult<()> {
+    pub(crate) async fn subscribe(&mut self, channel: impl ToRedisArgs + Send) -> RedisResult<()> {
         match self {
-            PubSubConn::Single(c) => c.subscribe(channel).await,
+            PubSubConn::Single(c) => {
+                c.with_conn(|mut c| async move { c.subscribe(channel).await })
+                    .await
+            }
             PubSubConn::Cluster(c) => c.subscribe(channel).await,
         }
     }
 
-    pub(crate) async fn unsubscribe(&mut self, channel: impl ToRedisArgs) -> RedisResult<()> {
+    pub(crate) async fn unsubscribe(
+        &mut self,
+        channel: impl ToRedisArgs + Send,
+    ) -> RedisResult<()> {
         match self {
-            PubSubConn::Single(c) => c.unsubscribe(channel).await,
+            PubSubConn::Single(c) => {
+                c.with_conn(|mut c| async move { c.unsubscribe(channel).await })
+                    .await
+            }
             PubSubConn::Cluster(c) => c.unsubscribe(channel).await,
         }
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+/// Runs on every new connection before commands use it; an error fails that attempt.
+pub(crate) type OnConnect =
+    Arc<dyn Fn(MultiplexedConnection) -> BoxFuture<RedisResult<()>> + Send + Sync>;
+/// Receives the push messages (other than disconnections) of every connection.
+pub(crate) type OnPush = Arc<dyn Fn(PushInfo) + Send + Sync>;
+
+/// Where a single-node connection goes: a fixed server, or whichever primary the sentinels name.
+#[derive(Clone)]
+pub(crate) enum Target {
+    Direct(Client),
+    Sentinel {
+        /// One client per sentinel, asked in order (the one that answered moves to the front).
+        sentinels: Arc<Mutex<Vec<Client>>>,
+        master: String,
+        /// Builds the client for the primary's address (credentials, db, TLS from the URL).
+        primary: Arc<dyn Fn(&str, u16) -> RedisResult<Client> + Send + Sync>,
+    },
+}
+
+impl Target {
+    async fn open(&self, config: &AsyncConnectionConfig) -> RedisResult<MultiplexedConnection> {
+        match self {
+            Target::Direct(client) => {
+                client
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await
+            }
+            Target::Sentinel {
+                sentinels,
+                master,
+                primary,
+            } => {
+                let (host, port) = ask_sentinels(sentinels, master).await?;
+                let mut conn = primary(&host, port)?
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await?;
+                // A sentinel may name a primary that has just been demoted (or not yet
+                // promoted): only a node that says it is the primary gets our writes.
+                let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut conn).await?;
+                match role.first() {
+                    Some(Value::BulkString(r)) if r.as_slice() == b"master" => Ok(conn),
+                    Some(Value::SimpleString(r)) if r == "master" => Ok(conn),
+                    _ => Err(RedisError::from((
+                        redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+                        "the node the sentinels named is not (yet) the primary",
+                    ))),
+                }
+            }
+        }
+    }
+}
+
+/// Asks each sentinel in turn for the address of `master`.
+async fn ask_sentinels(sentinels: &Mutex<Vec<Client>>, master: &str) -> RedisResult<(String, u16)> {
+    let list = sentinels.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut last = None;
+    for (i, sentinel) in list.iter().enumerate() {
+        let answer: RedisResult<Option<(String, u16)>> = async {
+            let mut c = sentinel.get_multiplexed_async_connection().await?;
+            redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(master)
+                .query_async(&mut c)
+                .await
+        }
+        .await;
+        match answer {
+            Ok(Some(addr)) => {
+                if i > 0 {
+                    // Ask the sentinel that answered first next time.
+                    let mut l = sentinels.lock().unwrap_or_else(|e| e.into_inner());
+                    if i < l.len() {
+                        l.swap(0, i);
+                    }
+                }
+                return Ok(addr);
+            }
+            Ok(None) => {
+                last = Some(RedisError::from((
+                    redis::ErrorKind::Io,
+                    "a sentinel does not know the primary named in the URL",
+                )))
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| RedisError::from((redis::ErrorKind::Io, "no sentinel given"))))
+}
+
+/// Whether a command error means the connection (or, behind sentinels, the node's role) cannot
+/// be trusted any more: reconnect.
+fn breaks_connection(e: &RedisError) -> bool {
+    e.is_unrecoverable_error()
+        || e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_timeout()
+        || matches!(
+            e.kind(),
+            redis::ErrorKind::Server(
+                redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::MasterDown
+            )
+        )
+}
+
+fn not_connected(msg: &'static str) -> RedisError {
+    RedisError::from(std::io::Error::new(std::io::ErrorKind::NotConnected, msg))
+}
+
+#[derive(Default)]
+struct State {
+    /// The live connection and its generation.
+    conn: Option<(u64, MultiplexedConnection)>,
+    generation: u64,
+    /// Number of the last attempt started, and of the last one that failed (with its error).
+    started: u64,
+    failed: u64,
+    last_error: Option<RedisError>,
+}
+
+struct Shared {
+    target: Target,
+    config: AsyncConnectionConfig,
+    connect_timeout: Duration,
+    db: i64,
+    on_connect: Option<OnConnect>,
+    on_push: Option<OnPush>,
+    state: Mutex<State>,
+    /// Any change of `state` (connected, attempt failed).
+    changed: Notify,
+    /// Asks the supervisor for an attempt now.
+    kick: Notify,
+}
+
+/// Aborts the supervisor when the last handle goes.
+struct Supervisor(tokio::task::JoinHandle<()>);
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A multiplexed connection to one node that reconnects by itself, without a retry cap (see the
+/// module docs of `conn`).
+#[derive(Clone)]
+pub struct Reconnecting {
+    shared: Arc<Shared>,
+    _supervisor: Arc<Supervisor>,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks generation `generation` dead (once) and asks for a new connection.
+    fn broken(&self, generation: u64) {
+        let mut st = self.state();
+        if st.conn.as_ref().is_some_and(|(g, _)| *g == generation) {
+            st.conn = None;
+            drop(st);
+            self.kick.notify_one();
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// One connection attempt, including the hook.
+    async fn attempt(self: &Arc<Self>, generation: u64) -> RedisResult<MultiplexedConnection> {
+        let weak = Arc::downgrade(self);
+        let on_push = self.on_push.clone();
+        let config = self.config.clone().set_push_sender(move |push: PushInfo| {
+            if push.kind == PushKind::Disconnection {
+                if let Some(shared) = weak.upgrade() {
+                    shared.broken(generation);
+                }
+            } else if let Some(f) = &on_push {
+                f(push);
+            }
+            Ok::<(), ()>(())
+        });
+        let open = async {
+            let conn = self.target.open(&config).await?;
+            if let Some(hook) = &self.on_connect {
+                hook(conn.clone()).await?;
+            }
+            Ok(conn)
+        };
+        match tokio::time::timeout(self.connect_timeout, open).await {
+            Ok(r) => r,
+            Err(_) => Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "connecting to redis timed out",
+            ))),
+        }
+    }
+}
+
+async fn supervise(shared: Arc<Shared>) {
+    let mut failures = 0u32;
+    loop {
+        // Sleep until the connection is lost (a kick).
+        loop {
+            let kicked = shared.kick.notified();
+            if shared.state().conn.is_none() {
+                break;
+            }
+            kicked.await;
+        }
+        let (number, generation) = {
+            let mut st = shared.state();
+            st.started += 1;
+            st.generation += 1;
+            (st.started, st.generation)
+        };
+        match shared.attempt(generation).await {
+            Ok(conn) => {
+                failures = 0;
+                shared.state().conn = Some((generation, conn));
+                shared.changed.notify_waiters();
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "redis reconnection attempt failed; retrying");
+                {
+                    let mut st = shared.state();
+                    st.failed = number;
+                    st.last_error = Some(e);
+                }
+                shared.changed.notify_waiters();
+                failures = failures.saturating_add(1);
+                let ceiling = MIN_RECONNECT_DELAY
+                    .saturating_mul(1u32 << failures.min(16))
+                    .min(MAX_RECONNECT_DELAY);
+                let jittered = Duration::from_nanos(fastrand::u64(
+                    0..=ceiling.as_nanos().min(u64::MAX as u128) as u64,
+                ));
+                tokio::time::sleep(MIN_RECONNECT_DELAY).await;
+                // A command that needs the connection cuts the pause short.
+                tokio::select! {
+                    _ = tokio::time::sleep(jittered.saturating_sub(MIN_RECONNECT_DELAY)) => {}
+                    _ = shared.kick.notified() => {}
+                }
+            }
+        }
+    }
+}
+
+impl Reconnecting {
+    /// Connects (the first attempt's error is returned as is) and starts the supervisor.
+    pub(crate) async fn connect(
+        target: Target,
+        cfg: &Config,
+        response_timeout: Duration,
+        on_connect: Option<OnConnect>,
+        on_push: Option<OnPush>,
+    ) -> RedisResult<Reconnecting> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(cfg.connect_timeout))
+            .set_response_timeout(Some(response_timeout));
+        let shared = Arc::new(Shared {
+            target,
+            config,
+            connect_timeout: cfg.connect_timeout,
+            db: cfg.db,
+            on_connect,
+            on_push,
+            state: Mutex::new(State::default()),
+            changed: Notify::new(),
+            kick: Notify::new(),
+        });
+        let first = {
+            let mut st = shared.state();
+            st.started = 1;
+            st.generation = 1;
+            1
+        };
+        let conn = shared.attempt(first).await?;
+        shared.state().conn = Some((first, conn));
+        let supervisor = Arc::new(Supervisor(tokio::spawn(supervise(shared.clone()))));
+        Ok(Reconnecting {
+            shared,
+            _supervisor: supervisor,
+        })
+    }
+
+    /// The live connection; when there is none, asks for an attempt and waits (at most the
+    /// connect timeout) for the outcome of an attempt that started after this call.
+    async fn current(&self) -> RedisResult<(u64, MultiplexedConnection)> {
+        let shared = &self.shared;
+        let asked_after = {
+            let st = shared.state();
+            if let Some(c) = &st.conn {
+                return Ok(c.clone());
+            }
+            st.started
+        };
+        shared.kick.notify_one();
+        let deadline = Instant::now() + shared.connect_timeout + Duration::from_millis(100);
+        loop {
+            let changed = shared.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let st = shared.state();
+                if let Some(c) = &st.conn {
+                    return Ok(c.clone());
+                }
+                if st.failed > asked_after {
+                    return Err(st
+                        .last_error
+                        .clone()
+                        .unwrap_or_else(|| not_connected("redis is unreachable")));
+                }
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return Err(not_connected("redis is unreachable; still reconnecting"));
+            }
+        }
+    }
+
+    /// Runs `f` on the live connection, marking it broken when `f` fails in a way that says so.
+    pub(crate) async fn with_conn<T, F, Fut>(&self, f: F) -> RedisResult<T>
+    where
+        F: FnOnce(MultiplexedConnection) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let (generation, conn) = self.current().await?;
+        let result = f(conn).await;
+        if let Err(e) = &result
+            && breaks_connection(e)
+        {
+            self.shared.broken(generation);
+        }
+        result
+    }
+}
+
+impl ConnectionLike for Reconnecting {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(self.with_conn(move |mut c| async move { c.send_packed_command(cmd).await }))
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(self.with_conn(move |mut c| async move {
+            c.send_packed_commands(pipeline, offset, count).await
+        }))
+    }
+
+    fn get_db(&self) -> i64 {
+        self.shared.db
     }
 }
 
@@ -128,11 +518,18 @@ fn install_crypto_provider() {
 /// How to open connections for one parsed URL.
 #[derive(Clone)]
 pub(crate) enum Factory {
-    Single(Client),
+    Single(Target),
     Cluster {
         nodes: Vec<ConnectionInfo>,
         certs: Option<TlsCertificates>,
     },
+}
+
+fn client_for(info: ConnectionInfo, certs: &Option<TlsCertificates>) -> RedisResult<Client> {
+    match certs {
+        Some(certs) => Client::build_with_tls(info, certs.clone()),
+        None => Client::open(info),
+    }
 }
 
 impl Factory {
@@ -141,6 +538,40 @@ impl Factory {
             install_crypto_provider();
         }
         let certs = tls_certificates(cfg)?;
+        if let Some(master) = &cfg.sentinel {
+            // Sentinels: no credentials (the URL's are the data nodes'), the URL's TLS settings.
+            let mut plain = cfg.clone();
+            plain.username = None;
+            plain.password = None;
+            plain.db = 0;
+            let sentinels = cfg
+                .nodes
+                .iter()
+                .map(|(h, p)| {
+                    let mut info = connection_info(&plain, h, *p)?;
+                    info = info.set_redis_settings(
+                        RedisConnectionInfo::default().set_protocol(ProtocolVersion::RESP2),
+                    );
+                    client_for(info, &certs)
+                        .map_err(|e| Error::invalid_config("bad TLS settings").with_source(e))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let primary_cfg = cfg.clone();
+            let primary_certs = certs.clone();
+            return Ok(Factory::Single(Target::Sentinel {
+                sentinels: Arc::new(Mutex::new(sentinels)),
+                master: master.clone(),
+                primary: Arc::new(move |host: &str, port: u16| {
+                    let info = connection_info(&primary_cfg, host, port).map_err(|_| {
+                        RedisError::from((
+                            redis::ErrorKind::InvalidClientConfig,
+                            "the sentinels named an unusable address",
+                        ))
+                    })?;
+                    client_for(info, &primary_certs)
+                }),
+            }));
+        }
         let nodes = cfg
             .nodes
             .iter()
@@ -153,12 +584,9 @@ impl Factory {
             .into_iter()
             .next()
             .expect("one node, checked by the parser");
-        let client = match certs {
-            Some(certs) => Client::build_with_tls(info, certs),
-            None => Client::open(info),
-        }
-        .map_err(|e| Error::invalid_config("bad TLS settings").with_source(e))?;
-        Ok(Factory::Single(client))
+        let client = client_for(info, &certs)
+            .map_err(|e| Error::invalid_config("bad TLS settings").with_source(e))?;
+        Ok(Factory::Single(Target::Direct(client)))
     }
 
     fn cluster_client(&self, cfg: &Config, push: Option<Weak<Registry>>) -> Result<ClusterClient> {
@@ -179,35 +607,40 @@ impl Factory {
             .map_err(|e| Error::invalid_config("bad cluster settings").with_source(e))
     }
 
-    fn manager_config(cfg: &Config) -> ConnectionManagerConfig {
-        ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(cfg.connect_timeout))
-            .set_response_timeout(Some(cfg.response_timeout))
-            .set_number_of_retries(3)
-    }
-
     /// A new multiplexed, reconnecting command connection.
     pub(crate) async fn command_conn(&self, cfg: &Config) -> Result<Conn> {
+        self.command_conn_with_timeout(cfg, cfg.response_timeout)
+            .await
+    }
+
+    async fn command_conn_with_timeout(
+        &self,
+        cfg: &Config,
+        response_timeout: Duration,
+    ) -> Result<Conn> {
         match self {
-            Factory::Single(client) => client
-                .get_connection_manager_with_config(Self::manager_config(cfg))
-                .await
-                .map(Conn::Single)
-                .map_err(|e| map_err_connect("cannot connect to redis", e)),
-            Factory::Cluster { .. } => self
-                .cluster_client(cfg, None)?
-                .get_async_connection()
-                .await
-                .map(Conn::Cluster)
-                .map_err(|e| map_err_connect("cannot connect to the redis cluster", e)),
+            Factory::Single(target) => {
+                Reconnecting::connect(target.clone(), cfg, response_timeout, None, None)
+                    .await
+                    .map(Conn::Single)
+                    .map_err(|e| map_err_connect("cannot connect to redis", e))
+            }
+            Factory::Cluster { .. } => {
+                let mut cfg = cfg.clone();
+                cfg.response_timeout = response_timeout;
+                self.cluster_client(&cfg, None)?
+                    .get_async_connection()
+                    .await
+                    .map(Conn::Cluster)
+                    .map_err(|e| map_err_connect("cannot connect to the redis cluster", e))
+            }
         }
     }
 
     /// A command connection whose responses may take `extra` longer (for `WAIT`).
-    pub(crate) async fn slow_conn(&self, cfg: &Config, extra: std::time::Duration) -> Result<Conn> {
-        let mut cfg = cfg.clone();
-        cfg.response_timeout += extra;
-        self.command_conn(&cfg).await
+    pub(crate) async fn slow_conn(&self, cfg: &Config, extra: Duration) -> Result<Conn> {
+        self.command_conn_with_timeout(cfg, cfg.response_timeout + extra)
+            .await
     }
 }
 
@@ -231,15 +664,40 @@ pub(crate) struct PubSubOpener {
 impl PubSubFactory for PubSubOpener {
     async fn open(&self, registry: Weak<Registry>) -> Result<PubSubConn> {
         match &self.factory {
-            Factory::Single(client) => {
-                let config = Factory::manager_config(&self.cfg)
-                    .set_push_sender(move |p| dispatch(&registry, p))
-                    .set_automatic_resubscription();
-                client
-                    .get_connection_manager_with_config(config)
-                    .await
-                    .map(PubSubConn::Single)
-                    .map_err(|e| map_err_connect("cannot open the pub/sub connection", e))
+            Factory::Single(target) => {
+                let on_push: OnPush = {
+                    let registry = registry.clone();
+                    Arc::new(move |p| {
+                        let _ = dispatch(&registry, p);
+                    })
+                };
+                // Every new connection subscribes to every channel a waiter waits on before it
+                // is used, then wakes those waiters: releases published while the connection
+                // was down were lost.
+                let on_connect: OnConnect = Arc::new(move |mut conn: MultiplexedConnection| {
+                    let registry = registry.clone();
+                    Box::pin(async move {
+                        let Some(registry) = registry.upgrade() else {
+                            return Ok(());
+                        };
+                        let channels = registry.channel_names();
+                        if !channels.is_empty() {
+                            conn.subscribe(&channels).await?;
+                        }
+                        registry.wake_all();
+                        Ok(())
+                    })
+                });
+                Reconnecting::connect(
+                    target.clone(),
+                    &self.cfg,
+                    self.cfg.response_timeout,
+                    Some(on_connect),
+                    Some(on_push),
+                )
+                .await
+                .map(PubSubConn::Single)
+                .map_err(|e| map_err_connect("cannot open the pub/sub connection", e))
             }
             Factory::Cluster { .. } => self
                 .factory

@@ -38,6 +38,19 @@ impl Registry {
         self.channels.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The channels some waiter waits on (to subscribe again on a new connection).
+    pub(crate) fn channel_names(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
+    /// Wakes every waiter of every channel (after a reconnection: releases published while the
+    /// connection was down were lost).
+    pub(crate) fn wake_all(&self) {
+        for entry in self.lock().values() {
+            entry.channel.notify.notify_waiters();
+        }
+    }
+
     /// Called by the connection for every push message; must not block.
     pub(crate) fn dispatch(&self, push: PushInfo) {
         let wake_all = match push.kind {
