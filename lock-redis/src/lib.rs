@@ -172,6 +172,11 @@ impl RedisBackend {
         self.inner.node.keys(name).lock
     }
 
+    /// The pub/sub channel on which releases of `name` are announced.
+    pub fn channel(&self, name: &LockName) -> String {
+        Keys::new(&self.inner.cfg.namespace, name).channel
+    }
+
     /// The Redis key of the fencing counter of `name`.
     pub fn fence_key(&self, name: &LockName) -> String {
         self.inner.node.keys(name).fence

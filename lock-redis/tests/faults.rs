@@ -1,0 +1,154 @@
+//! Restarts, outages and failovers, each on redis-server processes the test starts itself
+//! (never the shared test servers).
+
+mod support;
+
+use std::time::Duration;
+
+use lock_redis::RedisBackend;
+use lockcore::{Instant, LockName, LockOptions, Locker};
+use support::{RedisProcess, eventually};
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{:016x}", fastrand::u64(..))
+}
+
+fn scaled(secs: f64) -> Duration {
+    Duration::from_secs_f64(secs * conformance::time_scale())
+}
+
+async fn numsub(server: &RedisProcess, channel: &str) -> i64 {
+    let Ok(mut c) = server.raw().await else {
+        return 0;
+    };
+    redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async::<(String, i64)>(&mut c)
+        .await
+        .map(|(_, n)| n)
+        .unwrap_or(0)
+}
+
+/// An outage of 2.5 s (well past the ~1 s after which the old connection wrapper gave up): the
+/// holder's first command after it succeeds (no cached error), and a waiter, whose safety-net
+/// poll is a minute away, is woken by the release because its subscription was restored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_wakes_on_release_after_an_outage() {
+    let mut server = RedisProcess::start_persistent().await;
+    let url = format!("{}?poll_ms=60000", server.url());
+    let holder = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let waiter_backend = RedisBackend::connect(&url).await.unwrap();
+    let waiter = Locker::new(waiter_backend.clone());
+    let name = LockName::new(unique("outage")).unwrap();
+    let channel = waiter_backend.channel(&name);
+
+    let long = LockOptions::new().ttl(Duration::from_secs(120));
+    let g = holder.try_lock(&name, &long).await.unwrap().unwrap();
+    let task = {
+        let (waiter, name) = (waiter.clone(), name.clone());
+        let opts = long.clone().wait_timeout(Duration::from_secs(100));
+        tokio::spawn(async move { waiter.lock(&name, &opts).await })
+    };
+    eventually("the waiter is subscribed", || {
+        numsub(&server, &channel).map_ge(1)
+    })
+    .await;
+
+    server.kill();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    server.restart().await;
+    // The append-only file brought the lock back: the holder still holds it.
+    eventually("the waiter subscribed again", || {
+        numsub(&server, &channel).map_ge(1)
+    })
+    .await;
+    assert!(
+        !task.is_finished(),
+        "the waiter got a lock that is still held"
+    );
+
+    let released = Instant::now();
+    g.release()
+        .await
+        .expect("the first command after the outage succeeds");
+    let g2 = tokio::time::timeout(scaled(20.0), task)
+        .await
+        .expect("the waiter slept through the release: its subscription was not restored")
+        .unwrap()
+        .unwrap();
+    let took = released.elapsed();
+    assert!(
+        took < scaled(5.0),
+        "the waiter took {took:?} after the release (its poll is 60 s away)"
+    );
+    g2.release().await.unwrap();
+}
+
+/// `try_lock` fails with `Unavailable` while the server is down, and works as soon as it is
+/// back, on the very first try: the connection wrapper never caps its retries or hands out a
+/// cached failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_try_after_an_outage_succeeds() {
+    let mut server = RedisProcess::start().await;
+    let locker = Locker::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let opts = LockOptions::new().ttl(Duration::from_secs(10));
+    locker
+        .try_lock(unique("before"), &opts)
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    server.kill();
+    let err = locker.try_lock(unique("down"), &opts).await.unwrap_err();
+    assert_eq!(err.kind(), lockcore::ErrorKind::Unavailable, "{err}");
+    // Longer than the old wrapper's whole retry budget (3 retries, ~1.4 s).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+
+    server.restart().await;
+    let g = locker
+        .try_lock(unique("after"), &opts)
+        .await
+        .expect("the first try after the restart")
+        .expect("a fresh name is free");
+    g.release().await.unwrap();
+}
+
+/// `lock()` with a deadline rides out an outage that ends before the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_rides_out_an_outage_within_its_deadline() {
+    let mut server = RedisProcess::start().await;
+    let locker = Locker::new(RedisBackend::connect(&server.url()).await.unwrap());
+    server.kill();
+    let task = {
+        let locker = locker.clone();
+        tokio::spawn(async move {
+            let opts = LockOptions::new()
+                .ttl(Duration::from_secs(10))
+                .wait_timeout(Duration::from_secs(30));
+            locker.lock(unique("outage-lock"), &opts).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!task.is_finished(), "lock() gave up during the outage");
+    server.restart().await;
+    let g = tokio::time::timeout(scaled(20.0), task)
+        .await
+        .expect("lock() did not come back after the server did")
+        .unwrap()
+        .expect("lock() succeeds once the server is back");
+    g.release().await.unwrap();
+}
+
+trait MapGe {
+    fn map_ge(self, n: i64) -> impl std::future::Future<Output = bool>;
+}
+
+impl<F: std::future::Future<Output = i64>> MapGe for F {
+    async fn map_ge(self, n: i64) -> bool {
+        self.await >= n
+    }
+}
