@@ -115,6 +115,9 @@ pub(crate) type OnConnect =
 /// Receives the push messages (other than disconnections) of every connection.
 pub(crate) type OnPush = Arc<dyn Fn(PushInfo) + Send + Sync>;
 
+/// Builds the client for a primary's address.
+pub(crate) type PrimaryClient = Arc<dyn Fn(&str, u16) -> RedisResult<Client> + Send + Sync>;
+
 /// Where a single-node connection goes: a fixed server, or whichever primary the sentinels name.
 #[derive(Clone)]
 pub(crate) enum Target {
@@ -124,7 +127,7 @@ pub(crate) enum Target {
         sentinels: Arc<Mutex<Vec<Client>>>,
         master: String,
         /// Builds the client for the primary's address (credentials, db, TLS from the URL).
-        primary: Arc<dyn Fn(&str, u16) -> RedisResult<Client> + Send + Sync>,
+        primary: PrimaryClient,
     },
 }
 

@@ -174,7 +174,7 @@ impl RedisBackend {
 
     /// The pub/sub channel on which releases of `name` are announced.
     pub fn channel(&self, name: &LockName) -> String {
-        Keys::new(&self.inner.cfg.namespace, name).channel
+        self.inner.node.keys(name).channel
     }
 
     /// The Redis key of the fencing counter of `name`.
