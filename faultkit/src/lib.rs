@@ -1,0 +1,43 @@
+//! Fault tools for locksmith's tests and its report runner.
+//!
+//! * Server launchers ([`RedisServer`], [`RedisFailover`], [`Postgres`], [`MariaDb`],
+//!   [`ZooKeeper`], [`Etcd`]): each starts real server processes from Rust on free loopback
+//!   ports with a throw-away data directory, waits (with a timeout) until they serve, and kills
+//!   them when dropped (also on panic). Each member can be killed (`kill -9`), paused
+//!   (`SIGSTOP`), resumed (`SIGCONT`) and restarted with or without its data.
+//! * [`Proxy`]: a TCP proxy between a client and a server whose mode switches at run time:
+//!   pass, added latency per direction, blackhole, reset. [`rewrite_url`] points a URL at it.
+//! * [`Holder`]: drives a lock-holder *process* (the `locksmith-holder` binary of the `faults`
+//!   crate, or anything printing the same JSON lines), so a holder can be SIGKILLed, paused and
+//!   resumed like a real one.
+//! * [`FencedResource`]: accepts a write only when its fencing token is at least the highest
+//!   seen, and counts stale writes rejected and accepted.
+//!
+//! This crate depends on no backend crate (backends use it as a dev-dependency). Servers come
+//! from the Debian packages `scripts/install-servers.sh` installs.
+//!
+//! Every readiness wait has a timeout ([`Timeouts`]); a server that fails to start gives an
+//! [`Error`] carrying the tail of its log.
+#![deny(missing_docs)]
+
+mod etcd;
+mod fence;
+mod holder;
+mod mariadb;
+mod postgres;
+mod process;
+mod proxy;
+mod redis;
+mod util;
+mod zk;
+
+pub use etcd::Etcd;
+pub use fence::{FenceStats, FencedResource};
+pub use holder::{Holder, HolderEvent, HolderSpec};
+pub use mariadb::MariaDb;
+pub use postgres::Postgres;
+pub use process::ServerProcess;
+pub use proxy::{Direction, Proxy, ProxyMode, rewrite_url};
+pub use redis::{RedisFailover, RedisServer};
+pub use util::{Error, Result, TempDir, Timeouts, free_port, now_unix_micros, wait_until};
+pub use zk::ZooKeeper;

@@ -1,0 +1,177 @@
+//! One server process: spawned in its own process group, signalled as a group, killed on drop.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use rustix::process::{Pid, Signal, kill_process_group};
+
+use crate::util::{Error, Result, tail};
+
+/// A server process started by a launcher. It runs in its own process group, so that signals
+/// reach its children too (PostgreSQL's backends); `Drop` kills the group with SIGKILL and reaps
+/// it, also when a test panics.
+#[derive(Debug)]
+pub struct ServerProcess {
+    label: String,
+    program: String,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl ServerProcess {
+    /// Starts `program args`, appending stdout and stderr to `log`.
+    pub fn spawn(
+        label: impl Into<String>,
+        program: impl Into<String>,
+        args: Vec<String>,
+        log: impl Into<PathBuf>,
+    ) -> Result<Self> {
+        let mut p = ServerProcess {
+            label: label.into(),
+            program: program.into(),
+            args,
+            log: log.into(),
+            child: None,
+        };
+        p.start()?;
+        Ok(p)
+    }
+
+    fn start(&mut self) -> Result<()> {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let err = out.try_clone()?;
+        let child = Command::new(&self.program)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0)
+            .spawn()
+            .map_err(|e| Error::msg(format!("{}: cannot run {}: {e}", self.label, self.program)))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// The label given at spawn (for messages).
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The process id while it runs (also while paused).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Whether the process is still there (running or paused; not exited).
+    pub fn is_running(&mut self) -> bool {
+        match &mut self.child {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    fn signal(&self, sig: Signal) -> Result<()> {
+        let pid = self
+            .pid()
+            .and_then(|p| Pid::from_raw(p as i32))
+            .ok_or_else(|| Error::msg(format!("{}: not running", self.label)))?;
+        kill_process_group(pid, sig)
+            .map_err(|e| Error::msg(format!("{}: signal {sig:?}: {e}", self.label)))
+    }
+
+    /// `kill -9` of the whole process group, then reaps it. Does nothing if it is not running.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = self.signal_pid(c.id(), Signal::KILL);
+            let _ = c.wait();
+        }
+    }
+
+    fn signal_pid(&self, pid: u32, sig: Signal) -> Result<()> {
+        let pid = Pid::from_raw(pid as i32).ok_or_else(|| Error::msg("bad pid"))?;
+        kill_process_group(pid, sig).map_err(|e| Error::msg(format!("{}: {e}", self.label)))
+    }
+
+    /// `SIGSTOP`: the process freezes (connections stay open, nothing answers).
+    pub fn pause(&self) -> Result<()> {
+        self.signal(Signal::STOP)
+    }
+
+    /// `SIGCONT`: resumes a paused process.
+    pub fn resume(&self) -> Result<()> {
+        self.signal(Signal::CONT)
+    }
+
+    /// Kills it (if running) and starts the same command again. Readiness is the launcher's
+    /// business.
+    pub fn respawn(&mut self) -> Result<()> {
+        self.kill();
+        self.start()
+    }
+
+    /// The log file.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// The last lines of its log, for error messages.
+    pub fn log_tail(&self) -> String {
+        tail(&self.log, 30)
+    }
+
+    /// An error saying what failed, with the log's tail.
+    pub fn failure(&self, what: &str, cause: impl std::fmt::Display) -> Error {
+        Error::msg(format!(
+            "{} ({}): {what}: {cause}\n---- last lines of {} ----\n{}",
+            self.label,
+            self.program,
+            self.log.display(),
+            self.log_tail()
+        ))
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl ServerProcess {
+    /// Polls `check` until it says ready, failing early (with the log's tail) when the process
+    /// exits and after `timeout`.
+    ///
+    /// Cancel safe.
+    pub async fn wait_ready<F, Fut>(
+        &mut self,
+        what: &str,
+        timeout: std::time::Duration,
+        mut check: F,
+    ) -> Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<bool>>,
+    {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last = String::new();
+        loop {
+            match check().await {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => last = e.to_string(),
+            }
+            if !self.is_running() {
+                return Err(self.failure(what, "the process exited"));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(self.failure(what, format!("not ready after {timeout:?} ({last})")));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! Redis: a single node without persistence, and primary + replica + 3 sentinels.
+
+use std::time::Duration;
+
+use crate::process::ServerProcess;
+use crate::util::{Result, TempDir, Timeouts, free_port, run};
+
+/// Runs `redis-cli -p PORT args...` and returns its output.
+///
+/// Cancel safety: a dropped call kills `redis-cli`.
+pub(crate) async fn cli(port: u16, args: &[&str], timeout: Duration) -> Result<String> {
+    let p = port.to_string();
+    let mut all = vec!["-h", "127.0.0.1", "-p", p.as_str()];
+    all.extend_from_slice(args);
+    run("redis-cli", &all, timeout).await
+}
+
+async fn pings(port: u16) -> Result<bool> {
+    Ok(cli(port, &["PING"], Duration::from_secs(2)).await?.trim() == "PONG")
+}
+
+fn spawn_redis(dir: &TempDir, label: &str, port: u16, extra: &[String]) -> Result<ServerProcess> {
+    let sub = dir.join(label);
+    std::fs::create_dir_all(&sub)?;
+    let mut args: Vec<String> = [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--daemonize",
+        "no",
+        "--dir",
+        &sub.to_string_lossy(),
+        "--enable-debug-command",
+        "local",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend_from_slice(extra);
+    ServerProcess::spawn(
+        format!("redis {label} :{port}"),
+        "redis-server",
+        args,
+        sub.join("redis.log"),
+    )
+}
+
+/// One Redis server without persistence (`save ""`, no AOF): a restart loses every key, the
+/// fencing counters included.
+#[derive(Debug)]
+pub struct RedisServer {
+    port: u16,
+    process: ServerProcess,
+    timeouts: Timeouts,
+    _dir: TempDir,
+}
+
+impl RedisServer {
+    /// Starts it and waits until it answers `PING`.
+    ///
+    /// Cancel safety: a dropped start kills the server.
+    pub async fn start() -> Result<Self> {
+        let dir = TempDir::new("redis", false)?;
+        let port = free_port()?;
+        let timeouts = Timeouts::scaled();
+        let process = spawn_redis(&dir, "node", port, &[])?;
+        let mut s = RedisServer {
+            port,
+            process,
+            timeouts,
+            _dir: dir,
+        };
+        s.wait_ready().await?;
+        Ok(s)
+    }
+
+    async fn wait_ready(&mut self) -> Result<()> {
+        let port = self.port;
+        self.process
+            .wait_ready("PING", self.timeouts.start, || pings(port))
+            .await
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Its port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The process, to kill, pause or resume it.
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+
+    /// Kills it (`-9`) and starts it again on the same port, empty (no persistence), and waits
+    /// until it answers.
+    ///
+    /// Cancel safety: a dropped restart may leave the server stopped.
+    pub async fn restart(&mut self) -> Result<()> {
+        self.process.respawn()?;
+        self.wait_ready().await
+    }
+
+    /// Runs a command through `redis-cli` (for example `["PEXPIRE", key, "10"]`).
+    ///
+    /// Cancel safe.
+    pub async fn cli(&self, args: &[&str]) -> Result<String> {
+        cli(self.port, args, self.timeouts.command).await
+    }
+}
+
+/// The master name the sentinels of a [`RedisFailover`] monitor.
+const MASTER: &str = "faultkit";
+
+/// A Redis primary, one replica and three sentinels (quorum 2, `down-after-milliseconds`
+/// 1000, `failover-timeout` 3000): a failover takes about 2-3 s after the primary stops
+/// answering. Nodes are persistence-free.
+#[derive(Debug)]
+pub struct RedisFailover {
+    nodes: Vec<(u16, ServerProcess)>,
+    sentinels: Vec<(u16, ServerProcess)>,
+    timeouts: Timeouts,
+    _dir: TempDir,
+}
+
+impl RedisFailover {
+    /// Starts the primary (node 0), the replica (node 1) and the sentinels, and waits until the
+    /// replica is in sync and every sentinel sees the replica and the two other sentinels.
+    ///
+    /// Cancel safety: a dropped start kills what it started.
+    pub async fn start() -> Result<Self> {
+        let dir = TempDir::new("redis-failover", false)?;
+        let timeouts = Timeouts::scaled();
+        let p0 = free_port()?;
+        let p1 = free_port()?;
+        let mut nodes = vec![(p0, spawn_redis(&dir, "node0", p0, &[])?)];
+        nodes.push((
+            p1,
+            spawn_redis(
+                &dir,
+                "node1",
+                p1,
+                &["--replicaof".into(), "127.0.0.1".into(), p0.to_string()],
+            )?,
+        ));
+        for (port, proc) in &mut nodes {
+            let port = *port;
+            proc.wait_ready("PING", timeouts.start, || pings(port))
+                .await?;
+        }
+        let mut sentinels = Vec::new();
+        for i in 0..3 {
+            let port = free_port()?;
+            let sub = dir.join(format!("sentinel{i}"));
+            std::fs::create_dir_all(&sub)?;
+            let conf = sub.join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir \"{}\"\n\
+                     sentinel monitor {MASTER} 127.0.0.1 {p0} 2\n\
+                     sentinel down-after-milliseconds {MASTER} 1000\n\
+                     sentinel failover-timeout {MASTER} 3000\n\
+                     sentinel parallel-syncs {MASTER} 1\n",
+                    sub.display()
+                ),
+            )?;
+            let proc = ServerProcess::spawn(
+                format!("redis sentinel{i} :{port}"),
+                "redis-server",
+                vec![conf.to_string_lossy().into_owned(), "--sentinel".into()],
+                sub.join("sentinel.log"),
+            )?;
+            sentinels.push((port, proc));
+        }
+        let mut f = RedisFailover {
+            nodes,
+            sentinels,
+            timeouts,
+            _dir: dir,
+        };
+        let replica = f.nodes[1].0;
+        let t = f.timeouts;
+        f.nodes[1]
+            .1
+            .wait_ready("replica in sync", t.start, || async move {
+                Ok(cli(replica, &["INFO", "replication"], t.command)
+                    .await?
+                    .contains("master_link_status:up"))
+            })
+            .await?;
+        for (port, proc) in &mut f.sentinels {
+            let port = *port;
+            proc.wait_ready("sentinel sees replica and peers", t.start, || async move {
+                let out = cli(port, &["SENTINEL", "MASTER", MASTER], t.command).await?;
+                let kv: Vec<&str> = out.lines().collect();
+                let get = |k: &str| {
+                    kv.chunks(2)
+                        .find(|c| c[0] == k)
+                        .and_then(|c| c.get(1))
+                        .and_then(|v| v.parse::<u32>().ok())
+                        .unwrap_or(0)
+                };
+                Ok(get("num-slaves") >= 1 && get("num-other-sentinels") >= 2)
+            })
+            .await?;
+        }
+        Ok(f)
+    }
+
+    /// The URL of node `i` (0: the first primary, 1: the first replica).
+    pub fn node_url(&self, i: usize) -> String {
+        format!("redis://127.0.0.1:{}", self.nodes[i].0)
+    }
+
+    /// The port of node `i`.
+    pub fn node_port(&self, i: usize) -> u16 {
+        self.nodes[i].0
+    }
+
+    /// Node `i`'s process, to kill, pause or resume it.
+    pub fn node(&mut self, i: usize) -> &mut ServerProcess {
+        &mut self.nodes[i].1
+    }
+
+    /// The sentinels' ports.
+    pub fn sentinel_ports(&self) -> Vec<u16> {
+        self.sentinels.iter().map(|(p, _)| *p).collect()
+    }
+
+    /// The node index the sentinels name as primary now (asked of the first sentinel that
+    /// answers).
+    ///
+    /// Cancel safe.
+    pub async fn primary(&self) -> Result<usize> {
+        let mut last = None;
+        for (port, _) in &self.sentinels {
+            match cli(
+                *port,
+                &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER],
+                self.timeouts.command,
+            )
+            .await
+            {
+                Ok(out) => {
+                    let p: Option<u16> = out.lines().nth(1).and_then(|l| l.trim().parse().ok());
+                    if let Some(i) = self.nodes.iter().position(|(np, _)| Some(*np) == p) {
+                        return Ok(i);
+                    }
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| crate::Error::msg("no sentinel names a known primary")))
+    }
+
+    /// Waits until the sentinels name another primary than node `old`; returns the new one.
+    ///
+    /// Cancel safe.
+    pub async fn wait_failover(&self, old: usize, timeout: Duration) -> Result<usize> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(new) = self.primary().await.ok()
+                && new != old
+            {
+                return Ok(new);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(crate::Error::msg(format!("sentinel failover: none after {timeout:?}")));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The `ROLE` node `i` gives itself (`master` or `slave`).
+    ///
+    /// Cancel safe.
+    pub async fn role(&self, i: usize) -> Result<String> {
+        let out = cli(self.nodes[i].0, &["ROLE"], self.timeouts.command).await?;
+        Ok(out.lines().next().unwrap_or_default().trim().to_string())
+    }
+
+    /// Runs a command on node `i` through `redis-cli`.
+    ///
+    /// Cancel safe.
+    pub async fn cli(&self, i: usize, args: &[&str]) -> Result<String> {
+        cli(self.nodes[i].0, args, self.timeouts.command).await
+    }
+}

@@ -1,0 +1,195 @@
+//! Small shared helpers: errors, temp dirs, free ports, bounded waits, commands with timeouts.
+
+use std::fmt;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
+
+/// A fault-tool failure: a server that did not start or answer in time, a failed command.
+/// The message carries the context (and the tail of the server's log where there is one).
+#[derive(Debug)]
+pub struct Error(String);
+
+impl Error {
+    /// An error with this message.
+    pub fn msg(msg: impl Into<String>) -> Self {
+        Error(msg.into())
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error(format!("i/o: {e}"))
+    }
+}
+
+/// The result of a fault-tool call.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// How long readiness waits may take. Scaled by `LOCK_TEST_TIME_SCALE` (as the conformance
+/// suite's bounds are) through [`Timeouts::scaled`].
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    /// A server's start until it serves.
+    pub start: Duration,
+    /// One control command (`redis-cli`, `psql`, ...).
+    pub command: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            start: Duration::from_secs(60),
+            command: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Timeouts {
+    /// The defaults multiplied by `LOCK_TEST_TIME_SCALE` (1 when unset).
+    pub fn scaled() -> Self {
+        let scale = std::env::var("LOCK_TEST_TIME_SCALE")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .unwrap_or(1.0);
+        let d = Self::default();
+        Timeouts {
+            start: d.start.mul_f64(scale),
+            command: d.command.mul_f64(scale),
+        }
+    }
+}
+
+/// Microseconds since the Unix epoch on the wall clock: the one clock holder processes and the
+/// test process share on one machine.
+pub fn now_unix_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// A free TCP port on 127.0.0.1, as the kernel hands out ephemeral ports (bound, then freed; a
+/// race with another process taking it in between is possible but rare, and shows as a server
+/// that fails to start).
+pub fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// Polls `check` every 50 ms until it returns `Ok(true)`, for at most `timeout`. `what` names
+/// the wait in the error. `on_timeout` may add context (a log tail) to the error.
+///
+/// Cancel safe.
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
+    let deadline = Instant::now() + timeout;
+    let mut last_err = None;
+    loop {
+        match check().await {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if Instant::now() >= deadline {
+            return Err(Error(format!(
+                "{what}: not ready after {timeout:?}{}",
+                last_err.map(|e| format!(" (last error: {e})")).unwrap_or_default()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Runs a command to completion within `timeout`; its stdout on exit code 0, an error with its
+/// stderr otherwise.
+///
+/// Cancel safety: a dropped call kills the command.
+pub(crate) async fn run(program: &str, args: &[&str], timeout: Duration) -> Result<String> {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(timeout, cmd.output())
+        .await
+        .map_err(|_| Error(format!("{program} {}: no answer in {timeout:?}", args.join(" "))))?
+        .map_err(|e| Error(format!("{program}: {e}")))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(Error(format!(
+            "{program} {}: {} {}{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim(),
+            String::from_utf8_lossy(&out.stdout).trim()
+        )))
+    }
+}
+
+/// The last `lines` lines of a log file, for error messages.
+pub(crate) fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// A directory removed (with everything in it) when dropped.
+#[derive(Debug)]
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    /// A new empty directory `faultkit-<what>-<random>` under `/dev/shm` when `fast` and
+    /// writable (tmpfs: fsync-heavy servers like etcd run twice as fast there), else under the
+    /// system temp dir. World-readable, so servers that drop privileges can enter it.
+    pub fn new(what: &str, fast: bool) -> Result<Self> {
+        let shm = Path::new("/dev/shm");
+        let base = if fast && shm.is_dir() {
+            shm.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        let path = base.join(format!("faultkit-{what}-{:016x}", fastrand::u64(..)));
+        std::fs::create_dir_all(&path)?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+        Ok(TempDir { path })
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A path inside it.
+    pub fn join(&self, p: impl AsRef<Path>) -> PathBuf {
+        self.path.join(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Whether we run as root (some servers need telling, or a user switch).
+pub(crate) fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
