@@ -2,6 +2,7 @@
 //! a [`Harness`], as named tests ([`run_tests`]) or as a report ([`run_all`]).
 #![deny(missing_docs)]
 
+pub mod faults;
 mod harness;
 mod measure;
 pub mod report;
@@ -13,6 +14,7 @@ use std::sync::Arc;
 
 use libtest_mimic::{Arguments, Failed, Trial};
 
+pub use faults::{FaultCell, FaultInfo, FaultMatrix, FaultOutcome};
 pub use harness::{BoxFuture, FnHarness, Harness};
 pub use measure::{Figures, MEASURE_TIME, measure};
 pub use report::{Report, ScenarioInfo};

@@ -29,6 +29,9 @@ pub struct Report {
     pub scenarios: Vec<ScenarioInfo>,
     /// One entry per backend, in the order given.
     pub backends: Vec<BackendReport>,
+    /// The fault matrix, when the fault suite ran (see [`crate::faults`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub faults: Option<crate::faults::FaultMatrix>,
 }
 
 impl Report {
@@ -47,24 +50,34 @@ impl Report {
                 })
                 .collect(),
             backends,
+            faults: None,
         }
     }
 
+    /// The same report with the fault matrix beside the scenario matrix.
+    pub fn with_faults(mut self, faults: crate::faults::FaultMatrix) -> Self {
+        self.faults = Some(faults);
+        self
+    }
+
     /// How many scenario results failed, over every backend (a backend that could not connect
-    /// and has no results counts as one failure). Unsupported and skipped are not failures, and
-    /// not passes either.
+    /// and has no results counts as one failure), plus the fault matrix's undocumented
+    /// violations and errors. Unsupported and skipped are not failures, and not passes either.
     pub fn failed(&self) -> usize {
-        self.backends
-            .iter()
-            .map(|b| {
-                let fails = count(b, Status::Fail);
-                if fails == 0 && b.error.is_some() {
-                    1
-                } else {
-                    fails
-                }
-            })
-            .sum()
+        let faults = self.faults.as_ref().map_or(0, |f| f.failed());
+        faults
+            + self
+                .backends
+                .iter()
+                .map(|b| {
+                    let fails = count(b, Status::Fail);
+                    if fails == 0 && b.error.is_some() {
+                        1
+                    } else {
+                        fails
+                    }
+                })
+                .sum::<usize>()
     }
 
     /// The report as pretty-printed JSON.
@@ -218,6 +231,9 @@ impl Report {
                     let _ = writeln!(w, "| {} | not measured | | | | | | |", md_cell(&b.label));
                 }
             }
+        }
+        if let Some(f) = &self.faults {
+            md.push_str(&f.to_markdown());
         }
         md
     }
@@ -456,6 +472,9 @@ impl Report {
         }
         let _ = writeln!(w, "</tbody></table>");
         let _ = writeln!(w, "{}", self.latency_svg());
+        if let Some(f) = &self.faults {
+            let _ = writeln!(w, "{}", f.to_html());
+        }
         let _ = writeln!(w, "</body>\n</html>");
         h
     }

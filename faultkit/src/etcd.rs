@@ -21,7 +21,10 @@ async fn http_get(port: u16, path: &str) -> Result<String> {
     let out = tokio::time::timeout(Duration::from_secs(2), f)
         .await
         .map_err(|_| Error::msg(format!("etcd :{port} GET {path}: no answer")))??;
-    Ok(out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+    Ok(out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default())
 }
 
 #[derive(Debug)]
@@ -184,7 +187,9 @@ impl Etcd {
     pub async fn leader(&self) -> Result<usize> {
         for (i, m) in self.members.iter().enumerate() {
             if let Ok(metrics) = http_get(m.client_port, "/metrics").await
-                && metrics.lines().any(|l| l.trim() == "etcd_server_is_leader 1")
+                && metrics
+                    .lines()
+                    .any(|l| l.trim() == "etcd_server_is_leader 1")
             {
                 return Ok(i);
             }
@@ -204,7 +209,9 @@ impl Etcd {
                 return Ok(new);
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(crate::Error::msg(format!("new etcd leader: none after {timeout:?}")));
+                return Err(crate::Error::msg(format!(
+                    "new etcd leader: none after {timeout:?}"
+                )));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

@@ -145,11 +145,20 @@ mod tests {
         r.set_holder("b");
         assert!(r.write("b", Some(6)));
         assert!(!r.write("a", Some(5)), "a stale token is rejected");
-        assert!(r.write("b", Some(6)), "the holder writes again with its token");
+        assert!(
+            r.write("b", Some(6)),
+            "the holder writes again with its token"
+        );
         assert!(r.write("a", None), "no token: cannot check");
         let s = r.stats();
         assert_eq!(
-            (s.accepted, s.rejected, s.stale_rejected, s.stale_accepted, s.unfenced),
+            (
+                s.accepted,
+                s.rejected,
+                s.stale_rejected,
+                s.stale_accepted,
+                s.unfenced
+            ),
             (4, 1, 1, 1, 1)
         );
         assert_eq!(s.highest, Some(6));

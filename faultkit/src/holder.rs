@@ -216,7 +216,10 @@ impl Holder {
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let e = self.next(left).await.map_err(|e| {
-                Error::msg(format!("waiting for `{event}`: {e} (seen: {:?})", self.names()))
+                Error::msg(format!(
+                    "waiting for `{event}`: {e} (seen: {:?})",
+                    self.names()
+                ))
             })?;
             if e.event == event {
                 return Ok(e);

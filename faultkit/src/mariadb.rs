@@ -94,7 +94,13 @@ impl MariaDb {
                 async move {
                     Ok(run(
                         "mariadb-admin",
-                        &["--no-defaults", &sock, "-uroot", "--connect-timeout=2", "ping"],
+                        &[
+                            "--no-defaults",
+                            &sock,
+                            "-uroot",
+                            "--connect-timeout=2",
+                            "ping",
+                        ],
                         t.command,
                     )
                     .await

@@ -124,13 +124,21 @@ impl Proxy {
 
     /// The server new connections go to.
     pub fn upstream(&self) -> SocketAddr {
-        *self.shared.upstream.lock().unwrap_or_else(|e| e.into_inner())
+        *self
+            .shared
+            .upstream
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Points new connections at another server (a failover's new primary, as a moved virtual
     /// IP would). Open connections keep their server; reset them to move them.
     pub fn set_upstream(&self, upstream: SocketAddr) {
-        *self.shared.upstream.lock().unwrap_or_else(|e| e.into_inner()) = upstream;
+        *self
+            .shared
+            .upstream
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = upstream;
     }
 
     /// Switches the mode for every connection, open or new.

@@ -275,7 +275,9 @@ impl RedisFailover {
                 return Ok(new);
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(crate::Error::msg(format!("sentinel failover: none after {timeout:?}")));
+                return Err(crate::Error::msg(format!(
+                    "sentinel failover: none after {timeout:?}"
+                )));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

@@ -108,7 +108,9 @@ where
         if Instant::now() >= deadline {
             return Err(Error(format!(
                 "{what}: not ready after {timeout:?}{}",
-                last_err.map(|e| format!(" (last error: {e})")).unwrap_or_default()
+                last_err
+                    .map(|e| format!(" (last error: {e})"))
+                    .unwrap_or_default()
             )));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -126,7 +128,12 @@ pub(crate) async fn run(program: &str, args: &[&str], timeout: Duration) -> Resu
         .kill_on_drop(true);
     let out = tokio::time::timeout(timeout, cmd.output())
         .await
-        .map_err(|_| Error(format!("{program} {}: no answer in {timeout:?}", args.join(" "))))?
+        .map_err(|_| {
+            Error(format!(
+                "{program} {}: no answer in {timeout:?}",
+                args.join(" ")
+            ))
+        })?
         .map_err(|e| Error(format!("{program}: {e}")))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())

@@ -146,7 +146,9 @@ impl ZooKeeper {
         let m = &mut self.members[i];
         let port = m.client_port;
         m.process
-            .wait_ready("srvr Mode:", t, || async move { Ok(mode(port).await?.is_some()) })
+            .wait_ready("srvr Mode:", t, || async move {
+                Ok(mode(port).await?.is_some())
+            })
             .await
     }
 
@@ -211,7 +213,9 @@ impl ZooKeeper {
                 return Ok(new);
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(crate::Error::msg(format!("new zookeeper leader: none after {timeout:?}")));
+                return Err(crate::Error::msg(format!(
+                    "new zookeeper leader: none after {timeout:?}"
+                )));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

@@ -44,17 +44,30 @@ async fn round_trip(s: &mut TcpStream, timeout: Duration) -> std::io::Result<Opt
 async fn proxy_passes_delays_blackholes_and_resets() {
     let proxy = Proxy::start(echo_server().await).await.unwrap();
     let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
-    assert!(round_trip(&mut s, Duration::from_secs(5)).await.unwrap().is_some());
+    assert!(
+        round_trip(&mut s, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_some()
+    );
 
     // Latency on the reply path only.
     proxy.set_latency(Direction::ToClient, Duration::from_millis(200));
-    let rtt = round_trip(&mut s, Duration::from_secs(5)).await.unwrap().unwrap();
+    let rtt = round_trip(&mut s, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(rtt >= Duration::from_millis(200), "{rtt:?}");
     proxy.set_latency(Direction::ToClient, Duration::ZERO);
 
     // Blackhole: nothing comes back; after healing, the held bytes arrive, in order.
     proxy.set_mode(ProxyMode::Blackhole);
-    assert!(round_trip(&mut s, Duration::from_millis(300)).await.unwrap().is_none());
+    assert!(
+        round_trip(&mut s, Duration::from_millis(300))
+            .await
+            .unwrap()
+            .is_none()
+    );
     proxy.set_mode(ProxyMode::Pass);
     let mut buf = [0u8; 4];
     tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut buf))
@@ -78,7 +91,12 @@ async fn proxy_passes_delays_blackholes_and_resets() {
     assert!(r.is_err() || r.as_ref().unwrap().is_none(), "{r:?}");
     proxy.set_mode(ProxyMode::Pass);
     let mut s3 = TcpStream::connect(proxy.addr()).await.unwrap();
-    assert!(round_trip(&mut s3, Duration::from_secs(5)).await.unwrap().is_some());
+    assert!(
+        round_trip(&mut s3, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_some()
+    );
 }
 
 #[test]
@@ -91,7 +109,10 @@ fn rewrite_url_replaces_a_whole_port() {
         rewrite_url("postgres://u:p@localhost:5432/db", 5432, 1),
         "postgres://u:p@127.0.0.1:1/db"
     );
-    assert_eq!(rewrite_url("redis://127.0.0.1:63790", 6379, 1), "redis://127.0.0.1:63790");
+    assert_eq!(
+        rewrite_url("redis://127.0.0.1:63790", 6379, 1),
+        "redis://127.0.0.1:63790"
+    );
 }
 
 #[tokio::test]
@@ -107,7 +128,11 @@ async fn redis_launcher_starts_pauses_restarts_empty_and_kills() {
     let pid = r.process().pid().unwrap();
     r.restart().await.unwrap();
     assert_ne!(r.process().pid().unwrap(), pid);
-    assert_eq!(r.cli(&["GET", "k"]).await.unwrap().trim(), "", "no persistence");
+    assert_eq!(
+        r.cli(&["GET", "k"]).await.unwrap().trim(),
+        "",
+        "no persistence"
+    );
     let port = r.port();
     drop(r);
     assert!(

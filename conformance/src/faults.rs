@@ -1,0 +1,332 @@
+//! The "Faults" matrix of the report: what each backend did under each fault (holder crash and
+//! pause, server restart, partition, failover, slow replies, Redlock node faults), observed on
+//! real topologies by the `faults` crate. This module holds the data and renders its report
+//! sections; the scenarios live in the `faults` crate (they need every backend).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::report::html_escape as esc;
+
+/// What a fault did to the lock's contract on one backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultOutcome {
+    /// The contract held under the fault.
+    Holds,
+    /// The contract was broken (two holders, a stale write accepted, a token going backwards,
+    /// a lost signal after another client won, no progress): the counts say how often.
+    Violation,
+    /// The fault does not apply to this backend (the reason says why).
+    NotApplicable,
+    /// The scenario could not run (a topology did not start): not a result.
+    Error,
+}
+
+impl FaultOutcome {
+    /// A short label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultOutcome::Holds => "holds",
+            FaultOutcome::Violation => "violation",
+            FaultOutcome::NotApplicable => "n/a",
+            FaultOutcome::Error => "error",
+        }
+    }
+}
+
+/// One fault of the matrix.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FaultInfo {
+    /// Its stable name.
+    pub name: String,
+    /// What is done and what is checked.
+    pub summary: String,
+}
+
+/// One backend under one fault.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FaultCell {
+    /// The backend's label (e.g. `redis`, `postgres-row-lock`, `zk-ensemble`).
+    pub backend: String,
+    /// The fault's name.
+    pub fault: String,
+    /// What happened.
+    pub outcome: FaultOutcome,
+    /// For a violation: whether the backend's documentation states it (an undocumented one is
+    /// a defect of the backend).
+    pub documented: bool,
+    /// What was counted: `double_holders`, `stale_accepted`, `stale_rejected`,
+    /// `token_regressions`, ...
+    pub counts: BTreeMap<String, u64>,
+    /// From the fault until the holder's lost signal fired, in ms.
+    pub detect_ms: Option<f64>,
+    /// From the fault until another client held the lock, in ms.
+    pub next_holder_ms: Option<f64>,
+    /// The first moment another client could win minus the holder's lost signal, in ms
+    /// (positive: the holder knew first; negative: it learned after another client won).
+    pub margin_ms: Option<f64>,
+    /// What was observed, in a sentence (or why the fault does not apply).
+    pub note: String,
+}
+
+impl FaultCell {
+    /// A cell for `backend` under `fault`, outcome holds, nothing counted yet.
+    pub fn new(backend: &str, fault: &str) -> Self {
+        FaultCell {
+            backend: backend.to_string(),
+            fault: fault.to_string(),
+            outcome: FaultOutcome::Holds,
+            documented: false,
+            counts: BTreeMap::new(),
+            detect_ms: None,
+            next_holder_ms: None,
+            margin_ms: None,
+            note: String::new(),
+        }
+    }
+
+    /// Marks the fault as not applying, for `reason`.
+    pub fn not_applicable(mut self, reason: impl Into<String>) -> Self {
+        self.outcome = FaultOutcome::NotApplicable;
+        self.note = reason.into();
+        self
+    }
+
+    /// Adds `n` to the count `what`.
+    pub fn count(&mut self, what: &str, n: u64) {
+        *self.counts.entry(what.to_string()).or_default() += n;
+    }
+
+    /// A violation that the backend's documentation does not state.
+    pub fn is_defect(&self) -> bool {
+        self.outcome == FaultOutcome::Violation && !self.documented
+    }
+}
+
+/// Every backend under every fault.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FaultMatrix {
+    /// The faults, in order.
+    pub faults: Vec<FaultInfo>,
+    /// The backends, in order.
+    pub backends: Vec<String>,
+    /// One cell per backend and fault that ran.
+    pub cells: Vec<FaultCell>,
+}
+
+impl FaultMatrix {
+    /// The cell of `backend` under `fault`.
+    pub fn cell(&self, backend: &str, fault: &str) -> Option<&FaultCell> {
+        self.cells
+            .iter()
+            .find(|c| c.backend == backend && c.fault == fault)
+    }
+
+    /// Undocumented violations (defects) and errors: what makes a report run fail.
+    pub fn failed(&self) -> usize {
+        self.cells
+            .iter()
+            .filter(|c| c.is_defect() || c.outcome == FaultOutcome::Error)
+            .count()
+    }
+
+    /// The Markdown section (`## Faults`).
+    pub fn to_markdown(&self) -> String {
+        let mut md = String::new();
+        let w = &mut md;
+        let _ = writeln!(w, "\n## Faults\n");
+        let _ = writeln!(
+            w,
+            "Each cell: what the backend did under the fault, on real servers started for the run. \
+             **holds**: the contract held. **VIOLATION**: it broke (counts below); *documented* \
+             when the backend's documentation states it, otherwise a defect. **n/a**: the fault \
+             does not apply (reason below). Times in ms: detect = fault until the holder's lost \
+             signal; next = fault until another client held the lock; margin = first moment \
+             another client could win minus the lost signal (negative: the holder learned too \
+             late).\n"
+        );
+        let _ = write!(w, "| fault |");
+        for b in &self.backends {
+            let _ = write!(w, " {} |", md_cell(b));
+        }
+        let _ = writeln!(w);
+        let _ = write!(w, "|---|");
+        for _ in &self.backends {
+            let _ = write!(w, "---|");
+        }
+        let _ = writeln!(w);
+        let mut notes = Vec::new();
+        for f in &self.faults {
+            let _ = write!(w, "| `{}` |", f.name);
+            for b in &self.backends {
+                match self.cell(b, &f.name) {
+                    Some(c) => {
+                        notes.push(c);
+                        let _ = write!(w, " {} [{}] |", label_md(c), notes.len());
+                    }
+                    None => {
+                        let _ = write!(w, " - |");
+                    }
+                }
+            }
+            let _ = writeln!(w);
+        }
+        let _ = writeln!(w, "\nFaults:\n");
+        for f in &self.faults {
+            let _ = writeln!(w, "- `{}`: {}", f.name, md_cell(&f.summary));
+        }
+        let _ = writeln!(w, "\nCells:\n");
+        for (i, c) in notes.iter().enumerate() {
+            let _ = writeln!(
+                w,
+                "{}. {} / `{}`: {}{}{}",
+                i + 1,
+                md_cell(&c.backend),
+                c.fault,
+                label_md(c),
+                details(c).map(|d| format!(" ({d})")).unwrap_or_default(),
+                if c.note.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", md_cell(&c.note))
+                }
+            );
+        }
+        md
+    }
+
+    /// The HTML section (`<h2>Faults</h2>` and a matrix table), every string escaped.
+    pub fn to_html(&self) -> String {
+        let mut h = String::new();
+        let w = &mut h;
+        let _ = writeln!(
+            w,
+            "<h2>Faults</h2>\n<p class=\"legend\">What each backend did under each fault on real \
+             servers: <span class=\"st pass\">holds</span> the contract held · \
+             <span class=\"st fail\">VIOLATION</span> it broke (counts; <em>documented</em> when \
+             the backend's docs state it, otherwise a defect) · \
+             <span class=\"st skipped\">n/a</span> does not apply. detect: fault until the \
+             holder's lost signal; next: fault until another client held the lock; margin: first \
+             moment another client could win minus the lost signal (ms).</p>"
+        );
+        let _ = write!(
+            w,
+            "<div class=\"scroll\"><table class=\"matrix faults\">\n<thead><tr><th class=\"left\">fault</th>"
+        );
+        for b in &self.backends {
+            let _ = write!(w, "<th>{}</th>", esc(b));
+        }
+        let _ = writeln!(w, "</tr></thead><tbody>");
+        for f in &self.faults {
+            let _ = write!(
+                w,
+                "<tr><th class=\"left\"><code>{}</code><br><span class=\"sum\">{}</span></th>",
+                esc(&f.name),
+                esc(&f.summary)
+            );
+            for b in &self.backends {
+                match self.cell(b, &f.name) {
+                    Some(c) => {
+                        let class = match c.outcome {
+                            FaultOutcome::Holds => "pass",
+                            FaultOutcome::Violation => "fail",
+                            FaultOutcome::NotApplicable => "skipped",
+                            FaultOutcome::Error => "unsupported",
+                        };
+                        let _ = write!(
+                            w,
+                            "<td class=\"st {class}\" title=\"{}\">{}{}<small>{}</small></td>",
+                            esc(&c.note),
+                            esc(&label_plain(c)),
+                            details(c)
+                                .map(|d| format!("<small>{}</small>", esc(&d)))
+                                .unwrap_or_default(),
+                            esc(&c.note)
+                        );
+                    }
+                    None => {
+                        let _ = write!(w, "<td class=\"st none\">-</td>");
+                    }
+                }
+            }
+            let _ = writeln!(w, "</tr>");
+        }
+        let _ = writeln!(w, "</tbody></table></div>");
+        h
+    }
+}
+
+fn label_plain(c: &FaultCell) -> String {
+    match c.outcome {
+        FaultOutcome::Violation if c.documented => "VIOLATION (documented)".into(),
+        FaultOutcome::Violation => "VIOLATION (undocumented)".into(),
+        FaultOutcome::Holds => "holds".into(),
+        FaultOutcome::NotApplicable => "n/a".into(),
+        FaultOutcome::Error => "error".into(),
+    }
+}
+
+fn label_md(c: &FaultCell) -> String {
+    match c.outcome {
+        FaultOutcome::Violation => format!("**{}**", label_plain(c)),
+        _ => label_plain(c),
+    }
+}
+
+/// Counts and times, e.g. `double_holders=1, detect 310 ms, margin 12 ms`.
+fn details(c: &FaultCell) -> Option<String> {
+    let mut parts: Vec<String> = c.counts.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    for (name, v) in [
+        ("detect", c.detect_ms),
+        ("next", c.next_holder_ms),
+        ("margin", c.margin_ms),
+    ] {
+        if let Some(v) = v {
+            parts.push(format!("{name} {v:.0} ms"));
+        }
+    }
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
+fn md_cell(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_outcome_escaped_and_counts_defects() {
+        let mut m = FaultMatrix {
+            faults: vec![FaultInfo {
+                name: "holder_kill".into(),
+                summary: "kill <the> holder".into(),
+            }],
+            backends: vec!["a".into(), "b<".into(), "c".into()],
+            cells: Vec::new(),
+        };
+        let mut v = FaultCell::new("a", "holder_kill");
+        v.outcome = FaultOutcome::Violation;
+        v.count("double_holders", 2);
+        v.margin_ms = Some(-12.0);
+        m.cells.push(v.clone());
+        v.backend = "b<".into();
+        v.documented = true;
+        m.cells.push(v);
+        m.cells
+            .push(FaultCell::new("c", "holder_kill").not_applicable("no <server>"));
+        assert_eq!(m.failed(), 1, "only the undocumented violation fails");
+        let md = m.to_markdown();
+        assert!(md.contains("**VIOLATION (undocumented)**"), "{md}");
+        assert!(md.contains("double_holders=2, margin -12 ms"), "{md}");
+        let html = m.to_html();
+        assert!(!html.contains("<the>") && !html.contains("b<<") && !html.contains("<server>"));
+        assert!(html.contains("VIOLATION (documented)"));
+        let back: FaultMatrix = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
+        assert_eq!(back, m);
+    }
+}
