@@ -3,10 +3,14 @@
 //!
 //! # How a lock is kept
 //!
-//! * **Acquire** is one Lua script (sent with `EVALSHA`, loaded on `NOSCRIPT`): `SET lock token NX
-//!   PX ttl` and, only if that succeeded, `INCR` of the name's fencing counter, whose new value is
-//!   the fencing token. When the lock is held, the script returns the holder's `PTTL` so a waiter
-//!   can wake when the lease runs out. There is never a window with a lock key without TTL.
+//! * **Acquire** is one Lua script (sent with `EVALSHA`, loaded on `NOSCRIPT`): `SET lock token
+//!   PX ttl` if the lock is free and, only then, the fencing counter moves to
+//!   `max(last + 1, server TIME in µs)`, the fencing token (so tokens keep increasing after a
+//!   restart that lost the counter, or a failover to a replica that missed increments, as long
+//!   as the servers' clocks do not step back). When the lock is held, the script returns the
+//!   holder's `PTTL` so a waiter can wake when the lease runs out; when it is held by the very
+//!   same token (a re-sent script after a dropped connection) it resets the TTL and reports
+//!   success. There is never a window with a lock key without TTL.
 //! * **Release** is a compare-and-delete script that also `PUBLISH`es on the lock's channel;
 //!   **extend** is a compare-and-`PEXPIRE` script. Both change nothing and return
 //!   [`ErrorKind::NotHeld`](lockcore::ErrorKind::NotHeld) when the token no longer matches.
@@ -41,8 +45,8 @@
 //!
 //! `min_replicas` narrows the failover window of Redis's asynchronous replication but does not
 //! close it: `WAIT` only says that replicas received the write, not that a failover will promote
-//! one of them, and the fencing counter is replicated the same way (a failover can lose
-//! increments, so tokens may repeat after one). With `min_replicas`, acquisitions of one client
+//! one of them. A failover can therefore lose a fresh lock (two holders); the fencing counter
+//! stays increasing through it because it never falls below the server clock. With `min_replicas`, acquisitions of one client
 //! go one at a time through a dedicated connection (`WAIT` blocks the connection it runs on).
 //!
 //! Passwords never appear in `Debug`, [`Backend::describe`], logs or error messages.
@@ -143,8 +147,11 @@ impl RedisBackend {
         c.force_release = true;
         c.min_ttl = Duration::from_millis(1);
         c.notes = vec![
-            "fencing tokens come from an INCR in the same asynchronously replicated store: a \
-             failover can lose increments (and the lock), so tokens may repeat after one"
+            "fencing tokens are max(last + 1, server TIME in microseconds): they keep increasing \
+             across a restart without persistence and across a failover to a replica that missed \
+             increments, as long as the servers' clocks do not step back by more than the time \
+             between the last grant and the restart (keep them NTP-synced, slewing); a clock set \
+             back further can repeat tokens"
                 .into(),
             "asynchronous replication: a failover right after an acquire can lose the lock \
              (min_replicas narrows this window with WAIT but does not close it)"
@@ -387,6 +394,17 @@ impl Backend for RedisBackend {
 
     async fn round_trip(&self) -> Result<()> {
         RedisBackend::ping(self).await
+    }
+
+    /// `SET NX PX`, then the compare-and-delete script: two round trips, as the issue's bare
+    /// primitive (see [`node::bare_cycle`]).
+    async fn bare_cycle(&self, name: &LockName) -> Result<()> {
+        node::bare_cycle(&mut self.inner.node.conn(), &self.inner.node.keys(name)).await
+    }
+
+    /// The sum of `calls=` over `INFO commandstats` (on a cluster, over every primary).
+    async fn server_requests(&self) -> Result<u64> {
+        node::server_requests(&mut self.inner.node.conn()).await
     }
 
     fn describe(&self) -> String {

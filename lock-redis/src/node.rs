@@ -22,15 +22,33 @@ pub use crate::conn::Conn;
 use crate::conn::{Factory, PubSubOpener};
 pub use crate::subs::{Channel, Subscriptions, Waiting};
 
-/// `SET NX PX` and, on success and when a fencing counter key (`KEYS[2]`) is given, `INCR` of
-/// it, atomically. Returns `{1, fence}` (`{1, 0}` without a counter key) or
-/// `{0, pttl of the holder}`.
+/// Takes the lock for token `ARGV[1]` with TTL `ARGV[2]` ms, atomically. Returns `{1, fence}`
+/// (`{1, 0}` without a counter key `KEYS[2]`) or `{0, pttl of the holder}`.
+///
+/// * **Idempotent for one token**: when the lock already holds `ARGV[1]` (a re-sent script: the
+///   cluster client retries after a dropped connection, and the first copy may have run), it
+///   resets the TTL and reports success with the current fencing value, instead of reporting
+///   its own token as another holder.
+/// * **Fencing never goes back**: the new value is `max(last + 1, server TIME in microseconds)`.
+///   After a restart without persistence, or a failover to a replica that missed increments,
+///   the counter restarts from the server clock, which is past every value handed out before
+///   (values run at most one per acquisition ahead of the clock), as long as the server clocks
+///   do not step back by more than the time between the last grant and the restart.
 const ACQUIRE_LUA: &str = r"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if KEYS[2] then return {1, redis.call('INCR', KEYS[2])} end
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if KEYS[2] then return {1, tonumber(redis.call('GET', KEYS[2]) or '0')} end
   return {1, 0}
 end
-return {0, redis.call('PTTL', KEYS[1])}
+if holder then return {0, redis.call('PTTL', KEYS[1])} end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if not KEYS[2] then return {1, 0} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local fence = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now)
+redis.call('SET', KEYS[2], string.format('%d', fence))
+return {1, fence}
 ";
 
 /// Compare-and-delete, then tell the waiters.
@@ -39,6 +57,14 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[2], 'released')
   return 1
+end
+return 0
+";
+
+/// The bare compare-and-delete (no notification), for [`bare_cycle`].
+const COMPARE_AND_DELETE_LUA: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
 end
 return 0
 ";
@@ -65,6 +91,7 @@ struct Scripts {
     release: Script,
     extend: Script,
     revoke: Script,
+    compare_and_delete: Script,
 }
 
 fn scripts() -> &'static Scripts {
@@ -74,6 +101,7 @@ fn scripts() -> &'static Scripts {
         release: Script::new(RELEASE_LUA),
         extend: Script::new(EXTEND_LUA),
         revoke: Script::new(REVOKE_LUA),
+        compare_and_delete: Script::new(COMPARE_AND_DELETE_LUA),
     })
 }
 
@@ -171,7 +199,9 @@ pub enum NodeAttempt {
 }
 
 /// Runs the acquire script on `conn`: `SET lock token NX PX ttl`, and with `fencing` the
-/// `INCR` of the fencing counter in the same script. One round trip.
+/// fencing counter's advance (`max(last + 1, server TIME in µs)`) in the same script. One round
+/// trip. Idempotent for one token: run again while `token` holds the lock, it resets the TTL and
+/// reports `Won` with the same fencing value.
 ///
 /// Cancel safety: a dropped call may have taken the lock; it then frees after `ttl`.
 ///
@@ -264,6 +294,48 @@ pub async fn revoke(conn: &mut Conn, keys: &Keys) -> Result<bool> {
     Ok(n == 1)
 }
 
+/// The bare Redis lock primitive, without this library: `SET lock token NX PX 10000`, then the
+/// compare-and-delete script. Two round trips; what the benchmark compares `try_lock` + release
+/// with.
+///
+/// Cancel safety: dropping the future may leave the key held for up to 10 s.
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the server fails; `Backend` when the key was held.
+pub async fn bare_cycle(conn: &mut Conn, keys: &Keys) -> Result<()> {
+    let token = lockcore::OwnerToken::random().to_hex();
+    let set: Option<String> = redis::cmd("SET")
+        .arg(&keys.lock)
+        .arg(&token)
+        .arg("NX")
+        .arg("PX")
+        .arg(10_000)
+        .query_async(conn)
+        .await
+        .map_err(|e| map_err("bare SET NX PX failed", e))?;
+    if set.is_none() {
+        return Err(Error::new(
+            lockcore::ErrorKind::Backend,
+            "the bare cycle's name was held",
+        ));
+    }
+    let n: i64 = scripts()
+        .compare_and_delete
+        .key(&keys.lock)
+        .arg(&token)
+        .invoke_async(conn)
+        .await
+        .map_err(|e| map_err("bare compare-and-delete failed", e))?;
+    if n == 1 {
+        Ok(())
+    } else {
+        Err(Error::new(
+            lockcore::ErrorKind::Backend,
+            "the bare cycle's key was gone before its delete",
+        ))
+    }
+}
+
 /// Sends `PING`.
 ///
 /// Cancel safe.
@@ -285,13 +357,25 @@ pub async fn ping(conn: &mut Conn) -> Result<()> {
 /// # Errors
 /// `Unavailable` or `Backend` when the server fails.
 pub async fn server_requests(conn: &mut Conn) -> Result<u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .map_err(|e| map_err("INFO commandstats failed", e))?;
-    Ok(info
-        .lines()
+    let mut info = redis::cmd("INFO");
+    info.arg("commandstats");
+    let reply: redis::Value = match conn {
+        Conn::Single(_) => info.query_async(conn).await,
+        Conn::Cluster(c) => {
+            use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+            c.route_command(
+                info,
+                RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+            )
+            .await
+        }
+    }
+    .map_err(|e| map_err("INFO commandstats failed", e))?;
+    let mut texts = Vec::new();
+    collect_text(reply, &mut texts);
+    Ok(texts
+        .iter()
+        .flat_map(|t| t.lines())
         .filter_map(|l| {
             l.split_once("calls=")?
                 .1
@@ -301,6 +385,19 @@ pub async fn server_requests(conn: &mut Conn) -> Result<u64> {
                 .ok()
         })
         .sum())
+}
+
+/// Every text in a reply (one `INFO` text, or one per node on a cluster).
+fn collect_text(v: redis::Value, out: &mut Vec<String>) {
+    use redis::Value as V;
+    match v {
+        V::BulkString(b) => out.push(String::from_utf8_lossy(&b).into_owned()),
+        V::SimpleString(s) => out.push(s),
+        V::VerbatimString { text, .. } => out.push(text),
+        V::Array(items) | V::Set(items) => items.into_iter().for_each(|i| collect_text(i, out)),
+        V::Map(pairs) => pairs.into_iter().for_each(|(_, v)| collect_text(v, out)),
+        _ => {}
+    }
 }
 
 /// A connected client of one Redis server (or cluster): the command connection and the pub/sub

@@ -152,3 +152,35 @@ impl<F: std::future::Future<Output = i64>> MapGe for F {
         self.await >= n
     }
 }
+
+/// Fencing tokens keep increasing across a restart that lost every key (no persistence): the
+/// counter restarts from the server clock, past every token handed out before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_increase_across_a_restart() {
+    let mut server = RedisProcess::start().await;
+    let a = Locker::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let name = LockName::new(unique("fence-restart")).unwrap();
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    let first = a.try_lock(&name, &opts).await.unwrap().unwrap();
+    let second_token = {
+        first.release().await.unwrap();
+        let g = a.try_lock(&name, &opts).await.unwrap().unwrap();
+        let t = g.fencing_token().unwrap();
+        g.abandon();
+        t
+    };
+
+    server.restart().await;
+    let c = Locker::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let g = c
+        .try_lock(&name, &opts)
+        .await
+        .unwrap()
+        .expect("the restart emptied the server");
+    let after = g.fencing_token().unwrap();
+    assert!(
+        after > second_token,
+        "token {after} after the restart is not above {second_token} handed out before it"
+    );
+    g.release().await.unwrap();
+}

@@ -428,3 +428,81 @@ async fn separate_connects_are_independent_clients() {
     );
     drop((a, b, c));
 }
+
+/// The acquire script run twice with one token (as the cluster client does when it re-sends a
+/// script after a dropped connection, the first copy having run) reports success both times
+/// with the same fencing token, not its own token as another holder; another token is refused.
+async fn acquire_is_idempotent(url: &str) {
+    use lock_redis::node::{self, Config, Node, NodeAttempt};
+    let node = Node::connect(&Config::parse(url).unwrap()).await.unwrap();
+    let keys = node.keys(&LockName::new(unique("idempotent")).unwrap());
+    let mut conn = node.conn();
+    let ttl = Duration::from_secs(30);
+    let first = node::acquire(&mut conn, &keys, "token-a", ttl, true)
+        .await
+        .unwrap();
+    let again = node::acquire(&mut conn, &keys, "token-a", ttl, true)
+        .await
+        .unwrap();
+    assert!(
+        matches!(first, NodeAttempt::Won { fence: Some(_) }),
+        "{first:?}"
+    );
+    assert_eq!(first, again, "a re-sent acquire must report the same win");
+    let other = node::acquire(&mut conn, &keys, "token-b", ttl, true)
+        .await
+        .unwrap();
+    assert!(matches!(other, NodeAttempt::Held { .. }), "{other:?}");
+    assert!(node::release(&mut conn, &keys, "token-a").await.unwrap());
+}
+
+#[tokio::test]
+async fn acquire_is_idempotent_for_its_token() {
+    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
+        return;
+    };
+    acquire_is_idempotent(&url).await;
+}
+
+#[tokio::test]
+async fn cluster_acquire_is_idempotent_for_its_token() {
+    let Some(url) = require_env("LOCK_TEST_REDIS_CLUSTER_URL") else {
+        return;
+    };
+    acquire_is_idempotent(&url).await;
+}
+
+async fn bare_cycle_and_server_requests(url: &str) {
+    let backend = RedisBackend::connect(url).await.unwrap();
+    let before = backend.server_requests().await.unwrap();
+    let name = LockName::new(unique("bare")).unwrap();
+    for _ in 0..10 {
+        backend.bare_cycle(&name).await.unwrap();
+    }
+    let after = backend.server_requests().await.unwrap();
+    // 2 commands per cycle plus the first INFO itself (shared servers see other traffic too).
+    assert!(after >= before + 20, "{before} -> {after}");
+    // The name is free again.
+    let locker = Locker::new(backend);
+    let g = locker
+        .try_lock(&name, &opts(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    g.unwrap().release().await.unwrap();
+}
+
+#[tokio::test]
+async fn bare_cycle_and_server_requests_work() {
+    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
+        return;
+    };
+    bare_cycle_and_server_requests(&url).await;
+}
+
+#[tokio::test]
+async fn cluster_bare_cycle_and_server_requests_work() {
+    let Some(url) = require_env("LOCK_TEST_REDIS_CLUSTER_URL") else {
+        return;
+    };
+    bare_cycle_and_server_requests(&url).await;
+}
