@@ -90,7 +90,8 @@ impl PubSubConn {
                 c.with_conn(|mut c| async move { c.subscribe(channel).await })
                     .await
             }
-            PubSubConn::Cluster(c) => c.subscribe(channel).await,
+            // Sharded: the subscription lives on the node of the channel's slot.
+            PubSubConn::Cluster(c) => c.ssubscribe(channel).await,
         }
     }
 
@@ -103,7 +104,7 @@ impl PubSubConn {
                 c.with_conn(|mut c| async move { c.unsubscribe(channel).await })
                     .await
             }
-            PubSubConn::Cluster(c) => c.unsubscribe(channel).await,
+            PubSubConn::Cluster(c) => c.sunsubscribe(channel).await,
         }
     }
 }

@@ -11,7 +11,8 @@
 //!   holder's `PTTL` so a waiter can wake when the lease runs out; when it is held by the very
 //!   same token (a re-sent script after a dropped connection) it resets the TTL and reports
 //!   success. There is never a window with a lock key without TTL.
-//! * **Release** is a compare-and-delete script that also `PUBLISH`es on the lock's channel;
+//! * **Release** is a compare-and-delete script that also `PUBLISH`es on the lock's channel
+//!   (on a cluster `SPUBLISH`, sharded pub/sub on the lock's slot);
 //!   **extend** is a compare-and-`PEXPIRE` script. Both change nothing and return
 //!   [`ErrorKind::NotHeld`](lockcore::ErrorKind::NotHeld) when the token no longer matches.
 //! * **Keys**: `<namespace>:{<escaped name>}:lock` and `<namespace>:{<escaped name>}:fence`, and
@@ -22,7 +23,8 @@
 //! * **Waiting** (`lock()`): one attempt; if held, subscribe to the lock's channel, attempt again
 //!   (so a release between the first attempt and the subscription is not missed), then sleep
 //!   until a release message, the holder's `PTTL` (expiry publishes nothing), the safety-net
-//!   poll (`poll_ms`, jittered) or the deadline, whichever comes first. Each client has one
+//!   poll (`poll_ms`, jittered) or the deadline, whichever comes first; only one waiter per
+//!   client and name sleeps until the `PTTL` (no herd at expiry). Each client has one
 //!   RESP3 pub/sub connection (opened on the first wait, resubscribing after reconnects) shared by
 //!   all its waiters; waiters of one name share one subscription and are woken one at a time.
 //!
@@ -70,7 +72,7 @@ use lockcore::{Capabilities, Error, Instant, LockName, Result, WaitKind};
 
 use crate::config::Config;
 use crate::conn::Conn;
-use crate::node::{Keys, Node, NodeAttempt, slot_of};
+use crate::node::{ExpiryWatch, Keys, Node, NodeAttempt, slot_of};
 pub(crate) use crate::node::{map_err, map_err_connect};
 
 enum Attempt {
@@ -166,8 +168,8 @@ impl RedisBackend {
         ];
         if cfg.cluster {
             c.notes.push(
-                "cluster: release notifications use classic PUBLISH, which the cluster bus \
-                 broadcasts to every node"
+                "cluster: release notifications use sharded pub/sub (SPUBLISH/SSUBSCRIBE, Redis \
+                 7) on the lock's slot, not a broadcast to every node"
                     .into(),
             );
         }
@@ -358,6 +360,7 @@ impl Backend for RedisBackend {
             }
         };
         let poll = self.inner.node.config().poll;
+        let mut expiry = ExpiryWatch::new(waiting.channel());
         loop {
             // Registered before the attempt: a release published while it is in flight wakes us.
             let notified = waiting.channel().notify.notified();
@@ -365,7 +368,10 @@ impl Backend for RedisBackend {
             notified.as_mut().enable();
             // Subscribed now: this attempt sees any release that came before the subscription.
             match self.attempt(req, &keys).await? {
-                Attempt::Won(a) => return Ok(Some(a)),
+                Attempt::Won(a) => {
+                    expiry.won();
+                    return Ok(Some(a));
+                }
                 Attempt::Held { pttl: p } => pttl = p.or(pttl),
             }
             let now = Instant::now();
@@ -374,8 +380,11 @@ impl Backend for RedisBackend {
             }
             let safety = poll / 2 + poll.mul_f64(fastrand::f64() / 2.0);
             let mut wake = now + safety;
-            if let Some(p) = pttl.take() {
-                // Expiry publishes nothing: come back when the holder's lease runs out.
+            if let Some(p) = pttl.take()
+                && expiry.claim()
+            {
+                // Expiry publishes nothing: one waiter per client comes back when the holder's
+                // lease runs out (not all of them: no herd at expiry).
                 wake = wake.min(now + p + Duration::from_millis(fastrand::u64(1..=5)));
             }
             if let Some(d) = deadline {

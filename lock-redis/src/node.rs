@@ -20,7 +20,7 @@ use redis::{RedisError, Script};
 pub use crate::config::Config;
 pub use crate::conn::Conn;
 use crate::conn::{Factory, PubSubOpener};
-pub use crate::subs::{Channel, Subscriptions, Waiting};
+pub use crate::subs::{Channel, ExpiryWatch, Subscriptions, Waiting};
 
 /// Takes the lock for token `ARGV[1]` with TTL `ARGV[2]` ms, atomically. Returns `{1, fence}`
 /// (`{1, 0}` without a counter key `KEYS[2]`) or `{0, pttl of the holder}`.
@@ -51,11 +51,11 @@ redis.call('SET', KEYS[2], string.format('%d', fence))
 return {1, fence}
 ";
 
-/// Compare-and-delete, then tell the waiters.
+/// Compare-and-delete, then tell the waiters (`ARGV[3]`: `PUBLISH`, or `SPUBLISH` on a cluster).
 const RELEASE_LUA: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], 'released')
+  redis.call(ARGV[3], ARGV[2], 'released')
   return 1
 end
 return 0
@@ -77,10 +77,11 @@ end
 return 0
 ";
 
-/// Delete whoever holds it (an administrator's override), and tell the waiters.
+/// Delete whoever holds it (an administrator's override), and tell the waiters (`ARGV[2]`:
+/// `PUBLISH`, or `SPUBLISH` on a cluster).
 const REVOKE_LUA: &str = r"
 if redis.call('DEL', KEYS[1]) == 1 then
-  redis.call('PUBLISH', ARGV[1], 'revoked')
+  redis.call(ARGV[2], ARGV[1], 'revoked')
   return 1
 end
 return 0
@@ -270,10 +271,21 @@ pub async fn release(conn: &mut Conn, keys: &Keys, token: &str) -> Result<bool> 
         .key(&keys.lock)
         .arg(token)
         .arg(&keys.channel)
+        .arg(publish_command(conn))
         .invoke_async(conn)
         .await
         .map_err(|e| map_err("release script failed", e))?;
     Ok(n == 1)
+}
+
+/// How releases are announced: classic `PUBLISH` on a single node; on a cluster sharded
+/// `SPUBLISH` (Redis 7), which stays on the nodes of the channel's slot (the lock's slot: the
+/// channel carries the same hash tag) instead of being broadcast over the cluster bus.
+fn publish_command(conn: &Conn) -> &'static str {
+    match conn {
+        Conn::Single(_) => "PUBLISH",
+        Conn::Cluster(_) => "SPUBLISH",
+    }
 }
 
 /// Deletes the lock whoever holds it and publishes on the release channel. Returns whether it
@@ -288,6 +300,7 @@ pub async fn revoke(conn: &mut Conn, keys: &Keys) -> Result<bool> {
         .revoke
         .key(&keys.lock)
         .arg(&keys.channel)
+        .arg(publish_command(conn))
         .invoke_async(conn)
         .await
         .map_err(|e| map_err("revoke failed", e))?;

@@ -20,6 +20,61 @@ pub struct Channel {
     /// UNSUBSCRIBE of one channel, so a waiter arriving while the last one leaves cannot end up
     /// unsubscribed.
     subscribed: tokio::sync::Mutex<bool>,
+    /// Whether one waiter of this client sleeps until the holder's TTL runs out (expiry
+    /// publishes nothing). Only that one does, so that an expiry wakes one waiter per client, not
+    /// all of them.
+    expiry_watched: std::sync::atomic::AtomicBool,
+}
+
+/// The role of the one waiter per client and channel that wakes at the holder's TTL (see
+/// [`Channel`]). Dropping it gives the role up; unless its waiter won the lock (whose next
+/// release wakes a waiter anyway), another waiter is woken to take it over.
+pub struct ExpiryWatch<'a> {
+    channel: &'a Channel,
+    held: bool,
+    won: bool,
+}
+
+impl<'a> ExpiryWatch<'a> {
+    /// Not holding the role yet.
+    pub fn new(channel: &'a Channel) -> Self {
+        ExpiryWatch {
+            channel,
+            held: false,
+            won: false,
+        }
+    }
+
+    /// Takes the role if nobody in this client has it; returns whether this waiter has it.
+    pub fn claim(&mut self) -> bool {
+        use std::sync::atomic::Ordering;
+        if !self.held {
+            self.held = self
+                .channel
+                .expiry_watched
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+        }
+        self.held
+    }
+
+    /// This waiter won the lock: give the role up without waking anyone.
+    pub fn won(&mut self) {
+        self.won = true;
+    }
+}
+
+impl Drop for ExpiryWatch<'_> {
+    fn drop(&mut self) {
+        if self.held {
+            self.channel
+                .expiry_watched
+                .store(false, std::sync::atomic::Ordering::Release);
+            if !self.won {
+                self.channel.notify.notify_one();
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -54,10 +109,10 @@ impl Registry {
     /// Called by the connection for every push message; must not block.
     pub(crate) fn dispatch(&self, push: PushInfo) {
         let wake_all = match push.kind {
-            PushKind::Message => false,
+            PushKind::Message | PushKind::SMessage => false,
             // Sent again by the automatic resubscription after a reconnect: releases published
             // meanwhile were lost, so every waiter re-checks.
-            PushKind::Subscribe => true,
+            PushKind::Subscribe | PushKind::SSubscribe => true,
             _ => return,
         };
         let Some(name) = push.data.first().and_then(|v| match v {

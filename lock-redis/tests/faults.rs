@@ -184,3 +184,75 @@ async fn fencing_tokens_increase_across_a_restart() {
     );
     g.release().await.unwrap();
 }
+
+async fn evalsha_calls(server: &RedisProcess) -> u64 {
+    let mut c = server.raw().await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    info.lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A lock that expires (its holder gone without releasing) wakes one waiter per client at the
+/// holder's TTL, not every waiter: counted by the acquire scripts the server ran between the
+/// waiters' settling and the first one's win.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_wakes_one_waiter_per_client() {
+    const WAITERS: u64 = 10;
+    let server = RedisProcess::start().await;
+    let url = format!("{}?poll_ms=60000", server.url());
+    let holder = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let waiters = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let name = LockName::new(unique("herd")).unwrap();
+    let base = evalsha_calls(&server).await;
+    let ttl = scaled(1.5);
+    holder
+        .try_lock(&name, &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap()
+        .unwrap()
+        .abandon();
+    let (won_tx, mut won_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for _ in 0..WAITERS {
+        let (waiters, name, won_tx) = (waiters.clone(), name.clone(), won_tx.clone());
+        tasks.push(tokio::spawn(async move {
+            let opts = LockOptions::new()
+                .ttl(Duration::from_secs(60))
+                .wait_timeout(Duration::from_secs(100));
+            let g = waiters.lock(&name, &opts).await.unwrap();
+            let _ = won_tx.send(());
+            // Hold it: the others stay asleep.
+            std::future::pending::<()>().await;
+            drop(g);
+        }));
+    }
+    // Each waiter runs two attempts before it sleeps (before and after subscribing).
+    eventually("every waiter sleeps", || async {
+        evalsha_calls(&server).await >= base + 1 + 2 * WAITERS
+    })
+    .await;
+    let settled = evalsha_calls(&server).await;
+    tokio::time::timeout(scaled(20.0), won_rx.recv())
+        .await
+        .expect("no waiter woke at the expiry");
+    // A quiet window after the win: a herd's attempts (all due within 5 ms of the expiry) would
+    // land in it; nothing else is due (the safety-net poll is a minute away).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let at_win = evalsha_calls(&server).await;
+    assert!(
+        at_win - settled <= 2,
+        "{} acquire attempts at the expiry for {WAITERS} waiters of one client (a herd)",
+        at_win - settled
+    );
+    for t in tasks {
+        t.abort();
+    }
+}

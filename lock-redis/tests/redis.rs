@@ -41,12 +41,16 @@ async fn raw_nodes(url: &str) -> Vec<redis::aio::MultiplexedConnection> {
     out
 }
 
-/// Subscribers of `channel` over all nodes.
-async fn numsub(nodes: &mut [redis::aio::MultiplexedConnection], channel: &str) -> i64 {
+/// Subscribers of `channel` over all nodes, classic (`NUMSUB`) or sharded (`SHARDNUMSUB`).
+async fn numsub_of(
+    nodes: &mut [redis::aio::MultiplexedConnection],
+    channel: &str,
+    kind: &str,
+) -> i64 {
     let mut total = 0;
     for c in nodes.iter_mut() {
         let (_, n): (String, i64) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
+            .arg(kind)
             .arg(channel)
             .query_async(c)
             .await
@@ -54,6 +58,11 @@ async fn numsub(nodes: &mut [redis::aio::MultiplexedConnection], channel: &str) 
         total += n;
     }
     total
+}
+
+/// Subscribers of `channel` over all nodes, classic or sharded.
+async fn numsub(nodes: &mut [redis::aio::MultiplexedConnection], channel: &str) -> i64 {
+    numsub_of(nodes, channel, "NUMSUB").await + numsub_of(nodes, channel, "SHARDNUMSUB").await
 }
 
 /// Waits (bounded) until `cond` holds, checking every few ms: an observable condition on the
@@ -367,7 +376,8 @@ async fn acquire_sets_the_ttl_atomically() {
         .await
         .unwrap();
     assert_eq!(before, None);
-    for round in 1..=2u64 {
+    let mut last_token = 0;
+    for _ in 1..=2u64 {
         let g = locker.try_lock(&name, &opts(ttl)).await.unwrap().unwrap();
         let pttl: i64 = redis::cmd("PTTL")
             .arg(b.lock_key(&name))
@@ -375,8 +385,25 @@ async fn acquire_sets_the_ttl_atomically() {
             .await
             .unwrap();
         assert!(pttl > 0 && pttl <= ttl.as_millis() as i64, "PTTL {pttl}");
-        // The fencing token is the counter, bumped in the same script.
-        assert_eq!(g.fencing_token(), Some(round));
+        // The fencing token is the counter, advanced in the same script: above the last one and
+        // never below the server clock in microseconds.
+        let token = g.fencing_token().unwrap();
+        let stored: u64 = redis::cmd("GET")
+            .arg(b.fence_key(&name))
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!(token, stored);
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut raw).await.unwrap();
+        assert!(
+            token > last_token && token <= secs * 1_000_000 + micros,
+            "{token}"
+        );
+        assert!(
+            token + 10_000_000 > secs * 1_000_000 + micros,
+            "{token} far below TIME"
+        );
+        last_token = token;
         let owner: String = redis::cmd("GET")
             .arg(b.lock_key(&name))
             .query_async(&mut raw)
@@ -505,4 +532,38 @@ async fn cluster_bare_cycle_and_server_requests_work() {
         return;
     };
     bare_cycle_and_server_requests(&url).await;
+}
+
+/// On a cluster, waiters subscribe with sharded pub/sub (`SSUBSCRIBE`) on the lock's slot: no
+/// classic subscription, whose messages the cluster bus would broadcast to every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_waiters_use_sharded_pubsub() {
+    let Some(url) = require_env("LOCK_TEST_REDIS_CLUSTER_URL") else {
+        return;
+    };
+    let holder = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let waiter_backend = RedisBackend::connect(&url).await.unwrap();
+    let waiter = Locker::new(waiter_backend.clone());
+    let name = LockName::new(unique("sharded")).unwrap();
+    let channel = waiter_backend.channel(&name);
+    let nodes = raw_nodes(&url).await;
+    let g = holder
+        .try_lock(&name, &opts(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .unwrap();
+    let task = {
+        let (waiter, name) = (waiter.clone(), name.clone());
+        tokio::spawn(async move { waiter.lock(&name, &opts(Duration::from_secs(30))).await })
+    };
+    eventually("the waiter is subscribed (sharded)", || {
+        let mut nodes = nodes.clone();
+        let channel = channel.clone();
+        async move { numsub_of(&mut nodes, &channel, "SHARDNUMSUB").await >= 1 }
+    })
+    .await;
+    let mut n = nodes.clone();
+    assert_eq!(numsub_of(&mut n, &channel, "NUMSUB").await, 0);
+    g.release().await.unwrap();
+    task.await.unwrap().unwrap().release().await.unwrap();
 }
