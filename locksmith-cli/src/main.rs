@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 mod duration;
+mod group;
 mod harness;
 mod report_cmd;
 mod run_cmd;
@@ -16,10 +17,13 @@ use duration::{Wait, parse_duration, parse_wait};
 
 /// Exit codes of `locksmith run` besides the command's own; see `locksmith run --help`.
 pub mod exit {
-    /// The lock was busy (`--wait 0`) or the wait timed out: nothing ran (sysexits EX_TEMPFAIL).
+    /// The default for a busy lock (`--wait 0`) or a wait that timed out: nothing ran
+    /// (sysexits EX_TEMPFAIL); `--busy-exit-code` changes it.
     pub const LOCK_BUSY: u8 = 75;
     /// The lock was lost while the command ran, and the command was terminated.
     pub const LOCK_LOST: u8 = 70;
+    /// `--max-hold` was reached and the command was terminated (timeout(1)'s code).
+    pub const MAX_HOLD: u8 = 124;
     /// The lock service could not be reached or failed (sysexits EX_UNAVAILABLE).
     pub const UNAVAILABLE: u8 = 69;
     /// Bad URL, lock name, TTL or option (sysexits EX_CONFIG).
@@ -71,22 +75,36 @@ struct ReportArgs {
 #[derive(Args, Debug)]
 #[command(after_long_help = RUN_HELP)]
 struct RunArgs {
-    /// The lock service URL, e.g. redis://127.0.0.1:6379 or postgres://u:pw@h/db.
-    #[arg(long)]
+    /// The lock service URL, e.g. redis://127.0.0.1:6379 or postgres://u:pw@h/db. Prefer the
+    /// LOCKSMITH_URL environment variable: a password in argv shows in `ps`.
+    #[arg(long, env = "LOCKSMITH_URL", hide_env_values = true)]
     url: String,
-    /// Lease TTL: if locksmith dies, the lock frees after this long.
+    /// Lease TTL: if locksmith dies, the lock frees after this long (`30s`, `1.5`, `500ms`).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     ttl: Duration,
-    /// How long to wait for a busy lock: a duration, 0 (one attempt) or `forever`.
-    #[arg(long, default_value = "10s", value_parser = parse_wait)]
+    /// How long to wait for a busy lock: `forever` (the default, as flock), a duration, or 0
+    /// (one attempt).
+    #[arg(short, long, default_value = "forever", value_parser = parse_wait)]
     wait: Wait,
-    /// The lease is renewed while the command runs, but for at most this long; then the command
-    /// is terminated.
+    /// One attempt, no waiting (the same as --wait 0, flock's -n).
+    #[arg(short = 'n', long, conflicts_with = "wait")]
+    nonblock: bool,
+    /// How long connecting to the lock service may take before giving up (exit 69).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    connect_timeout: Duration,
+    /// The lease is renewed while the command runs, but for at most this long; then the
+    /// command is terminated (exit 124, as timeout(1)).
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
     max_hold: Duration,
     /// After SIGTERM, how long the command gets to exit before SIGKILL.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     kill_grace: Duration,
+    /// The exit code when the lock is busy (no wait) or the wait timed out (flock's -E).
+    #[arg(short = 'E', long, default_value_t = exit::LOCK_BUSY)]
+    busy_exit_code: u8,
+    /// No message when the lock is busy (so cron does not mail every skip); errors still print.
+    #[arg(short, long)]
+    quiet: bool,
     /// The lock's name.
     name: String,
     /// The command and its arguments, after `--`.
@@ -94,24 +112,46 @@ struct RunArgs {
     command: Vec<String>,
 }
 
+impl RunArgs {
+    /// The effective wait: `--nonblock` is `--wait 0`.
+    fn wait(&self) -> Wait {
+        if self.nonblock {
+            Wait::For(Duration::ZERO)
+        } else {
+            self.wait
+        }
+    }
+}
+
 const RUN_HELP: &str = "\
+The command never outlives the lock. It runs in a process group of its own, under a small
+guard process that kills the whole group if locksmith dies (even by SIGKILL: Linux
+parent-death signal). Every catchable signal sent to locksmith (SIGINT, SIGTERM, SIGHUP,
+SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGWINCH, SIGTSTP, SIGCONT, ...) is forwarded to the
+whole group; after SIGTERM, SIGINT, SIGHUP or SIGQUIT the group gets SIGKILL if it is still
+running --kill-grace later. If the lock is lost (a renewal is refused, or the lock service is
+unreachable past the lease's validity) or --max-hold is reached, the group gets SIGTERM, then
+SIGKILL after --kill-grace. Processes the command leaves behind in its group are terminated
+the same way before the lock is released. (Being in its own group, the command cannot read
+from the terminal; give it input from a file or pipe.)
+
 The command runs with LOCKSMITH_LOCK_NAME and, where the backend gives fencing tokens,
 LOCKSMITH_FENCING_TOKEN in its environment (pass the token to whatever you write to).
-If the lock is lost while the command runs (a renewal is refused, the lock service is
-unreachable past the lease's validity, or --max-hold is reached), the command gets SIGTERM,
-then SIGKILL after --kill-grace. SIGTERM and SIGHUP sent to locksmith are forwarded to the
-command; the lock is released when the command exits.
+memory:// is refused: its locks exist inside one process only. On one host without a
+server, use sqlite:///path/to/locks.db.
 
 Exit codes:
   the command's own   it ran and exited (128+N if it was killed by signal N)
-  75                  the lock was busy (--wait 0) or the wait timed out; nothing ran
+  75 (--busy-exit-code) the lock was busy (--nonblock / --wait 0) or the wait timed out
   70                  the lock was lost while the command ran; it was terminated
-  69                  the lock service could not be reached or failed
+  124                 --max-hold was reached; the command was terminated
+  69                  the lock service could not be reached (see --connect-timeout) or failed
   78                  bad URL, lock name, TTL or option
   126 / 127           the command could not be executed / was not found
   2                   usage error
 
-Example (cron): locksmith run --url redis://127.0.0.1:6379 --wait 0 nightly-backup -- /usr/local/bin/backup.sh";
+Example (cron, the password not in argv):
+  LOCKSMITH_URL=redis://:pw@127.0.0.1:6379 locksmith run -n -q nightly-backup -- /usr/local/bin/backup.sh";
 
 #[derive(Args, Debug)]
 struct BenchArgs {
@@ -121,12 +161,24 @@ struct BenchArgs {
 }
 
 fn main() -> ExitCode {
+    // `locksmith run` starts the command through this same binary as its guard process.
+    if let Some(code) = group::guard_main() {
+        return ExitCode::from(code);
+    }
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    // `run` works on the main thread only (a current-thread runtime): the guard's parent-death
+    // signal is tied to the thread that spawned it, and the main thread lives as long as the
+    // process. The other commands use two worker threads.
+    let runtime = match cli.command {
+        Command::Run(_) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build(),
+    };
+    let rt = match runtime {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("locksmith: cannot start the tokio runtime: {e}");

@@ -1,60 +1,67 @@
-//! `locksmith run`: hold a lock while a command runs.
+//! `locksmith run`: hold a lock while a command runs, and never let the command outlive it.
 
-use std::io;
-use std::process::ExitStatus;
-use std::time::Duration;
-
-use locksmith::{AutoRenew, Error, ErrorKind, LockGuard, LockOptions, Locker};
-use tokio::process::{Child, Command};
-use tokio::signal::unix::{Signal as SignalStream, SignalKind, signal};
+use locksmith::{AutoRenew, Error, ErrorKind, LockGuard, LockOptions, Locker, redact_url};
+use rustix::process::Signal;
 
 use crate::RunArgs;
 use crate::duration::{Wait, show};
 use crate::exit;
+use crate::group::{self, Group};
 
 /// Runs the command under the lock and returns the exit code (see `locksmith run --help`).
+///
+/// Must run on the main thread (see [`Group::spawn`]).
 pub async fn run(args: RunArgs) -> u8 {
-    let locker = match locksmith::connect(&args.url).await {
-        Ok(l) => l,
-        Err(e) => return fail(&e),
-    };
+    if locksmith::scheme_of(&args.url).is_ok_and(|s| s == "memory") {
+        eprintln!(
+            "locksmith: memory:// locks exist inside one process only, so they cannot keep two \
+             `locksmith run` processes apart; on one host without a server use \
+             sqlite:///path/to/locks.db"
+        );
+        return exit::CONFIG;
+    }
+    let locker =
+        match tokio::time::timeout(args.connect_timeout, locksmith::connect(&args.url)).await {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) => return fail(&e),
+            Err(_) => {
+                eprintln!(
+                    "locksmith: no connection to {} within {} (--connect-timeout); giving up",
+                    redact_url(&args.url),
+                    show(args.connect_timeout)
+                );
+                return exit::UNAVAILABLE;
+            }
+        };
     let guard = match acquire(&locker, &args).await {
         Ok(Some(g)) => g,
         Ok(None) => {
-            let how = match args.wait {
-                Wait::For(d) if d.is_zero() => String::new(),
-                Wait::For(d) => format!(" after waiting {}", show(d)),
-                Wait::Forever => String::new(),
-            };
-            eprintln!(
-                "locksmith: lock {:?} is busy{how}; not running the command",
-                args.name
-            );
-            return exit::LOCK_BUSY;
+            if !args.quiet {
+                let how = match args.wait() {
+                    Wait::For(d) if !d.is_zero() => format!(" after waiting {}", show(d)),
+                    _ => String::new(),
+                };
+                eprintln!(
+                    "locksmith: lock {:?} is busy{how}; not running the command",
+                    args.name
+                );
+            }
+            return args.busy_exit_code;
         }
         Err(e) => return fail(&e),
     };
 
-    let mut command = Command::new(&args.command[0]);
-    command
-        .args(&args.command[1..])
-        .env("LOCKSMITH_LOCK_NAME", &args.name)
-        .kill_on_drop(true);
+    let mut env = vec![("LOCKSMITH_LOCK_NAME", args.name.clone())];
     if let Some(token) = guard.fencing_token() {
-        command.env("LOCKSMITH_FENCING_TOKEN", token.to_string());
+        env.push(("LOCKSMITH_FENCING_TOKEN", token.to_string()));
     }
-    let child = match command.spawn() {
-        Ok(c) => c,
+    let code = match Group::spawn(&args.command, &env) {
+        Ok(group) => supervise(group, &guard, &args).await,
         Err(e) => {
-            eprintln!("locksmith: cannot run {:?}: {e}", args.command[0]);
-            release(guard, &locker, &args.name).await;
-            return match e.kind() {
-                io::ErrorKind::NotFound => exit::NOT_FOUND,
-                _ => exit::CANNOT_EXECUTE,
-            };
+            eprintln!("locksmith: cannot start the command's guard process: {e}");
+            exit::CANNOT_EXECUTE
         }
     };
-    let code = supervise(child, &guard, &args).await;
     release(guard, &locker, &args.name).await;
     code
 }
@@ -64,7 +71,7 @@ async fn acquire(locker: &Locker, args: &RunArgs) -> locksmith::Result<Option<Lo
     let opts = LockOptions::new()
         .ttl(args.ttl)
         .auto_renew(AutoRenew::until(args.max_hold));
-    match args.wait {
+    match args.wait() {
         Wait::For(d) if d.is_zero() => locker.try_lock(args.name.as_str(), &opts).await,
         wait => {
             let opts = match wait {
@@ -80,84 +87,74 @@ async fn acquire(locker: &Locker, args: &RunArgs) -> locksmith::Result<Option<Lo
     }
 }
 
-/// Waits for the command, forwarding SIGTERM and SIGHUP, and terminates it if the lock is lost.
-async fn supervise(mut child: Child, guard: &LockGuard, args: &RunArgs) -> u8 {
+/// Terminates the group because --max-hold was reached; locksmith's exit code.
+async fn end_at_max_hold(group: &mut Group, args: &RunArgs) -> u8 {
+    eprintln!(
+        "locksmith: --max-hold {} reached: terminating the command (lock {:?} is released \
+         after it)",
+        show(args.max_hold),
+        args.name
+    );
+    let _ = group::terminate(group, args.kill_grace).await;
+    exit::MAX_HOLD
+}
+
+/// Waits for the command's group while forwarding signals to it; terminates it when the lock
+/// is lost, --max-hold is reached, or a forwarded termination request is not obeyed within
+/// --kill-grace. Returns locksmith's exit code once nothing of the group is left.
+async fn supervise(mut group: Group, guard: &LockGuard, args: &RunArgs) -> u8 {
+    let pgid = group.pgid;
     let lost = guard.lost();
-    let mut sigterm = signal(SignalKind::terminate()).ok();
-    let mut sighup = signal(SignalKind::hangup()).ok();
-    // A terminal's Ctrl-C reaches the command (same process group); locksmith only has to
-    // survive it so that it can release the lock once the command is gone.
-    let mut sigint = signal(SignalKind::interrupt()).ok();
-    loop {
+    let mut signals = group::catch(group::FORWARDED);
+    // The library ends the lease at the same moment (acquired + max hold): whichever of the two
+    // wakes first, max hold is what ended it.
+    let hold_end = guard.acquired_at() + args.max_hold;
+    let max_hold = tokio::time::sleep_until(hold_end);
+    tokio::pin!(max_hold);
+    // Set when a forwarded SIGTERM/SIGINT/SIGHUP/SIGQUIT starts the kill grace.
+    let mut kill_at: Option<(tokio::time::Instant, Signal)> = None;
+    let code = loop {
+        let escalate = async {
+            match kill_at {
+                Some((at, _)) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            status = child.wait() => return exit_code(status),
+            status = group.guard.wait() => break group::exit_code(status),
             reason = lost.lost() => {
+                if tokio::time::Instant::now() >= hold_end {
+                    return end_at_max_hold(&mut group, args).await;
+                }
                 eprintln!(
                     "locksmith: lock {:?} lost ({reason}); terminating the command",
                     args.name
                 );
-                let _ = terminate(&mut child, args.kill_grace).await;
+                let _ = group::terminate(&mut group, args.kill_grace).await;
                 return exit::LOCK_LOST;
             }
-            () = next(&mut sigterm) => send(&child, rustix::process::Signal::TERM),
-            () = next(&mut sighup) => send(&child, rustix::process::Signal::HUP),
-            () = next(&mut sigint) => {}
-        }
-    }
-}
-
-/// The next delivery of a signal; pending forever if its handler could not be installed.
-async fn next(sig: &mut Option<SignalStream>) {
-    match sig {
-        Some(s) => {
-            if s.recv().await.is_none() {
-                std::future::pending::<()>().await;
+            () = &mut max_hold => return end_at_max_hold(&mut group, args).await,
+            Some(sig) = signals.recv() => {
+                group::signal_group(pgid, sig);
+                if group::is_termination_request(sig) && kill_at.is_none() {
+                    kill_at = Some((tokio::time::Instant::now() + args.kill_grace, sig));
+                }
+            }
+            () = escalate => {
+                if let Some((_, sig)) = kill_at.take() {
+                    eprintln!(
+                        "locksmith: the command is still running {} after {}; killing its \
+                         process group",
+                        show(args.kill_grace),
+                        group::name(sig)
+                    );
+                }
+                group::signal_group(pgid, Signal::KILL);
             }
         }
-        None => std::future::pending().await,
-    }
-}
-
-fn send(child: &Child, sig: rustix::process::Signal) {
-    let pid = child
-        .id()
-        .and_then(|id| i32::try_from(id).ok())
-        .and_then(rustix::process::Pid::from_raw);
-    if let Some(pid) = pid {
-        // The child may have exited in between: then there is nothing to signal.
-        let _ = rustix::process::kill_process(pid, sig);
-    }
-}
-
-/// SIGTERM, then SIGKILL after `grace`; waits for the child to be gone.
-async fn terminate(child: &mut Child, grace: Duration) -> io::Result<ExitStatus> {
-    send(child, rustix::process::Signal::TERM);
-    match tokio::time::timeout(grace, child.wait()).await {
-        Ok(status) => status,
-        Err(_) => {
-            eprintln!(
-                "locksmith: the command ignored SIGTERM for {}; killing it",
-                show(grace)
-            );
-            child.start_kill()?;
-            child.wait().await
-        }
-    }
-}
-
-fn exit_code(status: io::Result<ExitStatus>) -> u8 {
-    use std::os::unix::process::ExitStatusExt;
-    match status {
-        Ok(s) => match (s.code(), s.signal()) {
-            (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(1),
-            (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(255),
-            (None, None) => 1,
-        },
-        Err(e) => {
-            eprintln!("locksmith: lost track of the command: {e}");
-            exit::UNAVAILABLE
-        }
-    }
+    };
+    group::end_leftovers(pgid, args.kill_grace).await;
+    code
 }
 
 async fn release(guard: LockGuard, locker: &Locker, name: &str) {
@@ -177,73 +174,5 @@ fn fail(e: &Error) -> u8 {
     match e.kind() {
         ErrorKind::InvalidConfig | ErrorKind::InvalidName | ErrorKind::Unsupported => exit::CONFIG,
         _ => exit::UNAVAILABLE,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::Parser;
-
-    fn args(argv: &[&str]) -> RunArgs {
-        let mut full = vec!["locksmith", "run"];
-        full.extend_from_slice(argv);
-        match crate::Cli::try_parse_from(full).unwrap().command {
-            crate::Command::Run(a) => a,
-            _ => unreachable!(),
-        }
-    }
-
-    #[tokio::test]
-    async fn busy_lock_exits_75_without_running_the_command() {
-        // The memory store is shared within the process: hold the lock here.
-        let holder = locksmith::connect("memory://run-busy").await.unwrap();
-        let guard = holder
-            .try_lock("job", &LockOptions::new())
-            .await
-            .unwrap()
-            .unwrap();
-        let marker = std::env::temp_dir().join(format!("locksmith-busy-{}", std::process::id()));
-        let touch = format!("touch {}", marker.display());
-        for wait in ["0", "200ms"] {
-            let code = run(args(&[
-                "--url",
-                "memory://run-busy",
-                "--wait",
-                wait,
-                "job",
-                "--",
-                "sh",
-                "-c",
-                &touch,
-            ]))
-            .await;
-            assert_eq!(code, exit::LOCK_BUSY, "--wait {wait}");
-        }
-        assert!(!marker.exists(), "the command must not run");
-        guard.release().await.unwrap();
-        // Free now: it runs, and the lock is released afterwards.
-        let code = run(args(&[
-            "--url",
-            "memory://run-busy",
-            "--wait",
-            "0",
-            "job",
-            "--",
-            "sh",
-            "-c",
-            &touch,
-        ]))
-        .await;
-        assert_eq!(code, 0);
-        assert!(marker.exists());
-        std::fs::remove_file(&marker).ok();
-        assert!(
-            holder
-                .try_lock("job", &LockOptions::new())
-                .await
-                .unwrap()
-                .is_some()
-        );
     }
 }
