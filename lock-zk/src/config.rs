@@ -14,6 +14,10 @@ pub(crate) const DEFAULT_NAMESPACE: &str = "locksmith";
 const DEFAULT_PORT: u16 = 2181;
 const MIN_SESSION_TIMEOUT_MS: u64 = 100;
 const MAX_SESSION_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
+/// The largest `lost_after_disconnect` factor: the client notices a silent connection 2/5 (+1/20)
+/// of the session timeout after the last reply, and the server may expire the session one
+/// session timeout after it; a grace past 1/2 would let the lost signal come after the expiry.
+pub(crate) const MAX_LOST_AFTER_DISCONNECT: f64 = 0.5;
 
 /// `digest` authentication: ZooKeeper's built-in `user:password` scheme.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,7 +34,7 @@ impl Digest {
 }
 
 /// A parsed `zk://host:port[,host:port...][/chroot][?params]` URL.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Config {
     /// `host:port` pairs, IPv6 hosts in brackets.
     pub(crate) hosts: Vec<String>,
@@ -39,6 +43,10 @@ pub(crate) struct Config {
     pub(crate) namespace: String,
     pub(crate) session_timeout: Duration,
     pub(crate) digest: Option<Digest>,
+    /// How long a disconnection may last before held leases are reported lost, as a fraction of
+    /// the negotiated session timeout. 0 (the default) is Curator's standard policy: a
+    /// suspended connection is a lost lock.
+    pub(crate) lost_after_disconnect: f64,
 }
 
 impl Config {
@@ -62,6 +70,12 @@ impl Config {
             self.namespace,
             self.session_timeout.as_millis()
         );
+        if self.lost_after_disconnect > 0.0 {
+            s.push_str(&format!(
+                "&lost_after_disconnect={}",
+                self.lost_after_disconnect
+            ));
+        }
         if let Some(n) = negotiated {
             s.push_str(&format!(" (negotiated {} ms)", n.as_millis()));
         }
@@ -100,6 +114,7 @@ impl Config {
             namespace: DEFAULT_NAMESPACE.to_owned(),
             session_timeout: DEFAULT_SESSION_TIMEOUT,
             digest: None,
+            lost_after_disconnect: 0.0,
         };
         let mut seen: Vec<&'static str> = Vec::new();
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
@@ -109,10 +124,11 @@ impl Config {
                 Some("session_timeout_ms") => "session_timeout_ms",
                 Some("namespace") => "namespace",
                 Some("digest") => "digest",
+                Some("lost_after_disconnect") => "lost_after_disconnect",
                 // Echo a key only when it cannot be a misplaced secret.
                 Some(other) => {
                     return Err(Error::invalid_config(format!(
-                        "unknown zk:// parameter {other:?} (known: session_timeout_ms, namespace, digest)"
+                        "unknown zk:// parameter {other:?} (known: session_timeout_ms, namespace, digest, lost_after_disconnect)"
                     )));
                 }
                 None => {
@@ -151,6 +167,9 @@ impl Config {
                     }
                     config.session_timeout = Duration::from_millis(ms);
                 }
+                "lost_after_disconnect" => {
+                    config.lost_after_disconnect = parse_lost_after_disconnect(&value)?;
+                }
                 "namespace" => {
                     if !is_segment(&value) {
                         return Err(Error::invalid_config(format!(
@@ -186,6 +205,28 @@ impl Config {
         }
         Ok(config)
     }
+}
+
+/// Validates a `lost_after_disconnect` factor (a fraction of the session timeout).
+pub(crate) fn parse_lost_after_disconnect(value: &str) -> Result<f64> {
+    let factor: f64 = value.parse().map_err(|_| {
+        Error::invalid_config(format!(
+            "lost_after_disconnect must be a fraction of the session timeout (0 to {MAX_LOST_AFTER_DISCONNECT}), got {value:?}"
+        ))
+    })?;
+    check_lost_after_disconnect(factor)?;
+    Ok(factor)
+}
+
+/// A factor outside `0..=MAX_LOST_AFTER_DISCONNECT` could report the loss after the server
+/// expired the session.
+pub(crate) fn check_lost_after_disconnect(factor: f64) -> Result<()> {
+    if !(0.0..=MAX_LOST_AFTER_DISCONNECT).contains(&factor) {
+        return Err(Error::invalid_config(format!(
+            "lost_after_disconnect {factor} is outside 0..={MAX_LOST_AFTER_DISCONNECT} (a fraction of the session timeout; larger would report the loss after the server may have expired the session)"
+        )));
+    }
+    Ok(())
 }
 
 fn strip_scheme(url: &str) -> Option<&str> {
@@ -309,6 +350,10 @@ mod tests {
             "{shown}"
         );
         assert!(shown.contains("me:***"), "{shown}");
+        assert_eq!(c.lost_after_disconnect, 0.0);
+        let c = Config::parse("zk://h?lost_after_disconnect=0.25").unwrap();
+        assert_eq!(c.lost_after_disconnect, 0.25);
+        assert!(c.redacted(None).contains("lost_after_disconnect=0.25"));
     }
 
     #[test]
@@ -341,6 +386,10 @@ mod tests {
             "zk://h?session_timeout_ms=0".to_owned(),
             "zk://h?session_timeout_ms=".to_owned(),
             "zk://h?unknown=1".to_owned(),
+            "zk://h?lost_after_disconnect=0.9".to_owned(),
+            "zk://h?lost_after_disconnect=-0.1".to_owned(),
+            "zk://h?lost_after_disconnect=NaN".to_owned(),
+            "zk://h?lost_after_disconnect=x".to_owned(),
             format!("zk://user:{secret}@h"),
             format!("zk://h?digest={secret}"),
             format!("zk://h?digest=:{secret}"),

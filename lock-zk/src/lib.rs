@@ -10,43 +10,89 @@
 //! |---|---|---|
 //! | `session_timeout_ms` | 10000 | session timeout asked of the server (it clamps it to its `[minSessionTimeout, maxSessionTimeout]`) |
 //! | `namespace` | `locksmith` | top-level node (under the chroot) holding every lock |
-//! | `digest` | none | `user:password` for ZooKeeper `digest` auth; lock nodes then get the ACL creator-all + world-read |
+//! | `digest` | none | `user:password` for ZooKeeper `digest` auth; every node this backend creates then gets the ACL creator-all + world-read |
+//! | `lost_after_disconnect` | `0` | how long a disconnection may last before held leases are reported lost, as a fraction (0 to 0.5) of the session timeout; 0 is Curator's standard policy (a suspended connection is a lost lock) |
 //!
 //! Unknown or malformed parameters are [`ErrorKind::InvalidConfig`](lockcore::ErrorKind) errors.
-//! The digest password never appears in `Debug`, [`Backend::describe`], logs or errors.
+//! The digest password never appears in `Debug`, [`Backend::describe`], logs or errors. The
+//! factor can also be set in code: [`ZkBackend::builder`].
+//!
+//! # ACLs
+//!
+//! With `digest` credentials the namespace node, every lock node and every contender node carry
+//! the ACL *creator-all + world-read*: other identities can list and read them (to see who
+//! waits), but cannot create contenders under a lock node, nor delete a holder's node (ZooKeeper
+//! checks a delete against the parent's ACL). Give every client of one lock the same digest
+//! identity. **Without credentials every node is world-writable** (`world:anyone` all): any
+//! client of the ensemble can delete a holder's node and take the lock. Use `digest` wherever
+//! the ensemble is shared.
+//!
+//! TLS: the `zookeeper-client` crate supports TLS (its `tls` feature), but this backend does not
+//! wire it yet: `zk://` connections are plain TCP.
 //!
 //! # The recipe
 //!
 //! A lock `name` is the node `<chroot>/<namespace>/<name.escaped()>` (a CONTAINER node, so the
 //! server removes it once empty; persistent plus a best-effort delete on servers without
-//! containers). Each contender creates an EPHEMERAL_SEQUENTIAL child `_c_<owner-token>-lock-<seq>`,
-//! lists the children and holds the lock when its sequence is the lowest; otherwise it sets a
-//! one-shot data watch on its immediate predecessor only (one release wakes one waiter) and
-//! re-checks when it fires. The owner token in the name makes a create whose reply was lost
-//! recoverable (Curator's protection mode): after the reconnection the contender finds its own
-//! node among the children instead of leaving an orphan.
+//! containers). Each contender creates an EPHEMERAL_SEQUENTIAL child
+//! `_c_<owner-token>-lock-<seq>` (32 lowercase hex digits of token, 10 digits of sequence;
+//! children of any other shape are not contenders and are ignored), lists the children (the
+//! list is sent right behind the create, so both take one round trip) and holds the lock when
+//! its sequence is the lowest; otherwise it sets a one-shot watch on its immediate predecessor
+//! only (one release wakes one waiter). When the predecessor was the only node ahead, its
+//! deletion makes the waiter the holder without listing again.
 //!
+//! * `try_lock` lists the children first: on a held lock it costs one read and writes nothing.
+//! * A create whose reply was lost (connection loss) is recovered by the owner token in the
+//!   name (Curator's protection mode); when a retry made a second node, every child with the
+//!   caller's owner prefix is the caller's: the lowest is kept, the rest deleted, so a contender
+//!   never waits on its own node.
+//! * A predecessor that is not ephemeral (a node someone forged with the contenders' name
+//!   pattern) is ignored for the rest of the backend's life, so it cannot block a lock forever.
 //! * Fencing token: the creation zxid of the holder's node, which increases across successive
 //!   holders even when the parent node was deleted and re-created.
 //! * The lease is the ZooKeeper session: the server keeps the node while the session lives;
-//!   the TTL is enforced by lockcore's validity watchdog, and `extend` verifies the session and
-//!   the node with one `exists` round trip.
-//! * Lost signal: session expiry ([`LostReason::SessionExpired`]), the node deleted by someone
-//!   else ([`LostReason::RenewalRefused`]), or a disconnection lasting long enough that the
-//!   session may be expiring on the server ([`LostReason::ConnectionLost`]; see
-//!   [`ZkBackend::lost_after_disconnect`]).
+//!   the TTL is enforced by lockcore's validity watchdog, and `extend` sends a `sync` (to reach
+//!   the leader) followed by one `exists` of the node, in one round trip.
+//!
+//! # Sessions and the lost signal
+//!
+//! One task per backend (not per lease) watches the session and keeps the registry of held
+//! leases. Held leases are reported lost:
+//! * at once when the connection drops ([`LostReason::ConnectionLost`]; Curator's standard
+//!   policy: a suspended connection is a lost lock, since the session may be expiring on the
+//!   server), or after `lost_after_disconnect` x the session timeout when that is set;
+//! * when a `sync` sent every third of the session timeout while leases are held is not
+//!   answered within a third of the session timeout ([`LostReason::ConnectionLost`]): the
+//!   connection looks alive but the server cannot reach the leader (a follower cut off from the
+//!   quorum keeps answering pings while the leader expires the session);
+//! * when the session expires ([`LostReason::SessionExpired`]). The backend then opens a new
+//!   session, as Curator does: later acquisitions work without rebuilding the backend, and
+//!   waiters of the old session queue again on the new one within their deadline;
+//! * when the node was deleted by someone else: at the next `extend` (auto-renewal), which is
+//!   refused ([`LostReason::RenewalRefused`]).
+//!
+//! The remaining window: the lost signal comes at most 2/3 of the session timeout after the
+//! holder last reached the leader, before the server can expire the session; a holder paused
+//! (GC, SIGSTOP) across that point learns it only after it runs again, when another holder may
+//! already work: only the fencing token protects the resource then.
 //!
 //! Each [`ZkBackend::connect`] opens its own session; clones of a `Locker` share it.
 #![deny(missing_docs)]
 
 mod config;
 
+use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use lockcore::backend::{AcquireRequest, Acquired, Backend, Lease, LostNotifier, async_trait};
+use lockcore::backend::{
+    AcquireRequest, Acquired, Backend, Background, Lease, LostNotifier, async_trait,
+};
 use lockcore::{
     Capabilities, Error, Instant, IntoLockName, LostReason, RenewKind, Result, WaitKind,
 };
@@ -61,9 +107,15 @@ type ZkResult<T> = std::result::Result<T, zk::Error>;
 const NODE_PREFIX: &str = "_c_";
 /// Between the owner token and the server-assigned sequence number.
 const NODE_MARK: &str = "-lock-";
+/// Hex digits of an owner token in a node name.
+const TOKEN_LEN: usize = 32;
+/// Digits of a server-assigned sequence number (`%010d`).
+const SEQ_LEN: usize = 10;
 /// Pause between retries of an idempotent request after a connection loss (the client queues
 /// requests until it has reconnected, so this only avoids a hot loop on a flapping link).
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
+/// At most this many forged (non-ephemeral) contender paths are remembered.
+const MAX_FOREIGN: usize = 4096;
 
 /// Creator-all + world-read: other identities can see lock nodes but neither create nor delete
 /// children of the lock nodes (ZooKeeper checks delete against the parent's ACL).
@@ -82,10 +134,18 @@ pub struct ZkStats {
     pub nodes_created: u64,
     /// Creates whose reply was lost and whose node was found again by its owner token.
     pub creates_recovered: u64,
+    /// Extra nodes of one contender (a retried create whose first attempt was applied) deleted.
+    pub duplicates_removed: u64,
+    /// Forged contender nodes (not ephemeral) found and ignored.
+    pub foreign_ignored: u64,
     /// Lost signals fired by this backend (not by lockcore's watchdog).
     pub lost_fired: u64,
     /// Contenders waiting right now on a predecessor watch that the server has set.
     pub waiting: u64,
+    /// Sessions opened (1 + the sessions opened after an expiry).
+    pub sessions: u64,
+    /// Leases held right now in the current session.
+    pub held: u64,
 }
 
 #[derive(Debug, Default)]
@@ -93,8 +153,15 @@ struct Stats {
     watch_wakeups: AtomicU64,
     nodes_created: AtomicU64,
     creates_recovered: AtomicU64,
+    duplicates_removed: AtomicU64,
+    foreign_ignored: AtomicU64,
     lost_fired: AtomicU64,
     waiting: AtomicU64,
+    sessions: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Counts one contender in [`ZkStats::waiting`] while alive (cancellation included).
@@ -113,23 +180,113 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// A ZooKeeper lock client: one session. See the crate docs for the URL and the recipe.
+/// One ZooKeeper session and the leases held in it.
+struct Session {
+    client: zk::Client,
+    id: i64,
+    registry: Mutex<Registry>,
+}
+
+#[derive(Default)]
+struct Registry {
+    next: u64,
+    /// Set while the connection is suspended or the session ended: a lease registered
+    /// meanwhile is lost at once.
+    suspended: Option<LostReason>,
+    leases: HashMap<u64, LostNotifier>,
+}
+
+impl Session {
+    fn new(client: zk::Client) -> Arc<Session> {
+        Arc::new(Session {
+            id: client.session_id().0,
+            client,
+            registry: Mutex::new(Registry::default()),
+        })
+    }
+
+    fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers a held lease; reports it lost at once if the session is suspended.
+    fn register(&self, lost: LostNotifier, stats: &Stats) -> u64 {
+        let mut reg = self.registry();
+        reg.next += 1;
+        let id = reg.next;
+        match reg.suspended {
+            Some(reason) => {
+                if lost.fire(reason) {
+                    bump(&stats.lost_fired);
+                }
+            }
+            None => {
+                reg.leases.insert(id, lost);
+            }
+        }
+        id
+    }
+
+    fn unregister(&self, id: u64) {
+        self.registry().leases.remove(&id);
+    }
+
+    fn held(&self) -> usize {
+        self.registry().leases.len()
+    }
+
+    /// Reports every held lease lost and keeps reporting new ones until [`Session::resume`].
+    fn suspend(&self, reason: LostReason, stats: &Stats) {
+        let drained: Vec<LostNotifier> = {
+            let mut reg = self.registry();
+            // An expiry outranks a suspension.
+            if reg.suspended != Some(LostReason::SessionExpired) {
+                reg.suspended = Some(reason);
+            }
+            reg.leases.drain().map(|(_, n)| n).collect()
+        };
+        for lost in drained {
+            if lost.fire(reason) {
+                bump(&stats.lost_fired);
+                tracing::debug!(session = self.id, %reason, "zookeeper lock lost");
+            }
+        }
+    }
+
+    fn resume(&self) {
+        let mut reg = self.registry();
+        if reg.suspended == Some(LostReason::ConnectionLost) {
+            reg.suspended = None;
+        }
+    }
+
+    fn ended(&self) -> bool {
+        self.client.state().is_terminated()
+    }
+}
+
+/// A ZooKeeper lock client: one session at a time (a new one after an expiry). See the crate
+/// docs for the URL and the recipe.
 #[derive(Clone)]
 pub struct ZkBackend {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    client: zk::Client,
     config: Config,
     base: String,
     capabilities: Capabilities,
     session_timeout: Duration,
     lost_after_disconnect: Duration,
+    session: watch::Sender<Arc<Session>>,
     /// Cleared when the server refuses CONTAINER nodes; parents are then persistent and
     /// deleted (best effort) on release.
     containers: AtomicBool,
+    /// Paths of forged contender nodes (not ephemeral): never waited on.
+    foreign: Mutex<HashSet<String>>,
     stats: Stats,
+    /// Dropped with the backend: stops the session task.
+    _shutdown: watch::Sender<()>,
     /// Test hook: the next create "loses" its reply after the server applied it.
     #[cfg(test)]
     drop_next_create_reply: AtomicBool,
@@ -139,7 +296,7 @@ impl fmt::Debug for ZkBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkBackend")
             .field("url", &self.describe())
-            .field("session_id", &self.inner.client.session_id())
+            .field("session_id", &self.session().id)
             .finish()
     }
 }
@@ -162,26 +319,92 @@ fn is_retryable(e: &zk::Error) -> bool {
     matches!(e, zk::Error::ConnectionLoss)
 }
 
-/// The sequence number of a contender node name, `None` for foreign nodes.
-fn sequence_of(name: &str) -> Option<i64> {
-    if !name.starts_with(NODE_PREFIX) {
-        return None;
-    }
-    let (_, seq) = name.rsplit_once(NODE_MARK)?;
-    if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    seq.parse().ok()
+/// The session of a request is gone (expired, closed): the request is retried on the next one.
+fn is_session_end(e: &zk::Error) -> bool {
+    matches!(e, zk::Error::SessionExpired | zk::Error::ClientClosed)
 }
 
-/// Contender names sorted by sequence (the queue order).
-fn queue(children: &[String]) -> Vec<(i64, &str)> {
+/// `(sequence, owner token)` of a contender node name; `None` for anything else. Strict: a
+/// node that merely resembles the pattern is not a contender.
+fn parse_contender(name: &str) -> Option<(i64, &str)> {
+    let rest = name.strip_prefix(NODE_PREFIX)?;
+    let (token, seq) = rest.split_once(NODE_MARK)?;
+    let hex = |b: u8| b.is_ascii_digit() || (b'a'..=b'f').contains(&b);
+    if token.len() != TOKEN_LEN || !token.bytes().all(hex) {
+        return None;
+    }
+    if seq.len() != SEQ_LEN || !seq.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((seq.parse().ok()?, token))
+}
+
+/// The contenders among `children`, sorted by sequence (the queue order), without `foreign`.
+fn queue<'a>(
+    children: &'a [String],
+    parent: &str,
+    foreign: &HashSet<String>,
+) -> Vec<(i64, &'a str)> {
     let mut q: Vec<(i64, &str)> = children
         .iter()
-        .filter_map(|c| sequence_of(c).map(|s| (s, c.as_str())))
+        .filter_map(|c| parse_contender(c).map(|(s, _)| (s, c.as_str())))
+        .filter(|(_, c)| foreign.is_empty() || !foreign.contains(&format!("{parent}/{c}")))
         .collect();
     q.sort_unstable();
     q
+}
+
+/// Settings beyond the URL, for [`ZkBackend::builder`].
+#[derive(Debug)]
+pub struct ZkBuilder {
+    config: Config,
+}
+
+impl ZkBuilder {
+    /// How long a disconnection may last before held leases are reported lost, as a fraction
+    /// of the negotiated session timeout (the URL's `lost_after_disconnect`). 0, the default,
+    /// is Curator's standard policy: a suspended connection is a lost lock.
+    ///
+    /// # Errors
+    /// `InvalidConfig` outside `0..=0.5` (a larger grace could report the loss after the server
+    /// expired the session).
+    pub fn lost_after_disconnect(mut self, factor: f64) -> Result<Self> {
+        config::check_lost_after_disconnect(factor)?;
+        self.config.lost_after_disconnect = factor;
+        Ok(self)
+    }
+
+    /// Opens the session, as [`ZkBackend::connect`].
+    ///
+    /// Cancel safety: dropping the future before it completes closes the half-open session.
+    ///
+    /// # Errors
+    /// As [`ZkBackend::connect`].
+    pub async fn connect(self) -> Result<ZkBackend> {
+        ZkBackend::open(self.config).await
+    }
+}
+
+/// Opens one session with the settings of `config`.
+async fn open_client(config: &Config) -> Result<zk::Client> {
+    let mut connector = zk::Client::connector()
+        .with_session_timeout(config.session_timeout)
+        // Fail the first connection once every host was tried, instead of retrying for a
+        // whole session timeout; reconnections later still cycle through the hosts.
+        .with_fail_eagerly();
+    if let Some(d) = &config.digest {
+        connector = connector.with_auth("digest", &d.auth_bytes());
+    }
+    let hosts = config.connect_string();
+    let connect_bound = config.session_timeout * 2 + Duration::from_secs(5);
+    match tokio::time::timeout(connect_bound, connector.connect(&hosts)).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(e)) => Err(map_err(format!("connecting to ZooKeeper at {hosts}"), e)),
+        Err(_) => Err(Error::new(
+            lockcore::ErrorKind::Unavailable,
+            format!("connecting to ZooKeeper at {hosts}: no session within {connect_bound:?}"),
+        )),
+    }
 }
 
 impl ZkBackend {
@@ -196,57 +419,60 @@ impl ZkBackend {
     /// server answers; [`ErrorKind::Backend`](lockcore::ErrorKind::Backend) when the server
     /// refuses (for example NoAuth on an existing namespace node).
     pub async fn connect(url: &str) -> Result<ZkBackend> {
-        let config = Config::parse(url)?;
-        let mut connector = zk::Client::connector()
-            .with_session_timeout(config.session_timeout)
-            // Fail the first connection once every host was tried, instead of retrying for a
-            // whole session timeout; reconnections later still cycle through the hosts.
-            .with_fail_eagerly();
-        if let Some(d) = &config.digest {
-            connector = connector.with_auth("digest", &d.auth_bytes());
-        }
-        let hosts = config.connect_string();
-        let connect_bound = config.session_timeout * 2 + Duration::from_secs(5);
-        let client = match tokio::time::timeout(connect_bound, connector.connect(&hosts)).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(e)) => return Err(map_err(format!("connecting to ZooKeeper at {hosts}"), e)),
-            Err(_) => {
-                return Err(Error::new(
-                    lockcore::ErrorKind::Unavailable,
-                    format!(
-                        "connecting to ZooKeeper at {hosts}: no session within {connect_bound:?}"
-                    ),
-                ));
-            }
-        };
+        Self::open(Config::parse(url)?).await
+    }
+
+    /// Parses `url` for settings made in code before connecting:
+    /// `ZkBackend::builder(url)?.lost_after_disconnect(0.25)?.connect().await`.
+    ///
+    /// # Errors
+    /// `InvalidConfig` for a malformed URL.
+    pub fn builder(url: &str) -> Result<ZkBuilder> {
+        Ok(ZkBuilder {
+            config: Config::parse(url)?,
+        })
+    }
+
+    async fn open(config: Config) -> Result<ZkBackend> {
+        let client = open_client(&config).await?;
         let session_timeout = client.session_timeout();
-        // The client declares a silent connection dead after 2/5 of the session timeout without
-        // a reply; 4/15 more makes ConnectionLost fire at most 2/3 of the session timeout after
-        // the last reply, before the server can have expired the session (it waits a full
-        // timeout after the last request it heard).
-        let lost_after_disconnect = session_timeout * 4 / 15;
+        let lost_after_disconnect = session_timeout.mul_f64(config.lost_after_disconnect);
         let base = config.base_path();
+        let (shutdown, shutdown_rx) = watch::channel(());
         let inner = Inner {
-            capabilities: Self::capabilities_for(session_timeout, lost_after_disconnect),
-            client,
+            capabilities: Self::capabilities_for(
+                session_timeout,
+                lost_after_disconnect,
+                config.digest.is_some(),
+            ),
+            session: watch::Sender::new(Session::new(client)),
             base,
             session_timeout,
             lost_after_disconnect,
             containers: AtomicBool::new(true),
+            foreign: Mutex::new(HashSet::new()),
             stats: Stats::default(),
+            _shutdown: shutdown,
             #[cfg(test)]
             drop_next_create_reply: AtomicBool::new(false),
             config,
         };
+        bump(&inner.stats.sessions);
         let backend = ZkBackend {
             inner: Arc::new(inner),
         };
-        backend.ensure_base().await?;
+        tokio::spawn(supervise(Arc::downgrade(&backend.inner), shutdown_rx));
+        let session = backend.session();
+        backend.ensure_base(&session.client).await?;
         tracing::debug!(backend = %backend.describe(), "zookeeper session open");
         Ok(backend)
     }
 
-    fn capabilities_for(session_timeout: Duration, lost_after: Duration) -> Capabilities {
+    fn capabilities_for(
+        session_timeout: Duration,
+        lost_after: Duration,
+        with_acl: bool,
+    ) -> Capabilities {
         let mut c = Capabilities::default();
         c.fencing = true;
         c.fair = true;
@@ -266,20 +492,61 @@ impl ZkBackend {
         // works. Below 10 ms renewal would be mostly round trips.
         c.min_ttl = Duration::from_millis(10);
         c.max_ttl = lockcore::MAX_TTL;
+        let disconnect = if lost_after.is_zero() {
+            "at once when the connection drops (Curator's standard policy)".to_owned()
+        } else {
+            format!(
+                "{} ms after the connection drops (lost_after_disconnect)",
+                lost_after.as_millis()
+            )
+        };
         c.notes = vec![
             format!(
                 "the lease is the ZooKeeper session (negotiated timeout {} ms): a crashed holder's lock frees one session timeout after its last heartbeat, independent of the TTL",
                 session_timeout.as_millis()
             ),
-            "the TTL is enforced by lockcore's validity watchdog; extend() checks the session and the node with one exists round trip".into(),
+            "the TTL is enforced by lockcore's validity watchdog; extend() sends sync (to the leader) and exists in one round trip".into(),
             format!(
-                "lost signal: session expiry, lock node deleted by someone else, or disconnected for {} ms (at most 2/3 of the session timeout after the last server reply)",
-                lost_after.as_millis()
+                "lost signal: {disconnect}; when a sync to the leader goes unanswered for 1/3 of the session timeout (a follower cut off from the quorum); on session expiry (a new session is opened); a node deleted by someone else at the next renewal"
             ),
-            "with a TTL longer than the session timeout, a partitioned holder relies on the lost signal (checked by is_valid) rather than the validity deadline".into(),
+            "remaining window: the lost signal comes at most 2/3 of the session timeout after the holder last reached the leader, before the session can expire; a holder paused past that (GC, SIGSTOP) learns it late: use the fencing token".into(),
+            if with_acl {
+                "digest ACL: nodes are creator-all + world-read; other identities cannot delete a holder's node or queue".into()
+            } else {
+                "no credentials: nodes are world-writable, any client of the ensemble can delete a holder's node (use ?digest=user:password)".into()
+            },
+            "plain TCP only: TLS is not wired (the zookeeper-client crate has it behind its tls feature)".into(),
             "fencing token = creation zxid of the holder's node; FIFO by sequence number; one release wakes one waiter".into(),
         ];
         c
+    }
+
+    /// The current session.
+    fn session(&self) -> Arc<Session> {
+        self.inner.session.borrow().clone()
+    }
+
+    /// A session that has not ended, waiting for the session task to open a new one after an
+    /// expiry (at most until `deadline`, or two session timeouts when there is none).
+    async fn live_session(&self, deadline: Option<Instant>) -> Result<Arc<Session>> {
+        let mut rx = self.inner.session.subscribe();
+        let until =
+            deadline.unwrap_or_else(|| Instant::now() + self.inner.session_timeout * 2);
+        loop {
+            let session = rx.borrow_and_update().clone();
+            if !session.ended() {
+                return Ok(session);
+            }
+            if tokio::time::timeout_at(until, rx.changed()).await.is_err() {
+                return Err(Error::new(
+                    lockcore::ErrorKind::Unavailable,
+                    format!(
+                        "the ZooKeeper session ended ({}) and no new one could be opened yet",
+                        session.client.state()
+                    ),
+                ));
+            }
+        }
     }
 
     /// The session timeout the server granted.
@@ -288,9 +555,7 @@ impl ZkBackend {
     }
 
     /// How long a disconnection lasts before held leases are reported lost with
-    /// [`LostReason::ConnectionLost`]: 4/15 of the session timeout, which with the client's
-    /// dead-connection detection (2/5 of the session timeout without a reply) bounds the loss
-    /// report to 2/3 of the session timeout after the last reply from the server.
+    /// [`LostReason::ConnectionLost`]: zero (at once) unless `lost_after_disconnect` was set.
     pub fn lost_after_disconnect(&self) -> Duration {
         self.inner.lost_after_disconnect
     }
@@ -301,27 +566,32 @@ impl ZkBackend {
         self.inner.containers.load(Ordering::Relaxed)
     }
 
-    /// The ZooKeeper session id.
+    /// The current ZooKeeper session id.
     pub fn session_id(&self) -> i64 {
-        self.inner.client.session_id().0
+        self.session().id
     }
 
     /// Counters of what this backend did.
     pub fn stats(&self) -> ZkStats {
         let s = &self.inner.stats;
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         ZkStats {
-            watch_wakeups: s.watch_wakeups.load(Ordering::Relaxed),
-            nodes_created: s.nodes_created.load(Ordering::Relaxed),
-            creates_recovered: s.creates_recovered.load(Ordering::Relaxed),
-            lost_fired: s.lost_fired.load(Ordering::Relaxed),
-            waiting: s.waiting.load(Ordering::Relaxed),
+            watch_wakeups: load(&s.watch_wakeups),
+            nodes_created: load(&s.nodes_created),
+            creates_recovered: load(&s.creates_recovered),
+            duplicates_removed: load(&s.duplicates_removed),
+            foreign_ignored: load(&s.foreign_ignored),
+            lost_fired: load(&s.lost_fired),
+            waiting: load(&s.waiting),
+            sessions: load(&s.sessions),
+            held: self.session().held() as u64,
         }
     }
 
-    /// The underlying client (sharing this backend's session), for advanced use and tests.
-    /// Deleting lock nodes through it breaks the locks they carry.
-    pub fn client(&self) -> &zk::Client {
-        &self.inner.client
+    /// The underlying client of the current session, for advanced use and tests. Deleting
+    /// lock nodes through it breaks the locks they carry.
+    pub fn client(&self) -> zk::Client {
+        self.session().client.clone()
     }
 
     /// The node of lock `name` whose children are the contenders.
@@ -341,9 +611,14 @@ impl ZkBackend {
         }
     }
 
+    fn foreign(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.inner.foreign.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Deletes every contender node of `name` (the holder's and the waiters'), as an operator's
-    /// override: the holder's lost signal fires and waiters queue again. Returns how many
-    /// nodes were deleted. Needs an identity allowed to delete them (the same digest user).
+    /// override: the holder's lease is refused at its next renewal and waiters queue again.
+    /// Returns how many nodes were deleted. Needs an identity allowed to delete them (the same
+    /// digest user).
     ///
     /// Cancel safety: dropping the future may leave some nodes deleted and others not.
     ///
@@ -351,18 +626,16 @@ impl ZkBackend {
     /// `InvalidName`; `Unavailable` or `Backend` (NoAuth included) from ZooKeeper.
     pub async fn force_release(&self, name: impl IntoLockName) -> Result<usize> {
         let parent = self.parent_path(&name.into_lock_name()?);
-        let children = match self
-            .retry(|| self.inner.client.list_children(&parent))
-            .await
-        {
+        let client = self.live_session(None).await?.client.clone();
+        let children = match retry(|| client.list_children(&parent)).await {
             Ok(c) => c,
             Err(zk::Error::NoNode) => return Ok(0),
             Err(e) => return Err(map_err("listing contenders", e)),
         };
         let mut deleted = 0;
-        for (_, child) in queue(&children) {
+        for (_, child) in queue(&children, &parent, &HashSet::new()) {
             let path = format!("{parent}/{child}");
-            match self.retry(|| self.inner.client.delete(&path, None)).await {
+            match retry(|| client.delete(&path, None)).await {
                 Ok(()) => deleted += 1,
                 Err(zk::Error::NoNode) => {}
                 Err(e) => return Err(map_err("deleting a contender node", e)),
@@ -371,26 +644,16 @@ impl ZkBackend {
         Ok(deleted)
     }
 
-    /// Retries an idempotent request after connection losses (the session survives them;
-    /// terminal errors such as SessionExpired end the loop).
-    async fn retry<T, F, Fut>(&self, f: F) -> ZkResult<T>
-    where
-        F: Fn() -> Fut,
-        Fut: std::future::Future<Output = ZkResult<T>>,
-    {
-        retry(f).await
-    }
-
-    async fn ensure_base(&self) -> Result<()> {
+    async fn ensure_base(&self, client: &zk::Client) -> Result<()> {
         let opts = zk::CreateMode::Persistent.with_acls(self.acls());
         let base = &self.inner.base;
-        self.retry(|| self.inner.client.mkdir(base, &opts))
+        retry(|| client.mkdir(base, &opts))
             .await
             .map_err(|e| map_err(format!("creating the namespace node {base}"), e))
     }
 
     /// Creates the lock's parent node if missing (a CONTAINER where the server has them).
-    async fn ensure_parent(&self, parent: &str) -> Result<()> {
+    async fn ensure_parent(&self, client: &zk::Client, parent: &str) -> Result<()> {
         for _ in 0..8 {
             let containers = self.inner.containers.load(Ordering::Relaxed);
             let mode = if containers {
@@ -398,9 +661,7 @@ impl ZkBackend {
             } else {
                 zk::CreateMode::Persistent
             };
-            match self
-                .inner
-                .client
+            match client
                 .create(parent, &[], &mode.with_acls(self.acls()))
                 .await
             {
@@ -410,7 +671,7 @@ impl ZkBackend {
                     self.inner.containers.store(false, Ordering::Relaxed);
                 }
                 // The namespace (or chroot) node went away: make it again.
-                Err(zk::Error::NoNode) => self.ensure_base().await?,
+                Err(zk::Error::NoNode) => self.ensure_base(client).await?,
                 Err(e) if is_retryable(&e) => tokio::time::sleep(RETRY_PAUSE).await,
                 Err(e) => return Err(map_err(format!("creating the lock node {parent}"), e)),
             }
@@ -421,55 +682,78 @@ impl ZkBackend {
         ))
     }
 
-    /// Creates this contender's node, recovering a create whose reply was lost.
-    async fn create_contender(&self, parent: &str, contender: &mut ContenderGuard) -> Result<Node> {
-        let prefix = format!("{parent}/{}", contender.name_prefix);
-        let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
-        let client = &self.inner.client;
+    /// The recipe, retried on a new session when the session ends (the caller bounds the
+    /// wait by dropping the future; the contender guard then deletes the node).
+    async fn run(
+        &self,
+        req: &AcquireRequest,
+        wait: bool,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Acquired>> {
         loop {
-            contender.state = GuardState::Creating;
-            let result = client.create(&prefix, &[], &opts).await;
-            #[cfg(test)]
-            let result = match result {
-                Ok(_)
-                    if self
-                        .inner
-                        .drop_next_create_reply
-                        .swap(false, Ordering::SeqCst) =>
-                {
-                    Err(zk::Error::ConnectionLoss)
+            let session = self.live_session(deadline).await?;
+            match self.attempt(&session, req, wait).await? {
+                Attempt::Won(a) => return Ok(Some(a)),
+                Attempt::Busy => return Ok(None),
+                Attempt::SessionEnded => {
+                    tracing::debug!("zookeeper session ended during an acquisition; retrying on the next one");
                 }
-                other => other,
-            };
-            match result {
-                Ok((stat, seq)) => {
-                    self.inner
-                        .stats
-                        .nodes_created
-                        .fetch_add(1, Ordering::Relaxed);
-                    let name = format!("{}{seq}", contender.name_prefix);
-                    let path = format!("{parent}/{name}");
-                    contender.state = GuardState::Created(path.clone());
-                    return Ok(Node {
-                        path,
-                        name,
-                        czxid: stat.czxid,
-                    });
-                }
-                Err(zk::Error::NoNode) => self.ensure_parent(parent).await?,
-                Err(e) if is_retryable(&e) => {
-                    // The create may or may not have been applied: look for our own node by
-                    // the owner token in its name (protection mode).
-                    if let Some(node) = self.find_own(parent, &contender.name_prefix).await? {
-                        self.inner
-                            .stats
-                            .creates_recovered
-                            .fetch_add(1, Ordering::Relaxed);
-                        tracing::debug!(path = %node.path, "recovered a create whose reply was lost");
-                        contender.state = GuardState::Created(node.path.clone());
-                        return Ok(node);
+            }
+        }
+    }
+
+    /// One acquisition on one session. `wait == false`: one attempt (the node is deleted
+    /// again if not lowest).
+    async fn attempt(
+        &self,
+        session: &Arc<Session>,
+        req: &AcquireRequest,
+        wait: bool,
+    ) -> Result<Attempt> {
+        let parent = self.parent_path(&req.name);
+        let client = &session.client;
+        let owner = req.token.to_hex();
+        let mut contender = ContenderGuard::new(
+            client.clone(),
+            parent.clone(),
+            format!("{NODE_PREFIX}{owner}{NODE_MARK}"),
+            req.background.clone(),
+        );
+        if !wait {
+            // Children first: on a held lock, one read and no write.
+            match client.list_children(&parent).await {
+                Ok(children) => {
+                    let foreign = self.foreign();
+                    if !queue(&children, &parent, &foreign).is_empty() {
+                        contender.state = GuardState::Done;
+                        return Ok(Attempt::Busy);
                     }
                 }
+                Err(zk::Error::NoNode) => {}
+                Err(e) if is_retryable(&e) => {}
+                Err(e) if is_session_end(&e) => return Ok(Attempt::SessionEnded),
+                Err(e) => return Err(map_err(format!("listing {parent}"), e)),
+            }
+        }
+        'create: loop {
+            // Taken before the requests that may prove us the holder.
+            let mut sent_at = Instant::now();
+            let (created, listed) = self.create_and_list(client, &parent, &contender).await;
+            let mut mine: Option<(String, Option<i64>)> = None;
+            match created {
+                Ok((stat, seq)) => {
+                    bump(&self.inner.stats.nodes_created);
+                    let name = format!("{}{seq}", contender.name_prefix);
+                    contender.state = GuardState::Created(format!("{parent}/{name}"));
+                    mine = Some((name, Some(stat.czxid)));
+                }
+                Err(zk::Error::NoNode) => {
+                    self.ensure_parent(client, &parent).await?;
+                    continue 'create;
+                }
+                // Applied or not: the listing below finds the node by the owner token.
+                Err(e) if is_retryable(&e) => {}
+                Err(e) if is_session_end(&e) => return Ok(Attempt::SessionEnded),
                 Err(e) => {
                     return Err(map_err(
                         format!("creating a contender node under {parent}"),
@@ -477,130 +761,226 @@ impl ZkBackend {
                     ));
                 }
             }
-        }
-    }
-
-    async fn find_own(&self, parent: &str, name_prefix: &str) -> Result<Option<Node>> {
-        let client = &self.inner.client;
-        let children = match self.retry(|| client.list_children(parent)).await {
-            Ok(c) => c,
-            Err(zk::Error::NoNode) => return Ok(None),
-            Err(e) => return Err(map_err(format!("listing {parent}"), e)),
-        };
-        let Some(name) = children
-            .into_iter()
-            .find(|c| c.starts_with(name_prefix) && sequence_of(c).is_some())
-        else {
-            return Ok(None);
-        };
-        let path = format!("{parent}/{name}");
-        match self.retry(|| client.check_stat(&path)).await {
-            Ok(Some(stat)) => Ok(Some(Node {
-                path,
-                name,
-                czxid: stat.czxid,
-            })),
-            Ok(None) => Ok(None),
-            Err(e) => Err(map_err(format!("reading {path}"), e)),
-        }
-    }
-
-    /// The recipe. `wait == false`: one attempt (the node is deleted again if not lowest).
-    /// Waits without deadline otherwise: the caller bounds it by dropping the future, and the
-    /// contender guard then deletes the node.
-    async fn run(&self, req: &AcquireRequest, wait: bool) -> Result<Option<Acquired>> {
-        let parent = self.parent_path(&req.name);
-        let client = &self.inner.client;
-        let mut contender = ContenderGuard::new(client.clone(), parent.clone(), req.token);
-        'create: loop {
-            let node = self.create_contender(&parent, &mut contender).await?;
+            let mut listed = Some(listed);
             loop {
-                // Taken before the request that may prove us the holder: the server hears it
-                // later, so the session (and node) lives at least a session timeout past it.
-                let sent_at = Instant::now();
-                let children = match self.retry(|| client.list_children(&parent)).await {
-                    Ok(c) => c,
-                    Err(zk::Error::NoNode) => Vec::new(),
-                    Err(e) => return Err(map_err(format!("listing {parent}"), e)),
-                };
-                let q = queue(&children);
-                let Some(pos) = q.iter().position(|(_, n)| *n == node.name) else {
-                    // Our node vanished: revoked by an operator, or the session expired (then
-                    // the next request fails with SessionExpired). Queue again.
-                    if client.state().is_terminated() {
-                        return Err(Error::new(
-                            lockcore::ErrorKind::Unavailable,
-                            format!("the ZooKeeper session ended ({})", client.state()),
-                        ));
+                let children = match listed.take() {
+                    Some(Ok(c)) => c,
+                    Some(Err(e)) if is_retryable(&e) => {
+                        sent_at = Instant::now();
+                        match retry(|| client.list_children(&parent)).await {
+                            Ok(c) => c,
+                            Err(e) => return self.list_failed(&parent, e),
+                        }
                     }
-                    contender.state = GuardState::Done;
+                    Some(Err(e)) => return self.list_failed(&parent, e),
+                    None => {
+                        sent_at = Instant::now();
+                        match retry(|| client.list_children(&parent)).await {
+                            Ok(c) => c,
+                            Err(e) => return self.list_failed(&parent, e),
+                        }
+                    }
+                };
+                let (node, q) = {
+                    let foreign = self.foreign();
+                    let q: Vec<(i64, String)> = queue(&children, &parent, &foreign)
+                        .into_iter()
+                        .map(|(s, n)| (s, n.to_owned()))
+                        .collect();
+                    (self.own_node(&q, &owner, &contender, &mut mine), q)
+                };
+                let Some(node_name) = node else {
+                    // No node of ours: the create was not applied, or the node vanished
+                    // (revoked by an operator, or the session expired). Queue again.
+                    if session.ended() {
+                        return Ok(Attempt::SessionEnded);
+                    }
+                    contender.state = GuardState::Creating;
                     continue 'create;
                 };
+                let path = format!("{parent}/{node_name}");
+                contender.state = GuardState::Created(path.clone());
+                let pos = q
+                    .iter()
+                    .position(|(_, n)| *n == node_name)
+                    .expect("own node is in the queue");
                 if pos == 0 {
+                    let czxid = match &mine {
+                        Some((_, Some(czxid))) => *czxid,
+                        // Recovered after a lost reply: read its creation zxid.
+                        _ => match retry(|| client.check_stat(&path)).await {
+                            Ok(Some(stat)) => stat.czxid,
+                            Ok(None) => continue,
+                            Err(e) if is_session_end(&e) => return Ok(Attempt::SessionEnded),
+                            Err(e) => return Err(map_err(format!("reading {path}"), e)),
+                        },
+                    };
                     contender.state = GuardState::Done;
-                    let lease = self.lease(req, node);
-                    return Ok(Some(Acquired::new(lease, sent_at)));
+                    return Ok(Attempt::Won(self.won(session, req, path, czxid, sent_at)));
                 }
                 if !wait {
-                    contender.state = GuardState::Done;
-                    return match retry(|| client.delete(&node.path, None)).await {
-                        Ok(()) | Err(zk::Error::NoNode) => Ok(None),
-                        Err(e) => {
-                            // Leave it to the background clean-up rather than fail the attempt.
-                            contender.state = GuardState::Created(node.path.clone());
-                            tracing::debug!(error = %e, "deleting a losing try_lock node failed; retrying in the background");
-                            Ok(None)
-                        }
-                    };
+                    // The guard deletes the node (sent at once, retried in the background).
+                    return Ok(Attempt::Busy);
                 }
+                let only_one_ahead = pos == 1;
                 let predecessor = format!("{parent}/{}", q[pos - 1].1);
-                match client.get_and_watch_data(&predecessor).await {
+                match client.check_and_watch_stat(&predecessor).await {
                     // Gone before the watch was set: look again.
-                    Err(zk::Error::NoNode) => continue,
-                    Err(e) if is_retryable(&e) => tokio::time::sleep(RETRY_PAUSE).await,
-                    Err(e) => return Err(map_err(format!("watching {predecessor}"), e)),
-                    Ok((_, _, watcher)) => {
+                    Ok((None, _)) => {}
+                    Ok((Some(stat), _)) if stat.ephemeral_owner == 0 => {
+                        // Not a contender: someone made a node with the contenders' name
+                        // pattern. Never wait on it (it would never go away).
+                        tracing::warn!(path = %predecessor, "ignoring a non-ephemeral node with a contender's name");
+                        bump(&self.inner.stats.foreign_ignored);
+                        let mut foreign = self.foreign();
+                        if foreign.len() >= MAX_FOREIGN {
+                            foreign.clear();
+                        }
+                        foreign.insert(predecessor);
+                        listed = Some(Ok(children));
+                        continue;
+                    }
+                    Ok((Some(_), watcher)) => {
                         let waiting = Waiting::new(&self.inner.stats.waiting);
                         let event = watcher.changed().await;
                         drop(waiting);
-                        self.inner
-                            .stats
-                            .watch_wakeups
-                            .fetch_add(1, Ordering::Relaxed);
-                        if event.event_type == zk::EventType::Session
-                            && event.session_state.is_terminated()
-                        {
-                            return Err(Error::new(
-                                lockcore::ErrorKind::Unavailable,
-                                format!(
-                                    "the ZooKeeper session ended ({}) while waiting",
-                                    event.session_state
-                                ),
-                            ));
+                        bump(&self.inner.stats.watch_wakeups);
+                        match event.event_type {
+                            zk::EventType::NodeDeleted if only_one_ahead => {
+                                // Nothing else was ahead, and nodes created later sort after
+                                // ours: the lock is ours without listing again. The TTL counts
+                                // from now (the server keeps the node for the session, so no
+                                // server-side clock runs on it).
+                                if let Some((_, Some(czxid))) = mine {
+                                    contender.state = GuardState::Done;
+                                    return Ok(Attempt::Won(self.won(
+                                        session,
+                                        req,
+                                        path,
+                                        czxid,
+                                        Instant::now(),
+                                    )));
+                                }
+                            }
+                            zk::EventType::Session if event.session_state.is_terminated() => {
+                                return Ok(Attempt::SessionEnded);
+                            }
+                            // Another event (a reconnection, a data change): look again.
+                            _ => {}
                         }
                     }
+                    Err(e) if is_retryable(&e) => tokio::time::sleep(RETRY_PAUSE).await,
+                    Err(e) if is_session_end(&e) => return Ok(Attempt::SessionEnded),
+                    Err(e) => return Err(map_err(format!("watching {predecessor}"), e)),
                 }
             }
         }
     }
 
-    fn lease(&self, req: &AcquireRequest, node: Node) -> ZkLease {
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let shared = Arc::new(LeaseShared {
-            backend: self.clone(),
-            path: node.path,
-            czxid: node.czxid,
-            stop: stop_tx,
-        });
-        tokio::spawn(watch_lease(shared.clone(), req.lost.clone(), stop_rx));
-        ZkLease { shared }
+    fn list_failed(&self, parent: &str, e: zk::Error) -> Result<Attempt> {
+        if is_session_end(&e) {
+            Ok(Attempt::SessionEnded)
+        } else {
+            Err(map_err(format!("listing {parent}"), e))
+        }
     }
+
+    /// Sends the create and, right behind it, the listing of the parent: the server handles
+    /// a session's requests in order, so the listing sees the new node, and both cost one
+    /// round trip.
+    async fn create_and_list(
+        &self,
+        client: &zk::Client,
+        parent: &str,
+        contender: &ContenderGuard,
+    ) -> (ZkResult<(zk::Stat, zk::CreateSequence)>, ZkResult<Vec<String>>) {
+        let prefix = format!("{parent}/{}", contender.name_prefix);
+        let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+        let create = client.create(&prefix, &[], &opts);
+        let list = client.list_children(parent);
+        let (created, listed) = tokio::join!(create, list);
+        #[cfg(test)]
+        let created = match created {
+            Ok(_)
+                if self
+                    .inner
+                    .drop_next_create_reply
+                    .swap(false, Ordering::SeqCst) =>
+            {
+                Err(zk::Error::ConnectionLoss)
+            }
+            other => other,
+        };
+        (created, listed)
+    }
+
+    /// This contender's node in the queue `q`: every child with the caller's owner prefix is
+    /// its own (a retried create may have made a second one after a lost reply); the lowest is
+    /// kept and the others deleted, so the contender never waits on its own node. `mine` is
+    /// the node known to be ours (name, creation zxid when known); it becomes the one kept.
+    fn own_node(
+        &self,
+        q: &[(i64, String)],
+        owner: &str,
+        contender: &ContenderGuard,
+        mine: &mut Option<(String, Option<i64>)>,
+    ) -> Option<String> {
+        let mut own = q
+            .iter()
+            .filter(|(_, n)| parse_contender(n).is_some_and(|(_, t)| t == owner));
+        let (_, keep) = own.next()?;
+        for (_, extra) in own {
+            bump(&self.inner.stats.duplicates_removed);
+            tracing::debug!(node = %extra, "deleting a second node of one contender");
+            let path = format!("{}/{extra}", contender.parent);
+            let client = contender.client.clone();
+            let delete = client.delete(&path, None);
+            contender.background.spawn(async move {
+                if let Err(e) = delete.await
+                    && is_retryable(&e)
+                {
+                    let _ = retry(|| client.delete(&path, None)).await;
+                }
+            });
+        }
+        if !matches!(mine, Some((name, _)) if name == keep) {
+            bump(&self.inner.stats.creates_recovered);
+            tracing::debug!(node = %keep, "recovered a create whose reply was lost");
+            *mine = Some((keep.clone(), None));
+        }
+        Some(keep.clone())
+    }
+
+    fn won(
+        &self,
+        session: &Arc<Session>,
+        req: &AcquireRequest,
+        path: String,
+        czxid: i64,
+        sent_at: Instant,
+    ) -> Acquired {
+        let id = session.register(req.lost.clone(), &self.inner.stats);
+        let lease = ZkLease {
+            backend: self.clone(),
+            session: session.clone(),
+            id,
+            path,
+            czxid,
+        };
+        Acquired::new(lease, sent_at)
+    }
+}
+
+enum Attempt {
+    Won(Acquired),
+    Busy,
+    SessionEnded,
 }
 
 async fn retry<T, F, Fut>(f: F) -> ZkResult<T>
 where
     F: Fn() -> Fut,
-    Fut: std::future::Future<Output = ZkResult<T>>,
+    Fut: Future<Output = ZkResult<T>>,
 {
     loop {
         match f().await {
@@ -608,13 +988,6 @@ where
             other => return other,
         }
     }
-}
-
-#[derive(Debug)]
-struct Node {
-    path: String,
-    name: String,
-    czxid: i64,
 }
 
 #[derive(Debug)]
@@ -628,21 +1001,24 @@ enum GuardState {
 }
 
 /// Deletes the contender's node when an acquisition ends without the lock (cancelled, timed
-/// out, failed). Never blocks: the delete is sent from `drop` (the client sends requests in
-/// call order) and its retries run in a spawned task.
+/// out, failed, busy). Never blocks: the delete is sent from `drop` (the client sends requests
+/// in call order) and its retries run on the request's [`Background`], which
+/// `Locker::flush` waits for.
 struct ContenderGuard {
     client: zk::Client,
     parent: String,
     name_prefix: String,
+    background: Background,
     state: GuardState,
 }
 
 impl ContenderGuard {
-    fn new(client: zk::Client, parent: String, token: lockcore::OwnerToken) -> Self {
+    fn new(client: zk::Client, parent: String, name_prefix: String, background: Background) -> Self {
         ContenderGuard {
             client,
             parent,
-            name_prefix: format!("{NODE_PREFIX}{}{NODE_MARK}", token.to_hex()),
+            name_prefix,
+            background,
             state: GuardState::Creating,
         }
     }
@@ -651,18 +1027,12 @@ impl ContenderGuard {
 impl Drop for ContenderGuard {
     fn drop(&mut self) {
         let state = std::mem::replace(&mut self.state, GuardState::Done);
-        if matches!(state, GuardState::Done) {
-            return;
-        }
-        // Without a runtime the session's end removes the ephemeral node anyway.
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let client = self.client.clone();
         match state {
+            GuardState::Done => {}
             GuardState::Created(path) => {
                 let first = client.delete(&path, None);
-                rt.spawn(async move {
+                self.background.spawn(async move {
                     if let Err(e) = first.await
                         && is_retryable(&e)
                     {
@@ -673,9 +1043,18 @@ impl Drop for ContenderGuard {
             GuardState::Creating => {
                 let (parent, prefix) = (self.parent.clone(), self.name_prefix.clone());
                 // Listed after the create was sent, so the list sees its node if it was made.
-                rt.spawn(async move {
-                    let Ok(children) = retry(|| client.list_children(&parent)).await else {
-                        return;
+                // (get_children's future owns its request; list_children's borrows the client.)
+                let list = client.get_children(&parent);
+                self.background.spawn(async move {
+                    let children = match list.await {
+                        Ok((c, _)) => c,
+                        Err(e) if is_retryable(&e) => {
+                            match retry(|| client.list_children(&parent)).await {
+                                Ok(c) => c,
+                                Err(_) => return,
+                            }
+                        }
+                        Err(_) => return,
                     };
                     for child in children.iter().filter(|c| c.starts_with(&prefix)) {
                         let path = format!("{parent}/{child}");
@@ -683,7 +1062,6 @@ impl Drop for ContenderGuard {
                     }
                 });
             }
-            GuardState::Done => {}
         }
     }
 }
@@ -694,15 +1072,17 @@ impl Backend for ZkBackend {
         &self.inner.capabilities
     }
 
-    /// One attempt: create a contender node, and keep it only if it is the lowest.
+    /// One attempt: list the children (a held lock costs this one read); if free, create a
+    /// contender node and keep it only if it is the lowest.
     ///
     /// Cancel safety: a dropped attempt deletes its node in the background (found by owner
     /// token if the create was still in flight).
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
-        self.run(req, false).await
+        self.run(req, false, None).await
     }
 
-    /// Queues behind the current holder and waits on a watch of the immediate predecessor.
+    /// Queues behind the current holder and waits on a watch of the immediate predecessor;
+    /// after a session expiry, queues again on the new session.
     ///
     /// Cancel safety: a dropped or timed-out wait deletes its node in the background.
     async fn acquire(
@@ -711,10 +1091,10 @@ impl Backend for ZkBackend {
         deadline: Option<Instant>,
     ) -> Result<Option<Acquired>> {
         match deadline {
-            None => self.run(req, true).await,
+            None => self.run(req, true, None).await,
             // No time to wait: a single attempt.
-            Some(d) if d <= Instant::now() => self.run(req, false).await,
-            Some(d) => match tokio::time::timeout_at(d, self.run(req, true)).await {
+            Some(d) if d <= Instant::now() => self.run(req, false, None).await,
+            Some(d) => match tokio::time::timeout_at(d, self.run(req, true, Some(d))).await {
                 Ok(r) => r,
                 // The dropped attempt's guard deletes the node.
                 Err(_elapsed) => Ok(None),
@@ -730,7 +1110,7 @@ impl Backend for ZkBackend {
 
     async fn round_trip(&self) -> Result<()> {
         // `exists` on the root: the cheapest read that reaches the server.
-        self.inner
+        self.session()
             .client
             .check_stat("/")
             .await
@@ -738,31 +1118,120 @@ impl Backend for ZkBackend {
             .map_err(|e| map_err("exists /", e))
     }
 
+    /// The bare primitive: create an EPHEMERAL_SEQUENTIAL node under the lock's node, then
+    /// delete it (two requests), without listing or watching.
+    ///
+    /// Cancel safety: a dropped cycle may leave its node until the session ends.
+    async fn bare_cycle(&self, name: &lockcore::LockName) -> Result<()> {
+        let client = self.live_session(None).await?.client.clone();
+        let parent = self.parent_path(name);
+        let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+        let prefix = format!("{parent}/_bare-");
+        loop {
+            match client.create(&prefix, &[], &opts).await {
+                Ok((_, seq)) => {
+                    let path = format!("{prefix}{seq}");
+                    return client
+                        .delete(&path, None)
+                        .await
+                        .map_err(|e| map_err("deleting the bare node", e));
+                }
+                Err(zk::Error::NoNode) => self.ensure_parent(&client, &parent).await?,
+                Err(e) => return Err(map_err("creating the bare node", e)),
+            }
+        }
+    }
+
+    /// The sum of `zk_packets_received` from the `mntr` four-letter command of every listed
+    /// server (the server must whitelist `mntr`).
+    ///
+    /// Cancel safe.
+    async fn server_requests(&self) -> Result<u64> {
+        let mut total = 0;
+        let mut last_err = None;
+        let mut answered = false;
+        for host in &self.inner.config.hosts {
+            match four_letter(host, "mntr").await {
+                Ok(text) => match mntr_value(&text, "zk_packets_received") {
+                    Some(n) => {
+                        total += n;
+                        answered = true;
+                    }
+                    None => {
+                        last_err = Some(Error::new(
+                            lockcore::ErrorKind::Unsupported,
+                            format!("{host}: mntr has no zk_packets_received (is mntr in 4lw.commands.whitelist?)"),
+                        ))
+                    }
+                },
+                Err(e) => last_err = Some(e),
+            }
+        }
+        match (answered, last_err) {
+            (true, _) => Ok(total),
+            (false, Some(e)) => Err(e),
+            (false, None) => Err(Error::new(
+                lockcore::ErrorKind::Unavailable,
+                "no ZooKeeper server answered mntr",
+            )),
+        }
+    }
+
     fn describe(&self) -> String {
         self.inner.config.redacted(Some(self.inner.session_timeout))
     }
 }
 
-struct LeaseShared {
-    backend: ZkBackend,
-    path: String,
-    czxid: i64,
-    /// Set before the release deletes the node, so the watcher does not report our own
-    /// delete as a loss; also stops the watcher.
-    stop: watch::Sender<bool>,
+/// Sends a four-letter command to `host` and returns the answer.
+async fn four_letter(host: &str, command: &str) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let io = async {
+        let mut stream = tokio::net::TcpStream::connect(host).await?;
+        stream.write_all(command.as_bytes()).await?;
+        let mut out = Vec::new();
+        stream.read_to_end(&mut out).await?;
+        Ok::<_, std::io::Error>(out)
+    };
+    match tokio::time::timeout(Duration::from_secs(5), io).await {
+        Ok(Ok(out)) => Ok(String::from_utf8_lossy(&out).into_owned()),
+        Ok(Err(e)) => Err(Error::unavailable(format!("{command} to {host}"), e)),
+        Err(_) => Err(Error::new(
+            lockcore::ErrorKind::Unavailable,
+            format!("{command} to {host}: no answer within 5 s"),
+        )),
+    }
+}
+
+/// The value of `key` in `mntr` output (`key<TAB>value` lines).
+fn mntr_value(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let (k, v) = line.split_once('\t')?;
+        (k.trim() == key).then(|| v.trim().parse().ok()).flatten()
+    })
 }
 
 /// A held ZooKeeper lock: the contender node at the head of the queue.
 struct ZkLease {
-    shared: Arc<LeaseShared>,
+    backend: ZkBackend,
+    session: Arc<Session>,
+    /// Key in the session's registry of held leases.
+    id: u64,
+    path: String,
+    czxid: i64,
 }
 
 impl fmt::Debug for ZkLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkLease")
-            .field("path", &self.shared.path)
-            .field("czxid", &self.shared.czxid)
+            .field("path", &self.path)
+            .field("czxid", &self.czxid)
             .finish()
+    }
+}
+
+impl Drop for ZkLease {
+    fn drop(&mut self) {
+        self.session.unregister(self.id);
     }
 }
 
@@ -773,15 +1242,16 @@ fn not_held(why: &str) -> Error {
 #[async_trait]
 impl Lease for ZkLease {
     fn fencing_token(&self) -> Option<u64> {
-        u64::try_from(self.shared.czxid).ok()
+        u64::try_from(self.czxid).ok()
     }
 
-    /// Checks that the session is connected and the node is still ours (one `exists` round
-    /// trip); the session itself is kept alive by the client's heartbeats.
+    /// Syncs with the leader and checks that the node is still this session's, in one round
+    /// trip (the `exists` is sent right behind the `sync`, and the server answers a session's
+    /// requests in order); the session itself is kept alive by the client's heartbeats.
     ///
     /// Cancel safety: read-only; dropping the future changes nothing.
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
-        let client = &self.shared.backend.inner.client;
+        let client = &self.session.client;
         let state = client.state();
         if state == zk::SessionState::Expired {
             return Err(not_held("the session expired"));
@@ -798,8 +1268,16 @@ impl Lease for ZkLease {
                 "disconnected from ZooKeeper; the session may still be alive",
             ));
         }
-        match client.check_stat(&self.shared.path).await {
-            Ok(Some(stat)) if stat.ephemeral_owner == client.session_id().0 => Ok(ttl),
+        let sync = client.sync(&self.path);
+        let exists = client.check_stat(&self.path);
+        let (synced, stat) = tokio::join!(sync, exists);
+        match synced {
+            Ok(()) => {}
+            Err(zk::Error::SessionExpired) => return Err(not_held("the session expired")),
+            Err(e) => return Err(map_err("syncing with the leader", e)),
+        }
+        match stat {
+            Ok(Some(stat)) if stat.ephemeral_owner == self.session.id => Ok(ttl),
             Ok(_) => Err(not_held("the lock node was deleted")),
             Err(zk::Error::SessionExpired) => Err(not_held("the session expired")),
             Err(e) => Err(map_err("checking the lock node", e)),
@@ -811,12 +1289,12 @@ impl Lease for ZkLease {
     /// Cancel safety: dropping the future may leave the node in place until the session ends
     /// (the delete may already have been sent, in which case the lock is free).
     async fn release(&self) -> Result<()> {
-        let shared = &self.shared;
-        shared.stop.send_replace(true);
-        let inner = &shared.backend.inner;
+        self.session.unregister(self.id);
+        let client = &self.session.client;
+        let inner = &self.backend.inner;
         let mut lost_reply = false;
         loop {
-            match inner.client.delete(&shared.path, None).await {
+            match client.delete(&self.path, None).await {
                 Ok(()) => break,
                 // A retried delete whose first attempt was applied.
                 Err(zk::Error::NoNode) if lost_reply => break,
@@ -834,48 +1312,16 @@ impl Lease for ZkLease {
             }
         }
         if !inner.containers.load(Ordering::Relaxed)
-            && let Some((parent, _)) = shared.path.rsplit_once('/')
+            && let Some((parent, _)) = self.path.rsplit_once('/')
         {
             // Best effort: fails with NotEmpty when someone queues; a contender that finds
-            // the parent gone re-creates it (create_contender handles NoNode).
-            let f = inner.client.delete(parent, None);
+            // the parent gone re-creates it (create_and_list handles NoNode).
+            let f = client.delete(parent, None);
             tokio::spawn(async move {
                 let _ = f.await;
             });
         }
         Ok(())
-    }
-}
-
-enum NodeOutcome {
-    Deleted,
-    SessionEnded(zk::SessionState),
-    Failed(zk::Error),
-}
-
-/// Watches the holder's own node until it is deleted or the session ends.
-async fn watch_node(client: zk::Client, path: String, session: i64) -> NodeOutcome {
-    loop {
-        match client.check_and_watch_stat(&path).await {
-            Ok((None, _)) => return NodeOutcome::Deleted,
-            Ok((Some(stat), _)) if stat.ephemeral_owner != session => return NodeOutcome::Deleted,
-            Ok((Some(_), watcher)) => {
-                let event = watcher.changed().await;
-                match event.event_type {
-                    zk::EventType::NodeDeleted => return NodeOutcome::Deleted,
-                    zk::EventType::Session if event.session_state.is_terminated() => {
-                        return NodeOutcome::SessionEnded(event.session_state);
-                    }
-                    // Data changed or a non-terminal session event: watch again.
-                    _ => {}
-                }
-            }
-            Err(e) if is_retryable(&e) => tokio::time::sleep(RETRY_PAUSE).await,
-            Err(zk::Error::SessionExpired) => {
-                return NodeOutcome::SessionEnded(zk::SessionState::Expired);
-            }
-            Err(e) => return NodeOutcome::Failed(e),
-        }
     }
 }
 
@@ -894,56 +1340,128 @@ fn reason_for(state: zk::SessionState) -> LostReason {
     }
 }
 
-/// Fires the lost signal of one lease; ends when the lease is released or nobody listens.
-async fn watch_lease(
-    shared: Arc<LeaseShared>,
-    lost: LostNotifier,
-    mut stop: watch::Receiver<bool>,
-) {
-    let inner = &shared.backend.inner;
-    let client = &inner.client;
-    let mut states = client.state_watcher();
-    let connected = |s: zk::SessionState| s == zk::SessionState::SyncConnected;
-    let mut disconnected_since = (!connected(states.state())).then(Instant::now);
-    let node = watch_node(client.clone(), shared.path.clone(), client.session_id().0);
-    tokio::pin!(node);
-    let mut node_done = false;
-    let reason = loop {
-        if let Some(s) = Some(states.peek_state()).filter(|s| s.is_terminated()) {
-            break reason_for(s);
-        }
-        let lost_at = disconnected_since.map(|t| t + inner.lost_after_disconnect);
+/// The backend's one background task: watches each session in turn, reports held leases lost
+/// (see the crate docs), and opens a new session after one ends. Ends with the backend.
+async fn supervise(weak: Weak<Inner>, mut shutdown: watch::Receiver<()>) {
+    let mut sessions = match weak.upgrade() {
+        Some(inner) => inner.session.subscribe(),
+        None => return,
+    };
+    loop {
+        let session = sessions.borrow_and_update().clone();
+        let Some((grace, config)) = weak
+            .upgrade()
+            .map(|i| (i.lost_after_disconnect, i.config.clone()))
+        else {
+            return;
+        };
         tokio::select! {
-            _ = lost.closed() => return,
-            _ = stop.wait_for(|s| *s) => return,
-            state = states.changed() => {
-                if state.is_terminated() {
-                    break reason_for(state);
+            _ = shutdown.changed() => return,
+            _ = watch_session(&session, grace, &weak) => {}
+        }
+        drop(session);
+        // The session ended: open a new one, with a bounded back-off while no server answers.
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let opened = tokio::select! {
+                _ = shutdown.changed() => return,
+                r = open_client(&config) => r,
+            };
+            match opened {
+                Ok(client) => {
+                    let Some(inner) = weak.upgrade() else { return };
+                    bump(&inner.stats.sessions);
+                    tracing::info!(session = client.session_id().0, "opened a new zookeeper session after the last one ended");
+                    inner.session.send_replace(Session::new(client));
+                    break;
                 }
-                if connected(state) {
-                    disconnected_since = None;
-                } else if disconnected_since.is_none() {
-                    disconnected_since = Some(Instant::now());
+                Err(e) => {
+                    tracing::warn!(error = %e, "opening a new zookeeper session failed; retrying");
+                    tokio::select! {
+                        _ = shutdown.changed() => return,
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                    pause = (pause * 2).min(Duration::from_secs(5));
                 }
             }
-            _ = sleep_until_opt(lost_at) => break LostReason::ConnectionLost,
-            outcome = &mut node, if !node_done => match outcome {
-                NodeOutcome::Deleted => break LostReason::RenewalRefused,
-                NodeOutcome::SessionEnded(s) => break reason_for(s),
-                NodeOutcome::Failed(e) => {
-                    tracing::warn!(error = %e, path = %shared.path, "watching the lock node failed; only the session is watched now");
-                    node_done = true;
-                }
-            },
+        }
+    }
+}
+
+type SyncFuture = Pin<Box<dyn Future<Output = ZkResult<()>> + Send>>;
+
+/// Watches one session until it ends, reporting held leases lost on a disconnection (after
+/// `grace`), on a `sync` to the leader unanswered for a third of the session timeout, and on
+/// the end of the session.
+async fn watch_session(session: &Arc<Session>, grace: Duration, weak: &Weak<Inner>) {
+    let client = session.client.clone();
+    let mut states = client.state_watcher();
+    let beat_every = client.session_timeout() / 3;
+    let suspend = |reason: LostReason| {
+        if let Some(inner) = weak.upgrade() {
+            session.suspend(reason, &inner.stats);
         }
     };
-    // Our own release deletes the node too: not a loss.
-    if *stop.borrow() {
-        return;
-    }
-    if lost.fire(reason) {
-        inner.stats.lost_fired.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(path = %shared.path, %reason, "zookeeper lock lost");
+    let mut disconnected_since: Option<Instant> = None;
+    let mut next_beat = Instant::now() + beat_every;
+    // The sync in flight and when it was sent.
+    let mut beat: Option<(Instant, SyncFuture)> = None;
+    let mut beat_late = false;
+    loop {
+        let state = states.peek_state();
+        if state.is_terminated() {
+            suspend(reason_for(state));
+            return;
+        }
+        let grace_end = disconnected_since.map(|t| t + grace);
+        let beat_deadline = beat
+            .as_ref()
+            .filter(|_| !beat_late)
+            .map(|(sent, _)| *sent + beat_every);
+        tokio::select! {
+            state = states.changed() => {
+                if state.is_terminated() {
+                    continue;
+                }
+                if state == zk::SessionState::SyncConnected {
+                    disconnected_since = None;
+                    session.resume();
+                } else if disconnected_since.is_none() {
+                    if grace.is_zero() {
+                        suspend(LostReason::ConnectionLost);
+                    } else {
+                        disconnected_since = Some(Instant::now());
+                    }
+                }
+            }
+            _ = sleep_until_opt(grace_end) => {
+                disconnected_since = None;
+                suspend(LostReason::ConnectionLost);
+            }
+            result = async { beat.as_mut().expect("guarded").1.as_mut().await }, if beat.is_some() => {
+                beat = None;
+                next_beat = Instant::now() + beat_every;
+                if beat_late && result.is_ok() && states.peek_state() == zk::SessionState::SyncConnected {
+                    // The leader answers again: new leases need not be reported lost.
+                    session.resume();
+                }
+                beat_late = false;
+            }
+            _ = sleep_until_opt(beat_deadline) => {
+                // Connected, but the leader does not answer: the session may be expiring.
+                beat_late = true;
+                tracing::warn!(session = session.id, "a sync to the zookeeper leader went unanswered for 1/3 of the session timeout; reporting held locks lost");
+                suspend(LostReason::ConnectionLost);
+            }
+            _ = tokio::time::sleep_until(next_beat), if beat.is_none() => {
+                next_beat = Instant::now() + beat_every;
+                // Only while leases are held: an idle client sends nothing.
+                if session.held() > 0 && states.peek_state() == zk::SessionState::SyncConnected {
+                    let c = client.clone();
+                    beat = Some((Instant::now(), Box::pin(async move { c.sync("/").await })));
+                }
+            }
+        }
     }
 }
 
@@ -952,27 +1470,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sequence_parsing_and_order() {
+    fn contender_names_are_strict() {
+        let t = "0123456789abcdef0123456789abcdef";
         let kids: Vec<String> = [
-            "_c_bbb-lock-0000000010",
-            "_c_aaa-lock-0000000002",
-            "foreign",
-            "_c_ccc-lock-x",
-            "_c_ddd-lock-0000000003",
+            format!("_c_{}-lock-0000000010", "b".repeat(32)),
+            format!("_c_{t}-lock-0000000002"),
+            "foreign".to_owned(),
+            "_c_ccc-lock-0000000001".to_owned(),
+            format!("_c_{t}-lock-x"),
+            format!("_c_{t}-lock-000000003"),
+            format!("_c_{}-lock-0000000000", "A".repeat(32)),
+            format!("_c_{}-lock-0000000003", "d".repeat(32)),
         ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let q = queue(&kids);
+        .to_vec();
+        let q = queue(&kids, "/p", &HashSet::new());
         let names: Vec<&str> = q.iter().map(|(_, n)| *n).collect();
         assert_eq!(
             names,
             [
-                "_c_aaa-lock-0000000002",
-                "_c_ddd-lock-0000000003",
-                "_c_bbb-lock-0000000010"
+                kids[1].as_str(),
+                kids[7].as_str(),
+                kids[0].as_str(),
             ]
         );
+        let foreign: HashSet<String> = [format!("/p/{}", kids[1])].into();
+        assert_eq!(queue(&kids, "/p", &foreign).len(), 2);
+        assert_eq!(parse_contender(&kids[1]), Some((2, t)));
+    }
+
+    #[test]
+    fn mntr_parsing() {
+        let text = "zk_version\t3.8.0\nzk_packets_received\t1234\nzk_packets_sent\t99\n";
+        assert_eq!(mntr_value(text, "zk_packets_received"), Some(1234));
+        assert_eq!(mntr_value(text, "zk_missing"), None);
     }
 
     /// Protection mode: a create applied by the server whose reply is lost is found again by
