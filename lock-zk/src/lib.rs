@@ -530,8 +530,7 @@ impl ZkBackend {
     /// expiry (at most until `deadline`, or two session timeouts when there is none).
     async fn live_session(&self, deadline: Option<Instant>) -> Result<Arc<Session>> {
         let mut rx = self.inner.session.subscribe();
-        let until =
-            deadline.unwrap_or_else(|| Instant::now() + self.inner.session_timeout * 2);
+        let until = deadline.unwrap_or_else(|| Instant::now() + self.inner.session_timeout * 2);
         loop {
             let session = rx.borrow_and_update().clone();
             if !session.ended() {
@@ -696,7 +695,9 @@ impl ZkBackend {
                 Attempt::Won(a) => return Ok(Some(a)),
                 Attempt::Busy => return Ok(None),
                 Attempt::SessionEnded => {
-                    tracing::debug!("zookeeper session ended during an acquisition; retrying on the next one");
+                    tracing::debug!(
+                        "zookeeper session ended during an acquisition; retrying on the next one"
+                    );
                 }
             }
         }
@@ -893,7 +894,10 @@ impl ZkBackend {
         client: &zk::Client,
         parent: &str,
         contender: &ContenderGuard,
-    ) -> (ZkResult<(zk::Stat, zk::CreateSequence)>, ZkResult<Vec<String>>) {
+    ) -> (
+        ZkResult<(zk::Stat, zk::CreateSequence)>,
+        ZkResult<Vec<String>>,
+    ) {
         let prefix = format!("{parent}/{}", contender.name_prefix);
         let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         let create = client.create(&prefix, &[], &opts);
@@ -1013,7 +1017,12 @@ struct ContenderGuard {
 }
 
 impl ContenderGuard {
-    fn new(client: zk::Client, parent: String, name_prefix: String, background: Background) -> Self {
+    fn new(
+        client: zk::Client,
+        parent: String,
+        name_prefix: String,
+        background: Background,
+    ) -> Self {
         ContenderGuard {
             client,
             parent,
@@ -1160,7 +1169,9 @@ impl Backend for ZkBackend {
                     None => {
                         last_err = Some(Error::new(
                             lockcore::ErrorKind::Unsupported,
-                            format!("{host}: mntr has no zk_packets_received (is mntr in 4lw.commands.whitelist?)"),
+                            format!(
+                                "{host}: mntr has no zk_packets_received (is mntr in 4lw.commands.whitelist?)"
+                            ),
                         ))
                     }
                 },
@@ -1371,7 +1382,10 @@ async fn supervise(weak: Weak<Inner>, mut shutdown: watch::Receiver<()>) {
                 Ok(client) => {
                     let Some(inner) = weak.upgrade() else { return };
                     bump(&inner.stats.sessions);
-                    tracing::info!(session = client.session_id().0, "opened a new zookeeper session after the last one ended");
+                    tracing::info!(
+                        session = client.session_id().0,
+                        "opened a new zookeeper session after the last one ended"
+                    );
                     inner.session.send_replace(Session::new(client));
                     break;
                 }
@@ -1487,11 +1501,7 @@ mod tests {
         let names: Vec<&str> = q.iter().map(|(_, n)| *n).collect();
         assert_eq!(
             names,
-            [
-                kids[1].as_str(),
-                kids[7].as_str(),
-                kids[0].as_str(),
-            ]
+            [kids[1].as_str(), kids[7].as_str(), kids[0].as_str(),]
         );
         let foreign: HashSet<String> = [format!("/p/{}", kids[1])].into();
         assert_eq!(queue(&kids, "/p", &foreign).len(), 2);

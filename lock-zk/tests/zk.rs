@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_zk::ZkBackend;
+use lockcore::backend::{AcquireRequest, Backend};
 use lockcore::{ErrorKind, Instant, LockOptions, Locker, LostReason};
 use support::Proxy;
 use tokio::sync::mpsc;
@@ -50,14 +51,14 @@ where
     }
 }
 
-/// (1) The holder's session expires on the server (an operator's second handle on the same
-/// session closes it while the holder is partitioned): its lost signal fires with
-/// SessionExpired once it reconnects, and the waiter gets the lock with a larger fencing token.
+/// After the session expires, the backend opens a new session (as Curator does): the old
+/// session's lease reports lost, and a later `lock()` on the same backend works without
+/// rebuilding it (before, every later call returned `Unavailable` for good). The expiry is made
+/// on the shared server without stopping it: the holder is partitioned by its proxy and an
+/// operator's second handle on the same session closes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn session_expiry_fires_lost_and_hands_over_with_larger_token() {
+async fn expired_session_is_replaced_and_locks_work_again() {
     let Some(url) = url() else { return };
-    // A longer session makes the ConnectionLost bound (4/15 of it) outlast the steps below, so
-    // the reason seen is the server's verdict.
     let url = support::with_param(&url, "session_timeout_ms=6000");
     let (upstream, _) = support::split_url(&url);
     let proxy = Proxy::start(upstream.clone()).await.unwrap();
@@ -65,7 +66,8 @@ async fn session_expiry_fires_lost_and_hands_over_with_larger_token() {
         .await
         .unwrap();
     let session = holder_backend.client().session().clone();
-    let holder = Locker::new(holder_backend);
+    let first_session = holder_backend.session_id();
+    let holder = Locker::new(holder_backend.clone());
     let waiter = Locker::new(ZkBackend::connect(&url).await.unwrap());
     let name = unique("expiry");
 
@@ -81,8 +83,13 @@ async fn session_expiry_fires_lost_and_hands_over_with_larger_token() {
         tokio::spawn(async move { waiter.lock(&name, &opts()).await })
     };
 
-    // Partition the holder, then close its session from a second handle.
+    // Partition the holder: a disconnection is a lost lock at once (Curator's policy).
     proxy.pause();
+    let reason = tokio::time::timeout(scaled(5), lost.lost())
+        .await
+        .expect("the lost signal fired on the disconnection");
+    assert_eq!(reason, LostReason::ConnectionLost);
+    // Then close its session from a second handle.
     let hijack = zk::Client::connector()
         .with_session(session)
         .with_session_timeout(Duration::from_secs(6))
@@ -91,7 +98,7 @@ async fn session_expiry_fires_lost_and_hands_over_with_larger_token() {
         .expect("a second handle on the holder's session");
     drop(hijack); // not detached: sends closeSession, the server deletes the ephemeral node
 
-    let g2 = tokio::time::timeout(Duration::from_secs(10), waiting)
+    let g2 = tokio::time::timeout(scaled(10), waiting)
         .await
         .expect("the waiter got the lock after the session ended")
         .unwrap()
@@ -101,69 +108,148 @@ async fn session_expiry_fires_lost_and_hands_over_with_larger_token() {
         t2 > t1,
         "fencing token {t2} is not larger than the expired holder's {t1}"
     );
-    assert!(!lost.is_lost(), "lost fired before the holder could know");
 
-    // The holder reconnects and learns from the server that its session is gone.
+    // The holder reconnects, learns that its session is gone, and opens a new one.
     proxy.resume();
-    let reason = tokio::time::timeout(Duration::from_secs(10), lost.lost())
-        .await
-        .expect("the lost signal fired");
-    assert_eq!(reason, LostReason::SessionExpired);
     assert!(!g1.is_valid());
     let err = g1.release().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    let other = unique("after-expiry");
+    let g3 = tokio::time::timeout(scaled(15), holder.lock(&other, &opts()))
+        .await
+        .expect("lock() after the expiry finished")
+        .expect("lock() works on a new session after the old one expired");
+    assert_ne!(holder_backend.session_id(), first_session);
+    assert_eq!(holder_backend.stats().sessions, 2);
+    g3.release().await.unwrap();
     g2.release().await.unwrap();
+    // The expired holder's name works again too, from the same backend.
+    let g4 = holder
+        .try_lock(&name, &opts())
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(g4.fencing_token().unwrap() > t2);
+    g4.release().await.unwrap();
 }
 
-/// A partitioned holder's lost signal fires with ConnectionLost within 2/3 of the session
-/// timeout, before the server expires the session and lets anyone else in.
+fn scaled(secs: u64) -> Duration {
+    Duration::from_secs(secs).mul_f64(conformance::time_scale())
+}
+
+/// Runs `locker.lock(name)` in a task that reports when it won.
+fn contend(locker: &Locker, name: &str) -> tokio::task::JoinHandle<(lockcore::LockGuard, Instant)> {
+    let (locker, name) = (locker.clone(), name.to_owned());
+    tokio::spawn(async move {
+        let g = locker.lock(&name, &opts()).await.unwrap();
+        (g, Instant::now())
+    })
+}
+
+/// Runs a task that reports when the guard's lost signal fired.
+fn lost_at(g: &lockcore::LockGuard) -> tokio::task::JoinHandle<(LostReason, Instant)> {
+    let lost = g.lost();
+    tokio::spawn(async move {
+        let reason = lost.lost().await;
+        (reason, Instant::now())
+    })
+}
+
+/// A holder cut off the way a follower cut off from the leader cuts its clients off: the
+/// connection stays up and pings are answered (the client's own dead-connection check sees
+/// nothing wrong), but nothing reaches the leader, which expires the session and lets another
+/// client in. The holder's lost signal must fire before that client wins: the backend's sync
+/// to the leader goes unanswered. (Before: no signal at all until the follower dropped the
+/// connection.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn partition_fires_connection_lost_before_takeover() {
+async fn cut_off_follower_holder_is_lost_before_another_wins() {
     let Some(url) = url() else { return };
-    let url = support::with_param(&url, "session_timeout_ms=2000");
+    cut_off_holder_is_lost_before_another_wins(&url, |p| p.answer_pings_only(), 0.0).await;
+}
+
+/// A holder behind a black hole (connection open, nothing passes, no reset): the client's
+/// read timeout declares the connection dead and the lease is lost at once, before the
+/// session can expire and another client win.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blackholed_holder_is_lost_before_another_wins() {
+    let Some(url) = url() else { return };
+    cut_off_holder_is_lost_before_another_wins(&url, |p| p.blackhole(), 0.0).await;
+}
+
+/// The same with the grace set in code: `lost_after_disconnect` = 0.25 of the session
+/// timeout still reports the loss before another client wins, and not at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_after_disconnect_grace_still_precedes_takeover() {
+    let Some(url) = url() else { return };
+    cut_off_holder_is_lost_before_another_wins(&url, |p| p.pause(), 0.25).await;
+}
+
+async fn cut_off_holder_is_lost_before_another_wins(
+    url: &str,
+    cut: impl FnOnce(&Proxy),
+    grace: f64,
+) {
+    let url = support::with_param(url, "session_timeout_ms=2000");
     let (upstream, _) = support::split_url(&url);
     let proxy = Proxy::start(upstream).await.unwrap();
-    let backend = ZkBackend::connect(&support::via(&url, proxy.addr()))
+    let backend = ZkBackend::builder(&support::via(&url, proxy.addr()))
+        .unwrap()
+        .lost_after_disconnect(grace)
+        .unwrap()
+        .connect()
         .await
         .unwrap();
     let timeout = backend.session_timeout();
+    assert_eq!(backend.lost_after_disconnect(), timeout.mul_f64(grace));
     let holder = Locker::new(backend);
     let other = Locker::new(ZkBackend::connect(&url).await.unwrap());
-    let name = unique("partition");
+    let name = unique("cut-off");
     let g = holder
         .try_lock(&name, &opts())
         .await
         .unwrap()
         .expect("free");
-    let lost = g.lost();
-    let waiting = {
-        let (other, name) = (other.clone(), name.clone());
-        tokio::spawn(async move { other.lock(&name, &opts()).await })
-    };
-    let cut = Instant::now();
-    proxy.pause();
-    let reason = tokio::time::timeout(timeout * 2, lost.lost())
+    let lost = lost_at(&g);
+    let winner = contend(&other, &name);
+    let cut_at = Instant::now();
+    cut(&proxy);
+    let (g2, won_at) = tokio::time::timeout(timeout * 3 + scaled(10), winner)
         .await
-        .expect("lost fired");
-    let lost_after = cut.elapsed();
+        .expect("the session expired and the other client got the lock")
+        .unwrap();
+    assert!(
+        won_at - cut_at >= timeout * 3 / 4,
+        "taken over {:?} after the cut, session timeout {timeout:?}",
+        won_at - cut_at
+    );
+    let (reason, lost_time) = tokio::time::timeout(timeout * 3, lost)
+        .await
+        .expect("the holder's lost signal never fired")
+        .unwrap();
     assert_eq!(reason, LostReason::ConnectionLost);
     assert!(
-        lost_after < timeout * 2 / 3 + Duration::from_millis(200),
-        "lost after {lost_after:?}"
+        lost_time < won_at,
+        "lost fired {:?} after the cut, the other client won at {:?}",
+        lost_time - cut_at,
+        won_at - cut_at
     );
-    let g2 = tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("the session expired and the waiter got the lock")
-        .unwrap()
-        .unwrap();
-    let taken = cut.elapsed();
-    assert!(
-        taken >= timeout * 3 / 4,
-        "taken over {taken:?} after the cut, session timeout {timeout:?}"
-    );
-    assert!(taken > lost_after, "taken over before the holder was told");
+    if grace > 0.0 {
+        assert!(
+            lost_time - cut_at >= timeout.mul_f64(grace),
+            "lost fired {:?} after the cut, before the grace",
+            lost_time - cut_at
+        );
+    }
     drop(g);
     g2.release().await.unwrap();
+}
+
+/// A partitioned holder (connection reset, reconnections refused): lost at once, long before
+/// the server expires the session and lets the other client in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_holder_is_lost_before_another_wins() {
+    let Some(url) = url() else { return };
+    cut_off_holder_is_lost_before_another_wins(&url, |p| p.pause(), 0.0).await;
 }
 
 /// (2) 50 waiters on one name: each release wakes exactly one waiter (the successor), not the
@@ -294,14 +380,16 @@ async fn digest_acl_protects_lock_nodes() {
     assert!(matches!(r, Err(zk::Error::NoAuth)), "{r:?}");
     let r = mallory.client().delete(&parent, None).await;
     assert!(matches!(r, Err(zk::Error::NoAuth)), "{r:?}");
-    let err = Locker::new(mallory.clone())
-        .try_lock(&name, &opts())
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
-    assert!(!err.to_string().contains("pw"), "{err}");
+    let mallory_locker = Locker::new(mallory.clone());
+    // Held: the children say so (world-read), nothing is written.
+    let busy = mallory_locker.try_lock(&name, &opts()).await.unwrap();
+    assert!(busy.is_none());
     assert!(g.is_valid());
     g.release().await.unwrap();
+    // Free: mallory may not queue under alice's lock node.
+    let err = mallory_locker.try_lock(&name, &opts()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    assert!(!err.to_string().contains("pw"), "{err}");
 }
 
 /// (5) Bad URLs are InvalidConfig and never show the digest password.
@@ -401,6 +489,206 @@ async fn crashed_holder_frees_after_session_timeout() {
     );
     g2.release().await.unwrap();
     drop(Arc::new(proxy));
+}
+
+/// A create whose reply was lost, retried, made a second node of the same contender: the first
+/// node (lower) must not become the second one's predecessor. Every child with the caller's
+/// owner prefix is its own: the lowest is kept and the rest deleted, and the contender holds the
+/// lock. (Before: it waited on its own node until its deadline.) The first node is made by hand
+/// with the contender's owner token, as the lost create would have made it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_create_reply_second_node_does_not_deadlock() {
+    let Some(url) = url() else { return };
+    let backend = ZkBackend::connect(&url).await.unwrap();
+    let name = lockcore::LockName::new(unique("own-twice")).unwrap();
+    let parent = backend.lock_path(&name).unwrap();
+    let client = backend.client();
+    // The lock node, as the first attempt made it (a container needs a child at once).
+    client
+        .mkdir(
+            &parent,
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let req = AcquireRequest::new(
+        name,
+        lockcore::OwnerToken::random(),
+        Duration::from_secs(60),
+    );
+    let (stat, seq) = client
+        .create(
+            &format!("{parent}/_c_{}-lock-", req.token.to_hex()),
+            &[],
+            &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let first = format!("_c_{}-lock-{seq}", req.token.to_hex());
+    let deadline = Instant::now() + scaled(5);
+    let acquired = backend
+        .acquire(&req, Some(deadline))
+        .await
+        .unwrap()
+        .expect("the contender holds the lock instead of waiting on its own node");
+    assert_eq!(acquired.lease.fencing_token(), Some(stat.czxid as u64));
+    assert_eq!(backend.stats().duplicates_removed, 1);
+    let gone = eventually(scaled(5), || async {
+        client.list_children(&parent).await.unwrap() == [first.clone()]
+    })
+    .await;
+    assert!(gone, "the second node was not deleted");
+    acquired.lease.release().await.unwrap();
+    client.delete(&parent, None).await.unwrap();
+}
+
+/// Nodes under a lock node that only resemble contenders never block the lock: a loose name
+/// (not 32 hex digits of token and 10 of sequence) is not a contender, and a forged node with
+/// the exact pattern that is not ephemeral (no session will ever end it) is skipped by a
+/// waiter. (Before: both sorted first and a waiter waited on them forever.) Without
+/// credentials any client may create them: nodes are world-writable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_nodes_matching_the_pattern_do_not_block() {
+    let Some(url) = url() else { return };
+    let backend = ZkBackend::connect(&url).await.unwrap();
+    let locker = Locker::new(backend.clone());
+    let name = unique("foreign");
+    let parent = backend.lock_path(name.as_str()).unwrap();
+    let intruder = ZkBackend::connect(&url).await.unwrap().client();
+    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    intruder.mkdir(&parent, &persistent).await.unwrap();
+    let loose = format!("{parent}/_c_intruder-lock-0000000000");
+    let forged = format!("{parent}/_c_{}-lock-0000000001", "f".repeat(32));
+    for path in [&loose, &forged] {
+        intruder.create(path, &[], &persistent).await.unwrap();
+    }
+    let g = tokio::time::timeout(scaled(10), locker.lock(&name, &opts()))
+        .await
+        .expect("the lock was blocked by foreign nodes")
+        .unwrap();
+    assert_eq!(backend.stats().foreign_ignored, 1);
+    g.release().await.unwrap();
+    // Once known, the forged node does not make try_lock see the lock as held either.
+    let g = locker
+        .try_lock(&name, &opts())
+        .await
+        .unwrap()
+        .expect("free");
+    g.release().await.unwrap();
+    for path in [&loose, &forged, &parent] {
+        intruder.delete(path, None).await.unwrap();
+    }
+}
+
+/// `try_lock` on a held lock sends one request (a listing) and writes nothing: the lock node's
+/// child version does not move. (Before: a create, a list and a delete, two of them quorum
+/// writes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_lock_on_a_held_lock_is_one_read() {
+    let Some(url) = url() else { return };
+    let holder = Locker::new(ZkBackend::connect(&url).await.unwrap());
+    let (upstream, _) = support::split_url(&url);
+    let proxy = Proxy::start(upstream).await.unwrap();
+    let backend = ZkBackend::connect(&support::via(&url, proxy.addr()))
+        .await
+        .unwrap();
+    let contender = Locker::new(backend.clone());
+    let name = unique("held");
+    let parent = backend.lock_path(name.as_str()).unwrap();
+    let g = holder
+        .try_lock(&name, &opts())
+        .await
+        .unwrap()
+        .expect("free");
+    let (_, before) = backend.client().get_children(&parent).await.unwrap();
+    let sent = proxy.requests();
+    for _ in 0..10 {
+        assert!(contender.try_lock(&name, &opts()).await.unwrap().is_none());
+    }
+    assert_eq!(
+        proxy.requests() - sent,
+        10,
+        "try_lock on a held lock is one request"
+    );
+    let (_, after) = backend.client().get_children(&parent).await.unwrap();
+    assert_eq!(
+        after.cversion, before.cversion,
+        "try_lock on a held lock wrote"
+    );
+    g.release().await.unwrap();
+}
+
+/// Holding leases costs no request and no task of this backend per lease: an uncontended
+/// `lock()` is one round trip of two pipelined requests (create + list), with no watch or
+/// `exists` on the holder's node, and the only task per lease is lockcore's validity watchdog.
+/// (Before: 3 requests and 2 tasks per lease.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_leases_cost_no_extra_request_or_task() {
+    const LEASES: usize = 20;
+    let Some(url) = url() else { return };
+    let (upstream, _) = support::split_url(&url);
+    let proxy = Proxy::start(upstream).await.unwrap();
+    let backend = ZkBackend::connect(&support::via(&url, proxy.addr()))
+        .await
+        .unwrap();
+    let locker = Locker::new(backend.clone());
+    let prefix = unique("many");
+    // Warm the lock nodes up so that their creation is not counted.
+    for i in 0..LEASES {
+        locker
+            .lock(format!("{prefix}-{i}"), &opts())
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let tasks = metrics.num_alive_tasks();
+    let sent = proxy.requests();
+    let mut guards = Vec::new();
+    for i in 0..LEASES {
+        guards.push(locker.lock(format!("{prefix}-{i}"), &opts()).await.unwrap());
+    }
+    let requests = proxy.requests() - sent;
+    assert_eq!(
+        requests,
+        2 * LEASES as u64,
+        "{requests} requests for {LEASES} leases"
+    );
+    let extra_tasks = metrics.num_alive_tasks() - tasks;
+    assert!(
+        extra_tasks <= LEASES,
+        "{extra_tasks} tasks for {LEASES} leases (lockcore's watchdog is one per lease)"
+    );
+    assert_eq!(backend.stats().held, LEASES as u64);
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    assert_eq!(backend.stats().held, 0);
+}
+
+/// The bare primitive (create ephemeral-sequential + delete) leaves nothing behind, and the
+/// server's own request counter (mntr zk_packets_received) sees its two requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bare_cycle_and_server_requests() {
+    let Some(url) = url() else { return };
+    let backend = ZkBackend::connect(&url).await.unwrap();
+    let name = lockcore::LockName::new(unique("bare")).unwrap();
+    let before = backend.server_requests().await.unwrap();
+    backend.bare_cycle(&name).await.unwrap();
+    backend.bare_cycle(&name).await.unwrap();
+    let after = backend.server_requests().await.unwrap();
+    assert!(
+        after >= before + 4,
+        "mntr counted {} requests",
+        after - before
+    );
+    let parent = backend.lock_path(&name).unwrap();
+    assert_eq!(
+        backend.client().list_children(&parent).await.unwrap(),
+        Vec::<String>::new()
+    );
 }
 
 trait DescribeForTest {
