@@ -51,12 +51,34 @@ pub(crate) struct Config {
     pub(crate) strategy: Strategy,
     pub(crate) table: String,
     pub(crate) pool_max: u32,
+    /// The client-side bound of one statement or connect that has no deadline of its own.
+    pub(crate) op_timeout: std::time::Duration,
     /// The URL for sqlx: our parameters removed, secrets included (never print it).
     pub(crate) sqlx_url: String,
-    /// The URL with the password replaced, for describe() and errors.
+    /// The URL with every secret replaced by `***` (the user-info password and the values of
+    /// secret-looking query parameters such as `password=` and `sslpassword=`), for describe()
+    /// and errors.
     pub(crate) redacted: String,
-    /// The password, to scrub it from any error text that might echo it.
-    pub(crate) password: Option<String>,
+    /// Every secret the URL carries (decoded and as written), to scrub them from any error text
+    /// that might echo them.
+    secrets: Vec<lockcore::Secret>,
+}
+
+/// Whether a query parameter carries a secret: its value is never shown. Errs on the side of
+/// hiding (`sslkey` is a path, hidden anyway).
+fn is_secret_param(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    [
+        "pass",
+        "pwd",
+        "secret",
+        "token",
+        "key",
+        "auth",
+        "credential",
+    ]
+    .iter()
+    .any(|s| k.contains(s))
 }
 
 impl fmt::Debug for Config {
@@ -66,6 +88,7 @@ impl fmt::Debug for Config {
             .field("strategy", &self.strategy)
             .field("table", &self.table)
             .field("pool_max", &self.pool_max)
+            .field("op_timeout", &self.op_timeout)
             .field("url", &self.redacted)
             .finish()
     }
@@ -102,16 +125,20 @@ impl Config {
                 )));
             }
         };
-        let password = url.password().filter(|p| !p.is_empty()).map(|p| {
-            percent_encoding::percent_decode_str(p)
-                .decode_utf8_lossy()
-                .into_owned()
-        });
+        let mut secrets = Vec::new();
+        if let Some(p) = url.password().filter(|p| !p.is_empty()) {
+            secrets.push(p.to_owned());
+            secrets.push(
+                percent_encoding::percent_decode_str(p)
+                    .decode_utf8_lossy()
+                    .into_owned(),
+            );
+        }
 
         let mut strategy = Strategy::Lease;
         let mut table = DEFAULT_TABLE.to_owned();
         let mut pool_max = if dialect == Dialect::Sqlite { 4 } else { 10 };
-        let mut pool_max_set = false;
+        let mut op_timeout = std::time::Duration::from_secs(5);
         let mut passthrough = Vec::new();
         for (k, v) in url.query_pairs() {
             match &*k {
@@ -131,7 +158,6 @@ impl Config {
                     table = v.into_owned();
                 }
                 "pool_max" => {
-                    pool_max_set = true;
                     pool_max = v
                         .parse::<u32>()
                         .ok()
@@ -140,12 +166,25 @@ impl Config {
                             Error::invalid_config(format!("pool_max must be 1..=1000, got {v:?}"))
                         })?;
                 }
-                _ => passthrough.push((k.into_owned(), v.into_owned())),
+                "op_timeout_ms" => {
+                    op_timeout = v
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|n| (1..=3_600_000).contains(n))
+                        .map(std::time::Duration::from_millis)
+                        .ok_or_else(|| {
+                            Error::invalid_config(format!(
+                                "op_timeout_ms must be 1..=3600000, got {v:?}"
+                            ))
+                        })?;
+                }
+                _ => {
+                    if is_secret_param(&k) && !v.is_empty() {
+                        secrets.push(v.clone().into_owned());
+                    }
+                    passthrough.push((k.into_owned(), v.into_owned()))
+                }
             }
-        }
-        if !pool_max_set && strategy == Strategy::RowLock {
-            // Every held row lock keeps a connection for as long as it is held.
-            pool_max = 64;
         }
         if dialect == Dialect::Sqlite && strategy == Strategy::RowLock {
             return Err(Error::invalid_config(
@@ -173,26 +212,56 @@ impl Config {
         }
         let sqlx_url = url.to_string();
         let mut shown = url.clone();
-        if password.is_some() {
+        if shown.password().is_some() {
             let _ = shown.set_password(Some("***"));
         }
+        if !passthrough.is_empty() {
+            shown
+                .query_pairs_mut()
+                .clear()
+                .extend_pairs(passthrough.iter().map(|(k, v)| {
+                    let v = if is_secret_param(k) {
+                        "***"
+                    } else {
+                        v.as_str()
+                    };
+                    (k.as_str(), v)
+                }));
+        }
+        // Also the raw (still percent-encoded) forms of the query secrets, longest first so a
+        // secret containing another is replaced whole.
+        for (k, v) in url
+            .query()
+            .unwrap_or("")
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+        {
+            if is_secret_param(k) && !v.is_empty() {
+                secrets.push(v.to_owned());
+            }
+        }
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        secrets.dedup();
         Ok(Config {
             dialect,
             strategy,
             table,
             pool_max,
+            op_timeout,
             sqlx_url,
             redacted: shown.to_string(),
-            password,
+            secrets: secrets.into_iter().map(lockcore::Secret::new).collect(),
         })
     }
 
-    /// Removes the password from text that may echo the URL.
-    pub(crate) fn scrub(&self, text: String) -> String {
-        match &self.password {
-            Some(p) if text.contains(p.as_str()) => text.replace(p.as_str(), "***"),
-            _ => text,
+    /// Removes every secret of the URL from text that may echo it.
+    pub(crate) fn scrub(&self, mut text: String) -> String {
+        for s in &self.secrets {
+            if text.contains(s.expose()) {
+                text = text.replace(s.expose(), "***");
+            }
         }
+        text
     }
 }
 
@@ -218,6 +287,32 @@ mod tests {
         assert!(!format!("{c:?}").contains("s3cret"));
         let c = Config::parse("mysql://u:p@h/db?strategy=lease").unwrap();
         assert_eq!(c.sqlx_url, "mysql://u:p@h/db");
+    }
+
+    /// A password in any part of the URL (user info, `?password=`, `sslpassword=`), encoded or
+    /// not, never shows in the redacted URL, in Debug, or in scrubbed error text.
+    #[test]
+    fn secrets_from_every_part_of_the_url_never_show() {
+        for url in [
+            "postgres://u@h/db?password=hunter2%40x&sslmode=verify-full",
+            "postgres://u:hunter2%40x@h/db?sslpassword=hunter2%40x",
+            "mysql://u@h/db?password=hunter2@x&strategy=row-lock",
+            "postgres://h/db?user=u&password=hunter2%40x",
+        ] {
+            let c = Config::parse(url).unwrap();
+            for shown in [
+                c.redacted.clone(),
+                format!("{c:?}"),
+                c.scrub(format!("error: password hunter2@x / hunter2%40x rejected")),
+            ] {
+                assert!(!shown.contains("hunter2"), "{url}: {shown}");
+            }
+            assert!(c.redacted.contains("***"), "{}", c.redacted);
+        }
+        // Nothing to hide: the URL shows as is (no panic, no stars).
+        let c = Config::parse("postgres://u@h/db?sslmode=verify-full").unwrap();
+        assert_eq!(c.redacted, "postgres://u@h/db?sslmode=verify-full");
+        assert_eq!(c.scrub("x".into()), "x");
     }
 
     #[test]

@@ -1,10 +1,11 @@
-//! locksmith backend for SQL databases through [sqlx]: PostgreSQL, MySQL/MariaDB and SQLite.
+//! locksmith backend for SQL databases through [sqlx]: PostgreSQL, MariaDB (MySQL for leases)
+//! and SQLite.
 //!
 //! ```no_run
 //! # async fn demo() -> lockcore::Result<()> {
 //! use lockcore::{LockOptions, Locker};
 //! let backend = lock_sql::SqlBackend::connect(
-//!     "postgres://app:secret@db/app?sslmode=require&strategy=row-lock",
+//!     "postgres://app:secret@db/app?sslmode=verify-full&sslrootcert=/etc/ca.pem&strategy=row-lock",
 //! )
 //! .await?;
 //! let locker = Locker::new(backend);
@@ -15,44 +16,77 @@
 //!
 //! # URL
 //!
-//! `postgres://` / `postgresql://`, `mysql://` (MariaDB too; `mariadb://` is an alias) and
-//! `sqlite://path`. Parameters read here, and removed before the URL goes to sqlx:
+//! `postgres://` / `postgresql://`, `mysql://` (`mariadb://` is an alias) and `sqlite://path`.
+//! Parameters read here, and removed before the URL goes to sqlx:
 //!
-//! * `strategy=lease` (default, every database) or `strategy=row-lock` (PostgreSQL and MySQL/
+//! * `strategy=lease` (default, every database) or `strategy=row-lock` (PostgreSQL 11+ and
 //!   MariaDB; refused on SQLite with `InvalidConfig`). Lease is the default because it works
 //!   everywhere and has a real server-side TTL.
 //! * `table=` the lock table (default `locksmith_locks`), `^[A-Za-z_][A-Za-z0-9_]{0,62}$`.
 //!   It is created on connect if missing. Do not use one table with both strategies.
-//! * `pool_max=` the most connections this client opens (default 10 for leases, 4 on SQLite, 64
-//!   for row locks: every held row lock occupies one connection for as long as it is held, and a
-//!   client holding `pool_max` locks waits for a connection to take another).
+//! * `pool_max=` (default 10; 4 on SQLite) how many connections short statements (lease
+//!   operations, revokes) share, and how many idle connections are kept. A held row lock keeps
+//!   a connection of its own outside this count, so any number of locks can be held up to the
+//!   server's connection limit (a refusal there is `Unavailable`).
+//! * `op_timeout_ms=` (default 5000) the client-side bound of a statement or connect that has
+//!   no deadline of its own (`try_lock`, release, extend, revoke). Waits are bounded by the
+//!   caller's deadline, so an unreachable database cannot hold `lock()` past it.
 //!
 //! Every other parameter (`sslmode`, `ssl-mode`, `application_name`, ...) goes to sqlx as is.
-//! Passwords never appear in `Debug`, [`Backend::describe`], logs or errors.
+//! Secrets never appear in `Debug`, [`Backend::describe`], logs or errors, wherever the URL
+//! carries them: the user-info password and any secret-looking query parameter (`password=`,
+//! `sslpassword=`, ...).
+//!
+//! **TLS**: `sslmode=require` (PostgreSQL) and `ssl-mode=required` (MySQL) encrypt but do **not**
+//! verify the server's certificate: anyone on the path can pose as the server. Use
+//! `sslmode=verify-full&sslrootcert=ca.pem` (PostgreSQL) or
+//! `ssl-mode=verify_identity&ssl-ca=ca.pem` (MySQL/MariaDB): the certificate must chain to the
+//! CA and name the host.
 //!
 //! # Strategies
 //!
-//! **row-lock**: the lock is a row of the lock table locked with `SELECT ... FOR UPDATE` in a
-//! transaction kept open on a connection dedicated to the holder. Waiters queue in the server's
-//! own lock queue (no polling; FIFO on PostgreSQL). The lock lives as long as the holding
-//! connection: a crashed holder frees it at once (`expiry_after_ttl = false`). The TTL is enforced
-//! by lockcore's watchdog (which releases at the validity deadline unless renewed), `extend` checks
-//! the connection is alive, a background task pings the holding connection every
-//! `min(ttl/3, 1 s)` and fires [`LostReason::ConnectionLost`](lockcore::LostReason) when it fails,
-//! and a server-side guard (`idle_in_transaction_session_timeout` on PostgreSQL,
-//! `idle_transaction_timeout` on MariaDB, both `ttl + 1 s`) kills the session of a holder that
-//! stops talking (a wedged process) so it cannot keep the lock forever. Fencing tokens come from a
-//! PostgreSQL sequence (never rolled back) or, on MySQL, from a per-name counter row updated in
-//! autocommit on another connection after the lock is won.
+//! **row-lock**: the lock is a session lock held by a connection dedicated to the holder: a
+//! PostgreSQL session advisory lock (`pg_advisory_lock` on a 64-bit hash of table and name) or a
+//! MariaDB user lock (`GET_LOCK` on a SHA-1 of database, table and name). Acquiring is one
+//! statement: take the lock (try, or wait in the server's queue until the deadline via
+//! `lock_timeout` / `GET_LOCK`'s timeout) and, holding it, bump the lock row's fencing counter,
+//! committed with the statement before the caller sees the token (with `synchronous_commit = on`
+//! forced on PostgreSQL): tokens never repeat or go back, across crashes and restarts too (on
+//! MariaDB as durable as its commits: `innodb_flush_log_at_trx_commit = 1`). Release is one
+//! statement. Waiters of one client on one name queue in the client; only the first waits on
+//! the server. The lock lives as long as the connection: a crashed holder frees it at once
+//! (`expiry_after_ttl = false`). The TTL is enforced by lockcore's watchdog; `extend` checks the
+//! connection is alive; a background task pings the holding connection every
+//! `min(ttl/4, 500 ms)` and fires [`LostReason::ConnectionLost`](lockcore::LostReason) when it
+//! fails or takes longer than `min(ttl/4, 1 s)`; a server-side idle guard of `ttl + 1 s`
+//! (`idle_session_timeout` on PostgreSQL 14+, `wait_timeout` on MariaDB) ends the session of a
+//! holder that stops talking (a wedged process).
+//!
+//! *Loss window*: when the server ends a holder's session (an administrator's kill, a restart),
+//! the lock is free at once, and the holder learns it at its next health ping: within
+//! `min(ttl/4, 500 ms)` plus a round trip, or `min(ttl/4, 1 s)` more when the network is silent.
+//! Until then its guard still reads valid. Fence writes with the token to close that window.
+//!
+//! A waiter's statement touches the lock table, so it keeps a `ROW EXCLUSIVE` (PostgreSQL) or
+//! metadata lock (MariaDB) on it while it waits: schema changes of the lock table wait for the
+//! waiters (normal statements and autovacuum do not).
+//!
+//! *Supported and tested*: PostgreSQL 15 and MariaDB 10.11 (the Debian packages). The MariaDB
+//! SQL (`GET_LOCK` with fractional timeouts, `LAST_INSERT_ID(expr)`, `IS_USED_LOCK`) also
+//! exists in MySQL 5.7+, but row-lock is not tested against MySQL.
 //!
 //! **lease**: a row per name (bound as a parameter, never pasted into SQL) with the owner token,
 //! a fencing counter and `expires_at` computed on the database clock. It is taken over only once
-//! expired, in one statement; release and extend only touch the row carrying the caller's token.
-//! PostgreSQL waiters are woken by `LISTEN/NOTIFY` (with a capped poll as a safety net), MySQL and
-//! SQLite waiters poll with backoff and jitter.
+//! expired, in one statement that writes only when it takes (PostgreSQL reads first; MySQL's
+//! upsert leaves a held row unchanged); release and extend only touch the row carrying the
+//! caller's token. PostgreSQL waiters announce themselves on the row and are woken by
+//! `LISTEN/NOTIFY` (sent only when a waiter announced itself, with a capped poll as a safety
+//! net); MySQL and SQLite waiters poll with backoff and jitter.
 #![deny(missing_docs)]
 
 mod config;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod conns;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod rowlock;
 
@@ -146,15 +180,22 @@ impl SqlBackend {
     }
 
     /// Frees `name` behind its holder's back, as an administrator would: a lease row is expired
-    /// (its fencing counter kept), a row lock's holding session is terminated
-    /// (`pg_terminate_backend` / `KILL`). The holder learns it through its next renewal
-    /// (lease) or its connection health check (row lock). Returns whether anything was held.
+    /// (its fencing counter kept), a row lock's holding session, as the server reports it at
+    /// this moment (`pg_locks` / `IS_USED_LOCK`), is terminated (`pg_terminate_backend` /
+    /// `KILL CONNECTION`). The holder learns it through its next renewal (lease) or its
+    /// connection health check (row lock). Returns whether anything was held.
     ///
     /// Cancel safety: dropping the future may or may not have revoked the lock.
     ///
     /// # Errors
-    /// `Unavailable` or `Backend` when the database fails.
+    /// `Unsupported` where [`Capabilities::force_release`] is not offered; `Unavailable` or
+    /// `Backend` when the database fails.
     pub async fn revoke(&self, name: &LockName) -> Result<bool> {
+        if !self.capabilities.force_release {
+            return Err(lockcore::Error::unsupported(
+                "this backend cannot force-release locks",
+            ));
+        }
         match &self.inner {
             #[cfg(feature = "postgres")]
             Inner::Pg(b) => b.revoke(name).await,
@@ -188,10 +229,9 @@ fn capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
     let mut c = Capabilities::default();
     c.fencing = true;
     c.reentrant = false;
-    // MariaDB row locks are freed by killing the holder's connection, whose id is recorded
-    // when the lock is won and may be stale (reused by another holder) by the time an operator
-    // acts: not safe enough to offer.
-    c.force_release = !(dialect == Dialect::MySql && strategy == Strategy::RowLock);
+    // Row locks: the holder's session is found on the server at the moment of revoking
+    // (pg_locks / IS_USED_LOCK) and ended; leases: the row is expired.
+    c.force_release = true;
     match strategy {
         Strategy::RowLock => {
             // The server's lock queue: waiters sleep in the server and are woken by it.
@@ -199,18 +239,24 @@ fn capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
             c.renew = lockcore::RenewKind::Native;
             c.lost_detection = true;
             c.expiry_after_ttl = false;
-            // PostgreSQL queues row-lock waiters on the tuple lock in arrival order; InnoDB's
-            // order is not promised (and long waits are re-queued in chunks), so not declared.
+            // PostgreSQL grants heavyweight (advisory) locks in arrival order; MariaDB's user
+            // locks promise no order, and waits over 5 s are queued again.
             c.fair = dialect == Dialect::Postgres;
             c.min_ttl = Duration::from_millis(100);
             c.notes = vec![
-                "row-lock: the lock lives as long as the holder's connection; a crash frees it at once".into(),
-                "row-lock: the ttl is enforced by the client watchdog and by a server-side idle-transaction timeout of ttl + 1 s".into(),
-                "row-lock: every held lock occupies one pooled connection (pool_max)".into(),
+                "row-lock: a session lock (PostgreSQL advisory lock / MariaDB GET_LOCK) held by the holder's own connection; a crash frees it at once".into(),
+                "row-lock: fencing tokens are the lock row's counter, committed before the token is returned: they never repeat across a server crash or restart (MariaDB: as durable as its commits, innodb_flush_log_at_trx_commit=1)".into(),
+                "row-lock: loss window: a server-side kill frees the lock at once; the holder learns it within min(ttl/4, 500 ms) plus a round trip (a silent network adds up to min(ttl/4, 1 s))".into(),
+                "row-lock: the ttl is enforced by the client watchdog and by a server-side idle guard of ttl + 1 s".into(),
+                "row-lock: every held lock has a connection of its own, outside pool_max; the server's connection limit bounds them (refusal: Unavailable)".into(),
             ];
-            if dialect == Dialect::MySql {
+            if dialect == Dialect::Postgres {
                 c.notes.push(
-                    "mysql row-lock: the server-side guard has 1 s granularity; waits without a deadline are re-queued every 5 s".into(),
+                    "postgres row-lock: needs PostgreSQL 11+; the idle guard needs 14+ (idle_session_timeout); tested on 15".into(),
+                );
+            } else {
+                c.notes.push(
+                    "mysql row-lock: tested on MariaDB 10.11 only (GET_LOCK, fractional timeouts); MySQL untested; the idle guard is wait_timeout (whole seconds); waits over 5 s are re-queued".into(),
                 );
             }
         }
@@ -225,10 +271,16 @@ fn capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
             c.expiry_after_ttl = true;
             c.min_ttl = Duration::from_millis(10);
             c.notes = vec!["lease: expiry is judged on the database clock".into()];
-            if dialect == Dialect::Sqlite {
-                c.notes.push(
+            match dialect {
+                Dialect::Postgres => c.notes.push(
+                    "postgres lease: commits are synchronous (synchronous_commit=on) so a taken lease and its token survive a crash".into(),
+                ),
+                Dialect::MySql => c.notes.push(
+                    "mysql lease: one statement per attempt; durability follows innodb_flush_log_at_trx_commit".into(),
+                ),
+                Dialect::Sqlite => c.notes.push(
                     "sqlite: one host only (a file shared by processes, WAL mode); expiry has millisecond resolution".into(),
-                );
+                ),
             }
         }
     }
@@ -264,7 +316,26 @@ impl Backend for SqlBackend {
             Inner::My(b) if self.config.strategy == Strategy::RowLock => {
                 b.acquire(req, deadline).await
             }
-            // MySQL and SQLite leases poll with backoff and full jitter.
+            // MySQL leases poll with backoff and full jitter, every attempt bounded by the
+            // deadline.
+            #[cfg(feature = "mysql")]
+            Inner::My(b) => {
+                let backoff = lockcore::backend::Backoff::for_ttl(req.ttl);
+                let mut attempt = 0u32;
+                loop {
+                    if let Some(l) = b.acquire(req, deadline).await? {
+                        return Ok(Some(l));
+                    }
+                    let now = lockcore::Instant::now();
+                    if deadline.is_some_and(|d| now >= d) {
+                        return Ok(None);
+                    }
+                    let wake = now + backoff.delay(attempt);
+                    tokio::time::sleep_until(deadline.map_or(wake, |d| wake.min(d))).await;
+                    attempt = attempt.saturating_add(1);
+                }
+            }
+            // SQLite leases poll with backoff and full jitter.
             #[allow(unreachable_patterns)]
             _ => {
                 lockcore::backend::poll_acquire(
@@ -279,16 +350,35 @@ impl Backend for SqlBackend {
     }
 
     async fn force_release(&self, name: &LockName) -> Result<bool> {
-        if !self.capabilities.force_release {
-            return Err(lockcore::Error::unsupported(
-                "force_release is not offered for MariaDB row locks (the holder's connection id may be stale)",
-            ));
-        }
         self.revoke(name).await
     }
 
     async fn round_trip(&self) -> Result<()> {
         SqlBackend::ping(self).await
+    }
+
+    async fn bare_cycle(&self, name: &LockName) -> Result<()> {
+        match &self.inner {
+            #[cfg(feature = "postgres")]
+            Inner::Pg(b) => b.bare_cycle(name).await,
+            #[cfg(feature = "mysql")]
+            Inner::My(b) => b.bare_cycle(name).await,
+            #[cfg(feature = "sqlite")]
+            Inner::Lite(_) => Err(Error::unsupported(
+                "sqlite: no bare primitive is measured (a local file)",
+            )),
+        }
+    }
+
+    async fn server_requests(&self) -> Result<u64> {
+        match &self.inner {
+            #[cfg(feature = "postgres")]
+            Inner::Pg(b) => b.server_requests().await,
+            #[cfg(feature = "mysql")]
+            Inner::My(b) => b.server_requests().await,
+            #[cfg(feature = "sqlite")]
+            Inner::Lite(_) => Err(Error::unsupported("sqlite has no server to count requests")),
+        }
     }
 
     fn describe(&self) -> String {
@@ -299,11 +389,16 @@ impl Backend for SqlBackend {
     }
 }
 
-/// Maps a sqlx error: connection-level failures are `Unavailable`, the rest `Backend`. The text
-/// is scrubbed of the password in case a driver echoes the URL.
+/// Maps a sqlx error: connection-level failures, and the server refusing or ending a session
+/// for want of resources (too many connections, shutting down, the session killed), are
+/// `Unavailable`; the rest `Backend`. The text is scrubbed of every secret of the URL in case a
+/// driver echoes it.
 pub(crate) fn map_err(config: &Config, what: &str, e: sqlx::Error) -> Error {
     let text = config.scrub(e.to_string());
     let msg = format!("{what}: {text}");
+    if is_unavailable_code(&e) {
+        return Error::new(lockcore::ErrorKind::Unavailable, msg);
+    }
     match e {
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
@@ -314,6 +409,30 @@ pub(crate) fn map_err(config: &Config, what: &str, e: sqlx::Error) -> Error {
         sqlx::Error::Configuration(_) => Error::invalid_config(msg),
         _ => Error::new(lockcore::ErrorKind::Backend, msg),
     }
+}
+
+/// Server errors that mean "not now" rather than "wrong": PostgreSQL classes 08 (connection
+/// exception) and 53 (insufficient resources, e.g. 53300 too many connections) and 57P01..57P05
+/// (shutdown, crash, cannot connect now, session timeouts); MySQL/MariaDB 1040 / 1203 (too many
+/// connections), 1053 (shutdown), 1927 (connection killed).
+pub(crate) fn is_unavailable_code(e: &sqlx::Error) -> bool {
+    let Some(d) = e.as_database_error() else {
+        return false;
+    };
+    #[cfg(feature = "mysql")]
+    if let Some(m) = d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return matches!(m.number(), 1040 | 1203 | 1053 | 1927);
+    }
+    #[cfg(feature = "postgres")]
+    if d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+        .is_some()
+    {
+        let code = d.code().unwrap_or_default();
+        return code.starts_with("08")
+            || code.starts_with("53")
+            || matches!(&*code, "57P01" | "57P02" | "57P03" | "57P04" | "57P05");
+    }
+    false
 }
 
 /// The database error's code (SQLSTATE on PostgreSQL, the result code on SQLite).

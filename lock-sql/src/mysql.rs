@@ -1,33 +1,41 @@
-//! MySQL / MariaDB: row locks (`SELECT ... FOR UPDATE [NOWAIT | WAIT n]`, fencing from a
-//! counter row updated in autocommit on another connection) and leases (upsert, then read back).
+//! MariaDB (and MySQL 5.7+ for leases and `GET_LOCK`): row locks (a session `GET_LOCK` plus the
+//! lock row's committed fencing counter, one statement) and leases (one conditional upsert per
+//! attempt, the outcome read from the OK packet).
 
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::backend::{AcquireRequest, Acquired, Lease};
+use futures::FutureExt;
+use lockcore::backend::{AcquireRequest, Acquired, Background, Lease};
 use lockcore::{Error, Instant, LockName, OwnerToken, Result};
-use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlPoolOptions};
-use sqlx::{AssertSqlSafe, Connection, Row};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError};
+use sqlx::{AssertSqlSafe, Connection};
 
 use crate::config::{Config, Strategy};
-use crate::rowlock::{Pending, RowLease, exec};
+use crate::conns::{Checked, Conns, is_conn_err};
+use crate::rowlock::{Holding, Queues, RowLease};
 use crate::{guard_timeout, map_err};
 
-/// ER_LOCK_WAIT_TIMEOUT (also what MariaDB's NOWAIT / WAIT n raise) and MySQL 8's ER_LOCK_NOWAIT.
-const LOCK_BUSY: [u16; 2] = [1205, 3572];
-/// The longest single server-side wait; a wait without deadline is re-queued after it, so a
-/// waiter whose client died (MySQL does not notice during a lock wait) leaves within it.
-const WAIT_CHUNK_S: u64 = 5;
+/// The longest single server-side wait; a longer wait is queued again after it, so a waiter
+/// whose client died (the server does not notice during a lock wait) leaves within it.
+const WAIT_CHUNK: Duration = Duration::from_secs(5);
+
+/// What we know of a MariaDB session: its id (to kill its lock wait when a waiter is dropped)
+/// and the `wait_timeout` (server-side idle guard, seconds) set on it, 0 for the default.
+pub(crate) struct MyMeta {
+    id: u64,
+    guard_s: u64,
+}
+
+type MyConns = Conns<MySqlConnectOptions, MyMeta>;
 
 struct Sql {
-    insert_row: String,
-    lock_nowait: String,
-    fence: String,
+    row_acquire: String,
+    row_unlock: String,
     holder: String,
-    lease_upsert: String,
-    lease_check: String,
+    lease_acquire: String,
     lease_extend: String,
     lease_release: String,
     revoke_lease: String,
@@ -35,15 +43,9 @@ struct Sql {
 
 pub(crate) struct MyBackend {
     config: Config,
-    pool: MySqlPool,
-    admin: MySqlPool,
+    conns: Arc<MyConns>,
     sql: Arc<Sql>,
-}
-
-/// The key of a name's fencing-counter row: a control character never starts a valid lock
-/// name, so it cannot collide with a lock row.
-fn counter_key(name: &LockName) -> String {
-    format!("\u{1}{}", name.as_str())
+    queues: Arc<Queues>,
 }
 
 fn error_number(e: &sqlx::Error) -> Option<u16> {
@@ -52,61 +54,70 @@ fn error_number(e: &sqlx::Error) -> Option<u16> {
         .map(|d| d.number())
 }
 
+fn setup(conn: &mut MySqlConnection) -> futures::future::BoxFuture<'_, sqlx::Result<MyMeta>> {
+    async move {
+        let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+            .fetch_one(conn)
+            .await?;
+        Ok(MyMeta { id, guard_s: 0 })
+    }
+    .boxed()
+}
+
+fn guard_secs(ttl: Duration) -> u64 {
+    guard_timeout(ttl).as_secs_f64().ceil() as u64
+}
+
 impl MyBackend {
     pub(crate) async fn connect(config: &Config) -> Result<MyBackend> {
         let opts = MySqlConnectOptions::from_str(&config.sqlx_url)
             .map_err(|e| Error::invalid_config(config.scrub(format!("invalid mysql URL: {e}"))))?;
-        let pool = MySqlPoolOptions::new()
-            // No ping before every checkout: that would add a round trip to every lock
-            // operation. A connection that died idle fails its next statement instead, which
-            // surfaces as `Unavailable` (and sqlx drops it from the pool).
-            .test_before_acquire(false)
-            .max_connections(config.pool_max)
-            .min_connections(0)
-            .acquire_timeout(Duration::from_secs(30))
-            .idle_timeout(Some(Duration::from_secs(120)))
-            .connect_with(opts.clone())
-            .await
-            .map_err(|e| map_err(config, "connecting to mysql", e))?;
-        let admin = MySqlPoolOptions::new()
-            .max_connections(2)
-            .min_connections(0)
-            .acquire_timeout(Duration::from_secs(30))
-            .connect_lazy_with(opts);
+        let conns = Conns::new(opts, config, setup);
         let t = &config.table;
         // VARBINARY: names compare byte for byte (no case folding, no PAD SPACE). Expiry is
         // kept in UTC_TIMESTAMP(6), independent of session time zones.
-        sqlx::raw_sql(AssertSqlSafe(format!(
+        let ddl = format!(
             "CREATE TABLE IF NOT EXISTS {t} (name VARBINARY(320) NOT NULL PRIMARY KEY, \
                owner CHAR(32) NULL, fence BIGINT UNSIGNED NOT NULL DEFAULT 0, \
                expires_at DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:01', \
                holder BIGINT UNSIGNED NULL) ENGINE=InnoDB"
-        )))
-        .execute(&pool)
-        .await
-        .map_err(|e| map_err(config, "creating the lock table", e))?;
+        );
+        conns
+            .run(conns.bound(), "creating the lock table", move |c| {
+                sqlx::raw_sql(AssertSqlSafe(ddl.clone()))
+                    .execute(c)
+                    .map(|r| r.map(|_| ()))
+                    .boxed()
+            })
+            .await?;
+        // The user lock of a name: per database and table, hashed to fit GET_LOCK's 64
+        // characters.
+        let key =
+            format!("SHA1(CONCAT(CAST(DATABASE() AS BINARY), _binary'.{t}.', CAST(? AS BINARY)))");
         let expired = "owner IS NULL OR expires_at <= UTC_TIMESTAMP(6)";
         let sql = Sql {
-            insert_row: format!("INSERT IGNORE INTO {t} (name) VALUES (?)"),
-            lock_nowait: format!("SELECT 1 FROM {t} WHERE name = ? FOR UPDATE NOWAIT"),
-            // LAST_INSERT_ID(expr) hands the new value back in the OK packet: one round trip.
-            fence: format!(
-                "INSERT INTO {t} (name, fence, holder) VALUES (?, 1, ?) \
-                 ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), holder = VALUES(holder)"
+            // GET_LOCK first (a WHERE of the insert's source); holding it, the counter row is
+            // bumped and committed with the statement (autocommit), so the token is durable
+            // before the caller sees it. LAST_INSERT_ID(expr) hands the new value back in the
+            // OK packet: rows affected 0 = not taken, 1 = new row (fence 1), 2 = fence bumped.
+            row_acquire: format!(
+                "INSERT INTO {t} (name, fence) SELECT ?, 1 FROM DUAL WHERE GET_LOCK({key}, ?) = 1 \
+                 ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1)"
             ),
-            holder: format!("SELECT holder FROM {t} WHERE name = ?"),
-            // Assignments run left to right and see earlier ones: owner is decided first, and
-            // the other columns follow only if it became ours (tokens are random, so the old
-            // owner is never equal to ours).
-            lease_upsert: format!(
+            row_unlock: format!("SELECT RELEASE_LOCK({key})"),
+            holder: format!("SELECT IS_USED_LOCK({key})"),
+            // One statement per attempt, idempotent for the same token. Assignments run left
+            // to right and see earlier ones: owner is decided first, the rest follow only if it
+            // is ours. LAST_INSERT_ID reports the outcome in the OK packet: 1 for a new row
+            // (from VALUES), the new fence if taken over or retaken, 0 if someone else holds it.
+            lease_acquire: format!(
                 "INSERT INTO {t} (name, owner, fence, expires_at) \
-                 VALUES (?, ?, 1, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                 VALUES (?, ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
                  ON DUPLICATE KEY UPDATE \
-                   owner = IF({expired}, VALUES(owner), owner), \
-                   fence = IF(owner = VALUES(owner), fence + 1, fence), \
+                   owner = IF({expired} OR owner = VALUES(owner), VALUES(owner), owner), \
+                   fence = IF(owner = VALUES(owner), LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)), \
                    expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at)"
             ),
-            lease_check: format!("SELECT fence FROM {t} WHERE name = ? AND owner = ?"),
             lease_extend: format!(
                 "UPDATE {t} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
                  WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
@@ -122,28 +133,81 @@ impl MyBackend {
         };
         Ok(MyBackend {
             config: config.clone(),
-            pool,
-            admin,
+            conns,
             sql: Arc::new(sql),
+            queues: Arc::default(),
         })
     }
 
-    fn err(&self, what: &str, e: sqlx::Error) -> Error {
-        map_err(&self.config, what, e)
+    pub(crate) async fn ping(&self) -> Result<()> {
+        self.conns
+            .run(self.conns.bound(), "SELECT 1", |c| {
+                async move { sqlx::raw_sql("SELECT 1").execute(c).await.map(|_| ()) }.boxed()
+            })
+            .await
     }
 
-    pub(crate) async fn ping(&self) -> Result<()> {
-        sqlx::query("SELECT 1")
-            .execute(&self.pool)
+    /// The bare primitive of the strategy: row-lock `GET_LOCK` then `RELEASE_LOCK` on one
+    /// connection; lease: an insert and a delete of a row.
+    pub(crate) async fn bare_cycle(&self, name: &LockName) -> Result<()> {
+        let name = name.as_str().to_owned();
+        let t = self.config.table.clone();
+        let row_lock = self.config.strategy == Strategy::RowLock;
+        self.conns
+            .run(self.conns.bound(), "bare cycle", move |c| {
+                let name = name.clone();
+                let t = t.clone();
+                async move {
+                    if row_lock {
+                        sqlx::query("SELECT GET_LOCK(SHA1(?), 10)")
+                            .bind(&name)
+                            .execute(&mut *c)
+                            .await?;
+                        sqlx::query("SELECT RELEASE_LOCK(SHA1(?))")
+                            .bind(&name)
+                            .execute(&mut *c)
+                            .await?;
+                    } else {
+                        let bare = format!("{name}\u{1}bare");
+                        sqlx::query(AssertSqlSafe(format!(
+                            "INSERT INTO {t} (name, owner) VALUES (?, 'bare')"
+                        )))
+                        .bind(&bare)
+                        .execute(&mut *c)
+                        .await?;
+                        sqlx::query(AssertSqlSafe(format!("DELETE FROM {t} WHERE name = ?")))
+                            .bind(&bare)
+                            .execute(&mut *c)
+                            .await?;
+                    }
+                    Ok(())
+                }
+                .boxed()
+            })
             .await
-            .map(|_| ())
-            .map_err(|e| self.err("SELECT 1", e))
+    }
+
+    /// Statements the server has run for clients (`SHOW GLOBAL STATUS` `Questions`; pings are
+    /// not counted).
+    pub(crate) async fn server_requests(&self) -> Result<u64> {
+        self.conns
+            .run(self.conns.bound(), "reading Questions", |c| {
+                async move {
+                    let (_, v): (String, String) =
+                        sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Questions'")
+                            .fetch_one(c)
+                            .await?;
+                    Ok(v.parse::<u64>().unwrap_or(0))
+                }
+                .boxed()
+            })
+            .await
     }
 
     pub(crate) async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
         match self.config.strategy {
             Strategy::RowLock => self.row_acquire(req, None, true).await,
-            Strategy::Lease => self.lease_attempt(req).await,
+            Strategy::Lease => self.lease_attempt(req, self.conns.bound()).await,
         }
     }
 
@@ -158,214 +222,239 @@ impl MyBackend {
                 self.row_acquire(req, deadline, nowait).await
             }
             // Leases poll: lib.rs drives lockcore's poller for them.
-            Strategy::Lease => self.lease_attempt(req).await,
+            Strategy::Lease => match self.lease_attempt(req, self.conns.bound_by(deadline)).await {
+                Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => Ok(None),
+                r => r,
+            },
         }
     }
 
     pub(crate) async fn revoke(&self, name: &LockName) -> Result<bool> {
+        let name = name.as_str().to_owned();
         match self.config.strategy {
             Strategy::Lease => {
-                let r = sqlx::query(AssertSqlSafe(self.sql.revoke_lease.clone()))
-                    .bind(name.as_str())
-                    .execute(&self.admin)
-                    .await
-                    .map_err(|e| self.err("revoking a lease", e))?;
-                Ok(r.rows_affected() > 0)
+                let sql = self.sql.revoke_lease.clone();
+                let n = self
+                    .conns
+                    .run(self.conns.bound(), "revoking a lease", move |c| {
+                        sqlx::query(AssertSqlSafe(sql.clone()))
+                            .bind(name.clone())
+                            .execute(c)
+                            .map(|r| r.map(|r| r.rows_affected()))
+                            .boxed()
+                    })
+                    .await?;
+                Ok(n > 0)
             }
             Strategy::RowLock => {
-                let holder: Option<Option<u64>> =
-                    sqlx::query_scalar(AssertSqlSafe(self.sql.holder.clone()))
-                        .bind(counter_key(name))
-                        .fetch_optional(&self.admin)
-                        .await
-                        .map_err(|e| self.err("finding a row lock's holder", e))?;
-                let Some(id) = holder.flatten() else {
+                // The holder as the server knows it now (not a connection id recorded earlier,
+                // which may by then belong to another lock's holder), then killed by that id.
+                let sql = self.sql.holder.clone();
+                let holder: Option<i64> = self
+                    .conns
+                    .run(
+                        self.conns.bound(),
+                        "finding a row lock's holder",
+                        move |c| {
+                            sqlx::query_scalar(AssertSqlSafe(sql.clone()))
+                                .bind(name.clone())
+                                .fetch_one(c)
+                                .boxed()
+                        },
+                    )
+                    .await?;
+                let Some(id) = holder.filter(|id| *id > 0) else {
                     return Ok(false);
                 };
-                match sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {id}")))
-                    .execute(&self.admin)
-                    .await
-                {
-                    Ok(_) => Ok(true),
-                    // ER_NO_SUCH_THREAD: the last holder is gone already.
-                    Err(e) if error_number(&e) == Some(1094) => Ok(false),
-                    Err(e) => Err(self.err("killing a row lock's holder", e)),
-                }
+                let killed = self
+                    .conns
+                    .run(
+                        self.conns.bound(),
+                        "killing a row lock's holder",
+                        move |c| {
+                            async move {
+                                match sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {id}")))
+                                    .execute(c)
+                                    .await
+                                {
+                                    Ok(_) => Ok(true),
+                                    // ER_NO_SUCH_THREAD: the holder is gone already.
+                                    Err(e) if error_number(&e) == Some(1094) => Ok(false),
+                                    Err(e) => Err(e),
+                                }
+                            }
+                            .boxed()
+                        },
+                    )
+                    .await?;
+                Ok(killed)
             }
         }
     }
 
     // ---- row-lock ----
 
+    /// One statement per attempt (plus `SET wait_timeout` on a connection whose server-side
+    /// guard differs, once per connection and TTL): `GET_LOCK` (tried, or waited for in chunks
+    /// of at most [`WAIT_CHUNK`] until the deadline) and the fencing counter bumped and
+    /// committed.
     async fn row_acquire(
         &self,
         req: &AcquireRequest,
         deadline: Option<Instant>,
         nowait: bool,
     ) -> Result<Option<Acquired>> {
-        let conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| self.err("taking a connection from the pool", e))?;
-        let mut pending = Pending::<MySql>::new(conn);
-        let guard_s = guard_timeout(req.ttl).as_secs_f64().ceil() as u64;
-        let mut created = 0;
+        let _turn = if nowait {
+            None
+        } else {
+            match self.queues.enter(req.name.as_str(), deadline).await {
+                Some(t) => Some(t),
+                None => return Ok(None),
+            }
+        };
+        let guard_s = guard_secs(req.ttl);
+        let mut c = match self.conns.get(self.conns.bound_by(deadline), false).await {
+            Ok(c) => c,
+            Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut retried = false;
         loop {
-            // READ COMMITTED: no gap locks on a missing row. The connection id lets a cancelled
-            // waiter be killed (MySQL keeps a dead client's lock wait) and an admin find the holder.
-            let rows = sqlx::raw_sql(AssertSqlSafe(format!(
-                "SET SESSION idle_transaction_timeout = {guard_s}; \
-                 SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; \
-                 SELECT CONNECTION_ID()"
-            )))
-            .fetch_all(pending.conn())
-            .await
-            .map_err(|e| self.err("beginning the lock transaction", e))?;
-            let conn_id: u64 = rows
-                .last()
-                .and_then(|r| r.try_get::<u64, _>(0).ok())
-                .ok_or_else(|| Error::new(lockcore::ErrorKind::Backend, "no CONNECTION_ID()"))?;
-            let admin = self.admin.clone();
-            pending.killer = Some(Box::new(move || {
-                Box::pin(async move {
-                    let _ = sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {conn_id}")))
-                        .execute(&admin)
-                        .await;
-                })
-            }));
-            let (sql, wait_until) = if nowait {
-                (self.sql.lock_nowait.clone(), None)
+            if c.conn.meta.guard_s != guard_s {
+                let set = sqlx::raw_sql(AssertSqlSafe(format!(
+                    "SET SESSION wait_timeout = {guard_s}"
+                )))
+                .execute(&mut c.conn.raw);
+                match tokio::time::timeout_at(self.conns.bound_by(deadline), set).await {
+                    Ok(Ok(_)) => c.conn.meta.guard_s = guard_s,
+                    Ok(Err(e)) if is_conn_err(&e) && c.reused && !retried => {
+                        retried = true;
+                        c = self.conns.get(self.conns.bound_by(deadline), false).await?;
+                        c.reused = false;
+                        continue;
+                    }
+                    Ok(Err(e)) => return Err(map_err(&self.config, "setting the idle guard", e)),
+                    Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
+                    Err(_) => return Err(self.conns.timed_out("setting the idle guard")),
+                }
+            }
+            let wait = if nowait {
+                Duration::ZERO
             } else {
-                // WAIT takes whole seconds: round up, and cut the statement off client-side at
-                // the deadline (the killer then ends the server-side wait).
-                let secs = deadline.map_or(WAIT_CHUNK_S, |d| {
-                    let rem = d.saturating_duration_since(Instant::now()).as_secs_f64();
-                    (rem.ceil() as u64).clamp(1, WAIT_CHUNK_S)
-                });
-                (
-                    format!(
-                        "SELECT 1 FROM {} WHERE name = ? FOR UPDATE WAIT {secs}",
-                        self.config.table
-                    ),
-                    deadline,
-                )
+                deadline.map_or(WAIT_CHUNK, |d| {
+                    d.saturating_duration_since(Instant::now()).min(WAIT_CHUNK)
+                })
             };
-            let query = sqlx::query_scalar::<_, i32>(AssertSqlSafe(sql))
+            // A dropped call leaves no waiter behind: the server does not notice a closed
+            // socket during a lock wait, so the wait is killed from another connection.
+            let killer = (!nowait).then(|| Killer {
+                conns: self.conns.clone(),
+                id: c.conn.meta.id,
+                background: req.background.clone(),
+                armed: true,
+            });
+            let sent_at = Instant::now();
+            let q = sqlx::query(AssertSqlSafe(self.sql.row_acquire.clone()))
                 .bind(req.name.as_str())
-                .fetch_optional(pending.conn());
-            let res = match wait_until {
-                Some(d) => match tokio::time::timeout_at(d, query).await {
-                    Ok(r) => r,
-                    // Deadline: `pending` is dropped, killing the wait and closing the connection.
-                    Err(_) => return Ok(None),
-                },
-                None => query.await,
+                .bind(req.name.as_str())
+                .bind(wait.as_secs_f64())
+                .execute(&mut c.conn.raw);
+            let bound = Instant::now() + wait + self.config.op_timeout;
+            let res = match tokio::time::timeout_at(bound, q).await {
+                Ok(r) => r,
+                Err(_) => return Err(self.conns.timed_out("taking a row lock")),
             };
+            if let Some(k) = killer {
+                k.disarm();
+            }
             match res {
-                Ok(Some(_)) => {
-                    // Won. Draw the fencing token in autocommit on another connection, so it is
-                    // never rolled back with the holding transaction, then check the holding
-                    // connection survived the draw: the lock was ours throughout, so the token
-                    // is above every earlier holder's.
-                    let r = sqlx::query(AssertSqlSafe(self.sql.fence.clone()))
-                        .bind(counter_key(&req.name))
-                        .bind(conn_id)
-                        .execute(&self.admin)
-                        .await
-                        .map_err(|e| self.err("drawing a fencing token", e))?;
+                Ok(r) if r.rows_affected() > 0 => {
                     let fence = if r.rows_affected() == 1 {
                         1
                     } else {
                         r.last_insert_id()
                     };
-                    // The validity counts from this round trip, sent after the grant (the lock
-                    // may have been granted long after the request, following a wait).
-                    let sent_at = Instant::now();
-                    pending
-                        .conn()
-                        .ping()
-                        .await
-                        .map_err(|e| self.err("checking the holding connection", e))?;
-                    let conn = pending.disarm();
+                    let now = Instant::now();
+                    // As for PostgreSQL: after a wait the validity counts from the answer; the
+                    // lock lives with the session and its idle guard starts at the statement's
+                    // end.
+                    let sent_at = if now - sent_at > Duration::from_millis(20) {
+                        now - Duration::from_millis(1)
+                    } else {
+                        sent_at
+                    };
+                    c.hold();
+                    let holding = MyHolding {
+                        conn: Some(c),
+                        conns: self.conns.clone(),
+                        sql: self.sql.clone(),
+                        name: req.name.as_str().to_owned(),
+                    };
                     let lease = RowLease::start(
-                        conn,
+                        Box::new(holding),
                         req.name.clone(),
                         fence,
                         req.ttl,
                         req.lost.clone(),
-                        my_guard_sql,
                         "mysql",
                     );
                     return Ok(Some(Acquired::new(lease, sent_at)));
                 }
-                Ok(None) => {
-                    exec::<MySql>(pending.conn(), "ROLLBACK".into())
-                        .await
-                        .map_err(|e| self.err("rolling back", e))?;
-                    created += 1;
-                    if created > 3 {
-                        return Err(Error::new(
-                            lockcore::ErrorKind::Backend,
-                            "the lock row disappeared repeatedly while being locked",
-                        ));
-                    }
-                    sqlx::query(AssertSqlSafe(self.sql.insert_row.clone()))
-                        .bind(req.name.as_str())
-                        .execute(pending.conn())
-                        .await
-                        .map_err(|e| self.err("creating the lock row", e))?;
-                }
-                Err(e) if error_number(&e).is_some_and(|n| LOCK_BUSY.contains(&n)) => {
-                    exec::<MySql>(pending.conn(), "ROLLBACK".into())
-                        .await
-                        .map_err(|e| self.err("rolling back", e))?;
+                Ok(_) => {
+                    // Busy (GET_LOCK timed out): nothing held.
                     if nowait || deadline.is_some_and(|d| Instant::now() >= d) {
-                        pending.killer = None;
-                        let _conn = pending.disarm();
+                        self.put(c);
                         return Ok(None);
                     }
                     // A chunk of a longer wait ran out: queue again.
                 }
-                Err(e) => return Err(self.err("locking the lock row", e)),
+                Err(e) if is_conn_err(&e) && c.reused && !retried => {
+                    retried = true;
+                    c = self.conns.get(self.conns.bound_by(deadline), false).await?;
+                    c.reused = false;
+                }
+                Err(e) => return Err(map_err(&self.config, "taking a row lock", e)),
             }
         }
     }
 
+    fn put(&self, mut c: Checked<MySqlConnectOptions, MyMeta>) {
+        idle_until_guard(&mut c);
+        self.conns.put(c);
+    }
+
     // ---- lease ----
 
-    async fn lease_attempt(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
+    async fn lease_attempt(
+        &self,
+        req: &AcquireRequest,
+        bound: Instant,
+    ) -> Result<Option<Acquired>> {
         let token = req.token.to_hex();
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| self.err("taking a connection from the pool", e))?;
+        let sql = self.sql.lease_acquire.clone();
+        let name = req.name.as_str().to_owned();
+        let ttl = req.ttl.as_micros() as u64;
         let sent_at = Instant::now();
-        sqlx::query(AssertSqlSafe(self.sql.lease_upsert.clone()))
-            .bind(req.name.as_str())
-            .bind(&token)
-            .bind(req.ttl.as_micros() as u64)
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| self.err("acquiring a lease", e))?;
-        // Whether the upsert made it ours: the row says so (committed, and nobody can take over
-        // a lease of ours before it expires).
-        let fence: Option<u64> = sqlx::query_scalar(AssertSqlSafe(self.sql.lease_check.clone()))
-            .bind(req.name.as_str())
-            .bind(&token)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(|e| self.err("reading a lease", e))?;
-        Ok(fence.map(|fencing| {
+        let id = self
+            .conns
+            .run(bound, "acquiring a lease", move |c| {
+                sqlx::query(AssertSqlSafe(sql.clone()))
+                    .bind(name.clone())
+                    .bind(token.clone())
+                    .bind(ttl)
+                    .execute(c)
+                    .map(|r| r.map(|r| r.last_insert_id()))
+                    .boxed()
+            })
+            .await?;
+        Ok((id > 0).then(|| {
             Acquired::new(
                 MyLease {
-                    pool: self.pool.clone(),
-                    config: self.config.clone(),
+                    conns: self.conns.clone(),
                     sql: self.sql.clone(),
                     name: req.name.clone(),
                     token: req.token,
-                    fencing,
+                    fencing: id,
                 },
                 sent_at,
             )
@@ -373,16 +462,100 @@ impl MyBackend {
     }
 }
 
-fn my_guard_sql(ttl: Duration) -> String {
-    format!(
-        "SET SESSION idle_transaction_timeout = {}",
-        guard_timeout(ttl).as_secs_f64().ceil() as u64
-    )
+/// A connection idle with a server-side guard set is closed by the server after it: never
+/// reuse it past that.
+fn idle_until_guard(c: &mut Checked<MySqlConnectOptions, MyMeta>) {
+    if c.conn.meta.guard_s > 0 {
+        c.conn.idle_until = Some(
+            Instant::now() + Duration::from_secs(c.conn.meta.guard_s) - Duration::from_millis(500),
+        );
+    }
+}
+
+/// Kills a session's lock wait if the acquisition is dropped while it waits.
+struct Killer {
+    conns: Arc<MyConns>,
+    id: u64,
+    background: Background,
+    armed: bool,
+}
+
+impl Killer {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Killer {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let conns = self.conns.clone();
+        let id = self.id;
+        self.background.spawn(async move {
+            let _ = conns
+                .run(conns.bound(), "ending a dropped lock wait", move |c| {
+                    sqlx::raw_sql(AssertSqlSafe(format!("KILL QUERY {id}")))
+                        .execute(c)
+                        .map(|r| r.map(|_| ()))
+                        .boxed()
+                })
+                .await;
+        });
+    }
+}
+
+/// A connection holding a MariaDB row lock (its session's user lock).
+struct MyHolding {
+    conn: Option<Checked<MySqlConnectOptions, MyMeta>>,
+    conns: Arc<MyConns>,
+    sql: Arc<Sql>,
+    name: String,
+}
+
+impl MyHolding {
+    fn checked(&mut self) -> &mut Checked<MySqlConnectOptions, MyMeta> {
+        self.conn.as_mut().expect("holding connection present")
+    }
+}
+
+#[lockcore::backend::async_trait]
+impl Holding for MyHolding {
+    async fn ping(&mut self) -> sqlx::Result<()> {
+        self.checked().conn.raw.ping().await
+    }
+
+    async fn set_guard(&mut self, ttl: Duration) -> sqlx::Result<()> {
+        let s = guard_secs(ttl);
+        let c = self.checked();
+        sqlx::raw_sql(AssertSqlSafe(format!("SET SESSION wait_timeout = {s}")))
+            .execute(&mut c.conn.raw)
+            .await?;
+        c.conn.meta.guard_s = s;
+        Ok(())
+    }
+
+    async fn unlock(&mut self) -> sqlx::Result<bool> {
+        let sql = self.sql.row_unlock.clone();
+        let name = self.name.clone();
+        let r: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(name)
+            .fetch_one(&mut self.checked().conn.raw)
+            .await?;
+        Ok(r == Some(1))
+    }
+
+    fn recycle(mut self: Box<Self>) {
+        if let Some(mut c) = self.conn.take() {
+            idle_until_guard(&mut c);
+            self.conns.put(c);
+        }
+    }
 }
 
 struct MyLease {
-    pool: MySqlPool,
-    config: Config,
+    conns: Arc<MyConns>,
     sql: Arc<Sql>,
     name: LockName,
     token: OwnerToken,
@@ -399,6 +572,31 @@ impl fmt::Debug for MyLease {
     }
 }
 
+impl MyLease {
+    async fn update(&self, sql: &str, ttl: Option<Duration>, what: &str) -> Result<()> {
+        let sql = sql.to_owned();
+        let name = self.name.as_str().to_owned();
+        let token = self.token.to_hex();
+        let n = self
+            .conns
+            .run(self.conns.bound(), what, move |c| {
+                let mut q = sqlx::query(AssertSqlSafe(sql.clone()));
+                if let Some(ttl) = ttl {
+                    q = q.bind(ttl.as_micros() as u64);
+                }
+                q.bind(name.clone())
+                    .bind(token.clone())
+                    .execute(c)
+                    .map(|r| r.map(|r| r.rows_affected()))
+                    .boxed()
+            })
+            .await?;
+        // FOUND_ROWS is on: this counts matched rows, so an extend within the same microsecond
+        // still reports 1.
+        crate::owner_checked(n)
+    }
+}
+
 #[lockcore::backend::async_trait]
 impl Lease for MyLease {
     fn fencing_token(&self) -> Option<u64> {
@@ -406,26 +604,13 @@ impl Lease for MyLease {
     }
 
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
-        let r = sqlx::query(AssertSqlSafe(self.sql.lease_extend.clone()))
-            .bind(ttl.as_micros() as u64)
-            .bind(self.name.as_str())
-            .bind(self.token.to_hex())
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map_err(&self.config, "extending a lease", e))?;
-        // FOUND_ROWS is on: this counts matched rows, so an extend within the same microsecond
-        // still reports 1.
-        crate::owner_checked(r.rows_affected() as u64)?;
+        self.update(&self.sql.lease_extend, Some(ttl), "extending a lease")
+            .await?;
         Ok(ttl)
     }
 
     async fn release(&self) -> Result<()> {
-        let r = sqlx::query(AssertSqlSafe(self.sql.lease_release.clone()))
-            .bind(self.name.as_str())
-            .bind(self.token.to_hex())
-            .execute(&self.pool)
+        self.update(&self.sql.lease_release, None, "releasing a lease")
             .await
-            .map_err(|e| map_err(&self.config, "releasing a lease", e))?;
-        crate::owner_checked(r.rows_affected() as u64)
     }
 }

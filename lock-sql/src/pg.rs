@@ -1,46 +1,53 @@
-//! PostgreSQL: row locks (`SELECT ... FOR UPDATE`, sequence fencing) and leases (one upsert,
-//! LISTEN/NOTIFY wake-ups).
+//! PostgreSQL: row locks (a session advisory lock plus the lock row's committed fencing counter,
+//! one statement) and leases (read first, then one conditional upsert; LISTEN/NOTIFY wake-ups).
 
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use lockcore::backend::{AcquireRequest, Acquired, Lease};
 use lockcore::{Error, Instant, LockName, OwnerToken, Result};
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
-use sqlx::{AssertSqlSafe, Postgres};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Connection};
 use tokio::sync::{OnceCell, broadcast, oneshot};
 
 use crate::config::{Config, Strategy};
-use crate::rowlock::{Pending, RowLease, exec};
+use crate::conns::{Checked, Conns, is_conn_err};
+use crate::rowlock::{Holding, Queues, RowLease};
 use crate::{db_code, guard_timeout, map_err};
 
-/// SQLSTATE lock_not_available: NOWAIT refused or lock_timeout ran out.
+/// SQLSTATE lock_not_available: lock_timeout ran out.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// The longest a lease waiter sleeps without a notification (the safety net for a lost NOTIFY).
 const SAFETY_POLL: Duration = Duration::from_millis(500);
 
+/// How far ahead a lease waiter announces itself (it announces again when that passes).
+const WAIT_MARK: Duration = Duration::from_secs(30);
+
+type PgConns = Conns<PgConnectOptions, ()>;
+
 struct Sql {
-    insert_row: String,
-    lock_nowait: String,
-    lock_wait: String,
+    row_try: String,
+    row_wait: String,
+    row_unlock: String,
+    row_guard: String,
+    revoke_row: String,
     lease_acquire: String,
     lease_extend: String,
     lease_release: String,
+    lease_wait_mark: String,
     revoke_lease: String,
-    revoke_row: String,
 }
 
 pub(crate) struct PgBackend {
     config: Config,
-    pool: PgPool,
-    admin: PgPool,
+    conns: Arc<PgConns>,
     sql: Arc<Sql>,
-    /// Server has `client_connection_check_interval` (14+): a waiter whose client is gone
-    /// leaves the lock queue within 250 ms.
-    check_interval: bool,
+    queues: Arc<Queues>,
+    listen_opts: PgConnectOptions,
     wakeups: OnceCell<Option<Arc<Wakeups>>>,
 }
 
@@ -51,126 +58,253 @@ struct Wakeups {
     _stop: oneshot::Sender<()>,
 }
 
+/// A stable 64-bit FNV-1a of the table name: the seed of the advisory-lock keys, so two lock
+/// tables in one database never share a key.
+fn table_seed(table: &str) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in table.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h as i64
+}
+
+/// Every new connection: commits wait for the WAL flush (fencing tokens and leases must survive
+/// a crash whatever the server's default), and (PostgreSQL 14+) a waiter whose client is gone
+/// leaves the lock queue within 250 ms.
+fn setup(conn: &mut PgConnection) -> futures::future::BoxFuture<'_, sqlx::Result<()>> {
+    async move {
+        let mut sql = String::from("SET synchronous_commit = on");
+        if conn.server_version_num().unwrap_or(0) >= 140000 {
+            sql.push_str("; SET client_connection_check_interval = '250ms'");
+        }
+        sqlx::raw_sql(AssertSqlSafe(sql)).execute(conn).await?;
+        Ok(())
+    }
+    .boxed()
+}
+
+fn ms(d: Duration) -> String {
+    format!("{}ms", d.as_millis().max(1))
+}
+
 impl PgBackend {
     pub(crate) async fn connect(config: &Config) -> Result<PgBackend> {
         let opts = PgConnectOptions::from_str(&config.sqlx_url).map_err(|e| {
             Error::invalid_config(config.scrub(format!("invalid postgres URL: {e}")))
         })?;
-        let pool = PgPoolOptions::new()
-            // No ping before every checkout: that would add a round trip to every lock
-            // operation. A connection that died idle fails its next statement instead, which
-            // surfaces as `Unavailable` (and sqlx drops it from the pool).
-            .test_before_acquire(false)
-            .max_connections(config.pool_max)
-            .min_connections(0)
-            .acquire_timeout(Duration::from_secs(30))
-            .idle_timeout(Some(Duration::from_secs(120)))
-            .connect_with(opts.clone())
-            .await
-            .map_err(|e| map_err(config, "connecting to postgres", e))?;
-        let admin = PgPoolOptions::new()
-            .max_connections(2)
-            .min_connections(0)
-            .acquire_timeout(Duration::from_secs(30))
-            .connect_lazy_with(opts);
+        let conns = Conns::new(opts.clone(), config, setup);
         let t = &config.table;
-        let seq = format!("{}_fseq", &t[..t.len().min(57)]);
+        let old_seq = format!("{}_fseq", &t[..t.len().min(57)]);
         // One implicit transaction; the advisory lock serialises concurrent first connects
-        // (CREATE ... IF NOT EXISTS can still collide on the catalog otherwise).
+        // (CREATE ... IF NOT EXISTS can still collide on the catalog otherwise). Nothing takes a
+        // table lock when the table is already as it should be: row-lock waiters keep a ROW
+        // EXCLUSIVE lock on it while they wait, which an ALTER TABLE would queue behind. Row-lock
+        // tokens used to come from a sequence: fold it into the rows' counters once, so they
+        // only grow.
         let ddl = format!(
             "SELECT pg_advisory_xact_lock(hashtext('locksmith ddl')); \
              CREATE TABLE IF NOT EXISTS {t} (name TEXT PRIMARY KEY, owner TEXT, \
                fence BIGINT NOT NULL DEFAULT 0, expires_at TIMESTAMPTZ NOT NULL DEFAULT 'epoch'); \
-             CREATE SEQUENCE IF NOT EXISTS {seq}"
+             DO $$ BEGIN \
+               IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{t}'::regclass \
+                   AND attname = 'wait_until' AND NOT attisdropped) THEN \
+                 ALTER TABLE {t} ADD COLUMN wait_until TIMESTAMPTZ NOT NULL DEFAULT 'epoch'; \
+               END IF; \
+               IF to_regclass('{old_seq}') IS NOT NULL THEN \
+               UPDATE {t} SET fence = (SELECT last_value FROM {old_seq}) \
+                 WHERE fence < (SELECT last_value FROM {old_seq}); \
+               DROP SEQUENCE {old_seq}; END IF; END $$"
         );
-        sqlx::raw_sql(AssertSqlSafe(ddl))
-            .execute(&pool)
-            .await
-            .map_err(|e| map_err(config, "creating the lock table", e))?;
-        let version: String = sqlx::query_scalar("SELECT current_setting('server_version_num')")
-            .fetch_one(&pool)
-            .await
-            .map_err(|e| map_err(config, "reading the server version", e))?;
-        let check_interval = version.parse::<u32>().unwrap_or(0) >= 140000;
-        // The subquery takes the row lock first; nextval runs on the locked row only, so each
-        // holder's token is drawn after it won (sequences are never rolled back, so a holder whose
-        // transaction died still consumed its number).
-        let lock = |suffix: &str| {
+        let bound = conns.bound();
+        let version: i32 = conns
+            .run(bound, "creating the lock table", move |c| {
+                let ddl = ddl.clone();
+                async move {
+                    sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut *c).await?;
+                    Ok(c.server_version_num().unwrap_or(0) as i32)
+                }
+                .boxed()
+            })
+            .await?;
+        if config.strategy == Strategy::RowLock && version < 110000 {
+            return Err(Error::unsupported(
+                "strategy=row-lock needs PostgreSQL 11 or later (hashtextextended)",
+            ));
+        }
+        // The server-side guard of a holder that stops talking (a wedged process):
+        // idle_session_timeout, PostgreSQL 14+.
+        let guard = version >= 140000;
+        let seed = table_seed(t);
+        let key = format!("hashtextextended($1, {seed})");
+        let set_guard = |p: &str| {
+            if guard {
+                format!("set_config('idle_session_timeout', {p}, false)")
+            } else {
+                format!("set_config('locksmith.ttl', {p}, false)")
+            }
+        };
+        // The advisory lock is taken first (materialized CTE); then, holding it, the lock row's
+        // counter is bumped and committed with the statement: the token is durable before the
+        // caller sees it, and every later holder's is larger, across crashes too.
+        let fence_upsert = |from: &str, cond: &str| {
             format!(
-                "SELECT nextval('{seq}') FROM (SELECT name FROM {t} WHERE name = $1 FOR UPDATE{suffix}) s"
+                "INSERT INTO {t} AS r (name, fence) SELECT $1, 1 FROM {from} WHERE {cond} \
+                 ON CONFLICT (name) DO UPDATE SET fence = r.fence + 1 RETURNING r.fence"
             )
         };
         let sql = Sql {
-            insert_row: format!("INSERT INTO {t} (name) VALUES ($1) ON CONFLICT (name) DO NOTHING"),
-            lock_nowait: lock(" NOWAIT"),
-            lock_wait: lock(""),
-            // One statement: insert, or take over an expired (or released) row, bumping the
-            // fencing counter. The second column is the current holder's remaining time, from
-            // the statement's snapshot, for the waiter's wake-up.
+            row_try: format!(
+                "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock({key}) AS got) {}",
+                fence_upsert(
+                    "l",
+                    &format!("CASE WHEN got THEN {} IS NOT NULL END", set_guard("$2"))
+                )
+            ),
+            row_wait: format!(
+                "WITH s AS MATERIALIZED (SELECT set_config('lock_timeout', $3, true) AS t), \
+                 l AS MATERIALIZED (SELECT pg_advisory_lock({key}) IS NULL AS x FROM s) {}",
+                fence_upsert("l", &format!("{} IS NOT NULL", set_guard("$2")))
+            ),
+            row_unlock: format!(
+                "SELECT pg_advisory_unlock({key}) FROM (SELECT {}) g",
+                set_guard("'0'")
+            ),
+            row_guard: format!("SELECT {}", set_guard("$1")),
+            // The session holding the advisory lock of this name (a bigint key shows as
+            // classid = high half, objid = low half, objsubid = 1).
+            revoke_row: format!(
+                "SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
+                 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+                   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                   AND ((l.classid::int8 << 32) | l.objid::int8) = {key} \
+                   AND l.pid <> pg_backend_pid()"
+            ),
+            // Read first: the upsert runs only when the row is free (or already ours: a retry of
+            // an attempt whose answer was lost), so a failed attempt writes and locks nothing.
+            // The second column is the current holder's remaining time, for the waiter's sleep.
             lease_acquire: format!(
-                "WITH won AS (\
+                "WITH cur AS MATERIALIZED (\
+                   SELECT owner, EXTRACT(EPOCH FROM (expires_at - clock_timestamp()))::float8 AS remaining \
+                   FROM {t} WHERE name = $1), \
+                 busy AS MATERIALIZED (SELECT remaining FROM cur \
+                   WHERE owner IS NOT NULL AND owner <> $2 AND remaining > 0), \
+                 won AS (\
                    INSERT INTO {t} AS l (name, owner, fence, expires_at) \
-                   VALUES ($1, $2, 1, clock_timestamp() + $3::float8 * interval '1 microsecond') \
+                   SELECT $1, $2, 1, clock_timestamp() + $3::float8 * interval '1 microsecond' \
+                   WHERE NOT EXISTS (SELECT 1 FROM busy) \
                    ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, fence = l.fence + 1, \
                      expires_at = EXCLUDED.expires_at \
-                   WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp() \
+                   WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp() OR l.owner = EXCLUDED.owner \
                    RETURNING l.fence) \
-                 SELECT (SELECT fence FROM won) AS fence, \
-                   (SELECT EXTRACT(EPOCH FROM (expires_at - clock_timestamp()))::float8 \
-                      FROM {t} WHERE name = $1 AND owner IS NOT NULL) AS remaining"
+                 SELECT (SELECT fence FROM won) AS fence, (SELECT remaining FROM busy) AS remaining"
             ),
             lease_extend: format!(
                 "UPDATE {t} SET expires_at = clock_timestamp() + $3::float8 * interval '1 microsecond' \
                  WHERE name = $1 AND owner = $2 AND expires_at > clock_timestamp()"
             ),
-            // The row (and its fencing counter) stays; the notification goes out on commit.
+            // The row (and its fencing counter) stays; a notification goes out on commit only
+            // if a waiter announced itself (NOTIFY serialises commits on a global queue lock).
             lease_release: format!(
                 "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = 'epoch' \
-                   WHERE name = $1 AND owner = $2 AND expires_at > clock_timestamp() RETURNING name), \
-                 n AS (SELECT pg_notify($3, name) FROM r) \
+                   WHERE name = $1 AND owner = $2 AND expires_at > clock_timestamp() \
+                   RETURNING name, wait_until), \
+                 n AS (SELECT pg_notify($3, name) FROM r WHERE wait_until > clock_timestamp()) \
                  SELECT (SELECT count(*) FROM r) + 0 * (SELECT count(*) FROM n)"
+            ),
+            lease_wait_mark: format!(
+                "UPDATE {t} SET wait_until = greatest(wait_until, \
+                   clock_timestamp() + $2::float8 * interval '1 microsecond') WHERE name = $1"
             ),
             revoke_lease: format!(
                 "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = 'epoch' \
-                   WHERE name = $1 AND owner IS NOT NULL AND expires_at > clock_timestamp() RETURNING name), \
-                 n AS (SELECT pg_notify($2, name) FROM r) \
+                   WHERE name = $1 AND owner IS NOT NULL AND expires_at > clock_timestamp() \
+                   RETURNING name, wait_until), \
+                 n AS (SELECT pg_notify($2, name) FROM r WHERE wait_until > clock_timestamp()) \
                  SELECT (SELECT count(*) FROM r) + 0 * (SELECT count(*) FROM n)"
-            ),
-            // A FOR UPDATE locker stamps its transaction id into the row's xmax and holds an
-            // exclusive lock on that id: that finds the holding backend.
-            revoke_row: format!(
-                "SELECT pg_terminate_backend(l.pid) FROM {t} t JOIN pg_locks l \
-                   ON l.locktype = 'transactionid' AND l.transactionid = t.xmax \
-                   AND l.mode = 'ExclusiveLock' AND l.granted \
-                 WHERE t.name = $1 AND l.pid <> pg_backend_pid()"
             ),
         };
         Ok(PgBackend {
             config: config.clone(),
-            pool,
-            admin,
+            conns,
             sql: Arc::new(sql),
-            check_interval,
+            queues: Arc::default(),
+            listen_opts: opts,
             wakeups: OnceCell::new(),
         })
     }
 
-    fn err(&self, what: &str, e: sqlx::Error) -> Error {
-        map_err(&self.config, what, e)
+    pub(crate) async fn ping(&self) -> Result<()> {
+        self.conns
+            .run(self.conns.bound(), "SELECT 1", |c| {
+                async move { sqlx::raw_sql("SELECT 1").execute(c).await.map(|_| ()) }.boxed()
+            })
+            .await
     }
 
-    pub(crate) async fn ping(&self) -> Result<()> {
-        sqlx::query("SELECT 1")
-            .execute(&self.pool)
+    /// The bare primitive of the strategy: row-lock `pg_advisory_lock` then `pg_advisory_unlock`
+    /// on one connection; lease: an insert and a delete of a row.
+    pub(crate) async fn bare_cycle(&self, name: &LockName) -> Result<()> {
+        let name = name.as_str().to_owned();
+        let t = self.config.table.clone();
+        let row_lock = self.config.strategy == Strategy::RowLock;
+        self.conns
+            .run(self.conns.bound(), "bare cycle", move |c| {
+                let name = name.clone();
+                let t = t.clone();
+                async move {
+                    if row_lock {
+                        sqlx::query("SELECT pg_advisory_lock(hashtext($1))")
+                            .bind(&name)
+                            .execute(&mut *c)
+                            .await?;
+                        sqlx::query("SELECT pg_advisory_unlock(hashtext($1))")
+                            .bind(&name)
+                            .execute(&mut *c)
+                            .await?;
+                    } else {
+                        let bare = format!("{name}\u{1}bare");
+                        sqlx::query(AssertSqlSafe(format!(
+                            "INSERT INTO {t} (name, owner) VALUES ($1, 'bare')"
+                        )))
+                        .bind(&bare)
+                        .execute(&mut *c)
+                        .await?;
+                        sqlx::query(AssertSqlSafe(format!("DELETE FROM {t} WHERE name = $1")))
+                            .bind(&bare)
+                            .execute(&mut *c)
+                            .await?;
+                    }
+                    Ok(())
+                }
+                .boxed()
+            })
             .await
-            .map(|_| ())
-            .map_err(|e| self.err("SELECT 1", e))
+    }
+
+    /// Transactions the server has finished (committed + rolled back), from
+    /// `pg_stat_database`: every statement of this crate is one. Sessions publish their counts
+    /// at most once a second, so read it a second after the load stops.
+    pub(crate) async fn server_requests(&self) -> Result<u64> {
+        self.conns
+            .run(self.conns.bound(), "reading pg_stat_database", |c| {
+                async move {
+                    let n: i64 = sqlx::query_scalar(
+                        "SELECT (sum(xact_commit) + sum(xact_rollback))::int8 FROM pg_stat_database",
+                    )
+                    .fetch_one(c)
+                    .await?;
+                    Ok(n as u64)
+                }
+                .boxed()
+            })
+            .await
     }
 
     pub(crate) async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
         match self.config.strategy {
             Strategy::RowLock => self.row_acquire(req, None, true).await,
-            Strategy::Lease => Ok(self.lease_attempt(req).await?.0),
+            Strategy::Lease => Ok(self.lease_attempt(req, self.conns.bound()).await?.0),
         }
     }
 
@@ -189,23 +323,38 @@ impl PgBackend {
     }
 
     pub(crate) async fn revoke(&self, name: &LockName) -> Result<bool> {
+        let name = name.as_str().to_owned();
+        let table = self.config.table.clone();
         match self.config.strategy {
             Strategy::Lease => {
-                let n: i64 = sqlx::query_scalar(AssertSqlSafe(self.sql.revoke_lease.clone()))
-                    .bind(name.as_str())
-                    .bind(&self.config.table)
-                    .fetch_one(&self.admin)
-                    .await
-                    .map_err(|e| self.err("revoking a lease", e))?;
+                let sql = self.sql.revoke_lease.clone();
+                let n: i64 = self
+                    .conns
+                    .run(self.conns.bound(), "revoking a lease", move |c| {
+                        sqlx::query_scalar(AssertSqlSafe(sql.clone()))
+                            .bind(name.clone())
+                            .bind(table.clone())
+                            .fetch_one(c)
+                            .boxed()
+                    })
+                    .await?;
                 Ok(n > 0)
             }
             Strategy::RowLock => {
-                let killed: Vec<bool> =
-                    sqlx::query_scalar(AssertSqlSafe(self.sql.revoke_row.clone()))
-                        .bind(name.as_str())
-                        .fetch_all(&self.admin)
-                        .await
-                        .map_err(|e| self.err("terminating a row lock's holder", e))?;
+                let sql = self.sql.revoke_row.clone();
+                let killed: Vec<bool> = self
+                    .conns
+                    .run(
+                        self.conns.bound(),
+                        "terminating a row lock's holder",
+                        move |c| {
+                            sqlx::query_scalar(AssertSqlSafe(sql.clone()))
+                                .bind(name.clone())
+                                .fetch_all(c)
+                                .boxed()
+                        },
+                    )
+                    .await?;
                 Ok(killed.into_iter().any(|k| k))
             }
         }
@@ -213,101 +362,107 @@ impl PgBackend {
 
     // ---- row-lock ----
 
+    /// One statement: the advisory lock (tried, or waited for until `deadline` with
+    /// `lock_timeout`), the server-side guard, and the fencing counter bumped and committed.
     async fn row_acquire(
         &self,
         req: &AcquireRequest,
         deadline: Option<Instant>,
         nowait: bool,
     ) -> Result<Option<Acquired>> {
-        let conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| self.err("taking a connection from the pool", e))?;
-        // From here on, an error or a cancellation closes the connection (and so its
-        // transaction and its place in the lock queue) instead of returning it to the pool.
-        let mut pending = Pending::<Postgres>::new(conn);
-        let guard_ms = guard_timeout(req.ttl).as_millis();
-        for _ in 0..3 {
-            let mut begin =
-                format!("BEGIN; SET LOCAL idle_in_transaction_session_timeout = '{guard_ms}ms'");
-            if !nowait {
-                // 0 = no timeout. The waiter sleeps in the server's queue; lock_timeout ends it at
-                // the deadline.
-                let ms = deadline.map_or(0, |d| {
-                    d.saturating_duration_since(Instant::now())
-                        .as_millis()
-                        .max(1)
-                });
-                begin.push_str(&format!("; SET LOCAL lock_timeout = '{ms}ms'"));
+        // This client's other waiters for the name queue here, not on the server.
+        let _turn = if nowait {
+            None
+        } else {
+            match self.queues.enter(req.name.as_str(), deadline).await {
+                Some(t) => Some(t),
+                None => return Ok(None),
             }
-            if self.check_interval {
-                begin.push_str("; SET LOCAL client_connection_check_interval = '250ms'");
-            }
-            exec::<Postgres>(pending.conn(), begin)
-                .await
-                .map_err(|e| self.err("beginning the lock transaction", e))?;
-            let sql = if nowait {
-                &self.sql.lock_nowait
-            } else {
-                &self.sql.lock_wait
+        };
+        let guard_ms = ms(guard_timeout(req.ttl));
+        loop {
+            // Not counted against pool_max: a holder keeps this connection.
+            let mut c = match self.conns.get(self.conns.bound_by(deadline), false).await {
+                Ok(c) => c,
+                Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
+                Err(e) => return Err(e),
             };
             let sent_at = Instant::now();
-            let res: sqlx::Result<Option<i64>> = sqlx::query_scalar(AssertSqlSafe(sql.clone()))
-                .bind(req.name.as_str())
-                .fetch_optional(pending.conn())
-                .await;
+            let q = if nowait {
+                sqlx::query_scalar::<_, i64>(AssertSqlSafe(self.sql.row_try.clone()))
+                    .bind(req.name.as_str())
+                    .bind(&guard_ms)
+            } else {
+                let timeout = deadline.map_or("0".to_owned(), |d| {
+                    ms(d.saturating_duration_since(Instant::now()))
+                });
+                sqlx::query_scalar::<_, i64>(AssertSqlSafe(self.sql.row_wait.clone()))
+                    .bind(req.name.as_str())
+                    .bind(&guard_ms)
+                    .bind(timeout)
+            };
+            // A try is bounded by the operation timeout; a wait by the caller's deadline only
+            // (the server's lock_timeout ends it there; this cuts off a database that stopped
+            // answering). A cut-off or dropped statement closes the connection with `c`, and
+            // the server frees whatever the session held.
+            let bound = if nowait {
+                Some(self.conns.bound())
+            } else {
+                deadline
+            };
+            let res = match bound {
+                Some(b) => {
+                    match tokio::time::timeout_at(b, q.fetch_optional(&mut c.conn.raw)).await {
+                        Ok(r) => r,
+                        Err(_) if !nowait => return Ok(None),
+                        Err(_) => return Err(self.conns.timed_out("trying a row lock")),
+                    }
+                }
+                None => q.fetch_optional(&mut c.conn.raw).await,
+            };
             match res {
                 Ok(Some(fence)) => {
                     // After a wait in the server's queue the grant came long after the request:
-                    // the validity is counted from a round trip sent after the grant instead
-                    // (the lock, and the server's idle guard, hold from then on).
-                    let sent_at = if sent_at.elapsed() > Duration::from_millis(20) {
-                        let at = Instant::now();
-                        sqlx::Connection::ping(pending.conn())
-                            .await
-                            .map_err(|e| self.err("checking the holding connection", e))?;
-                        at
+                    // the validity counts from the answer instead. Safe without another round
+                    // trip: the lock lives as long as the session, and the server's idle guard
+                    // (ttl + 1 s) starts at the statement's end, before the answer arrives.
+                    let now = Instant::now();
+                    let sent_at = if now - sent_at > Duration::from_millis(20) {
+                        now - Duration::from_millis(1)
                     } else {
                         sent_at
                     };
-                    let conn = pending.disarm();
+                    c.hold();
+                    let holding = PgHolding {
+                        conn: Some(c),
+                        conns: self.conns.clone(),
+                        sql: self.sql.clone(),
+                        name: req.name.as_str().to_owned(),
+                    };
                     let lease = RowLease::start(
-                        conn,
+                        Box::new(holding),
                         req.name.clone(),
                         fence as u64,
                         req.ttl,
                         req.lost.clone(),
-                        pg_guard_sql,
                         "postgres",
                     );
                     return Ok(Some(Acquired::new(lease, sent_at)));
                 }
                 Ok(None) => {
-                    // No row yet: create it outside the holding transaction, then lock it.
-                    exec::<Postgres>(pending.conn(), "ROLLBACK".into())
-                        .await
-                        .map_err(|e| self.err("rolling back", e))?;
-                    sqlx::query(AssertSqlSafe(self.sql.insert_row.clone()))
-                        .bind(req.name.as_str())
-                        .execute(pending.conn())
-                        .await
-                        .map_err(|e| self.err("creating the lock row", e))?;
-                }
-                Err(e) if db_code(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) => {
-                    exec::<Postgres>(pending.conn(), "ROLLBACK".into())
-                        .await
-                        .map_err(|e| self.err("rolling back", e))?;
-                    let _conn = pending.disarm();
+                    // Tried and busy: nothing held, the session is clean.
+                    self.conns.put(c);
                     return Ok(None);
                 }
-                Err(e) => return Err(self.err("locking the lock row", e)),
+                Err(e) if db_code(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+                    self.conns.put(c);
+                    return Ok(None);
+                }
+                // A reused idle connection was dead (server restarted): once more, new.
+                Err(e) if is_conn_err(&e) && c.reused => continue,
+                Err(e) => return Err(map_err(&self.config, "taking a row lock", e)),
             }
         }
-        Err(Error::new(
-            lockcore::ErrorKind::Backend,
-            "the lock row disappeared repeatedly while being locked",
-        ))
     }
 
     // ---- lease ----
@@ -316,24 +471,31 @@ impl PgBackend {
     async fn lease_attempt(
         &self,
         req: &AcquireRequest,
+        bound: Instant,
     ) -> Result<(Option<Acquired>, Option<Duration>)> {
         let token = req.token.to_hex();
+        let sql = self.sql.lease_acquire.clone();
+        let name = req.name.as_str().to_owned();
+        let ttl = req.ttl.as_micros() as f64;
         let sent_at = Instant::now();
-        let (fence, remaining): (Option<i64>, Option<f64>) =
-            sqlx::query_as(AssertSqlSafe(self.sql.lease_acquire.clone()))
-                .bind(req.name.as_str())
-                .bind(&token)
-                .bind(req.ttl.as_micros() as f64)
-                .fetch_one(&self.pool)
-                .await
-                .map_err(|e| self.err("acquiring a lease", e))?;
+        let (fence, remaining): (Option<i64>, Option<f64>) = self
+            .conns
+            .run(bound, "acquiring a lease", move |c| {
+                sqlx::query_as(AssertSqlSafe(sql.clone()))
+                    .bind(name.clone())
+                    .bind(token.clone())
+                    .bind(ttl)
+                    .fetch_one(c)
+                    .boxed()
+            })
+            .await?;
         match fence {
             Some(f) => Ok((
                 Some(Acquired::new(
                     PgLease {
-                        pool: self.pool.clone(),
-                        config: self.config.clone(),
+                        conns: self.conns.clone(),
                         sql: self.sql.clone(),
+                        table: self.config.table.clone(),
                         name: req.name.clone(),
                         token: req.token,
                         fencing: f as u64,
@@ -367,7 +529,11 @@ impl PgBackend {
     }
 
     async fn start_listener(&self) -> sqlx::Result<Wakeups> {
-        let mut listener = PgListener::connect_with(&self.pool).await?;
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(self.config.op_timeout)
+            .connect_lazy_with(self.listen_opts.clone());
+        let mut listener = PgListener::connect_with(&pool).await?;
         listener.listen(&self.config.table).await?;
         let (tx, _) = broadcast::channel(256);
         let (stop, mut stopped) = oneshot::channel::<()>();
@@ -391,8 +557,31 @@ impl PgBackend {
         Ok(Wakeups { tx, _stop: stop })
     }
 
+    /// Announces a waiter on `name` until `until` (releases then notify).
+    async fn mark_waiting(
+        &self,
+        req: &AcquireRequest,
+        until: Duration,
+        bound: Instant,
+    ) -> Result<()> {
+        let sql = self.sql.lease_wait_mark.clone();
+        let name = req.name.as_str().to_owned();
+        let us = until.as_micros() as f64;
+        self.conns
+            .run(bound, "announcing a lease waiter", move |c| {
+                sqlx::query(AssertSqlSafe(sql.clone()))
+                    .bind(name.clone())
+                    .bind(us)
+                    .execute(c)
+                    .map(|r| r.map(|_| ()))
+                    .boxed()
+            })
+            .await
+    }
+
     /// Waits for a lease: tries, then sleeps until a release NOTIFY for this name, the holder's
-    /// expiry (as the database computed it), a capped safety poll, or the deadline.
+    /// expiry (as the database computed it), a capped safety poll, or the deadline. Every
+    /// statement is bounded by the deadline and the operation timeout.
     async fn lease_wait(
         &self,
         req: &AcquireRequest,
@@ -404,14 +593,34 @@ impl PgBackend {
         let mut rx = wakeups.as_ref().map(|w| w.tx.subscribe());
         let backoff = lockcore::backend::Backoff::for_ttl(req.ttl);
         let mut attempt = 0u32;
+        let mut marked_until: Option<Instant> = None;
         loop {
-            let (acquired, remaining) = self.lease_attempt(req).await?;
+            let bound = self.conns.bound_by(deadline);
+            let (acquired, remaining) = match self.lease_attempt(req, bound).await {
+                Ok(r) => r,
+                Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
+                Err(e) => return Err(e),
+            };
             if acquired.is_some() {
                 return Ok(acquired);
             }
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);
+            }
+            if rx.is_some() && marked_until.is_none_or(|m| m <= now + SAFETY_POLL) {
+                let horizon = deadline.map_or(WAIT_MARK, |d| (d - now).min(WAIT_MARK))
+                    + Duration::from_secs(1);
+                match self
+                    .mark_waiting(req, horizon, self.conns.bound_by(deadline))
+                    .await
+                {
+                    Ok(()) => marked_until = Some(now + horizon),
+                    Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
+                    Err(e) => return Err(e),
+                }
+                // A release between the attempt and the mark sent no notification.
+                continue;
             }
             let cap = if rx.is_some() {
                 SAFETY_POLL
@@ -444,18 +653,60 @@ impl PgBackend {
     }
 }
 
-/// Resets the server-side guard: a holder silent for `ttl + 1 s` has its session ended.
-fn pg_guard_sql(ttl: Duration) -> String {
-    format!(
-        "SET LOCAL idle_in_transaction_session_timeout = '{}ms'",
-        guard_timeout(ttl).as_millis()
-    )
+/// A connection holding a PostgreSQL row lock (its session advisory lock).
+struct PgHolding {
+    conn: Option<Checked<PgConnectOptions, ()>>,
+    conns: Arc<PgConns>,
+    sql: Arc<Sql>,
+    name: String,
+}
+
+impl PgHolding {
+    fn raw(&mut self) -> &mut PgConnection {
+        &mut self
+            .conn
+            .as_mut()
+            .expect("holding connection present")
+            .conn
+            .raw
+    }
+}
+
+#[lockcore::backend::async_trait]
+impl Holding for PgHolding {
+    async fn ping(&mut self) -> sqlx::Result<()> {
+        self.raw().ping().await
+    }
+
+    async fn set_guard(&mut self, ttl: Duration) -> sqlx::Result<()> {
+        let sql = self.sql.row_guard.clone();
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(ms(guard_timeout(ttl)))
+            .execute(self.raw())
+            .await
+            .map(|_| ())
+    }
+
+    async fn unlock(&mut self) -> sqlx::Result<bool> {
+        let sql = self.sql.row_unlock.clone();
+        let name = self.name.clone();
+        sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(name)
+            .fetch_one(self.raw())
+            .await
+    }
+
+    fn recycle(mut self: Box<Self>) {
+        if let Some(c) = self.conn.take() {
+            self.conns.put(c);
+        }
+    }
 }
 
 struct PgLease {
-    pool: PgPool,
-    config: Config,
+    conns: Arc<PgConns>,
     sql: Arc<Sql>,
+    table: String,
     name: LockName,
     token: OwnerToken,
     fencing: u64,
@@ -478,25 +729,42 @@ impl Lease for PgLease {
     }
 
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
-        let r = sqlx::query(AssertSqlSafe(self.sql.lease_extend.clone()))
-            .bind(self.name.as_str())
-            .bind(self.token.to_hex())
-            .bind(ttl.as_micros() as f64)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map_err(&self.config, "extending a lease", e))?;
-        crate::owner_checked(r.rows_affected() as u64)?;
+        let sql = self.sql.lease_extend.clone();
+        let name = self.name.as_str().to_owned();
+        let token = self.token.to_hex();
+        let us = ttl.as_micros() as f64;
+        let n = self
+            .conns
+            .run(self.conns.bound(), "extending a lease", move |c| {
+                sqlx::query(AssertSqlSafe(sql.clone()))
+                    .bind(name.clone())
+                    .bind(token.clone())
+                    .bind(us)
+                    .execute(c)
+                    .map(|r| r.map(|r| r.rows_affected()))
+                    .boxed()
+            })
+            .await?;
+        crate::owner_checked(n)?;
         Ok(ttl)
     }
 
     async fn release(&self) -> Result<()> {
-        let n: i64 = sqlx::query_scalar(AssertSqlSafe(self.sql.lease_release.clone()))
-            .bind(self.name.as_str())
-            .bind(self.token.to_hex())
-            .bind(&self.config.table)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| map_err(&self.config, "releasing a lease", e))?;
+        let sql = self.sql.lease_release.clone();
+        let name = self.name.as_str().to_owned();
+        let token = self.token.to_hex();
+        let table = self.table.clone();
+        let n: i64 = self
+            .conns
+            .run(self.conns.bound(), "releasing a lease", move |c| {
+                sqlx::query_scalar(AssertSqlSafe(sql.clone()))
+                    .bind(name.clone())
+                    .bind(token.clone())
+                    .bind(table.clone())
+                    .fetch_one(c)
+                    .boxed()
+            })
+            .await?;
         crate::owner_checked(n as u64)
     }
 }

@@ -1,109 +1,59 @@
-//! What the row-lock strategy shares between PostgreSQL and MySQL: the connection of a pending
-//! acquisition (closed if the acquisition does not complete), and the held lease (a connection
-//! with an open transaction, watched by a health check).
+//! What the row-lock strategy shares between PostgreSQL and MySQL: the held lease (a connection
+//! holding a session lock, watched by a health check) and the per-name queue that keeps this
+//! client's waiters for one name to a single server-side waiter.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use lockcore::backend::{Lease, LostNotifier};
-use lockcore::{Error, LockName, LostReason, Result};
-use sqlx::pool::PoolConnection;
-use sqlx::{AssertSqlSafe, Connection, Database, Executor};
+use lockcore::{Error, Instant, LockName, LostReason, Result};
 use tokio::sync::Mutex;
 
-/// Run before a pending connection is dropped, to end a lock wait the server would not notice
-/// the client has given up (MySQL keeps waiting after the socket closes).
-pub(crate) type Killer = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
-
-/// The connection of an acquisition in progress. If the acquisition does not complete (error,
-/// cancellation, a dropped in-flight query), the connection's state is unknown: it is detached
-/// from the pool and closed, never returned, so the server rolls back its transaction and drops
-/// its place in any lock queue.
-pub(crate) struct Pending<DB: Database> {
-    conn: Option<PoolConnection<DB>>,
-    pub(crate) killer: Option<Killer>,
-}
-
-impl<DB: Database> Pending<DB> {
-    pub(crate) fn new(conn: PoolConnection<DB>) -> Self {
-        Pending {
-            conn: Some(conn),
-            killer: None,
-        }
-    }
-
-    pub(crate) fn conn(&mut self) -> &mut DB::Connection {
-        self.conn.as_mut().expect("pending connection taken")
-    }
-
-    /// The acquisition completed: the connection is handed over intact.
-    pub(crate) fn disarm(mut self) -> PoolConnection<DB> {
-        self.killer = None;
-        self.conn.take().expect("pending connection taken")
-    }
-}
-
-impl<DB: Database> Drop for Pending<DB> {
-    fn drop(&mut self) {
-        let Some(conn) = self.conn.take() else {
-            return;
-        };
-        let raw = conn.detach();
-        let killer = self.killer.take();
-        match (killer, tokio::runtime::Handle::try_current()) {
-            (Some(k), Ok(rt)) => {
-                rt.spawn(async move {
-                    k().await;
-                    drop(raw);
-                });
-            }
-            // Dropping the raw connection closes its socket.
-            _ => drop(raw),
-        }
-    }
-}
-
-/// Runs `sql` (no parameters) on `conn`.
-pub(crate) async fn exec<DB>(conn: &mut DB::Connection, sql: String) -> sqlx::Result<()>
-where
-    DB: Database,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-{
-    sqlx::raw_sql(AssertSqlSafe(sql))
-        .execute(conn)
-        .await
-        .map(|_| ())
+/// The connection that holds a lock, as the lease drives it.
+#[lockcore::backend::async_trait]
+pub(crate) trait Holding: Send + 'static {
+    /// A round trip on the holding connection.
+    async fn ping(&mut self) -> sqlx::Result<()>;
+    /// Moves the server-side idle guard to `ttl + 1 s` (also proves the connection alive).
+    async fn set_guard(&mut self, ttl: Duration) -> sqlx::Result<()>;
+    /// Releases the lock; `Ok(false)` if the session did not hold it.
+    async fn unlock(&mut self) -> sqlx::Result<bool>;
+    /// The lock is released and the session clean: keep the connection for reuse.
+    fn recycle(self: Box<Self>);
 }
 
 /// The state of a held row lock shared by the lease and its health check.
-struct Held<DB: Database> {
-    /// The holding connection, with its transaction open; `None` once released or lost.
-    conn: Mutex<Option<PoolConnection<DB>>>,
+struct Held {
+    /// The holding connection; `None` once released or lost.
+    conn: Mutex<Option<Box<dyn Holding>>>,
     lost: LostNotifier,
-    /// Makes the statement that resets the server-side guard to a new TTL.
-    guard_sql: fn(Duration) -> String,
-    /// The server-side guard of the current TTL, for the abandoned-lease backstop.
-    guard: std::sync::Mutex<Duration>,
+    /// The TTL in force (the server-side guard is this + 1 s).
+    ttl: std::sync::Mutex<Duration>,
     label: &'static str,
 }
 
-/// How long one health check or renewal may take before the connection counts as lost.
-const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
+/// How often the health check pings a holding connection: the longest a holder takes to learn
+/// that the server ended its session (an administrator's kill, a restart). A silent network
+/// adds [`check_timeout`](crate::conns::check_timeout).
+pub(crate) fn check_interval(ttl: Duration) -> Duration {
+    (ttl / 4).clamp(Duration::from_millis(20), Duration::from_millis(500))
+}
 
-impl<DB> Held<DB>
-where
-    DB: Database,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-{
+impl Held {
+    fn ttl(&self) -> Duration {
+        *self.ttl.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Pings the holding connection; on failure the lock is gone with it.
     async fn check(&self) -> bool {
         let mut slot = self.conn.lock().await;
         let Some(conn) = slot.as_mut() else {
             return false;
         };
-        match tokio::time::timeout(CHECK_TIMEOUT, conn.ping()).await {
+        let limit = crate::conns::check_timeout(self.ttl());
+        match tokio::time::timeout(limit, conn.ping()).await {
             Ok(Ok(())) => true,
             outcome => {
                 tracing::warn!(
@@ -112,9 +62,8 @@ where
                     "row-lock holding connection failed its health check; the lock is lost"
                 );
                 self.lost.fire(LostReason::ConnectionLost);
-                if let Some(c) = slot.take() {
-                    drop(c.detach());
-                }
+                // Dropped: the connection closes.
+                slot.take();
                 false
             }
         }
@@ -122,13 +71,13 @@ where
 }
 
 /// A held row lock.
-pub(crate) struct RowLease<DB: Database> {
-    held: Arc<Held<DB>>,
+pub(crate) struct RowLease {
+    held: Arc<Held>,
     name: LockName,
     fencing: u64,
 }
 
-impl<DB: Database> fmt::Debug for RowLease<DB> {
+impl fmt::Debug for RowLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RowLease")
             .field("backend", &self.held.label)
@@ -138,33 +87,27 @@ impl<DB: Database> fmt::Debug for RowLease<DB> {
     }
 }
 
-impl<DB> RowLease<DB>
-where
-    DB: Database,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-{
+impl RowLease {
     /// Wraps the holding connection and starts its health check, which pings it every
-    /// `min(ttl/3, 1 s)` until the guard is gone, and fires `ConnectionLost` when it fails.
+    /// [`check_interval`] until the guard is gone, and fires `ConnectionLost` when it fails.
     pub(crate) fn start(
-        conn: PoolConnection<DB>,
+        conn: Box<dyn Holding>,
         name: LockName,
         fencing: u64,
         ttl: Duration,
         lost: LostNotifier,
-        guard_sql: fn(Duration) -> String,
         label: &'static str,
     ) -> Self {
         let held = Arc::new(Held {
             conn: Mutex::new(Some(conn)),
             lost: lost.clone(),
-            guard_sql,
-            guard: std::sync::Mutex::new(crate::guard_timeout(ttl)),
+            ttl: std::sync::Mutex::new(ttl),
             label,
         });
-        let interval = (ttl / 3).clamp(Duration::from_millis(20), Duration::from_secs(1));
         let watched = held.clone();
         tokio::spawn(async move {
             loop {
+                let interval = check_interval(watched.ttl());
                 tokio::select! {
                     _ = lost.closed() => return,
                     _ = tokio::time::sleep(interval) => {}
@@ -180,14 +123,16 @@ where
             fencing,
         }
     }
+
+    fn failed(&self, why: String) -> Error {
+        Error::not_held(format!(
+            "the row lock's connection failed ({why}); the server released the lock"
+        ))
+    }
 }
 
 #[lockcore::backend::async_trait]
-impl<DB> Lease for RowLease<DB>
-where
-    DB: Database,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-{
+impl Lease for RowLease {
     fn fencing_token(&self) -> Option<u64> {
         Some(self.fencing)
     }
@@ -201,25 +146,19 @@ where
                 "the row lock was released or its connection was lost",
             ));
         };
-        let sql = (self.held.guard_sql)(ttl);
-        match tokio::time::timeout(CHECK_TIMEOUT, exec::<DB>(conn, sql)).await {
+        let limit = crate::conns::check_timeout(ttl.max(self.held.ttl()));
+        match tokio::time::timeout(limit, conn.set_guard(ttl)).await {
             Ok(Ok(())) => {
-                *self.held.guard.lock().unwrap_or_else(|e| e.into_inner()) =
-                    crate::guard_timeout(ttl);
+                *self.held.ttl.lock().unwrap_or_else(|e| e.into_inner()) = ttl;
                 Ok(ttl)
             }
             outcome => {
                 self.held.lost.fire(LostReason::ConnectionLost);
-                if let Some(c) = slot.take() {
-                    drop(c.detach());
-                }
-                let why = match outcome {
+                slot.take();
+                Err(self.failed(match outcome {
                     Ok(Err(e)) => e.to_string(),
                     _ => "timed out".to_owned(),
-                };
-                Err(Error::not_held(format!(
-                    "the row lock's connection failed ({why}); the server released the lock"
-                )))
+                }))
             }
         }
     }
@@ -230,24 +169,25 @@ where
                 "the row lock was released or its connection was lost",
             ));
         };
-        // Nothing was written in the holding transaction: rolling back just drops the lock.
-        match tokio::time::timeout(CHECK_TIMEOUT, exec::<DB>(&mut conn, "ROLLBACK".into())).await {
-            Ok(Ok(())) => Ok(()),
-            outcome => {
-                drop(conn.detach());
-                let why = match outcome {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "timed out".to_owned(),
-                };
-                Err(Error::not_held(format!(
-                    "the row lock's connection failed ({why}); the server released the lock"
-                )))
+        let limit = crate::conns::check_timeout(self.held.ttl()) * 3;
+        match tokio::time::timeout(limit, conn.unlock()).await {
+            Ok(Ok(true)) => {
+                conn.recycle();
+                Ok(())
             }
+            // Not ours on this session (cannot happen while the session lives): close it.
+            Ok(Ok(false)) => Err(Error::not_held(
+                "the session no longer held the lock; the server released it",
+            )),
+            outcome => Err(self.failed(match outcome {
+                Ok(Err(e)) => e.to_string(),
+                _ => "timed out".to_owned(),
+            })),
         }
     }
 }
 
-impl<DB: Database> Drop for RowLease<DB> {
+impl Drop for RowLease {
     /// Dropped without release (an abandoned guard, as a wedged process would leave it): the
     /// connection is kept open but silent, so the server-side guard ends the session after
     /// `ttl + 1 s`. A client-side backstop closes it well after that in any case.
@@ -260,10 +200,68 @@ impl<DB: Database> Drop for RowLease<DB> {
             let Some(conn) = held.conn.lock().await.take() else {
                 return;
             };
-            let raw = conn.detach();
-            let guard = *held.guard.lock().unwrap_or_else(|e| e.into_inner());
+            let guard = crate::guard_timeout(held.ttl());
             tokio::time::sleep(guard * 2 + Duration::from_secs(10)).await;
-            drop(raw);
+            drop(conn);
         });
+    }
+}
+
+/// This client's waiters per name: only the first waits in the server's queue (on a connection
+/// of its own), the others wait here in arrival order. So many waiters on one busy name take
+/// one connection, not one each, and cannot use up the server's connections for other names.
+#[derive(Default)]
+pub(crate) struct Queues {
+    names: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
+}
+
+/// The turn of the waiter at the head of its name's queue.
+pub(crate) struct Turn {
+    queues: Arc<Queues>,
+    name: String,
+    slot: Arc<Mutex<()>>,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Queues {
+    /// Waits for this caller's turn on `name` until `deadline`; `None` when it ran out.
+    ///
+    /// Cancel safe: a dropped wait leaves the queue.
+    pub(crate) async fn enter(
+        self: &Arc<Self>,
+        name: &str,
+        deadline: Option<Instant>,
+    ) -> Option<Turn> {
+        let slot = self
+            .names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(name.to_owned())
+            .or_default()
+            .clone();
+        let mut turn = Turn {
+            queues: self.clone(),
+            name: name.to_owned(),
+            slot: slot.clone(),
+            guard: None,
+        };
+        let lock = slot.lock_owned();
+        let guard = match deadline {
+            Some(d) => tokio::time::timeout_at(d, lock).await.ok()?,
+            None => lock.await,
+        };
+        turn.guard = Some(guard);
+        Some(turn)
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.guard.take();
+        let mut names = self.queues.names.lock().unwrap_or_else(|e| e.into_inner());
+        // Ours and the map's: nobody else waits or holds the turn.
+        if Arc::strong_count(&self.slot) == 2 {
+            names.remove(&self.name);
+        }
     }
 }
