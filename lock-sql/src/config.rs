@@ -303,7 +303,7 @@ mod tests {
             for shown in [
                 c.redacted.clone(),
                 format!("{c:?}"),
-                c.scrub(format!("error: password hunter2@x / hunter2%40x rejected")),
+                c.scrub("error: password hunter2@x / hunter2%40x rejected".to_string()),
             ] {
                 assert!(!shown.contains("hunter2"), "{url}: {shown}");
             }

@@ -118,7 +118,7 @@ pub struct SqlBackend {
 
 enum Inner {
     #[cfg(feature = "postgres")]
-    Pg(pg::PgBackend),
+    Pg(Box<pg::PgBackend>),
     #[cfg(feature = "mysql")]
     My(mysql::MyBackend),
     #[cfg(feature = "sqlite")]
@@ -149,7 +149,7 @@ impl SqlBackend {
         let config = Config::parse(url)?;
         let inner = match config.dialect {
             #[cfg(feature = "postgres")]
-            Dialect::Postgres => Inner::Pg(pg::PgBackend::connect(&config).await?),
+            Dialect::Postgres => Inner::Pg(Box::new(pg::PgBackend::connect(&config).await?)),
             #[cfg(feature = "mysql")]
             Dialect::MySql => Inner::My(mysql::MyBackend::connect(&config).await?),
             #[cfg(feature = "sqlite")]
