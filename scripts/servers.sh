@@ -622,8 +622,9 @@ start_all() {
 print_env() {
   local q=() p
   for p in "${REDLOCK_PORTS[@]}"; do q+=("redis://127.0.0.1:$p"); done
-  local redlock cluster='' zk_pid='' redis_pid=''
+  local redlock redlock_hosts=() cluster='' zk_pid='' redis_pid=''
   redlock=$(IFS=,; echo "${q[*]}")
+  for p in "${REDLOCK_PORTS[@]}"; do redlock_hosts+=("127.0.0.1:$p"); done
   for p in "${CLUSTER_PORTS[@]}"; do cluster+="${cluster:+,}127.0.0.1:$p"; done
   [[ -f $DIR/zk/zk.pid ]] && zk_pid=$(tr -dc 0-9 <"$DIR/zk/zk.pid")
   [[ -f $DIR/redis/$REDIS_PORT/redis.pid ]] && redis_pid=$(tr -dc 0-9 <"$DIR/redis/$REDIS_PORT/redis.pid")
@@ -635,6 +636,7 @@ print_env() {
     "LOCK_TEST_SERVERS_DIR=$DIR"
     "LOCK_TEST_REDIS_URL=redis://127.0.0.1:$REDIS_PORT"
     "LOCK_TEST_REDLOCK_URLS=$redlock"
+    "LOCK_TEST_REDLOCK_URL=redlock://$(IFS=,; echo "${redlock_hosts[*]}")"
     "LOCK_TEST_REDIS_AUTH_URL=redis://:$(urlencode "$REDIS_REQUIREPASS")@127.0.0.1:$REDIS_AUTH_PORT"
     "LOCK_TEST_REDIS_ACL_URL=redis://$REDIS_ACL_USER:$(urlencode "$REDIS_ACL_PASS")@127.0.0.1:$REDIS_AUTH_PORT"
     "LOCK_TEST_REDIS_TLS_URL=rediss://127.0.0.1:$REDIS_TLS_PORT"

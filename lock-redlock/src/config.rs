@@ -1,0 +1,217 @@
+//! Parsing of `redlock://` URLs into one `lock_redis` node configuration per master: each
+//! comma-separated node becomes a `redis://` URL parsed by lock-redis itself, so host, password,
+//! database and parameter rules are exactly the Redis backend's.
+
+use std::time::Duration;
+
+use lock_redis::node;
+use lockcore::{Error, Result};
+
+/// A parsed `redlock://` URL.
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    /// One configuration per master, in URL order.
+    pub nodes: Vec<node::Config>,
+    /// How long one node may take to answer one request before its vote counts as lost.
+    pub node_timeout: Duration,
+    /// The key prefix (the same on every node).
+    pub namespace: String,
+    /// The notified waiter's safety-net poll.
+    pub poll: Duration,
+    /// How long connecting to one node may take.
+    pub connect_timeout: Duration,
+    /// The URL with every password replaced by `***`.
+    pub redacted: String,
+}
+
+fn bad(msg: impl std::fmt::Display) -> Error {
+    // Never echo the URL itself: it may carry passwords.
+    Error::invalid_config(format!("invalid redlock URL: {msg}"))
+}
+
+impl Config {
+    /// Parses `redlock[s]://[[user]:pw@]h1[:p1],[[user]:pw@]h2[:p2],...[/db][?params]`.
+    pub(crate) fn parse(url: &str) -> Result<Config> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad("expected redlock://host:port,host:port,..."))?;
+        let node_scheme = match scheme.to_ascii_lowercase().as_str() {
+            "redlock" => "redis",
+            "redlocks" => "rediss",
+            _ => return Err(bad("the scheme must be redlock or redlocks")),
+        };
+        if rest.contains('#') {
+            return Err(bad("fragments (`#...`) are not supported"));
+        }
+        let (before_query, query) = match rest.split_once('?') {
+            Some((b, q)) => (b, q),
+            None => (rest, ""),
+        };
+        let (authority, path) = match before_query.find('/') {
+            Some(i) => (&before_query[..i], &before_query[i + 1..]),
+            None => (before_query, ""),
+        };
+        let mut node_timeout = Duration::from_millis(50);
+        let mut node_query = Vec::new();
+        let mut timeout_seen = false;
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let key = pair.split_once('=').map_or(pair, |(k, _)| k);
+            match key {
+                "node_timeout_ms" => {
+                    if std::mem::replace(&mut timeout_seen, true) {
+                        return Err(bad("query parameter `node_timeout_ms` is given twice"));
+                    }
+                    let value = pair.split_once('=').map_or("", |(_, v)| v);
+                    node_timeout = match value.parse::<u64>() {
+                        Ok(ms) if (1..=60_000).contains(&ms) => Duration::from_millis(ms),
+                        _ => {
+                            return Err(bad(
+                                "query parameter `node_timeout_ms` must be a whole number of \
+                                 milliseconds in 1..=60000",
+                            ));
+                        }
+                    };
+                }
+                "min_replicas" | "replica_timeout_ms" => {
+                    return Err(bad(format_args!(
+                        "query parameter `{key}` does not apply to Redlock (its masters have no \
+                         replicas to wait for)"
+                    )));
+                }
+                _ => node_query.push(pair),
+            }
+        }
+        let node_query = node_query.join("&");
+        let mut nodes = Vec::new();
+        for (i, part) in authority.split(',').enumerate() {
+            if part.is_empty() {
+                return Err(bad(format_args!("node {} is empty", i + 1)));
+            }
+            let mut node_url = format!("{node_scheme}://{part}");
+            if !path.is_empty() {
+                node_url.push('/');
+                node_url.push_str(path);
+            }
+            if !node_query.is_empty() {
+                node_url.push('?');
+                node_url.push_str(&node_query);
+            }
+            let cfg = node::Config::parse(&node_url).map_err(|e| {
+                let msg = e.message();
+                let msg = msg.strip_prefix("invalid redis URL: ").unwrap_or(msg);
+                bad(format_args!("node {}: {msg}", i + 1))
+            })?;
+            if cfg.cluster || cfg.nodes.len() != 1 {
+                return Err(bad(format_args!("node {} is not one host", i + 1)));
+            }
+            if nodes
+                .iter()
+                .any(|n: &node::Config| n.nodes[0] == cfg.nodes[0])
+            {
+                return Err(bad(format_args!(
+                    "node {} repeats an earlier node: each master must vote once",
+                    i + 1
+                )));
+            }
+            nodes.push(cfg);
+        }
+        let first = nodes.first().ok_or_else(|| bad("no node given"))?;
+        let (namespace, poll, connect_timeout) =
+            (first.namespace.clone(), first.poll, first.connect_timeout);
+        let redacted = {
+            let hosts: Vec<String> = nodes
+                .iter()
+                .map(|n| {
+                    let (h, p) = &n.nodes[0];
+                    let auth = match (&n.username, &n.password) {
+                        (Some(u), Some(_)) => format!("{u}:***@"),
+                        (None, Some(_)) => ":***@".to_owned(),
+                        (Some(u), None) => format!("{u}@"),
+                        (None, None) => String::new(),
+                    };
+                    if h.contains(':') {
+                        format!("{auth}[{h}]:{p}")
+                    } else {
+                        format!("{auth}{h}:{p}")
+                    }
+                })
+                .collect();
+            format!(
+                "{scheme}://{}/{}?namespace={namespace}&node_timeout_ms={}",
+                hosts.join(","),
+                first.db,
+                node_timeout.as_millis(),
+                scheme = scheme.to_ascii_lowercase(),
+            )
+        };
+        Ok(Config {
+            nodes,
+            node_timeout,
+            namespace,
+            poll,
+            connect_timeout,
+            redacted,
+        })
+    }
+
+    /// The majority: `N/2 + 1`.
+    pub(crate) fn quorum(&self) -> usize {
+        self.nodes.len() / 2 + 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockcore::ErrorKind;
+
+    #[test]
+    fn parses_nodes_with_their_own_passwords() {
+        let c = Config::parse(
+            "redlock://:pw1@127.0.0.1:1,u:p%40w2@h2:2,[::1]:3/2?namespace=x&node_timeout_ms=20&poll_ms=100",
+        )
+        .unwrap();
+        assert_eq!(c.nodes.len(), 3);
+        assert_eq!(c.quorum(), 2);
+        assert_eq!(c.nodes[0].password.as_ref().unwrap().expose(), "pw1");
+        assert_eq!(c.nodes[1].username.as_deref(), Some("u"));
+        assert_eq!(c.nodes[1].password.as_ref().unwrap().expose(), "p@w2");
+        assert!(c.nodes[2].password.is_none());
+        assert_eq!(c.nodes[2].nodes[0], ("::1".to_owned(), 3));
+        assert!(c.nodes.iter().all(|n| n.db == 2 && n.namespace == "x" && !n.tls));
+        assert_eq!(c.node_timeout, Duration::from_millis(20));
+        assert_eq!(c.poll, Duration::from_millis(100));
+        assert!(!c.redacted.contains("pw1") && !c.redacted.contains("p@w2"));
+        assert!(!format!("{c:?}").contains("pw1"));
+        assert_eq!(
+            c.redacted,
+            "redlock://:***@127.0.0.1:1,u:***@h2:2,[::1]:3/2?namespace=x&node_timeout_ms=20"
+        );
+        let c = Config::parse("redlocks://a:1,b:2,c:3,d:4,e:5?tls_ca=/ca.pem").unwrap();
+        assert_eq!(c.quorum(), 3);
+        assert!(c.nodes.iter().all(|n| n.tls && n.tls_ca.is_some()));
+    }
+
+    #[test]
+    fn rejects_bad_urls_without_quoting_them() {
+        for url in [
+            "",
+            "redis://a:1",
+            "redlock://",
+            "redlock://a:1,,b:2",
+            "redlock://a:1,a:1",
+            "redlock://a:1,b:notaport",
+            "redlock://a:1?node_timeout_ms=0",
+            "redlock://a:1?node_timeout_ms=1&node_timeout_ms=2",
+            "redlock://a:1?min_replicas=1",
+            "redlock://a:1?bogus=1",
+            "redlock://a:1/abc",
+            "redlock://a:1#x",
+            "redlock://:s3cret@a:1?tls_ca=/x",
+        ] {
+            let e = Config::parse(url).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{url}");
+            assert!(!e.to_string().contains("s3cret"), "{e}");
+        }
+    }
+}
