@@ -178,7 +178,11 @@ mod tests {
         assert_eq!(c.nodes[1].password.as_ref().unwrap().expose(), "p@w2");
         assert!(c.nodes[2].password.is_none());
         assert_eq!(c.nodes[2].nodes[0], ("::1".to_owned(), 3));
-        assert!(c.nodes.iter().all(|n| n.db == 2 && n.namespace == "x" && !n.tls));
+        assert!(
+            c.nodes
+                .iter()
+                .all(|n| n.db == 2 && n.namespace == "x" && !n.tls)
+        );
         assert_eq!(c.node_timeout, Duration::from_millis(20));
         assert_eq!(c.poll, Duration::from_millis(100));
         assert!(!c.redacted.contains("pw1") && !c.redacted.contains("p@w2"));

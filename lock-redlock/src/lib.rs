@@ -450,7 +450,9 @@ impl RedlockBackend {
         let targets: Vec<usize> = (0..n).filter(|i| !others[*i]).collect();
         if !targets.is_empty() {
             let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-            let task = inner.clone().undo(keys.clone(), token.clone(), targets, undo);
+            let task = inner
+                .clone()
+                .undo(keys.clone(), token.clone(), targets, undo);
             req.background.spawn(async move {
                 task.await;
                 let _ = done_tx.send(());
@@ -500,8 +502,7 @@ impl RedlockBackend {
         self.start_sweeper();
         let mut joins = Vec::new();
         for (i, slot) in inner.slots.iter().enumerate() {
-            if entry.waitings[i].get().is_some() || entry.joining[i].swap(true, Ordering::AcqRel)
-            {
+            if entry.waitings[i].get().is_some() || entry.joining[i].swap(true, Ordering::AcqRel) {
                 continue;
             }
             let Some(node) = slot.get() else {
@@ -527,11 +528,8 @@ impl RedlockBackend {
             }));
         }
         if !joins.is_empty() {
-            let _ = tokio::time::timeout(
-                inner.cfg.node_timeout,
-                futures::future::join_all(joins),
-            )
-            .await;
+            let _ = tokio::time::timeout(inner.cfg.node_timeout, futures::future::join_all(joins))
+                .await;
         }
         SubsUse(entry)
     }
@@ -643,7 +641,13 @@ impl Inner {
     }
 
     /// Undoes an attempt's keys on `targets`.
-    async fn undo(self: Arc<Self>, keys: Arc<Keys>, token: Arc<str>, targets: Vec<usize>, how: Undo) {
+    async fn undo(
+        self: Arc<Self>,
+        keys: Arc<Keys>,
+        token: Arc<str>,
+        targets: Vec<usize>,
+        how: Undo,
+    ) {
         let futs: FuturesUnordered<_> = targets
             .into_iter()
             .filter_map(|i| self.slots[i].get())

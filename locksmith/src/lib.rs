@@ -12,6 +12,7 @@
 //! | `mysql://`, `mariadb://` | MySQL / MariaDB | `mysql` |
 //! | `sqlite://path` | SQLite | `sqlite` |
 //! | `zk://host:port[,host:port]/chroot` | ZooKeeper | `zk` |
+//! | `redlock://h1:p1,h2:p2,...`, `redlocks://...` | Redlock over N independent Redis masters | `redlock` |
 //!
 //! A URL whose backend was not compiled in is refused with
 //! [`ErrorKind::InvalidConfig`] ("built without the `redis` feature"); no error message ever
@@ -95,6 +96,10 @@ pub async fn connect(url: &str) -> Result<Locker> {
         "sqlite" => Ok(Locker::new(lock_sql::SqlBackend::connect(url).await?)),
         #[cfg(feature = "zk")]
         "zk" => Ok(Locker::new(lock_zk::ZkBackend::connect(url).await?)),
+        #[cfg(feature = "redlock")]
+        "redlock" | "redlocks" => Ok(Locker::new(
+            lock_redlock::RedlockBackend::connect(url).await?,
+        )),
         other => Err(not_compiled_in(other, url)),
     }
 }
@@ -110,7 +115,8 @@ fn not_compiled_in(scheme: &str, url: &str) -> Error {
         )),
         None => Error::invalid_config(format!(
             "{}: unknown lock backend scheme `{scheme}` (known: memory, redis, rediss, \
-             redis+cluster, rediss+cluster, postgres, postgresql, mysql, mariadb, sqlite, zk)",
+             redis+cluster, rediss+cluster, postgres, postgresql, mysql, mariadb, sqlite, zk, \
+             redlock, redlocks)",
             redact_url(url)
         )),
     }
@@ -194,6 +200,7 @@ mod tests {
             ("mysql", cfg!(feature = "mysql")),
             ("sqlite", cfg!(feature = "sqlite")),
             ("zk", cfg!(feature = "zk")),
+            ("redlock", cfg!(feature = "redlock")),
         ];
         compiled.iter().any(|&(f, on)| f == feature && on)
     }
@@ -211,6 +218,8 @@ mod tests {
             ("mariadb://u:pw@h/db", "mysql"),
             ("sqlite:///tmp/x.db", "sqlite"),
             ("zk://u:pw@h1:1,h2:2/chroot", "zk"),
+            ("redlock://:pw@h1:1,:pw@h2:2,h3:3", "redlock"),
+            ("redlocks://:pw@h1:1", "redlock"),
         ] {
             if compiled_in(feature) {
                 continue;

@@ -25,7 +25,7 @@ pub fn scheme_of(url: &str) -> Result<String> {
 
 /// The cargo feature of `locksmith` that a (lowercase) scheme needs: `Some("redis")` for
 /// `redis`, `rediss`, `redis+cluster` and `rediss+cluster`; `postgres` for `postgres` and
-/// `postgresql`; `mysql` for `mysql` and `mariadb`; `sqlite`; `zk`. `None` for `memory` (always built in) and for unknown
+/// `postgresql`; `mysql` for `mysql` and `mariadb`; `sqlite`; `zk`; `redlock` for `redlock` and `redlocks`. `None` for `memory` (always built in) and for unknown
 /// schemes.
 ///
 /// ```
@@ -39,6 +39,7 @@ pub fn feature_for_scheme(scheme: &str) -> Option<&'static str> {
         "mysql" | "mariadb" => "mysql",
         "sqlite" => "sqlite",
         "zk" => "zk",
+        "redlock" | "redlocks" => "redlock",
         _ => return None,
     })
 }
