@@ -1188,6 +1188,22 @@ impl Backend for ZkBackend {
         }
     }
 
+    /// The contender nodes behind the head of the queue (one listing).
+    ///
+    /// Cancel safe.
+    async fn queued_waiters(&self, name: &lockcore::LockName) -> Result<usize> {
+        let client = self.live_session(None).await?.client.clone();
+        let parent = self.parent_path(name);
+        match retry(|| client.list_children(&parent)).await {
+            Ok(children) => {
+                let foreign = self.foreign();
+                Ok(queue(&children, &parent, &foreign).len().saturating_sub(1))
+            }
+            Err(zk::Error::NoNode) => Ok(0),
+            Err(e) => Err(map_err(format!("listing {parent}"), e)),
+        }
+    }
+
     fn describe(&self) -> String {
         self.inner.config.redacted(Some(self.inner.session_timeout))
     }

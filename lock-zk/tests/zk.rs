@@ -261,8 +261,6 @@ async fn one_release_wakes_one_waiter() {
     let holder_backend = ZkBackend::connect(&url).await.unwrap();
     let waiter_backend = ZkBackend::connect(&url).await.unwrap();
     let name = unique("herd");
-    let parent = holder_backend.lock_path(name.as_str()).unwrap();
-    let admin = holder_backend.client().clone();
     let holder = Locker::new(holder_backend);
     let waiters = Locker::new(waiter_backend.clone());
 
@@ -285,12 +283,11 @@ async fn one_release_wakes_one_waiter() {
         });
     }
     let queued = eventually(Duration::from_secs(20), || async {
-        admin
-            .list_children(&parent)
+        waiter_backend
+            .queued_waiters(&lockcore::LockName::new(&name).unwrap())
             .await
-            .map(|c| c.len())
-            .unwrap_or(0)
-            == WAITERS + 1
+            .unwrap()
+            == WAITERS
             && waiter_backend.stats().waiting == WAITERS as u64
     })
     .await;
