@@ -43,6 +43,9 @@
 //! deletion makes the waiter the holder without listing again.
 //!
 //! * `try_lock` lists the children first: on a held lock it costs one read and writes nothing.
+//!   Where this client's last acquisition of the lock won, it creates at once instead (a client
+//!   that just held a lock mostly finds it free): the first `try_lock` after that on a lock
+//!   someone else took costs the create, the listing and a delete, and the next ones one read.
 //! * A create whose reply was lost (connection loss) is recovered by the owner token in the
 //!   name (Curator's protection mode); when a retry made a second node, every child with the
 //!   caller's owner prefix is the caller's: the lowest is kept, the rest deleted, so a contender
@@ -116,6 +119,8 @@ const SEQ_LEN: usize = 10;
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
 /// At most this many forged (non-ephemeral) contender paths are remembered.
 const MAX_FOREIGN: usize = 4096;
+/// At most this many lock nodes are remembered as last won by this client.
+const MAX_RECENT_WINS: usize = 1024;
 
 /// Creator-all + world-read: other identities can see lock nodes but neither create nor delete
 /// children of the lock nodes (ZooKeeper checks delete against the parent's ACL).
@@ -284,6 +289,9 @@ struct Inner {
     containers: AtomicBool,
     /// Paths of forged contender nodes (not ephemeral): never waited on.
     foreign: Mutex<HashSet<String>>,
+    /// Lock nodes whose last acquisition by this client won: `try_lock` creates at once there
+    /// (a client that just held a lock mostly finds it free), elsewhere it lists first.
+    recent_wins: Mutex<HashSet<String>>,
     stats: Stats,
     /// Dropped with the backend: stops the session task.
     _shutdown: watch::Sender<()>,
@@ -451,6 +459,7 @@ impl ZkBackend {
             lost_after_disconnect,
             containers: AtomicBool::new(true),
             foreign: Mutex::new(HashSet::new()),
+            recent_wins: Mutex::new(HashSet::new()),
             stats: Stats::default(),
             _shutdown: shutdown,
             #[cfg(test)]
@@ -614,6 +623,26 @@ impl ZkBackend {
         self.inner.foreign.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn recent_wins(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.inner
+            .recent_wins
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Remembers whether this client's last acquisition of `parent` won.
+    fn note_outcome(&self, parent: &str, won: bool) {
+        let mut wins = self.recent_wins();
+        if won {
+            if wins.len() >= MAX_RECENT_WINS && !wins.contains(parent) {
+                wins.clear();
+            }
+            wins.insert(parent.to_owned());
+        } else {
+            wins.remove(parent);
+        }
+    }
+
     /// Deletes every contender node of `name` (the holder's and the waiters'), as an operator's
     /// override: the holder's lease is refused at its next renewal and waiters queue again.
     /// Returns how many nodes were deleted. Needs an identity allowed to delete them (the same
@@ -720,8 +749,9 @@ impl ZkBackend {
             format!("{NODE_PREFIX}{owner}{NODE_MARK}"),
             req.background.clone(),
         );
-        if !wait {
-            // Children first: on a held lock, one read and no write.
+        // Children first: on a held lock, one read and no write. Skipped where this client's
+        // last acquisition won (it mostly finds the lock free again: create at once).
+        if !wait && !self.recent_wins().contains(&parent) {
             match client.list_children(&parent).await {
                 Ok(children) => {
                     let foreign = self.foreign();
@@ -821,6 +851,7 @@ impl ZkBackend {
                 }
                 if !wait {
                     // The guard deletes the node (sent at once, retried in the background).
+                    self.note_outcome(&parent, false);
                     return Ok(Attempt::Busy);
                 }
                 let only_one_ahead = pos == 1;
@@ -964,6 +995,9 @@ impl ZkBackend {
         sent_at: Instant,
     ) -> Acquired {
         let id = session.register(req.lost.clone(), &self.inner.stats);
+        if let Some((parent, _)) = path.rsplit_once('/') {
+            self.note_outcome(parent, true);
+        }
         let lease = ZkLease {
             backend: self.clone(),
             session: session.clone(),
