@@ -9,7 +9,7 @@
 //!   follower cut off from the leader does (it keeps the client's connection alive while the
 //!   leader, no longer hearing of the session, expires it).
 //!
-//! It also counts the client's requests (pings excluded).
+//! It also counts the client's requests (pings and syncs excluded).
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -37,6 +37,7 @@ pub struct Proxy {
 
 const PING_XID: i32 = -2;
 const PING_OP: i32 = 11;
+const SYNC_OP: i32 = 9;
 
 async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> std::io::Result<Vec<u8>> {
     let len = r.read_u32().await? as usize;
@@ -50,6 +51,11 @@ fn is_ping(frame: &[u8]) -> bool {
     frame.len() >= 12
         && i32::from_be_bytes(frame[4..8].try_into().unwrap()) == PING_XID
         && i32::from_be_bytes(frame[8..12].try_into().unwrap()) == PING_OP
+}
+
+/// A `sync`: the backend's once-per-client heartbeat to the leader while it holds leases.
+fn is_sync(frame: &[u8]) -> bool {
+    frame.len() >= 12 && i32::from_be_bytes(frame[8..12].try_into().unwrap()) == SYNC_OP
 }
 
 fn ping_reply() -> Vec<u8> {
@@ -122,7 +128,8 @@ impl Proxy {
         self.mode.send_replace(Mode::Forward);
     }
 
-    /// Requests the client sent through the proxy (pings and the connect request excluded).
+    /// Requests the client sent through the proxy (pings, syncs and the connect request
+    /// excluded: a sync is the backend's per-client heartbeat to the leader).
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::SeqCst)
     }
@@ -144,7 +151,7 @@ async fn serve(
             loop {
                 let frame = read_frame(&mut client_r).await?;
                 let ping = !first && is_ping(&frame);
-                if !first && !ping {
+                if !first && !ping && !is_sync(&frame) {
                     counter.fetch_add(1, Ordering::SeqCst);
                 }
                 first = false;
