@@ -16,7 +16,7 @@ use libtest_mimic::{Arguments, Failed, Trial};
 
 pub use faults::{FaultCell, FaultInfo, FaultMatrix, FaultOutcome};
 pub use harness::{BoxFuture, FnHarness, Harness};
-pub use measure::{Figures, MEASURE_TIME, measure};
+pub use measure::{Figures, MEASURE_TIME, ProcessHandover, ServerRequests, measure};
 pub use report::{Report, ScenarioInfo};
 pub use run::{
     BackendReport, Progress, ScenarioResult, Status, TIME_SCALE_ENV, run_all, run_scenario,

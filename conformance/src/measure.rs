@@ -1,4 +1,6 @@
-//! The benchmark behind the report's figures: uncontended latency and contended hand-over rate.
+//! The benchmark behind the report's figures: uncontended latency (with the backend's round
+//! trip and bare primitive as floors) and contended hand-over rate of tasks. `locksmith bench`
+//! adds what needs separate processes ([`ProcessHandover`], [`ServerRequests`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -10,7 +12,7 @@ use serde::Serialize;
 use crate::harness::Harness;
 
 /// Measured figures for one backend.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct Figures {
     /// Uncontended try_lock + release, median, microseconds.
     pub uncontended_p50_us: f64,
@@ -19,6 +21,10 @@ pub struct Figures {
     /// The backend's cheapest round trip (`PING`, `SELECT 1`, `exists`), median, microseconds,
     /// measured interleaved with the uncontended pairs; `None` where there is no server.
     pub round_trip_p50_us: Option<f64>,
+    /// The backend's bare lock primitive ([`Backend::bare_cycle`](lockcore::backend::Backend::bare_cycle):
+    /// acquire + release without the library), median, microseconds, measured interleaved
+    /// with the uncontended pairs by the same client; `None` where the backend has none.
+    pub bare_cycle_p50_us: Option<f64>,
     /// How many uncontended samples.
     pub samples: usize,
     /// Acquisitions per second with `holders` clients looping lock/release on one name.
@@ -27,6 +33,68 @@ pub struct Figures {
     pub holders: usize,
     /// How long the contended run lasted, in seconds.
     pub contended_secs: f64,
+    /// Hand-over across separate OS processes (measured by `locksmith bench`, which spawns
+    /// them); `None` when not measured.
+    pub processes: Option<ProcessHandover>,
+    /// Server requests per hand-over with many waiters (measured by `locksmith bench`);
+    /// `None` when not measured.
+    pub server_requests: Option<ServerRequests>,
+}
+
+impl Figures {
+    /// The uncontended p50 as a multiple of the bare primitive's, where it has one.
+    pub fn bare_ratio(&self) -> Option<f64> {
+        self.bare_cycle_p50_us
+            .filter(|b| *b > 0.0)
+            .map(|b| self.uncontended_p50_us / b)
+    }
+}
+
+/// Hand-over rate of separate OS processes, each with one client, looping `lock` + `release`
+/// on one name for a fixed time.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ProcessHandover {
+    /// How many processes contended.
+    pub processes: usize,
+    /// How long they contended, in seconds.
+    pub secs: f64,
+    /// Acquisitions per process.
+    pub per_process: Vec<u64>,
+    /// All acquisitions per second.
+    pub handover_per_sec: f64,
+}
+
+impl ProcessHandover {
+    /// The most acquisitions of one process divided by the fewest (1.0 is perfectly even;
+    /// infinite when a process never got the lock).
+    pub fn spread(&self) -> f64 {
+        let max = self.per_process.iter().copied().max().unwrap_or(0);
+        let min = self.per_process.iter().copied().min().unwrap_or(0);
+        if min == 0 {
+            if max == 0 { 1.0 } else { f64::INFINITY }
+        } else {
+            max as f64 / min as f64
+        }
+    }
+}
+
+/// How many requests the server handled per hand-over while many waiters (spread over
+/// several processes) contended for one name, from the server's own counter
+/// ([`Backend::server_requests`](lockcore::backend::Backend::server_requests)).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ServerRequests {
+    /// How many waiting clients in all.
+    pub waiters: usize,
+    /// Over how many processes.
+    pub processes: usize,
+    /// Hand-overs during the run.
+    pub handovers: u64,
+    /// Growth of the server's request counter during the run; `None` when unsupported.
+    pub requests: Option<u64>,
+    /// Requests per hand-over; `None` when unsupported.
+    pub per_handover: Option<f64>,
+    /// Why there is no count (the backend's `Unsupported` message), if there is none.
+    pub unsupported: Option<String>,
 }
 
 /// How long the uncontended loop runs at most, and the contended run lasts.
@@ -50,8 +118,11 @@ pub async fn measure(harness: &dyn Harness) -> lockcore::Result<Figures> {
     }
     let backend = client.backend().clone();
     let has_round_trip = backend.round_trip().await.is_ok();
+    let bare_name = LockName::new(format!("{name}-bare"))?;
+    let has_bare = backend.bare_cycle(&bare_name).await.is_ok();
     let mut samples = Vec::with_capacity(2000);
     let mut round_trips = Vec::with_capacity(2000);
+    let mut bare_cycles = Vec::with_capacity(2000);
     let until = Instant::now() + MEASURE_TIME;
     while samples.len() < 2000 && Instant::now() < until {
         // Interleaved, so that machine noise hits both alike.
@@ -59,6 +130,11 @@ pub async fn measure(harness: &dyn Harness) -> lockcore::Result<Figures> {
             let start = Instant::now();
             backend.round_trip().await?;
             round_trips.push(start.elapsed());
+        }
+        if has_bare {
+            let start = Instant::now();
+            backend.bare_cycle(&bare_name).await?;
+            bare_cycles.push(start.elapsed());
         }
         let start = Instant::now();
         let g = client.try_lock(&name, &opts).await?.ok_or_else(|| {
@@ -73,6 +149,7 @@ pub async fn measure(harness: &dyn Harness) -> lockcore::Result<Figures> {
     );
     let round_trip_p50 =
         has_round_trip.then(|| percentile(&mut round_trips, 0.5).as_secs_f64() * 1e6);
+    let bare_cycle_p50 = has_bare.then(|| percentile(&mut bare_cycles, 0.5).as_secs_f64() * 1e6);
 
     const HOLDERS: usize = 4;
     let count = Arc::new(AtomicU64::new(0));
@@ -103,10 +180,13 @@ pub async fn measure(harness: &dyn Harness) -> lockcore::Result<Figures> {
         uncontended_p50_us: p50.as_secs_f64() * 1e6,
         uncontended_p99_us: p99.as_secs_f64() * 1e6,
         round_trip_p50_us: round_trip_p50,
+        bare_cycle_p50_us: bare_cycle_p50,
         samples: samples.len(),
         handover_per_sec: handovers as f64 / secs,
         holders: HOLDERS,
         contended_secs: secs,
+        processes: None,
+        server_requests: None,
     })
 }
 

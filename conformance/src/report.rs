@@ -1012,6 +1012,7 @@ mod tests {
             handover_per_sec: 1234.5,
             holders: 4,
             contended_secs: 2.0,
+            ..Figures::default()
         }
     }
 

@@ -1,12 +1,13 @@
 //! The `locksmith` command: conformance reports and benchmarks of lock backends, and a lock
 //! around a command (the cron-job use case).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+mod bench;
 mod duration;
 mod group;
 mod harness;
@@ -54,8 +55,13 @@ enum Command {
     Report(ReportArgs),
     /// Runs a command while holding a lock (for cron jobs): at most one copy runs at a time.
     Run(RunArgs),
-    /// Measures uncontended latency and contended hand-over rate of each URL.
+    /// Measures each URL: uncontended try_lock+release against the backend's round trip and bare
+    /// primitive, hand-over between tasks and between separate OS processes (per-process
+    /// counts and spread), and server requests per hand-over with many waiters.
     Bench(BenchArgs),
+    /// Internal: one process of `bench`'s multi-process runs.
+    #[command(name = "__bench-worker", hide = true)]
+    BenchWorker(BenchWorkerArgs),
 }
 
 #[derive(Args, Debug)]
@@ -155,9 +161,44 @@ Example (cron, the password not in argv):
 
 #[derive(Args, Debug)]
 struct BenchArgs {
-    /// Lock service URLs.
-    #[arg(required = true)]
+    /// How long each contended run lasts (tasks, processes, waiters).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    secs: Duration,
+    /// Separate OS processes (one client each) handing the lock around.
+    #[arg(long, default_value_t = 4)]
+    processes: usize,
+    /// Waiting clients in all for the server requests per hand-over.
+    #[arg(long, default_value_t = 100)]
+    waiters: usize,
+    /// Over how many processes the waiters are spread.
+    #[arg(long, default_value_t = 10)]
+    waiter_processes: usize,
+    /// Lock service URLs. Without any: memory:// and a SQLite file in target/conformance.
     urls: Vec<String>,
+}
+
+impl BenchArgs {
+    fn plan(&self) -> bench::Plan {
+        bench::Plan {
+            secs: self.secs,
+            processes: self.processes.max(1),
+            waiters: self.waiters.max(1),
+            waiter_processes: self.waiter_processes.max(1),
+        }
+    }
+}
+
+/// `__bench-worker`: one process of `bench`'s multi-process runs (internal).
+#[derive(Args, Debug)]
+struct BenchWorkerArgs {
+    /// Clients in this process.
+    #[arg(long)]
+    clients: usize,
+    /// How long to contend, in milliseconds, after `go`.
+    #[arg(long)]
+    millis: u64,
+    /// The lock's name.
+    name: String,
 }
 
 fn main() -> ExitCode {
@@ -193,10 +234,26 @@ fn main() -> ExitCode {
                 } else {
                     a.urls
                 };
-                report_cmd::report(&urls, &a.out, !a.no_bench).await
+                report_cmd::report(&urls, &a.out, (!a.no_bench).then(bench::Plan::default)).await
             }
             Command::Run(a) => run_cmd::run(a).await,
-            Command::Bench(a) => report_cmd::bench(&a.urls).await,
+            Command::Bench(a) => {
+                let urls = if a.urls.is_empty() {
+                    report_cmd::embedded_urls(Path::new("target/conformance"))
+                } else {
+                    a.urls.clone()
+                };
+                if let Some(Err(e)) = urls
+                    .iter()
+                    .any(|u| u.starts_with("sqlite:"))
+                    .then(|| std::fs::create_dir_all("target/conformance"))
+                {
+                    eprintln!("locksmith: cannot create target/conformance: {e}");
+                    return 2;
+                }
+                bench::bench(&urls, a.plan()).await
+            }
+            Command::BenchWorker(a) => bench::worker(&a.name, a.clients, a.millis).await,
         }
     });
     // Let background tasks (releases) end with the runtime before exiting.

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use conformance::{BackendReport, Harness, Progress, Report, Status, run_all, scenarios};
 
+use crate::bench::{Plan, add_process_figures};
 use crate::harness::{UrlHarness, labels};
 
 /// The URLs `report` uses when given none: the two embedded backends, which need no server
@@ -16,7 +17,7 @@ pub fn embedded_urls(out: &Path) -> Vec<String> {
 
 /// Runs the suite against every URL, writes the report, prints its paths. Returns the exit
 /// code: 0 when nothing failed, 1 otherwise, 2 when the report could not be written.
-pub async fn report(urls: &[String], out: &Path, bench: bool) -> u8 {
+pub async fn report(urls: &[String], out: &Path, bench: Option<Plan>) -> u8 {
     // Early, so that a bad --out fails before the suite runs (and the embedded SQLite file
     // has its directory).
     if let Err(e) = std::fs::create_dir_all(out) {
@@ -35,7 +36,7 @@ pub async fn report(urls: &[String], out: &Path, bench: bool) -> u8 {
         let harness = UrlHarness::probe(label.clone(), url.clone()).await;
         eprintln!("==> {label}: {}", harness.shown_url());
         let harness: Arc<dyn Harness> = Arc::new(harness);
-        let result = run_all(harness, bench, |p| match p {
+        let mut result = run_all(harness, bench.is_some(), |p| match p {
             Progress::Scenario {
                 label,
                 done,
@@ -69,8 +70,11 @@ pub async fn report(urls: &[String], out: &Path, bench: bool) -> u8 {
         if let Some(e) = &result.error {
             eprintln!("{label}: could not connect: {e}");
         }
-        if bench && result.error.is_none() && result.figures.is_none() {
+        if bench.is_some() && result.error.is_none() && result.figures.is_none() {
             eprintln!("{label}: the benchmark failed; no figures");
+        }
+        if let (Some(plan), Some(figures)) = (bench, result.figures.as_mut()) {
+            add_process_figures(url, &label, figures, plan).await;
         }
         let n = |s| result.results.iter().filter(|r| r.status == s).count();
         eprintln!(
@@ -104,34 +108,4 @@ pub async fn report(urls: &[String], out: &Path, bench: bool) -> u8 {
     } else {
         0
     }
-}
-
-/// Measures every URL and prints the figures. Returns 0, or 1 if any measurement failed.
-pub async fn bench(urls: &[String]) -> u8 {
-    let labels = labels(urls);
-    let w = labels.iter().map(|l| l.len()).max().unwrap_or(0).max(7);
-    println!(
-        "{:<w$}  {:>10}  {:>10}  {:>8}  {:>12}  {:>7}",
-        "backend", "p50 (µs)", "p99 (µs)", "samples", "hand-over/s", "holders"
-    );
-    let mut code = 0;
-    for (label, url) in labels.into_iter().zip(urls) {
-        let harness = UrlHarness::probe(label.clone(), url.clone()).await;
-        eprintln!("measuring {label}: {} (about 4 s)", harness.shown_url());
-        match conformance::measure(&harness).await {
-            Ok(f) => println!(
-                "{label:<w$}  {:>10.1}  {:>10.1}  {:>8}  {:>12.0}  {:>7}",
-                f.uncontended_p50_us,
-                f.uncontended_p99_us,
-                f.samples,
-                f.handover_per_sec,
-                f.holders
-            ),
-            Err(e) => {
-                eprintln!("{label}: measurement failed: {e}");
-                code = 1;
-            }
-        }
-    }
-    code
 }

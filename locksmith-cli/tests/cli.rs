@@ -158,3 +158,31 @@ fn two_processes_exclude_each_other_through_sqlite() {
     assert!(ran.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `bench` measures hand-over across separate OS processes (its own worker processes on one
+/// SQLite file) besides tasks, and shows server requests per hand-over as unsupported where
+/// the backend has no counter.
+#[test]
+fn bench_measures_across_processes() {
+    let url = sqlite_url("bench");
+    let out = locksmith(&[
+        "bench",
+        "--secs",
+        "0.3",
+        "--processes",
+        "2",
+        "--waiters",
+        "4",
+        "--waiter-processes",
+        "2",
+        &url,
+    ]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with("sqlite"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(row.contains("(2)"), "two processes: {row}");
+    assert!(row.contains("unsupported"), "{row}");
+}

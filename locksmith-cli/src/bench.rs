@@ -1,0 +1,424 @@
+//! `locksmith bench`: the conformance benchmark (uncontended latency against the backend's
+//! round trip and bare primitive, hand-over between tasks) plus what needs separate OS
+//! processes: hand-over between processes (per-process counts, spread), and the server's
+//! requests per hand-over with many waiters spread over several processes.
+//!
+//! The processes are this binary run as `locksmith __bench-worker` (the URL in its
+//! environment, never in argv). Each connects its clients, says `ready`, waits for `go` on
+//! stdin, loops `lock` + `release` for the given time, and prints its counts.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use conformance::{Figures, ProcessHandover, ServerRequests};
+use locksmith::{ErrorKind, LockName, LockOptions, Locker};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+use crate::harness::{UrlHarness, labels};
+
+/// The environment variable that hands a worker its URL.
+const WORKER_URL_ENV: &str = "LOCKSMITH_BENCH_URL";
+
+/// What the multi-process measurements use.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan {
+    /// How long each contended run lasts.
+    pub secs: Duration,
+    /// Processes (one client each) for the process hand-over rate.
+    pub processes: usize,
+    /// Waiting clients in all for requests per hand-over.
+    pub waiters: usize,
+    /// Over how many processes the waiters are spread.
+    pub waiter_processes: usize,
+}
+
+impl Default for Plan {
+    fn default() -> Self {
+        Plan {
+            secs: Duration::from_secs(2),
+            processes: 4,
+            waiters: 100,
+            waiter_processes: 10,
+        }
+    }
+}
+
+/// Why the multi-process runs do not apply to a URL, if they do not.
+fn single_process_only(url: &str) -> Option<&'static str> {
+    locksmith::scheme_of(url)
+        .is_ok_and(|s| s == "memory")
+        .then_some("memory:// locks exist inside one process")
+}
+
+/// Adds the multi-process figures of `url` to `figures` (left `None` where they do not apply
+/// or failed; a failure is printed).
+pub async fn add_process_figures(url: &str, label: &str, figures: &mut Figures, plan: Plan) {
+    if let Some(why) = single_process_only(url) {
+        eprintln!("[bench] {label}: no multi-process figures: {why}");
+        return;
+    }
+    eprintln!(
+        "[bench] {label}: hand-over across {} processes, then {} waiters over {} processes ({} s each)",
+        plan.processes,
+        plan.waiters,
+        plan.waiter_processes,
+        plan.secs.as_secs_f64()
+    );
+    match processes(url, plan).await {
+        Ok(p) => figures.processes = Some(p),
+        Err(e) => eprintln!("[bench] {label}: process hand-over failed: {e}"),
+    }
+    match server_requests(url, plan).await {
+        Ok(r) => figures.server_requests = Some(r),
+        Err(e) => eprintln!("[bench] {label}: requests per hand-over failed: {e}"),
+    }
+}
+
+/// `plan.processes` processes with one client each contend for `plan.secs`.
+async fn processes(url: &str, plan: Plan) -> Result<ProcessHandover, String> {
+    let run = contend(url, plan.processes, 1, plan.secs, None).await?;
+    let per_process: Vec<u64> = run.counts.iter().map(|c| c.iter().sum()).collect();
+    let total: u64 = per_process.iter().sum();
+    Ok(ProcessHandover {
+        processes: plan.processes,
+        secs: plan.secs.as_secs_f64(),
+        handover_per_sec: total as f64 / plan.secs.as_secs_f64(),
+        per_process,
+    })
+}
+
+/// `plan.waiters` clients over `plan.waiter_processes` processes contend for `plan.secs`,
+/// with the server's request counter read before and after.
+async fn server_requests(url: &str, plan: Plan) -> Result<ServerRequests, String> {
+    let probe = locksmith::connect(url).await.map_err(|e| e.to_string())?;
+    let per_process = plan.waiters.div_ceil(plan.waiter_processes.max(1));
+    let run = contend(
+        url,
+        plan.waiter_processes,
+        per_process,
+        plan.secs,
+        Some(&probe),
+    )
+    .await?;
+    probe.flush().await;
+    let handovers: u64 = run.counts.iter().flatten().sum();
+    let mut out = ServerRequests {
+        waiters: per_process * plan.waiter_processes,
+        processes: plan.waiter_processes,
+        handovers,
+        ..ServerRequests::default()
+    };
+    match run.requests {
+        Some(Ok(requests)) => {
+            out.requests = Some(requests);
+            out.per_handover = Some(requests as f64 / handovers.max(1) as f64);
+        }
+        Some(Err(e)) if e.kind() == ErrorKind::Unsupported => {
+            out.unsupported = Some(e.to_string());
+        }
+        Some(Err(e)) => return Err(format!("reading the server's request counter: {e}")),
+        None => {}
+    }
+    Ok(out)
+}
+
+/// What one contended run gave: per process, per client acquisitions; the growth of the
+/// server's request counter when asked for.
+struct Contended {
+    counts: Vec<Vec<u64>>,
+    requests: Option<locksmith::Result<u64>>,
+}
+
+/// A started worker process.
+struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    lines: tokio::io::Lines<BufReader<ChildStdout>>,
+}
+
+impl Worker {
+    /// The next line the worker prints, within `limit`.
+    async fn line(&mut self, limit: Duration) -> Result<String, String> {
+        match tokio::time::timeout(limit, self.lines.next_line()).await {
+            Ok(Ok(Some(line))) => Ok(line),
+            Ok(Ok(None)) => Err("a worker process ended without answering".into()),
+            Ok(Err(e)) => Err(format!("reading a worker: {e}")),
+            Err(_) => Err(format!("a worker did not answer within {limit:?}")),
+        }
+    }
+}
+
+/// Starts `processes` workers with `clients` each on one fresh name, waits until all are
+/// connected, starts them together, and collects their counts.
+async fn contend(
+    url: &str,
+    processes: usize,
+    clients: usize,
+    secs: Duration,
+    counter: Option<&Locker>,
+) -> Result<Contended, String> {
+    let name = format!("lsbench-procs-{:08x}", fastrand::u32(..));
+    let exe = std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?;
+    let mut workers = Vec::with_capacity(processes);
+    for _ in 0..processes {
+        let mut child = Command::new(&exe)
+            .arg("__bench-worker")
+            .args(["--clients", &clients.to_string()])
+            .args(["--millis", &secs.as_millis().to_string()])
+            .arg(&name)
+            .env(WORKER_URL_ENV, url)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("starting a worker process: {e}"))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err("a worker process has no pipes".into());
+        };
+        workers.push(Worker {
+            child,
+            stdin,
+            lines: BufReader::new(stdout).lines(),
+        });
+    }
+    let connect_limit = Duration::from_secs(60);
+    for w in &mut workers {
+        let line = w.line(connect_limit).await?;
+        if line != "ready" {
+            return Err(format!("a worker could not start: {line}"));
+        }
+    }
+    let before = match counter {
+        Some(c) => Some(c.backend().server_requests().await),
+        None => None,
+    };
+    for w in &mut workers {
+        w.stdin
+            .write_all(b"go\n")
+            .await
+            .map_err(|e| format!("starting a worker: {e}"))?;
+    }
+    let mut counts = Vec::with_capacity(processes);
+    for w in &mut workers {
+        let line = w.line(secs + connect_limit).await?;
+        let Some(numbers) = line.strip_prefix("counts ") else {
+            return Err(format!("a worker failed: {line}"));
+        };
+        let parsed: Result<Vec<u64>, _> = numbers.split_whitespace().map(str::parse).collect();
+        counts.push(parsed.map_err(|_| format!("a worker printed {line:?}"))?);
+    }
+    let requests = match (before, counter) {
+        (Some(Ok(before)), Some(c)) => Some(
+            c.backend()
+                .server_requests()
+                .await
+                .map(|after| after.saturating_sub(before)),
+        ),
+        (Some(Err(e)), _) => Some(Err(e)),
+        _ => None,
+    };
+    for mut w in workers {
+        let _ = w.child.wait().await;
+    }
+    Ok(Contended { counts, requests })
+}
+
+/// `locksmith __bench-worker`: connects `clients` clients to the URL in its environment, prints
+/// `ready`, waits for `go`, loops `lock` + `release` on `name` with every client for `millis`,
+/// prints `counts N N ...`. Returns the exit code.
+pub async fn worker(name: &str, clients: usize, millis: u64) -> u8 {
+    match worker_inner(name, clients, millis).await {
+        Ok(counts) => {
+            let counts: Vec<String> = counts.iter().map(u64::to_string).collect();
+            println!("counts {}", counts.join(" "));
+            0
+        }
+        Err(e) => {
+            // One line: the parent reads it as the failure.
+            println!("error {}", e.to_string().replace('\n', " "));
+            1
+        }
+    }
+}
+
+async fn worker_inner(name: &str, clients: usize, millis: u64) -> locksmith::Result<Vec<u64>> {
+    let url = std::env::var(WORKER_URL_ENV)
+        .map_err(|_| locksmith::Error::invalid_config(format!("{WORKER_URL_ENV} is not set")))?;
+    let name = LockName::new(name)?;
+    let mut lockers = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        lockers.push(locksmith::connect(&url).await?);
+    }
+    println!("ready");
+    let mut go = String::new();
+    BufReader::new(tokio::io::stdin())
+        .read_line(&mut go)
+        .await
+        .map_err(|e| locksmith::Error::new(ErrorKind::Backend, format!("reading stdin: {e}")))?;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(millis);
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(10))
+        .wait_forever();
+    let tasks: Vec<_> = lockers
+        .iter()
+        .map(|locker| {
+            let (locker, name, opts) = (locker.clone(), name.clone(), opts.clone());
+            tokio::spawn(async move {
+                let mut count = 0u64;
+                // A wait cut off by the deadline is dropped: cancel safe by the contract.
+                while let Ok(guard) =
+                    tokio::time::timeout_at(deadline, locker.lock(&name, &opts)).await
+                {
+                    count += 1;
+                    guard?.release().await?;
+                    if tokio::time::Instant::now() >= deadline {
+                        break;
+                    }
+                }
+                Ok::<u64, locksmith::Error>(count)
+            })
+        })
+        .collect();
+    let mut counts = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        let n = t
+            .await
+            .map_err(|e| locksmith::Error::new(ErrorKind::Backend, e.to_string()))??;
+        counts.push(n);
+    }
+    for l in &lockers {
+        l.flush().await;
+    }
+    Ok(counts)
+}
+
+/// `locksmith bench URL...`: measures every URL and prints one table. Returns 0, or 1 if a
+/// measurement failed.
+pub async fn bench(urls: &[String], plan: Plan) -> u8 {
+    let labels = labels(urls);
+    let mut rows = Vec::new();
+    let mut code = 0;
+    for (label, url) in labels.into_iter().zip(urls) {
+        let harness = UrlHarness::probe(label.clone(), url.clone()).await;
+        eprintln!(
+            "[bench] {label}: {} (in-process figures, about 4 s)",
+            harness.shown_url()
+        );
+        match conformance::measure(&harness).await {
+            Ok(mut f) => {
+                add_process_figures(url, &label, &mut f, plan).await;
+                rows.push((label, f));
+            }
+            Err(e) => {
+                eprintln!("[bench] {label}: measurement failed: {e}");
+                code = 1;
+            }
+        }
+    }
+    print!("{}", table(&rows));
+    code
+}
+
+/// The figures as a plain-text table.
+fn table(rows: &[(String, Figures)]) -> String {
+    use std::fmt::Write;
+    let opt = |v: Option<f64>, digits: usize| v.map_or("-".into(), |v| format!("{v:.digits$}"));
+    let header = [
+        "backend",
+        "p50 µs",
+        "p99 µs",
+        "bare µs",
+        "x bare",
+        "rtt µs",
+        "tasks/s",
+        "procs/s",
+        "spread",
+        "req/hand-over",
+    ];
+    let mut lines: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_owned()).collect()];
+    for (label, f) in rows {
+        let (procs, spread) = match &f.processes {
+            Some(p) => (
+                format!("{:.0} ({})", p.handover_per_sec, p.processes),
+                format!("{:.2}", p.spread()),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        let requests = match &f.server_requests {
+            Some(r) => match r.per_handover {
+                Some(v) => format!("{v:.1} ({}w/{}p)", r.waiters, r.processes),
+                None => "unsupported".into(),
+            },
+            None => "-".into(),
+        };
+        lines.push(vec![
+            label.clone(),
+            format!("{:.1}", f.uncontended_p50_us),
+            format!("{:.1}", f.uncontended_p99_us),
+            opt(f.bare_cycle_p50_us, 1),
+            opt(f.bare_ratio(), 2),
+            opt(f.round_trip_p50_us, 1),
+            format!("{:.0} ({})", f.handover_per_sec, f.holders),
+            procs,
+            spread,
+            requests,
+        ]);
+    }
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| {
+            lines
+                .iter()
+                .map(|l| l[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for line in &lines {
+        for (i, cell) in line.iter().enumerate() {
+            let pad = widths[i] - cell.chars().count();
+            if i == 0 {
+                let _ = write!(out, "{cell}{}", " ".repeat(pad));
+            } else {
+                let _ = write!(out, "  {}{cell}", " ".repeat(pad));
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_shows_unsupported_and_missing() {
+        let mut f = Figures {
+            uncontended_p50_us: 300.0,
+            uncontended_p99_us: 900.0,
+            bare_cycle_p50_us: Some(150.0),
+            handover_per_sec: 1000.0,
+            holders: 4,
+            ..Figures::default()
+        };
+        f.server_requests = Some(ServerRequests {
+            waiters: 100,
+            processes: 10,
+            unsupported: Some("no counter".into()),
+            ..ServerRequests::default()
+        });
+        f.processes = Some(ProcessHandover {
+            processes: 4,
+            secs: 2.0,
+            per_process: vec![10, 20, 10, 5],
+            handover_per_sec: 22.5,
+        });
+        let t = table(&[("redis".into(), f), ("memory".into(), Figures::default())]);
+        assert!(t.contains("2.00"), "{t}"); // x bare
+        assert!(t.contains("4.00"), "{t}"); // spread 20/5
+        assert!(t.contains("unsupported"), "{t}");
+        assert_eq!(t.lines().count(), 3);
+    }
+}
