@@ -536,10 +536,11 @@ impl ZkBackend {
     }
 
     /// A session that has not ended, waiting for the session task to open a new one after an
-    /// expiry (at most until `deadline`, or two session timeouts when there is none).
+    /// expiry (at most until `deadline`, or half a session timeout when there is none, so that
+    /// `try_lock` answers `Unavailable` soon while no server can be reached).
     async fn live_session(&self, deadline: Option<Instant>) -> Result<Arc<Session>> {
         let mut rx = self.inner.session.subscribe();
-        let until = deadline.unwrap_or_else(|| Instant::now() + self.inner.session_timeout * 2);
+        let until = deadline.unwrap_or_else(|| Instant::now() + self.inner.session_timeout / 2);
         loop {
             let session = rx.borrow_and_update().clone();
             if !session.ended() {
