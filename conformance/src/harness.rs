@@ -55,6 +55,43 @@ pub trait Harness: Send + Sync + 'static {
             .map(drop)
     }
 
+    /// Whether [`Harness::client_with_reply_delay`] works; scenarios that need it are
+    /// unsupported otherwise. The default is false.
+    fn can_delay_replies(&self) -> bool {
+        false
+    }
+
+    /// A new client whose replies from the server arrive `delay` late: each request takes
+    /// effect on the server when sent, its reply comes back `delay` later (latency injected on
+    /// the reply path, by a proxy for real servers, in-process for `memory://`). Used to check
+    /// that validity is counted from when a request was sent. Unsupported by default.
+    ///
+    /// Cancel safe: a dropped connect leaves nothing behind.
+    async fn client_with_reply_delay(&self, delay: Duration) -> Result<Locker> {
+        let _ = delay;
+        Err(lockcore::Error::unsupported(
+            "this harness cannot delay a client's replies",
+        ))
+    }
+
+    /// Whether [`Harness::client_with_clock_skew`] works; scenarios that need it are
+    /// unsupported otherwise. The default is false.
+    fn can_skew_clock(&self) -> bool {
+        false
+    }
+
+    /// A new client whose wall clock runs `ahead` of everyone else's (as on a machine whose
+    /// clock is off). Backends that decide expiry by the server's clock are unaffected; ones
+    /// that trust clients' clocks let such a client steal locks. Unsupported by default.
+    ///
+    /// Cancel safe: a dropped connect leaves nothing behind.
+    async fn client_with_clock_skew(&self, ahead: Duration) -> Result<Locker> {
+        let _ = ahead;
+        Err(lockcore::Error::unsupported(
+            "this harness cannot skew a client's clock",
+        ))
+    }
+
     /// The shortest TTL the scenarios should use with this backend (its timing floor, for
     /// example ZooKeeper's minimum session timeout). Scenario TTLs are at least this.
     fn min_scenario_ttl(&self) -> Duration {

@@ -1,6 +1,7 @@
 //! Every scenario against the in-memory reference backend: the suite is first proven here.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::{Harness, Target, run_tests};
@@ -23,6 +24,16 @@ impl Harness for MemoryHarness {
 
     fn can_revoke(&self) -> bool {
         true
+    }
+
+    fn can_delay_replies(&self) -> bool {
+        true
+    }
+
+    async fn client_with_reply_delay(&self, delay: Duration) -> Result<Locker> {
+        Ok(Locker::new(
+            MemoryBackend::connect(&self.store).with_reply_delay(delay),
+        ))
     }
 }
 

@@ -1,14 +1,16 @@
 //! Negative controls: deliberately broken backends that make the classic mistakes. Each must
 //! fail exactly the scenarios named here, which proves the suite catches those mistakes. A
 //! correct backend over the same toy store passes everything, so the store is not the cause.
+//! Waiters poll with lockcore's own `poll_acquire` (as a real polling backend does), so what is
+//! caught is not overstated by an unrealistically tight poll.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use conformance::{Harness, Status, run_all};
-use lockcore::backend::{AcquireRequest, Acquired, Backend, Lease};
+use lockcore::backend::{AcquireRequest, Acquired, Backend, Backoff, Lease, poll_acquire};
 use lockcore::{Capabilities, Error, Instant, LockName, Locker, Result};
 
 /// The mistake a backend makes.
@@ -26,6 +28,12 @@ enum Flaw {
     NeverRenewed,
     /// A waiter retries at once, again and again, instead of sleeping or being notified.
     SpinningWaiter,
+    /// The `SETNX` + `GETSET` timestamp lock: the value is the expiry time by the acquiring
+    /// client's clock, and a client whose clock says it passed takes the lock over.
+    GetsetTimestamp,
+    /// The fencing counter lives in a key that expires with the lock, so it restarts after the
+    /// lock has been idle for a TTL.
+    FencingResetsWhenIdle,
 }
 
 /// A toy key-value store with expiry, standing in for a Redis server.
@@ -78,6 +86,31 @@ impl ToyStore {
             }
         })
     }
+    fn set(&self, key: &str, value: &str) {
+        self.with(key, |e| *e = Some((value.to_string(), None)))
+    }
+    fn getset(&self, key: &str, value: &str) -> Option<String> {
+        self.with(key, |e| {
+            e.replace((value.to_string(), None)).map(|(v, _)| v)
+        })
+    }
+    /// `INCR`, with the key's expiry reset to `ttl` when given (`None`: it never expires).
+    fn incr(&self, key: &str, ttl: Option<Duration>) -> u64 {
+        self.with(key, |e| {
+            let n = e
+                .as_ref()
+                .and_then(|(v, _)| v.parse::<u64>().ok())
+                .unwrap_or(0)
+                + 1;
+            let exp = match (ttl, e.as_ref()) {
+                (Some(t), _) => Some(Instant::now() + t),
+                (None, Some((_, exp))) => *exp,
+                (None, None) => None,
+            };
+            *e = Some((n.to_string(), exp));
+            n
+        })
+    }
     fn compare_and_expire(&self, key: &str, value: &str, ttl: Duration) -> bool {
         self.with(key, |e| match e {
             Some((v, exp)) if v == value => {
@@ -94,6 +127,8 @@ struct FlawedBackend {
     store: Arc<ToyStoreHandle>,
     flaw: Flaw,
     caps: Capabilities,
+    /// How far this client's wall clock runs ahead.
+    clock_ahead: Duration,
 }
 
 /// `Debug` for the store without printing its contents.
@@ -105,6 +140,39 @@ impl std::fmt::Debug for ToyStoreHandle {
     }
 }
 
+impl FlawedBackend {
+    /// This client's wall clock in milliseconds.
+    fn clock_ms(&self) -> u128 {
+        (SystemTime::now() + self.clock_ahead)
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+    }
+
+    fn fence(&self, key: &str, ttl: Duration) -> u64 {
+        let counter = format!("fence:{key}");
+        let expiry = (self.flaw == Flaw::FencingResetsWhenIdle).then_some(ttl);
+        self.store.0.incr(&counter, expiry)
+    }
+
+    /// The classic timestamp lock: `SETNX key expiry`; if taken and the stored expiry passed by
+    /// this client's clock, `GETSET key new-expiry` and win if the old value was the one read.
+    fn getset_acquire(&self, key: &str, ttl: Duration) -> Option<String> {
+        let store = &self.store.0;
+        let now = self.clock_ms();
+        let value = format!("{}-{}", now + ttl.as_millis() + 1, fastrand::u64(..));
+        if store.set_nx(key, &value, None) {
+            return Some(value);
+        }
+        let current = store.get(key)?;
+        let expiry: u128 = current.split('-').next()?.parse().ok()?;
+        if expiry >= now {
+            return None;
+        }
+        (store.getset(key, &value).as_deref() == Some(current.as_str())).then_some(value)
+    }
+}
+
 #[async_trait]
 impl Backend for FlawedBackend {
     fn capabilities(&self) -> &Capabilities {
@@ -113,27 +181,36 @@ impl Backend for FlawedBackend {
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
         let key = req.name.escaped();
-        let value = match self.flaw {
-            Flaw::FixedValue => "locked".to_string(),
-            _ => req.token.to_hex(),
-        };
         let sent = Instant::now();
         let store = &self.store.0;
-        if self.flaw == Flaw::SetnxThenExpire {
-            if !store.set_nx(&key, &value, None) {
+        let value = if self.flaw == Flaw::GetsetTimestamp {
+            match self.getset_acquire(&key, req.ttl) {
+                Some(value) => value,
+                None => return Ok(None),
+            }
+        } else {
+            let value = match self.flaw {
+                Flaw::FixedValue => "locked".to_string(),
+                _ => req.token.to_hex(),
+            };
+            if self.flaw == Flaw::SetnxThenExpire {
+                if !store.set_nx(&key, &value, None) {
+                    return Ok(None);
+                }
+                // The second round trip: a holder cancelled or crashed here never sets the
+                // expiry.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                store.expire(&key, req.ttl);
+            } else if !store.set_nx(&key, &value, Some(req.ttl)) {
                 return Ok(None);
             }
-            // The second round trip: a holder cancelled or crashed here never sets the expiry.
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            store.expire(&key, req.ttl);
-        } else if !store.set_nx(&key, &value, Some(req.ttl)) {
-            return Ok(None);
-        }
+            value
+        };
         let lease = FlawedLease {
-            store: self.store.clone(),
+            backend: self.clone_client(),
+            fencing: self.fence(&key, req.ttl),
             key,
-            value,
-            flaw: self.flaw,
+            value: Mutex::new(value),
         };
         Ok(Some(Acquired::new(lease, sent)))
     }
@@ -143,21 +220,18 @@ impl Backend for FlawedBackend {
         req: &AcquireRequest,
         deadline: Option<Instant>,
     ) -> Result<Option<Acquired>> {
-        // A tight poll, so that a waiter takes over within a few milliseconds of an expiry.
+        if self.flaw != Flaw::SpinningWaiter {
+            // What every polling backend uses.
+            return poll_acquire(self, req, deadline, &Backoff::for_ttl(req.ttl)).await;
+        }
         loop {
             if let Some(a) = self.try_acquire(req).await? {
                 return Ok(Some(a));
             }
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
             }
-            if self.flaw == Flaw::SpinningWaiter {
-                tokio::task::yield_now().await;
-                continue;
-            }
-            let wake = now + Duration::from_millis(2);
-            tokio::time::sleep_until(deadline.map_or(wake, |d| d.min(wake))).await;
+            tokio::task::yield_now().await;
         }
     }
 
@@ -170,12 +244,23 @@ impl Backend for FlawedBackend {
     }
 }
 
+impl FlawedBackend {
+    fn clone_client(&self) -> FlawedBackend {
+        FlawedBackend {
+            store: self.store.clone(),
+            flaw: self.flaw,
+            caps: self.caps.clone(),
+            clock_ahead: self.clock_ahead,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct FlawedLease {
-    store: Arc<ToyStoreHandle>,
+    backend: FlawedBackend,
     key: String,
-    value: String,
-    flaw: Flaw,
+    value: Mutex<String>,
+    fencing: u64,
 }
 
 fn not_held() -> Error {
@@ -185,24 +270,39 @@ fn not_held() -> Error {
 #[async_trait]
 impl Lease for FlawedLease {
     fn fencing_token(&self) -> Option<u64> {
-        None
+        Some(self.fencing)
     }
 
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
-        if self.flaw == Flaw::NeverRenewed {
-            return Ok(ttl);
-        }
-        if self.store.0.compare_and_expire(&self.key, &self.value, ttl) {
-            Ok(ttl)
-        } else {
-            Err(not_held())
+        let b = &self.backend;
+        let store = &b.store.0;
+        let value = self.value.lock().unwrap().clone();
+        match b.flaw {
+            Flaw::NeverRenewed => Ok(ttl),
+            Flaw::GetsetTimestamp => {
+                if store.get(&self.key).as_deref() != Some(value.as_str()) {
+                    return Err(not_held());
+                }
+                let new = format!(
+                    "{}-{}",
+                    b.clock_ms() + ttl.as_millis() + 1,
+                    fastrand::u64(..)
+                );
+                store.set(&self.key, &new);
+                *self.value.lock().unwrap() = new;
+                Ok(ttl)
+            }
+            _ if store.compare_and_expire(&self.key, &value, ttl) => Ok(ttl),
+            _ => Err(not_held()),
         }
     }
 
     async fn release(&self) -> Result<()> {
-        let store = &self.store.0;
-        if self.flaw == Flaw::ReadThenDelete {
-            if store.get(&self.key).as_deref() != Some(&self.value) {
+        let b = &self.backend;
+        let store = &b.store.0;
+        let value = self.value.lock().unwrap().clone();
+        if b.flaw == Flaw::ReadThenDelete {
+            if store.get(&self.key).as_deref() != Some(&value) {
                 return Err(not_held());
             }
             // The second round trip: by now the lease may have run out and been taken over.
@@ -210,7 +310,7 @@ impl Lease for FlawedLease {
             store.del(&self.key);
             return Ok(());
         }
-        if store.compare_and_delete(&self.key, &self.value) {
+        if store.compare_and_delete(&self.key, &value) {
             Ok(())
         } else {
             Err(not_held())
@@ -223,6 +323,20 @@ struct FlawedHarness {
     flaw: Flaw,
 }
 
+impl FlawedHarness {
+    fn backend(&self, clock_ahead: Duration) -> FlawedBackend {
+        let mut caps = Capabilities::default();
+        caps.force_release = true;
+        caps.fencing = true;
+        FlawedBackend {
+            store: self.store.clone(),
+            flaw: self.flaw,
+            caps,
+            clock_ahead,
+        }
+    }
+}
+
 #[async_trait]
 impl Harness for FlawedHarness {
     fn label(&self) -> String {
@@ -230,17 +344,19 @@ impl Harness for FlawedHarness {
     }
 
     async fn client(&self) -> Result<Locker> {
-        let mut caps = Capabilities::default();
-        caps.force_release = true;
-        Ok(Locker::new(FlawedBackend {
-            store: self.store.clone(),
-            flaw: self.flaw,
-            caps,
-        }))
+        Ok(Locker::new(self.backend(Duration::ZERO)))
     }
 
     fn can_revoke(&self) -> bool {
         true
+    }
+
+    fn can_skew_clock(&self) -> bool {
+        true
+    }
+
+    async fn client_with_clock_skew(&self, ahead: Duration) -> Result<Locker> {
+        Ok(Locker::new(self.backend(ahead)))
     }
 }
 
@@ -298,7 +414,10 @@ fn fixed_lock_value_is_caught() {
         set(&[
             "extend_after_expiry_not_held",
             // The lost guard's release on drop frees the next holder's lock.
+            "extend_honours_ttl",
             "lost_signal_on_expiry",
+            "mutual_exclusion_across_expiry",
+            "no_resurrection",
             "release_racing_expiry_keeps_next_holder",
             "stale_release_keeps_new_holder",
         ])
@@ -309,9 +428,10 @@ fn fixed_lock_value_is_caught() {
 fn read_then_delete_release_is_caught() {
     assert_eq!(
         failing(Flaw::ReadThenDelete),
+        // The delete, sent after the pause, frees the lock a racing client took at the expiry
+        // (also after the watchdog's release at the maximum hold time). A waiter in a polling
+        // lock() mostly comes too late to be hit: the suite races a client that polls hard.
         set(&[
-            // The watchdog's release at the validity deadline reads the value, pauses past the
-            // expiry, and deletes the next holder's lock.
             "auto_renew_stops_at_max_hold",
             "release_racing_expiry_keeps_next_holder",
         ])
@@ -326,7 +446,9 @@ fn lease_never_renewed_is_caught() {
             "auto_renew_keeps_lock",
             "auto_renew_stops_at_max_hold",
             "extend_after_expiry_not_held",
+            "extend_honours_ttl",
             "lost_signal_on_revoke",
+            "no_resurrection",
         ])
     );
 }
@@ -336,5 +458,21 @@ fn spinning_waiter_is_caught() {
     assert_eq!(
         failing(Flaw::SpinningWaiter),
         set(&["waiter_does_not_spin"])
+    );
+}
+
+#[test]
+fn getset_timestamp_lock_is_caught() {
+    assert_eq!(
+        failing(Flaw::GetsetTimestamp),
+        set(&["skewed_clock_cannot_steal"])
+    );
+}
+
+#[test]
+fn fencing_counter_reset_when_idle_is_caught() {
+    assert_eq!(
+        failing(Flaw::FencingResetsWhenIdle),
+        set(&["fencing_tokens_increase"])
     );
 }
