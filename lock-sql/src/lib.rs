@@ -349,6 +349,17 @@ impl Backend for SqlBackend {
         }
     }
 
+    async fn queued_waiters(&self, name: &LockName) -> Result<usize> {
+        match &self.inner {
+            #[cfg(feature = "postgres")]
+            Inner::Pg(b) => b.queued_waiters(name).await,
+            #[allow(unreachable_patterns)]
+            _ => Err(lockcore::Error::unsupported(
+                "this database does not report its queued lock waiters",
+            )),
+        }
+    }
+
     async fn force_release(&self, name: &LockName) -> Result<bool> {
         self.revoke(name).await
     }

@@ -35,6 +35,7 @@ struct Sql {
     row_unlock: String,
     row_guard: String,
     revoke_row: String,
+    queued_row: String,
     lease_acquire: String,
     lease_extend: String,
     lease_release: String,
@@ -180,6 +181,14 @@ impl PgBackend {
                    AND ((l.classid::int8 << 32) | l.objid::int8) = {key} \
                    AND l.pid <> pg_backend_pid()"
             ),
+            // Sessions waiting for the advisory lock of this name (each client's own waiters
+            // queue in the client first: one per client shows here).
+            queued_row: format!(
+                "SELECT count(*) FROM pg_locks l \
+                 WHERE l.locktype = 'advisory' AND NOT l.granted AND l.objsubid = 1 \
+                   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                   AND ((l.classid::int8 << 32) | l.objid::int8) = {key}"
+            ),
             // Read first: the upsert runs only when the row is free (or already ours: a retry of
             // an attempt whose answer was lost), so a failed attempt writes and locks nothing.
             // The second column is the current holder's remaining time, for the waiter's sleep.
@@ -320,6 +329,28 @@ impl PgBackend {
             }
             Strategy::Lease => self.lease_wait(req, deadline).await,
         }
+    }
+
+    /// Row-lock waiters queued in the server for `name`.
+    ///
+    /// Cancel safe.
+    pub(crate) async fn queued_waiters(&self, name: &LockName) -> Result<usize> {
+        if self.config.strategy != Strategy::RowLock {
+            return Err(Error::unsupported(
+                "lease waiters poll (woken by NOTIFY); they are not queued in the server",
+            ));
+        }
+        let (name, sql) = (name.as_str().to_owned(), self.sql.queued_row.clone());
+        let n: i64 = self
+            .conns
+            .run(self.conns.bound(), "counting queued waiters", move |c| {
+                sqlx::query_scalar(AssertSqlSafe(sql.clone()))
+                    .bind(name.clone())
+                    .fetch_one(c)
+                    .boxed()
+            })
+            .await?;
+        Ok(n.max(0) as usize)
     }
 
     pub(crate) async fn revoke(&self, name: &LockName) -> Result<bool> {
