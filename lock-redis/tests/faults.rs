@@ -256,3 +256,67 @@ async fn expiry_wakes_one_waiter_per_client() {
         t.abort();
     }
 }
+
+/// `redis+sentinel://` follows a failover: with the primary stopped (SIGSTOP), the sentinels
+/// promote the replica and the same client, without reconnecting by hand, takes locks on the new
+/// primary; fencing tokens of a name keep increasing across the failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_url_follows_a_failover() {
+    let mut topo = faultkit::RedisFailover::start()
+        .await
+        .expect("primary + replica + 3 sentinels");
+    let sentinels: Vec<String> = topo
+        .sentinel_ports()
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let url = format!(
+        "redis+sentinel://{}/faultkit?connect_timeout_ms=500&response_timeout_ms=500",
+        sentinels.join(",")
+    );
+    let locker = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let name = LockName::new(unique("failover")).unwrap();
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait_timeout(scaled(30.0));
+    let g = locker.lock(&name, &opts).await.unwrap();
+    let before = g.fencing_token().unwrap();
+    g.release().await.unwrap();
+
+    let old = topo.primary().await.unwrap();
+    topo.node(old).pause().unwrap();
+    let new = topo
+        .wait_failover(old, scaled(30.0))
+        .await
+        .expect("the sentinels promote the replica");
+
+    // The client finds the new primary by itself (lock() rides out the errors meanwhile).
+    let g = locker
+        .lock(&name, &opts)
+        .await
+        .expect("a lock on the new primary");
+    let after = g.fencing_token().unwrap();
+    assert!(
+        after > before,
+        "token {after} after the failover, {before} before"
+    );
+    let holder = topo
+        .cli(new, &["GET", &locker_key(&url, &name).await])
+        .await
+        .unwrap();
+    assert_eq!(
+        holder.trim(),
+        g.token().to_hex(),
+        "the lock is on the new primary"
+    );
+    g.release().await.unwrap();
+    topo.node(old).resume().unwrap();
+}
+
+async fn locker_key(url: &str, name: &LockName) -> String {
+    lock_redis::node::Keys::new(
+        &lock_redis::node::Config::parse(url).unwrap().namespace,
+        name,
+    )
+    .lock
+}

@@ -7,7 +7,7 @@
 //! | URL | backend | cargo feature |
 //! |---|---|---|
 //! | `memory://[store]` | in-process reference ([`memory::MemoryBackend`]) | always |
-//! | `redis://`, `rediss://`, `redis+cluster://`, `rediss+cluster://` | Redis | `redis` |
+//! | `redis://`, `rediss://`, `redis+cluster://`, `rediss+cluster://`, `redis+sentinel://`, `rediss+sentinel://` | Redis | `redis` |
 //! | `postgres://`, `postgresql://` | PostgreSQL | `postgres` |
 //! | `mysql://`, `mariadb://` | MySQL / MariaDB | `mysql` |
 //! | `sqlite://path` | SQLite | `sqlite` |
@@ -85,9 +85,8 @@ pub async fn connect(url: &str) -> Result<Locker> {
         )?))),
         // Backend arms, one per feature, in the object_store style.
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
-            Ok(Locker::new(lock_redis::RedisBackend::connect(url).await?))
-        }
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel"
+        | "rediss+sentinel" => Ok(Locker::new(lock_redis::RedisBackend::connect(url).await?)),
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => Ok(Locker::new(lock_sql::SqlBackend::connect(url).await?)),
         #[cfg(feature = "mysql")]
@@ -115,8 +114,8 @@ fn not_compiled_in(scheme: &str, url: &str) -> Error {
         )),
         None => Error::invalid_config(format!(
             "{}: unknown lock backend scheme `{scheme}` (known: memory, redis, rediss, \
-             redis+cluster, rediss+cluster, postgres, postgresql, mysql, mariadb, sqlite, zk, \
-             redlock, redlocks)",
+             redis+cluster, rediss+cluster, redis+sentinel, rediss+sentinel, postgres, \
+             postgresql, mysql, mariadb, sqlite, zk, redlock, redlocks)",
             redact_url(url)
         )),
     }
@@ -212,6 +211,8 @@ mod tests {
             ("rediss://u:pw@localhost", "redis"),
             ("redis+cluster://h1:1,h2:2", "redis"),
             ("rediss+cluster://:pw@h1:1", "redis"),
+            ("redis+sentinel://:pw@s1:26379,s2/mymaster", "redis"),
+            ("rediss+sentinel://s1/mymaster/0", "redis"),
             ("postgres://u:pw@h/db?strategy=lease", "postgres"),
             ("postgresql://u:pw@h/db", "postgres"),
             ("mysql://u:pw@h/db", "mysql"),

@@ -24,8 +24,10 @@ pub fn scheme_of(url: &str) -> Result<String> {
 }
 
 /// The cargo feature of `locksmith` that a (lowercase) scheme needs: `Some("redis")` for
-/// `redis`, `rediss`, `redis+cluster` and `rediss+cluster`; `postgres` for `postgres` and
-/// `postgresql`; `mysql` for `mysql` and `mariadb`; `sqlite`; `zk`; `redlock` for `redlock` and `redlocks`. `None` for `memory` (always built in) and for unknown
+/// `redis`, `rediss`, `redis+cluster`, `rediss+cluster`, `redis+sentinel` and
+/// `rediss+sentinel`; `postgres` for `postgres` and `postgresql`; `mysql` for `mysql` and
+/// `mariadb`; `sqlite`; `zk`; `redlock` for `redlock` and `redlocks`. `None` for `memory`
+/// (always built in) and for unknown
 /// schemes.
 ///
 /// ```
@@ -34,7 +36,8 @@ pub fn scheme_of(url: &str) -> Result<String> {
 /// ```
 pub fn feature_for_scheme(scheme: &str) -> Option<&'static str> {
     Some(match scheme {
-        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => "redis",
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel"
+        | "rediss+sentinel" => "redis",
         "postgres" | "postgresql" => "postgres",
         "mysql" | "mariadb" => "mysql",
         "sqlite" => "sqlite",
