@@ -38,7 +38,7 @@
 //! | parameter | default | meaning |
 //! |---|---|---|
 //! | `namespace` | `locksmith` | key prefix, `[A-Za-z0-9_.:-]{1,64}` |
-//! | `min_replicas` | `0` | after winning, `WAIT` for this many replicas; too few: release and fail with `Unavailable` |
+//! | `min_replicas` | `0` | after winning or extending, `WAIT` for this many replicas; too few: release (or do not extend) and fail with `Unavailable` |
 //! | `replica_timeout_ms` | `100` | the `WAIT` timeout |
 //! | `tls_ca` | system roots | PEM file of the CA that signed the server certificate (`rediss` only) |
 //! | `poll_ms` | `1000` | safety-net poll of a notified waiter (jittered in `[poll/2, poll]`) |
@@ -48,8 +48,11 @@
 //! `min_replicas` narrows the failover window of Redis's asynchronous replication but does not
 //! close it: `WAIT` only says that replicas received the write, not that a failover will promote
 //! one of them. A failover can therefore lose a fresh lock (two holders); the fencing counter
-//! stays increasing through it because it never falls below the server clock. With `min_replicas`, acquisitions of one client
-//! go one at a time through a dedicated connection (`WAIT` blocks the connection it runs on).
+//! stays increasing through it because it never falls below the server clock. With
+//! `min_replicas`, acquisitions and extensions both send their script and `WAIT` as one pipeline
+//! (one round trip) over a connection of their own (`WAIT` blocks the connection it runs on);
+//! an extension that too few replicas acknowledged fails with `Unavailable` and does not move
+//! the lease's validity.
 //!
 //! Passwords never appear in `Debug`, [`Backend::describe`], logs or error messages.
 //!
@@ -72,7 +75,7 @@ use lockcore::{Capabilities, Error, Instant, LockName, Result, WaitKind};
 
 use crate::config::Config;
 use crate::conn::Conn;
-use crate::node::{ExpiryWatch, Keys, Node, NodeAttempt, slot_of};
+use crate::node::{ExpiryWatch, Keys, Node, NodeAttempt, Replicas};
 pub(crate) use crate::node::{map_err, map_err_connect};
 
 enum Attempt {
@@ -82,9 +85,10 @@ enum Attempt {
 
 struct Inner {
     node: Node,
-    /// Only with `min_replicas`: `WAIT` blocks the connection it runs on, so acquisitions that
-    /// wait for replicas go one at a time through this one, never through `conn`.
-    wait_conn: Option<tokio::sync::Mutex<Conn>>,
+    /// Only with `min_replicas`: `WAIT` blocks the connection it runs on, so the script + `WAIT`
+    /// pipelines of acquisitions and extensions go through this one, never through the node's
+    /// command connection (other commands never queue behind a `WAIT`).
+    wait_conn: Option<(Conn, Replicas)>,
     caps: Capabilities,
     describe: String,
 }
@@ -122,7 +126,11 @@ impl RedisBackend {
         let node = Node::connect(&cfg).await?;
         let wait_conn = if cfg.min_replicas > 0 {
             let extra = cfg.replica_timeout + Duration::from_millis(500);
-            Some(tokio::sync::Mutex::new(node.slow_conn(extra).await?))
+            let replicas = Replicas {
+                count: cfg.min_replicas,
+                timeout: cfg.replica_timeout,
+            };
+            Some((node.slow_conn(extra).await?, replicas))
         } else {
             None
         };
@@ -262,54 +270,40 @@ impl RedisBackend {
         &self,
         req: &AcquireRequest,
         keys: &Keys,
-        wait_conn: &tokio::sync::Mutex<Conn>,
+        (conn, replicas): &(Conn, Replicas),
     ) -> Result<Attempt> {
-        let conn = wait_conn.lock().await;
-        let mut conn = conn.clone();
         let sent_at = Instant::now();
-        let attempt = self.run_acquire(&mut conn, req, keys).await?;
-        if !matches!(attempt, NodeAttempt::Won { .. }) {
-            return Ok(self.outcome(req, keys, attempt, sent_at));
-        }
-        let cfg = self.inner.node.config();
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(cfg.min_replicas)
-            .arg(cfg.replica_timeout.as_millis() as u64);
-        // WAIT counts the replicas that acknowledged this connection's writes: on a cluster it
-        // must reach the master of the lock's slot, over the same connection as the script.
-        let acked = match &mut conn {
-            Conn::Single(c) => wait.query_async::<i64>(c).await,
-            Conn::Cluster(c) => {
-                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                    Route::new(slot_of(&keys.tag), SlotAddr::Master),
-                ));
-                c.route_command(wait, route)
-                    .await
-                    .and_then(|v| redis::from_redis_value(v).map_err(Into::into))
+        let token = req.token.to_hex();
+        // Script and WAIT pipelined: one round trip, no client-side serialisation.
+        let result = node::acquire_replicated(
+            &mut conn.clone(),
+            keys,
+            &token,
+            req.ttl,
+            true,
+            Some(*replicas),
+        )
+        .await;
+        let err = match result {
+            Ok((attempt @ NodeAttempt::Held { .. }, _)) => {
+                return Ok(self.outcome(req, keys, attempt, sent_at));
             }
-        };
-        let shortfall = match acked {
-            Ok(n) if n >= i64::from(cfg.min_replicas) => None,
-            Ok(n) => Some(Error::new(
+            Ok((attempt, Some(n))) if n >= i64::from(replicas.count) => {
+                return Ok(self.outcome(req, keys, attempt, sent_at));
+            }
+            Ok((_, acked)) => Error::new(
                 lockcore::ErrorKind::Unavailable,
                 format!(
-                    "only {n} of {} replicas acknowledged the lock within {:?}; released it",
-                    cfg.min_replicas, cfg.replica_timeout
+                    "only {} of {} replicas acknowledged the lock within {:?}; released it",
+                    acked.unwrap_or(0),
+                    replicas.count,
+                    replicas.timeout
                 ),
-            )),
-            Err(e) => Some(map_err("WAIT for replicas failed; released the lock", e)),
+            ),
+            // Whether the script ran is unknown: release in case it did (owner-checked).
+            Err(e) => e,
         };
-        let Some(err) = shortfall else {
-            return Ok(self.outcome(req, keys, attempt, sent_at));
-        };
-        let lease = RedisLease {
-            inner: self.inner.clone(),
-            keys: keys.clone(),
-            token: req.token.to_hex(),
-            fencing: 0,
-        };
-        if let Err(e) = lease.release().await {
+        if let Err(e) = node::release(&mut self.inner.node.conn(), keys, &token).await {
             tracing::warn!(error = %e, "could not release an under-replicated lock; it frees after its ttl");
         }
         Err(err)
@@ -453,8 +447,36 @@ impl Lease for RedisLease {
     ///
     /// Cancel safety: dropping the future may or may not have extended the lease.
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
-        let held = node::extend(&mut self.inner.node.conn(), &self.keys, &self.token, ttl).await?;
-        if held { Ok(ttl) } else { Err(not_held()) }
+        let Some((conn, replicas)) = &self.inner.wait_conn else {
+            let held =
+                node::extend(&mut self.inner.node.conn(), &self.keys, &self.token, ttl).await?;
+            return if held { Ok(ttl) } else { Err(not_held()) };
+        };
+        // With min_replicas an extension counts only once replicas have it too: a promoted
+        // replica with the old TTL would free the lock early.
+        let (held, acked) = node::extend_replicated(
+            &mut conn.clone(),
+            &self.keys,
+            &self.token,
+            ttl,
+            Some(*replicas),
+        )
+        .await?;
+        if !held {
+            return Err(not_held());
+        }
+        let acked = acked.unwrap_or(0);
+        if acked < i64::from(replicas.count) {
+            return Err(Error::new(
+                lockcore::ErrorKind::Unavailable,
+                format!(
+                    "only {acked} of {} replicas acknowledged the extension within {:?}; the \
+                     lease's validity is not extended",
+                    replicas.count, replicas.timeout
+                ),
+            ));
+        }
+        Ok(ttl)
     }
 
     /// One compare-and-delete script that also wakes the waiters.

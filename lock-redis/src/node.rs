@@ -144,7 +144,7 @@ pub struct Keys {
     pub fence: String,
     /// The pub/sub channel a release publishes on.
     pub channel: String,
-    /// The hash tag (the escaped name), for routing `WAIT` on a cluster.
+    /// The hash tag (the escaped name).
     pub tag: String,
 }
 
@@ -159,22 +159,6 @@ impl Keys {
             tag,
         }
     }
-}
-
-/// Redis Cluster's key slot of a hash tag: CRC16/XMODEM modulo 16384.
-pub(crate) fn slot_of(tag: &str) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in tag.as_bytes() {
-        crc ^= (b as u16) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
 }
 
 /// A TTL in whole milliseconds for `PX`, rounded up: the server never frees the lock before the
@@ -215,28 +199,106 @@ pub async fn acquire(
     ttl: Duration,
     fencing: bool,
 ) -> Result<NodeAttempt> {
-    let mut inv = scripts().acquire.key(&keys.lock);
+    Ok(acquire_replicated(conn, keys, token, ttl, fencing, None)
+        .await?
+        .0)
+}
+
+/// As [`acquire`]; with `replicas`, `WAIT` is pipelined behind the script (still one round
+/// trip) and the number of replicas that acknowledged is returned too. `WAIT` blocks the
+/// connection it runs on: use a connection of its own for it.
+///
+/// Cancel safety: as [`acquire`].
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the server fails (the lock may then have been taken: it frees
+/// after `ttl`).
+pub async fn acquire_replicated(
+    conn: &mut Conn,
+    keys: &Keys,
+    token: &str,
+    ttl: Duration,
+    fencing: bool,
+    replicas: Option<Replicas>,
+) -> Result<(NodeAttempt, Option<i64>)> {
+    let mut key_list = vec![keys.lock.as_str()];
     if fencing {
-        inv.key(&keys.fence);
+        key_list.push(&keys.fence);
     }
-    let (won, value): (i64, i64) = inv
-        .arg(token)
-        .arg(ttl_ms(ttl))
-        .invoke_async(conn)
-        .await
-        .map_err(|e| map_err("acquire script failed", e))?;
+    let ttl = ttl_ms(ttl).to_string();
+    let ((won, value), acked): ((i64, i64), _) = eval(
+        conn,
+        &scripts().acquire,
+        &key_list,
+        &[token, &ttl],
+        replicas,
+    )
+    .await
+    .map_err(|e| map_err("acquire script failed", e))?;
     if won == 1 {
         if !fencing {
-            return Ok(NodeAttempt::Won { fence: None });
+            return Ok((NodeAttempt::Won { fence: None }, acked));
         }
         let fence = u64::try_from(value)
             .map_err(|_| Error::new(lockcore::ErrorKind::Backend, "negative fencing counter"))?;
-        return Ok(NodeAttempt::Won { fence: Some(fence) });
+        return Ok((NodeAttempt::Won { fence: Some(fence) }, acked));
     }
     // PTTL: -1 (no expiry, not ours) or -2 (gone) give no useful wake-up time.
-    Ok(NodeAttempt::Held {
-        pttl: u64::try_from(value).ok().map(Duration::from_millis),
-    })
+    Ok((
+        NodeAttempt::Held {
+            pttl: u64::try_from(value).ok().map(Duration::from_millis),
+        },
+        acked,
+    ))
+}
+
+/// How many replicas must acknowledge a write (`WAIT count timeout`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Replicas {
+    /// Replicas that must acknowledge.
+    pub count: u32,
+    /// How long `WAIT` waits for them.
+    pub timeout: Duration,
+}
+
+/// Runs `script` on `conn`; with `replicas`, as one pipeline `EVALSHA ...; WAIT n t` (one round
+/// trip; on a cluster the pipeline goes to the master of the keys' slot, which `WAIT` must
+/// reach), loading the script once on `NOSCRIPT`.
+async fn eval<T: redis::FromRedisValue>(
+    conn: &mut Conn,
+    script: &Script,
+    keys: &[&str],
+    args: &[&str],
+    replicas: Option<Replicas>,
+) -> redis::RedisResult<(T, Option<i64>)> {
+    let Some(r) = replicas else {
+        let mut inv = script.prepare_invoke();
+        for k in keys {
+            inv.key(*k);
+        }
+        for a in args {
+            inv.arg(*a);
+        }
+        return Ok((inv.invoke_async(conn).await?, None));
+    };
+    let mut pipe = redis::pipe();
+    pipe.cmd("EVALSHA")
+        .arg(script.get_hash())
+        .arg(keys.len())
+        .arg(keys)
+        .arg(args)
+        .cmd("WAIT")
+        .arg(r.count)
+        .arg(r.timeout.as_millis() as u64);
+    match pipe.query_async::<(T, i64)>(conn).await {
+        Ok((v, n)) => Ok((v, Some(n))),
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            let (v, n) = pipe.query_async::<(T, i64)>(conn).await?;
+            Ok((v, Some(n)))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Compare-and-`PEXPIRE`: resets the lock's TTL to `ttl` if `token` still holds it. Returns
@@ -247,15 +309,34 @@ pub async fn acquire(
 /// # Errors
 /// `Unavailable` or `Backend` when the server fails.
 pub async fn extend(conn: &mut Conn, keys: &Keys, token: &str, ttl: Duration) -> Result<bool> {
-    let n: i64 = scripts()
-        .extend
-        .key(&keys.lock)
-        .arg(token)
-        .arg(ttl_ms(ttl))
-        .invoke_async(conn)
-        .await
-        .map_err(|e| map_err("extend script failed", e))?;
-    Ok(n == 1)
+    Ok(extend_replicated(conn, keys, token, ttl, None).await?.0)
+}
+
+/// As [`extend`]; with `replicas`, `WAIT` is pipelined behind the script (one round trip) and
+/// the number of replicas that acknowledged is returned too.
+///
+/// Cancel safety: as [`extend`].
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the server fails.
+pub async fn extend_replicated(
+    conn: &mut Conn,
+    keys: &Keys,
+    token: &str,
+    ttl: Duration,
+    replicas: Option<Replicas>,
+) -> Result<(bool, Option<i64>)> {
+    let ttl = ttl_ms(ttl).to_string();
+    let (n, acked): (i64, _) = eval(
+        conn,
+        &scripts().extend,
+        &[keys.lock.as_str()],
+        &[token, &ttl],
+        replicas,
+    )
+    .await
+    .map_err(|e| map_err("extend script failed", e))?;
+    Ok((n == 1, acked))
 }
 
 /// Compare-and-delete that also publishes on the release channel. Returns whether `token` held
@@ -500,14 +581,6 @@ mod tests {
         let plain = Keys::new("ns", &LockName::new("a").unwrap());
         assert_eq!(plain.lock, "ns:{a}:lock");
         assert_ne!(k.lock, plain.lock);
-    }
-
-    #[test]
-    fn crc16_slot_matches_redis() {
-        // Values from CLUSTER KEYSLOT.
-        assert_eq!(slot_of("foo"), 12182);
-        assert_eq!(slot_of("bar"), 5061);
-        assert_eq!(slot_of(""), 0);
     }
 
     #[test]

@@ -320,3 +320,44 @@ async fn locker_key(url: &str, name: &LockName) -> String {
     )
     .lock
 }
+
+/// With `min_replicas`, an extension is `WAIT`ed like an acquisition: with the only replica
+/// stopped, extending fails with `Unavailable` (a promoted replica would hold the old TTL) and
+/// the lease's validity does not move; with the replica back, it succeeds again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_waits_for_extensions() {
+    let mut topo = faultkit::RedisFailover::start()
+        .await
+        .expect("primary + replica + 3 sentinels");
+    let primary = topo.primary().await.unwrap();
+    let replica = 1 - primary;
+    let url = format!(
+        "{}?min_replicas=1&replica_timeout_ms=200",
+        topo.node_url(primary)
+    );
+    let locker = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let g = locker
+        .try_lock(
+            unique("wait-extend"),
+            &LockOptions::new().ttl(Duration::from_secs(30)),
+        )
+        .await
+        .expect("the replica acknowledges the acquisition")
+        .unwrap();
+    g.extend(Duration::from_secs(30))
+        .await
+        .expect("acknowledged");
+
+    topo.node(replica).pause().unwrap();
+    let valid_until = g.valid_until();
+    let err = g.extend(Duration::from_secs(60)).await.unwrap_err();
+    topo.node(replica).resume().unwrap();
+    assert_eq!(err.kind(), lockcore::ErrorKind::Unavailable, "{err}");
+    assert_eq!(
+        g.valid_until(),
+        valid_until,
+        "an unacknowledged extension moved the validity"
+    );
+    assert!(g.is_valid());
+    g.release().await.unwrap();
+}
