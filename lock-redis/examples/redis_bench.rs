@@ -1,6 +1,6 @@
 //! Small latency / throughput check for the Redis backend.
 //!
-//! `cargo run -p lock-redis --release --example bench -- [URL]` (default: `$LOCK_TEST_REDIS_URL`).
+//! `cargo run -p lock-redis --release --example redis_bench -- [URL]` (default: `$LOCK_TEST_REDIS_URL`).
 //! Prints PING p50/p99, uncontended `lock()`+`release()` p50/p99 (and their ratio to PING p50)
 //! over 2000 iterations, and the hand-over rate of 4 clients contending for one name for 3 s.
 
