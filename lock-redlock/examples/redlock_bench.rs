@@ -69,7 +69,12 @@ async fn uncontended(url: String) -> lockcore::Result<()> {
     let opts = LockOptions::new().ttl(Duration::from_secs(10));
     for _ in 0..200 {
         backend.bare_cycle(&bare_name).await?;
-        locker.try_lock(&name, &opts).await?.expect("free").release().await?;
+        locker
+            .try_lock(&name, &opts)
+            .await?
+            .expect("free")
+            .release()
+            .await?;
     }
     let (mut bare, mut lib, mut rt) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..2000 {
@@ -140,7 +145,10 @@ async fn contend(procs: usize, secs: u64, url: String) -> lockcore::Result<()> {
     for c in children {
         let out = c.wait_with_output().expect("child output");
         let text = String::from_utf8_lossy(&out.stdout);
-        let n: u64 = text.trim().parse().unwrap_or_else(|_| panic!("child said {text:?}"));
+        let n: u64 = text
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("child said {text:?}"));
         counts.push(n);
     }
     let after = backend.server_requests().await?;

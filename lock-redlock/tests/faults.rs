@@ -1,0 +1,248 @@
+//! Redlock under faults, on five redis-server processes of its own (started here on free
+//! ports, killed on drop): masters down, slow, restarted empty, a key expiring early.
+//!
+//! Where the algorithm allows two holders (a master restarting empty, a master's clock jumping
+//! forward), the test asserts that the second holder is observed: that is Redlock's documented
+//! limit, not a bug of this crate.
+
+use std::time::Duration;
+
+use conformance::time_scale;
+use faultkit::RedisServer;
+use lock_redlock::RedlockBackend;
+use lockcore::{ErrorKind, Instant, LockName, LockOptions, Locker};
+
+/// Five masters of this test's own (faultkit kills them on drop, also on panic).
+struct Cluster {
+    masters: Vec<RedisServer>,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let masters = futures::future::try_join_all((0..5).map(|_| RedisServer::start()))
+            .await
+            .expect("five redis-server processes (Debian package redis-server)");
+        Cluster { masters }
+    }
+
+    fn kill(&mut self, i: usize) {
+        self.masters[i].process().kill();
+    }
+
+    /// Starts master `i` again on its port, empty.
+    async fn restart(&mut self, i: usize) {
+        self.masters[i].restart().await.expect("restart a master");
+    }
+
+    fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .masters
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.port()))
+            .collect();
+        format!("redlock://{}?node_timeout_ms=100", hosts.join(","))
+    }
+
+    async fn client(&self) -> Locker {
+        Locker::new(RedlockBackend::connect(&self.url()).await.expect("connect"))
+    }
+}
+
+fn scaled(d: Duration) -> Duration {
+    d.mul_f64(time_scale())
+}
+
+fn name(tag: &str) -> LockName {
+    LockName::new(format!("fault-{tag}-{:08x}", fastrand::u32(..))).expect("name")
+}
+
+fn opts() -> LockOptions {
+    LockOptions::new()
+        .ttl(scaled(Duration::from_secs(10)))
+        .wait_timeout(scaled(Duration::from_secs(2)))
+}
+
+/// Locks, contends, extends and releases; asserts exclusion between two clients.
+async fn locks_and_excludes(a: &Locker, b: &Locker, name: &LockName) {
+    let g = a
+        .try_lock(name, &opts())
+        .await
+        .expect("try_lock")
+        .expect("free");
+    assert!(
+        b.try_lock(name, &opts()).await.expect("try_lock").is_none(),
+        "a second holder while a majority is up"
+    );
+    g.extend(scaled(Duration::from_secs(10)))
+        .await
+        .expect("extend");
+    g.release().await.expect("release");
+    let g = b.lock(name, &opts()).await.expect("lock after release");
+    g.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_or_two_masters_down_still_lock() {
+    let mut cluster = Cluster::start().await;
+    let (a, b) = (cluster.client().await, cluster.client().await);
+    let n = name("minority");
+    cluster.kill(0);
+    locks_and_excludes(&a, &b, &n).await;
+    cluster.kill(3);
+    locks_and_excludes(&a, &b, &n).await;
+    // A client connecting now reaches only 3 of 5: still a majority.
+    let c = cluster.client().await;
+    locks_and_excludes(&c, &a, &n).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_masters_cost_no_more_than_the_node_timeout() {
+    let mut cluster = Cluster::start().await;
+    let a = cluster.client().await;
+    let n = name("slow");
+    // Warm up the connections and the script cache.
+    a.try_lock(&n, &opts())
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // Release returns once a majority confirmed; the rest of the masters finish in the
+    // background, which flush waits for.
+    a.flush().await;
+    cluster.masters[1].process().pause().expect("SIGSTOP");
+    cluster.masters[4].process().pause().expect("SIGSTOP");
+    let started = Instant::now();
+    let g = a
+        .try_lock(&n, &opts())
+        .await
+        .expect("try_lock")
+        .expect("free");
+    g.release().await.expect("release");
+    let took = started.elapsed();
+    // The connections' own response timeout is 2 s; the votes of the others decide at once.
+    assert!(
+        took < scaled(Duration::from_millis(1000)),
+        "try_lock + release took {took:?} with two stopped masters"
+    );
+    cluster.masters[1].process().resume().expect("SIGCONT");
+    cluster.masters[4].process().resume().expect("SIGCONT");
+    a.flush().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn majority_down_is_unavailable_then_recovers() {
+    let mut cluster = Cluster::start().await;
+    let a = cluster.client().await;
+    let n = name("majority");
+    for i in [0, 2, 4] {
+        cluster.kill(i);
+    }
+    let wait = scaled(Duration::from_secs(2));
+    let started = Instant::now();
+    let r = a
+        .lock(&n, &opts().wait_timeout(wait))
+        .await
+        .map(|_| ())
+        .expect_err("locked with 3 of 5 masters down");
+    let took = started.elapsed();
+    assert_eq!(r.kind(), ErrorKind::Unavailable, "{r}");
+    assert!(
+        took < wait + scaled(Duration::from_millis(1500)),
+        "lock() returned after {took:?}, its deadline was {wait:?}"
+    );
+    assert_eq!(
+        a.try_lock(&n, &opts())
+            .await
+            .map(|_| ())
+            .expect_err("try_lock with 3 of 5 down")
+            .kind(),
+        ErrorKind::Unavailable
+    );
+    // The masters come back (empty, on the same ports): the same client reconnects.
+    for i in [0, 2, 4] {
+        cluster.restart(i).await;
+    }
+    let g = a
+        .lock(&n, &opts().wait_timeout(scaled(Duration::from_secs(10))))
+        .await
+        .expect("lock after the masters came back");
+    g.release().await.expect("release");
+}
+
+/// The holder won exactly a majority (two masters were down when it locked); then one of its
+/// masters loses the key: the other two masters and that one form a new majority.
+async fn bare_majority_holder(cluster: &mut Cluster) -> (Locker, lockcore::LockGuard, LockName) {
+    let a = cluster.client().await;
+    let n = name("two-holders");
+    cluster.kill(3);
+    cluster.kill(4);
+    let g = a
+        .try_lock(&n, &opts())
+        .await
+        .expect("try_lock")
+        .expect("free");
+    cluster.restart(3).await;
+    cluster.restart(4).await;
+    (a, g, n)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_empty_master_allows_a_second_holder() {
+    let mut cluster = Cluster::start().await;
+    let (_a, held, n) = bare_majority_holder(&mut cluster).await;
+    // Master 2 restarts without persistence before the TTL ends: it forgot the key.
+    cluster.kill(2);
+    cluster.restart(2).await;
+    let b = cluster.client().await;
+    let second = b
+        .try_lock(&n, &opts())
+        .await
+        .expect("try_lock")
+        .expect("Redlock's known limit: a master restarted empty lets a second client win");
+    assert!(held.is_valid() && second.is_valid(), "two holders at once");
+    second.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_expiry_on_a_master_allows_a_second_holder() {
+    let mut cluster = Cluster::start().await;
+    let (a, held, n) = bare_majority_holder(&mut cluster).await;
+    let key = RedlockBackend::connect(&cluster.url())
+        .await
+        .expect("connect")
+        .lock_key(&n);
+    // Master 2's clock jumps forward: its key expires now rather than at the TTL.
+    cluster.masters[2]
+        .cli(&["PEXPIRE", &key, "1"])
+        .await
+        .expect("PEXPIRE");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let b = cluster.client().await;
+    let second =
+        b.try_lock(&n, &opts()).await.expect("try_lock").expect(
+            "Redlock's known limit: an early expiry on one master lets a second client win",
+        );
+    assert!(held.is_valid() && second.is_valid(), "two holders at once");
+    second.release().await.expect("release");
+    drop(held);
+    a.flush().await;
+
+    // With the lock on all five masters, one early expiry is not enough.
+    let g = a
+        .try_lock(&n, &opts())
+        .await
+        .expect("try_lock")
+        .expect("free");
+    cluster.masters[0]
+        .cli(&["PEXPIRE", &key, "1"])
+        .await
+        .expect("PEXPIRE");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert!(
+        b.try_lock(&n, &opts()).await.expect("try_lock").is_none(),
+        "one early expiry among five masters gave a second holder"
+    );
+    g.release().await.expect("release");
+}
