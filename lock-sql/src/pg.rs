@@ -49,7 +49,7 @@ pub(crate) struct PgBackend {
     sql: Arc<Sql>,
     queues: Arc<Queues>,
     listen_opts: PgConnectOptions,
-    wakeups: OnceCell<Option<Arc<Wakeups>>>,
+    wakeups: OnceCell<Arc<Wakeups>>,
 }
 
 /// Release notifications of this client's table, fanned out to its waiters. `None` means
@@ -544,19 +544,26 @@ impl PgBackend {
         }
     }
 
-    async fn wakeups(&self) -> Option<Arc<Wakeups>> {
-        self.wakeups
-            .get_or_init(|| async {
-                match self.start_listener().await {
-                    Ok(w) => Some(Arc::new(w)),
-                    Err(e) => {
-                        tracing::warn!(error = %self.config.scrub(e.to_string()), "LISTEN failed; lease waiters will poll");
-                        None
-                    }
+    /// The release notifications, started on first use; while LISTEN fails (the database is
+    /// unreachable), waiters poll and the next wait tries again.
+    async fn wakeups(&self, bound: Instant) -> Option<Arc<Wakeups>> {
+        let started = self
+            .wakeups
+            .get_or_try_init(|| async {
+                match tokio::time::timeout_at(bound, self.start_listener()).await {
+                    Ok(Ok(w)) => Ok(Arc::new(w)),
+                    Ok(Err(e)) => Err(self.config.scrub(e.to_string())),
+                    Err(_) => Err("timed out".to_owned()),
                 }
             })
-            .await
-            .clone()
+            .await;
+        match started {
+            Ok(w) => Some(w.clone()),
+            Err(e) => {
+                tracing::warn!(error = %e, "LISTEN failed; lease waiters poll for now");
+                None
+            }
+        }
     }
 
     async fn start_listener(&self) -> sqlx::Result<Wakeups> {
@@ -618,7 +625,7 @@ impl PgBackend {
         req: &AcquireRequest,
         deadline: Option<Instant>,
     ) -> Result<Option<Acquired>> {
-        let wakeups = self.wakeups().await;
+        let wakeups = self.wakeups(self.conns.bound_by(deadline)).await;
         // Subscribed before the first attempt, so a release between an attempt and the sleep
         // is not missed.
         let mut rx = wakeups.as_ref().map(|w| w.tx.subscribe());

@@ -1,0 +1,489 @@
+//! Faults and limits: server crashes (own instances), connection limits, an unreachable
+//! database, pool exhaustion, request counts through a counting proxy.
+
+mod support;
+
+use std::time::Duration;
+
+use lock_sql::SqlBackend;
+use lockcore::{ErrorKind, LockName, LockOptions, Locker};
+use support::{OwnMariadb, OwnPostgres, Proxy, Wire};
+
+fn scaled(d: Duration) -> Duration {
+    d.mul_f64(conformance::time_scale())
+}
+
+fn with_params(url: &str, params: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{params}")
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
+}
+
+async fn client(url: &str) -> Locker {
+    Locker::new(SqlBackend::connect(url).await.expect("connect"))
+}
+
+fn addr_of(url: &str) -> std::net::SocketAddr {
+    let u = url::Url::parse(url).unwrap();
+    format!("{}:{}", u.host_str().unwrap(), u.port().unwrap())
+        .parse()
+        .unwrap()
+}
+
+/// Shared-server URLs: PostgreSQL and MariaDB, plain TCP (for the proxy).
+fn shared() -> Vec<(&'static str, String, Wire)> {
+    let mut v = Vec::new();
+    if let Some(pg) = conformance::require_env("LOCK_TEST_POSTGRES_URL") {
+        v.push((
+            "postgres",
+            with_params(&pg, "sslmode=disable"),
+            Wire::Postgres,
+        ));
+    }
+    if let Some(my) = conformance::require_env("LOCK_TEST_MYSQL_URL") {
+        v.push(("mysql", with_params(&my, "ssl-mode=disabled"), Wire::MySql));
+    }
+    v
+}
+
+/// PostgreSQL row-lock fencing tokens come from a committed counter (written with a WAL flush,
+/// whatever the server's `synchronous_commit`): after a crash and restart the next holder's
+/// token is larger than every token handed out before (regression: `nextval` in a
+/// rolled-back transaction could be handed out again after a crash). A lease taken just before
+/// the crash is still held after it.
+#[tokio::test]
+async fn pg_tokens_and_leases_survive_a_crash_restart() {
+    if !support::can_start("/usr/lib/postgresql/15/bin/postgres") {
+        return;
+    }
+    let pg = OwnPostgres::start(50);
+    let row = with_params(&pg.url(), "strategy=row-lock");
+    let lease = with_params(&pg.url(), "strategy=lease");
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(60))
+        .wait_timeout(scaled(Duration::from_secs(20)));
+    let name = unique("crash");
+    let mut last = 0;
+    for round in 0..3 {
+        let a = client(&row).await;
+        let l = client(&lease).await;
+        let g = a.lock(name.as_str(), &opts).await.unwrap();
+        let t = g.fencing_token().unwrap();
+        assert!(t > last, "round {round}: token {t} after {last}");
+        last = t;
+        let lname = format!("{name}-lease-{round}");
+        let lg = l.lock(lname.as_str(), &opts).await.unwrap();
+        // At once: nothing else gets a chance to flush the WAL.
+        pg.crash_and_restart();
+        let b = client(&lease).await;
+        assert!(
+            b.try_lock(lname.as_str(), &opts).await.unwrap().is_none(),
+            "round {round}: the lease taken before the crash was lost"
+        );
+        g.abandon();
+        lg.abandon();
+    }
+    let c = client(&row).await;
+    let g = c.lock(name.as_str(), &opts).await.unwrap();
+    assert!(g.fencing_token().unwrap() > last);
+    g.release().await.unwrap();
+}
+
+/// Many holders on one client: a held row lock keeps a connection outside `pool_max`, so 100
+/// holders on a client with `pool_max=4` all get their locks (regression: holders past the
+/// pool waited 30 s and failed). When the server refuses more connections
+/// (`max_connections`), the error is `Unavailable`, not `Backend`.
+#[tokio::test]
+async fn hundred_holders_and_the_server_connection_limit() {
+    let mut servers: Vec<(&str, String, Box<dyn std::any::Any>)> = Vec::new();
+    if support::can_start("/usr/lib/postgresql/15/bin/postgres") {
+        let pg = OwnPostgres::start(110);
+        servers.push(("postgres", pg.url(), Box::new(pg)));
+    }
+    if support::can_start("mariadbd") {
+        let my = OwnMariadb::start(110);
+        servers.push(("mysql", my.url(), Box::new(my)));
+    }
+    for (label, url, _server) in &servers {
+        let url = with_params(url, "strategy=row-lock&pool_max=4");
+        let c = client(&url).await;
+        let opts = LockOptions::new()
+            .ttl(Duration::from_secs(60))
+            .wait_timeout(scaled(Duration::from_secs(20)));
+        let base = unique("many");
+        let t0 = std::time::Instant::now();
+        let tasks: Vec<_> = (0..100)
+            .map(|i| {
+                let c = c.clone();
+                let opts = opts.clone();
+                let name = format!("{base}-{i}");
+                tokio::spawn(async move { c.lock(name.as_str(), &opts).await })
+            })
+            .collect();
+        let mut guards = Vec::new();
+        for t in tasks {
+            guards.push(t.await.unwrap().unwrap_or_else(|e| panic!("{label}: {e}")));
+        }
+        eprintln!("{label}: 100 holders in {:?}", t0.elapsed());
+        // More, until the server says no: that is Unavailable.
+        let err = loop {
+            match c
+                .try_lock(format!("{base}-x{}", guards.len()).as_str(), &opts)
+                .await
+            {
+                Ok(Some(g)) => guards.push(g),
+                Ok(None) => panic!("{label}: a fresh name was busy"),
+                Err(e) => break e,
+            }
+            assert!(guards.len() < 200, "{label}: the server never refused");
+        };
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{label}: {err}");
+        eprintln!("{label}: refused after {} holders: {err}", guards.len());
+        for g in guards {
+            g.release().await.unwrap();
+        }
+    }
+}
+
+/// Waiters queued on one busy name do not take the connections other names need, and
+/// `try_lock` never waits for the pool (regression: with every pooled connection in a lock
+/// wait, other names and try_lock waited 30 s for the pool and failed).
+#[tokio::test]
+async fn waiters_on_a_busy_name_do_not_starve_other_names() {
+    for (label, url, _) in shared() {
+        let tag = uuid::Uuid::new_v4().simple().to_string();
+        let url = with_params(&url, "strategy=row-lock&pool_max=2");
+        let url_c = if label == "postgres" {
+            with_params(&url, &format!("application_name=starve{tag}"))
+        } else {
+            url.clone()
+        };
+        let holder = client(&url).await;
+        let c = client(&url_c).await;
+        let busy = unique("busy");
+        let opts = LockOptions::new()
+            .ttl(Duration::from_secs(30))
+            .wait_timeout(scaled(Duration::from_secs(60)));
+        let g = holder.lock(busy.as_str(), &opts).await.unwrap();
+        let waiters: Vec<_> = (0..20)
+            .map(|_| {
+                let c = c.clone();
+                let busy = busy.clone();
+                let opts = opts.clone();
+                tokio::spawn(async move { c.lock(busy.as_str(), &opts).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let t0 = std::time::Instant::now();
+        let other = c
+            .lock(
+                unique("other").as_str(),
+                &opts.clone().wait_timeout(scaled(Duration::from_secs(5))),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{label}: other name starved: {e}"));
+        assert!(
+            c.try_lock(busy.as_str(), &opts).await.unwrap().is_none(),
+            "{label}"
+        );
+        assert!(
+            t0.elapsed() < scaled(Duration::from_secs(5)),
+            "{label}: {:?}",
+            t0.elapsed()
+        );
+        if label == "postgres" {
+            // One server-side waiter for the 20 local ones.
+            let pool = sqlx::PgPool::connect(&url.replace("&strategy=row-lock&pool_max=2", ""))
+                .await
+                .unwrap();
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
+            )
+            .bind(format!("starve{tag}"))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            assert!(n <= 1, "{label}: {n} server-side waiters");
+        }
+        other.release().await.unwrap();
+        g.release().await.unwrap();
+        for w in waiters {
+            let g = w.await.unwrap().unwrap();
+            g.release().await.unwrap();
+        }
+    }
+}
+
+/// A database that stops answering (a silent network) cannot hold `lock()` past its deadline
+/// or `try_lock` past `op_timeout_ms` (regression: lease statements had no client-side timeout
+/// and waited on the pool for 30 s).
+#[tokio::test]
+async fn an_unreachable_database_cannot_hold_calls_past_their_bound() {
+    for (label, url, wire) in shared() {
+        for strategy in ["lease", "row-lock"] {
+            let proxy = Proxy::start(addr_of(&url), wire).await;
+            let purl = with_params(
+                &proxy.url(&url),
+                &format!("strategy={strategy}&op_timeout_ms=500"),
+            );
+            let c = client(&purl).await;
+            let name = unique("silent");
+            let g = c
+                .lock(
+                    name.as_str(),
+                    &LockOptions::new().ttl(Duration::from_secs(5)),
+                )
+                .await
+                .unwrap();
+            g.release().await.unwrap();
+            proxy.stall(true);
+            let t0 = std::time::Instant::now();
+            let wait = Duration::from_secs(1);
+            let r = c
+                .lock(
+                    unique("silent").as_str(),
+                    &LockOptions::new()
+                        .ttl(Duration::from_secs(5))
+                        .wait_timeout(wait),
+                )
+                .await;
+            let took = t0.elapsed();
+            assert!(
+                r.is_err(),
+                "{label} {strategy}: acquired through a silent network"
+            );
+            assert!(
+                took < wait + scaled(Duration::from_secs(2)),
+                "{label} {strategy}: lock() took {took:?} with a {wait:?} deadline"
+            );
+            let t0 = std::time::Instant::now();
+            let e = c
+                .try_lock(unique("silent").as_str(), &LockOptions::new())
+                .await
+                .unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Unavailable, "{label} {strategy}: {e}");
+            assert!(
+                t0.elapsed() < scaled(Duration::from_secs(3)),
+                "{label} {strategy}: try_lock took {:?}",
+                t0.elapsed()
+            );
+            proxy.stall(false);
+        }
+    }
+}
+
+/// Requests per operation, counted on the wire after a warm-up (prepared statements cached):
+/// a row-lock acquire is one request and a release one, also after a wait in the server's
+/// queue (regression: PostgreSQL pinged again after every wait over 20 ms; MariaDB took 4
+/// round trips per acquire); a failed lease attempt is one request (regression: MySQL took
+/// two statements per attempt).
+#[tokio::test]
+async fn requests_per_operation() {
+    for (label, url, wire) in shared() {
+        let opts = LockOptions::new().ttl(Duration::from_secs(60));
+        // Row lock, uncontended.
+        let proxy = Proxy::start(addr_of(&url), wire).await;
+        let c = client(&with_params(&proxy.url(&url), "strategy=row-lock")).await;
+        let name = unique("rt");
+        // Warm-up: both statements prepared (try, and wait with a deadline).
+        let waiting = opts.clone().wait_timeout(scaled(Duration::from_secs(20)));
+        for _ in 0..3 {
+            let g = c.try_lock(name.as_str(), &opts).await.unwrap().unwrap();
+            g.release().await.unwrap();
+            let g = c.lock(name.as_str(), &waiting).await.unwrap();
+            g.release().await.unwrap();
+        }
+        let before = proxy.requests();
+        for _ in 0..10 {
+            let g = c.try_lock(name.as_str(), &opts).await.unwrap().unwrap();
+            g.release().await.unwrap();
+        }
+        let per = (proxy.requests() - before) as f64 / 10.0;
+        assert!(
+            per <= 2.0,
+            "{label} row-lock: {per} requests per acquire+release"
+        );
+        // Row lock after a wait: the waiter's acquire is one request.
+        let holder = client(&with_params(&url, "strategy=row-lock")).await;
+        let g = holder.lock(name.as_str(), &opts).await.unwrap();
+        let before = proxy.requests();
+        let w = {
+            let c = c.clone();
+            let name = name.clone();
+            let opts = opts.clone().wait_timeout(scaled(Duration::from_secs(20)));
+            tokio::spawn(async move { c.lock(name.as_str(), &opts).await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        g.release().await.unwrap();
+        let g = w.await.unwrap().unwrap();
+        let acquire = proxy.requests() - before;
+        g.release().await.unwrap();
+        assert_eq!(
+            acquire, 1,
+            "{label} row-lock: requests for a waited acquire"
+        );
+        // Lease: a failed attempt is one request.
+        let proxy = Proxy::start(addr_of(&url), wire).await;
+        let c = client(&with_params(&proxy.url(&url), "strategy=lease")).await;
+        let other = client(&with_params(&url, "strategy=lease")).await;
+        let name = unique("rt-lease");
+        let g = other.lock(name.as_str(), &opts).await.unwrap();
+        for _ in 0..3 {
+            assert!(c.try_lock(name.as_str(), &opts).await.unwrap().is_none());
+        }
+        let before = proxy.requests();
+        for _ in 0..10 {
+            assert!(c.try_lock(name.as_str(), &opts).await.unwrap().is_none());
+        }
+        let per = (proxy.requests() - before) as f64 / 10.0;
+        assert!(
+            per <= 1.0,
+            "{label} lease: {per} requests per failed attempt"
+        );
+        g.release().await.unwrap();
+        eprintln!("{label}: ok");
+    }
+}
+
+/// A failed PostgreSQL lease attempt writes nothing: the held row keeps its version and is not
+/// locked (regression: the upsert locked the row even when it took nothing).
+#[tokio::test]
+async fn pg_failed_lease_attempt_is_not_a_write() {
+    let Some(pg) = conformance::require_env("LOCK_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let url = with_params(&pg, "strategy=lease");
+    let a = client(&url).await;
+    let b = client(&url).await;
+    let name = unique("noread");
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    let g = a.lock(name.as_str(), &opts).await.unwrap();
+    let pool = sqlx::PgPool::connect(&pg).await.unwrap();
+    let version = || async {
+        sqlx::query_as::<_, (String, String)>(
+            "SELECT xmin::text, xmax::text FROM locksmith_locks WHERE name = $1",
+        )
+        .bind(&name)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let v0 = version().await;
+    for _ in 0..3 {
+        assert!(b.try_lock(name.as_str(), &opts).await.unwrap().is_none());
+    }
+    assert_eq!(
+        version().await,
+        v0,
+        "a failed attempt wrote or locked the row"
+    );
+    g.release().await.unwrap();
+}
+
+/// A PostgreSQL lease release sends `NOTIFY` only when a waiter announced itself (regression:
+/// every release notified, serialising commits on the notification queue).
+#[tokio::test]
+async fn pg_release_notifies_only_when_someone_waits() {
+    let Some(pg) = conformance::require_env("LOCK_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let url = with_params(&pg, "strategy=lease");
+    let a = client(&url).await;
+    let b = client(&url).await;
+    let mut listener = sqlx::postgres::PgListener::connect(&pg).await.unwrap();
+    listener.listen("locksmith_locks").await.unwrap();
+    let name = unique("notify");
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait_timeout(scaled(Duration::from_secs(20)));
+    // Nobody waits: no notification for this name.
+    let g = a.lock(name.as_str(), &opts).await.unwrap();
+    g.release().await.unwrap();
+    let quiet = tokio::time::timeout(Duration::from_millis(500), async {
+        loop {
+            let n = listener.recv().await.unwrap();
+            if n.payload() == name {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(quiet.is_err(), "a release without waiters sent NOTIFY");
+    // Someone waits: the release wakes it.
+    let g = a.lock(name.as_str(), &opts).await.unwrap();
+    let w = {
+        let name = name.clone();
+        let opts = opts.clone();
+        tokio::spawn(async move { b.lock(name.as_str(), &opts).await })
+    };
+    // Until the waiter has announced itself on the row.
+    let pool = sqlx::PgPool::connect(&pg).await.unwrap();
+    let t0 = std::time::Instant::now();
+    while !sqlx::query_scalar::<_, bool>(
+        "SELECT wait_until > clock_timestamp() FROM locksmith_locks WHERE name = $1",
+    )
+    .bind(&name)
+    .fetch_one(&pool)
+    .await
+    .unwrap()
+    {
+        assert!(
+            t0.elapsed() < scaled(Duration::from_secs(10)),
+            "the waiter never announced itself"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    g.release().await.unwrap();
+    tokio::time::timeout(scaled(Duration::from_secs(5)), async {
+        loop {
+            let n = listener.recv().await.unwrap();
+            if n.payload() == name {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("no NOTIFY for a waiter");
+    w.await.unwrap().unwrap().release().await.unwrap();
+}
+
+/// MariaDB revoke kills the session that holds the lock now, found on the server: a name
+/// released by a connection that went on to hold another name is not held, and revoking it
+/// leaves the other lock alone (regression: the connection id recorded at the last win was
+/// killed, taking the other lock with it).
+#[tokio::test]
+async fn revoke_kills_the_current_holder_only() {
+    for (label, url, _) in shared() {
+        let url = with_params(&url, "strategy=row-lock");
+        let c = client(&url).await;
+        let admin = SqlBackend::connect(&url).await.unwrap();
+        let opts = LockOptions::new().ttl(Duration::from_secs(30));
+        let x = unique("revoke-x");
+        let y = unique("revoke-y");
+        c.lock(x.as_str(), &opts)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        // The same client: its idle connection (the one that held x) now holds y.
+        let gy = c.lock(y.as_str(), &opts).await.unwrap();
+        assert!(
+            !admin.revoke(&LockName::new(&x).unwrap()).await.unwrap(),
+            "{label}: x is not held"
+        );
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert!(gy.lost().reason().is_none(), "{label}: revoking x took y");
+        gy.extend(Duration::from_secs(30)).await.unwrap();
+        assert!(
+            admin.revoke(&LockName::new(&y).unwrap()).await.unwrap(),
+            "{label}"
+        );
+        tokio::time::timeout(scaled(Duration::from_secs(5)), gy.lost().lost())
+            .await
+            .expect("lost after revoke");
+    }
+}
