@@ -10,13 +10,13 @@
 //!    primitive, then `lock()` + release; with the server's request count per hand-over
 //!    (`pg_stat_database` transactions, MariaDB `Questions`).
 
-use std::process::Stdio;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use lock_sql::SqlBackend;
 use lockcore::backend::Backend;
 use lockcore::{Instant, LockName, LockOptions, Locker};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
@@ -76,16 +76,16 @@ async fn handover(
     let mut children = Vec::new();
     for _ in 0..procs {
         let mode = if bare { "bare" } else { "lock" };
-        let mut child = tokio::process::Command::new(&exe)
+        let mut child = Command::new(&exe)
             .args(["--worker", url, name, &secs.to_string(), mode])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .expect("spawn worker");
-        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-        let ready = out.next_line().await.expect("worker output");
-        assert_eq!(ready.as_deref(), Some("ready"), "worker failed to start");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut ready = String::new();
+        out.read_line(&mut ready).expect("worker output");
+        assert_eq!(ready.trim(), "ready", "worker failed to start");
         children.push((child, out));
     }
     // PostgreSQL sessions publish their statistics at most once a second.
@@ -97,22 +97,28 @@ async fn handover(
             .as_mut()
             .unwrap()
             .write_all(b"go\n")
-            .await
             .expect("go");
     }
-    let mut counts = Vec::new();
-    for (mut child, mut out) in children {
-        let line = out.next_line().await.expect("count").expect("count line");
-        counts.push(line.trim().parse::<u64>().expect("a count"));
-        let _ = child.wait().await;
-    }
+    let counts = tokio::task::spawn_blocking(move || {
+        children
+            .into_iter()
+            .map(|(mut child, mut out)| {
+                let mut line = String::new();
+                out.read_line(&mut line).expect("count");
+                let _ = child.wait();
+                line.trim().parse::<u64>().expect("a count")
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("workers");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let after = backend.server_requests().await.ok();
     let total = counts.iter().sum();
     (total, counts, before.zip(after).map(|(b, a)| a - b))
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> lockcore::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--worker") {

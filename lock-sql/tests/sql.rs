@@ -180,9 +180,17 @@ async fn killed_holder_connection_fires_lost_and_fencing_grows() {
             admin.revoke(&LockName::new(&name).unwrap()).await.unwrap(),
             "{label}: nothing killed"
         );
+        let t0 = std::time::Instant::now();
         let reason = tokio::time::timeout(Duration::from_secs(10), lost.lost())
             .await
             .expect("lost signal");
+        // The stated window: a health ping every min(ttl/4, 500 ms), plus its round trip.
+        let took = t0.elapsed();
+        assert!(
+            took < Duration::from_millis(500)
+                + Duration::from_secs(2).mul_f64(conformance::time_scale()),
+            "{label}: the holder learned of the kill after {took:?}"
+        );
         assert_eq!(reason, LostReason::ConnectionLost, "{label}");
         let g2 = tokio::time::timeout(WAIT, w)
             .await
@@ -374,5 +382,25 @@ async fn until_a_lock_wait(url: &str) {
             "no waiter queued on the server"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The capability notes state what is supported and the limits: the row-lock loss window, and
+/// that MySQL row-lock is tested on MariaDB only; every variant offers force_release, and the
+/// public `revoke` follows that capability.
+#[tokio::test]
+async fn capability_notes_state_the_limits() {
+    for (label, url) in variants() {
+        let b = SqlBackend::connect(&url).await.unwrap();
+        let caps = lockcore::backend::Backend::capabilities(&b).clone();
+        let notes = caps.notes.join("\n");
+        if label.ends_with("row-lock") {
+            assert!(notes.contains("loss window"), "{label}: {notes}");
+        }
+        if label == "mysql-row-lock" {
+            assert!(notes.contains("MariaDB"), "{label}: {notes}");
+        }
+        let r = b.revoke(&LockName::new(unique("nobody")).unwrap()).await;
+        assert_eq!(r.is_ok(), caps.force_release, "{label}: {r:?}");
     }
 }
