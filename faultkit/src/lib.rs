@@ -40,4 +40,4 @@ pub use process::ServerProcess;
 pub use proxy::{Direction, Proxy, ProxyMode, rewrite_url};
 pub use redis::{RedisFailover, RedisServer};
 pub use util::{Error, Result, TempDir, Timeouts, free_port, now_unix_micros, wait_until};
-pub use zk::ZooKeeper;
+pub use zk::{ZooKeeper, four_letter as zk_four_letter, mode as zk_mode};

@@ -8,7 +8,8 @@ const USER: &str = "locksmith";
 const PASSWORD: &str = "locksmith-pw";
 const DB: &str = "locksmith";
 
-/// A PostgreSQL server (fsync off, trust authentication on 127.0.0.1) with a database
+/// A PostgreSQL server (fsync off: a killed server keeps every commit, a crashed OS would not;
+/// synchronous commit on; trust authentication on 127.0.0.1) with a database
 /// `locksmith` owned by the user `locksmith`. PostgreSQL refuses to run as root: as root, it
 /// runs as the `postgres` user (through `setpriv`).
 #[derive(Debug)]
@@ -69,8 +70,6 @@ impl Postgres {
                 "listen_addresses=127.0.0.1".into(),
                 "-c".into(),
                 "fsync=off".into(),
-                "-c".into(),
-                "synchronous_commit=off".into(),
                 "-c".into(),
                 "full_page_writes=off".into(),
                 "-c".into(),

@@ -217,6 +217,17 @@ impl RedisFailover {
         Ok(f)
     }
 
+    /// `redis+sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3/faultkit`: a client that asks the
+    /// sentinels for the primary (and follows a failover).
+    pub fn sentinel_url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|(p, _)| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+sentinel://{}/{MASTER}", hosts.join(","))
+    }
+
     /// The URL of node `i` (0: the first primary, 1: the first replica).
     pub fn node_url(&self, i: usize) -> String {
         format!("redis://127.0.0.1:{}", self.nodes[i].0)

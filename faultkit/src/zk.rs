@@ -28,7 +28,11 @@ pub async fn four_letter(port: u16, word: &str) -> Result<String> {
         .map_err(Error::from)
 }
 
-async fn mode(port: u16) -> Result<Option<String>> {
+/// The `Mode:` a ZooKeeper member reports through `srvr` (`leader`, `follower`, `standalone`),
+/// `None` while it does not serve.
+///
+/// Cancel safe.
+pub async fn mode(port: u16) -> Result<Option<String>> {
     let out = four_letter(port, "srvr").await?;
     Ok(out
         .lines()

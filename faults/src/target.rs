@@ -1,0 +1,157 @@
+//! A backend on its own throw-away topology: the URL to reach it and the faults its servers take.
+
+use std::time::Duration;
+
+use faultkit::{MariaDb, Postgres, RedisFailover, RedisServer, TempDir, ZooKeeper};
+
+/// Which topology a backend runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// One Redis server without persistence.
+    Redis,
+    /// Redis primary + replica + 3 sentinels, reached through the sentinels.
+    Sentinel {
+        /// The `min_replicas` URL parameter.
+        min_replicas: u32,
+    },
+    /// PostgreSQL.
+    Postgres {
+        /// `strategy=row-lock` (else lease).
+        row_lock: bool,
+    },
+    /// MariaDB.
+    MariaDb {
+        /// `strategy=row-lock` (else lease).
+        row_lock: bool,
+    },
+    /// A SQLite file (no server).
+    Sqlite,
+    /// A 3-node ZooKeeper ensemble (tickTime 200 ms, session timeout 1 s).
+    ZooKeeper,
+}
+
+pub(crate) enum Topo {
+    Redis(RedisServer),
+    Sentinel(RedisFailover),
+    Postgres(Postgres),
+    MariaDb(MariaDb),
+    Sqlite(TempDir),
+    ZooKeeper(ZooKeeper),
+}
+
+/// A backend under test: its label, its topology, its URL.
+pub struct Target {
+    /// The label in the matrix.
+    pub label: String,
+    /// The topology kind.
+    pub kind: Kind,
+    pub(crate) topo: Topo,
+    /// The TTL the scenarios use (for ZooKeeper also the session timeout).
+    pub ttl: Duration,
+}
+
+impl Target {
+    /// Starts the topology of `kind`.
+    ///
+    /// Cancel safety: a dropped start kills what it started.
+    pub async fn start(label: &str, kind: Kind) -> faultkit::Result<Target> {
+        let topo = match kind {
+            Kind::Redis => Topo::Redis(RedisServer::start().await?),
+            Kind::Sentinel { .. } => Topo::Sentinel(RedisFailover::start().await?),
+            Kind::Postgres { .. } => Topo::Postgres(Postgres::start().await?),
+            Kind::MariaDb { .. } => Topo::MariaDb(MariaDb::start().await?),
+            Kind::Sqlite => Topo::Sqlite(TempDir::new("sqlite", false)?),
+            Kind::ZooKeeper => Topo::ZooKeeper(ZooKeeper::ensemble().await?),
+        };
+        Ok(Target {
+            label: label.to_string(),
+            kind,
+            topo,
+            ttl: Duration::from_millis(1000),
+        })
+    }
+
+    /// The URL clients connect with.
+    pub fn url(&self) -> String {
+        match (&self.topo, self.kind) {
+            (Topo::Redis(r), _) => r.url(),
+            (Topo::Sentinel(s), Kind::Sentinel { min_replicas }) if min_replicas > 0 => {
+                format!(
+                    "{}?min_replicas={min_replicas}&replica_timeout_ms=500",
+                    s.sentinel_url()
+                )
+            }
+            (Topo::Sentinel(s), _) => s.sentinel_url(),
+            (Topo::Postgres(p), Kind::Postgres { row_lock: true }) => {
+                format!("{}?strategy=row-lock", p.url())
+            }
+            (Topo::Postgres(p), _) => p.url(),
+            (Topo::MariaDb(m), Kind::MariaDb { row_lock: true }) => {
+                format!("{}?strategy=row-lock", m.url())
+            }
+            (Topo::MariaDb(m), _) => m.url(),
+            (Topo::Sqlite(d), _) => format!("sqlite://{}", d.join("locks.db").display()),
+            (Topo::ZooKeeper(z), _) => {
+                format!("{}?session_timeout_ms={}", z.url(), self.ttl.as_millis())
+            }
+        }
+    }
+
+    /// The client ports the URL names (for proxying); empty without a network.
+    pub fn endpoints(&self) -> Vec<u16> {
+        match &self.topo {
+            Topo::Redis(r) => vec![r.port()],
+            Topo::Sentinel(_) => Vec::new(),
+            Topo::Postgres(p) => vec![p.port()],
+            Topo::MariaDb(m) => vec![m.port()],
+            Topo::Sqlite(_) => Vec::new(),
+            Topo::ZooKeeper(z) => (0..z.len()).map(|i| z.client_port(i)).collect(),
+        }
+    }
+
+    /// Kills every server of the topology (`-9`) and starts them again: Redis empty (it has no
+    /// persistence), the others with their data. `None` when there is no server.
+    ///
+    /// Cancel safety: a dropped restart may leave servers stopped.
+    pub async fn restart(&mut self) -> Option<faultkit::Result<()>> {
+        Some(match &mut self.topo {
+            Topo::Redis(r) => r.restart().await,
+            Topo::Postgres(p) => p.restart(true).await,
+            Topo::MariaDb(m) => m.restart(true).await,
+            Topo::ZooKeeper(z) => {
+                for i in 0..z.len() {
+                    z.member(i).kill();
+                }
+                let mut res = Ok(());
+                for i in 0..z.len() {
+                    z.member(i).respawn().ok();
+                }
+                for i in 0..z.len() {
+                    // `restart` of a running member kills it again; wait through a no-op
+                    // restart-free readiness instead: a member serves once it names a mode.
+                    if let Err(e) = wait_zk_member(z, i).await {
+                        res = Err(e);
+                    }
+                }
+                res
+            }
+            Topo::Sentinel(_) | Topo::Sqlite(_) => return None,
+        })
+    }
+}
+
+async fn wait_zk_member(z: &ZooKeeper, i: usize) -> faultkit::Result<()> {
+    let port = z.client_port(i);
+    faultkit::wait_until(
+        "zookeeper member serving again",
+        faultkit::Timeouts::scaled().start,
+        || async move {
+            Ok(faultkit::zk_mode(port)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|m| m == "leader" || m == "follower"))
+        },
+    )
+    .await
+}
