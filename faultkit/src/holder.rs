@@ -74,6 +74,8 @@ impl HolderEvent {
 pub struct HolderSpec {
     /// The holder binary.
     pub program: PathBuf,
+    /// Arguments before the holder's flags (a subcommand, e.g. `["holder"]`).
+    pub prefix: Vec<String>,
     /// The lock service URL.
     pub url: String,
     /// The lock name.
@@ -100,6 +102,7 @@ impl HolderSpec {
     pub fn new(program: impl Into<PathBuf>, url: &str, name: &str, ttl: Duration) -> Self {
         HolderSpec {
             program: program.into(),
+            prefix: Vec::new(),
             url: url.to_string(),
             name: name.to_string(),
             ttl,
@@ -112,9 +115,10 @@ impl HolderSpec {
         }
     }
 
-    /// The command line the holder binary takes.
+    /// The command line the holder binary takes (after the prefix).
     pub fn args(&self) -> Vec<String> {
-        let mut a = vec![
+        let mut a = self.prefix.clone();
+        a.extend([
             "--url".to_string(),
             self.url.clone(),
             "--name".into(),
@@ -127,7 +131,7 @@ impl HolderSpec {
             self.work.as_millis().to_string(),
             "--id".into(),
             self.id.clone(),
-        ];
+        ]);
         if self.renew {
             a.push("--renew".into());
         }

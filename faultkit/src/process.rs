@@ -8,9 +8,12 @@ use rustix::process::{Pid, Signal, kill_process_group};
 
 use crate::util::{Error, Result, tail};
 
+const SETPRIV: &str = "/usr/bin/setpriv";
+
 /// A server process started by a launcher. It runs in its own process group, so that signals
 /// reach its children too (PostgreSQL's backends); `Drop` kills the group with SIGKILL and reaps
-/// it, also when a test panics.
+/// it, also when a test panics; and the server is started with a parent-death signal, so it
+/// dies with the thread that started it even when the test process is killed.
 #[derive(Debug)]
 pub struct ServerProcess {
     label: String,
@@ -45,7 +48,16 @@ impl ServerProcess {
             .append(true)
             .open(&self.log)?;
         let err = out.try_clone()?;
-        let child = Command::new(&self.program)
+        // Through `setpriv --pdeathsig KILL` where it exists: the server dies with the thread
+        // that started it, so a test process killed by a timeout leaves no server behind.
+        let mut cmd = if Path::new(SETPRIV).exists() {
+            let mut c = Command::new(SETPRIV);
+            c.args(["--pdeathsig", "KILL", "--", &self.program]);
+            c
+        } else {
+            Command::new(&self.program)
+        };
+        let child = cmd
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(out)

@@ -268,7 +268,9 @@ fn check_token(cell: &mut FaultCell, before: Option<u64>, after: Option<u64>) {
 }
 
 fn holder_spec(t: &Target, name: &str, id: &str) -> HolderSpec {
-    let mut s = HolderSpec::new(crate::holder_program(), &t.url(), name, t.ttl);
+    let (program, prefix) = crate::holder_command();
+    let mut s = HolderSpec::new(program, &t.url(), name, t.ttl);
+    s.prefix = prefix;
     s.renew = true;
     s.id = id.to_string();
     s

@@ -62,6 +62,14 @@ enum Command {
     /// Internal: one process of `bench`'s multi-process runs.
     #[command(name = "__bench-worker", hide = true)]
     BenchWorker(BenchWorkerArgs),
+    /// The fault suite's holder process (`report --faults` runs it): takes a lock and reports
+    /// it as JSON lines until killed.
+    #[command(hide = true)]
+    Holder {
+        /// The holder's flags (see the `faults` crate's `holder` module).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -72,6 +80,13 @@ struct ReportArgs {
     /// Skip the benchmark (latency and hand-over figures).
     #[arg(long)]
     no_bench: bool,
+    /// Also run the fault suite and put its Faults matrix beside the scenario matrix: every
+    /// backend under holder kill and pause, server restart, partition, leader loss and slow
+    /// replies, on throw-away topologies started for it on free loopback ports (Redis,
+    /// Redis + sentinels, PostgreSQL, MariaDB, a ZooKeeper ensemble, SQLite; needs the server
+    /// packages of scripts/install-servers.sh; about two minutes). The URLs are not used by it.
+    #[arg(long)]
+    faults: bool,
     /// Lock service URLs, e.g. memory:// redis://127.0.0.1:6379 "postgres://u:pw@h/db?strategy=lease".
     /// Without any: the two embedded backends, memory:// and a SQLite file in the output
     /// directory (no server needed).
@@ -234,7 +249,17 @@ fn main() -> ExitCode {
                 } else {
                     a.urls
                 };
-                report_cmd::report(&urls, &a.out, (!a.no_bench).then(bench::Plan::default)).await
+                report_cmd::report(
+                    &urls,
+                    &a.out,
+                    (!a.no_bench).then(bench::Plan::default),
+                    a.faults,
+                )
+                .await
+            }
+            Command::Holder { args } => {
+                faults::holder::holder_main(args).await;
+                0
             }
             Command::Run(a) => run_cmd::run(a).await,
             Command::Bench(a) => {

@@ -17,7 +17,7 @@ pub fn embedded_urls(out: &Path) -> Vec<String> {
 
 /// Runs the suite against every URL, writes the report, prints its paths. Returns the exit
 /// code: 0 when nothing failed, 1 otherwise, 2 when the report could not be written.
-pub async fn report(urls: &[String], out: &Path, bench: Option<Plan>) -> u8 {
+pub async fn report(urls: &[String], out: &Path, bench: Option<Plan>, with_faults: bool) -> u8 {
     // Early, so that a bad --out fails before the suite runs (and the embedded SQLite file
     // has its directory).
     if let Err(e) = std::fs::create_dir_all(out) {
@@ -86,7 +86,10 @@ pub async fn report(urls: &[String], out: &Path, bench: Option<Plan>) -> u8 {
         );
         backends.push(result);
     }
-    let report = Report::new(backends);
+    let mut report = Report::new(backends);
+    if with_faults {
+        report = report.with_faults(run_faults().await);
+    }
     match report.write_to(out) {
         Ok(paths) => {
             for p in paths {
@@ -108,4 +111,25 @@ pub async fn report(urls: &[String], out: &Path, bench: Option<Plan>) -> u8 {
     } else {
         0
     }
+}
+
+/// The fault suite on throw-away topologies, holders being this executable's hidden `holder`
+/// subcommand; prints each backend's cells as they come.
+async fn run_faults() -> conformance::FaultMatrix {
+    if let Ok(exe) = std::env::current_exe() {
+        faults::set_holder_command(exe, vec!["holder".into()]);
+    }
+    eprintln!("==> faults: starting topologies (a few minutes)");
+    let matrix = faults::run_matrix(faults::backends(), 3).await;
+    for c in &matrix.cells {
+        eprintln!(
+            "[faults] {:<20} {:<15} {:<10}{} {}",
+            c.backend,
+            c.fault,
+            c.outcome.as_str(),
+            if c.is_defect() { " (undocumented)" } else { "" },
+            c.note.trim()
+        );
+    }
+    matrix
 }
