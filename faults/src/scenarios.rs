@@ -711,10 +711,17 @@ async fn slow_replies(t: &mut Target, caps: &Capabilities, cell: &mut FaultCell)
     let returned = now();
     match res {
         Ok(Ok(Some(g))) => {
-            if g.is_valid() {
+            if g.is_valid() && caps.expiry_after_ttl {
                 cell.count("late_grant_valid", 1);
                 cell.note
                     .push_str(" a grant that arrived after its TTL was handed out as valid;");
+            } else if g.is_valid() {
+                // No server-side TTL: the server keeps the lock for the session, so nobody else
+                // can hold it while this guard says valid.
+                cell.note.push_str(
+                    " a grant that arrived after its TTL came back valid (safe here: the \
+                     session-bound lock is held by the server as long as the session);",
+                );
             } else {
                 cell.note
                     .push_str(" the late grant came back already lost;");
