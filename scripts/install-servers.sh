@@ -17,6 +17,7 @@ declare -A PROVIDES=(
   [etcd-server]=/usr/bin/etcd
   [etcd-client]=/usr/bin/etcdctl
   [protobuf-compiler]=/usr/bin/protoc
+  [libprotobuf-dev]=/usr/include/google/protobuf/descriptor.proto # etcd-client's build needs Google's .proto files
   [openssl]=/usr/bin/openssl
   [curl]=/usr/bin/curl
   [netcat-openbsd]=/usr/bin/nc.openbsd

@@ -5,6 +5,10 @@
 #   scripts/servers.sh stop    # stop everything (also leftovers of a crashed run)
 #   scripts/servers.sh env     # print `export LOCK_TEST_...=...` lines (eval them)
 #   scripts/servers.sh status  # probe every server; exit 1 if any is not answering
+#   scripts/servers.sh start-etcd-tls | stop-etcd-tls
+#                              # only the TLS+auth etcd (for manual runs: override its ports with
+#                              # LOCKSMITH_ETCD_TLS_PORT / LOCKSMITH_ETCD_TLS_PEER_PORT and the dir
+#                              # with LOCKSMITH_SERVERS_DIR; touches nothing else)
 #
 # All state (data, logs, pidfiles, certificates) lives under $LOCKSMITH_SERVERS_DIR
 # (default /tmp/locksmith-servers); the etcd data dir goes to /dev/shm when it is big enough.
@@ -12,7 +16,8 @@
 #
 # Ports: redis 16379 (plain), 16380-16384 (Redlock), 16385 (requirepass + ACL user),
 #        16386 (TLS only), 17000-17002 (cluster; bus 27000-27002); postgres 15432;
-#        mariadb 13306; zookeeper 12181; etcd 12379 (client) / 12380 (peer).
+#        mariadb 13306; zookeeper 12181; etcd 12379 (client) / 12380 (peer);
+#        etcd with TLS + auth 12383 (client) / 12384 (peer).
 set -euo pipefail
 
 DIR=${LOCKSMITH_SERVERS_DIR:-/tmp/locksmith-servers}
@@ -31,6 +36,8 @@ MY_PORT=13306
 ZK_PORT=12181
 ETCD_PORT=12379
 ETCD_PEER_PORT=12380
+ETCD_TLS_PORT=${LOCKSMITH_ETCD_TLS_PORT:-12383}
+ETCD_TLS_PEER_PORT=${LOCKSMITH_ETCD_TLS_PEER_PORT:-12384}
 
 # Credentials (test-only).
 REDIS_REQUIREPASS='r3dis-auth-pw'      # password of the `default` user on 16385
@@ -39,6 +46,10 @@ REDIS_ACL_PASS='s3cret:p@ss/w0rd'      # needs URL-encoding: s3cret%3Ap%40ss%2Fw
 DB_USER='locksmith'
 DB_PASS='locksmith-pw'
 DB_NAME='locksmith'
+ETCD_ROOT_PASS='etcd-r00t-pw'
+ETCD_USER='locksmith'
+ETCD_PASS='etcd:p@ss/w0rd'             # needs URL-encoding
+ETCD_PREFIX='locksmith/'               # the user's role may read and write only under it
 
 # Seconds each readiness wait may take before the start fails.
 T_REDIS=20
@@ -50,7 +61,7 @@ T_ETCD=30
 
 ALL_PORTS=("$REDIS_PORT" "${REDLOCK_PORTS[@]}" "$REDIS_AUTH_PORT" "$REDIS_TLS_PORT"
   "${CLUSTER_PORTS[@]}" 27000 27001 27002 "$PG_PORT" "$MY_PORT" "$ZK_PORT"
-  "$ETCD_PORT" "$ETCD_PEER_PORT")
+  "$ETCD_PORT" "$ETCD_PEER_PORT" "$ETCD_TLS_PORT" "$ETCD_TLS_PEER_PORT")
 # Process names we are allowed to kill when they hold one of our ports.
 OUR_COMMS='^(redis-server|redis-check-rdb|postgres|mariadbd|mysqld|java|etcd)$'
 
@@ -171,16 +182,16 @@ port_listeners() {
   ss -Hltnp "( $filter )" 2>/dev/null || true
 }
 
-etcd_data_dir() {
+etcd_data_dir() { # [suffix]
   local shm_mb
   if [[ -d /dev/shm && -w /dev/shm ]]; then
     shm_mb=$(df -Pm /dev/shm 2>/dev/null | awk 'NR==2 {print $4}')
     if [[ ${shm_mb:-0} -ge 512 ]]; then
-      echo "/dev/shm/locksmith-etcd-$(printf '%s' "$DIR" | cksum | cut -d' ' -f1)"
+      echo "/dev/shm/locksmith-etcd${1:-}-$(printf '%s' "$DIR" | cksum | cut -d' ' -f1)"
       return
     fi
   fi
-  echo "$DIR/etcd/data"
+  echo "$DIR/etcd${1:-}/data"
 }
 
 # ---------------------------------------------------------------------------- stop
@@ -197,7 +208,7 @@ stop_all() {
 
   # Everything recorded in a pidfile...
   for f in "$DIR"/redis/*/redis.pid "$DIR"/mariadb/mariadbd.pid "$DIR"/mariadb/mariadb.pid \
-    "$DIR"/zk/zk.pid "$DIR"/etcd/etcd.pid "$DIR"/postgres/data/postmaster.pid; do
+    "$DIR"/zk/zk.pid "$DIR"/etcd/etcd.pid "$DIR"/etcd-tls/etcd.pid "$DIR"/postgres/data/postmaster.pid; do
     [[ -f $f ]] || continue
     pid=$(head -n1 "$f" 2>/dev/null | tr -dc 0-9)
     if alive "$pid" && ours "$pid"; then
@@ -237,12 +248,14 @@ stop_all() {
     done
   fi
 
-  # etcd's tmpfs data dir.
-  if [[ -f $DIR/etcd/datadir ]]; then
-    f=$(cat "$DIR/etcd/datadir")
+  # etcd's tmpfs data dirs.
+  for f in "$DIR/etcd/datadir" "$DIR/etcd-tls/datadir"; do
+    [[ -f $f ]] || continue
+    f=$(cat "$f")
     [[ $f == /dev/shm/locksmith-etcd-* || $f == "$DIR"/* ]] && rm -rf -- "$f"
-  fi
-  rm -f "$DIR"/redis/*/redis.pid "$DIR"/mariadb/*.pid "$DIR"/zk/zk.pid "$DIR"/etcd/etcd.pid
+  done
+  rm -f "$DIR"/redis/*/redis.pid "$DIR"/mariadb/*.pid "$DIR"/zk/zk.pid "$DIR"/etcd/etcd.pid \
+    "$DIR"/etcd-tls/etcd.pid
 
   if [[ -n $(port_pids) ]]; then
     log "WARNING: still listening on our ports:"
@@ -572,13 +585,90 @@ start_etcd() {
   log "etcd: ready in $(elapsed "$t0") s (data in $data)"
 }
 
+etcd_tls_ctl() { # etcdctl against the TLS member, as root once auth is on
+  timeout 10 etcdctl --endpoints "https://127.0.0.1:$ETCD_TLS_PORT" --cacert "$DIR/tls/ca.pem" \
+    --dial-timeout 3s --command-timeout 5s "$@"
+}
+etcd_tls_health() {
+  [[ $(timeout 3 curl -fsS -m 2 --cacert "$DIR/tls/ca.pem" \
+    "https://127.0.0.1:$ETCD_TLS_PORT/health" 2>/dev/null) == *'"health":"true"'* ]]
+}
+# The locksmith user can read the key it is meant to write (auth + RBAC in place).
+etcd_tls_auth_ok() {
+  etcd_tls_ctl --user "$ETCD_USER:$ETCD_PASS" get "${ETCD_PREFIX}probe" &&
+    ! etcd_tls_ctl get "${ETCD_PREFIX}probe"
+}
+
+# An etcd serving clients over TLS only (certificate from gen_certs) with auth enabled: a root
+# user and a `locksmith` user whose role may read and write only under $ETCD_PREFIX.
+start_etcd_tls() {
+  local t0 d=$DIR/etcd-tls pid data
+  t0=$(now_us)
+  mkdir -p "$d"
+  data=$(etcd_data_dir -tls)
+  rm -rf -- "$data"
+  echo "$data" >"$d/datadir"
+  setsid etcd --name locksmith-tls --data-dir "$data" \
+    --listen-client-urls "https://127.0.0.1:$ETCD_TLS_PORT" \
+    --advertise-client-urls "https://127.0.0.1:$ETCD_TLS_PORT" \
+    --cert-file "$DIR/tls/server.pem" --key-file "$DIR/tls/server.key" \
+    --listen-peer-urls "http://127.0.0.1:$ETCD_TLS_PEER_PORT" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_TLS_PEER_PORT" \
+    --initial-cluster "locksmith-tls=http://127.0.0.1:$ETCD_TLS_PEER_PORT" \
+    --initial-cluster-state new --initial-cluster-token "locksmith-tls-test" \
+    --heartbeat-interval 50 --election-timeout 500 \
+    --logger zap --log-outputs stderr \
+    </dev/null >"$d/etcd.log" 2>&1 &
+  pid=$!
+  echo "$pid" >"$d/etcd.pid"
+  wait_for "$T_ETCD" "etcd TLS /health" "$d/etcd.log" "$pid" etcd_tls_health
+  {
+    etcd_tls_ctl user add root --new-user-password="$ETCD_ROOT_PASS" &&
+      etcd_tls_ctl role add locksmith &&
+      etcd_tls_ctl role grant-permission locksmith --prefix=true readwrite "$ETCD_PREFIX" &&
+      etcd_tls_ctl user add "$ETCD_USER" --new-user-password="$ETCD_PASS" &&
+      etcd_tls_ctl user grant-role "$ETCD_USER" locksmith &&
+      etcd_tls_ctl auth enable
+  } >"$d/setup.log" 2>&1 || {
+    tail_log "$d/setup.log" "$d/etcd.log"
+    die "etcd TLS auth setup failed"
+  }
+  wait_for "$T_ETCD" "etcd TLS auth" "$d/setup.log $d/etcd.log" "$pid" etcd_tls_auth_ok
+  log "etcd TLS+auth: ready in $(elapsed "$t0") s (port $ETCD_TLS_PORT, data in $data)"
+}
+
+# Only the TLS+auth etcd, in $DIR (made if missing; certificates generated if missing).
+start_etcd_tls_only() {
+  need etcd etcdctl curl openssl setsid timeout
+  mkdir -p "$DIR"
+  [[ -f $DIR/tls/ca.pem ]] || gen_certs
+  stop_etcd_tls_only
+  start_etcd_tls
+}
+
+stop_etcd_tls_only() {
+  local pid f=$DIR/etcd-tls/etcd.pid
+  if [[ -f $f ]]; then
+    pid=$(head -n1 "$f" | tr -dc 0-9)
+    if alive "$pid" && [[ $(comm_of "$pid") == etcd ]]; then
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rm -f "$f"
+  fi
+  if [[ -f $DIR/etcd-tls/datadir ]]; then
+    f=$(cat "$DIR/etcd-tls/datadir")
+    [[ $f == /dev/shm/locksmith-etcd-tls-* || $f == "$DIR"/* ]] && rm -rf -- "$f"
+  fi
+  return 0
+}
+
 # ---------------------------------------------------------------------------- start
 
 start_all() {
   local t0
   t0=$(now_us)
   need redis-server redis-cli "$PGBIN/initdb" "$PGBIN/pg_ctl" "$PGBIN/psql" mariadb-install-db \
-    mariadbd mariadb mariadb-admin java etcd curl openssl runuser setsid timeout
+    mariadbd mariadb mariadb-admin java etcd etcdctl curl openssl runuser setsid timeout
 
   # Leftovers of a previous (possibly crashed) run: by pidfile, then by port.
   stop_all >/dev/null 2>&1 || stop_all || die "could not free our ports"
@@ -600,7 +690,7 @@ start_all() {
 
   gen_certs
 
-  local svc pids=() names=(redis postgres mariadb zookeeper etcd) failed=() i
+  local svc pids=() names=(redis postgres mariadb zookeeper etcd etcd_tls) failed=() i
   for svc in "${names[@]}"; do
     ("start_$svc") >"$DIR/start-$svc.out" 2>&1 &
     pids+=($!)
@@ -648,7 +738,8 @@ print_env() {
     "LOCK_TEST_MYSQL_TLS_URL=mysql://$DB_USER:$DB_PASS@127.0.0.1:$MY_PORT/$DB_NAME?ssl-mode=verify_identity&ssl-ca=$DIR/tls/ca.pem"
     "LOCK_TEST_SQLITE_URL=sqlite://$DIR/locks.db"
     "LOCK_TEST_ZK_URL=zk://127.0.0.1:$ZK_PORT"
-    "LOCK_TEST_ETCD_URL=http://127.0.0.1:$ETCD_PORT"
+    "LOCK_TEST_ETCD_URL=etcd://127.0.0.1:$ETCD_PORT"
+    "LOCK_TEST_ETCD_TLS_URL=etcds://$ETCD_USER:$(urlencode "$ETCD_PASS")@127.0.0.1:$ETCD_TLS_PORT?ca=$DIR/tls/ca.pem"
     "LOCK_TEST_ZK_PID=$zk_pid"
     "LOCK_TEST_REDIS_PID=$redis_pid"
   )
@@ -678,6 +769,7 @@ status_all() {
   check "mariadb $MY_PORT" my_tcp_ok
   check "zookeeper $ZK_PORT" zk_srvr
   check "etcd $ETCD_PORT" etcd_health
+  check "etcd $ETCD_TLS_PORT tls+auth" etcd_tls_auth_ok
   return "$bad"
 }
 
@@ -686,8 +778,10 @@ case ${1:-} in
   stop) stop_all ;;
   env) print_env ;;
   status) status_all ;;
+  start-etcd-tls) start_etcd_tls_only ;;
+  stop-etcd-tls) stop_etcd_tls_only ;;
   *)
-    echo "usage: $0 start|stop|env|status" >&2
+    echo "usage: $0 start|stop|env|status|start-etcd-tls|stop-etcd-tls" >&2
     exit 2
     ;;
 esac

@@ -13,6 +13,7 @@
 //! | `sqlite://path` | SQLite | `sqlite` |
 //! | `zk://host:port[,host:port]/chroot` | ZooKeeper | `zk` |
 //! | `redlock://h1:p1,h2:p2,...`, `redlocks://...` | Redlock over N independent Redis masters | `redlock` |
+//! | `etcd://host:port[,host:port][/prefix]`, `etcds://` (TLS) | etcd v3 | `etcd` |
 //!
 //! A URL whose backend was not compiled in is refused with
 //! [`ErrorKind::InvalidConfig`] ("built without the `redis` feature"); no error message ever
@@ -99,6 +100,8 @@ pub async fn connect(url: &str) -> Result<Locker> {
         "redlock" | "redlocks" => Ok(Locker::new(
             lock_redlock::RedlockBackend::connect(url).await?,
         )),
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => Ok(Locker::new(lock_etcd::EtcdBackend::connect(url).await?)),
         other => Err(not_compiled_in(other, url)),
     }
 }
@@ -115,7 +118,7 @@ fn not_compiled_in(scheme: &str, url: &str) -> Error {
         None => Error::invalid_config(format!(
             "{}: unknown lock backend scheme `{scheme}` (known: memory, redis, rediss, \
              redis+cluster, rediss+cluster, redis+sentinel, rediss+sentinel, postgres, \
-             postgresql, mysql, mariadb, sqlite, zk, redlock, redlocks)",
+             postgresql, mysql, mariadb, sqlite, zk, redlock, redlocks, etcd, etcds)",
             redact_url(url)
         )),
     }
@@ -200,6 +203,7 @@ mod tests {
             ("sqlite", cfg!(feature = "sqlite")),
             ("zk", cfg!(feature = "zk")),
             ("redlock", cfg!(feature = "redlock")),
+            ("etcd", cfg!(feature = "etcd")),
         ];
         compiled.iter().any(|&(f, on)| f == feature && on)
     }
@@ -221,6 +225,8 @@ mod tests {
             ("zk://u:pw@h1:1,h2:2/chroot", "zk"),
             ("redlock://:pw@h1:1,:pw@h2:2,h3:3", "redlock"),
             ("redlocks://:pw@h1:1", "redlock"),
+            ("etcd://u:pw@h1:1,h2:2/prefix", "etcd"),
+            ("etcds://u:pw@h1:1", "etcd"),
         ] {
             if compiled_in(feature) {
                 continue;

@@ -26,7 +26,7 @@ pub fn scheme_of(url: &str) -> Result<String> {
 /// The cargo feature of `locksmith` that a (lowercase) scheme needs: `Some("redis")` for
 /// `redis`, `rediss`, `redis+cluster`, `rediss+cluster`, `redis+sentinel` and
 /// `rediss+sentinel`; `postgres` for `postgres` and `postgresql`; `mysql` for `mysql` and
-/// `mariadb`; `sqlite`; `zk`; `redlock` for `redlock` and `redlocks`. `None` for `memory`
+/// `mariadb`; `sqlite`; `zk`; `redlock` for `redlock` and `redlocks`; `etcd` for `etcd` and `etcds`. `None` for `memory`
 /// (always built in) and for unknown
 /// schemes.
 ///
@@ -43,6 +43,7 @@ pub fn feature_for_scheme(scheme: &str) -> Option<&'static str> {
         "sqlite" => "sqlite",
         "zk" => "zk",
         "redlock" | "redlocks" => "redlock",
+        "etcd" | "etcds" => "etcd",
         _ => return None,
     })
 }

@@ -1,0 +1,913 @@
+//! locksmith backend for etcd v3 (`etcd://`, `etcds://`): the recipe of etcd's own mutex, done
+//! so that fencing, fairness, cancellation and the lost signal follow the locksmith contract.
+//!
+//! # URL
+//!
+//! `etcd[s]://[user:password@]host1:port1[,host2:port2...][/prefix][?params]` (port defaults to
+//! 2379; `etcds` is TLS with certificate verification). Every listed member is an endpoint; a
+//! dead one does not stop [`EtcdBackend::connect`] while another answers.
+//!
+//! | parameter | default | meaning |
+//! |---|---|---|
+//! | `ca` | none | PEM file of the CA that signed the servers' certificates (`etcds://`) |
+//! | `domain` | the host | the name to verify in the server certificate (`etcds://`) |
+//! | `timeout_ms` | 5000 | how long one request may take before it is `Unavailable` |
+//!
+//! `user:password` authenticates with etcd's RBAC (the user needs read-write permission on the
+//! prefix). The password never appears in `Debug`, [`Backend::describe`], logs or errors.
+//!
+//! # The recipe
+//!
+//! A lock `name` owns the keys under `<prefix>/<name.escaped()>/` (the escaping has no `/`, so
+//! no name's keys are a prefix of another's). Each acquisition puts its own key
+//! `<dir><owner token>`, attached to a lease, in one transaction; the key with the lowest
+//! create revision holds the lock. A waiter waits only for the deletion of its predecessor (the
+//! key with the highest create revision below its own), so one release wakes one waiter: FIFO,
+//! no herd. Ownership is always checked by create revision.
+//!
+//! * Uncontended `try_lock`/`lock`: one transaction ("if the directory is empty, put my key"),
+//!   plus a keep-alive sent alongside it on the client's keep-alive stream when the lease is
+//!   reused. Release: one transaction deleting the key only if its create revision is ours.
+//! * Waiting: one long-lived watch per client over the whole prefix, created once and so
+//!   *synced* (etcd 3.4 delays events for watches created at a past revision by up to 100 ms,
+//!   the reason Go's `concurrency.Mutex` hands over at ~40/s); waiters subscribe to it.
+//! * Leases: one etcd lease per held lock (reused after a clean release), granted by the server
+//!   (whole seconds, at least the server's minimum; the TTL granted is reported). The client
+//!   keeps held and queued leases alive itself on one keep-alive stream (every TTL/3) until the
+//!   guard is released or dropped; a crashed holder's lock frees when its lease expires, one TTL
+//!   after its last keep-alive.
+//! * Lost signal: keep-alive refused ([`LostReason::RenewalRefused`]), no keep-alive
+//!   acknowledged before the lease may have expired ([`LostReason::ConnectionLost`]), or the
+//!   key deleted behind the holder ([`LostReason::RenewalRefused`]).
+//! * Fencing token: the key's create revision, which increases across holders, restarts and
+//!   leader changes.
+#![deny(missing_docs)]
+
+mod config;
+mod keeper;
+mod watch;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget,
+    Txn, TxnOp, TxnOpResponse,
+};
+use lockcore::{
+    AcquireRequest, Acquired, Backend, Capabilities, Error, ErrorKind, Instant, IntoLockName,
+    Lease, LockName, LostNotifier, LostReason, RenewKind, Result, WaitKind, async_trait,
+};
+use tokio::sync::watch as tokio_watch;
+
+use crate::config::Config;
+use crate::keeper::{Keeper, LeaseCell, Renewal};
+use crate::watch::{Dispatch, Floor, Wake};
+
+/// The largest TTL accepted (etcd's own maximum lease TTL is 9,000,000,000 s; a day is plenty).
+const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Leases kept for reuse per TTL.
+const POOL_PER_TTL: usize = 64;
+/// The TTL of the lease `bare_cycle` uses.
+const BARE_TTL_SECS: i64 = 60;
+
+/// The etcd client error in the contract's terms.
+pub(crate) fn map_err(what: impl Into<String>, e: etcd_client::Error) -> Error {
+    use etcd_client::Error as E;
+    let what = what.into();
+    match &e {
+        // gRPC codes: 1 cancelled, 3 invalid argument, 4 deadline exceeded, 14 unavailable.
+        E::GRpcStatus(s) => match s.code() as i32 {
+            1 | 4 | 14 => Error::unavailable(what, e),
+            3 => Error::new(ErrorKind::InvalidConfig, what).with_source(e),
+            _ => Error::backend(what, e),
+        },
+        E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::LeaseKeepAliveError(_) => {
+            Error::unavailable(what, e)
+        }
+        E::InvalidArgs(_) | E::InvalidUri(_) | E::InvalidMetadataValue(_) => {
+            Error::new(ErrorKind::InvalidConfig, what).with_source(e)
+        }
+        _ => Error::backend(what, e),
+    }
+}
+
+/// Whether a failed request failed because its lease does not exist (expired or revoked).
+fn lease_not_found(e: &Error) -> bool {
+    e.to_string().contains("lease not found")
+}
+
+fn timed_out(what: &str, after: Duration) -> Error {
+    Error::new(
+        ErrorKind::Unavailable,
+        format!("{what}: no answer from etcd within {after:?}"),
+    )
+}
+
+/// Counters of what the backend did, for tests and figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EtcdStats {
+    /// Leases granted (a lease is reused after a clean release).
+    pub leases_granted: u64,
+    /// Predecessor deletions that woke a waiter (one per hand-over with no herd).
+    pub wakeups: u64,
+    /// Ownership re-checks after a wake-up.
+    pub rechecks: u64,
+    /// Lost signals fired because the lock key was deleted behind its holder.
+    pub deleted_behind: u64,
+    /// Events the client's watch received.
+    pub watch_events: u64,
+}
+
+#[derive(Default)]
+struct Stats {
+    leases_granted: AtomicU64,
+    wakeups: AtomicU64,
+    rechecks: AtomicU64,
+    deleted_behind: AtomicU64,
+}
+
+/// An etcd lock client: one gRPC channel, one watch, one keep-alive stream. See the crate docs.
+#[derive(Clone)]
+pub struct EtcdBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    config: Config,
+    capabilities: Capabilities,
+    dispatch: Dispatch,
+    keeper: Keeper,
+    /// Leases whose lock was released cleanly, by granted TTL in seconds.
+    pool: Mutex<HashMap<u64, Vec<Arc<LeaseCell>>>>,
+    bare_lease: tokio::sync::Mutex<Option<Arc<LeaseCell>>>,
+    stats: Stats,
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("url", &self.inner.config.redacted())
+            .finish()
+    }
+}
+
+/// The margin before a lease's possible expiry at which a holder without an acknowledged
+/// keep-alive is reported lost: the contract's default drift margin.
+fn lost_margin(ttl: Duration) -> Duration {
+    lockcore::drift_margin(ttl)
+}
+
+impl EtcdBackend {
+    /// Parses `url` (see the crate docs), connects to the listed members (authenticating when
+    /// the URL has a user) and starts the client's watch.
+    ///
+    /// Cancel safety: dropping the future before it completes leaves nothing behind but
+    /// connections being closed.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] for a malformed URL or an unreadable CA file (before any
+    /// I/O); [`ErrorKind::Unavailable`] when no member answers; [`ErrorKind::Backend`] when the
+    /// server refuses (for example a wrong password).
+    pub async fn connect(url: &str) -> Result<EtcdBackend> {
+        let config = Config::parse(url)?;
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(config.timeout)
+            .with_keep_alive(Duration::from_secs(5), config.timeout)
+            .with_auto_token_refresh(true);
+        if let (Some(user), Some(password)) = (&config.user, &config.password) {
+            options = options.with_user(user.clone(), password.expose().to_owned());
+        }
+        if config.tls {
+            let mut tls = etcd_client::TlsOptions::new();
+            if let Some(ca) = &config.ca {
+                let pem = std::fs::read(ca).map_err(|e| {
+                    Error::invalid_config(format!("reading the CA file {}", ca.display()))
+                        .with_source(e)
+                })?;
+                tls = tls.ca_certificate(etcd_client::Certificate::from_pem(pem));
+            }
+            if let Some(d) = &config.domain {
+                tls = tls.domain_name(d.clone());
+            }
+            options = options.with_tls(tls);
+        }
+        let endpoints = config.endpoints();
+        let what = format!("connecting to etcd at {}", config.hosts.join(","));
+        let client = match tokio::time::timeout(
+            config.timeout * 2,
+            Client::connect(&endpoints, Some(options)),
+        )
+        .await
+        {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(map_err(what, e)),
+            Err(_) => return Err(timed_out(&what, config.timeout * 2)),
+        };
+        let prefix = format!("{}/", config.namespace).into_bytes();
+        let dispatch = Dispatch::start(client.watch_client(), prefix, config.timeout).await?;
+        let keeper = Keeper::start(client.lease_client(), lost_margin);
+        let capabilities = Self::capabilities_for();
+        let backend = EtcdBackend {
+            inner: Arc::new(Inner {
+                client,
+                config,
+                capabilities,
+                dispatch,
+                keeper,
+                pool: Mutex::new(HashMap::new()),
+                bare_lease: tokio::sync::Mutex::new(None),
+                stats: Stats::default(),
+            }),
+        };
+        tracing::debug!(backend = %backend.describe(), "etcd client connected");
+        Ok(backend)
+    }
+
+    fn capabilities_for() -> Capabilities {
+        let mut c = Capabilities::default();
+        c.fencing = true;
+        c.fair = true;
+        c.wait = WaitKind::Notify;
+        c.renew = RenewKind::Native;
+        c.lost_detection = true;
+        c.reentrant = false;
+        c.expiry_after_ttl = true;
+        c.force_release = true;
+        c.min_ttl = Duration::from_secs(1);
+        c.max_ttl = MAX_TTL;
+        c.notes = vec![
+            "the TTL is an etcd lease in whole seconds (rounded up, at least the server's minimum lease TTL); the TTL granted is what the validity counts".into(),
+            "held and queued leases are kept alive by the client on one keep-alive stream every TTL/3 until the guard is released or dropped; a crashed holder's lock frees one TTL after its last keep-alive".into(),
+            "lost signal: keep-alive refused, no keep-alive acknowledged before the lease may expire, or the lock key deleted behind the holder".into(),
+            "fencing token = the lock key's create revision; FIFO by create revision; one release wakes one waiter (one synced watch per client)".into(),
+            "extend keeps the lease alive for its granted TTL: a different TTL than the one acquired with is not applied".into(),
+        ];
+        c
+    }
+
+    /// The key prefix of lock `name`: its holder's and waiters' keys are directly below it.
+    pub fn lock_prefix(&self, name: impl IntoLockName) -> Result<String> {
+        Ok(self.dir(&name.into_lock_name()?))
+    }
+
+    fn dir(&self, name: &LockName) -> String {
+        format!("{}/{}/", self.inner.config.namespace, name.escaped())
+    }
+
+    /// The underlying client (sharing this backend's channel), for advanced use and tests.
+    /// Deleting lock keys through it breaks the locks they carry.
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// Counters of what this backend did.
+    pub fn stats(&self) -> EtcdStats {
+        let s = &self.inner.stats;
+        EtcdStats {
+            leases_granted: s.leases_granted.load(Ordering::Relaxed),
+            wakeups: s.wakeups.load(Ordering::Relaxed),
+            rechecks: s.rechecks.load(Ordering::Relaxed),
+            deleted_behind: s.deleted_behind.load(Ordering::Relaxed),
+            watch_events: self.inner.dispatch.events(),
+        }
+    }
+
+    /// Bounds one request by the configured timeout.
+    async fn call<T>(
+        &self,
+        what: &str,
+        f: impl std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(self.inner.config.timeout, f).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(map_err(what, e)),
+            Err(_) => Err(timed_out(what, self.inner.config.timeout)),
+        }
+    }
+
+    /// Deletes every key of `name` (holder and waiters), as an operator would. Returns how many
+    /// keys were deleted.
+    ///
+    /// Cancel safety: dropping the future may or may not have deleted them.
+    pub async fn force_release(&self, name: &LockName) -> Result<i64> {
+        let dir = self.dir(name);
+        let mut kv = self.inner.client.kv_client();
+        let resp = self
+            .call(
+                "deleting the lock's keys",
+                kv.delete(dir, Some(etcd_client::DeleteOptions::new().with_prefix())),
+            )
+            .await?;
+        Ok(resp.deleted())
+    }
+
+    /// A lease with the TTL `secs` (asked): a pooled one that still has at least half its TTL
+    /// left, or a new grant. Returns it with whether it is new.
+    async fn lease_for(&self, secs: u64) -> Result<(Arc<LeaseCell>, bool)> {
+        let now = Instant::now();
+        if let Some(list) = self
+            .inner
+            .pool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&secs)
+        {
+            while let Some(cell) = list.pop() {
+                if cell.expires() > now + cell.ttl / 2 {
+                    return Ok((cell, false));
+                }
+                // Expiring anyway; a keyless lease costs the server nothing but memory.
+            }
+        }
+        Ok((self.grant(secs).await?, true))
+    }
+
+    async fn grant(&self, secs: u64) -> Result<Arc<LeaseCell>> {
+        let mut lease = self.inner.client.lease_client();
+        let sent = Instant::now();
+        let resp = self
+            .call("granting a lease", lease.grant(secs as i64, None))
+            .await?;
+        if !resp.error().is_empty() || resp.ttl() <= 0 {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                format!("etcd refused a lease: {}", resp.error()),
+            ));
+        }
+        self.inner
+            .stats
+            .leases_granted
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(LeaseCell::new(
+            resp.id(),
+            Duration::from_secs(resp.ttl() as u64),
+            sent,
+        ))
+    }
+
+    fn pool_put(&self, secs: u64, cell: Arc<LeaseCell>) {
+        let mut pool = self.inner.pool.lock().unwrap_or_else(|e| e.into_inner());
+        let list = pool.entry(secs).or_default();
+        if list.len() < POOL_PER_TTL {
+            list.push(cell);
+        }
+    }
+
+    /// Revokes a lease that carries nothing any more, in the background (best effort).
+    fn revoke_later(&self, id: i64) {
+        self.inner.keeper.release(id);
+        let mut lease = self.inner.client.lease_client();
+        let timeout = self.inner.config.timeout;
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(timeout, lease.revoke(id)).await;
+        });
+    }
+
+    /// The recipe. `wait == false`: one transaction that puts the key only if the lock's
+    /// directory is empty. Otherwise queue and wait without deadline (the caller bounds it by
+    /// dropping the future; the queue guard then deletes the key in the background).
+    async fn run(&self, req: &AcquireRequest, wait: bool) -> Result<Option<Acquired>> {
+        let secs = ttl_secs(req.ttl);
+        let dir = self.dir(&req.name);
+        let key = format!("{dir}{}", req.token.to_hex());
+        let mut queued = QueueGuard {
+            backend: self.clone(),
+            key: key.clone(),
+            secs,
+            state: QueueState::Idle,
+            background: req.background.clone(),
+        };
+        let dispatch = &self.inner.dispatch;
+        'enqueue: loop {
+            let (cell, fresh) = self.lease_for(secs).await?;
+            queued.state = QueueState::Sending(cell.clone());
+            // Taken before the transaction: a deletion that races our subscriptions is logged.
+            let floor = dispatch.floor();
+            let refresh = (!fresh).then(|| self.inner.keeper.refresh(cell.clone()));
+            let sent_at = Instant::now();
+            let put = TxnOp::put(
+                key.as_str(),
+                req.token.to_hex(),
+                Some(PutOptions::new().with_lease(cell.id)),
+            );
+            let empty = Compare::create_revision(dir.as_str(), CompareOp::Equal, 0).with_prefix();
+            let queue = GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                .with_keys_only();
+            let txn = if wait {
+                Txn::new()
+                    .when([empty])
+                    .and_then([put.clone()])
+                    .or_else([put, TxnOp::get(dir.as_str(), Some(queue))])
+            } else {
+                Txn::new()
+                    .when([empty])
+                    .and_then([put])
+                    .or_else([TxnOp::get(dir.as_str(), Some(queue.with_limit(1)))])
+            };
+            let mut kv = self.inner.client.kv_client();
+            let resp = match self.call("acquiring the lock", kv.txn(txn)).await {
+                Ok(r) => r,
+                // The pooled lease expired meanwhile: nothing was written.
+                Err(e) if lease_not_found(&e) => {
+                    queued.state = QueueState::Idle;
+                    continue 'enqueue;
+                }
+                Err(e) => return Err(e),
+            };
+            let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            if resp.succeeded() || wait {
+                queued.state = QueueState::Queued(cell.clone(), revision);
+            } else {
+                queued.state = QueueState::Idle;
+            }
+            // The lease's TTL now counts from the keep-alive sent with the transaction.
+            let (lease_sent, granted) = match refresh {
+                None => (sent_at, cell.ttl),
+                Some(rx) => match rx.await {
+                    Ok(Ok(Renewal::Alive { sent, ttl })) => (sent.min(sent_at), ttl),
+                    Ok(Ok(Renewal::Gone)) => {
+                        // The key (if put) died with the lease: start over with a new one.
+                        queued.state = QueueState::Idle;
+                        continue 'enqueue;
+                    }
+                    Ok(Err(e)) => {
+                        return Err(Error::new(
+                            ErrorKind::Unavailable,
+                            format!("keeping the lock's lease alive: {e}"),
+                        ));
+                    }
+                    Err(_) => {
+                        return Err(Error::new(ErrorKind::Unavailable, "the lease keeper stopped"));
+                    }
+                },
+            };
+            if resp.succeeded() {
+                queued.state = QueueState::Done;
+                let lease = self.hold(req, cell, key, revision, floor);
+                return Ok(Some(Acquired::new(lease, lease_sent).with_granted_ttl(granted)));
+            }
+            if !wait {
+                drop(floor);
+                self.pool_put(secs, cell);
+                return Ok(None);
+            }
+            // Queued: keep the queue key alive while waiting.
+            self.inner.keeper.keep(cell.clone(), None);
+            let mut own = Some(dispatch.deleted(key.as_bytes(), &floor));
+            let mut gone = None;
+            for op in resp.op_responses() {
+                if let TxnOpResponse::Get(get) = op
+                    && let Some(pred) = get
+                        .kvs()
+                        .iter()
+                        .filter(|kv| kv.create_revision() < revision)
+                        .max_by_key(|kv| kv.create_revision())
+                {
+                    gone = Some(dispatch.deleted(pred.key(), &floor));
+                }
+            }
+            drop(floor);
+            loop {
+                if let Some(pred) = gone.take() {
+                    tokio::select! {
+                        w = pred => {
+                            if w == Ok(Wake::Deleted) {
+                                self.inner.stats.wakeups.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        w = wait_opt(&mut own) => {
+                            own = None;
+                            if w == Ok(Wake::Deleted) {
+                                // Our queue key was deleted (revoked, or the lease expired):
+                                // queue again.
+                                self.inner.keeper.release(cell.id);
+                                queued.state = QueueState::Idle;
+                                continue 'enqueue;
+                            }
+                        }
+                    }
+                }
+                // Who is ahead of us now? Sent with a keep-alive so that the lease's TTL counts
+                // from here if we hold the lock.
+                self.inner.stats.rechecks.fetch_add(1, Ordering::Relaxed);
+                let floor = dispatch.floor();
+                let refresh = self.inner.keeper.refresh(cell.clone());
+                let sent_at = Instant::now();
+                let ahead = GetOptions::new()
+                    .with_prefix()
+                    .with_max_create_revision(revision - 1)
+                    .with_sort(SortTarget::Create, SortOrder::Descend)
+                    .with_limit(1)
+                    .with_keys_only();
+                let txn = Txn::new()
+                    .when([Compare::create_revision(key.as_str(), CompareOp::Equal, revision)])
+                    .and_then([TxnOp::get(dir.as_str(), Some(ahead))]);
+                let mut kv = self.inner.client.kv_client();
+                let resp = self.call("checking the lock queue", kv.txn(txn)).await?;
+                let renewal = refresh.await;
+                if !resp.succeeded() || matches!(renewal, Ok(Ok(Renewal::Gone))) {
+                    // Our key is gone: queue again.
+                    self.inner.keeper.release(cell.id);
+                    queued.state = QueueState::Idle;
+                    continue 'enqueue;
+                }
+                if own.is_none() {
+                    // The subscription fired (a resync): subscribe again.
+                    own = Some(dispatch.deleted(key.as_bytes(), &floor));
+                }
+                let mut ahead = None;
+                for op in resp.op_responses() {
+                    if let TxnOpResponse::Get(get) = op {
+                        ahead = get.kvs().first().map(|kv| kv.key().to_vec());
+                    }
+                }
+                match ahead {
+                    Some(pred) => {
+                        gone = Some(dispatch.deleted(&pred, &floor));
+                        drop(floor);
+                    }
+                    None => {
+                        let (lease_sent, granted) = match renewal {
+                            Ok(Ok(Renewal::Alive { sent, ttl })) => (sent.min(sent_at), ttl),
+                            // No answer to the keep-alive: count from the last one answered.
+                            _ => (cell.expires() - cell.ttl, cell.ttl),
+                        };
+                        queued.state = QueueState::Done;
+                        let lease = self.hold(req, cell, key, revision, floor);
+                        return Ok(Some(Acquired::new(lease, lease_sent).with_granted_ttl(granted)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Makes the lease of a won lock: kept alive until released or dropped, watched for
+    /// deletion behind the holder.
+    fn hold(
+        &self,
+        req: &AcquireRequest,
+        cell: Arc<LeaseCell>,
+        key: String,
+        revision: i64,
+        floor: Floor,
+    ) -> EtcdLease {
+        let secs = ttl_secs(req.ttl);
+        let (stop, stop_rx) = tokio_watch::channel(false);
+        let shared = Arc::new(LeaseShared {
+            backend: self.clone(),
+            key,
+            revision,
+            cell,
+            secs,
+            stop,
+        });
+        self.inner
+            .keeper
+            .keep(shared.cell.clone(), Some(req.lost.clone()));
+        // The floor, taken before the winning transaction, covers a deletion racing this point.
+        let deleted = self.inner.dispatch.deleted(shared.key.as_bytes(), &floor);
+        drop(floor);
+        tokio::spawn(watch_held(shared.clone(), req.lost.clone(), stop_rx, deleted));
+        EtcdLease { shared }
+    }
+}
+
+/// Where an acquisition stands, for the clean-up when it ends without the lock.
+enum QueueState {
+    /// Nothing written.
+    Idle,
+    /// A transaction that may put the key is in flight.
+    Sending(Arc<LeaseCell>),
+    /// The key is in the queue with this create revision.
+    Queued(Arc<LeaseCell>, i64),
+    /// The lock is ours (or the key was handled): nothing to clean up.
+    Done,
+}
+
+/// Deletes this acquisition's queue key when it ends without the lock (cancelled, timed out,
+/// failed), in the background so that [`lockcore::Locker::flush`] waits for it. At worst the key
+/// dies with its lease, which is no longer kept alive.
+struct QueueGuard {
+    backend: EtcdBackend,
+    key: String,
+    secs: u64,
+    state: QueueState,
+    background: lockcore::Background,
+}
+
+impl Drop for QueueGuard {
+    fn drop(&mut self) {
+        let state = std::mem::replace(&mut self.state, QueueState::Done);
+        let (cell, revision) = match state {
+            QueueState::Idle | QueueState::Done => return,
+            QueueState::Sending(cell) => (cell, None),
+            QueueState::Queued(cell, rev) => (cell, Some(rev)),
+        };
+        let backend = self.backend.clone();
+        let key = std::mem::take(&mut self.key);
+        let secs = self.secs;
+        backend.inner.keeper.release(cell.id);
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        self.background.spawn(async move {
+            // Without a known revision the put may still be in flight: revoking the lease
+            // removes the key whenever it lands (the lease is this acquisition's alone).
+            let Some(rev) = revision else {
+                let mut lease = backend.inner.client.lease_client();
+                let _ = backend.call("revoking a lease", lease.revoke(cell.id)).await;
+                return;
+            };
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, rev)])
+                .and_then([TxnOp::delete(key.as_str(), None)]);
+            let mut kv = backend.inner.client.kv_client();
+            match backend.call("deleting a queue key", kv.txn(txn)).await {
+                Ok(_) => backend.pool_put(secs, cell),
+                Err(e) => {
+                    tracing::debug!(error = %e, "deleting a cancelled waiter's key failed; it dies with its lease");
+                }
+            }
+        });
+    }
+}
+
+/// Fires the lost signal when the held key is deleted by someone else; stops keeping the lease
+/// alive once nobody holds the guard any more.
+async fn watch_held(
+    shared: Arc<LeaseShared>,
+    lost: LostNotifier,
+    mut stop: tokio_watch::Receiver<bool>,
+    mut deleted: tokio::sync::oneshot::Receiver<Wake>,
+) {
+    let backend = &shared.backend;
+    loop {
+        let stopped = stop.clone();
+        tokio::select! {
+            _ = async { drop(stop.wait_for(|s| *s).await) } => return,
+            _ = lost.closed() => {
+                // The guard is gone without a release (abandoned): the lock frees by its TTL.
+                backend.inner.keeper.release(shared.cell.id);
+                return;
+            }
+            w = &mut deleted => {
+                // After a resync, look (with a new subscription taken first).
+                let floor = backend.inner.dispatch.floor();
+                let gone = match w {
+                    Ok(Wake::Deleted) => true,
+                    _ => shared.owned().await.map(|owned| !owned).unwrap_or(false),
+                };
+                if *stopped.borrow() {
+                    return;
+                }
+                if gone {
+                    backend.inner.keeper.release(shared.cell.id);
+                    if lost.fire(LostReason::RenewalRefused) {
+                        backend.inner.stats.deleted_behind.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(key = %shared.key, "etcd lock key deleted behind its holder");
+                    }
+                    return;
+                }
+                deleted = backend.inner.dispatch.deleted(shared.key.as_bytes(), &floor);
+            }
+        }
+    }
+}
+
+async fn wait_opt(
+    rx: &mut Option<tokio::sync::oneshot::Receiver<Wake>>,
+) -> std::result::Result<Wake, tokio::sync::oneshot::error::RecvError> {
+    match rx {
+        Some(rx) => rx.await,
+        None => std::future::pending().await,
+    }
+}
+
+fn ttl_secs(ttl: Duration) -> u64 {
+    ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)
+}
+
+#[async_trait]
+impl Backend for EtcdBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.capabilities
+    }
+
+    /// One transaction: put this acquisition's key only if the lock has no key at all.
+    ///
+    /// Cancel safety: a dropped attempt revokes its lease in the background (which removes a
+    /// key that may have landed); at worst the key dies with the lease after the TTL.
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
+        self.run(req, false).await
+    }
+
+    /// Queues (one transaction) and waits for the predecessor's deletion on the client's watch.
+    ///
+    /// Cancel safety: a dropped or timed-out wait deletes its queue key in the background
+    /// (covered by [`lockcore::Locker::flush`]); at worst the key dies with its lease.
+    async fn acquire(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Acquired>> {
+        match deadline {
+            None => self.run(req, true).await,
+            Some(d) if d <= Instant::now() => self.run(req, false).await,
+            Some(d) => match tokio::time::timeout_at(d, self.run(req, true)).await {
+                Ok(r) => r,
+                Err(_elapsed) => Ok(None),
+            },
+        }
+    }
+
+    /// Deletes every key of the lock (admin delete).
+    ///
+    /// Cancel safety: dropping the future may or may not have freed the lock.
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        EtcdBackend::force_release(self, name)
+            .await
+            .map(|n| n > 0)
+    }
+
+    /// A linearizable read of one key: the cheapest request that goes through the leader.
+    ///
+    /// Cancel safe.
+    async fn round_trip(&self) -> Result<()> {
+        let mut kv = self.inner.client.kv_client();
+        let key = format!("{}/.round-trip", self.inner.config.namespace);
+        self.call("reading a key", kv.get(key, None)).await.map(drop)
+    }
+
+    /// `Txn(if create_revision(key) == 0 then put(key, lease))`, then `Delete(key)`, with a
+    /// long-lived lease granted once.
+    ///
+    /// Cancel safety: dropping the future may leave the key until the lease expires (60 s).
+    async fn bare_cycle(&self, name: &LockName) -> Result<()> {
+        let lease = {
+            let mut slot = self.inner.bare_lease.lock().await;
+            match &*slot {
+                Some(c) if c.expires() > Instant::now() + Duration::from_secs(30) => c.clone(),
+                _ => {
+                    let c = self.grant(BARE_TTL_SECS as u64).await?;
+                    *slot = Some(c.clone());
+                    c
+                }
+            }
+        };
+        let key = format!("{}bare", self.dir(name));
+        let mut kv = self.inner.client.kv_client();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.as_str(),
+                "",
+                Some(PutOptions::new().with_lease(lease.id)),
+            )]);
+        let resp = self.call("bare put-if-absent", kv.txn(txn)).await?;
+        if !resp.succeeded() {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                "bare cycle: the key was there already",
+            ));
+        }
+        self.call("bare delete", kv.delete(key, None)).await?;
+        Ok(())
+    }
+
+    /// The sum of `grpc_server_msg_received_total` from the first member's `/metrics`: every
+    /// unary request and every message on a stream (keep-alives, watch requests).
+    ///
+    /// Cancel safe.
+    async fn server_requests(&self) -> Result<u64> {
+        metrics::requests(&self.inner.config).await
+    }
+
+    fn describe(&self) -> String {
+        self.inner.config.redacted()
+    }
+}
+
+mod metrics;
+
+struct LeaseShared {
+    backend: EtcdBackend,
+    key: String,
+    revision: i64,
+    cell: Arc<LeaseCell>,
+    /// The TTL asked for, in whole seconds (the pool's key).
+    secs: u64,
+    /// Set before the release deletes the key, so that the watcher does not report our own
+    /// delete as a loss; also stops the watcher.
+    stop: tokio_watch::Sender<bool>,
+}
+
+impl LeaseShared {
+    /// Whether the key is still ours (by create revision).
+    async fn owned(&self) -> Result<bool> {
+        let mut kv = self.backend.inner.client.kv_client();
+        let resp = self
+            .backend
+            .call(
+                "reading the lock key",
+                kv.get(self.key.as_str(), Some(GetOptions::new().with_keys_only())),
+            )
+            .await?;
+        Ok(resp
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.create_revision() == self.revision))
+    }
+}
+
+/// A held etcd lock: its key (the lowest create revision under the lock's prefix) and lease.
+struct EtcdLease {
+    shared: Arc<LeaseShared>,
+}
+
+impl fmt::Debug for EtcdLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdLease")
+            .field("key", &self.shared.key)
+            .field("create_revision", &self.shared.revision)
+            .field("lease", &format_args!("{:x}", self.shared.cell.id))
+            .finish()
+    }
+}
+
+fn not_held(why: &str) -> Error {
+    Error::not_held(format!("the etcd lock is no longer held: {why}"))
+}
+
+#[async_trait]
+impl Lease for EtcdLease {
+    fn fencing_token(&self) -> Option<u64> {
+        u64::try_from(self.shared.revision).ok()
+    }
+
+    /// A keep-alive of the lease, sent alongside a read of the key (ownership by create
+    /// revision). Grants the lease's own TTL (etcd cannot change a lease's TTL), counted from
+    /// the keep-alive.
+    ///
+    /// Cancel safety: dropping the future may or may not have renewed the lease; it changes no
+    /// key.
+    async fn extend(&self, _ttl: Duration) -> Result<Duration> {
+        let shared = &self.shared;
+        let refresh = shared.backend.inner.keeper.refresh(shared.cell.clone());
+        let owned = shared.owned().await?;
+        let renewal = match refresh.await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("renewing the etcd lease: {e}"),
+                ));
+            }
+            Err(_) => {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    "the lease keeper stopped",
+                ));
+            }
+        };
+        match renewal {
+            Renewal::Gone => Err(not_held("its lease expired or was revoked")),
+            Renewal::Alive { .. } if !owned => Err(not_held("its key was deleted")),
+            Renewal::Alive { ttl, .. } => Ok(ttl),
+        }
+    }
+
+    /// Deletes the key if its create revision is still ours (the next waiter's watch fires).
+    ///
+    /// Cancel safety: dropping the future may leave the key until its lease expires (the
+    /// delete may already have been applied, in which case the lock is free).
+    async fn release(&self) -> Result<()> {
+        let shared = &self.shared;
+        shared.stop.send_replace(true);
+        let inner = &shared.backend.inner;
+        inner.keeper.release(shared.cell.id);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                shared.key.as_str(),
+                CompareOp::Equal,
+                shared.revision,
+            )])
+            .and_then([TxnOp::delete(shared.key.as_str(), None)]);
+        let mut kv = inner.client.kv_client();
+        let resp = shared.backend.call("releasing the lock", kv.txn(txn)).await?;
+        if resp.succeeded() {
+            shared.backend.pool_put(shared.secs, shared.cell.clone());
+            Ok(())
+        } else {
+            shared.backend.revoke_later(shared.cell.id);
+            Err(not_held("its key was deleted (expired, revoked or released)"))
+        }
+    }
+}
