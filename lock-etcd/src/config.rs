@@ -35,7 +35,10 @@ impl Config {
     /// The endpoints as the client takes them (`http://h:p` or `https://h:p`).
     pub(crate) fn endpoints(&self) -> Vec<String> {
         let scheme = if self.tls { "https" } else { "http" };
-        self.hosts.iter().map(|h| format!("{scheme}://{h}")).collect()
+        self.hosts
+            .iter()
+            .map(|h| format!("{scheme}://{h}"))
+            .collect()
     }
 
     /// The URL with the password replaced by `***`.
@@ -166,9 +169,7 @@ impl Config {
             match key {
                 "ca" => {
                     if !tls {
-                        return Err(Error::invalid_config(
-                            "ca= is for etcds:// (TLS) URLs only",
-                        ));
+                        return Err(Error::invalid_config("ca= is for etcds:// (TLS) URLs only"));
                     }
                     config.ca = Some(PathBuf::from(value));
                 }

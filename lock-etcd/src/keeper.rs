@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{LeaseClient, LeaseKeepAliveStream, LeaseKeeper};
-use lockcore::{Instant, LostNotifier, LostReason};
+use lockcore::backend::LostNotifier;
+use lockcore::{Instant, LostReason};
 use tokio::sync::{mpsc, oneshot};
 
 /// What the server said about one keep-alive: the lease lives `ttl` from `sent` (at least), or it
@@ -135,7 +136,10 @@ impl Entry {
 type Opening = std::pin::Pin<
     Box<
         dyn std::future::Future<
-                Output = (i64, Result<(LeaseKeeper, LeaseKeepAliveStream), etcd_client::Error>),
+                Output = (
+                    i64,
+                    Result<(LeaseKeeper, LeaseKeepAliveStream), etcd_client::Error>,
+                ),
             > + Send,
     >,
 >;
@@ -175,7 +179,11 @@ async fn run(
             if e.kept {
                 let due = e.next_due();
                 let lost_at = e.lease.expires() - margin(e.lease.ttl);
-                let t = if stream.is_some() { due.min(lost_at) } else { lost_at };
+                let t = if stream.is_some() {
+                    due.min(lost_at)
+                } else {
+                    lost_at
+                };
                 wake = Some(wake.map_or(t, |w| w.min(t)));
             }
         }
@@ -411,7 +419,10 @@ fn lease_gone(entries: &mut HashMap<i64, Entry>, id: i64) {
             }
         }
         if let Some(l) = e.lost.take() {
-            tracing::debug!(lease = id, "the server refused a keep-alive: the lease is gone");
+            tracing::debug!(
+                lease = id,
+                "the server refused a keep-alive: the lease is gone"
+            );
             l.fire(LostReason::RenewalRefused);
         }
     }

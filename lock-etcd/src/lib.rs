@@ -54,12 +54,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget,
-    Txn, TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse, TxnResponse,
+};
+use lockcore::backend::{
+    AcquireRequest, Acquired, Backend, Background, Lease, LostNotifier, async_trait,
 };
 use lockcore::{
-    AcquireRequest, Acquired, Backend, Capabilities, Error, ErrorKind, Instant, IntoLockName,
-    Lease, LockName, LostNotifier, LostReason, RenewKind, Result, WaitKind, async_trait,
+    Capabilities, Error, ErrorKind, Instant, IntoLockName, LockName, LostReason, RenewKind, Result,
+    WaitKind,
 };
 use tokio::sync::watch as tokio_watch;
 
@@ -71,6 +74,13 @@ use crate::watch::{Dispatch, Floor, Wake};
 const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Leases kept for reuse per TTL.
 const POOL_PER_TTL: usize = 64;
+/// Pause before re-sending a request that could not be sent.
+const RETRY_PAUSE: Duration = Duration::from_millis(10);
+/// How often the members listed in the URL are probed (TCP connect), so that the client's
+/// channel only balances over those that answer.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// How long a member has to accept a TCP connection to count as up.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// The TTL of the lease `bare_cycle` uses.
 const BARE_TTL_SECS: i64 = 60;
 
@@ -98,6 +108,12 @@ pub(crate) fn map_err(what: impl Into<String>, e: etcd_client::Error) -> Error {
 /// Whether a failed request failed because its lease does not exist (expired or revoked).
 fn lease_not_found(e: &Error) -> bool {
     e.to_string().contains("lease not found")
+}
+
+/// Whether a request failed before it was sent (its member refused the connection).
+fn not_sent(e: &etcd_client::Error) -> bool {
+    let msg = e.to_string();
+    msg.contains("tcp connect error") || msg.contains("Connection refused")
 }
 
 fn timed_out(what: &str, after: Duration) -> Error {
@@ -158,9 +174,9 @@ impl fmt::Debug for EtcdBackend {
 }
 
 /// The margin before a lease's possible expiry at which a holder without an acknowledged
-/// keep-alive is reported lost: the contract's default drift margin.
+/// keep-alive is reported lost: the backend's drift margin (the contract's default).
 fn lost_margin(ttl: Duration) -> Duration {
-    lockcore::drift_margin(ttl)
+    Capabilities::default().drift_margin(ttl)
 }
 
 impl EtcdBackend {
@@ -172,8 +188,8 @@ impl EtcdBackend {
     ///
     /// # Errors
     /// [`ErrorKind::InvalidConfig`] for a malformed URL or an unreadable CA file (before any
-    /// I/O); [`ErrorKind::Unavailable`] when no member answers; [`ErrorKind::Backend`] when the
-    /// server refuses (for example a wrong password).
+    /// I/O), and for credentials the server refuses; [`ErrorKind::Unavailable`] when no member
+    /// answers (or none passes TLS verification); [`ErrorKind::Backend`] for other refusals.
     pub async fn connect(url: &str) -> Result<EtcdBackend> {
         let config = Config::parse(url)?;
         let mut options = ConnectOptions::new()
@@ -197,18 +213,30 @@ impl EtcdBackend {
             }
             options = options.with_tls(tls);
         }
+        // The client's channel balances over its endpoints and does not route around one that
+        // refuses connections: give it the members that answer, and keep that set current.
         let endpoints = config.endpoints();
-        let what = format!("connecting to etcd at {}", config.hosts.join(","));
-        let client = match tokio::time::timeout(
-            config.timeout * 2,
-            Client::connect(&endpoints, Some(options)),
-        )
-        .await
-        {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(map_err(what, e)),
-            Err(_) => return Err(timed_out(&what, config.timeout * 2)),
+        let up = probe(&config.hosts, config.timeout.min(PROBE_TIMEOUT)).await;
+        let live: Vec<String> = endpoints
+            .iter()
+            .zip(&up)
+            .filter(|(_, up)| **up)
+            .map(|(e, _)| e.clone())
+            .collect();
+        let first = if live.is_empty() {
+            endpoints.clone()
+        } else {
+            live
         };
+        let what = format!("connecting to etcd at {}", config.hosts.join(","));
+        let client =
+            match tokio::time::timeout(config.timeout * 2, Client::connect(&first, Some(options)))
+                .await
+            {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => return Err(map_err(what, e)),
+                Err(_) => return Err(timed_out(&what, config.timeout * 2)),
+            };
         let prefix = format!("{}/", config.namespace).into_bytes();
         let dispatch = Dispatch::start(client.watch_client(), prefix, config.timeout).await?;
         let keeper = Keeper::start(client.lease_client(), lost_margin);
@@ -225,6 +253,13 @@ impl EtcdBackend {
                 stats: Stats::default(),
             }),
         };
+        if endpoints.len() > 1 {
+            tokio::spawn(track_members(
+                Arc::downgrade(&backend.inner),
+                endpoints,
+                first,
+            ));
+        }
         tracing::debug!(backend = %backend.describe(), "etcd client connected");
         Ok(backend)
     }
@@ -278,17 +313,33 @@ impl EtcdBackend {
         }
     }
 
-    /// Bounds one request by the configured timeout.
-    async fn call<T>(
-        &self,
-        what: &str,
-        f: impl std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
-        match tokio::time::timeout(self.inner.config.timeout, f).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(map_err(what, e)),
-            Err(_) => Err(timed_out(what, self.inner.config.timeout)),
+    /// One request, bounded by the configured timeout. A request that could not be sent (no
+    /// connection to the member the channel picked) is retried until the timeout: it never
+    /// reached a server, so sending it again cannot apply it twice.
+    async fn call<T, Fut>(&self, what: &str, mut f: impl FnMut(Client) -> Fut) -> Result<T>
+    where
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let timeout = self.inner.config.timeout;
+        let deadline = Instant::now() + timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, f(self.inner.client.clone())).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) if not_sent(&e) && Instant::now() + RETRY_PAUSE < deadline => {
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Ok(Err(e)) => return Err(map_err(what, e)),
+                Err(_) => return Err(timed_out(what, timeout)),
+            }
         }
+    }
+
+    async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse> {
+        self.call(what, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
     }
 
     /// Deletes every key of `name` (holder and waiters), as an operator would. Returns how many
@@ -297,12 +348,14 @@ impl EtcdBackend {
     /// Cancel safety: dropping the future may or may not have deleted them.
     pub async fn force_release(&self, name: &LockName) -> Result<i64> {
         let dir = self.dir(name);
-        let mut kv = self.inner.client.kv_client();
         let resp = self
-            .call(
-                "deleting the lock's keys",
-                kv.delete(dir, Some(etcd_client::DeleteOptions::new().with_prefix())),
-            )
+            .call("deleting the lock's keys", |mut c| {
+                let dir = dir.clone();
+                async move {
+                    c.delete(dir, Some(etcd_client::DeleteOptions::new().with_prefix()))
+                        .await
+                }
+            })
             .await?;
         Ok(resp.deleted())
     }
@@ -329,10 +382,11 @@ impl EtcdBackend {
     }
 
     async fn grant(&self, secs: u64) -> Result<Arc<LeaseCell>> {
-        let mut lease = self.inner.client.lease_client();
         let sent = Instant::now();
         let resp = self
-            .call("granting a lease", lease.grant(secs as i64, None))
+            .call("granting a lease", |mut c| async move {
+                c.lease_grant(secs as i64, None).await
+            })
             .await?;
         if !resp.error().is_empty() || resp.ttl() <= 0 {
             return Err(Error::new(
@@ -412,8 +466,7 @@ impl EtcdBackend {
                     .and_then([put])
                     .or_else([TxnOp::get(dir.as_str(), Some(queue.with_limit(1)))])
             };
-            let mut kv = self.inner.client.kv_client();
-            let resp = match self.call("acquiring the lock", kv.txn(txn)).await {
+            let resp = match self.txn("acquiring the lock", txn).await {
                 Ok(r) => r,
                 // The pooled lease expired meanwhile: nothing was written.
                 Err(e) if lease_not_found(&e) => {
@@ -445,14 +498,19 @@ impl EtcdBackend {
                         ));
                     }
                     Err(_) => {
-                        return Err(Error::new(ErrorKind::Unavailable, "the lease keeper stopped"));
+                        return Err(Error::new(
+                            ErrorKind::Unavailable,
+                            "the lease keeper stopped",
+                        ));
                     }
                 },
             };
             if resp.succeeded() {
                 queued.state = QueueState::Done;
                 let lease = self.hold(req, cell, key, revision, floor);
-                return Ok(Some(Acquired::new(lease, lease_sent).with_granted_ttl(granted)));
+                return Ok(Some(
+                    Acquired::new(lease, lease_sent).with_granted_ttl(granted),
+                ));
             }
             if !wait {
                 drop(floor);
@@ -508,10 +566,13 @@ impl EtcdBackend {
                     .with_limit(1)
                     .with_keys_only();
                 let txn = Txn::new()
-                    .when([Compare::create_revision(key.as_str(), CompareOp::Equal, revision)])
+                    .when([Compare::create_revision(
+                        key.as_str(),
+                        CompareOp::Equal,
+                        revision,
+                    )])
                     .and_then([TxnOp::get(dir.as_str(), Some(ahead))]);
-                let mut kv = self.inner.client.kv_client();
-                let resp = self.call("checking the lock queue", kv.txn(txn)).await?;
+                let resp = self.txn("checking the lock queue", txn).await?;
                 let renewal = refresh.await;
                 if !resp.succeeded() || matches!(renewal, Ok(Ok(Renewal::Gone))) {
                     // Our key is gone: queue again.
@@ -542,7 +603,9 @@ impl EtcdBackend {
                         };
                         queued.state = QueueState::Done;
                         let lease = self.hold(req, cell, key, revision, floor);
-                        return Ok(Some(Acquired::new(lease, lease_sent).with_granted_ttl(granted)));
+                        return Ok(Some(
+                            Acquired::new(lease, lease_sent).with_granted_ttl(granted),
+                        ));
                     }
                 }
             }
@@ -575,7 +638,12 @@ impl EtcdBackend {
         // The floor, taken before the winning transaction, covers a deletion racing this point.
         let deleted = self.inner.dispatch.deleted(shared.key.as_bytes(), &floor);
         drop(floor);
-        tokio::spawn(watch_held(shared.clone(), req.lost.clone(), stop_rx, deleted));
+        tokio::spawn(watch_held(
+            shared.clone(),
+            req.lost.clone(),
+            stop_rx,
+            deleted,
+        ));
         EtcdLease { shared }
     }
 }
@@ -600,7 +668,7 @@ struct QueueGuard {
     key: String,
     secs: u64,
     state: QueueState,
-    background: lockcore::Background,
+    background: Background,
 }
 
 impl Drop for QueueGuard {
@@ -622,15 +690,16 @@ impl Drop for QueueGuard {
             // Without a known revision the put may still be in flight: revoking the lease
             // removes the key whenever it lands (the lease is this acquisition's alone).
             let Some(rev) = revision else {
-                let mut lease = backend.inner.client.lease_client();
-                let _ = backend.call("revoking a lease", lease.revoke(cell.id)).await;
+                let id = cell.id;
+                let _ = backend
+                    .call("revoking a lease", |mut c| async move { c.lease_revoke(id).await })
+                    .await;
                 return;
             };
             let txn = Txn::new()
                 .when([Compare::create_revision(key.as_str(), CompareOp::Equal, rev)])
                 .and_then([TxnOp::delete(key.as_str(), None)]);
-            let mut kv = backend.inner.client.kv_client();
-            match backend.call("deleting a queue key", kv.txn(txn)).await {
+            match backend.txn("deleting a queue key", txn).await {
                 Ok(_) => backend.pool_put(secs, cell),
                 Err(e) => {
                     tracing::debug!(error = %e, "deleting a cancelled waiter's key failed; it dies with its lease");
@@ -691,6 +760,61 @@ async fn wait_opt(
     }
 }
 
+/// TCP-connects to every host at once; true for those that accept within `timeout`.
+async fn probe(hosts: &[String], timeout: Duration) -> Vec<bool> {
+    let mut set = tokio::task::JoinSet::new();
+    for (i, host) in hosts.iter().enumerate() {
+        let host = host.clone();
+        set.spawn(async move {
+            let ok = matches!(
+                tokio::time::timeout(timeout, tokio::net::TcpStream::connect(host)).await,
+                Ok(Ok(_))
+            );
+            (i, ok)
+        });
+    }
+    let mut up = vec![false; hosts.len()];
+    while let Some(joined) = set.join_next().await {
+        if let Ok((i, ok)) = joined {
+            up[i] = ok;
+        }
+    }
+    up
+}
+
+/// Keeps the client's endpoints to the listed members that accept connections (never fewer
+/// than one), until the backend is gone.
+async fn track_members(
+    inner: std::sync::Weak<Inner>,
+    endpoints: Vec<String>,
+    mut current: Vec<String>,
+) {
+    loop {
+        tokio::time::sleep(PROBE_EVERY).await;
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let client = strong.client.clone();
+        let hosts = strong.config.hosts.clone();
+        drop(strong);
+        let up = probe(&hosts, PROBE_TIMEOUT).await;
+        for (endpoint, up) in endpoints.iter().zip(up) {
+            let listed = current.contains(endpoint);
+            if up && !listed && client.add_endpoint(endpoint).await.is_ok() {
+                tracing::debug!(%endpoint, "etcd member answers again");
+                current.push(endpoint.clone());
+            } else if !up
+                && listed
+                && current.len() > 1
+                && client.remove_endpoint(endpoint).await.is_ok()
+            {
+                tracing::debug!(%endpoint, "etcd member does not answer; not used");
+                current.retain(|e| e != endpoint);
+            }
+        }
+    }
+}
+
 fn ttl_secs(ttl: Duration) -> u64 {
     ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)
 }
@@ -732,18 +856,20 @@ impl Backend for EtcdBackend {
     ///
     /// Cancel safety: dropping the future may or may not have freed the lock.
     async fn force_release(&self, name: &LockName) -> Result<bool> {
-        EtcdBackend::force_release(self, name)
-            .await
-            .map(|n| n > 0)
+        EtcdBackend::force_release(self, name).await.map(|n| n > 0)
     }
 
     /// A linearizable read of one key: the cheapest request that goes through the leader.
     ///
     /// Cancel safe.
     async fn round_trip(&self) -> Result<()> {
-        let mut kv = self.inner.client.kv_client();
         let key = format!("{}/.round-trip", self.inner.config.namespace);
-        self.call("reading a key", kv.get(key, None)).await.map(drop)
+        self.call("reading a key", |mut c| {
+            let key = key.clone();
+            async move { c.get(key, None).await }
+        })
+        .await
+        .map(drop)
     }
 
     /// `Txn(if create_revision(key) == 0 then put(key, lease))`, then `Delete(key)`, with a
@@ -763,7 +889,6 @@ impl Backend for EtcdBackend {
             }
         };
         let key = format!("{}bare", self.dir(name));
-        let mut kv = self.inner.client.kv_client();
         let txn = Txn::new()
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(
@@ -771,14 +896,18 @@ impl Backend for EtcdBackend {
                 "",
                 Some(PutOptions::new().with_lease(lease.id)),
             )]);
-        let resp = self.call("bare put-if-absent", kv.txn(txn)).await?;
+        let resp = self.txn("bare put-if-absent", txn).await?;
         if !resp.succeeded() {
             return Err(Error::new(
                 ErrorKind::Backend,
                 "bare cycle: the key was there already",
             ));
         }
-        self.call("bare delete", kv.delete(key, None)).await?;
+        self.call("bare delete", |mut c| {
+            let key = key.clone();
+            async move { c.delete(key, None).await }
+        })
+        .await?;
         Ok(())
     }
 
@@ -812,13 +941,12 @@ struct LeaseShared {
 impl LeaseShared {
     /// Whether the key is still ours (by create revision).
     async fn owned(&self) -> Result<bool> {
-        let mut kv = self.backend.inner.client.kv_client();
         let resp = self
             .backend
-            .call(
-                "reading the lock key",
-                kv.get(self.key.as_str(), Some(GetOptions::new().with_keys_only())),
-            )
+            .call("reading the lock key", |mut c| {
+                let key = self.key.clone();
+                async move { c.get(key, Some(GetOptions::new().with_keys_only())).await }
+            })
             .await?;
         Ok(resp
             .kvs()
@@ -900,14 +1028,15 @@ impl Lease for EtcdLease {
                 shared.revision,
             )])
             .and_then([TxnOp::delete(shared.key.as_str(), None)]);
-        let mut kv = inner.client.kv_client();
-        let resp = shared.backend.call("releasing the lock", kv.txn(txn)).await?;
+        let resp = shared.backend.txn("releasing the lock", txn).await?;
         if resp.succeeded() {
             shared.backend.pool_put(shared.secs, shared.cell.clone());
             Ok(())
         } else {
             shared.backend.revoke_later(shared.cell.id);
-            Err(not_held("its key was deleted (expired, revoked or released)"))
+            Err(not_held(
+                "its key was deleted (expired, revoked or released)",
+            ))
         }
     }
 }

@@ -68,9 +68,9 @@ async fn fetch<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, host: &str) -> Resul
     // A TLS peer may close without close_notify; what was read is complete for HTTP/1.0.
     let _ = s.read_to_end(&mut buf).await;
     let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| {
-        Error::new(ErrorKind::Unavailable, "a truncated /metrics answer")
-    })?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| Error::new(ErrorKind::Unavailable, "a truncated /metrics answer"))?;
     if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
         return Err(Error::new(
             ErrorKind::Backend,
@@ -93,11 +93,12 @@ fn tls_connector(config: &Config) -> Result<tokio_rustls::TlsConnector> {
     for cert in CertificateDer::pem_file_iter(ca)
         .map_err(|e| Error::invalid_config(format!("reading {}", ca.display())).with_source(e))?
     {
-        let cert = cert
-            .map_err(|e| Error::invalid_config(format!("reading {}", ca.display())).with_source(e))?;
-        roots
-            .add(cert)
-            .map_err(|e| Error::invalid_config(format!("a CA in {}", ca.display())).with_source(e))?;
+        let cert = cert.map_err(|e| {
+            Error::invalid_config(format!("reading {}", ca.display())).with_source(e)
+        })?;
+        roots.add(cert).map_err(|e| {
+            Error::invalid_config(format!("a CA in {}", ca.display())).with_source(e)
+        })?;
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let tls = rustls::ClientConfig::builder_with_provider(provider)
@@ -108,10 +109,7 @@ fn tls_connector(config: &Config) -> Result<tokio_rustls::TlsConnector> {
     Ok(tokio_rustls::TlsConnector::from(Arc::new(tls)))
 }
 
-fn server_name(
-    config: &Config,
-    host: &str,
-) -> Result<rustls::pki_types::ServerName<'static>> {
+fn server_name(config: &Config, host: &str) -> Result<rustls::pki_types::ServerName<'static>> {
     let name = match &config.domain {
         Some(d) => d.clone(),
         None => {
@@ -122,4 +120,3 @@ fn server_name(
     rustls::pki_types::ServerName::try_from(name)
         .map_err(|e| Error::invalid_config("the TLS server name").with_source(e))
 }
-

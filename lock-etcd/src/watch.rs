@@ -248,7 +248,11 @@ async fn run(
             match msg {
                 Ok(Some(resp)) => {
                     if resp.canceled() {
-                        tracing::debug!(reason = resp.cancel_reason(), compact = resp.compact_revision(), "the etcd watch was cancelled");
+                        tracing::debug!(
+                            reason = resp.cancel_reason(),
+                            compact = resp.compact_revision(),
+                            "the etcd watch was cancelled"
+                        );
                         if resp.compact_revision() > 0 {
                             // Events before the compaction are gone: go on from there (and
                             // everyone re-checks the server below).
@@ -286,4 +290,3 @@ async fn run(
         }
     }
 }
-

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use conformance::{Harness, Target};
 use lock_etcd::EtcdBackend;
-use lockcore::{Locker, Result, async_trait};
+use lockcore::backend::async_trait;
+use lockcore::{Locker, Result};
 
 /// etcd leases are whole seconds; the test servers' minimum lease TTL is 1 s.
 const MIN_TTL: Duration = Duration::from_secs(1);

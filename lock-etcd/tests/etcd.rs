@@ -1,0 +1,256 @@
+//! etcd-specific tests beyond the conformance suite (need `LOCK_TEST_ETCD_URL`; the secrets test
+//! also `LOCK_TEST_ETCD_TLS_URL`).
+
+use std::time::Duration;
+
+use lock_etcd::EtcdBackend;
+use lockcore::backend::{AcquireRequest, Backend};
+use lockcore::{ErrorKind, Instant, LockName, LockOptions, Locker, LostReason, OwnerToken};
+
+fn url() -> Option<String> {
+    conformance::require_env("LOCK_TEST_ETCD_URL")
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{:08x}", fastrand::u32(..))
+}
+
+fn scaled(d: Duration) -> Duration {
+    d.mul_f64(conformance::time_scale())
+}
+
+/// etcd grants whole seconds: 1.2 s is rounded up and the grant is reported; below the
+/// declared minimum (1 s) the contract refuses the TTL before any I/O.
+#[tokio::test]
+async fn ttl_is_granted_in_whole_seconds_and_reported() {
+    let Some(url) = url() else { return };
+    let backend = EtcdBackend::connect(&url).await.unwrap();
+    let name = LockName::new(unique("ttl")).unwrap();
+    let req = AcquireRequest::new(
+        name.clone(),
+        OwnerToken::random(),
+        Duration::from_millis(1200),
+    );
+    let acquired = backend.try_acquire(&req).await.unwrap().expect("free");
+    let granted = acquired.granted_ttl.expect("the grant is reported");
+    assert!(granted >= Duration::from_secs(2), "{granted:?}");
+    assert_eq!(
+        acquired.lease.extend(Duration::from_secs(2)).await.unwrap(),
+        granted
+    );
+    acquired.lease.release().await.unwrap();
+
+    let locker = Locker::new(backend);
+    let err = locker
+        .try_lock(&name, &LockOptions::new().ttl(Duration::from_millis(500)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+}
+
+/// One release wakes one waiter: with five queued waiters of one client, the hand-over costs one
+/// wake-up and one re-check, and the next holder is the first in line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_release_wakes_one_waiter() {
+    let Some(url) = url() else { return };
+    let backend = EtcdBackend::connect(&url).await.unwrap();
+    let holder = Locker::new(EtcdBackend::connect(&url).await.unwrap());
+    let waiters = Locker::new(backend.clone());
+    let name = unique("herd");
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    let g = holder.try_lock(&name, &opts).await.unwrap().expect("free");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    let prefix = backend.lock_prefix(&name).unwrap();
+    for i in 0..5 {
+        let (w, name, opts, tx) = (waiters.clone(), name.clone(), opts.clone(), tx.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = w.lock(&name, &opts).await.unwrap();
+            tx.send((i, g)).unwrap();
+        }));
+        // Queue them in order: each waiter's key is in place before the next one starts.
+        let mut kv = backend.client().kv_client();
+        let end = Instant::now() + scaled(Duration::from_secs(10));
+        loop {
+            let n = kv
+                .get(
+                    prefix.as_str(),
+                    Some(
+                        etcd_client::GetOptions::new()
+                            .with_prefix()
+                            .with_count_only(),
+                    ),
+                )
+                .await
+                .unwrap()
+                .count();
+            if n == i + 2 {
+                break;
+            }
+            assert!(Instant::now() < end, "waiter {i} did not queue");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let before = backend.stats();
+    g.release().await.unwrap();
+    let (first, g1) = rx.recv().await.unwrap();
+    assert_eq!(first, 0, "FIFO: the first waiter holds the lock");
+    // Let any herd show itself.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = backend.stats();
+    assert_eq!(after.wakeups - before.wakeups, 1, "{before:?} -> {after:?}");
+    assert_eq!(
+        after.rechecks - before.rechecks,
+        1,
+        "{before:?} -> {after:?}"
+    );
+    assert!(rx.try_recv().is_err(), "a second waiter got the lock");
+    drop(g1);
+    for _ in 1..5 {
+        let (_, g) = rx.recv().await.unwrap();
+        drop(g);
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// Revoking the holder's lease (an operator's `etcdctl lease revoke`) deletes its key: the lost
+/// signal fires and the lock is free for others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_revoke_fires_lost() {
+    let Some(url) = url() else { return };
+    let backend = EtcdBackend::connect(&url).await.unwrap();
+    let admin = EtcdBackend::connect(&url).await.unwrap();
+    let locker = Locker::new(backend.clone());
+    let name = unique("revoke");
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    let g = locker.try_lock(&name, &opts).await.unwrap().expect("free");
+    let lost = g.lost();
+    let prefix = backend.lock_prefix(&name).unwrap();
+    let mut kv = admin.client().kv_client();
+    let resp = kv
+        .get(
+            prefix.as_str(),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    let lease = resp.kvs()[0].lease();
+    assert_ne!(lease, 0, "the lock key is attached to a lease");
+    assert_eq!(
+        g.fencing_token(),
+        Some(resp.kvs()[0].create_revision() as u64),
+        "the fencing token is the key's create revision"
+    );
+    admin.client().lease_client().revoke(lease).await.unwrap();
+    let reason = tokio::time::timeout(scaled(Duration::from_secs(5)), lost.lost())
+        .await
+        .expect("the lost signal fired");
+    assert_eq!(reason, LostReason::RenewalRefused);
+    let other = Locker::new(admin);
+    let g2 = other
+        .try_lock(&name, &opts)
+        .await
+        .unwrap()
+        .expect("free after the revoke");
+    assert!(g2.fencing_token() > g.fencing_token());
+    assert_eq!(g.release().await.unwrap_err().kind(), ErrorKind::NotHeld);
+    g2.release().await.unwrap();
+}
+
+/// A listed member that is down does not stop `connect` while another answers.
+#[tokio::test]
+async fn dead_endpoint_does_not_stop_connect() {
+    let Some(url) = url() else { return };
+    // A port nothing listens on (bound, then closed).
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let rest = url.strip_prefix("etcd://").expect("an etcd:// URL");
+    let url = format!("etcd://{dead},{rest}");
+    let locker = Locker::new(
+        tokio::time::timeout(scaled(Duration::from_secs(20)), EtcdBackend::connect(&url))
+            .await
+            .expect("connect returned")
+            .unwrap(),
+    );
+    for _ in 0..5 {
+        let g = locker
+            .try_lock(
+                unique("dead").as_str(),
+                &LockOptions::new().ttl(Duration::from_secs(5)),
+            )
+            .await
+            .unwrap()
+            .expect("free");
+        g.release().await.unwrap();
+    }
+}
+
+/// Names never share keys: no lock's key prefix is a prefix of another's.
+#[tokio::test]
+async fn hostile_names_have_disjoint_prefixes() {
+    let Some(url) = url() else { return };
+    let backend = EtcdBackend::connect(&url).await.unwrap();
+    let names = [
+        "a", "a/b", "a%2Fb", "a_2Fb", "..", "../a", "a/", "/a", "a b", "{a}", "a*", "锁",
+    ];
+    let prefixes: Vec<String> = names
+        .iter()
+        .map(|n| backend.lock_prefix(*n).unwrap())
+        .collect();
+    for (i, p) in prefixes.iter().enumerate() {
+        assert!(p.ends_with('/') && p.starts_with("locksmith/"), "{p}");
+        assert_eq!(p.matches('/').count(), 2, "{p}: the name adds one segment");
+        for (j, q) in prefixes.iter().enumerate() {
+            assert!(
+                i == j || !q.starts_with(p.as_str()),
+                "{p} is a prefix of {q}"
+            );
+        }
+    }
+}
+
+/// The measurement hooks: a round trip, the bare put-if-absent + delete, and the server's own
+/// request counter, which grows by at least the requests just made.
+#[tokio::test]
+async fn measurement_hooks_work() {
+    let Some(url) = url() else { return };
+    let backend = EtcdBackend::connect(&url).await.unwrap();
+    let before = backend.server_requests().await.unwrap();
+    backend.round_trip().await.unwrap();
+    let name = LockName::new(unique("bare")).unwrap();
+    for _ in 0..3 {
+        backend.bare_cycle(&name).await.unwrap();
+    }
+    let after = backend.server_requests().await.unwrap();
+    assert!(after >= before + 7, "{before} -> {after}");
+}
+
+/// Secrets never show: not in `Debug`, `describe()`, nor in the error of a wrong password.
+#[tokio::test]
+async fn password_never_shows() {
+    let Some(tls) = conformance::require_env("LOCK_TEST_ETCD_TLS_URL") else {
+        return;
+    };
+    let backend = EtcdBackend::connect(&tls).await.unwrap();
+    let shown = format!("{backend:?} {}", backend.describe());
+    let (userinfo, _) = tls.split_once('@').unwrap();
+    let password = userinfo.rsplit(':').next().unwrap();
+    assert!(!shown.contains(password), "{shown}");
+    assert!(shown.contains(":***@"), "{shown}");
+    let marker = "Wr0ng-pa55-marker";
+    let wrong = tls.replacen(password, marker, 1);
+    let err = EtcdBackend::connect(&wrong).await.unwrap_err();
+    let shown = format!("{err} {err:?}");
+    assert!(!shown.contains(marker), "{shown}");
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{shown}");
+    // Plain text against the TLS port, and TLS without the CA, fail without leaking either.
+    let no_ca = wrong.split('?').next().unwrap().to_owned();
+    match EtcdBackend::connect(&no_ca).await {
+        Ok(_) => panic!("TLS without the test CA must not verify"),
+        Err(e) => assert!(!format!("{e} {e:?}").contains(marker)),
+    }
+}
