@@ -1,0 +1,303 @@
+//! Faults on a throw-away 3-member etcd cluster (faultkit): the leader killed during contention,
+//! a holder cut off past its lease TTL, a holder process killed. Each test starts its own
+//! cluster (killed when the test ends, also on panic) and needs only the `etcd` binary.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use faultkit::{Etcd, Proxy, ProxyMode};
+use lock_etcd::EtcdBackend;
+use lockcore::{AutoRenew, ErrorKind, Instant, LockOptions, Locker};
+
+fn scaled(d: Duration) -> Duration {
+    d.mul_f64(conformance::time_scale())
+}
+
+/// `etcd://` over every member of `cluster` (or over the given ports).
+fn url_of(ports: &[u16]) -> String {
+    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    format!("etcd://{}", hosts.join(","))
+}
+
+fn ports(cluster: &Etcd) -> Vec<u16> {
+    (0..cluster.len()).map(|i| cluster.client_port(i)).collect()
+}
+
+async fn cluster() -> Option<Etcd> {
+    if std::process::Command::new("etcd")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var_os(conformance::REQUIRE_ALL_ENV).is_none(),
+            "the etcd binary is missing and every server is required"
+        );
+        eprintln!("skipping: no etcd binary (scripts/install-servers.sh installs it)");
+        return None;
+    }
+    Some(Etcd::cluster().await.expect("a 3-member etcd cluster"))
+}
+
+/// Three clients with two tasks each contend for one lock while the leader is killed: never two
+/// holders inside the critical section, fencing tokens increase in critical-section order, and
+/// the lock keeps changing hands under the new leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_during_contention_no_double_holders() {
+    let Some(mut cluster) = cluster().await else {
+        return;
+    };
+    let url = url_of(&ports(&cluster));
+    let name = format!("leader-kill-{:08x}", fastrand::u32(..));
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(2))
+        .wait_timeout(scaled(Duration::from_secs(30)));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let violations = Arc::new(AtomicUsize::new(0));
+    let entries = Arc::new(std::sync::Mutex::new(Vec::<(Instant, u64)>::new()));
+    let errors = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let locker = Locker::new(EtcdBackend::connect(&url).await.unwrap());
+        for _ in 0..2 {
+            let (locker, name, opts) = (locker.clone(), name.clone(), opts.clone());
+            let (inside, violations, entries, errors, stop) = (
+                inside.clone(),
+                violations.clone(),
+                entries.clone(),
+                errors.clone(),
+                stop.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    let g = match locker.lock(&name, &opts).await {
+                        Ok(g) => g,
+                        Err(_) => {
+                            errors.fetch_add(1, Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                            continue;
+                        }
+                    };
+                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                        violations.fetch_add(1, Ordering::SeqCst);
+                    }
+                    entries
+                        .lock()
+                        .unwrap()
+                        .push((Instant::now(), g.fencing_token().unwrap()));
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    if g.release().await.is_err() {
+                        errors.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }));
+        }
+    }
+    tokio::time::sleep(scaled(Duration::from_secs(1))).await;
+    let leader = cluster.leader().await.unwrap();
+    let killed_at = Instant::now();
+    cluster.member(leader).kill();
+    let new = cluster
+        .wait_new_leader(leader, scaled(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    // Enough time after the election for the clients to drop the dead member and go on.
+    tokio::time::sleep(scaled(Duration::from_secs(4))).await;
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        tokio::time::timeout(scaled(Duration::from_secs(40)), t)
+            .await
+            .expect("a contender hung")
+            .unwrap();
+    }
+    let entries = entries.lock().unwrap().clone();
+    let before = entries.iter().filter(|(t, _)| *t < killed_at).count();
+    let after = entries.len() - before;
+    eprintln!(
+        "leader m{leader} killed, m{new} leads; {before} critical sections before, {after} after; {} errors; {} overlaps",
+        errors.load(Ordering::SeqCst),
+        violations.load(Ordering::SeqCst)
+    );
+    assert_eq!(violations.load(Ordering::SeqCst), 0, "two holders at once");
+    assert!(
+        entries.windows(2).all(|w| w[0].1 < w[1].1),
+        "fencing tokens did not increase in critical-section order"
+    );
+    assert!(
+        before > 0 && after > 0,
+        "{before} before, {after} after the kill"
+    );
+}
+
+/// A holder whose every connection is cut (held, auto-renewing) learns it lost the lock before
+/// another client wins it: its lost signal fires first, and the other client's winning request
+/// was sent only after the holder's lease expired. Once the network heals, the same client
+/// locks and waits again (its watch and keep-alive stream reconnect).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_cut_off_past_ttl_fires_lost_before_another_wins() {
+    let Some(cluster) = cluster().await else {
+        return;
+    };
+    let direct = ports(&cluster);
+    let mut proxies = Vec::new();
+    for p in &direct {
+        proxies.push(
+            Proxy::start(format!("127.0.0.1:{p}").parse().unwrap())
+                .await
+                .unwrap(),
+        );
+    }
+    let via: Vec<u16> = proxies.iter().map(|p| p.port()).collect();
+    let holder = Locker::new(EtcdBackend::connect(&url_of(&via)).await.unwrap());
+    let other = Locker::new(EtcdBackend::connect(&url_of(&direct)).await.unwrap());
+    let name = format!("cut-{:08x}", fastrand::u32(..));
+    let ttl = Duration::from_secs(2);
+    let opts = LockOptions::new()
+        .ttl(ttl)
+        .wait_timeout(scaled(Duration::from_secs(30)))
+        .auto_renew(AutoRenew::until(Duration::from_secs(600)));
+    let g = holder.try_lock(&name, &opts).await.unwrap().expect("free");
+    let lost = g.lost();
+    let token = g.fencing_token().unwrap();
+    let waiter = {
+        let (other, name, opts) = (other.clone(), name.clone(), opts.clone());
+        tokio::spawn(async move { other.lock(&name, &opts).await })
+    };
+    // Held across renewals while connected.
+    tokio::time::sleep(ttl * 2).await;
+    assert!(
+        !waiter.is_finished(),
+        "the lock changed hands while its holder was connected"
+    );
+    assert!(!lost.is_lost());
+    let cut_at = Instant::now();
+    for p in &proxies {
+        p.set_mode(ProxyMode::Blackhole);
+    }
+    let holder_lost = async {
+        let reason = lost.lost().await;
+        (Instant::now(), reason)
+    };
+    let (lost_at, reason) = tokio::time::timeout(ttl + scaled(Duration::from_secs(3)), holder_lost)
+        .await
+        .expect("the cut-off holder's lost signal fired");
+    let g2 = waiter
+        .await
+        .unwrap()
+        .expect("the other client gets the lock");
+    eprintln!(
+        "cut at 0; lost ({reason}) after {:?}; the other client's winning request sent after {:?}",
+        lost_at - cut_at,
+        g2.acquired_at() - cut_at
+    );
+    assert!(
+        lost_at < g2.acquired_at(),
+        "another client won the lock before the holder knew it lost it"
+    );
+    assert!(g2.fencing_token().unwrap() > token);
+    // Heal: the cut-off client works again, waiting included.
+    for p in &proxies {
+        p.set_mode(ProxyMode::Pass);
+    }
+    assert_eq!(g.release().await.unwrap_err().kind(), ErrorKind::NotHeld);
+    let short = opts.clone().wait_timeout(scaled(Duration::from_secs(15)));
+    let waiting = {
+        let (holder, name, short) = (holder.clone(), name.clone(), short.clone());
+        tokio::spawn(async move { holder.lock(&name, &short).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    g2.release().await.unwrap();
+    let g3 = waiting
+        .await
+        .unwrap()
+        .expect("the healed client is woken by the release");
+    g3.release().await.unwrap();
+}
+
+/// The child side of `holder_process_killed_frees_after_lease_ttl`: takes the lock, prints its
+/// fencing token and holds it (renewing) until killed.
+#[tokio::test]
+#[ignore = "helper: the holder process of holder_process_killed_frees_after_lease_ttl"]
+async fn child_holder() {
+    let (Ok(url), Ok(name)) = (
+        std::env::var("LOCK_ETCD_CHILD_URL"),
+        std::env::var("LOCK_ETCD_CHILD_NAME"),
+    ) else {
+        return;
+    };
+    let locker = Locker::new(EtcdBackend::connect(&url).await.unwrap());
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(2))
+        .auto_renew(AutoRenew::until(Duration::from_secs(600)));
+    let g = locker.lock(&name, &opts).await.unwrap();
+    println!("ACQUIRED {}", g.fencing_token().unwrap());
+    tokio::time::sleep(Duration::from_secs(600)).await;
+}
+
+/// A holder process killed with SIGKILL (no release, no goodbye) blocks the lock until its lease
+/// expires, one TTL after its last keep-alive, and not much longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_process_killed_frees_after_lease_ttl() {
+    use tokio::io::AsyncBufReadExt;
+    let Some(cluster) = cluster().await else {
+        return;
+    };
+    let url = url_of(&ports(&cluster));
+    let name = format!("killed-{:08x}", fastrand::u32(..));
+    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "child_holder", "--nocapture"])
+        .env("LOCK_ETCD_CHILD_URL", &url)
+        .env("LOCK_ETCD_CHILD_NAME", &name)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let token: u64 = tokio::time::timeout(scaled(Duration::from_secs(20)), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(t) = line.strip_prefix("ACQUIRED ") {
+                return t.trim().parse().unwrap();
+            }
+        }
+        panic!("the holder process ended without the lock");
+    })
+    .await
+    .expect("the holder process took the lock");
+    let other = Locker::new(EtcdBackend::connect(&url).await.unwrap());
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(2))
+        .wait_timeout(scaled(Duration::from_secs(20)));
+    // Renewed by the live holder past its TTL.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        other.try_lock(&name, &opts).await.unwrap().is_none(),
+        "held while the holder lives"
+    );
+    child.kill().await.unwrap();
+    let killed_at = Instant::now();
+    assert!(
+        other.try_lock(&name, &opts).await.unwrap().is_none(),
+        "held right after the kill"
+    );
+    let g = other
+        .lock(&name, &opts)
+        .await
+        .expect("free after the lease TTL");
+    let took = g.acquired_at() - killed_at;
+    eprintln!("killed holder's lock taken over {took:?} after the kill (TTL 2 s)");
+    assert!(g.fencing_token().unwrap() > token);
+    // The lease expires one TTL after the last keep-alive (at most TTL/3 before the kill),
+    // checked by the server every 500 ms.
+    assert!(
+        took >= Duration::from_millis(1200),
+        "freed {took:?} after the kill: before the TTL"
+    );
+    assert!(
+        took <= Duration::from_secs(2) + scaled(Duration::from_secs(2)),
+        "freed only {took:?} after the kill"
+    );
+    g.release().await.unwrap();
+}
