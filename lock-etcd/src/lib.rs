@@ -274,7 +274,10 @@ impl EtcdBackend {
         c.reentrant = false;
         c.expiry_after_ttl = true;
         c.force_release = true;
-        c.min_ttl = Duration::from_secs(1);
+        // Any TTL is taken: etcd grants whole seconds (at least its minimum), and the TTL
+        // granted is reported, so the validity (and the last renewal before a maximum hold
+        // time) count what the server really gave.
+        c.min_ttl = Duration::from_millis(1);
         c.max_ttl = MAX_TTL;
         c.notes = vec![
             "the TTL is an etcd lease in whole seconds (rounded up, at least the server's minimum lease TTL); the TTL granted is what the validity counts".into(),
