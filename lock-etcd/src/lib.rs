@@ -269,7 +269,9 @@ impl EtcdBackend {
         c.fencing = true;
         c.fair = true;
         c.wait = WaitKind::Notify;
-        c.renew = RenewKind::Native;
+        // Each lock is its own etcd lease with the TTL asked; the contract's watchdog renews it
+        // (the client's keep-alive stream only covers the gap while a guard lives).
+        c.renew = RenewKind::Emulated;
         c.lost_detection = true;
         c.reentrant = false;
         c.expiry_after_ttl = true;
@@ -635,9 +637,8 @@ impl EtcdBackend {
             secs,
             stop,
         });
-        self.inner
-            .keeper
-            .keep(shared.cell.clone(), Some(req.lost.clone()));
+        // The lease lives its TTL from the last keep-alive: the contract's watchdog extends it.
+        self.inner.keeper.release(shared.cell.id);
         // The floor, taken before the winning transaction, covers a deletion racing this point.
         let deleted = self.inner.dispatch.deleted(shared.key.as_bytes(), &floor);
         drop(floor);
@@ -912,6 +913,23 @@ impl Backend for EtcdBackend {
         })
         .await?;
         Ok(())
+    }
+
+    /// The keys under the lock's prefix behind the holder's (one read).
+    ///
+    /// Cancel safe.
+    async fn queued_waiters(&self, name: &LockName) -> Result<usize> {
+        let dir = self.dir(name);
+        let resp = self
+            .call("counting the lock's queue", |mut c| {
+                let dir = dir.clone();
+                async move {
+                    c.get(dir, Some(GetOptions::new().with_prefix().with_count_only()))
+                        .await
+                }
+            })
+            .await?;
+        Ok(usize::try_from(resp.count()).unwrap_or(0).saturating_sub(1))
     }
 
     /// The sum of `grpc_server_msg_received_total` from the first member's `/metrics`: every
