@@ -685,12 +685,17 @@ fn plural(n: usize) -> &'static str {
 }
 
 /// The capability rows: field name and what it means.
-const CAPABILITY_ROWS: [(&str, &str); 11] = [
+const CAPABILITY_ROWS: [(&str, &str); 13] = [
     ("fencing", "guards carry strictly increasing fencing tokens"),
     ("fair", "waiters served first come, first served"),
     ("wait", "how lock() learns the lock is free"),
     ("renew", "native: session-bound; emulated: TTL + watchdog"),
     ("lost_detection", "the backend itself reports lost leases"),
+    (
+        "revoke_detection",
+        "it also notices a lock deleted behind its holder by itself",
+    ),
+    ("extend_sets_ttl", "extend(ttl) sets the TTL asked for"),
     ("reentrant", "a holder may take its own lock again"),
     (
         "expiry_after_ttl",
@@ -716,6 +721,8 @@ fn capability_value(c: &Capabilities, cap: &str) -> Vec<String> {
         "wait" => kind(serde_json::to_value(c.wait)),
         "renew" => kind(serde_json::to_value(c.renew)),
         "lost_detection" => yn(c.lost_detection),
+        "revoke_detection" => yn(c.revoke_detection),
+        "extend_sets_ttl" => yn(c.extend_sets_ttl),
         "reentrant" => yn(c.reentrant),
         "expiry_after_ttl" => yn(c.expiry_after_ttl),
         "force_release" => yn(c.force_release),

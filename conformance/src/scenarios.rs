@@ -126,10 +126,22 @@ fn needs_ttl_expiry(c: &Capabilities, _: &dyn Harness) -> Result<(), &'static st
 fn needs_lost_detection(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
     if !c.lost_detection {
         Err("the backend does not declare lost_detection")
+    } else if !c.revoke_detection {
+        Err(
+            "the backend notices a lock deleted behind its holder only at the next renewal (revoke_detection not declared)",
+        )
     } else if !h.can_revoke() {
         Err("the harness cannot delete a lock behind its holder")
     } else {
         Ok(())
+    }
+}
+
+fn needs_extend_sets_ttl(c: &Capabilities, _: &dyn Harness) -> Result<(), &'static str> {
+    if c.extend_sets_ttl {
+        Ok(())
+    } else {
+        Err("the server fixes a lease's TTL when it grants it; extend keeps (and reports) that TTL")
     }
 }
 
@@ -328,7 +340,7 @@ pub fn all() -> Vec<Scenario> {
         ),
         scenario!(
             extend_honours_ttl,
-            always,
+            needs_extend_sets_ttl,
             "extend(ttl) sets the lease to the TTL given, longer and shorter than before"
         ),
         scenario!(

@@ -273,6 +273,10 @@ impl EtcdBackend {
         // (the client's keep-alive stream only covers the gap while a guard lives).
         c.renew = RenewKind::Emulated;
         c.lost_detection = true;
+        c.revoke_detection = true;
+        // etcd fixes a lease's TTL when it grants it: extend renews for the granted TTL and
+        // reports it (a longer or shorter TTL asked at extend is not applied).
+        c.extend_sets_ttl = false;
         c.reentrant = false;
         c.expiry_after_ttl = true;
         c.force_release = true;
@@ -283,7 +287,7 @@ impl EtcdBackend {
         c.max_ttl = MAX_TTL;
         c.notes = vec![
             "the TTL is an etcd lease in whole seconds (rounded up, at least the server's minimum lease TTL); the TTL granted is what the validity counts".into(),
-            "held and queued leases are kept alive by the client on one keep-alive stream every TTL/3 until the guard is released or dropped; a crashed holder's lock frees one TTL after its last keep-alive".into(),
+            "held leases are renewed by the contract (auto_renew or extend), queued waiters' leases by the client's one keep-alive stream; a crashed holder's lock frees one TTL after its last renewal".into(),
             "lost signal: keep-alive refused, no keep-alive acknowledged before the lease may expire, or the lock key deleted behind the holder".into(),
             "fencing token = the lock key's create revision; FIFO by create revision; one release wakes one waiter (one synced watch per client)".into(),
             "extend keeps the lease alive for its granted TTL: a different TTL than the one acquired with is not applied".into(),

@@ -238,6 +238,7 @@ fn capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
             c.wait = lockcore::WaitKind::Notify;
             c.renew = lockcore::RenewKind::Native;
             c.lost_detection = true;
+            c.revoke_detection = true;
             c.expiry_after_ttl = false;
             // PostgreSQL grants heavyweight (advisory) locks in arrival order; MariaDB's user
             // locks promise no order, and waits over 5 s are queued again.

@@ -488,6 +488,10 @@ impl ZkBackend {
         c.wait = WaitKind::Notify;
         c.renew = RenewKind::Native;
         c.lost_detection = true;
+        // Session loss is reported by the session task; a lock node deleted behind its holder
+        // (an operator's force release) is noticed at the holder's next renewal or check only
+        // (no per-lease watch: one session task per client).
+        c.revoke_detection = false;
         c.reentrant = false;
         // A crashed holder's node lives until its session times out, one session timeout
         // after its last heartbeat whatever the TTL asked for (earlier than the TTL when the
@@ -510,6 +514,7 @@ impl ZkBackend {
             )
         };
         c.notes = vec![
+            "a lock node deleted behind its holder (force release) is noticed at the holder's next renewal or extend, not by itself".into(),
             format!(
                 "the lease is the ZooKeeper session (negotiated timeout {} ms): a crashed holder's lock frees one session timeout after its last heartbeat, independent of the TTL",
                 session_timeout.as_millis()

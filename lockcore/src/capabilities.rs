@@ -45,6 +45,12 @@ pub struct Capabilities {
     /// The backend itself reports a lost lease (session expiry, dropped connection) besides the
     /// contract's renewal and validity checks.
     pub lost_detection: bool,
+    /// Part of `lost_detection`: the backend also notices by itself, long before the TTL, a lock
+    /// deleted behind its holder (an operator's force release), not only at the next renewal.
+    pub revoke_detection: bool,
+    /// `extend(ttl)` sets the lease to the TTL asked for, longer or shorter. Backends whose
+    /// server fixes a lease's TTL at grant time (etcd) keep the granted one and report it.
+    pub extend_sets_ttl: bool,
     /// The same holder may acquire a lock it already holds.
     pub reentrant: bool,
     /// A crashed holder's lock is held until its TTL runs out, and not freed before. Backends
@@ -88,6 +94,8 @@ impl Default for Capabilities {
             wait: WaitKind::Poll,
             renew: RenewKind::Emulated,
             lost_detection: false,
+            revoke_detection: false,
+            extend_sets_ttl: true,
             reentrant: false,
             expiry_after_ttl: true,
             force_release: false,

@@ -142,6 +142,7 @@ impl MemoryBackend {
             fair: true,
             wait: WaitKind::Notify,
             lost_detection: true,
+            revoke_detection: true,
             force_release: true,
             notes: vec!["process-local: excludes tasks of one process only".into()],
             ..Capabilities::default()
