@@ -6,6 +6,7 @@ pub mod faults;
 mod harness;
 mod measure;
 pub mod report;
+mod report_charts;
 mod run;
 pub mod scenarios;
 
@@ -17,7 +18,7 @@ use libtest_mimic::{Arguments, Failed, Trial};
 pub use faults::{FaultCell, FaultInfo, FaultMatrix, FaultOutcome};
 pub use harness::{BoxFuture, FnHarness, Harness};
 pub use measure::{Figures, MEASURE_TIME, ProcessHandover, ServerRequests, measure};
-pub use report::{Report, ScenarioInfo};
+pub use report::{Provenance, Report, SCHEMA_VERSION, ScenarioInfo};
 pub use run::{
     BackendReport, Progress, ScenarioResult, Status, TIME_SCALE_ENV, run_all, run_scenario,
     scenario_timeout, time_scale,

@@ -8,6 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use lockcore::Capabilities;
 use serde::Serialize;
 
+use crate::measure::Figures;
+use crate::report_charts::Series;
 use crate::run::{BackendReport, ScenarioResult, Status};
 use crate::scenarios;
 
@@ -20,11 +22,31 @@ pub struct ScenarioInfo {
     pub summary: String,
 }
 
+/// The version of the report's JSON layout; raised when a field changes meaning or goes away.
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// Where a report comes from: the tool that made it and how it was built.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Provenance {
+    /// The reporting tool and its version (`locksmith 0.1.0`).
+    pub tool: String,
+    /// The git commit of the source tree, when known (`-dirty` when it had local changes).
+    pub git_commit: Option<String>,
+    /// The build profile: `release`, or `debug` (whose figures are not representative).
+    pub profile: String,
+}
+
 /// Results of the suite against several backends.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
+    /// The JSON layout's version ([`SCHEMA_VERSION`]).
+    pub schema_version: u32,
     /// When the report was made, in seconds since the Unix epoch.
     pub generated_unix: u64,
+    /// The same moment, `YYYY-MM-DD HH:MM UTC`.
+    pub generated: String,
+    /// The tool, commit and build profile, when the caller gave them.
+    pub provenance: Option<Provenance>,
     /// The suite's scenarios, in order.
     pub scenarios: Vec<ScenarioInfo>,
     /// One entry per backend, in the order given.
@@ -37,11 +59,15 @@ pub struct Report {
 impl Report {
     /// A report of `backends`, dated now, listing the suite's scenarios.
     pub fn new(backends: Vec<BackendReport>) -> Self {
+        let generated_unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
         Report {
-            generated_unix: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            schema_version: SCHEMA_VERSION,
+            generated_unix,
+            generated: utc_date(generated_unix),
+            provenance: None,
             scenarios: scenarios::all()
                 .iter()
                 .map(|s| ScenarioInfo {
@@ -52,6 +78,30 @@ impl Report {
             backends,
             faults: None,
         }
+    }
+
+    /// The same report with its provenance (shown under the title; a debug build is flagged).
+    pub fn with_provenance(mut self, provenance: Provenance) -> Self {
+        self.provenance = Some(provenance);
+        self
+    }
+
+    /// One line on where the report comes from, and a warning for a debug build.
+    fn provenance_line(&self) -> (String, Option<&'static str>) {
+        let Some(p) = &self.provenance else {
+            return (String::new(), None);
+        };
+        let line = format!(
+            "{} · commit {} · {} build",
+            p.tool,
+            p.git_commit.as_deref().unwrap_or("unknown"),
+            p.profile
+        );
+        let warn = (p.profile != "release").then_some(
+            "Debug build: latency and hand-over figures are not representative; \
+             measure with `cargo run --release -p locksmith-cli -- report`.",
+        );
+        (line, warn)
     }
 
     /// The same report with the fault matrix beside the scenario matrix.
@@ -94,11 +144,18 @@ impl Report {
         let _ = writeln!(
             w,
             "Generated {} · {} scenarios · {} backend{}\n",
-            utc_date(self.generated_unix),
+            self.generated,
             self.scenarios.len(),
             self.backends.len(),
             plural(self.backends.len())
         );
+        let (prov, warn) = self.provenance_line();
+        if !prov.is_empty() {
+            let _ = writeln!(w, "{}\n", md_cell(&prov));
+        }
+        if let Some(warn) = warn {
+            let _ = writeln!(w, "> **Warning.** {warn}\n");
+        }
         let _ = writeln!(w, "{STATUS_LEGEND_MD}\n");
         if self.backends.is_empty() {
             let _ = writeln!(w, "No backend was tested.");
@@ -164,6 +221,10 @@ impl Report {
                 );
             }
         }
+        let _ = writeln!(w, "\nWhat each scenario proves:\n");
+        for row in self.rows() {
+            let _ = writeln!(w, "- `{}`: {}", md_code(&row.name), md_cell(&row.summary));
+        }
         let errors: Vec<_> = self
             .backends
             .iter()
@@ -200,35 +261,26 @@ impl Report {
         }
 
         let _ = writeln!(w, "\n## Figures\n");
-        let _ = writeln!(
-            w,
-            "Uncontended: `try_lock` + `release` by one client, one after the other. Hand-over: \
-             N clients looping `lock` + `release` on one name. Round trip: the backend's cheapest \
-             request (`PING`, `SELECT 1`, `exists`), measured interleaved with the uncontended pairs.\n"
-        );
-        let _ = writeln!(
-            w,
-            "| backend | uncontended p50 (µs) | uncontended p99 (µs) | round trip p50 (µs) | p50 / round trip | samples | hand-over rate (/s) | holders (N) |"
-        );
-        let _ = writeln!(w, "|---|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(w, "{FIGURES_LEGEND}\n");
+        let _ = writeln!(w, "| backend | {} |", FIGURE_COLUMNS.join(" | "));
+        let _ = writeln!(w, "|---|{}", "---:|".repeat(FIGURE_COLUMNS.len()));
         for b in &self.backends {
             match &b.figures {
                 Some(f) => {
                     let _ = writeln!(
                         w,
-                        "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                        "| {} | {} |",
                         md_cell(&b.label),
-                        fmt_us(f.uncontended_p50_us),
-                        fmt_us(f.uncontended_p99_us),
-                        f.round_trip_p50_us.map_or("-".into(), fmt_us),
-                        fmt_ratio(f),
-                        f.samples,
-                        fmt_rate(f.handover_per_sec),
-                        f.holders
+                        figure_cells(f).join(" | ")
                     );
                 }
                 None => {
-                    let _ = writeln!(w, "| {} | not measured | | | | | | |", md_cell(&b.label));
+                    let _ = writeln!(
+                        w,
+                        "| {} | not measured |{}",
+                        md_cell(&b.label),
+                        " |".repeat(FIGURE_COLUMNS.len() - 1)
+                    );
                 }
             }
         }
@@ -252,13 +304,25 @@ impl Report {
         let _ = writeln!(w, "<header><h1>locksmith conformance report</h1>");
         let _ = writeln!(
             w,
-            "<p class=\"meta\">Generated {} · {} scenarios · {} backend{} · {} failed</p></header>",
-            esc(&utc_date(self.generated_unix)),
+            "<p class=\"meta\">Generated {} · {} scenarios · {} backend{} · {} failed</p>",
+            esc(&self.generated),
             self.scenarios.len(),
             self.backends.len(),
             plural(self.backends.len()),
             self.failed()
         );
+        let (prov, warn) = self.provenance_line();
+        if !prov.is_empty() {
+            let _ = writeln!(w, "<p class=\"meta\">{}</p>", esc(&prov));
+        }
+        if let Some(warn) = warn {
+            let _ = writeln!(
+                w,
+                "<p class=\"warn\"><b>Warning.</b> {}</p>",
+                esc(warn).replace("`", "")
+            );
+        }
+        let _ = writeln!(w, "</header>");
         if self.backends.is_empty() {
             let _ = writeln!(w, "<p>No backend was tested.</p>\n</body>\n</html>");
             return h;
@@ -430,47 +494,42 @@ impl Report {
         // Figures.
         let _ = writeln!(
             w,
-            "<h2>Figures</h2>\n<p class=\"legend\">Uncontended: <code>try_lock</code> + \
-             <code>release</code> by one client, one after the other. Hand-over: N clients \
-             looping <code>lock</code> + <code>release</code> on one name. Round trip: the \
-             backend's cheapest request (<code>PING</code>, <code>SELECT 1</code>, \
-             <code>exists</code>), measured interleaved with the uncontended pairs. Loopback \
-             servers on a shared machine: compare ratios, not absolute numbers.</p>"
+            "<h2>Figures</h2>\n<p class=\"legend\">{}</p>",
+            esc(FIGURES_LEGEND).replace('`', "")
         );
-        let _ = writeln!(
+        let _ = write!(
             w,
-            "<table class=\"figs\"><thead><tr><th class=\"left\">backend</th>\
-             <th>uncontended p50 (µs)</th><th>uncontended p99 (µs)</th>\
-             <th>round trip p50 (µs)</th><th>p50 / round trip</th><th>samples</th>\
-             <th>hand-over rate (/s)</th><th>holders (N)</th></tr></thead><tbody>"
+            "<div class=\"scroll\"><table class=\"figs\"><thead><tr><th class=\"left\">backend</th>"
         );
+        for c in FIGURE_COLUMNS {
+            let _ = write!(w, "<th>{}</th>", esc(c));
+        }
+        let _ = writeln!(w, "</tr></thead><tbody>");
         for b in &self.backends {
             match &b.figures {
                 Some(f) => {
+                    let cells: String = figure_cells(f)
+                        .iter()
+                        .map(|c| format!("<td>{}</td>", esc(c)))
+                        .collect();
                     let _ = writeln!(
                         w,
-                        "<tr><th class=\"left\">{}</th><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
-                         <td>{}</td><td>{}</td><td>{}</td></tr>",
-                        esc(&b.label),
-                        fmt_us(f.uncontended_p50_us),
-                        fmt_us(f.uncontended_p99_us),
-                        f.round_trip_p50_us.map_or("-".into(), fmt_us),
-                        fmt_ratio(f),
-                        f.samples,
-                        fmt_rate(f.handover_per_sec),
-                        f.holders
+                        "<tr><th class=\"left\">{}</th>{cells}</tr>",
+                        esc(&b.label)
                     );
                 }
                 None => {
                     let _ = writeln!(
                         w,
-                        "<tr><th class=\"left\">{}</th><td colspan=\"7\" class=\"unknown\">not measured</td></tr>",
-                        esc(&b.label)
+                        "<tr><th class=\"left\">{}</th><td colspan=\"{}\" class=\"unknown\">not measured</td></tr>",
+                        esc(&b.label),
+                        FIGURE_COLUMNS.len()
                     );
                 }
             }
         }
-        let _ = writeln!(w, "</tbody></table>");
+        let _ = writeln!(w, "</tbody></table></div>");
+        let _ = writeln!(w, "{}", self.handover_svg());
         let _ = writeln!(w, "{}", self.latency_svg());
         if let Some(f) = &self.faults {
             let _ = writeln!(w, "{}", f.to_html());
@@ -534,118 +593,76 @@ impl Report {
 
     /// Horizontal bars of p50 and p99 per backend, on a linear axis in µs.
     fn latency_svg(&self) -> String {
-        const LEFT: f64 = 170.0;
-        const PLOT: f64 = 640.0;
-        const RIGHT: f64 = 90.0;
-        const BAR: f64 = 14.0;
-        const GROUP: f64 = 2.0 * BAR + 16.0;
-        const TOP: f64 = 34.0;
-        const AXIS: f64 = 40.0;
-        let measured: Vec<_> = self
-            .backends
-            .iter()
-            .filter_map(|b| b.figures.as_ref().map(|f| (b, f)))
-            .collect();
-        if measured.is_empty() {
+        if self.backends.iter().all(|b| b.figures.is_none()) {
             return "<p class=\"unknown\">No latency figures were measured (run without \
                     <code>--no-bench</code> to get them).</p>"
                 .to_string();
         }
-        let max = measured
+        let rows: Vec<_> = self
+            .backends
             .iter()
-            .flat_map(|(_, f)| [f.uncontended_p50_us, f.uncontended_p99_us])
-            .filter(|v| v.is_finite())
-            .fold(0.0_f64, f64::max);
-        let (axis_max, step) = nice_axis(max);
-        let rows = self.backends.len() as f64;
-        let height = TOP + rows * GROUP + AXIS;
-        let width = LEFT + PLOT + RIGHT;
-        let x = |v: f64| LEFT + (v.max(0.0) / axis_max).min(1.0) * PLOT;
-        let mut s = String::new();
-        let _ = writeln!(
-            s,
-            "<figure class=\"chart\"><svg xmlns=\"http://www.w3.org/2000/svg\" \
-             viewBox=\"0 0 {width} {height}\" width=\"{width}\" height=\"{height}\" role=\"img\" \
-             aria-label=\"Uncontended latency per backend, p50 and p99, in microseconds\">"
-        );
-        let _ = writeln!(
-            s,
-            "<text x=\"{LEFT}\" y=\"16\" class=\"title\">Uncontended try_lock + release latency (µs)</text>\
-             <rect x=\"{lx}\" y=\"7\" width=\"12\" height=\"10\" class=\"p50\"/>\
-             <text x=\"{lt}\" y=\"16\" class=\"key\">p50</text>\
-             <rect x=\"{lx2}\" y=\"7\" width=\"12\" height=\"10\" class=\"p99\"/>\
-             <text x=\"{lt2}\" y=\"16\" class=\"key\">p99</text>",
-            lx = LEFT + PLOT - 110.0,
-            lt = LEFT + PLOT - 94.0,
-            lx2 = LEFT + PLOT - 55.0,
-            lt2 = LEFT + PLOT - 39.0,
-        );
-        // Grid and axis.
-        let axis_y = TOP + rows * GROUP;
-        let mut tick = 0.0;
-        while tick <= axis_max * 1.0001 {
-            let tx = x(tick);
-            let _ = writeln!(
-                s,
-                "<line x1=\"{tx:.1}\" y1=\"{TOP}\" x2=\"{tx:.1}\" y2=\"{axis_y}\" class=\"grid\"/>\
-                 <text x=\"{tx:.1}\" y=\"{ty}\" class=\"tick\">{}</text>",
-                fmt_tick(tick),
-                ty = axis_y + 16.0
-            );
-            tick += step;
-        }
-        let _ = writeln!(
-            s,
-            "<line x1=\"{LEFT}\" y1=\"{axis_y}\" x2=\"{end}\" y2=\"{axis_y}\" class=\"axis\"/>\
-             <text x=\"{mid}\" y=\"{ly}\" class=\"axislabel\">microseconds (µs)</text>",
-            end = LEFT + PLOT,
-            mid = LEFT + PLOT / 2.0,
-            ly = axis_y + 34.0
-        );
-        for (i, b) in self.backends.iter().enumerate() {
-            let y0 = TOP + i as f64 * GROUP + 8.0;
-            let _ = writeln!(
-                s,
-                "<text x=\"{lx}\" y=\"{ly:.1}\" class=\"name\">{}</text>",
-                esc(&truncate(&b.label, 22)),
-                lx = LEFT - 10.0,
-                ly = y0 + BAR + 4.0
-            );
-            match &b.figures {
-                None => {
-                    let _ = writeln!(
-                        s,
-                        "<text x=\"{tx}\" y=\"{ty:.1}\" class=\"missing\">not measured</text>",
-                        tx = LEFT + 6.0,
-                        ty = y0 + BAR + 4.0
-                    );
-                }
-                Some(f) => {
-                    for (j, (v, cls)) in
-                        [(f.uncontended_p50_us, "p50"), (f.uncontended_p99_us, "p99")]
-                            .into_iter()
-                            .enumerate()
-                    {
-                        let y = y0 + j as f64 * BAR;
-                        let bw = (x(v) - LEFT).max(if v > 0.0 { 1.0 } else { 0.0 });
-                        let _ = writeln!(
-                            s,
-                            "<rect x=\"{LEFT}\" y=\"{y:.1}\" width=\"{bw:.1}\" height=\"{bh}\" class=\"{cls}\">\
-                             <title>{} {cls}: {} µs</title></rect>\
-                             <text x=\"{tx:.1}\" y=\"{ty:.1}\" class=\"val\">{cls} {}</text>",
-                            esc(&b.label),
-                            fmt_us(v),
-                            fmt_us(v),
-                            bh = BAR - 2.0,
-                            tx = LEFT + bw + 5.0,
-                            ty = y + BAR - 4.0,
-                        );
-                    }
-                }
-            }
-        }
-        let _ = writeln!(s, "</svg></figure>");
-        s
+            .map(|b| {
+                let vals = b.figures.as_ref().map(|f| {
+                    vec![
+                        Some(f.uncontended_p50_us),
+                        Some(f.uncontended_p99_us),
+                        f.bare_cycle_p50_us,
+                    ]
+                });
+                (b.label.clone(), vals)
+            })
+            .collect();
+        crate::report_charts::log_bar_chart(
+            "Uncontended try_lock + release latency",
+            "µs",
+            &[
+                Series {
+                    class: "p50",
+                    label: "p50",
+                },
+                Series {
+                    class: "p99",
+                    label: "p99",
+                },
+                Series {
+                    class: "bare",
+                    label: "bare p50",
+                },
+            ],
+            &rows,
+        )
+    }
+
+    /// Hand-over rates (tasks in one process, separate processes) on a log axis.
+    fn handover_svg(&self) -> String {
+        let rows: Vec<_> = self
+            .backends
+            .iter()
+            .map(|b| {
+                let vals = b.figures.as_ref().map(|f| {
+                    vec![
+                        Some(f.handover_per_sec),
+                        f.processes.as_ref().map(|p| p.handover_per_sec),
+                    ]
+                });
+                (b.label.clone(), vals)
+            })
+            .collect();
+        crate::report_charts::log_bar_chart(
+            "Hand-over rate, one lock, 4 contenders",
+            "hand-overs per second",
+            &[
+                Series {
+                    class: "tasks",
+                    label: "tasks",
+                },
+                Series {
+                    class: "procs",
+                    label: "processes",
+                },
+            ],
+            &rows,
+        )
     }
 }
 
@@ -797,16 +814,6 @@ fn md_code(s: &str) -> String {
         .replace(['\r', '\n'], " ")
 }
 
-fn truncate(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        s.to_string()
-    } else {
-        let mut t: String = s.chars().take(max - 1).collect();
-        t.push('…');
-        t
-    }
-}
-
 /// Uncontended p50 as a multiple of the round trip, or `-`.
 fn fmt_ratio(f: &crate::measure::Figures) -> String {
     match f.round_trip_p50_us {
@@ -845,17 +852,6 @@ fn fmt_ms(ms: u64) -> String {
     }
 }
 
-fn fmt_tick(v: f64) -> String {
-    if v == 0.0 {
-        "0".to_string()
-    } else if v >= 1.0 && v.fract() == 0.0 {
-        format!("{v:.0}")
-    } else {
-        let s = format!("{v:.3}");
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    }
-}
-
 fn fmt_duration(d: Duration) -> String {
     let ms = d.as_millis();
     let secs = d.as_secs();
@@ -876,40 +872,78 @@ fn fmt_duration(d: Duration) -> String {
     }
 }
 
-/// A round axis end above `max` and a tick step giving 4 to 10 ticks.
-fn nice_axis(max: f64) -> (f64, f64) {
-    if !(max.is_finite() && max > 0.0) {
-        return (1.0, 0.25);
-    }
-    let raw = max / 5.0;
-    let mag = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
-        .iter()
-        .map(|m| m * mag)
-        .find(|s| *s >= raw)
-        .unwrap_or(10.0 * mag);
-    let end = (max / step).ceil().max(1.0) * step;
-    (end, step)
+/// `YYYY-MM-DD HH:MM UTC` of a Unix time (from the `time` crate's calendar).
+fn utc_date(unix: u64) -> String {
+    let Ok(t) = i64::try_from(unix)
+        .map_err(drop)
+        .and_then(|u| time::OffsetDateTime::from_unix_timestamp(u).map_err(drop))
+    else {
+        return format!("unix time {unix}");
+    };
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02} UTC",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute()
+    )
 }
 
-/// `YYYY-MM-DD HH:MM UTC` of a Unix time (civil-from-days, proleptic Gregorian).
-fn utc_date(unix: u64) -> String {
-    let days = (unix / 86400) as i64;
-    let rem = unix % 86400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
-        rem / 3600,
-        (rem % 3600) / 60
-    )
+/// What the figures columns mean.
+const FIGURES_LEGEND: &str = "Uncontended: `try_lock` + `release` by one client, one after the other. \
+Bare: the backend's own lock primitive without the library (`Backend::bare_cycle`), and round \
+trip: its cheapest request (`PING`, `SELECT 1`, `exists`), both measured interleaved with the \
+uncontended pairs by the same client. Hand-over: clients looping `lock` + `release` on one \
+name, as tasks of one process and as separate OS processes (spread: most / fewest \
+acquisitions of one process). Requests per hand-over: growth of the server's own request \
+counter divided by hand-overs, with many waiters spread over several processes (a herd shows \
+as a large number). Loopback servers on a shared machine: compare ratios, not absolute numbers.";
+
+/// The figures table's columns after the backend.
+const FIGURE_COLUMNS: [&str; 11] = [
+    "uncontended p50 (µs)",
+    "uncontended p99 (µs)",
+    "bare p50 (µs)",
+    "p50 / bare",
+    "round trip p50 (µs)",
+    "p50 / round trip",
+    "samples",
+    "tasks hand-over/s (N)",
+    "processes hand-over/s (N)",
+    "process spread (max/min)",
+    "server requests per hand-over",
+];
+
+/// One backend's figures as the cells of [`FIGURE_COLUMNS`].
+fn figure_cells(f: &Figures) -> Vec<String> {
+    let (procs, spread) = match &f.processes {
+        Some(p) => (
+            format!("{} ({})", fmt_rate(p.handover_per_sec), p.processes),
+            format!("{:.2}", p.spread()),
+        ),
+        None => ("-".into(), "-".into()),
+    };
+    let requests = match &f.server_requests {
+        Some(r) => match r.per_handover {
+            Some(v) => format!("{v:.1} ({} waiters / {} processes)", r.waiters, r.processes),
+            None => "unsupported".into(),
+        },
+        None => "-".into(),
+    };
+    vec![
+        fmt_us(f.uncontended_p50_us),
+        fmt_us(f.uncontended_p99_us),
+        f.bare_cycle_p50_us.map_or("-".into(), fmt_us),
+        f.bare_ratio().map_or("-".into(), |r| format!("{r:.2}x")),
+        f.round_trip_p50_us.map_or("-".into(), fmt_us),
+        fmt_ratio(f),
+        f.samples.to_string(),
+        format!("{} ({})", fmt_rate(f.handover_per_sec), f.holders),
+        procs,
+        spread,
+        requests,
+    ]
 }
 
 const CSS: &str = r#"
@@ -975,6 +1009,10 @@ td.notes ul { margin: 0; padding-left: 16px; }
 .chart .axis { stroke: #8c959f; stroke-width: 1; }
 .chart .p50 { fill: #4a90d9; }
 .chart .p99 { fill: #e8833a; }
+.chart .bare { fill: #9aa5b1; }
+.chart .tasks { fill: #2e9e6b; }
+.chart .procs { fill: #8a5cc7; }
+.warn { color: #7a5c00; background: #fff4cc; border: 1px solid #e8d48a; border-radius: 4px; padding: 6px 10px; }
 @media print { thead th { position: static; } }
 "#;
 
@@ -1088,7 +1126,11 @@ mod tests {
         assert!(html.contains("redis&lt;x&gt;"));
         // No script, no external resource.
         assert!(!html.contains("<script"));
-        assert!(!html.contains("http://") || html.matches("http://").count() == 1); // the SVG namespace only
+        // The only URLs are the inline SVGs' namespace (nothing is fetched).
+        assert_eq!(
+            html.matches("http://").count(),
+            html.matches("xmlns=\"http://www.w3.org/2000/svg\"").count()
+        );
         assert!(!html.contains("https://"));
         assert!(!html.contains("@import") && !html.contains("url("));
     }
@@ -1162,13 +1204,18 @@ mod tests {
         let many = r.latency_svg();
         assert!(many.starts_with("<figure"));
         assert!(many.contains("not measured"));
-        assert!(many.contains("microseconds (µs)"));
+        assert!(many.contains("µs, log scale"));
         // The longest bar is within the plot.
         assert!(many.contains("p99 1520"));
         r.backends.truncate(1);
         assert!(r.latency_svg().contains("p50 8.50"));
         r.backends[0].figures = Some(figures(0.0, 0.0));
-        assert!(r.latency_svg().contains("width=\"0.0\""));
+        // A zero has no place on a log axis: shown as not measured, never as NaN.
+        let zero = r.latency_svg();
+        assert!(
+            zero.contains("nothing was measured") && !zero.contains("NaN"),
+            "{zero}"
+        );
         r.backends[0].figures = None;
         assert!(r.latency_svg().contains("No latency figures"));
         r.backends.clear();
@@ -1181,9 +1228,7 @@ mod tests {
     fn helpers() {
         assert_eq!(utc_date(0), "1970-01-01 00:00 UTC");
         assert_eq!(utc_date(1_700_000_000), "2023-11-14 22:13 UTC");
-        assert_eq!(nice_axis(1520.0), (2000.0, 500.0));
-        assert_eq!(nice_axis(41.0), (50.0, 10.0));
-        assert_eq!(nice_axis(0.0), (1.0, 0.25));
+        assert_eq!(utc_date(u64::MAX), format!("unix time {}", u64::MAX));
         assert_eq!(fmt_duration(Duration::from_millis(1)), "1 ms");
         assert_eq!(fmt_duration(Duration::from_secs(7 * 86400)), "7 days");
         assert_eq!(md_cell("a|b\nc"), "a\\|b c");

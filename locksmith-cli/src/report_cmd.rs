@@ -3,10 +3,54 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use conformance::{BackendReport, Harness, Progress, Report, Status, run_all, scenarios};
+use conformance::{
+    BackendReport, Harness, Progress, Provenance, Report, Status, run_all, scenarios,
+};
 
 use crate::bench::{Plan, add_process_figures};
 use crate::harness::{UrlHarness, labels};
+
+/// This tool's version, the git commit of the source tree it was built from (asked of git at
+/// run time, in the build's source directory; `-dirty` with local changes) and the build
+/// profile.
+fn provenance() -> Provenance {
+    let src = env!("CARGO_MANIFEST_DIR");
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(["-C", src])
+            .args(args)
+            .stderr(std::process::Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let git_commit = git(&["rev-parse", "--short=12", "HEAD"]).map(|commit| {
+        let dirty =
+            git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+        if dirty {
+            format!("{commit}-dirty")
+        } else {
+            commit
+        }
+    });
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    if profile == "debug" {
+        eprintln!(
+            "locksmith: warning: a debug build; its figures are not representative \
+             (cargo run --release -p locksmith-cli -- report)"
+        );
+    }
+    Provenance {
+        tool: format!("locksmith {}", env!("CARGO_PKG_VERSION")),
+        git_commit,
+        profile: profile.to_owned(),
+    }
+}
 
 /// The URLs `report` uses when given none: the two embedded backends, which need no server
 /// (memory, and a SQLite file in the output directory).
@@ -86,7 +130,7 @@ pub async fn report(urls: &[String], out: &Path, bench: Option<Plan>, with_fault
         );
         backends.push(result);
     }
-    let mut report = Report::new(backends);
+    let mut report = Report::new(backends).with_provenance(provenance());
     if with_faults {
         report = report.with_faults(run_faults().await);
     }
