@@ -117,7 +117,12 @@ pub fn expected(label: &str, fault: Fault) -> Expect {
              client wins while the holder still believes it holds (until its next renewal is \
              refused); the docs state this for failovers only (tokens now keep increasing)",
         ),
-        ("postgres-lease" | "postgres-row-lock", ServerRestart) => KnownDefect(
+        ("postgres-row-lock" | "mysql-row-lock", ServerRestart) => Either(
+            "lock-sql row-lock (crate docs, loss window): a restart ends the holder's session and \
+             frees the lock at once; the holder learns it at its next health ping (min(ttl/4, \
+             500 ms) + a round trip), so another client can win first: fence writes",
+        ),
+        ("postgres-lease", ServerRestart) => KnownDefect(
             "issue 13 (sql): a waiter's lock() fails with the server's `terminating connection` \
              error instead of waiting through the restart",
         ),
