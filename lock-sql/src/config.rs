@@ -11,9 +11,10 @@ pub const DEFAULT_TABLE: &str = "locksmith_locks";
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Strategy {
-    /// A row of the lock table locked with `SELECT ... FOR UPDATE` inside a transaction held open
-    /// on a connection dedicated to the holder (PostgreSQL, MySQL/MariaDB). The lock lives as long
-    /// as that connection: a crashed holder frees it at once.
+    /// A session lock held by a connection dedicated to the holder (a PostgreSQL advisory lock,
+    /// a MariaDB `GET_LOCK` user lock), with the lock row's fencing counter bumped and committed
+    /// in the same statement. The lock lives as long as that connection: a crashed holder frees
+    /// it at once.
     RowLock,
     /// A lease row (owner token, fencing counter, expiry computed on the database clock) taken
     /// over only after it expired (every database; the default).
