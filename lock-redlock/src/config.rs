@@ -12,8 +12,13 @@ use lockcore::{Error, Result};
 pub(crate) struct Config {
     /// One configuration per master, in URL order.
     pub nodes: Vec<node::Config>,
-    /// How long one node may take to answer one request before its vote counts as lost.
-    pub node_timeout: Duration,
+    /// How long one node may take to answer one acquire before its vote counts as lost, when
+    /// the URL sets it (`node_timeout_ms`); otherwise derived from each request's TTL
+    /// ([`Config::node_timeout`]).
+    pub node_timeout: Option<Duration>,
+    /// The bound of requests that are not votes (ping, force release, the bare cycle): the
+    /// nodes' own response timeout (`response_timeout_ms`).
+    pub response_timeout: Duration,
     /// The key prefix (the same on every node).
     pub namespace: String,
     /// The notified waiter's safety-net poll.
@@ -23,6 +28,11 @@ pub(crate) struct Config {
     /// The URL with every password replaced by `***`.
     pub redacted: String,
 }
+
+/// The least per-node timeout derived from a TTL (see [`Config::node_timeout`]).
+pub(crate) const NODE_TIMEOUT_FLOOR: Duration = Duration::from_millis(50);
+/// The most per-node timeout derived from a TTL (see [`Config::node_timeout`]).
+pub(crate) const NODE_TIMEOUT_CAP: Duration = Duration::from_secs(1);
 
 fn bad(msg: impl std::fmt::Display) -> Error {
     // Never echo the URL itself: it may carry passwords.
@@ -51,7 +61,7 @@ impl Config {
             Some(i) => (&before_query[..i], &before_query[i + 1..]),
             None => (before_query, ""),
         };
-        let mut node_timeout = Duration::from_millis(50);
+        let mut node_timeout = None;
         let mut node_query = Vec::new();
         let mut timeout_seen = false;
         for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -63,7 +73,7 @@ impl Config {
                     }
                     let value = pair.split_once('=').map_or("", |(_, v)| v);
                     node_timeout = match value.parse::<u64>() {
-                        Ok(ms) if (1..=60_000).contains(&ms) => Duration::from_millis(ms),
+                        Ok(ms) if (1..=60_000).contains(&ms) => Some(Duration::from_millis(ms)),
                         _ => {
                             return Err(bad(
                                 "query parameter `node_timeout_ms` must be a whole number of \
@@ -116,8 +126,12 @@ impl Config {
             nodes.push(cfg);
         }
         let first = nodes.first().ok_or_else(|| bad("no node given"))?;
-        let (namespace, poll, connect_timeout) =
-            (first.namespace.clone(), first.poll, first.connect_timeout);
+        let (namespace, poll, connect_timeout, response_timeout) = (
+            first.namespace.clone(),
+            first.poll,
+            first.connect_timeout,
+            first.response_timeout,
+        );
         let redacted = {
             let hosts: Vec<String> = nodes
                 .iter()
@@ -136,22 +150,41 @@ impl Config {
                     }
                 })
                 .collect();
+            let timeout = match node_timeout {
+                Some(t) => format!("&node_timeout_ms={}", t.as_millis()),
+                None => String::new(),
+            };
             format!(
-                "{scheme}://{}/{}?namespace={namespace}&node_timeout_ms={}",
+                "{scheme}://{}/{}?namespace={namespace}{timeout}",
                 hosts.join(","),
                 first.db,
-                node_timeout.as_millis(),
                 scheme = scheme.to_ascii_lowercase(),
             )
         };
         Ok(Config {
             nodes,
             node_timeout,
+            response_timeout,
             namespace,
             poll,
             connect_timeout,
             redacted,
         })
+    }
+
+    /// How long one node may take to answer one vote (acquire) of a lock with this `ttl` before
+    /// the vote counts as lost: `node_timeout_ms` when the URL sets it, otherwise a tenth of the
+    /// TTL, at least [`NODE_TIMEOUT_FLOOR`] and at most [`NODE_TIMEOUT_CAP`].
+    ///
+    /// Why: the Redlock specification asks for a per-node timeout that is small compared with
+    /// the TTL, so that a dead node costs the caller little and the validity left after a vote
+    /// stays large. A fixed 50 ms (the old default) was small for every TTL, but on a loaded
+    /// 2-core machine a healthy node's reply regularly takes longer, and a lost vote turns an
+    /// uncontended `try_lock` into a refusal. A tenth of the TTL keeps 90 % of the validity in
+    /// the worst case, while giving a healthy but busy node the time it needs.
+    pub(crate) fn node_timeout(&self, ttl: Duration) -> Duration {
+        self.node_timeout
+            .unwrap_or_else(|| (ttl / 10).clamp(NODE_TIMEOUT_FLOOR, NODE_TIMEOUT_CAP))
     }
 
     /// The majority: `N/2 + 1`.
@@ -183,7 +216,11 @@ mod tests {
                 .iter()
                 .all(|n| n.db == 2 && n.namespace == "x" && !n.tls)
         );
-        assert_eq!(c.node_timeout, Duration::from_millis(20));
+        assert_eq!(c.node_timeout, Some(Duration::from_millis(20)));
+        assert_eq!(
+            c.node_timeout(Duration::from_secs(10)),
+            Duration::from_millis(20)
+        );
         assert_eq!(c.poll, Duration::from_millis(100));
         assert!(!c.redacted.contains("pw1") && !c.redacted.contains("p@w2"));
         assert!(!format!("{c:?}").contains("pw1"));
@@ -193,7 +230,22 @@ mod tests {
         );
         let c = Config::parse("redlocks://a:1,b:2,c:3,d:4,e:5?tls_ca=/ca.pem").unwrap();
         assert_eq!(c.quorum(), 3);
+        assert_eq!(
+            c.redacted,
+            "redlocks://a:1,b:2,c:3,d:4,e:5/0?namespace=locksmith"
+        );
         assert!(c.nodes.iter().all(|n| n.tls && n.tls_ca.is_some()));
+    }
+
+    #[test]
+    fn node_timeout_is_a_tenth_of_the_ttl_within_bounds() {
+        let c = Config::parse("redlock://a:1,b:2,c:3").unwrap();
+        assert_eq!(c.node_timeout, None);
+        let ms = |v| Duration::from_millis(v);
+        assert_eq!(c.node_timeout(ms(100)), ms(50));
+        assert_eq!(c.node_timeout(ms(2_000)), ms(200));
+        assert_eq!(c.node_timeout(ms(10_000)), ms(1_000));
+        assert_eq!(c.node_timeout(ms(3_600_000)), ms(1_000));
     }
 
     #[test]

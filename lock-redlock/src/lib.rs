@@ -33,11 +33,14 @@
 //!   `SUBSCRIBE`/`UNSUBSCRIBE` on every wait.
 //! * **Extend**: owner-checked compare-and-`PEXPIRE` on every node; it succeeds only when a
 //!   majority confirmed within the validity, which is recomputed from the moment the renewal was
-//!   sent. When a majority refuses, the lease is reported `NotHeld` (the guard's lost signal
+//!   sent (confirmations are awaited that long, not only one node timeout). When a majority refuses, the lease is reported `NotHeld` (the guard's lost signal
 //!   fires); when too few nodes answer, the renewal fails and the contract fires the lost signal
 //!   at the validity deadline.
-//! * **Release**: owner-checked compare-and-delete (publishing on the node's channel) on every
-//!   node; released when a majority confirmed (the rest finish in the background).
+//! * **Release**: owner-checked compare-and-delete (publishing on the node's channel) sent to
+//!   every node at once; released when a majority confirmed (the rest finish in the
+//!   background). Confirmations are awaited until the lease's validity ends (at least one node
+//!   timeout), so a lock that sits on exactly a majority is not reported unreleased because one
+//!   of its masters answered late.
 //! * **Nodes down**: with a minority down, locks work as before; with a majority down, attempts
 //!   fail with `Unavailable` at once (a node's failure counts when its connection errs or its
 //!   per-node timeout passes). Nodes that were down at connect time, or later, are reconnected
@@ -71,7 +74,19 @@
 //!
 //! | parameter | default | meaning |
 //! |---|---|---|
-//! | `node_timeout_ms` | `50` | how long one node may take to answer before its vote counts as lost |
+//! | `node_timeout_ms` | a tenth of the TTL, within 50 ms..1 s | how long one node may take to answer an acquire before its vote counts as lost |
+//!
+//! **The node timeout.** The Redlock specification asks for a per-node timeout that is small
+//! compared with the TTL: a dead or stopped node then costs an attempt little, and the validity
+//! left after the vote stays close to the TTL. Without `node_timeout_ms` it is a tenth of each
+//! lock's TTL, at least 50 ms and at most 1 s (100 ms for a 1 s TTL, 1 s for 10 s and more):
+//! at most 10 % of the validity goes to waiting for votes, and a healthy master on a busy
+//! machine (where a reply can take tens of milliseconds) does not lose its vote. A fixed short
+//! timeout (the earlier default was 50 ms) loses votes under load and turns uncontended
+//! acquisitions into refusals; set `node_timeout_ms` only to trade that for a faster give-up on
+//! hung masters. The node timeout bounds votes only: an extend waits for a majority of
+//! confirmations until its new validity would end, and a release until the lease's validity
+//! ends (both at least one node timeout), because there a late confirmation is still good.
 //!
 //! `min_replicas` is refused (masters of a Redlock have no replicas to wait for). A node listed
 //! twice is refused (each master votes once). Passwords never appear in `Debug`,
@@ -353,7 +368,9 @@ impl RedlockBackend {
     pub async fn ping(&self) -> Result<()> {
         let results = self
             .inner
-            .per_node(|mut c| async move { node::ping(&mut c).await })
+            .per_node(self.inner.cfg.response_timeout, |mut c| async move {
+                node::ping(&mut c).await
+            })
             .collect::<Vec<_>>()
             .await;
         results.into_iter().try_for_each(|(_, r)| r)
@@ -370,7 +387,7 @@ impl RedlockBackend {
         let keys = Arc::new(Keys::new(&self.inner.cfg.namespace, name));
         let results = self
             .inner
-            .per_node(move |mut c| {
+            .per_node(self.inner.cfg.response_timeout, move |mut c| {
                 let keys = keys.clone();
                 async move { node::revoke(&mut c, &keys).await }
             })
@@ -401,12 +418,13 @@ impl RedlockBackend {
             keys: keys.clone(),
             token: token.clone(),
             background: req.background.clone(),
+            ttl,
             armed: true,
         };
         let sent_at = Instant::now();
         let mut pending = {
             let (keys, token) = (keys.clone(), token.clone());
-            inner.per_node(move |mut c| {
+            inner.per_node(inner.cfg.node_timeout(ttl), move |mut c| {
                 let (keys, token) = (keys.clone(), token.clone());
                 async move { node::acquire(&mut c, &keys, &token, ttl, false).await }
             })
@@ -442,6 +460,8 @@ impl RedlockBackend {
                 keys: keys.clone(),
                 token: token.clone(),
                 background: req.background.clone(),
+                ttl: Mutex::new(ttl),
+                valid_until: Mutex::new(sent_at + ttl - inner.caps.drift_margin(ttl)),
             };
             return Ok(Attempt::Won(Acquired::new(lease, sent_at)));
         }
@@ -452,7 +472,7 @@ impl RedlockBackend {
             let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
             let task = inner
                 .clone()
-                .undo(keys.clone(), token.clone(), targets, undo);
+                .undo(keys.clone(), token.clone(), targets, undo, ttl);
             req.background.spawn(async move {
                 task.await;
                 let _ = done_tx.send(());
@@ -478,7 +498,7 @@ impl RedlockBackend {
 
     /// Subscribes to the release channel of `keys` on every connected node, or reuses the
     /// lingering subscriptions of an earlier wait.
-    async fn subscribe(&self, keys: &Keys) -> SubsUse {
+    async fn subscribe(&self, keys: &Keys, ttl: Duration) -> SubsUse {
         let inner = &self.inner;
         let entry = {
             let mut waits = lock_mutex(&inner.waits);
@@ -528,8 +548,11 @@ impl RedlockBackend {
             }));
         }
         if !joins.is_empty() {
-            let _ = tokio::time::timeout(inner.cfg.node_timeout, futures::future::join_all(joins))
-                .await;
+            let _ = tokio::time::timeout(
+                inner.cfg.node_timeout(ttl),
+                futures::future::join_all(joins),
+            )
+            .await;
         }
         SubsUse(entry)
     }
@@ -568,6 +591,7 @@ struct UndoOnDrop {
     keys: Arc<Keys>,
     token: Arc<str>,
     background: Background,
+    ttl: Duration,
     armed: bool,
 }
 
@@ -580,21 +604,21 @@ impl Drop for UndoOnDrop {
                 self.token.clone(),
                 all,
                 Undo::Release,
+                self.ttl,
             ));
         }
     }
 }
 
 impl Inner {
-    /// Runs `op` on every node at once, each bounded by the node timeout; a node that is not
-    /// connected answers `Unavailable` at once.
-    fn per_node<T, F, Fut>(&self, op: F) -> FuturesUnordered<NodeFuture<T>>
+    /// Runs `op` on every node at once, each bounded by `timeout`; a node that is not connected
+    /// answers `Unavailable` at once.
+    fn per_node<T, F, Fut>(&self, timeout: Duration, op: F) -> FuturesUnordered<NodeFuture<T>>
     where
         T: Send + 'static,
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
-        let timeout = self.cfg.node_timeout;
         self.slots
             .iter()
             .enumerate()
@@ -647,13 +671,16 @@ impl Inner {
         token: Arc<str>,
         targets: Vec<usize>,
         how: Undo,
+        ttl: Duration,
     ) {
         let futs: FuturesUnordered<_> = targets
             .into_iter()
             .filter_map(|i| self.slots[i].get())
             .map(|node| {
                 let (keys, token) = (keys.clone(), token.clone());
-                let timeout = self.cfg.node_timeout;
+                // Bounded, but longer than one vote: an undo lost here leaves a key until its
+                // TTL.
+                let timeout = self.cfg.node_timeout(ttl) * 4;
                 async move {
                     let mut c = node.conn();
                     let op = async {
@@ -664,9 +691,7 @@ impl Inner {
                             }
                         }
                     };
-                    // Bounded, but longer than one vote: an undo lost here leaves a key until
-                    // its TTL.
-                    if let Ok(Err(e)) = tokio::time::timeout(timeout * 4, op).await {
+                    if let Ok(Err(e)) = tokio::time::timeout(timeout, op).await {
                         tracing::debug!(error = %e, "undoing a redlock attempt on a master failed");
                     }
                 }
@@ -769,7 +794,7 @@ impl Backend for RedlockBackend {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(None);
         }
-        let subs = self.subscribe(&keys).await;
+        let subs = self.subscribe(&keys, req.ttl).await;
         let poll = self.inner.cfg.poll;
         // A split vote first waits its random delay; a held lock is re-checked at once, now
         // that the subscriptions see any release.
@@ -835,9 +860,10 @@ impl Backend for RedlockBackend {
     async fn bare_cycle(&self, name: &LockName) -> Result<()> {
         let keys = Arc::new(Keys::new(&self.inner.cfg.namespace, name));
         let token: Arc<str> = lockcore::OwnerToken::random().to_hex().into();
+        let timeout = self.inner.cfg.response_timeout;
         let set = {
             let (keys, token) = (keys.clone(), token.clone());
-            self.inner.per_node(move |mut c| {
+            self.inner.per_node(timeout, move |mut c| {
                 let (keys, token) = (keys.clone(), token.clone());
                 async move {
                     redis::cmd("SET")
@@ -855,9 +881,16 @@ impl Backend for RedlockBackend {
         let set: Vec<_> = set.collect().await;
         let del: Vec<_> = self
             .inner
-            .per_node(move |mut c| {
+            .per_node(timeout, move |mut c| {
                 let (keys, token) = (keys.clone(), token.clone());
-                async move { node::release(&mut c, &keys, &token).await }
+                async move {
+                    bare_compare_and_delete()
+                        .key(&keys.lock)
+                        .arg(&*token)
+                        .invoke_async::<i64>(&mut c)
+                        .await
+                        .map_err(|e| node::map_err("compare-and-delete failed", e))
+                }
             })
             .collect()
             .await;
@@ -874,7 +907,9 @@ impl Backend for RedlockBackend {
     async fn server_requests(&self) -> Result<u64> {
         let results: Vec<_> = self
             .inner
-            .per_node(|mut c| async move { node::server_requests(&mut c).await })
+            .per_node(self.inner.cfg.response_timeout, |mut c| async move {
+                node::server_requests(&mut c).await
+            })
             .collect()
             .await;
         results.into_iter().map(|(_, r)| r).sum()
@@ -885,12 +920,42 @@ impl Backend for RedlockBackend {
     }
 }
 
+/// The compare-and-delete a plain Redlock client runs (no notification), for
+/// [`Backend::bare_cycle`]; the library's release also publishes to waiters.
+fn bare_compare_and_delete() -> &'static redis::Script {
+    static SCRIPT: OnceLock<redis::Script> = OnceLock::new();
+    SCRIPT.get_or_init(|| {
+        redis::Script::new(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end \
+             return 0",
+        )
+    })
+}
+
 /// A lock held on a majority of the masters.
 struct RedlockLease {
     inner: Arc<Inner>,
     keys: Arc<Keys>,
     token: Arc<str>,
     background: Background,
+    /// The TTL last granted (acquire or extend).
+    ttl: Mutex<Duration>,
+    /// The validity deadline: sent time of the last granted acquire or extend + its TTL - drift.
+    valid_until: Mutex<Instant>,
+}
+
+impl RedlockLease {
+    /// How long a release waits for a majority of confirmations: what is left of the validity
+    /// (after it, the keys run out on the masters anyway), at least the per-node timeout of the
+    /// lease's TTL. Not the acquire's per-node timeout alone: a release that reached every
+    /// master must not be reported failed because one of the three masters holding the lock
+    /// answered a few milliseconds late on a busy machine. Each request is also bounded by the
+    /// connections' own response timeout.
+    fn release_budget(&self) -> Duration {
+        let ttl = *lock_mutex(&self.ttl);
+        let remaining = lock_mutex(&self.valid_until).saturating_duration_since(Instant::now());
+        remaining.max(self.inner.cfg.node_timeout(ttl))
+    }
 }
 
 impl fmt::Debug for RedlockLease {
@@ -930,6 +995,21 @@ async fn majority(
     }
 }
 
+/// Neither a majority confirmed nor a majority refused: too many masters did not answer.
+fn unconfirmed(inner: &Inner, yes: usize, no: usize, errors: Vec<(usize, Result<bool>)>) -> Error {
+    let msg = format!(
+        "{yes} of {} Redis masters confirmed, {no} no longer held the lease and {} did not \
+         answer in time: a majority ({}) is needed",
+        inner.slots.len(),
+        errors.len(),
+        inner.quorum
+    );
+    match errors.into_iter().filter_map(|(_, r)| r.err()).last() {
+        Some(e) => Error::unavailable(msg, e),
+        None => Error::new(ErrorKind::Unavailable, msg),
+    }
+}
+
 fn not_held(confirmed: usize, inner: &Inner) -> Error {
     Error::not_held(format!(
         "only {confirmed} of {} Redis masters still hold this lease, a majority ({}) is needed",
@@ -945,22 +1025,31 @@ impl Lease for RedlockLease {
     }
 
     /// Compare-and-`PEXPIRE` on every master at once; granted when a majority confirmed within
-    /// the validity recomputed from when it was sent.
+    /// the validity recomputed from when it was sent (awaited that long).
     ///
     /// Cancel safety: dropping the future may have extended the lease on some masters; it stays
     /// owner-checked.
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
         let inner = &self.inner;
         let sent_at = Instant::now();
+        let drift = inner.caps.drift_margin(ttl);
+        // A confirmation counts until the new validity ends (it is computed from the send
+        // time), not only within the acquire's per-node timeout: one master answering late on
+        // a busy machine must not fail a renewal the others confirmed.
+        let budget = ttl.saturating_sub(drift).max(inner.cfg.node_timeout(ttl));
         let pending = {
             let (keys, token) = (self.keys.clone(), self.token.clone());
-            inner.per_node(move |mut c| {
+            inner.per_node(budget, move |mut c| {
                 let (keys, token) = (keys.clone(), token.clone());
                 async move { node::extend(&mut c, &keys, &token, ttl).await }
             })
         };
         match majority(inner, pending, &self.background).await {
-            Ok(()) if sent_at.elapsed() + inner.caps.drift_margin(ttl) < ttl => Ok(ttl),
+            Ok(()) if sent_at.elapsed() + drift < ttl => {
+                *lock_mutex(&self.ttl) = ttl;
+                *lock_mutex(&self.valid_until) = sent_at + ttl - drift;
+                Ok(ttl)
+            }
             Ok(()) => Err(Error::new(
                 ErrorKind::Unavailable,
                 "the renewal reached a majority only after its validity had passed",
@@ -969,14 +1058,15 @@ impl Lease for RedlockLease {
                 if inner.slots.len() - no < inner.quorum {
                     Err(not_held(yes, inner))
                 } else {
-                    Err(inner.no_majority(yes + no, errors.into_iter()))
+                    Err(unconfirmed(inner, yes, no, errors))
                 }
             }
         }
     }
 
     /// Compare-and-delete (publishing to the waiters) on every master at once; released when a
-    /// majority confirmed (the others finish in the background).
+    /// majority confirmed (the others finish in the background), awaited until the lease's
+    /// validity ends (at least one node timeout), see [`RedlockLease::release_budget`].
     ///
     /// Cancel safety: dropping the future may leave the lock held on some masters until its TTL
     /// runs out.
@@ -984,7 +1074,7 @@ impl Lease for RedlockLease {
         let inner = &self.inner;
         let pending = {
             let (keys, token) = (self.keys.clone(), self.token.clone());
-            inner.per_node(move |mut c| {
+            inner.per_node(self.release_budget(), move |mut c| {
                 let (keys, token) = (keys.clone(), token.clone());
                 async move { node::release(&mut c, &keys, &token).await }
             })
@@ -995,7 +1085,7 @@ impl Lease for RedlockLease {
                 if inner.slots.len() - no < inner.quorum {
                     Err(not_held(yes, inner))
                 } else {
-                    Err(inner.no_majority(yes + no, errors.into_iter()))
+                    Err(unconfirmed(inner, yes, no, errors))
                 }
             }
         }
