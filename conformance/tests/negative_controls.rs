@@ -426,15 +426,18 @@ fn fixed_lock_value_is_caught() {
 
 #[test]
 fn read_then_delete_release_is_caught() {
-    assert_eq!(
-        failing(Flaw::ReadThenDelete),
-        // The delete, sent after the pause, frees the lock a racing client took at the expiry
-        // (also after the watchdog's release at the maximum hold time). A waiter in a polling
-        // lock() mostly comes too late to be hit: the suite races a client that polls hard.
-        set(&[
-            "auto_renew_stops_at_max_hold",
-            "release_racing_expiry_keeps_next_holder",
-        ])
+    let failed = failing(Flaw::ReadThenDelete);
+    // The delete, sent after the pause, frees the lock a racing client took at the expiry: the
+    // suite races a client that polls hard, so this scenario catches it every time.
+    let always = set(&["release_racing_expiry_keeps_next_holder"]);
+    // The same race after the watchdog's release at the maximum hold time is hit only when a
+    // polling waiter comes in between the GET and the DEL: on a loaded machine, not every run.
+    let sometimes = set(&["auto_renew_stops_at_max_hold"]);
+    assert!(failed.is_superset(&always), "{failed:?} misses {always:?}");
+    let allowed: BTreeSet<String> = always.union(&sometimes).cloned().collect();
+    assert!(
+        failed.is_subset(&allowed),
+        "{failed:?} fails scenarios outside {allowed:?}"
     );
 }
 
