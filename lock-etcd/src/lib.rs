@@ -36,6 +36,13 @@
 //!   keeps held and queued leases alive itself on one keep-alive stream (every TTL/3) until the
 //!   guard is released or dropped; a crashed holder's lock frees when its lease expires, one TTL
 //!   after its last keep-alive.
+//! * Extend: with the TTL acquired with, one keep-alive (plus a read of the key, in parallel).
+//!   etcd cannot change a lease's TTL, so another TTL moves the key to a new lease granted that
+//!   TTL: a grant, then one transaction re-putting the key with the new lease if its create
+//!   revision is still ours (a put keeps the create revision: same fencing token, same place in
+//!   the queue, no waiter woken); the old lease is revoked in the background.
+//! * A live holder whose lease ran out unrenewed deletes its key at the lease's end (the server
+//!   itself expires leases only on a 500 ms sweep), so a lease ends at its TTL.
 //! * Lost signal: keep-alive refused ([`LostReason::RenewalRefused`]), no keep-alive
 //!   acknowledged before the lease may have expired ([`LostReason::ConnectionLost`]), or the
 //!   key deleted behind the holder ([`LostReason::RenewalRefused`]).
@@ -274,9 +281,9 @@ impl EtcdBackend {
         c.renew = RenewKind::Emulated;
         c.lost_detection = true;
         c.revoke_detection = true;
-        // etcd fixes a lease's TTL when it grants it: extend renews for the granted TTL and
-        // reports it (a longer or shorter TTL asked at extend is not applied).
-        c.extend_sets_ttl = false;
+        // etcd fixes a lease's TTL when it grants it: extend to another TTL moves the key to a
+        // new lease granted that TTL (same create revision, so same token and queue place).
+        c.extend_sets_ttl = true;
         c.reentrant = false;
         c.expiry_after_ttl = true;
         c.force_release = true;
@@ -290,7 +297,7 @@ impl EtcdBackend {
             "held leases are renewed by the contract (auto_renew or extend), queued waiters' leases by the client's one keep-alive stream; a crashed holder's lock frees one TTL after its last renewal".into(),
             "lost signal: keep-alive refused, no keep-alive acknowledged before the lease may expire, or the lock key deleted behind the holder".into(),
             "fencing token = the lock key's create revision; FIFO by create revision; one release wakes one waiter (one synced watch per client)".into(),
-            "extend keeps the lease alive for its granted TTL: a different TTL than the one acquired with is not applied".into(),
+            "extend with the TTL acquired with is one keep-alive; another TTL (longer or shorter) moves the key to a new lease granted that TTL (one grant, one owner-checked transaction keeping the create revision; the old lease is revoked in the background)".into(),
         ];
         c
     }
@@ -633,16 +640,17 @@ impl EtcdBackend {
     ) -> EtcdLease {
         let secs = ttl_secs(req.ttl);
         let (stop, stop_rx) = tokio_watch::channel(false);
+        self.inner.keeper.release(cell.id);
         let shared = Arc::new(LeaseShared {
             backend: self.clone(),
             key,
             revision,
-            cell,
-            secs,
+            lease: Mutex::new((cell, secs)),
+            background: req.background.clone(),
+            moved: tokio::sync::Notify::new(),
             stop,
         });
         // The lease lives its TTL from the last keep-alive: the contract's watchdog extends it.
-        self.inner.keeper.release(shared.cell.id);
         // The floor, taken before the winning transaction, covers a deletion racing this point.
         let deleted = self.inner.dispatch.deleted(shared.key.as_bytes(), &floor);
         drop(floor);
@@ -717,8 +725,9 @@ impl Drop for QueueGuard {
     }
 }
 
-/// Fires the lost signal when the held key is deleted by someone else; stops keeping the lease
-/// alive once nobody holds the guard any more.
+/// Fires the lost signal when the held key is deleted by someone else; frees the lock when its
+/// lease runs out unrenewed while the guard lives; stops keeping the lease alive once nobody
+/// holds the guard any more.
 async fn watch_held(
     shared: Arc<LeaseShared>,
     lost: LostNotifier,
@@ -728,11 +737,38 @@ async fn watch_held(
     let backend = &shared.backend;
     loop {
         let stopped = stop.clone();
+        // Taken before reading the lease: a move after this point wakes the loop to re-arm.
+        let moved = shared.moved.notified();
+        let expires = shared.lease().0.expires();
         tokio::select! {
             _ = async { drop(stop.wait_for(|s| *s).await) } => return,
+            _ = moved => {}
+            _ = tokio::time::sleep_until(expires) => {
+                // A renewal (or a move to a new lease) answered meanwhile pushed the end back.
+                if shared.lease().0.expires() > Instant::now() || *stopped.borrow() {
+                    continue;
+                }
+                // The lease ran out without a renewal; the holder's validity ended earlier (it
+                // is this end minus the drift margin). Free the lock now, as the server would
+                // at its next expiry sweep (every 500 ms), so that a lease ends at its TTL.
+                let cell = shared.lease().0;
+                backend.inner.keeper.release(cell.id);
+                lost.fire(LostReason::ValidityExpired);
+                let txn = Txn::new()
+                    .when([Compare::create_revision(
+                        shared.key.as_str(),
+                        CompareOp::Equal,
+                        shared.revision,
+                    )])
+                    .and_then([TxnOp::delete(shared.key.as_str(), None)]);
+                if let Err(e) = backend.txn("deleting an expired lock key", txn).await {
+                    tracing::debug!(error = %e, "deleting an expired lock key failed; it expires with its lease");
+                }
+                return;
+            }
             _ = lost.closed() => {
                 // The guard is gone without a release (abandoned): the lock frees by its TTL.
-                backend.inner.keeper.release(shared.cell.id);
+                backend.inner.keeper.release(shared.lease().0.id);
                 return;
             }
             w = &mut deleted => {
@@ -746,7 +782,7 @@ async fn watch_held(
                     return;
                 }
                 if gone {
-                    backend.inner.keeper.release(shared.cell.id);
+                    backend.inner.keeper.release(shared.lease().0.id);
                     if lost.fire(LostReason::RenewalRefused) {
                         backend.inner.stats.deleted_behind.fetch_add(1, Ordering::Relaxed);
                         tracing::debug!(key = %shared.key, "etcd lock key deleted behind its holder");
@@ -955,15 +991,114 @@ struct LeaseShared {
     backend: EtcdBackend,
     key: String,
     revision: i64,
-    cell: Arc<LeaseCell>,
-    /// The TTL asked for, in whole seconds (the pool's key).
-    secs: u64,
+    /// The lease the key is attached to now, with the TTL it was asked for in whole seconds
+    /// (the pool's key). An extend to another TTL moves the key to a new lease.
+    lease: Mutex<(Arc<LeaseCell>, u64)>,
+    /// Where the revocation of a lease the key moved away from runs (`Locker::flush` waits).
+    background: Background,
+    /// Notified when the key moved to a new lease (the watcher re-arms its expiry timer).
+    moved: tokio::sync::Notify,
     /// Set before the release deletes the key, so that the watcher does not report our own
     /// delete as a loss; also stops the watcher.
     stop: tokio_watch::Sender<bool>,
 }
 
 impl LeaseShared {
+    /// The lease the key is attached to now, and the TTL it was asked for (whole seconds).
+    fn lease(&self) -> (Arc<LeaseCell>, u64) {
+        let l = self.lease.lock().unwrap_or_else(|e| e.into_inner());
+        (l.0.clone(), l.1)
+    }
+
+    /// Keeps the current lease alive once (a keep-alive on the client's stream, sent alongside
+    /// a read of the key for ownership by create revision): the lease's own TTL, counted from
+    /// the keep-alive.
+    async fn keep_alive(&self, cell: Arc<LeaseCell>) -> Result<Duration> {
+        let refresh = self.backend.inner.keeper.refresh(cell);
+        let owned = self.owned().await?;
+        let renewal = match refresh.await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("renewing the etcd lease: {e}"),
+                ));
+            }
+            Err(_) => {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    "the lease keeper stopped",
+                ));
+            }
+        };
+        match renewal {
+            Renewal::Gone => Err(not_held("its lease expired or was revoked")),
+            Renewal::Alive { .. } if !owned => Err(not_held("its key was deleted")),
+            Renewal::Alive { ttl, .. } => Ok(ttl),
+        }
+    }
+
+    /// Moves the key to a new lease granted `secs` (etcd cannot change a lease's TTL): a grant,
+    /// then one transaction that re-puts the key with the new lease only if its create revision
+    /// is still ours (a put on an existing key keeps its create revision, so the fencing token
+    /// and the queue position stay), then the old lease is revoked in the background. Returns
+    /// the TTL granted, counted from the grant's send (after the caller's send time).
+    async fn move_lease(&self, secs: u64) -> Result<Duration> {
+        let backend = &self.backend;
+        let new = backend.grant(secs).await?;
+        let put = TxnOp::put(
+            self.key.as_str(),
+            "",
+            Some(PutOptions::new().with_lease(new.id).with_ignore_value()),
+        );
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.key.as_str(),
+                CompareOp::Equal,
+                self.revision,
+            )])
+            .and_then([put]);
+        let resp = match backend.txn("moving the lock key to a new lease", txn).await {
+            Ok(r) => r,
+            Err(e) => {
+                // The put may or may not have landed. Revoking the new lease deletes the key if
+                // it did (the watcher then fires the lost signal): the key never outlives a
+                // lease the holder's validity does not count.
+                self.revoke_in_background(new.id);
+                return Err(e);
+            }
+        };
+        if !resp.succeeded() {
+            self.revoke_in_background(new.id);
+            return Err(not_held(
+                "its key was deleted (expired, revoked or released)",
+            ));
+        }
+        let granted = new.ttl;
+        let (old, _) = std::mem::replace(
+            &mut *self.lease.lock().unwrap_or_else(|e| e.into_inner()),
+            (new, secs),
+        );
+        self.moved.notify_one();
+        // The old lease carries no key any more.
+        self.revoke_in_background(old.id);
+        Ok(granted)
+    }
+
+    /// Revokes a lease on the lock's background (covered by `Locker::flush`), best effort.
+    fn revoke_in_background(&self, id: i64) {
+        let backend = self.backend.clone();
+        backend.inner.keeper.release(id);
+        self.background.spawn(async move {
+            if let Err(e) = backend
+                .call("revoking a lease", |mut c| async move { c.lease_revoke(id).await })
+                .await
+            {
+                tracing::debug!(error = %e, lease = id, "revoking a lease failed; it expires by its TTL");
+            }
+        });
+    }
+
     /// Whether the key is still ours (by create revision).
     async fn owned(&self) -> Result<bool> {
         let resp = self
@@ -990,7 +1125,7 @@ impl fmt::Debug for EtcdLease {
         f.debug_struct("EtcdLease")
             .field("key", &self.shared.key)
             .field("create_revision", &self.shared.revision)
-            .field("lease", &format_args!("{:x}", self.shared.cell.id))
+            .field("lease", &format_args!("{:x}", self.shared.lease().0.id))
             .finish()
     }
 }
@@ -1005,35 +1140,23 @@ impl Lease for EtcdLease {
         u64::try_from(self.shared.revision).ok()
     }
 
-    /// A keep-alive of the lease, sent alongside a read of the key (ownership by create
-    /// revision). Grants the lease's own TTL (etcd cannot change a lease's TTL), counted from
-    /// the keep-alive.
+    /// The TTL the lease was asked with: one keep-alive of the lease, sent alongside a read of
+    /// the key (ownership by create revision), granting the lease's TTL counted from the
+    /// keep-alive. Another TTL: the key moves to a new lease granted that TTL (a grant and one
+    /// owner-checked transaction; the old lease is revoked in the background), since etcd cannot
+    /// change a lease's TTL.
     ///
-    /// Cancel safety: dropping the future may or may not have renewed the lease; it changes no
-    /// key.
-    async fn extend(&self, _ttl: Duration) -> Result<Duration> {
+    /// Cancel safety: dropping the future may or may not have renewed the lease or moved the
+    /// key to the new one; the key keeps its create revision and owner either way, and a new
+    /// lease left without the key expires by its TTL.
+    async fn extend(&self, ttl: Duration) -> Result<Duration> {
         let shared = &self.shared;
-        let refresh = shared.backend.inner.keeper.refresh(shared.cell.clone());
-        let owned = shared.owned().await?;
-        let renewal = match refresh.await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => {
-                return Err(Error::new(
-                    ErrorKind::Unavailable,
-                    format!("renewing the etcd lease: {e}"),
-                ));
-            }
-            Err(_) => {
-                return Err(Error::new(
-                    ErrorKind::Unavailable,
-                    "the lease keeper stopped",
-                ));
-            }
-        };
-        match renewal {
-            Renewal::Gone => Err(not_held("its lease expired or was revoked")),
-            Renewal::Alive { .. } if !owned => Err(not_held("its key was deleted")),
-            Renewal::Alive { ttl, .. } => Ok(ttl),
+        let secs = ttl_secs(ttl);
+        let (cell, current) = shared.lease();
+        if secs == current {
+            shared.keep_alive(cell).await
+        } else {
+            shared.move_lease(secs).await
         }
     }
 
@@ -1045,7 +1168,7 @@ impl Lease for EtcdLease {
         let shared = &self.shared;
         shared.stop.send_replace(true);
         let inner = &shared.backend.inner;
-        inner.keeper.release(shared.cell.id);
+        inner.keeper.release(shared.lease().0.id);
         let txn = Txn::new()
             .when([Compare::create_revision(
                 shared.key.as_str(),
@@ -1054,11 +1177,13 @@ impl Lease for EtcdLease {
             )])
             .and_then([TxnOp::delete(shared.key.as_str(), None)]);
         let resp = shared.backend.txn("releasing the lock", txn).await?;
+        // Read after the transaction: an extend that moved the key to a new lease has swapped it.
+        let (cell, secs) = shared.lease();
         if resp.succeeded() {
-            shared.backend.pool_put(shared.secs, shared.cell.clone());
+            shared.backend.pool_put(secs, cell);
             Ok(())
         } else {
-            shared.backend.revoke_later(shared.cell.id);
+            shared.backend.revoke_later(cell.id);
             Err(not_held(
                 "its key was deleted (expired, revoked or released)",
             ))

@@ -162,6 +162,110 @@ async fn lease_revoke_fires_lost() {
     g2.release().await.unwrap();
 }
 
+/// A key's lease id and create revision, read by another client.
+async fn key_of(admin: &EtcdBackend, key: &str) -> (i64, i64) {
+    let resp = admin.client().kv_client().get(key, None).await.unwrap();
+    let kv = &resp.kvs()[0];
+    (kv.lease(), kv.create_revision())
+}
+
+/// A lease's (remaining, granted) TTL in seconds; remaining -1 when the lease is gone.
+async fn lease_ttls(admin: &EtcdBackend, lease: i64) -> (i64, i64) {
+    let r = admin
+        .client()
+        .lease_client()
+        .time_to_live(lease, None)
+        .await
+        .unwrap();
+    (r.ttl(), r.granted_ttl())
+}
+
+/// Extend to another TTL than acquired with moves the key to a new lease granted that TTL: the
+/// key keeps its create revision (fencing token) and its place ahead of a queued waiter (no
+/// wake-up), the old lease is revoked in the background (done once `flush` returns), the lock
+/// outlives the old lease's TTL, renewal then keeps the new lease alive, and the lost signal
+/// still fires when the key is deleted behind the holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_to_another_ttl_moves_the_key_to_a_new_lease() {
+    let Some(url) = url() else { return };
+    let backend = EtcdBackend::connect(&url).await.unwrap();
+    let admin = EtcdBackend::connect(&url).await.unwrap();
+    let waiter_backend = EtcdBackend::connect(&url).await.unwrap();
+    let locker = Locker::new(backend.clone());
+    let name = unique("extend-moves");
+    let lock_name = LockName::new(name.clone()).unwrap();
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(1))
+        .wait_timeout(scaled(Duration::from_secs(30)));
+    let g = locker.try_lock(&name, &opts).await.unwrap().expect("free");
+    let lost = g.lost();
+    // The holder's key: the lock's prefix and its owner token.
+    let key = format!("{}{}", backend.lock_prefix(&name).unwrap(), g.token());
+    let (old_lease, revision) = key_of(&admin, &key).await;
+    assert_eq!(g.fencing_token(), Some(revision as u64));
+    assert_eq!(lease_ttls(&admin, old_lease).await.1, 1);
+
+    let waiting = {
+        let (w, name, opts) = (
+            Locker::new(waiter_backend.clone()),
+            name.clone(),
+            opts.clone(),
+        );
+        tokio::spawn(async move { w.lock(&name, &opts).await })
+    };
+    let end = Instant::now() + scaled(Duration::from_secs(10));
+    while admin.queued_waiters(&lock_name).await.unwrap() < 1 {
+        assert!(Instant::now() < end, "the waiter did not queue");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let wakeups = waiter_backend.stats().wakeups;
+
+    g.extend(Duration::from_secs(3)).await.unwrap();
+    let (new_lease, same_revision) = key_of(&admin, &key).await;
+    assert_eq!(same_revision, revision, "the key kept its create revision");
+    assert_ne!(new_lease, old_lease, "the key is on a new lease");
+    assert_eq!(lease_ttls(&admin, new_lease).await.1, 3);
+    locker.flush().await;
+    assert_eq!(
+        lease_ttls(&admin, old_lease).await.0,
+        -1,
+        "the old lease was revoked"
+    );
+    assert_eq!(g.fencing_token(), Some(revision as u64));
+
+    // Revoking the old lease left the key (on the new one) in place; nobody was woken.
+    assert_eq!(key_of(&admin, &key).await, (new_lease, revision));
+    assert!(!waiting.is_finished(), "the waiter got the lock");
+    assert_eq!(
+        waiter_backend.stats().wakeups,
+        wakeups,
+        "the move woke the waiter"
+    );
+    assert!(g.is_valid());
+    // Renewal with the new TTL is a keep-alive of the new lease.
+    g.extend(Duration::from_secs(3)).await.unwrap();
+    assert_eq!(key_of(&admin, &key).await, (new_lease, revision));
+    assert!(
+        lease_ttls(&admin, new_lease).await.0 >= 2,
+        "the new lease was kept alive"
+    );
+
+    // Deleted behind the holder: the lost signal fires, the waiter gets the lock.
+    assert!(admin.force_release(&lock_name).await.unwrap() >= 1);
+    let reason = tokio::time::timeout(scaled(Duration::from_secs(5)), lost.lost())
+        .await
+        .expect("the lost signal fired");
+    assert_eq!(reason, LostReason::RenewalRefused);
+    let g2 = tokio::time::timeout(scaled(Duration::from_secs(10)), waiting)
+        .await
+        .expect("the waiter got the lock")
+        .unwrap()
+        .unwrap();
+    assert!(g2.fencing_token() > g.fencing_token());
+    assert_eq!(g.release().await.unwrap_err().kind(), ErrorKind::NotHeld);
+    g2.release().await.unwrap();
+}
+
 /// A listed member that is down does not stop `connect` while another answers.
 #[tokio::test]
 async fn dead_endpoint_does_not_stop_connect() {
