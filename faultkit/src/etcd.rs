@@ -134,6 +134,14 @@ impl Etcd {
         Ok(e)
     }
 
+    /// Waits (with the start timeout) until member `i` reports healthy: after a
+    /// `member(i).respawn()`, once a quorum of members runs.
+    ///
+    /// Cancel safe.
+    pub async fn wait_healthy(&mut self, i: usize) -> Result<()> {
+        self.wait_member(i).await
+    }
+
     async fn wait_member(&mut self, i: usize) -> Result<()> {
         let t = self.timeouts.start;
         let m = &mut self.members[i];
@@ -215,6 +223,24 @@ impl Etcd {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Kills every member (`-9`) at once and starts them all again with their data, waiting
+    /// until each is healthy (a member reports healthy only once a quorum is back, so they are
+    /// all started before any is waited for).
+    ///
+    /// Cancel safety: a dropped restart may leave members stopped.
+    pub async fn restart_all(&mut self) -> Result<()> {
+        for m in &mut self.members {
+            m.process.kill();
+        }
+        for m in &mut self.members {
+            m.process.respawn()?;
+        }
+        for i in 0..self.members.len() {
+            self.wait_member(i).await?;
+        }
+        Ok(())
     }
 
     /// Kills member `i` (`-9`) and starts it again, waiting until it is healthy. Without its

@@ -70,9 +70,14 @@ impl MariaDb {
 
     async fn install(dir: &TempDir, t: Timeouts) -> Result<()> {
         let datadir = format!("--datadir={}", dir.join("data").display());
+        // Its own temp dir: the bootstrap's temporary tables in the shared /tmp were seen to
+        // vanish under it when several installs ran at once ("Could not remove temporary
+        // table ... error: 2"), failing the install.
+        let tmpdir = format!("--tmpdir={}", dir.join("tmp").display());
         let mut args = vec![
             "--no-defaults",
             datadir.as_str(),
+            tmpdir.as_str(),
             "--auth-root-authentication-method=socket",
             "--skip-test-db",
             "--skip-name-resolve",

@@ -27,17 +27,27 @@ pub enum Fault {
     LeaderLoss,
     /// Replies are delayed: beyond the TTL, and by a quarter of it.
     SlowReplies,
+    /// Members of a quorum topology killed: a minority (still locks), then a majority
+    /// (`lock()` fails by its deadline, nothing granted), then restarted (locks again).
+    QuorumLoss,
+    /// One Redlock master restarted empty while a lock is held on exactly a majority.
+    NodeRestartEmpty,
+    /// A server's clock running fast, simulated by shortening the lock key's TTL (`PEXPIRE`).
+    ClockJump,
 }
 
 impl Fault {
     /// Every fault, in report order.
-    pub const ALL: [Fault; 6] = [
+    pub const ALL: [Fault; 9] = [
         Fault::HolderKill,
         Fault::HolderPause,
         Fault::ServerRestart,
         Fault::Partition,
         Fault::LeaderLoss,
         Fault::SlowReplies,
+        Fault::QuorumLoss,
+        Fault::NodeRestartEmpty,
+        Fault::ClockJump,
     ];
 
     /// Its stable name.
@@ -49,6 +59,9 @@ impl Fault {
             Fault::Partition => "partition",
             Fault::LeaderLoss => "leader_loss",
             Fault::SlowReplies => "slow_replies",
+            Fault::QuorumLoss => "quorum_loss",
+            Fault::NodeRestartEmpty => "node_restart_empty",
+            Fault::ClockJump => "clock_jump",
         }
     }
 
@@ -81,6 +94,21 @@ impl Fault {
             Fault::SlowReplies => {
                 "reply latency beyond the TTL: a grant arriving after its TTL is no lock; \
                  latency of TTL/4: validity counts from when the request was sent"
+            }
+            Fault::QuorumLoss => {
+                "members of a quorum topology killed -9: with a minority down the lock still \
+                 works and excludes; with a majority down lock() fails by its deadline (no \
+                 hang, nothing granted); restarted, the same client locks again"
+            }
+            Fault::NodeRestartEmpty => {
+                "Redlock: a lock held on exactly 3 of 5 masters (2 down at acquire), the 2 come \
+                 back and one of the holder's 3 restarts empty: a second client wins while the \
+                 holder still believes it holds (double holders counted)"
+            }
+            Fault::ClockJump => {
+                "a server's clock jumping forward, simulated by PEXPIRE of the lock key (Redlock: \
+                 on one of exactly 3 masters holding it): another client wins while the holder \
+                 believes it holds, until its next renewal (double holders, detection time)"
             }
         }
     }
@@ -120,9 +148,61 @@ pub async fn run_fault(target: &mut Target, fault: Fault) -> FaultCell {
         },
         Fault::LeaderLoss => match target.kind {
             Kind::Sentinel { .. } => sentinel_failover(target, &mut cell).await,
-            Kind::ZooKeeper => zk_leader_loss(target, &mut cell).await,
+            Kind::ZooKeeper | Kind::Etcd => leader_loss(target, &mut cell).await,
+            Kind::Redlock => {
+                return cell.not_applicable(
+                    "independent masters: no leader or primary to lose (masters down: \
+                     quorum_loss)",
+                );
+            }
             _ => {
                 return cell.not_applicable("a single server: no leader or primary to lose");
+            }
+        },
+        Fault::QuorumLoss => match target.kind {
+            Kind::ZooKeeper | Kind::Etcd | Kind::Redlock => quorum_loss(target, &mut cell).await,
+            Kind::Sentinel { .. } => return sentinel_only(cell),
+            _ => return cell.not_applicable("a single server: no quorum (server_restart)"),
+        },
+        Fault::NodeRestartEmpty => match target.kind {
+            Kind::Redlock => node_restart_empty(target, &mut cell).await,
+            Kind::Redis => {
+                return cell.not_applicable(
+                    "one node: its empty restart is server_restart (Redis keeps no data there)",
+                );
+            }
+            Kind::Etcd => {
+                return cell.not_applicable(
+                    "an etcd member cannot rejoin its cluster without its data (it needs a \
+                     member remove/add); restarts with data: server_restart",
+                );
+            }
+            Kind::ZooKeeper => {
+                return cell.not_applicable(
+                    "not run: a ZooKeeper member restarted empty syncs from the leader before \
+                     it serves; restarts with data: server_restart",
+                );
+            }
+            Kind::Sentinel { .. } => return sentinel_only(cell),
+            _ => {
+                return cell.not_applicable(
+                    "a single server that keeps its data: restarts are server_restart",
+                );
+            }
+        },
+        Fault::ClockJump => match target.kind {
+            Kind::Redis | Kind::Redlock => clock_jump(target, &mut cell).await,
+            Kind::Sentinel { .. } => return sentinel_only(cell),
+            Kind::Sqlite => {
+                return cell.not_applicable(
+                    "no server clock: the lease deadline is written by the clients (one host)",
+                );
+            }
+            _ => {
+                return cell.not_applicable(
+                    "not simulated: this server's lease deadline is not a key TTL that can be \
+                     shortened, and libfaketime cannot move its clock (Go, JVM)",
+                );
             }
         },
         Fault::SlowReplies => match target.kind {
@@ -162,6 +242,9 @@ const VIOLATIONS: &[&str] = &[
     "no_progress",
     "waiter_not_woken",
     "relock_failed",
+    "minority_lock_failed",
+    "granted_without_quorum",
+    "hung_past_deadline",
 ];
 
 fn sentinel_only(cell: FaultCell) -> FaultCell {
@@ -215,19 +298,45 @@ fn bound_for(ttl: Duration) -> Duration {
     (ttl * 8 + Duration::from_secs(5)).mul_f64(scale())
 }
 
-/// Records when a lost signal fires (unix µs).
-fn watch_lost(sig: LostSignal) -> Arc<Mutex<Option<u64>>> {
-    let at = Arc::new(Mutex::new(None));
-    let a = at.clone();
-    tokio::spawn(async move {
-        sig.lost().await;
-        *a.lock().unwrap_or_else(|e| e.into_inner()) = Some(now());
-    });
-    at
+/// When a lost signal fired (unix µs), awaitable.
+struct LostAt(tokio::sync::watch::Receiver<Option<u64>>);
+
+impl LostAt {
+    /// When it fired, if it has.
+    fn get(&self) -> Option<u64> {
+        *self.0.borrow()
+    }
+
+    /// Waits up to `d` for it to fire; when it fired, if it has.
+    async fn wait(&self, d: Duration) -> Option<u64> {
+        let mut rx = self.0.clone();
+        let _ = tokio::time::timeout(d, rx.wait_for(|v| v.is_some())).await;
+        self.get()
+    }
 }
 
-fn read(at: &Arc<Mutex<Option<u64>>>) -> Option<u64> {
-    *at.lock().unwrap_or_else(|e| e.into_inner())
+/// Records when a lost signal fires.
+fn watch_lost(sig: LostSignal) -> LostAt {
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    tokio::spawn(async move {
+        sig.lost().await;
+        let _ = tx.send(Some(now()));
+    });
+    LostAt(rx)
+}
+
+/// Awaits a spawned task for at most `d` (aborting it then): a scenario fails rather than
+/// hangs.
+async fn join<T>(what: &str, d: Duration, task: tokio::task::JoinHandle<T>) -> Result<T, String> {
+    let abort = task.abort_handle();
+    match tokio::time::timeout(d, task).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(format!("{what}: {e}")),
+        Err(_) => {
+            abort.abort();
+            Err(format!("{what}: no result in {d:?}"))
+        }
+    }
 }
 
 /// A lock won by a waiting client: when and with which token.
@@ -237,24 +346,53 @@ struct Won {
     guard: LockGuard,
 }
 
-/// Spawns a client that waits for `name` up to `wait`.
-fn waiter(
-    locker: Locker,
-    name: String,
-    opts: LockOptions,
-) -> tokio::task::JoinHandle<Result<Won, String>> {
-    tokio::spawn(async move {
-        let g = locker
-            .lock(name.as_str(), &opts)
-            .await
-            .map_err(|e| format!("waiter: {e}"))?;
+/// A client waiting for a lock in a task of its own.
+struct Waiter {
+    task: tokio::task::JoinHandle<Result<Won, String>>,
+    busy: Option<tokio::sync::oneshot::Receiver<()>>,
+}
+
+impl Waiter {
+    /// Returns once the waiter has found the lock busy and started its `lock()` (or has
+    /// already won or failed), at most after `d`: the fault that follows hits a waiting client.
+    async fn waiting(&mut self, d: Duration) {
+        if let Some(rx) = self.busy.take() {
+            let _ = tokio::time::timeout(d, rx).await;
+        }
+    }
+
+    /// Its result, within `d`.
+    async fn result(self, d: Duration) -> Result<Result<Won, String>, String> {
+        join("waiter", d, self.task).await
+    }
+}
+
+/// Spawns a client that waits for `name` up to the options' wait timeout: one `try_lock`
+/// (which must find it busy: that is the moment [`Waiter::waiting`] returns), then `lock()`.
+fn waiter(locker: Locker, name: String, opts: LockOptions) -> Waiter {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let g = match locker.try_lock(name.as_str(), &opts).await {
+            Ok(Some(g)) => g,
+            _ => {
+                let _ = tx.send(());
+                locker
+                    .lock(name.as_str(), &opts)
+                    .await
+                    .map_err(|e| format!("waiter: {e}"))?
+            }
+        };
         let at = now();
         Ok(Won {
             at,
             fence: g.fencing_token(),
             guard: g,
         })
-    })
+    });
+    Waiter {
+        task,
+        busy: Some(rx),
+    }
 }
 
 fn check_token(cell: &mut FaultCell, before: Option<u64>, after: Option<u64>) {
@@ -360,7 +498,7 @@ async fn holder_kill(t: &mut Target, caps: &Capabilities, cell: &mut FaultCell) 
     );
     h.kill().await.map_err(|e| e.to_string())?;
     let killed = now();
-    let won = wait.await.map_err(|e| e.to_string())??;
+    let won = wait.result(b * 2).await??;
     cell.next_holder_ms = Some(ms(killed, won.at));
     // The holder believed itself valid until acquired + valid_for (renewals could only move
     // that later, and it was killed before its first renewal was due).
@@ -412,9 +550,9 @@ async fn holder_pause(t: &mut Target, caps: &Capabilities, cell: &mut FaultCell)
         name.clone(),
         LockOptions::new().ttl(t.ttl).wait_timeout(b),
     )
-    .await
-    .map_err(|e| e.to_string())?;
-    let won = match won {
+    .result(b * 2)
+    .await;
+    let won = match won.and_then(|w| w) {
         Ok(w) => w,
         Err(e) => {
             h.resume().ok();
@@ -494,23 +632,19 @@ pub async fn server_restart(svc: &mut dyn Service, cell: &mut FaultCell) -> R {
     let fa = ga.fencing_token();
     let lost_at = watch_lost(ga.lost());
     let w = svc.client().await?;
-    let wait = waiter(
+    let mut wait = waiter(
         w,
         name.clone(),
         LockOptions::new().ttl(ttl).wait_timeout(b * 2),
     );
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait.waiting(b).await;
     let restarted = now();
     svc.restart()
         .await
         .unwrap_or(Ok(()))
         .map_err(|e| format!("restart: {e}"))?;
     // Either the holder learns of a loss, or (data kept) it still holds and releases.
-    let deadline = tokio::time::Instant::now() + ttl * 3;
-    while read(&lost_at).is_none() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let lost = read(&lost_at);
+    let lost = lost_at.wait(ttl * 3).await;
     let kept = lost.is_none();
     if kept {
         cell.note
@@ -522,7 +656,7 @@ pub async fn server_restart(svc: &mut dyn Service, cell: &mut FaultCell) -> R {
         cell.detect_ms = lost.map(|l| ms(restarted, l));
         drop(ga);
     }
-    let won = match wait.await.map_err(|e| e.to_string())? {
+    let won = match wait.result(b * 3).await? {
         Ok(w) => w,
         Err(e) => {
             cell.count("waiter_not_woken", 1);
@@ -597,12 +731,12 @@ pub async fn partition(svc: &mut dyn Service, cell: &mut FaultCell) -> R {
         .map_err(|e| e.to_string())?;
     let lost_at = watch_lost(ga.lost());
     let w = svc.client().await?;
-    let wait = waiter(w, name.clone(), LockOptions::new().ttl(ttl).wait_timeout(b));
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut wait = waiter(w, name.clone(), LockOptions::new().ttl(ttl).wait_timeout(b));
+    wait.waiting(b).await;
     link.cut(true);
     let cut = now();
-    let won = wait.await.map_err(|e| e.to_string())?;
-    let won = match won {
+    let won = wait.result(b * 2).await;
+    let won = match won.and_then(|w| w) {
         Ok(w) => w,
         Err(e) => {
             link.cut(false);
@@ -613,11 +747,7 @@ pub async fn partition(svc: &mut dyn Service, cell: &mut FaultCell) -> R {
     };
     cell.next_holder_ms = Some(ms(cut, won.at));
     // A late signal still gets its (negative) margin measured.
-    let late = tokio::time::Instant::now() + ttl * 2 + Duration::from_secs(1);
-    while read(&lost_at).is_none() && tokio::time::Instant::now() < late {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    match read(&lost_at) {
+    match lost_at.wait(ttl * 2 + Duration::from_secs(1)).await {
         Some(l) => {
             cell.detect_ms = Some(ms(cut, l));
             cell.margin_ms = Some(ms(l, won.at));
@@ -788,8 +918,27 @@ async fn contend(
     }
 }
 
-async fn zk_leader_loss(t: &mut Target, cell: &mut FaultCell) -> R {
+/// Waits (bounded by `d`) until the contenders made `n` acquisitions: contention is under way.
+async fn contention_under_way(state: &Arc<Mutex<Contention>>, n: usize, d: Duration) -> R {
+    faultkit::wait_until("contention under way", d, || {
+        let state = state.clone();
+        async move {
+            Ok(state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .acquisitions
+                .len()
+                >= n)
+        }
+    })
+    .await
+    .map_err(|e| e.to_string())
+}
+
+/// The leader (ZooKeeper, etcd) killed -9 during 3-client contention; restarted afterwards.
+async fn leader_loss(t: &mut Target, cell: &mut FaultCell) -> R {
     let name = name("leader");
+    let b = bound(t);
     let state = Arc::new(Mutex::new(Contention::default()));
     let run_for = Duration::from_secs(6).mul_f64(scale());
     let until = locksmith::Instant::now() + run_for;
@@ -804,15 +953,17 @@ async fn zk_leader_loss(t: &mut Target, cell: &mut FaultCell) -> R {
             until,
         )));
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let Topo::ZooKeeper(z) = &mut t.topo else {
-        return Err("not a zookeeper ensemble".into());
-    };
-    let leader = z.leader().await.map_err(|e| e.to_string())?;
-    z.member(leader).kill();
+    contention_under_way(&state, 5, b).await?;
+    let leader = match &t.topo {
+        Topo::ZooKeeper(z) => z.leader().await,
+        Topo::Etcd(e) => e.leader().await,
+        _ => return Err("no leader in this topology".into()),
+    }
+    .map_err(|e| e.to_string())?;
+    t.kill_member(leader);
     let killed = now();
     for task in tasks {
-        let _ = task.await;
+        join("contender", run_for + b, task).await?;
     }
     let (double, acquisitions) = {
         let s = state.lock().unwrap_or_else(|e| e.into_inner());
@@ -825,34 +976,73 @@ async fn zk_leader_loss(t: &mut Target, cell: &mut FaultCell) -> R {
         None => cell.count("no_progress", 1),
     }
     cell.note = format!("leader member {leader} killed -9 during 3-client contention;");
-    let Topo::ZooKeeper(z) = &mut t.topo else {
-        unreachable!()
-    };
-    z.restart(leader, true).await.map_err(|e| e.to_string())?;
-    Ok(())
+    t.restart_members(&[leader])
+        .await
+        .map_err(|e| e.to_string())
 }
 
+/// Redis primary + replica + 3 sentinels. The replica is cut off from the primary (stopped,
+/// and its link dropped by the primary), a client locks (asynchronous replication: only the primary has
+/// the key), the primary is stopped, the sentinels promote the replica, and a second client
+/// tries the lock. With `min_replicas` the grant needs the replica's acknowledgement, which the
+/// cut-off replica cannot give: the grant is refused, so nothing can be lost.
 async fn sentinel_failover(t: &mut Target, cell: &mut FaultCell) -> R {
     let name = name("failover");
     let url = t.url();
+    let b = bound(t);
     let a = connect_url(&url).await?;
-    let ttl = Duration::from_secs(5);
-    let ga = a
-        .lock(name.as_str(), &renewing(ttl))
+    let ttl = Duration::from_secs(5).mul_f64(scale());
+    let opts = renewing(ttl).wait_timeout(b);
+    // Warm the client up (connections, scripts): the grant below is one round trip.
+    a.lock(format!("{name}-warm").as_str(), &opts)
+        .await
+        .map_err(|e| format!("warm-up lock: {e}"))?
+        .release()
         .await
         .map_err(|e| e.to_string())?;
     let Topo::Sentinel(s) = &mut t.topo else {
         return Err("not a sentinel topology".into());
     };
-    // Stop the primary right after the grant: the write may not have reached the replica.
     let old = s.primary().await.map_err(|e| e.to_string())?;
-    s.node(old).pause().map_err(|e| e.to_string())?;
+    // The replica stopped, then its link dropped by the primary: the grant below goes to the
+    // primary alone (the replica reads the link's end when it resumes, and cannot reconnect to
+    // the stopped primary).
+    let replica = 1 - old;
+    s.node(replica).pause().map_err(|e| e.to_string())?;
+    if let Err(e) = s.cli(old, &["CLIENT", "KILL", "TYPE", "replica"]).await {
+        s.node(replica).resume().ok();
+        return Err(e.to_string());
+    }
+    let wait = Duration::from_secs(3).mul_f64(scale());
+    let ga = match a
+        .lock(name.as_str(), &opts.clone().wait_timeout(wait))
+        .await
+    {
+        Ok(g) => g,
+        Err(e) => {
+            s.node(replica).resume().ok();
+            cell.count("double_holders", 0);
+            cell.count("grants_refused", 1);
+            cell.note = format!(
+                "replica cut off from the primary: the grant was refused ({}), so a failover \
+                 has no lock to lose;",
+                e.kind()
+            );
+            return Ok(());
+        }
+    };
+    // Stop the primary right after the grant; the replica resumes and finds its link gone.
+    if let Err(e) = s.node(old).pause() {
+        s.node(replica).resume().ok();
+        return Err(e.to_string());
+    }
     let stopped = now();
+    s.node(replica).resume().map_err(|e| e.to_string())?;
     let lost_at = watch_lost(ga.lost());
-    let new = s
+    let new = match s
         .wait_failover(old, Duration::from_secs(30).mul_f64(scale()))
-        .await;
-    let new = match new {
+        .await
+    {
         Ok(n) => n,
         Err(e) => {
             s.node(old).resume().ok();
@@ -860,39 +1050,295 @@ async fn sentinel_failover(t: &mut Target, cell: &mut FaultCell) -> R {
         }
     };
     let failed_over = now();
-    let b = connect_url(&url).await?;
-    let res = b
-        .try_lock(name.as_str(), &LockOptions::new().ttl(ttl))
-        .await;
-    let Topo::Sentinel(s) = &mut t.topo else {
-        unreachable!()
-    };
-    s.node(old).resume().ok();
+    // The second client: one answer from the new primary (errors while it settles are
+    // retried, paced, up to the bound).
+    let res = async {
+        let bc = connect_url(&url).await?;
+        let deadline = tokio::time::Instant::now() + b;
+        loop {
+            match bc
+                .try_lock(name.as_str(), &LockOptions::new().ttl(ttl))
+                .await
+            {
+                Ok(r) => return Ok(r),
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    return Err(format!("second client: {e}"));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+    .await;
     cell.note = format!(
-        "primary node {old} SIGSTOPped right after the grant; node {new} promoted after {:.0} ms;",
+        "replica cut off from the primary, lock granted, primary node {old} SIGSTOPped; node \
+         {new} promoted after {:.0} ms;",
         ms(stopped, failed_over)
     );
+    // The old primary stays stopped while the holder's loss is awaited (resumed, it still
+    // calls itself primary for a while and would accept the holder's renewals).
+    let resume = |t: &mut Target| {
+        if let Topo::Sentinel(s) = &mut t.topo {
+            s.node(old).resume().ok();
+        }
+    };
+    let res = match res {
+        Ok(r) => r,
+        Err(e) => {
+            resume(t);
+            return Err(e);
+        }
+    };
     match res {
-        Ok(Some(gb)) => {
+        Some(gb) => {
             let at = now();
             cell.next_holder_ms = Some(ms(stopped, at));
-            match read(&lost_at) {
-                Some(l) if l <= at => cell.margin_ms = Some(ms(l, at)),
+            match lost_at.get() {
+                Some(l) if l <= at => {
+                    cell.count("double_holders", 0);
+                    cell.margin_ms = Some(ms(l, at));
+                }
                 _ => {
                     cell.count("double_holders", 1);
                     cell.note.push_str(
                         " the lock key was lost in the failover: another client won it while \
                          the first still held it;",
                     );
+                    if let Some(l) = lost_at.wait(ttl).await {
+                        cell.detect_ms = Some(ms(stopped, l));
+                        cell.margin_ms = Some(ms(l, at));
+                    }
                 }
             }
             gb.release().await.ok();
         }
-        Ok(None) => cell
-            .note
-            .push_str(" the lock survived the failover (the replica had it): no double holder;"),
-        Err(e) => cell.note.push_str(&format!(" second client: {e};")),
+        None => {
+            cell.count("double_holders", 0);
+            cell.note
+                .push_str(" the lock survived the failover (the replica had it);");
+        }
     }
+    resume(t);
     drop(ga);
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------ quorum loss
+
+async fn quorum_loss(t: &mut Target, cell: &mut FaultCell) -> R {
+    let name = name("quorum");
+    let b = bound(t);
+    let n = t.members();
+    let minority = (n - 1) / 2;
+    let a = connect(t).await?;
+    let c = connect(t).await?;
+    let opts = LockOptions::new().ttl(t.ttl).wait_timeout(b);
+    // A minority down, one more at a time: lock, exclude, release.
+    for k in 0..minority {
+        t.kill_member(k);
+        match tokio::time::timeout(b * 2, a.lock(name.as_str(), &opts)).await {
+            Ok(Ok(g)) => {
+                if let Ok(Some(g2)) = c.try_lock(name.as_str(), &opts).await {
+                    cell.count("double_holders", 1);
+                    g2.abandon();
+                }
+                g.release().await.ok();
+            }
+            Ok(Err(e)) => {
+                cell.count("minority_lock_failed", 1);
+                cell.note
+                    .push_str(&format!(" {} of {n} down: lock failed: {e};", k + 1));
+            }
+            Err(_) => {
+                cell.count("minority_lock_failed", 1);
+                cell.note
+                    .push_str(&format!(" {} of {n} down: lock hung;", k + 1));
+            }
+        }
+    }
+    cell.note.push_str(&format!(
+        " 1..{minority} of {n} members down: locked and excluded;"
+    ));
+    // A majority down: lock() must fail by its deadline and grant nothing.
+    let down: Vec<usize> = (0..n / 2 + 1).collect();
+    for &k in &down[minority..] {
+        t.kill_member(k);
+    }
+    let deadline = Duration::from_secs(2).mul_f64(scale());
+    let started = locksmith::Instant::now();
+    let res = tokio::time::timeout(
+        deadline + b,
+        a.lock(name.as_str(), &opts.clone().wait_timeout(deadline)),
+    )
+    .await;
+    let took = started.elapsed();
+    match res {
+        Ok(Ok(g)) => {
+            cell.count("granted_without_quorum", 1);
+            cell.note
+                .push_str(" a lock was granted with a majority down;");
+            g.abandon();
+        }
+        Ok(Err(e)) => cell.note.push_str(&format!(
+            " {} of {n} down: lock() failed after {:.0} ms (deadline {:.0} ms): {};",
+            down.len(),
+            took.as_secs_f64() * 1000.0,
+            deadline.as_secs_f64() * 1000.0,
+            e.kind()
+        )),
+        Err(_) => {
+            cell.count("hung_past_deadline", 1);
+            cell.note.push_str(&format!(
+                " {} of {n} down: lock() had not returned {:.0} ms after its deadline;",
+                down.len(),
+                b.as_secs_f64() * 1000.0
+            ));
+        }
+    }
+    // Back: the same client locks again.
+    t.restart_members(&down).await.map_err(|e| e.to_string())?;
+    let back = now();
+    match tokio::time::timeout(b * 2, a.lock(name.as_str(), &opts)).await {
+        Ok(Ok(g)) => {
+            cell.next_holder_ms = Some(ms(back, now()));
+            g.release().await.ok();
+        }
+        Ok(Err(e)) => {
+            cell.count("relock_failed", 1);
+            cell.note.push_str(&format!(" after the restart: {e};"));
+        }
+        Err(_) => {
+            cell.count("relock_failed", 1);
+            cell.note.push_str(" after the restart: lock hung;");
+        }
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------ redis nodes
+
+/// The lock key of `name` on a Redis node (found by pattern: the key layout is the backend's).
+async fn lock_key(node: &faultkit::RedisServer, name: &str) -> Result<String, String> {
+    let out = node
+        .cli(&["KEYS", &format!("*{name}*:lock")])
+        .await
+        .map_err(|e| e.to_string())?;
+    out.lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| format!("no lock key for {name} on :{}", node.port()))
+}
+
+/// Waits (bounded) until `key` is gone from `node`.
+async fn gone(node: &faultkit::RedisServer, key: &str, d: Duration) -> R {
+    faultkit::wait_until("lock key gone from the node", d, || async move {
+        Ok(node.cli(&["EXISTS", key]).await?.trim() == "0")
+    })
+    .await
+    .map_err(|e| e.to_string())
+}
+
+/// A second client waits for the lock held by `ga`: whether it won while `ga` still believed
+/// it held (a double holder), and the times.
+async fn second_holder(
+    t: &Target,
+    name: &str,
+    ga: &LockGuard,
+    lost: &LostAt,
+    from: u64,
+    cell: &mut FaultCell,
+) -> R {
+    let b = bound(t);
+    let c = connect(t).await?;
+    let opts = LockOptions::new().ttl(t.ttl).wait_timeout(b);
+    let g = match tokio::time::timeout(b * 2, c.lock(name, &opts)).await {
+        Ok(Ok(g)) => g,
+        Ok(Err(e)) => return Err(format!("second client: {e}")),
+        Err(_) => return Err("second client: lock hung".into()),
+    };
+    let at = now();
+    let believed = ga.is_valid();
+    cell.next_holder_ms = Some(ms(from, at));
+    cell.count("double_holders", u64::from(believed));
+    match lost.get() {
+        Some(l) => {
+            cell.detect_ms = Some(ms(from, l));
+            cell.margin_ms = Some(ms(l, at));
+        }
+        None if believed => cell.note.push_str(
+            " a second client won while the holder still believed it held (without renewal it \
+             learns of the loss only when its validity ends);",
+        ),
+        None => {}
+    }
+    g.release().await.ok();
+    Ok(())
+}
+
+/// A holder of `name` on a Redis topology, without renewal and with a long TTL: it believes it
+/// holds until its validity ends. On Redlock it holds on exactly masters 0-2: masters 3 and 4
+/// are killed for the acquire, then restarted (empty).
+async fn long_holder(t: &mut Target, name: &str) -> Result<LockGuard, String> {
+    let redlock = t.kind == Kind::Redlock;
+    if redlock {
+        t.kill_member(3);
+        t.kill_member(4);
+    }
+    let a = connect(t).await?;
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(20).mul_f64(scale()))
+        .no_auto_renew()
+        .wait_timeout(bound(t));
+    let g = a.lock(name, &opts).await.map_err(|e| e.to_string())?;
+    if redlock {
+        t.restart_members(&[3, 4])
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(g)
+}
+
+async fn node_restart_empty(t: &mut Target, cell: &mut FaultCell) -> R {
+    let name = name("empty");
+    let ga = long_holder(t, &name).await?;
+    let lost = watch_lost(ga.lost());
+    let restarted = now();
+    t.restart_members(&[0]).await.map_err(|e| e.to_string())?;
+    cell.note = "held on masters 0-2 (3, 4 down at acquire, then back empty); master 0 \
+                 restarted empty;"
+        .into();
+    second_holder(t, &name, &ga, &lost, restarted, cell).await?;
+    ga.abandon();
+    Ok(())
+}
+
+async fn clock_jump(t: &mut Target, cell: &mut FaultCell) -> R {
+    let name = name("clock");
+    cell.note = if t.kind == Kind::Redlock {
+        "held on masters 0-2 (3, 4 down at acquire, then back empty); the key expired early \
+         on master 0;"
+    } else {
+        "the key expired early on the server;"
+    }
+    .into();
+    let ga = long_holder(t, &name).await?;
+    let lost = watch_lost(ga.lost());
+    let d = bound(t);
+    let jumped = now();
+    {
+        let server = match &t.topo {
+            Topo::Redis(r) => r,
+            Topo::Redlock(ms) => &ms[0],
+            _ => return Err("not a Redis topology".into()),
+        };
+        let key = lock_key(server, &name).await?;
+        server
+            .cli(&["PEXPIRE", &key, "1"])
+            .await
+            .map_err(|e| e.to_string())?;
+        gone(server, &key, d).await?;
+    }
+    second_holder(t, &name, &ga, &lost, jumped, cell).await?;
+    ga.abandon();
     Ok(())
 }

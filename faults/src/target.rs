@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use faultkit::{MariaDb, Postgres, RedisFailover, RedisServer, TempDir, ZooKeeper};
+use faultkit::{Etcd, MariaDb, Postgres, RedisFailover, RedisServer, TempDir, ZooKeeper};
 
 /// Which topology a backend runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,7 +28,14 @@ pub enum Kind {
     Sqlite,
     /// A 3-node ZooKeeper ensemble (tickTime 200 ms, session timeout 1 s).
     ZooKeeper,
+    /// A 3-member etcd cluster (heartbeat 50 ms, election timeout 500 ms, data on tmpfs).
+    Etcd,
+    /// Redlock over 5 independent Redis masters without persistence.
+    Redlock,
 }
+
+/// How many Redlock masters the `redlock` topology runs.
+pub const REDLOCK_MASTERS: usize = 5;
 
 pub(crate) enum Topo {
     Redis(RedisServer),
@@ -37,6 +44,8 @@ pub(crate) enum Topo {
     MariaDb(MariaDb),
     Sqlite(TempDir),
     ZooKeeper(ZooKeeper),
+    Etcd(Etcd),
+    Redlock(Vec<RedisServer>),
 }
 
 /// A backend under test: its label, its topology, its URL.
@@ -62,6 +71,14 @@ impl Target {
             Kind::MariaDb { .. } => Topo::MariaDb(MariaDb::start().await?),
             Kind::Sqlite => Topo::Sqlite(TempDir::new("sqlite", false)?),
             Kind::ZooKeeper => Topo::ZooKeeper(ZooKeeper::ensemble().await?),
+            Kind::Etcd => Topo::Etcd(Etcd::cluster().await?),
+            Kind::Redlock => {
+                let mut masters = Vec::new();
+                for _ in 0..REDLOCK_MASTERS {
+                    masters.push(RedisServer::start().await?);
+                }
+                Topo::Redlock(masters)
+            }
         };
         Ok(Target {
             label: label.to_string(),
@@ -94,7 +111,81 @@ impl Target {
             (Topo::ZooKeeper(z), _) => {
                 format!("{}?session_timeout_ms={}", z.url(), self.ttl.as_millis())
             }
+            (Topo::Etcd(e), _) => {
+                let hosts: Vec<String> = (0..e.len())
+                    .map(|i| format!("127.0.0.1:{}", e.client_port(i)))
+                    .collect();
+                format!("etcd://{}", hosts.join(","))
+            }
+            (Topo::Redlock(ms), _) => {
+                let hosts: Vec<String> = ms
+                    .iter()
+                    .map(|m| format!("127.0.0.1:{}", m.port()))
+                    .collect();
+                // A generous per-node timeout: a vote lost to it on a loaded machine makes a
+                // one-shot attempt a miss (lock() retries; the scenarios use lock()).
+                format!(
+                    "redlock://{}?node_timeout_ms={}",
+                    hosts.join(","),
+                    Duration::from_millis(250)
+                        .mul_f64(conformance::time_scale())
+                        .as_millis()
+                )
+            }
         }
+    }
+
+    /// How many independent server members the topology has (a quorum of them serves).
+    pub fn members(&self) -> usize {
+        match &self.topo {
+            Topo::ZooKeeper(z) => z.len(),
+            Topo::Etcd(e) => e.len(),
+            Topo::Redlock(ms) => ms.len(),
+            _ => 1,
+        }
+    }
+
+    /// Kills member `i` (`-9`).
+    pub fn kill_member(&mut self, i: usize) {
+        match &mut self.topo {
+            Topo::ZooKeeper(z) => z.member(i).kill(),
+            Topo::Etcd(e) => e.member(i).kill(),
+            Topo::Redlock(ms) => ms[i].process().kill(),
+            _ => {}
+        }
+    }
+
+    /// Starts the killed `members` again (with their data; Redis masters empty) and waits until
+    /// each serves. All are started before any is waited for: a quorum member serves only once
+    /// a quorum runs.
+    ///
+    /// Cancel safety: a dropped call may leave members stopped.
+    pub async fn restart_members(&mut self, members: &[usize]) -> faultkit::Result<()> {
+        match &mut self.topo {
+            Topo::ZooKeeper(z) => {
+                for &i in members {
+                    z.member(i).respawn()?;
+                }
+                for &i in members {
+                    wait_zk_member(z, i).await?;
+                }
+            }
+            Topo::Etcd(e) => {
+                for &i in members {
+                    e.member(i).respawn()?;
+                }
+                for &i in members {
+                    e.wait_healthy(i).await?;
+                }
+            }
+            Topo::Redlock(ms) => {
+                for &i in members {
+                    ms[i].restart().await?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// The client ports the URL names (for proxying); empty without a network.
@@ -106,11 +197,13 @@ impl Target {
             Topo::MariaDb(m) => vec![m.port()],
             Topo::Sqlite(_) => Vec::new(),
             Topo::ZooKeeper(z) => (0..z.len()).map(|i| z.client_port(i)).collect(),
+            Topo::Etcd(e) => (0..e.len()).map(|i| e.client_port(i)).collect(),
+            Topo::Redlock(ms) => ms.iter().map(|m| m.port()).collect(),
         }
     }
 
-    /// Kills every server of the topology (`-9`) and starts them again: Redis empty (it has no
-    /// persistence), the others with their data. `None` when there is no server.
+    /// Kills every server of the topology (`-9`) and starts them again: Redis and the Redlock
+    /// masters empty (no persistence), the others with their data. `None` when there is no server.
     ///
     /// Cancel safety: a dropped restart may leave servers stopped.
     pub async fn restart(&mut self) -> Option<faultkit::Result<()>> {
@@ -130,6 +223,19 @@ impl Target {
                     // `restart` of a running member kills it again; wait through a no-op
                     // restart-free readiness instead: a member serves once it names a mode.
                     if let Err(e) = wait_zk_member(z, i).await {
+                        res = Err(e);
+                    }
+                }
+                res
+            }
+            Topo::Etcd(e) => e.restart_all().await,
+            Topo::Redlock(ms) => {
+                for m in ms.iter_mut() {
+                    m.process().kill();
+                }
+                let mut res = Ok(());
+                for m in ms.iter_mut() {
+                    if let Err(e) = m.restart().await {
                         res = Err(e);
                     }
                 }

@@ -99,6 +99,9 @@ pub(crate) fn map_err(what: impl Into<String>, e: etcd_client::Error) -> Error {
         // gRPC codes: 1 cancelled, 3 invalid argument, 4 deadline exceeded, 14 unavailable.
         E::GRpcStatus(s) => match s.code() as i32 {
             1 | 4 | 14 => Error::unavailable(what, e),
+            // tonic reports a connection reset mid-request (a member killed or restarted) as
+            // code 2 "transport error": transient, as 14 is (the faults matrix's server_restart).
+            2 if s.message() == "transport error" => Error::unavailable(what, e),
             3 => Error::new(ErrorKind::InvalidConfig, what).with_source(e),
             _ => Error::backend(what, e),
         },

@@ -54,6 +54,26 @@
 //! an extension that too few replicas acknowledged fails with `Unavailable` and does not move
 //! the lease's validity.
 //!
+//! # Failure modes
+//!
+//! * **Server restart without persistence** (`save ""`, no AOF; also a crash of a node with
+//!   persistence that had not written the key yet): the restarted server has no lock keys, so
+//!   **another client can win the lock as soon as the server answers again, while the holder
+//!   still believes it holds** (two holders). The holder learns of the loss only at its next
+//!   renewal (auto-renew: every `ttl / 3` by default, refused with `NotHeld`, which fires its
+//!   lost signal) or, without renewal, when its validity ends: the window is at most one
+//!   renewal interval plus a round trip after the restart, never more than the lease's
+//!   validity. Fencing tokens stay increasing through it (see the acquire script), so a fenced
+//!   resource rejects the old holder's writes. Run Redis with `appendonly yes` and
+//!   `appendfsync always` to keep locks across a restart, or use fencing.
+//! * **A server clock jumping forward** (or a key expired early by anything else): the key
+//!   expires before the holder's validity ends, and another client can win while the holder
+//!   believes it holds, until its next renewal is refused (or its validity ends). Keep server
+//!   clocks NTP-slewed, not stepped; fence writes.
+//! * **Failover** to a replica that missed the write: the same, see `min_replicas` above.
+//! * **Holder process killed or paused**: the lock frees when its TTL runs out (never before);
+//!   a paused holder learns of the loss when it resumes (its validity deadline has passed).
+//!
 //! Passwords never appear in `Debug`, [`Backend::describe`], logs or error messages.
 //!
 //! The single-node protocol (scripts, key layout, connection setup, subscriptions) is the public
@@ -165,6 +185,11 @@ impl RedisBackend {
                 .into(),
             "asynchronous replication: a failover right after an acquire can lose the lock \
              (min_replicas narrows this window with WAIT but does not close it)"
+                .into(),
+            "a restart without persistence loses every lock: another client can win as soon \
+             as the server answers again, while the holder learns of the loss only at its next \
+             renewal (within ttl/3 by default, plus a round trip) or when its validity ends \
+             (two holders in that window; fencing tokens keep increasing)"
                 .into(),
             "not fair: a release wakes one local waiter per client, and any client may win".into(),
             "lease expiry publishes nothing: waiters also wake at the holder's PTTL, and poll \
