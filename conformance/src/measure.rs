@@ -36,6 +36,11 @@ pub struct Figures {
     /// Hand-over across separate OS processes (measured by `locksmith bench`, which spawns
     /// them); `None` when not measured.
     pub processes: Option<ProcessHandover>,
+    /// Fairness over a longer run with more processes (by default 8 processes for 10 s,
+    /// measured by `locksmith bench`): the fewest acquisitions of one process as a share of a
+    /// fair share ([`ProcessHandover::min_fair_share`]) shows a process starved by split votes
+    /// or by another process re-grabbing the lock; `None` when not measured.
+    pub fairness: Option<ProcessHandover>,
     /// Server requests per hand-over with many waiters (measured by `locksmith bench`);
     /// `None` when not measured.
     pub server_requests: Option<ServerRequests>,
@@ -74,6 +79,19 @@ impl ProcessHandover {
             if max == 0 { 1.0 } else { f64::INFINITY }
         } else {
             max as f64 / min as f64
+        }
+    }
+
+    /// The fewest acquisitions of one process divided by a fair share (all acquisitions / the
+    /// number of processes): 1.0 is perfectly even, 0.0 when a process never got the lock (or
+    /// nobody did).
+    pub fn min_fair_share(&self) -> f64 {
+        let total: u64 = self.per_process.iter().sum();
+        let min = self.per_process.iter().copied().min().unwrap_or(0);
+        if total == 0 || self.per_process.is_empty() {
+            0.0
+        } else {
+            min as f64 / (total as f64 / self.per_process.len() as f64)
         }
     }
 }
@@ -186,6 +204,7 @@ pub async fn measure(harness: &dyn Harness) -> lockcore::Result<Figures> {
         holders: HOLDERS,
         contended_secs: secs,
         processes: None,
+        fairness: None,
         server_requests: None,
     })
 }

@@ -896,12 +896,14 @@ Bare: the backend's own lock primitive without the library (`Backend::bare_cycle
 trip: its cheapest request (`PING`, `SELECT 1`, `exists`), both measured interleaved with the \
 uncontended pairs by the same client. Hand-over: clients looping `lock` + `release` on one \
 name, as tasks of one process and as separate OS processes (spread: most / fewest \
-acquisitions of one process). Requests per hand-over: growth of the server's own request \
+acquisitions of one process). Fairness: more processes over a longer run (8 for 10 s by \
+default); the fewest acquisitions of one process divided by a fair share (1.00 is even, 0.00 \
+a starved process: split-vote livelock or one process re-grabbing). Requests per hand-over: growth of the server's own request \
 counter divided by hand-overs, with many waiters spread over several processes (a herd shows \
 as a large number). Loopback servers on a shared machine: compare ratios, not absolute numbers.";
 
 /// The figures table's columns after the backend.
-const FIGURE_COLUMNS: [&str; 11] = [
+const FIGURE_COLUMNS: [&str; 12] = [
     "uncontended p50 (µs)",
     "uncontended p99 (µs)",
     "bare p50 (µs)",
@@ -912,6 +914,7 @@ const FIGURE_COLUMNS: [&str; 11] = [
     "tasks hand-over/s (N)",
     "processes hand-over/s (N)",
     "process spread (max/min)",
+    "fairness: fewest / fair share (N processes, s)",
     "server requests per hand-over",
 ];
 
@@ -923,6 +926,10 @@ fn figure_cells(f: &Figures) -> Vec<String> {
             format!("{:.2}", p.spread()),
         ),
         None => ("-".into(), "-".into()),
+    };
+    let fairness = match &f.fairness {
+        Some(p) => format!("{:.2} ({}, {} s)", p.min_fair_share(), p.processes, p.secs),
+        None => "-".into(),
     };
     let requests = match &f.server_requests {
         Some(r) => match r.per_handover {
@@ -942,6 +949,7 @@ fn figure_cells(f: &Figures) -> Vec<String> {
         format!("{} ({})", fmt_rate(f.handover_per_sec), f.holders),
         procs,
         spread,
+        fairness,
         requests,
     ]
 }

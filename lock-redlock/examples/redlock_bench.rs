@@ -2,6 +2,7 @@
 //! contending OS processes.
 //!
 //! ```text
+//! cargo run --release -p lock-redlock --example redlock_bench -- all [URL]
 //! cargo run --release -p lock-redlock --example redlock_bench -- uncontended [URL]
 //! cargo run --release -p lock-redlock --example redlock_bench -- contend PROCS SECS [URL]
 //! ```
@@ -14,6 +15,9 @@
 //!   one name for SECS seconds from a common start; prints each process's count, the total
 //!   hand-overs per second, the max/min spread, the smallest count as a fraction of a fair share
 //!   and the server requests (sum of `INFO commandstats` over the masters) per hand-over.
+//! * `all`: the three figures of issue 12 with their targets: `uncontended` (ratio at most
+//!   1.2x), `contend 4 10` (at least 4,700 hand-overs/s, spread at most 1.5x) and `contend 8 10`
+//!   (every process at least a tenth of a fair share).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -37,11 +41,31 @@ fn main() -> lockcore::Result<()> {
         .build()
         .expect("a tokio runtime");
     match args.get(1).map(String::as_str) {
-        Some("uncontended") => rt.block_on(uncontended(url_arg(&args, 2))),
+        Some("all") => rt.block_on(async {
+            let url = url_arg(&args, 2);
+            let ratio = uncontended(url.clone()).await?;
+            println!(
+                "target uncontended <= 1.20x bare: {}",
+                verdict(ratio <= 1.2)
+            );
+            let four = contend(4, 10, url.clone()).await?;
+            println!(
+                "target 4 processes >= 4700/s, spread <= 1.5x: {}",
+                verdict(four.rate >= 4700.0 && four.spread <= 1.5)
+            );
+            let eight = contend(8, 10, url).await?;
+            println!(
+                "target 8 processes, each >= 0.1 of a fair share: {}",
+                verdict(eight.min_share >= 0.1)
+            );
+            Ok(())
+        }),
+        Some("uncontended") => rt.block_on(uncontended(url_arg(&args, 2))).map(drop),
         Some("contend") => {
             let procs: usize = args[2].parse().expect("PROCS");
             let secs: u64 = args[3].parse().expect("SECS");
             rt.block_on(contend(procs, secs, url_arg(&args, 4)))
+                .map(drop)
         }
         Some("child") => {
             // child NAME START_UNIX_MS SECS URL
@@ -50,19 +74,40 @@ fn main() -> lockcore::Result<()> {
             rt.block_on(child(&args[2], start_ms, secs, args[5].clone()))
         }
         _ => {
-            eprintln!("usage: redlock_bench uncontended [URL] | contend PROCS SECS [URL]");
+            eprintln!(
+                "usage: redlock_bench all [URL] | uncontended [URL] | contend PROCS SECS [URL]"
+            );
             std::process::exit(2);
         }
     }
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met { "met" } else { "MISSED" }
+}
+
+/// What a contended run gave.
+struct Contended {
+    rate: f64,
+    spread: f64,
+    min_share: f64,
+}
+
+/// The 1-minute load average, for the record (others share the machine).
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
 }
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-async fn uncontended(url: String) -> lockcore::Result<()> {
+/// Returns the ratio of the medians.
+async fn uncontended(url: String) -> lockcore::Result<f64> {
     let backend = RedlockBackend::connect(&url).await?;
-    println!("backend: {}", backend.describe());
+    println!("backend: {}  load average {}", backend.describe(), load());
     let locker = Locker::new(backend.clone());
     let name = LockName::new(format!("bench-{:08x}", fastrand::u32(..)))?;
     let bare_name = LockName::new(format!("bench-bare-{:08x}", fastrand::u32(..)))?;
@@ -107,16 +152,14 @@ async fn uncontended(url: String) -> lockcore::Result<()> {
         pct(&lib, 0.5),
         pct(&lib, 0.99)
     );
-    println!(
-        "ratio try_lock+release / bare (p50): {:.2}x",
-        pct(&lib, 0.5).as_secs_f64() / pct(&bare, 0.5).as_secs_f64()
-    );
-    Ok(())
+    let ratio = pct(&lib, 0.5).as_secs_f64() / pct(&bare, 0.5).as_secs_f64();
+    println!("ratio try_lock+release / bare (p50): {ratio:.2}x");
+    Ok(ratio)
 }
 
-async fn contend(procs: usize, secs: u64, url: String) -> lockcore::Result<()> {
+async fn contend(procs: usize, secs: u64, url: String) -> lockcore::Result<Contended> {
     let backend = RedlockBackend::connect(&url).await?;
-    println!("backend: {}", backend.describe());
+    println!("backend: {}  load average {}", backend.describe(), load());
     let name = format!("bench-contend-{:08x}", fastrand::u32(..));
     let start_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -159,14 +202,20 @@ async fn contend(procs: usize, secs: u64, url: String) -> lockcore::Result<()> {
     );
     let fair = total as f64 / procs as f64;
     println!("{procs} processes, {secs} s, counts {counts:?}");
+    let result = Contended {
+        rate: total as f64 / secs as f64,
+        spread: max as f64 / (min.max(1)) as f64,
+        min_share: min as f64 / fair,
+    };
     println!(
-        "hand-overs/s {:.0}  spread max/min {:.2}x  min/fair share {:.2}  server requests per hand-over {:.1}",
-        total as f64 / secs as f64,
-        max as f64 / (min.max(1)) as f64,
-        min as f64 / fair,
-        (after - before) as f64 / total.max(1) as f64
+        "hand-overs/s {:.0}  spread max/min {:.2}x  min/fair share {:.2}  server requests per hand-over {:.1}  (load average after: {})",
+        result.rate,
+        result.spread,
+        result.min_share,
+        (after - before) as f64 / total.max(1) as f64,
+        load()
     );
-    Ok(())
+    Ok(result)
 }
 
 async fn child(name: &str, start_ms: u64, secs: u64, url: String) -> lockcore::Result<()> {

@@ -48,18 +48,28 @@
 //!
 //! # What Redlock does not give you
 //!
+//! Read this before choosing Redlock: it is a lock for efficiency (avoiding duplicate work), not
+//! for correctness. Where two holders at once would corrupt data, use a backend with fencing
+//! tokens and have the resource check them.
+//!
 //! * **No fencing tokens.** A master that restarts without persistence forgets both the lock
 //!   keys and any counter, so no per-node counter stays monotonic; the capability is declared
 //!   absent. Where a paused or slow holder must not corrupt a resource, use a backend with
 //!   fencing (ZooKeeper, etcd, PostgreSQL/MySQL lease, single Redis).
 //! * **Two holders after a node restarts empty** before the TTL ends: the node votes again, and
 //!   a new client can win a majority with it while the old holder still believes it holds the
-//!   lock. The fault test `restarted_empty_node_allows_a_second_holder` shows it. Run the masters
+//!   lock. The fault test `restarted_empty_master_allows_a_second_holder` (`tests/faults.rs`)
+//!   shows it. Run the masters
 //!   with `appendonly yes` + `appendfsync always`, or keep a restarted master out of service for
 //!   one max TTL ("delayed restart"), to avoid it.
 //! * **Two holders after a clock jump** on a node: a node whose clock runs fast expires the key
 //!   early (simulated with `PEXPIRE`, as a forward jump would). The fault test
-//!   `early_expiry_on_a_node_allows_a_second_holder` shows it.
+//!   `early_expiry_on_a_master_allows_a_second_holder` (`tests/faults.rs`) shows it; the same
+//!   test shows that with the key on all five masters one early expiry is not enough.
+//! * **The node timeout is a trade-off** (see the URL section): short, a hung master costs
+//!   little but a healthy master on a busy machine loses its vote (uncontended acquisitions
+//!   refused); long, more of the validity can go to waiting. The default (a tenth of the TTL,
+//!   50 ms..1 s) keeps at least 90 % of the validity.
 //! * Timing assumptions: the validity is computed on the client's monotonic clock with the
 //!   declared drift margin; a GC pause or a stopped process can outlive the validity without
 //!   the holder noticing (no fencing, see above).
@@ -742,11 +752,19 @@ fn capabilities(cfg: &Config) -> Capabilities {
             .into(),
         "two holders are possible when a master restarts empty (no AOF fsync always) before the \
          TTL ends, or when a master's clock jumps forward and expires the key early; the fault \
-         tests demonstrate both"
+         tests restarted_empty_master_allows_a_second_holder and \
+         early_expiry_on_a_master_allows_a_second_holder (lock-redlock/tests/faults.rs) \
+         demonstrate both: a lock for efficiency, not for correctness"
             .into(),
-        "validity = TTL - elapsed - drift (1 % + 2 ms), measured from before the first request \
-         was sent; answers later than node_timeout_ms count as lost votes"
-            .into(),
+        format!(
+            "validity = TTL - elapsed - drift (1 % + 2 ms), measured from before the first \
+             request was sent; a vote later than the node timeout ({}) is lost; release and \
+             extend wait for a majority of confirmations until the validity ends",
+            match cfg.node_timeout {
+                Some(t) => format!("node_timeout_ms={}", t.as_millis()),
+                None => "a tenth of the TTL, 50 ms..1 s".into(),
+            }
+        ),
         "not fair: split votes retry after a random, growing delay; waiters wake on the first \
          release message of any master, at the holder's expiry, or at a jittered safety poll"
             .into(),

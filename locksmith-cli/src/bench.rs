@@ -1,7 +1,8 @@
 //! `locksmith bench`: the conformance benchmark (uncontended latency against the backend's
 //! round trip and bare primitive, hand-over between tasks) plus what needs separate OS
-//! processes: hand-over between processes (per-process counts, spread), and the server's
-//! requests per hand-over with many waiters spread over several processes.
+//! processes: hand-over between processes (per-process counts, spread), fairness over a longer
+//! run with more processes (the fewest acquisitions of one process against a fair share), and
+//! the server's requests per hand-over with many waiters spread over several processes.
 //!
 //! The processes are this binary run as `locksmith __bench-worker` (the URL in its
 //! environment, never in argv). Each connects its clients, says `ready`, waits for `go` on
@@ -31,6 +32,10 @@ pub struct Plan {
     pub waiters: usize,
     /// Over how many processes the waiters are spread.
     pub waiter_processes: usize,
+    /// Processes (one client each) of the fairness run; 0 skips it.
+    pub fair_processes: usize,
+    /// How long the fairness run lasts.
+    pub fair_secs: Duration,
 }
 
 impl Default for Plan {
@@ -40,6 +45,8 @@ impl Default for Plan {
             processes: 4,
             waiters: 100,
             waiter_processes: 10,
+            fair_processes: 8,
+            fair_secs: Duration::from_secs(10),
         }
     }
 }
@@ -65,9 +72,20 @@ pub async fn add_process_figures(url: &str, label: &str, figures: &mut Figures, 
         plan.waiter_processes,
         plan.secs.as_secs_f64()
     );
-    match processes(url, plan).await {
+    match processes(url, plan.processes, plan.secs).await {
         Ok(p) => figures.processes = Some(p),
         Err(e) => eprintln!("[bench] {label}: process hand-over failed: {e}"),
+    }
+    if plan.fair_processes > 0 {
+        eprintln!(
+            "[bench] {label}: fairness across {} processes ({} s)",
+            plan.fair_processes,
+            plan.fair_secs.as_secs_f64()
+        );
+        match processes(url, plan.fair_processes, plan.fair_secs).await {
+            Ok(p) => figures.fairness = Some(p),
+            Err(e) => eprintln!("[bench] {label}: fairness run failed: {e}"),
+        }
     }
     match server_requests(url, plan).await {
         Ok(r) => figures.server_requests = Some(r),
@@ -75,15 +93,15 @@ pub async fn add_process_figures(url: &str, label: &str, figures: &mut Figures, 
     }
 }
 
-/// `plan.processes` processes with one client each contend for `plan.secs`.
-async fn processes(url: &str, plan: Plan) -> Result<ProcessHandover, String> {
-    let run = contend(url, plan.processes, 1, plan.secs, None).await?;
+/// `processes` processes with one client each contend for `secs`.
+async fn processes(url: &str, processes: usize, secs: Duration) -> Result<ProcessHandover, String> {
+    let run = contend(url, processes, 1, secs, None).await?;
     let per_process: Vec<u64> = run.counts.iter().map(|c| c.iter().sum()).collect();
     let total: u64 = per_process.iter().sum();
     Ok(ProcessHandover {
-        processes: plan.processes,
-        secs: plan.secs.as_secs_f64(),
-        handover_per_sec: total as f64 / plan.secs.as_secs_f64(),
+        processes,
+        secs: secs.as_secs_f64(),
+        handover_per_sec: total as f64 / secs.as_secs_f64(),
         per_process,
     })
 }
@@ -334,6 +352,7 @@ fn table(rows: &[(String, Figures)]) -> String {
         "tasks/s",
         "procs/s",
         "spread",
+        "fair min/share",
         "req/hand-over",
     ];
     let mut lines: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_owned()).collect()];
@@ -344,6 +363,10 @@ fn table(rows: &[(String, Figures)]) -> String {
                 format!("{:.2}", p.spread()),
             ),
             None => ("-".into(), "-".into()),
+        };
+        let fairness = match &f.fairness {
+            Some(p) => format!("{:.2} ({}p {}s)", p.min_fair_share(), p.processes, p.secs),
+            None => "-".into(),
         };
         let requests = match &f.server_requests {
             Some(r) => match r.per_handover {
@@ -362,6 +385,7 @@ fn table(rows: &[(String, Figures)]) -> String {
             format!("{:.0} ({})", f.handover_per_sec, f.holders),
             procs,
             spread,
+            fairness,
             requests,
         ]);
     }
@@ -415,7 +439,15 @@ mod tests {
             per_process: vec![10, 20, 10, 5],
             handover_per_sec: 22.5,
         });
+        // Fair share 10; the fewest got 5.
+        f.fairness = Some(ProcessHandover {
+            processes: 8,
+            secs: 10.0,
+            per_process: vec![5, 10, 10, 10, 10, 10, 10, 15],
+            handover_per_sec: 8.0,
+        });
         let t = table(&[("redis".into(), f), ("memory".into(), Figures::default())]);
+        assert!(t.contains("0.50 (8p 10s)"), "{t}");
         assert!(t.contains("2.00"), "{t}"); // x bare
         assert!(t.contains("4.00"), "{t}"); // spread 20/5
         assert!(t.contains("unsupported"), "{t}");

@@ -57,7 +57,9 @@ enum Command {
     Run(RunArgs),
     /// Measures each URL: uncontended try_lock+release against the backend's round trip and bare
     /// primitive, hand-over between tasks and between separate OS processes (per-process
-    /// counts and spread), and server requests per hand-over with many waiters.
+    /// counts and spread), fairness over a longer run with more processes (the fewest
+    /// acquisitions of one process against a fair share), and server requests per hand-over
+    /// with many waiters.
     Bench(BenchArgs),
     /// Internal: one process of `bench`'s multi-process runs.
     #[command(name = "__bench-worker", hide = true)]
@@ -188,6 +190,13 @@ struct BenchArgs {
     /// Over how many processes the waiters are spread.
     #[arg(long, default_value_t = 10)]
     waiter_processes: usize,
+    /// Processes (one client each) of the fairness run: the fewest acquisitions of one
+    /// process against a fair share (0 skips it).
+    #[arg(long, default_value_t = 8)]
+    fair_processes: usize,
+    /// How long the fairness run lasts.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    fair_secs: Duration,
     /// Lock service URLs. Without any: memory:// and a SQLite file in target/conformance.
     urls: Vec<String>,
 }
@@ -199,6 +208,8 @@ impl BenchArgs {
             processes: self.processes.max(1),
             waiters: self.waiters.max(1),
             waiter_processes: self.waiter_processes.max(1),
+            fair_processes: self.fair_processes,
+            fair_secs: self.fair_secs,
         }
     }
 }

@@ -175,6 +175,10 @@ fn bench_measures_across_processes() {
         "4",
         "--waiter-processes",
         "2",
+        "--fair-processes",
+        "3",
+        "--fair-secs",
+        "0.3",
         &url,
     ]);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
@@ -185,4 +189,8 @@ fn bench_measures_across_processes() {
         .unwrap_or_else(|| panic!("{stdout}"));
     assert!(row.contains("(2)"), "two processes: {row}");
     assert!(row.contains("unsupported"), "{row}");
+    assert!(
+        row.contains("(3p 0.3s)"),
+        "fairness over three processes: {row}"
+    );
 }
