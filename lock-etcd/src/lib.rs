@@ -279,8 +279,11 @@ impl EtcdBackend {
         c.fencing = true;
         c.fair = true;
         c.wait = WaitKind::Notify;
-        // Each lock is its own etcd lease with the TTL asked; the contract's watchdog renews it
-        // (the client's keep-alive stream only covers the gap while a guard lives).
+        // Not Native: the contract's Native is session-bound (a crashed holder's lock frees
+        // within seconds whatever its TTL, and extend only checks the session). Each lock here
+        // is its own etcd lease of the TTL asked, which a crash leaves held until that TTL
+        // (expiry_after_ttl) and whose validity is a clock bound. The contract's watchdog
+        // renews it: each renewal is one keep-alive on the client's one keep-alive stream.
         c.renew = RenewKind::Emulated;
         c.lost_detection = true;
         c.revoke_detection = true;
@@ -297,7 +300,8 @@ impl EtcdBackend {
         c.max_ttl = MAX_TTL;
         c.notes = vec![
             "the TTL is an etcd lease in whole seconds (rounded up, at least the server's minimum lease TTL); the TTL granted is what the validity counts".into(),
-            "held leases are renewed by the contract (auto_renew or extend), queued waiters' leases by the client's one keep-alive stream; a crashed holder's lock frees one TTL after its last renewal".into(),
+            "held leases are renewed by the contract (auto_renew or extend: one keep-alive on the client's one keep-alive stream each, until the maximum hold time), queued waiters' leases by the client itself on that stream; a crashed holder's lock frees one TTL after its last renewal".into(),
+            "renewal is emulated, not native: native (session-bound) renewal frees a crashed holder's lock within seconds whatever its TTL; here each lock is an etcd lease of the TTL asked, held after a crash until that TTL, so that the validity stays a clock bound on the server's lease. A per-client session lease (etcd's concurrency.Session) would free crashed locks sooner but make the validity depend on the keep-alive task noticing a lapse in time (late in a paused process)".into(),
             "lost signal: keep-alive refused, no keep-alive acknowledged before the lease may expire, or the lock key deleted behind the holder".into(),
             "fencing token = the lock key's create revision; FIFO by create revision; one release wakes one waiter (one synced watch per client)".into(),
             "extend with the TTL acquired with is one keep-alive; another TTL (longer or shorter) moves the key to a new lease granted that TTL (one grant, one owner-checked transaction keeping the create revision; the old lease is revoked in the background)".into(),
