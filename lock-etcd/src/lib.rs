@@ -504,9 +504,12 @@ impl EtcdBackend {
             } else {
                 queued.state = QueueState::Idle;
             }
-            // The lease's TTL now counts from the keep-alive sent with the transaction.
+            // The lease's TTL counts from the keep-alive sent with the transaction, or for a
+            // new lease from its grant's send (the lease expires one TTL after the grant, not
+            // after this transaction: counting from here would overstate the validity by the
+            // grant's round trip).
             let (lease_sent, granted) = match refresh {
-                None => (sent_at, cell.ttl),
+                None => (cell.expires() - cell.ttl, cell.ttl),
                 Some(rx) => match rx.await {
                     Ok(Ok(Renewal::Alive { sent, ttl })) => (sent.min(sent_at), ttl),
                     Ok(Ok(Renewal::Gone)) => {
