@@ -319,8 +319,19 @@ fn map_err(what: impl Into<String>, e: zk::Error) -> Error {
         | E::SessionMoved
         | E::ClientClosed
         | E::Throttled => Error::unavailable(what, e),
+        // The client reports a broken connection (reset, refused, a read that timed out) as a
+        // custom error around the I/O error: the request may not have reached the server, as
+        // with ConnectionLoss, so it is Unavailable (lock() retries it within its deadline, a
+        // server restart must not end a wait with an error).
+        E::Custom(_) if is_connection_failure(&e) => Error::unavailable(what, e),
         _ => Error::backend(what, e),
     }
+}
+
+fn is_connection_failure(e: &zk::Error) -> bool {
+    // The client wraps the I/O error in an `Arc<dyn Error>` (downcasting cannot see through it)
+    // or says "no response from connection in N ms"; its only other custom errors are SASL's.
+    !e.to_string().to_ascii_lowercase().contains("sasl")
 }
 
 fn is_retryable(e: &zk::Error) -> bool {
