@@ -10,40 +10,124 @@ use percent_encoding::percent_decode_str;
 /// The default key namespace.
 pub(crate) const DEFAULT_NAMESPACE: &str = "locksmith";
 
-/// Everything a `redis://` URL says, validated (see the [crate docs](crate) for the form and
-/// parameters). `Debug` never shows the password.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A Redis backend's configuration: what a `redis://` URL says, or the same fields from a config
+/// file (see the [crate docs](crate) for each parameter). `Debug` never shows the password.
+///
+/// Build it from a URL with [`Config::parse`], or deserialize it (any serde format; unknown keys
+/// are refused) and pass it to [`RedisBackend::from_config`](crate::RedisBackend::from_config),
+/// which validates it exactly as a URL is validated ([`Config::validate`]). The URL's query
+/// parameters are the same fields, read by the same deserializer. In a file, `nodes` is a list
+/// of `"host:port"` strings (`"host"` alone takes the default port), durations are whole
+/// milliseconds under the URL's names (`poll_ms`, ...):
+///
+/// ```
+/// let from_file: lock_redis::Config = serde_json::from_str(
+///     r#"{"nodes": ["cache:6379"], "password": "s3cret", "db": 2, "namespace": "app", "poll_ms": 500}"#,
+/// ).unwrap();
+/// let from_file = from_file.validate().unwrap();
+/// let from_url = lock_redis::Config::parse("redis://:s3cret@cache:6379/2?namespace=app&poll_ms=500").unwrap();
+/// assert_eq!(from_file, from_url);
+/// assert!(!format!("{from_file:?}").contains("s3cret"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct Config {
     /// `rediss`: TLS with certificate verification.
+    #[serde(default)]
     pub tls: bool,
     /// `+cluster`: a Redis Cluster.
+    #[serde(default)]
     pub cluster: bool,
     /// `+sentinel`: the name of the primary the sentinels in `nodes` watch.
+    #[serde(default)]
     pub sentinel: Option<String>,
-    /// Host and port of each node given (one unless `cluster`).
+    /// Host and port of each node given (one unless `cluster` or `sentinel`).
+    #[serde(deserialize_with = "de_nodes")]
     pub nodes: Vec<(String, u16)>,
     /// The ACL user name.
+    #[serde(default)]
     pub username: Option<String>,
     /// The password.
+    #[serde(default)]
     pub password: Option<Secret>,
     /// The database number.
+    #[serde(default)]
     pub db: i64,
     /// The key prefix.
+    #[serde(default = "default_namespace")]
     pub namespace: String,
     /// `WAIT` for this many replicas after winning.
+    #[serde(default)]
     pub min_replicas: u32,
-    /// The `WAIT` timeout.
+    /// The `WAIT` timeout (`replica_timeout_ms`).
+    #[serde(
+        rename = "replica_timeout_ms",
+        with = "lockcore::config::millis",
+        default = "default_replica_timeout"
+    )]
     pub replica_timeout: Duration,
     /// PEM file of the CA that signed the server certificate.
+    #[serde(default)]
     pub tls_ca: Option<PathBuf>,
-    /// Safety-net poll of a notified waiter.
+    /// Safety-net poll of a notified waiter (`poll_ms`).
+    #[serde(
+        rename = "poll_ms",
+        with = "lockcore::config::millis",
+        default = "default_poll"
+    )]
     pub poll: Duration,
-    /// Connection timeout.
+    /// Connection timeout (`connect_timeout_ms`).
+    #[serde(
+        rename = "connect_timeout_ms",
+        with = "lockcore::config::millis",
+        default = "default_timeout"
+    )]
     pub connect_timeout: Duration,
-    /// Per-command response timeout.
+    /// Per-command response timeout (`response_timeout_ms`).
+    #[serde(
+        rename = "response_timeout_ms",
+        with = "lockcore::config::millis",
+        default = "default_timeout"
+    )]
     pub response_timeout: Duration,
 }
+
+fn default_namespace() -> String {
+    DEFAULT_NAMESPACE.to_owned()
+}
+fn default_replica_timeout() -> Duration {
+    Duration::from_millis(100)
+}
+fn default_poll() -> Duration {
+    Duration::from_millis(1000)
+}
+fn default_timeout() -> Duration {
+    Duration::from_secs(2)
+}
+
+/// `nodes` in a config file: `"host:port"` strings; a missing port is 0 until
+/// [`Config::validate`] puts in the default one (6379, or 26379 for sentinels).
+fn de_nodes<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Vec<(String, u16)>, D::Error> {
+    use serde::Deserialize;
+    Vec::<String>::deserialize(d)?
+        .iter()
+        .map(|n| parse_host_port(n, 0).map_err(serde::de::Error::custom))
+        .collect()
+}
+
+/// The query parameters a URL may carry; the other fields come from the URL's address part.
+const URL_PARAMS: &[&str] = &[
+    "namespace",
+    "min_replicas",
+    "replica_timeout_ms",
+    "tls_ca",
+    "poll_ms",
+    "connect_timeout_ms",
+    "response_timeout_ms",
+];
 
 fn bad(msg: impl fmt::Display) -> Error {
     // Never echo the URL itself: it may carry a password.
@@ -61,12 +145,13 @@ fn decode(part: &str, what: &str) -> Result<String> {
         })
 }
 
-fn parse_ms(key: &str, value: &str, min: u64, max: u64) -> Result<Duration> {
-    match value.parse::<u64>() {
-        Ok(ms) if (min..=max).contains(&ms) => Ok(Duration::from_millis(ms)),
-        _ => Err(bad(format_args!(
-            "query parameter `{key}` must be a whole number of milliseconds in {min}..={max}"
-        ))),
+fn check_ms(key: &str, value: Duration, min: u64, max: u64) -> Result<()> {
+    if (Duration::from_millis(min)..=Duration::from_millis(max)).contains(&value) {
+        Ok(())
+    } else {
+        Err(bad(format_args!(
+            "`{key}` must be a whole number of milliseconds in {min}..={max}"
+        )))
     }
 }
 
@@ -162,15 +247,7 @@ impl Config {
                     None => (u, None),
                 };
                 let user = decode(user, "user name")?;
-                if user.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                    return Err(bad("the user name contains white space"));
-                }
                 let pw = pw.map(|p| decode(p, "password")).transpose()?;
-                if pw.is_none() && !user.is_empty() {
-                    return Err(bad(
-                        "a user name without a password; write redis://user:password@host",
-                    ));
-                }
                 (
                     (!user.is_empty()).then_some(user),
                     pw.filter(|p| !p.is_empty()).map(Secret::new),
@@ -182,120 +259,132 @@ impl Config {
             .split(',')
             .map(|h| parse_host_port(h, default_port))
             .collect::<Result<Vec<_>>>()?;
-        if !cluster && !sentinel && nodes.len() != 1 {
-            return Err(bad(
-                "several hosts need the redis+cluster:// or redis+sentinel:// scheme",
-            ));
-        }
         // Sentinel: the path is `<primary name>[/db]`.
         let (master, path) = if sentinel {
             let (name, db) = match path.split_once('/') {
                 Some((n, d)) => (n, d),
                 None => (path, ""),
             };
-            let name = decode(name, "primary name")?;
-            if name.is_empty()
-                || name.len() > 128
-                || !name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b))
-            {
-                return Err(bad(
-                    "redis+sentinel:// needs the primary's name as the path \
-                     (1 to 128 characters of [A-Za-z0-9_.:-]), like /mymaster or /mymaster/0",
-                ));
-            }
-            (Some(name), db)
+            (Some(decode(name, "primary name")?), db)
         } else {
             (None, path)
         };
         let db = match path {
             "" => 0,
             p => match p.parse::<i64>() {
-                Ok(db) if (0..=1_000_000).contains(&db) => db,
+                Ok(db) => db,
                 _ => return Err(bad("the path must be a database number, like /0")),
             },
         };
-        if cluster && db != 0 {
+        let pairs = lockcore::config::query_pairs("invalid redis URL", query.unwrap_or(""))?;
+        if let Some((key, _)) = pairs
+            .iter()
+            .find(|(k, _)| !URL_PARAMS.contains(&k.as_str()))
+        {
+            return Err(bad(format_args!(
+                "unknown query parameter `{key}` (known: {})",
+                URL_PARAMS.join(", ")
+            )));
+        }
+        // The query goes through the same deserializer as a config file; the address part fills
+        // in the rest.
+        let mut cfg: Config = lockcore::config::from_pairs(
+            "invalid redis URL",
+            std::iter::once(("nodes".to_owned(), String::new()))
+                .chain(pairs)
+                .collect(),
+        )?;
+        cfg.tls = tls;
+        cfg.cluster = cluster;
+        cfg.sentinel = master;
+        cfg.nodes = nodes;
+        cfg.username = username;
+        cfg.password = password;
+        cfg.db = db;
+        cfg.validate()
+    }
+
+    /// Checks a configuration however it was made (a URL, a file) and fills in default ports.
+    ///
+    /// # Errors
+    /// `InvalidConfig`, naming the field, never the password.
+    pub fn validate(mut self) -> Result<Config> {
+        if self.nodes.is_empty() {
+            return Err(bad("no node given"));
+        }
+        let sentinel = self.sentinel.is_some();
+        if sentinel && self.cluster {
+            return Err(bad(
+                "a configuration is either a cluster or sentinels, not both",
+            ));
+        }
+        if !self.cluster && !sentinel && self.nodes.len() != 1 {
+            return Err(bad(
+                "several hosts need the redis+cluster:// or redis+sentinel:// scheme",
+            ));
+        }
+        let default_port = if sentinel { 26379 } else { 6379 };
+        for (_, port) in &mut self.nodes {
+            if *port == 0 {
+                *port = default_port;
+            }
+        }
+        if let Some(name) = &self.sentinel
+            && (name.is_empty()
+                || name.len() > 128
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b)))
+        {
+            return Err(bad(
+                "redis+sentinel:// needs the primary's name as the path \
+                 (1 to 128 characters of [A-Za-z0-9_.:-]), like /mymaster or /mymaster/0",
+            ));
+        }
+        if let Some(user) = &self.username
+            && (user.is_empty() || user.chars().any(|c| c.is_whitespace() || c.is_control()))
+        {
+            return Err(bad("the user name is empty or contains white space"));
+        }
+        if self.username.is_some() && self.password.is_none() {
+            return Err(bad(
+                "a user name without a password; write redis://user:password@host",
+            ));
+        }
+        if !(0..=1_000_000).contains(&self.db) {
+            return Err(bad("the database number must be in 0..=1000000"));
+        }
+        if self.cluster && self.db != 0 {
             return Err(bad("Redis Cluster has only database 0"));
         }
-        let mut cfg = Config {
-            tls,
-            cluster,
-            sentinel: master,
-            nodes,
-            username,
-            password,
-            db,
-            namespace: DEFAULT_NAMESPACE.to_owned(),
-            min_replicas: 0,
-            replica_timeout: Duration::from_millis(100),
-            tls_ca: None,
-            poll: Duration::from_millis(1000),
-            connect_timeout: Duration::from_secs(2),
-            response_timeout: Duration::from_secs(2),
-        };
-        let mut seen = Vec::new();
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair
-                .split_once('=')
-                .ok_or_else(|| bad("a query parameter has no `=value`"))?;
-            let key = decode(key, "query parameter name")?;
-            let value = decode(value, "query parameter value")?;
-            if seen.contains(&key) {
-                return Err(bad(format_args!("query parameter `{key}` is given twice")));
-            }
-            match key.as_str() {
-                "namespace" => {
-                    // No braces (they would pick the hash slot) and nothing that needs quoting.
-                    if value.is_empty()
-                        || value.len() > 64
-                        || !value
-                            .bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b))
-                    {
-                        return Err(bad(
-                            "namespace must be 1 to 64 characters of [A-Za-z0-9_.:-]",
-                        ));
-                    }
-                    cfg.namespace = value;
-                }
-                "min_replicas" => {
-                    cfg.min_replicas =
-                        value
-                            .parse::<u32>()
-                            .ok()
-                            .filter(|n| *n <= 100)
-                            .ok_or_else(|| {
-                                bad("query parameter `min_replicas` must be a number in 0..=100")
-                            })?;
-                }
-                "replica_timeout_ms" => {
-                    cfg.replica_timeout = parse_ms(&key, &value, 1, 60_000)?;
-                }
-                "tls_ca" => {
-                    if value.is_empty() {
-                        return Err(bad("query parameter `tls_ca` is empty"));
-                    }
-                    cfg.tls_ca = Some(PathBuf::from(value));
-                }
-                "poll_ms" => cfg.poll = parse_ms(&key, &value, 10, 3_600_000)?,
-                "connect_timeout_ms" => cfg.connect_timeout = parse_ms(&key, &value, 1, 600_000)?,
-                "response_timeout_ms" => cfg.response_timeout = parse_ms(&key, &value, 1, 600_000)?,
-                _ => {
-                    return Err(bad(format_args!(
-                        "unknown query parameter `{key}` (known: namespace, min_replicas, \
-                         replica_timeout_ms, tls_ca, poll_ms, connect_timeout_ms, \
-                         response_timeout_ms)"
-                    )));
-                }
-            }
-            seen.push(key);
+        // No braces (they would pick the hash slot) and nothing that needs quoting.
+        if self.namespace.is_empty()
+            || self.namespace.len() > 64
+            || !self
+                .namespace
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b))
+        {
+            return Err(bad(
+                "namespace must be 1 to 64 characters of [A-Za-z0-9_.:-]",
+            ));
         }
-        if cfg.tls_ca.is_some() && !cfg.tls {
-            return Err(bad("`tls_ca` needs the rediss:// scheme"));
+        if self.min_replicas > 100 {
+            return Err(bad("`min_replicas` must be a number in 0..=100"));
         }
-        Ok(cfg)
+        check_ms("replica_timeout_ms", self.replica_timeout, 1, 60_000)?;
+        check_ms("poll_ms", self.poll, 10, 3_600_000)?;
+        check_ms("connect_timeout_ms", self.connect_timeout, 1, 600_000)?;
+        check_ms("response_timeout_ms", self.response_timeout, 1, 600_000)?;
+        if let Some(ca) = &self.tls_ca {
+            if ca.as_os_str().is_empty() {
+                return Err(bad("`tls_ca` is empty"));
+            }
+            if !self.tls {
+                return Err(bad("`tls_ca` needs the rediss:// scheme"));
+            }
+        }
+        Ok(self)
     }
 
     /// The URL again, with the password replaced by `***`.
@@ -422,6 +511,59 @@ mod tests {
         ] {
             let e = Config::parse(url).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{url}");
+        }
+    }
+
+    /// A config file (JSON here; any serde format) gives the same `Config` as the URL, through
+    /// the same validation, and refuses unknown keys.
+    #[test]
+    fn config_file_equals_url_and_refuses_unknown_keys() {
+        let url = Config::parse(
+            "rediss+sentinel://app:s3cret@s1,s2:26380/mymaster/3?namespace=jobs&poll_ms=250\
+             &min_replicas=1&replica_timeout_ms=40&tls_ca=/etc/ca.pem&connect_timeout_ms=900\
+             &response_timeout_ms=700",
+        )
+        .unwrap();
+        let file: Config = serde_json::from_str(
+            r#"{"tls": true, "sentinel": "mymaster", "nodes": ["s1", "s2:26380"],
+                "username": "app", "password": "s3cret", "db": 3, "namespace": "jobs",
+                "poll_ms": 250, "min_replicas": 1, "replica_timeout_ms": 40,
+                "tls_ca": "/etc/ca.pem", "connect_timeout_ms": 900, "response_timeout_ms": 700}"#,
+        )
+        .unwrap();
+        assert_eq!(file.validate().unwrap(), url);
+        assert!(!format!("{url:?}").contains("s3cret"));
+        // Defaults match too.
+        let file: Config = serde_json::from_str(r#"{"nodes": ["h"]}"#).unwrap();
+        assert_eq!(
+            file.validate().unwrap(),
+            Config::parse("redis://h").unwrap()
+        );
+        // Unknown keys are refused, in a file and in a URL.
+        let e = serde_json::from_str::<Config>(r#"{"nodes": ["h"], "pol_ms": 5}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown field `pol_ms`"), "{e}");
+        assert_eq!(
+            Config::parse("redis://h?pol_ms=5").unwrap_err().kind(),
+            ErrorKind::InvalidConfig
+        );
+        // Address fields belong to the URL's address part, not its query.
+        assert!(Config::parse("redis://h?password=x").is_err());
+        // Validation is the URL's: a bad file value is InvalidConfig, without the password.
+        for bad in [
+            r#"{"nodes": ["h"], "namespace": "{x}", "password": "s3cret"}"#,
+            r#"{"nodes": ["a", "b"]}"#,
+            r#"{"nodes": []}"#,
+            r#"{"nodes": ["h"], "poll_ms": 1}"#,
+            r#"{"nodes": ["h"], "tls_ca": "/ca.pem"}"#,
+            r#"{"nodes": ["h"], "cluster": true, "db": 1}"#,
+            r#"{"nodes": ["h"], "username": "u"}"#,
+        ] {
+            let e = serde_json::from_str::<Config>(bad)
+                .unwrap()
+                .validate()
+                .unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{bad}");
+            assert!(!e.to_string().contains("s3cret"));
         }
     }
 }

@@ -93,7 +93,7 @@ use async_trait::async_trait;
 use lockcore::backend::{AcquireRequest, Acquired, Backend, Backoff, Lease, poll_acquire};
 use lockcore::{Capabilities, Error, Instant, LockName, Result, WaitKind};
 
-use crate::config::Config;
+pub use crate::config::Config;
 use crate::conn::Conn;
 use crate::node::{ExpiryWatch, Keys, Node, NodeAttempt, Replicas};
 pub(crate) use crate::node::{map_err, map_err_connect};
@@ -141,7 +141,18 @@ impl RedisBackend {
     /// `tls_ca` file (the URL, which may hold a password, is never quoted); `Unavailable` when the
     /// server cannot be reached; `Backend` when it refuses the connection (wrong password).
     pub async fn connect(url: &str) -> Result<RedisBackend> {
-        let cfg = Config::parse(url)?;
+        Self::from_config(Config::parse(url)?).await
+    }
+
+    /// Connects a new client from a [`Config`] (deserialized from a config file, say), validated
+    /// exactly as a URL is ([`Config::validate`]).
+    ///
+    /// Cancel safety: dropping the future closes whatever connection it had opened.
+    ///
+    /// # Errors
+    /// As [`RedisBackend::connect`].
+    pub async fn from_config(cfg: Config) -> Result<RedisBackend> {
+        let cfg = cfg.validate()?;
         // Fails now, not at the first lock, on wrong credentials or an unreachable cluster.
         let node = Node::connect(&cfg).await?;
         let wait_conn = if cfg.min_replicas > 0 {

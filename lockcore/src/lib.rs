@@ -29,6 +29,7 @@
 
 pub mod backend;
 mod capabilities;
+pub mod config;
 mod error;
 mod locker;
 mod lost;
