@@ -2,22 +2,27 @@
 
 use std::fmt;
 
-use lockcore::{Error, Result};
+use std::time::Duration;
+
+use lockcore::{Error, Result, Secret};
 
 /// The lock table used when the URL names none.
 pub const DEFAULT_TABLE: &str = "locksmith_locks";
 
 /// How locks are implemented on the server.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 #[non_exhaustive]
 pub enum Strategy {
     /// A session lock held by a connection dedicated to the holder (a PostgreSQL advisory lock,
     /// a MariaDB `GET_LOCK` user lock), with the lock row's fencing counter bumped and committed
     /// in the same statement. The lock lives as long as that connection: a crashed holder frees
     /// it at once.
+    #[serde(alias = "row_lock", alias = "rowlock")]
     RowLock,
     /// A lease row (owner token, fencing counter, expiry computed on the database clock) taken
     /// over only after it expired (every database; the default).
+    #[default]
     Lease,
 }
 
@@ -37,6 +42,97 @@ impl fmt::Display for Strategy {
     }
 }
 
+/// An SQL backend's configuration: the database URL plus this crate's own settings, from a
+/// URL's query ([`Config::parse`]) or any serde format (unknown keys refused), validated the same
+/// way when the backend is built ([`SqlBackend::from_config`](crate::SqlBackend::from_config)).
+/// `Debug` shows no part of the URL (it may carry passwords).
+///
+/// ```
+/// use lock_sql::{Config, Strategy};
+/// let from_file: Config = serde_json::from_str(
+///     r#"{"url": "postgres://app:pw@db/app?sslmode=verify-full", "strategy": "row-lock",
+///         "table": "app_locks", "pool_max": 4, "op_timeout_ms": 3000}"#,
+/// ).unwrap();
+/// let from_url = Config::parse(
+///     "postgres://app:pw@db/app?sslmode=verify-full&strategy=row-lock&table=app_locks&pool_max=4&op_timeout_ms=3000",
+/// ).unwrap();
+/// assert_eq!(from_file, from_url);
+/// assert_eq!(from_url.strategy, Strategy::RowLock);
+/// assert!(!format!("{from_url:?}").contains("pw"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Config {
+    /// The database URL as sqlx takes it (`postgres://`, `mysql://`, `mariadb://`,
+    /// `sqlite://`), with the driver's own parameters (`sslmode`, ...), without this crate's.
+    pub url: Secret,
+    /// How locks are implemented (`lease` by default).
+    #[serde(default)]
+    pub strategy: Strategy,
+    /// The lock table.
+    #[serde(default = "default_table")]
+    pub table: String,
+    /// Connections shared by short statements (default 10; 4 on SQLite).
+    #[serde(default)]
+    pub pool_max: Option<u32>,
+    /// The bound of a statement or connect without a deadline of its own (`op_timeout_ms`).
+    #[serde(
+        rename = "op_timeout_ms",
+        with = "lockcore::config::millis",
+        default = "default_op_timeout"
+    )]
+    pub op_timeout: Duration,
+}
+
+fn default_table() -> String {
+    DEFAULT_TABLE.to_owned()
+}
+fn default_op_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+
+/// This crate's URL parameters (taken out of the URL; every other one goes to sqlx).
+const OWN_PARAMS: &[&str] = &["strategy", "table", "pool_max", "op_timeout_ms"];
+
+impl Config {
+    /// A configuration for `url` with every setting at its default.
+    pub fn new(url: impl Into<String>) -> Config {
+        Config {
+            url: Secret::new(url),
+            strategy: Strategy::default(),
+            table: default_table(),
+            pool_max: None,
+            op_timeout: default_op_timeout(),
+        }
+    }
+
+    /// Parses a URL: this crate's parameters (`strategy`, `table`, `pool_max`,
+    /// `op_timeout_ms`) are read by the same deserializer as a config file and taken out; the
+    /// rest of the URL is left for sqlx.
+    ///
+    /// # Errors
+    /// `InvalidConfig` for a malformed URL or a bad value (the URL is never quoted).
+    pub fn parse(raw: &str) -> Result<Config> {
+        let mut url = url::Url::parse(raw)
+            .map_err(|e| Error::invalid_config(format!("malformed database URL: {e}")))?;
+        let (own, rest): (Vec<_>, Vec<_>) = url
+            .query_pairs()
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .partition(|(k, _)| OWN_PARAMS.contains(&k.as_str()));
+        if rest.is_empty() {
+            url.set_query(None);
+        } else {
+            url.query_pairs_mut().clear().extend_pairs(&rest);
+        }
+        let mut pairs = vec![("url".to_owned(), String::new())];
+        pairs.extend(own);
+        let mut config: Config = lockcore::config::from_pairs("database URL", pairs)?;
+        config.url = Secret::new(url.to_string());
+        Ok(config)
+    }
+}
+
 /// Which database the URL names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Dialect {
@@ -47,7 +143,7 @@ pub(crate) enum Dialect {
 
 /// A parsed URL.
 #[derive(Clone)]
-pub(crate) struct Config {
+pub(crate) struct Parsed {
     pub(crate) dialect: Dialect,
     pub(crate) strategy: Strategy,
     pub(crate) table: String,
@@ -82,9 +178,9 @@ fn is_secret_param(key: &str) -> bool {
     .any(|s| k.contains(s))
 }
 
-impl fmt::Debug for Config {
+impl fmt::Debug for Parsed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
+        f.debug_struct("Parsed")
             .field("dialect", &self.dialect)
             .field("strategy", &self.strategy)
             .field("table", &self.table)
@@ -111,10 +207,15 @@ pub fn validate_table(table: &str) -> Result<()> {
     }
 }
 
-impl Config {
-    pub(crate) fn parse(raw: &str) -> Result<Config> {
-        // Never echo `raw` in an error: it may hold a password.
-        let mut url = url::Url::parse(raw)
+impl Parsed {
+    pub(crate) fn parse(raw: &str) -> Result<Parsed> {
+        Parsed::from_config(Config::parse(raw)?)
+    }
+
+    /// Validates a [`Config`] (from a URL or a file) into what the backend runs on.
+    pub(crate) fn from_config(config: Config) -> Result<Parsed> {
+        // Never echo the URL in an error: it may hold a password.
+        let mut url = url::Url::parse(config.url.expose())
             .map_err(|e| Error::invalid_config(format!("malformed database URL: {e}")))?;
         let dialect = match url.scheme() {
             "postgres" | "postgresql" => Dialect::Postgres,
@@ -135,57 +236,34 @@ impl Config {
                     .into_owned(),
             );
         }
-
-        let mut strategy = Strategy::Lease;
-        let mut table = DEFAULT_TABLE.to_owned();
-        let mut pool_max = if dialect == Dialect::Sqlite { 4 } else { 10 };
-        let mut op_timeout = std::time::Duration::from_secs(5);
+        let Config {
+            strategy,
+            table,
+            pool_max,
+            op_timeout,
+            ..
+        } = config;
+        validate_table(&table)?;
+        let pool_max = pool_max.unwrap_or(if dialect == Dialect::Sqlite { 4 } else { 10 });
+        if !(1..=1000).contains(&pool_max) {
+            return Err(Error::invalid_config(format!(
+                "pool_max must be 1..=1000, got {pool_max}"
+            )));
+        }
+        if !(Duration::from_millis(1)..=Duration::from_millis(3_600_000)).contains(&op_timeout) {
+            return Err(Error::invalid_config("op_timeout_ms must be 1..=3600000"));
+        }
         let mut passthrough = Vec::new();
         for (k, v) in url.query_pairs() {
-            match &*k {
-                "strategy" => {
-                    strategy = match &*v {
-                        "row-lock" | "row_lock" | "rowlock" => Strategy::RowLock,
-                        "lease" => Strategy::Lease,
-                        other => {
-                            return Err(Error::invalid_config(format!(
-                                "unknown strategy {other:?}: expected row-lock or lease"
-                            )));
-                        }
-                    }
-                }
-                "table" => {
-                    validate_table(&v)?;
-                    table = v.into_owned();
-                }
-                "pool_max" => {
-                    pool_max = v
-                        .parse::<u32>()
-                        .ok()
-                        .filter(|n| (1..=1000).contains(n))
-                        .ok_or_else(|| {
-                            Error::invalid_config(format!("pool_max must be 1..=1000, got {v:?}"))
-                        })?;
-                }
-                "op_timeout_ms" => {
-                    op_timeout = v
-                        .parse::<u64>()
-                        .ok()
-                        .filter(|n| (1..=3_600_000).contains(n))
-                        .map(std::time::Duration::from_millis)
-                        .ok_or_else(|| {
-                            Error::invalid_config(format!(
-                                "op_timeout_ms must be 1..=3600000, got {v:?}"
-                            ))
-                        })?;
-                }
-                _ => {
-                    if is_secret_param(&k) && !v.is_empty() {
-                        secrets.push(v.clone().into_owned());
-                    }
-                    passthrough.push((k.into_owned(), v.into_owned()))
-                }
+            if OWN_PARAMS.contains(&&*k) {
+                return Err(Error::invalid_config(format!(
+                    "`{k}` is a setting of its own in a config, not a parameter of its url"
+                )));
             }
+            if is_secret_param(&k) && !v.is_empty() {
+                secrets.push(v.clone().into_owned());
+            }
+            passthrough.push((k.into_owned(), v.into_owned()))
         }
         if dialect == Dialect::Sqlite && strategy == Strategy::RowLock {
             return Err(Error::invalid_config(
@@ -243,7 +321,7 @@ impl Config {
         }
         secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
         secrets.dedup();
-        Ok(Config {
+        Ok(Parsed {
             dialect,
             strategy,
             table,
@@ -273,7 +351,7 @@ mod tests {
 
     #[test]
     fn strips_own_params_and_keeps_the_rest() {
-        let c = Config::parse(
+        let c = Parsed::parse(
             "postgres://u:s3cret@h:5/db?sslmode=require&strategy=row-lock&table=t1&pool_max=3&application_name=x",
         )
         .unwrap();
@@ -286,7 +364,7 @@ mod tests {
         );
         assert!(!c.redacted.contains("s3cret"));
         assert!(!format!("{c:?}").contains("s3cret"));
-        let c = Config::parse("mysql://u:p@h/db?strategy=lease").unwrap();
+        let c = Parsed::parse("mysql://u:p@h/db?strategy=lease").unwrap();
         assert_eq!(c.sqlx_url, "mysql://u:p@h/db");
     }
 
@@ -300,7 +378,7 @@ mod tests {
             "mysql://u@h/db?password=hunter2@x&strategy=row-lock",
             "postgres://h/db?user=u&password=hunter2%40x",
         ] {
-            let c = Config::parse(url).unwrap();
+            let c = Parsed::parse(url).unwrap();
             for shown in [
                 c.redacted.clone(),
                 format!("{c:?}"),
@@ -311,7 +389,7 @@ mod tests {
             assert!(c.redacted.contains("***"), "{}", c.redacted);
         }
         // Nothing to hide: the URL shows as is (no panic, no stars).
-        let c = Config::parse("postgres://u@h/db?sslmode=verify-full").unwrap();
+        let c = Parsed::parse("postgres://u@h/db?sslmode=verify-full").unwrap();
         assert_eq!(c.redacted, "postgres://u@h/db?sslmode=verify-full");
         assert_eq!(c.scrub("x".into()), "x");
     }
@@ -329,10 +407,49 @@ mod tests {
             "redis://h",
             "not a url",
         ] {
-            let e = Config::parse(bad).unwrap_err();
+            let e = Parsed::parse(bad).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{bad}");
         }
         assert!(validate_table(&"a".repeat(63)).is_ok());
         assert!(validate_table(&"a".repeat(64)).is_err());
+    }
+
+    /// A config file (JSON here) gives what the URL gives, through the same validation; unknown
+    /// keys are refused in a file (in a URL they are the driver's parameters).
+    #[test]
+    fn config_file_equals_url_and_refuses_unknown_keys() {
+        let url = "mysql://u:s3cret@h/db?ssl-mode=required&strategy=row_lock&table=t1&pool_max=3&op_timeout_ms=700";
+        let file: Config = serde_json::from_str(
+            r#"{"url": "mysql://u:s3cret@h/db?ssl-mode=required", "strategy": "row-lock",
+                "table": "t1", "pool_max": 3, "op_timeout_ms": 700}"#,
+        )
+        .unwrap();
+        assert_eq!(file, Config::parse(url).unwrap());
+        let (a, b) = (
+            Parsed::from_config(file).unwrap(),
+            Parsed::parse(url).unwrap(),
+        );
+        assert_eq!((a.sqlx_url, a.redacted), (b.sqlx_url, b.redacted));
+        assert_eq!(
+            (a.strategy, a.table, a.pool_max, a.op_timeout),
+            (b.strategy, b.table, b.pool_max, b.op_timeout)
+        );
+        let e = serde_json::from_str::<Config>(r#"{"url": "postgres://h/db", "tabel": "x"}"#)
+            .unwrap_err();
+        assert!(e.to_string().contains("unknown field `tabel`"), "{e}");
+        for bad in [
+            r#"{"url": "postgres://u:s3cret@h/db", "table": "x; drop"}"#,
+            r#"{"url": "postgres://u:s3cret@h/db", "pool_max": 0}"#,
+            r#"{"url": "postgres://u:s3cret@h/db", "op_timeout_ms": 0}"#,
+            r#"{"url": "sqlite:///tmp/x.db", "strategy": "row-lock"}"#,
+            r#"{"url": "postgres://u:s3cret@h/db?strategy=lease"}"#,
+            r#"{"url": "redis://u:s3cret@h"}"#,
+        ] {
+            let c: Config = serde_json::from_str(bad).unwrap();
+            assert!(!format!("{c:?}").contains("s3cret"));
+            let e = Parsed::from_config(c).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{bad}");
+            assert!(!e.to_string().contains("s3cret"), "{e}");
+        }
     }
 }

@@ -21,7 +21,7 @@ use lockcore::{Error, ErrorKind, Instant, Result};
 use sqlx::ConnectOptions;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::config::Config;
+use crate::config::Parsed;
 
 /// A connection plus what this crate remembers about its session.
 pub(crate) struct Conn<C, M> {
@@ -36,7 +36,7 @@ where
     O::Connection: Sized,
 {
     opts: O,
-    config: Config,
+    config: Parsed,
     idle: Mutex<Vec<Conn<O::Connection, M>>>,
     max_idle: usize,
     limit: Arc<Semaphore>,
@@ -86,7 +86,7 @@ where
 {
     pub(crate) fn new(
         opts: O,
-        config: &Config,
+        config: &Parsed,
         setup: fn(&mut O::Connection) -> futures::future::BoxFuture<'_, sqlx::Result<M>>,
     ) -> Arc<Self> {
         Arc::new(Conns {

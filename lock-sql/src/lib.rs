@@ -103,8 +103,8 @@ use std::time::Duration;
 use lockcore::backend::{AcquireRequest, Acquired, Backend};
 use lockcore::{Capabilities, Error, LockName, Result};
 
-use config::{Config, Dialect};
-pub use config::{DEFAULT_TABLE, Strategy, validate_table};
+pub use config::{Config, DEFAULT_TABLE, Strategy, validate_table};
+use config::{Dialect, Parsed};
 
 /// A client of one SQL database: a connection pool plus the lock table.
 ///
@@ -112,7 +112,7 @@ pub use config::{DEFAULT_TABLE, Strategy, validate_table};
 /// row-lock holder has a connection of its own for as long as it holds the lock.
 pub struct SqlBackend {
     inner: Inner,
-    config: Config,
+    config: Parsed,
     capabilities: Capabilities,
 }
 
@@ -146,7 +146,18 @@ impl SqlBackend {
     /// or `strategy=row-lock` on SQLite; `Unavailable` when the server cannot be reached;
     /// `Backend` when it refuses (authentication, permissions).
     pub async fn connect(url: &str) -> Result<SqlBackend> {
-        let config = Config::parse(url)?;
+        Self::from_config(Config::parse(url)?).await
+    }
+
+    /// Connects from a [`Config`] (deserialized from a config file, say), validated exactly as
+    /// a URL is.
+    ///
+    /// Cancel safety: as [`SqlBackend::connect`].
+    ///
+    /// # Errors
+    /// As [`SqlBackend::connect`].
+    pub async fn from_config(config: Config) -> Result<SqlBackend> {
+        let config = Parsed::from_config(config)?;
         let inner = match config.dialect {
             #[cfg(feature = "postgres")]
             Dialect::Postgres => Inner::Pg(Box::new(pg::PgBackend::connect(&config).await?)),
@@ -405,7 +416,7 @@ impl Backend for SqlBackend {
 /// for want of resources (too many connections, shutting down, the session killed), are
 /// `Unavailable`; the rest `Backend`. The text is scrubbed of every secret of the URL in case a
 /// driver echoes it.
-pub(crate) fn map_err(config: &Config, what: &str, e: sqlx::Error) -> Error {
+pub(crate) fn map_err(config: &Parsed, what: &str, e: sqlx::Error) -> Error {
     let text = config.scrub(e.to_string());
     let msg = format!("{what}: {text}");
     if is_unavailable_code(&e) {

@@ -13,7 +13,7 @@ use lockcore::{Error, Instant, LockName, OwnerToken, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError};
 use sqlx::{AssertSqlSafe, Connection};
 
-use crate::config::{Config, Strategy};
+use crate::config::{Parsed, Strategy};
 use crate::conns::{Checked, Conns, is_conn_err};
 use crate::rowlock::{Holding, Queues, RowLease};
 use crate::{guard_timeout, map_err};
@@ -42,7 +42,7 @@ struct Sql {
 }
 
 pub(crate) struct MyBackend {
-    config: Config,
+    config: Parsed,
     conns: Arc<MyConns>,
     sql: Arc<Sql>,
     queues: Arc<Queues>,
@@ -69,7 +69,7 @@ fn guard_secs(ttl: Duration) -> u64 {
 }
 
 impl MyBackend {
-    pub(crate) async fn connect(config: &Config) -> Result<MyBackend> {
+    pub(crate) async fn connect(config: &Parsed) -> Result<MyBackend> {
         let opts = MySqlConnectOptions::from_str(&config.sqlx_url)
             .map_err(|e| Error::invalid_config(config.scrub(format!("invalid mysql URL: {e}"))))?;
         let conns = Conns::new(opts, config, setup);

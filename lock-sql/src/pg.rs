@@ -13,7 +13,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection};
 use tokio::sync::{OnceCell, broadcast, oneshot};
 
-use crate::config::{Config, Strategy};
+use crate::config::{Parsed, Strategy};
 use crate::conns::{Checked, Conns, is_conn_err};
 use crate::rowlock::{Holding, Queues, RowLease};
 use crate::{db_code, guard_timeout, map_err};
@@ -44,7 +44,7 @@ struct Sql {
 }
 
 pub(crate) struct PgBackend {
-    config: Config,
+    config: Parsed,
     conns: Arc<PgConns>,
     sql: Arc<Sql>,
     queues: Arc<Queues>,
@@ -90,7 +90,7 @@ fn ms(d: Duration) -> String {
 }
 
 impl PgBackend {
-    pub(crate) async fn connect(config: &Config) -> Result<PgBackend> {
+    pub(crate) async fn connect(config: &Parsed) -> Result<PgBackend> {
         let opts = PgConnectOptions::from_str(&config.sqlx_url).map_err(|e| {
             Error::invalid_config(config.scrub(format!("invalid postgres URL: {e}")))
         })?;

@@ -12,7 +12,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use crate::config::Config;
+use crate::config::Parsed;
 use crate::map_err;
 
 /// Unix time in seconds (millisecond resolution) on the database's clock.
@@ -26,7 +26,7 @@ struct Sql {
 }
 
 pub(crate) struct LiteBackend {
-    config: Config,
+    config: Parsed,
     pool: SqlitePool,
     sql: Arc<Sql>,
 }
@@ -60,7 +60,7 @@ where
 }
 
 impl LiteBackend {
-    pub(crate) async fn connect(config: &Config) -> Result<LiteBackend> {
+    pub(crate) async fn connect(config: &Parsed) -> Result<LiteBackend> {
         let opts = SqliteConnectOptions::from_str(&config.sqlx_url)
             .map_err(|e| Error::invalid_config(config.scrub(format!("invalid sqlite URL: {e}"))))?
             .create_if_missing(true)
@@ -168,7 +168,7 @@ impl LiteBackend {
 
 struct LiteLease {
     pool: SqlitePool,
-    config: Config,
+    config: Parsed,
     sql: Arc<Sql>,
     name: LockName,
     token: OwnerToken,
