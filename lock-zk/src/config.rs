@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use lockcore::{Error, Result, Secret};
-use percent_encoding::percent_decode_str;
 
 /// The session timeout asked for when the URL does not say: a crashed holder blocks its locks
 /// for about this long, and a partitioned holder's lost signal fires within 2/3 of it.
@@ -19,11 +18,33 @@ const MAX_SESSION_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
 /// session timeout after it; a grace past 1/2 would let the lost signal come after the expiry.
 pub(crate) const MAX_LOST_AFTER_DISCONNECT: f64 = 0.5;
 
-/// `digest` authentication: ZooKeeper's built-in `user:password` scheme.
+/// `digest` authentication: ZooKeeper's built-in `user:password` scheme, written
+/// `user:password` in a URL's `digest=` or a config file's `digest` (percent-encode reserved
+/// characters in a URL). `Debug` never shows the password.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Digest {
+pub struct Digest {
     pub(crate) user: String,
     pub(crate) password: Secret,
+}
+
+impl<'de> serde::Deserialize<'de> for Digest {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = Secret::deserialize(d)?;
+        // The message never repeats the text: it holds a password.
+        let (user, password) = text
+            .expose()
+            .split_once(':')
+            .filter(|(u, p)| !u.is_empty() && !p.is_empty())
+            .ok_or_else(|| {
+                serde::de::Error::custom(
+                    "digest must be user:password with a non-empty user and password",
+                )
+            })?;
+        Ok(Digest {
+            user: user.to_owned(),
+            password: Secret::new(password),
+        })
+    }
 }
 
 impl Digest {
@@ -33,23 +54,95 @@ impl Digest {
     }
 }
 
-/// A parsed `zk://host:port[,host:port...][/chroot][?params]` URL.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Config {
-    /// `host:port` pairs, IPv6 hosts in brackets.
-    pub(crate) hosts: Vec<String>,
-    /// `""` or an absolute path without trailing slash.
-    pub(crate) chroot: String,
-    pub(crate) namespace: String,
-    pub(crate) session_timeout: Duration,
-    pub(crate) digest: Option<Digest>,
+/// A ZooKeeper backend's configuration: what a `zk://` URL says, or the same fields from a
+/// config file (any serde format; unknown keys refused), validated the same way
+/// ([`Config::validate`], run by [`ZkBackend::from_config`](crate::ZkBackend::from_config)).
+///
+/// ```
+/// let from_file: lock_zk::Config = serde_json::from_str(
+///     r#"{"hosts": ["zk1:2181", "zk2"], "chroot": "/app", "namespace": "locks",
+///         "session_timeout_ms": 4000, "digest": "me:pw", "lost_after_disconnect": 0.25}"#,
+/// ).unwrap();
+/// let from_url = lock_zk::Config::parse(
+///     "zk://zk1:2181,zk2/app?namespace=locks&session_timeout_ms=4000&digest=me:pw&lost_after_disconnect=0.25",
+/// ).unwrap();
+/// assert_eq!(from_file.validate().unwrap(), from_url);
+/// assert!(!format!("{from_url:?}").contains("pw\""));
+/// ```
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Config {
+    /// `host:port` of each server (`host` alone takes port 2181; IPv6 hosts in brackets).
+    pub hosts: Vec<String>,
+    /// `""` or an absolute path (`/app`).
+    #[serde(default)]
+    pub chroot: String,
+    /// The node under the chroot that holds the locks.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// The session timeout asked of the server (`session_timeout_ms`).
+    #[serde(
+        rename = "session_timeout_ms",
+        with = "lockcore::config::millis",
+        default = "default_session_timeout"
+    )]
+    pub session_timeout: Duration,
+    /// Digest credentials (`user:password`).
+    #[serde(default)]
+    pub digest: Option<Digest>,
     /// How long a disconnection may last before held leases are reported lost, as a fraction of
     /// the negotiated session timeout. 0 (the default) is Curator's standard policy: a
     /// suspended connection is a lost lock.
-    pub(crate) lost_after_disconnect: f64,
+    #[serde(default)]
+    pub lost_after_disconnect: f64,
 }
 
+fn default_namespace() -> String {
+    DEFAULT_NAMESPACE.to_owned()
+}
+fn default_session_timeout() -> Duration {
+    DEFAULT_SESSION_TIMEOUT
+}
+
+/// The query parameters of a `zk://` URL (the hosts and the chroot are its address part).
+const URL_PARAMS: &[&str] = &[
+    "session_timeout_ms",
+    "namespace",
+    "digest",
+    "lost_after_disconnect",
+];
+
 impl Config {
+    /// Checks a configuration however it was made (a URL, a file); normalizes the hosts.
+    ///
+    /// # Errors
+    /// `InvalidConfig`, never quoting the password.
+    pub fn validate(mut self) -> Result<Config> {
+        self.hosts = parse_hosts(&self.hosts.join(","))?;
+        self.chroot = parse_chroot(&self.chroot)?;
+        let ms = self.session_timeout.as_millis();
+        if !(u128::from(MIN_SESSION_TIMEOUT_MS)..=u128::from(MAX_SESSION_TIMEOUT_MS)).contains(&ms)
+        {
+            return Err(Error::invalid_config(format!(
+                "session_timeout_ms {ms} is outside {MIN_SESSION_TIMEOUT_MS}..={MAX_SESSION_TIMEOUT_MS}"
+            )));
+        }
+        check_lost_after_disconnect(self.lost_after_disconnect)?;
+        if !is_segment(&self.namespace) {
+            return Err(Error::invalid_config(format!(
+                "namespace {:?} must be one path segment of [A-Za-z0-9_.-], not . or ..",
+                self.namespace
+            )));
+        }
+        if self.chroot.is_empty() && self.namespace == "zookeeper" {
+            return Err(Error::invalid_config(
+                "namespace \"zookeeper\" is reserved by ZooKeeper at the root",
+            ));
+        }
+        Ok(self)
+    }
+
     /// The connect string for the client: the hosts only (the chroot is applied by this crate,
     /// so that it can be created when missing).
     pub(crate) fn connect_string(&self) -> String {
@@ -87,7 +180,11 @@ impl Config {
         s
     }
 
-    pub(crate) fn parse(url: &str) -> Result<Config> {
+    /// Parses a `zk://host:port[,host:port...][/chroot][?params]` URL.
+    ///
+    /// # Errors
+    /// `InvalidConfig` for anything malformed or unknown (never quoting the password).
+    pub fn parse(url: &str) -> Result<Config> {
         let rest = strip_scheme(url)
             .ok_or_else(|| Error::invalid_config("a ZooKeeper URL starts with zk://"))?;
         if rest.contains('#') {
@@ -106,116 +203,32 @@ impl Config {
                 "a zk:// URL carries no user info; pass credentials as ?digest=user:password",
             ));
         }
-        let hosts = parse_hosts(authority)?;
-        let chroot = parse_chroot(path)?;
-        let mut config = Config {
-            hosts,
-            chroot,
-            namespace: DEFAULT_NAMESPACE.to_owned(),
-            session_timeout: DEFAULT_SESSION_TIMEOUT,
-            digest: None,
-            lost_after_disconnect: 0.0,
-        };
-        let mut seen: Vec<&'static str> = Vec::new();
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (raw_key, raw_value) = pair.split_once('=').unwrap_or((pair, ""));
-            let key = decode(raw_key).ok().filter(|k| is_plain_key(k));
-            let key: &'static str = match key.as_deref() {
-                Some("session_timeout_ms") => "session_timeout_ms",
-                Some("namespace") => "namespace",
-                Some("digest") => "digest",
-                Some("lost_after_disconnect") => "lost_after_disconnect",
-                // Echo a key only when it cannot be a misplaced secret.
-                Some(other) => {
-                    return Err(Error::invalid_config(format!(
-                        "unknown zk:// parameter {other:?} (known: session_timeout_ms, namespace, digest, lost_after_disconnect)"
-                    )));
-                }
-                None => {
-                    return Err(Error::invalid_config(
-                        "a zk:// query parameter is malformed (expected key=value with a known key)",
-                    ));
-                }
-            };
-            if seen.contains(&key) {
-                return Err(Error::invalid_config(format!(
-                    "zk:// parameter {key} is given twice"
-                )));
-            }
-            seen.push(key);
-            let value = decode(raw_value).map_err(|_| {
-                Error::invalid_config(format!(
-                    "zk:// parameter {key} is not valid percent-encoded UTF-8"
-                ))
-            })?;
-            if value.is_empty() {
-                return Err(Error::invalid_config(format!(
-                    "zk:// parameter {key} is empty"
-                )));
-            }
-            match key {
-                "session_timeout_ms" => {
-                    let ms: u64 = value.parse().map_err(|_| {
-                        Error::invalid_config(format!(
-                            "session_timeout_ms must be a whole number of milliseconds, got {value:?}"
-                        ))
-                    })?;
-                    if !(MIN_SESSION_TIMEOUT_MS..=MAX_SESSION_TIMEOUT_MS).contains(&ms) {
-                        return Err(Error::invalid_config(format!(
-                            "session_timeout_ms {ms} is outside {MIN_SESSION_TIMEOUT_MS}..={MAX_SESSION_TIMEOUT_MS}"
-                        )));
-                    }
-                    config.session_timeout = Duration::from_millis(ms);
-                }
-                "lost_after_disconnect" => {
-                    config.lost_after_disconnect = parse_lost_after_disconnect(&value)?;
-                }
-                "namespace" => {
-                    if !is_segment(&value) {
-                        return Err(Error::invalid_config(format!(
-                            "namespace {value:?} must be one path segment of [A-Za-z0-9_.-], not . or .."
-                        )));
-                    }
-                    config.namespace = value;
-                }
-                "digest" => {
-                    // Never echo the value: it holds the password.
-                    let (user, password) = value.split_once(':').ok_or_else(|| {
-                        Error::invalid_config(
-                            "digest must be user:password (percent-encode reserved characters)",
-                        )
-                    })?;
-                    if user.is_empty() || password.is_empty() {
-                        return Err(Error::invalid_config(
-                            "digest must be user:password with a non-empty user and password",
-                        ));
-                    }
-                    config.digest = Some(Digest {
-                        user: user.to_owned(),
-                        password: Secret::new(password),
-                    });
-                }
-                _ => unreachable!("keys are matched above"),
-            }
+        let pairs = lockcore::config::query_pairs("zk:// URL", query.unwrap_or(""))?;
+        if let Some((key, _)) = pairs
+            .iter()
+            .find(|(k, _)| !URL_PARAMS.contains(&k.as_str()))
+        {
+            return Err(Error::invalid_config(format!(
+                "unknown zk:// parameter {key:?} (known: {})",
+                URL_PARAMS.join(", ")
+            )));
         }
-        if config.chroot.is_empty() && config.namespace == "zookeeper" {
+        // The query goes through the same deserializer as a config file.
+        let mut config: Config = lockcore::config::from_pairs(
+            "zk:// URL",
+            std::iter::once(("hosts".to_owned(), String::new()))
+                .chain(pairs)
+                .collect(),
+        )?;
+        if authority.is_empty() {
             return Err(Error::invalid_config(
-                "namespace \"zookeeper\" is reserved by ZooKeeper at the root",
+                "a zk:// URL needs at least one host:port",
             ));
         }
-        Ok(config)
+        config.hosts = authority.split(',').map(str::to_owned).collect();
+        config.chroot = path.to_owned();
+        config.validate()
     }
-}
-
-/// Validates a `lost_after_disconnect` factor (a fraction of the session timeout).
-pub(crate) fn parse_lost_after_disconnect(value: &str) -> Result<f64> {
-    let factor: f64 = value.parse().map_err(|_| {
-        Error::invalid_config(format!(
-            "lost_after_disconnect must be a fraction of the session timeout (0 to {MAX_LOST_AFTER_DISCONNECT}), got {value:?}"
-        ))
-    })?;
-    check_lost_after_disconnect(factor)?;
-    Ok(factor)
 }
 
 /// A factor outside `0..=MAX_LOST_AFTER_DISCONNECT` could report the loss after the server
@@ -232,14 +245,6 @@ pub(crate) fn check_lost_after_disconnect(factor: f64) -> Result<()> {
 fn strip_scheme(url: &str) -> Option<&str> {
     let (scheme, rest) = url.split_once("://")?;
     scheme.eq_ignore_ascii_case("zk").then_some(rest)
-}
-
-fn decode(s: &str) -> std::result::Result<String, std::str::Utf8Error> {
-    percent_decode_str(s).decode_utf8().map(|c| c.into_owned())
-}
-
-fn is_plain_key(k: &str) -> bool {
-    !k.is_empty() && k.len() <= 32 && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
 }
 
 fn is_segment(s: &str) -> bool {
@@ -404,6 +409,36 @@ mod tests {
             assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{url}");
             let shown = format!("{e} {e:?}");
             assert!(!shown.contains(secret), "{url} leaked: {shown}");
+        }
+    }
+
+    /// A config file (JSON here) gives the URL's `Config` through the same validation; unknown
+    /// keys are refused; bad values are InvalidConfig without the password.
+    #[test]
+    fn config_file_equals_url_and_refuses_unknown_keys() {
+        let file: Config = serde_json::from_str(r#"{"hosts": ["h"]}"#).unwrap();
+        assert_eq!(file.validate().unwrap(), Config::parse("zk://h").unwrap());
+        let e = serde_json::from_str::<Config>(r#"{"hosts": ["h"], "session_timeout": 5}"#)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("unknown field `session_timeout`"),
+            "{e}"
+        );
+        let e =
+            serde_json::from_str::<Config>(r#"{"hosts": ["h"], "digest": "hunter2"}"#).unwrap_err();
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+        for bad in [
+            r#"{"hosts": []}"#,
+            r#"{"hosts": ["h:0"]}"#,
+            r#"{"hosts": ["h"], "chroot": "/a/../b"}"#,
+            r#"{"hosts": ["h"], "namespace": "zookeeper"}"#,
+            r#"{"hosts": ["h"], "session_timeout_ms": 1}"#,
+            r#"{"hosts": ["h"], "lost_after_disconnect": 0.9, "digest": "u:hunter2"}"#,
+        ] {
+            let c: Config = serde_json::from_str(bad).unwrap();
+            let e = c.validate().unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{bad}");
+            assert!(!e.to_string().contains("hunter2"));
         }
     }
 }

@@ -102,7 +102,7 @@ use lockcore::{
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
-use crate::config::Config;
+pub use crate::config::{Config, Digest};
 
 type ZkResult<T> = std::result::Result<T, zk::Error>;
 
@@ -439,6 +439,17 @@ impl ZkBackend {
     /// refuses (for example NoAuth on an existing namespace node).
     pub async fn connect(url: &str) -> Result<ZkBackend> {
         Self::open(Config::parse(url)?).await
+    }
+
+    /// Opens a session from a [`Config`] (deserialized from a config file, say), validated
+    /// exactly as a URL is ([`Config::validate`]).
+    ///
+    /// Cancel safety: dropping the future before it completes closes the half-open session.
+    ///
+    /// # Errors
+    /// As [`ZkBackend::connect`].
+    pub async fn from_config(config: Config) -> Result<ZkBackend> {
+        Self::open(config.validate()?).await
     }
 
     /// Parses `url` for settings made in code before connecting:
