@@ -14,24 +14,127 @@ const DEFAULT_PORT: u16 = 2379;
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_TIMEOUT_MS: u64 = 600_000;
 
-/// A parsed `etcd[s]://[user:password@]host:port[,host:port...][/namespace][?params]` URL.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Config {
-    pub(crate) tls: bool,
-    /// `host:port` pairs, IPv6 hosts in brackets.
-    pub(crate) hosts: Vec<String>,
+/// An etcd backend's configuration: what an `etcd[s]://[user:password@]host:port[,...][/namespace][?params]`
+/// URL says, or the same fields from a config file (any serde format; unknown keys refused),
+/// validated the same way ([`Config::validate`], run by
+/// [`EtcdBackend::from_config`](crate::EtcdBackend::from_config)). `Debug` never shows the
+/// password.
+///
+/// ```
+/// let from_file: lock_etcd::Config = serde_json::from_str(
+///     r#"{"tls": true, "hosts": ["e1:2379", "e2"], "namespace": "app/locks", "user": "app",
+///         "password": "s3cret", "ca": "/etc/ca.pem", "timeout_ms": 2000}"#,
+/// ).unwrap();
+/// let from_url = lock_etcd::Config::parse(
+///     "etcds://app:s3cret@e1:2379,e2/app/locks?ca=/etc/ca.pem&timeout_ms=2000",
+/// ).unwrap();
+/// assert_eq!(from_file.validate().unwrap(), from_url);
+/// assert!(!format!("{from_url:?}").contains("s3cret"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Config {
+    /// `etcds`: TLS.
+    #[serde(default)]
+    pub tls: bool,
+    /// `host:port` of each member (`host` alone takes 2379; IPv6 hosts in brackets).
+    pub hosts: Vec<String>,
     /// The key prefix every lock lives under (no leading or trailing `/`).
-    pub(crate) namespace: String,
-    pub(crate) user: Option<String>,
-    pub(crate) password: Option<Secret>,
-    /// CA certificate (PEM) that verifies the servers (`etcds://` only).
-    pub(crate) ca: Option<PathBuf>,
-    /// TLS server name to verify instead of the host (`etcds://` only).
-    pub(crate) domain: Option<String>,
-    pub(crate) timeout: Duration,
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// The user (with `password`).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// The password.
+    #[serde(default)]
+    pub password: Option<Secret>,
+    /// CA certificate (PEM) that verifies the servers (TLS only).
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
+    /// TLS server name to verify instead of the host (TLS only).
+    #[serde(default)]
+    pub domain: Option<String>,
+    /// How long one request may take before it is reported `Unavailable` (`timeout_ms`).
+    #[serde(
+        rename = "timeout_ms",
+        with = "lockcore::config::millis",
+        default = "default_timeout"
+    )]
+    pub timeout: Duration,
 }
 
+fn default_namespace() -> String {
+    DEFAULT_NAMESPACE.to_owned()
+}
+fn default_timeout() -> Duration {
+    DEFAULT_TIMEOUT
+}
+
+/// The query parameters of an etcd URL (the rest comes from its address part).
+const URL_PARAMS: &[&str] = &["ca", "domain", "timeout_ms"];
+
 impl Config {
+    /// Checks a configuration however it was made (a URL, a file); normalizes hosts and
+    /// namespace.
+    ///
+    /// # Errors
+    /// `InvalidConfig`, never quoting the password.
+    pub fn validate(mut self) -> Result<Config> {
+        self.hosts = parse_hosts(&self.hosts.join(","))?;
+        self.namespace = parse_namespace(&self.namespace)?;
+        match (&self.user, &self.password) {
+            (None, None) => {}
+            (Some(user), Some(password)) => {
+                if user.is_empty() || password.expose().is_empty() {
+                    return Err(Error::invalid_config(
+                        "etcd user info needs a non-empty user and password",
+                    ));
+                }
+                if user.chars().any(|c| c.is_control()) {
+                    return Err(Error::invalid_config(
+                        "the etcd user name has control characters",
+                    ));
+                }
+            }
+            _ => {
+                return Err(Error::invalid_config(
+                    "etcd credentials need both a user and a password",
+                ));
+            }
+        }
+        if self.ca.is_some() && !self.tls {
+            return Err(Error::invalid_config("ca= is for etcds:// (TLS) URLs only"));
+        }
+        if self.ca.as_ref().is_some_and(|c| c.as_os_str().is_empty()) {
+            return Err(Error::invalid_config("etcd `ca` is empty"));
+        }
+        if let Some(domain) = &self.domain {
+            if !self.tls {
+                return Err(Error::invalid_config(
+                    "domain= is for etcds:// (TLS) URLs only",
+                ));
+            }
+            if domain.is_empty()
+                || !domain
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b))
+            {
+                return Err(Error::invalid_config(format!(
+                    "domain {domain:?} is not a DNS name"
+                )));
+            }
+        }
+        if !(Duration::from_millis(1)..=Duration::from_millis(MAX_TIMEOUT_MS))
+            .contains(&self.timeout)
+        {
+            return Err(Error::invalid_config(format!(
+                "timeout_ms must be a whole number of milliseconds in 1..={MAX_TIMEOUT_MS}"
+            )));
+        }
+        Ok(self)
+    }
+
     /// The endpoints as the client takes them (`http://h:p` or `https://h:p`).
     pub(crate) fn endpoints(&self) -> Vec<String> {
         let scheme = if self.tls { "https" } else { "http" };
@@ -71,7 +174,11 @@ impl Config {
         s
     }
 
-    pub(crate) fn parse(url: &str) -> Result<Config> {
+    /// Parses an `etcd://` or `etcds://` URL.
+    ///
+    /// # Errors
+    /// `InvalidConfig` for anything malformed or unknown (never quoting the password).
+    pub fn parse(url: &str) -> Result<Config> {
         let (tls, rest) = strip_scheme(url).ok_or_else(|| {
             Error::invalid_config("an etcd URL starts with etcd:// or etcds:// (TLS)")
         })?;
@@ -92,8 +199,6 @@ impl Config {
             Some(i) => (&before_query[..i], &before_query[i..]),
             None => (before_query, ""),
         };
-        let hosts = parse_hosts(authority)?;
-        let namespace = parse_namespace(path)?;
         let (user, password) = match userinfo {
             None => (None, None),
             Some(info) => {
@@ -108,99 +213,37 @@ impl Config {
                 let password = decode(p).map_err(|_| {
                     Error::invalid_config("the etcd password is not valid percent-encoded UTF-8")
                 })?;
-                if user.is_empty() || password.is_empty() {
-                    return Err(Error::invalid_config(
-                        "etcd user info needs a non-empty user and password",
-                    ));
-                }
-                if user.chars().any(|c| c.is_control()) {
-                    return Err(Error::invalid_config(
-                        "the etcd user name has control characters",
-                    ));
-                }
                 (Some(user), Some(Secret::new(password)))
             }
         };
-        let mut config = Config {
-            tls,
-            hosts,
-            namespace,
-            user,
-            password,
-            ca: None,
-            domain: None,
-            timeout: DEFAULT_TIMEOUT,
-        };
-        let mut seen: Vec<&'static str> = Vec::new();
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (raw_key, raw_value) = pair.split_once('=').unwrap_or((pair, ""));
-            let key: &'static str = match decode(raw_key).ok().as_deref() {
-                Some("ca") => "ca",
-                Some("domain") => "domain",
-                Some("timeout_ms") => "timeout_ms",
-                // Echo a key only when it cannot be a misplaced secret.
-                Some(k) if is_plain_key(k) => {
-                    return Err(Error::invalid_config(format!(
-                        "unknown etcd URL parameter {k:?} (known: ca, domain, timeout_ms)"
-                    )));
-                }
-                _ => {
-                    return Err(Error::invalid_config(
-                        "an etcd URL query parameter is malformed (expected key=value with a known key)",
-                    ));
-                }
-            };
-            if seen.contains(&key) {
-                return Err(Error::invalid_config(format!(
-                    "etcd URL parameter {key} is given twice"
-                )));
-            }
-            seen.push(key);
-            let value = decode(raw_value).map_err(|_| {
-                Error::invalid_config(format!(
-                    "etcd URL parameter {key} is not valid percent-encoded UTF-8"
-                ))
-            })?;
-            if value.is_empty() {
-                return Err(Error::invalid_config(format!(
-                    "etcd URL parameter {key} is empty"
-                )));
-            }
-            match key {
-                "ca" => {
-                    if !tls {
-                        return Err(Error::invalid_config("ca= is for etcds:// (TLS) URLs only"));
-                    }
-                    config.ca = Some(PathBuf::from(value));
-                }
-                "domain" => {
-                    if !tls {
-                        return Err(Error::invalid_config(
-                            "domain= is for etcds:// (TLS) URLs only",
-                        ));
-                    }
-                    if !value
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b))
-                    {
-                        return Err(Error::invalid_config(format!(
-                            "domain {value:?} is not a DNS name"
-                        )));
-                    }
-                    config.domain = Some(value);
-                }
-                "timeout_ms" => {
-                    let ms: u64 = value.parse().ok().filter(|ms| (1..=MAX_TIMEOUT_MS).contains(ms)).ok_or_else(|| {
-                        Error::invalid_config(format!(
-                            "timeout_ms must be a whole number of milliseconds in 1..={MAX_TIMEOUT_MS}, got {value:?}"
-                        ))
-                    })?;
-                    config.timeout = Duration::from_millis(ms);
-                }
-                _ => unreachable!("keys are matched above"),
-            }
+        let pairs = lockcore::config::query_pairs("etcd URL", query.unwrap_or(""))?;
+        if let Some((key, _)) = pairs
+            .iter()
+            .find(|(k, _)| !URL_PARAMS.contains(&k.as_str()))
+        {
+            return Err(Error::invalid_config(format!(
+                "unknown etcd URL parameter {key:?} (known: {})",
+                URL_PARAMS.join(", ")
+            )));
         }
-        Ok(config)
+        // The query goes through the same deserializer as a config file.
+        let mut config: Config = lockcore::config::from_pairs(
+            "etcd URL",
+            std::iter::once(("hosts".to_owned(), String::new()))
+                .chain(pairs)
+                .collect(),
+        )?;
+        if authority.is_empty() {
+            return Err(Error::invalid_config(
+                "an etcd URL needs at least one host:port",
+            ));
+        }
+        config.tls = tls;
+        config.hosts = authority.split(',').map(str::to_owned).collect();
+        config.namespace = path.to_owned();
+        config.user = user;
+        config.password = password;
+        config.validate()
     }
 }
 
@@ -217,10 +260,6 @@ fn strip_scheme(url: &str) -> Option<(bool, &str)> {
 
 fn decode(s: &str) -> std::result::Result<String, std::str::Utf8Error> {
     percent_decode_str(s).decode_utf8().map(|c| c.into_owned())
-}
-
-fn is_plain_key(k: &str) -> bool {
-    !k.is_empty() && k.len() <= 32 && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
 }
 
 fn parse_hosts(authority: &str) -> Result<Vec<String>> {
@@ -380,6 +419,28 @@ mod tests {
             assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{url}");
             let shown = format!("{e} {e:?}");
             assert!(!shown.contains(secret), "{url} leaked: {shown}");
+        }
+    }
+
+    /// A config file (JSON here) gives the URL's `Config` through the same validation; unknown
+    /// keys are refused.
+    #[test]
+    fn config_file_equals_url_and_refuses_unknown_keys() {
+        let file: Config = serde_json::from_str(r#"{"hosts": ["h"]}"#).unwrap();
+        assert_eq!(file.validate().unwrap(), Config::parse("etcd://h").unwrap());
+        let e = serde_json::from_str::<Config>(r#"{"hosts": ["h"], "timeout": 5}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown field `timeout`"), "{e}");
+        for bad in [
+            r#"{"hosts": []}"#,
+            r#"{"hosts": ["h"], "ca": "/ca.pem"}"#,
+            r#"{"hosts": ["h"], "password": "hunter2"}"#,
+            r#"{"hosts": ["h"], "namespace": "a/../b", "user": "u", "password": "hunter2"}"#,
+            r#"{"hosts": ["h"], "timeout_ms": 0}"#,
+        ] {
+            let c: Config = serde_json::from_str(bad).unwrap();
+            let e = c.validate().unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{bad}");
+            assert!(!e.to_string().contains("hunter2"));
         }
     }
 }

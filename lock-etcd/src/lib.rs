@@ -73,7 +73,7 @@ use lockcore::{
 };
 use tokio::sync::watch as tokio_watch;
 
-use crate::config::Config;
+pub use crate::config::Config;
 use crate::keeper::{Keeper, LeaseCell, Renewal};
 use crate::watch::{Dispatch, Floor, Wake};
 
@@ -201,7 +201,18 @@ impl EtcdBackend {
     /// I/O), and for credentials the server refuses; [`ErrorKind::Unavailable`] when no member
     /// answers (or none passes TLS verification); [`ErrorKind::Backend`] for other refusals.
     pub async fn connect(url: &str) -> Result<EtcdBackend> {
-        let config = Config::parse(url)?;
+        Self::from_config(Config::parse(url)?).await
+    }
+
+    /// Connects from a [`Config`] (deserialized from a config file, say), validated exactly as
+    /// a URL is ([`Config::validate`]).
+    ///
+    /// Cancel safety: as [`EtcdBackend::connect`].
+    ///
+    /// # Errors
+    /// As [`EtcdBackend::connect`].
+    pub async fn from_config(config: Config) -> Result<EtcdBackend> {
+        let config = config.validate()?;
         let mut options = ConnectOptions::new()
             .with_connect_timeout(config.timeout)
             .with_keep_alive(Duration::from_secs(5), config.timeout)
