@@ -208,6 +208,7 @@ pub fn validate_table(table: &str) -> Result<()> {
 }
 
 impl Parsed {
+    #[cfg(test)]
     pub(crate) fn parse(raw: &str) -> Result<Parsed> {
         Parsed::from_config(Config::parse(raw)?)
     }

@@ -48,10 +48,12 @@
 //! ```
 #![deny(missing_docs)]
 
+mod backend_config;
 mod url;
 
 pub use lockcore::*;
 
+pub use crate::backend_config::{Config, connect_config};
 pub use crate::url::{feature_for_scheme, redact_url, scheme_of};
 
 /// Connects to the lock service named by `url`, choosing the backend by the URL's scheme (see the
