@@ -189,11 +189,14 @@ mod tests {
         assert!(!e.to_string().contains("hunter2"));
     }
 
+    /// A backend's config file (JSON) from its test URL.
+    type ToJson = Box<dyn Fn(&str) -> Option<String>>;
+
     /// Every compiled-in backend, configured by a config file's fields (JSON), reaches the
     /// same real server as its URL and locks: the URL's client and the config's client contend.
     #[tokio::test]
     async fn config_files_reach_the_real_servers() {
-        let cases: Vec<(&str, Box<dyn Fn(&str) -> Option<String>>)> = vec![
+        let cases: Vec<(&str, ToJson)> = vec![
             #[cfg(feature = "redis")]
             (
                 "LOCK_TEST_REDIS_URL",
