@@ -37,6 +37,7 @@ pub mod memory;
 mod name;
 mod options;
 mod secret;
+pub mod telemetry;
 
 pub use backend::OwnerToken;
 pub use capabilities::{Capabilities, RenewKind, WaitKind};

@@ -9,11 +9,13 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::backend::{
     AcquireRequest, Acquired, Backend, Background, Backoff, BoxLease, LostNotifier, OwnerToken,
 };
 use crate::lost::Validity;
+use crate::telemetry::{Outcome, Telemetry};
 use crate::{
     AutoRenew, Capabilities, Error, ErrorKind, IntoLockName, LockName, LockOptions, LostReason,
     LostSignal, RenewKind, Result,
@@ -42,6 +44,8 @@ struct LockerInner {
     runtime: Handle,
     /// Drop-releases and the backends' own cleanup (cancelled waiters, partial acquires).
     background: Background,
+    /// Metric handles and the backend label of spans.
+    telemetry: Arc<Telemetry>,
 }
 
 impl fmt::Debug for Locker {
@@ -66,8 +70,10 @@ impl Locker {
     /// # Panics
     /// Outside a tokio runtime.
     pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
+        let telemetry = Arc::new(Telemetry::new(&backend.describe()));
         Locker {
             inner: Arc::new(LockerInner {
+                telemetry,
                 backend,
                 background: Background::on(Handle::current()),
                 runtime: Handle::current(),
@@ -106,8 +112,40 @@ impl Locker {
         options: &LockOptions,
     ) -> Result<Option<LockGuard>> {
         let req = self.request(name, options)?;
-        let acquired = self.inner.backend.try_acquire(&req.request).await?;
-        Ok(acquired.map(|a| self.guard(req, a, options)))
+        let span = self.acquire_span(&req.request.name, "try");
+        let started = Instant::now();
+        let result = self
+            .inner
+            .backend
+            .try_acquire(&req.request)
+            .instrument(span.clone())
+            .await;
+        let outcome = match &result {
+            Ok(Some(_)) => Outcome::Acquired,
+            Ok(None) => Outcome::Busy,
+            Err(_) => Outcome::Error,
+        };
+        self.record_acquire(&span, false, outcome, started);
+        Ok(result?.map(|a| self.guard(req, a, options)))
+    }
+
+    /// The `lock.acquire` span (see [`telemetry`](crate::telemetry)).
+    fn acquire_span(&self, name: &LockName, mode: &'static str) -> tracing::Span {
+        tracing::info_span!(
+            "lock.acquire",
+            lock = name.as_str(),
+            backend = &*self.inner.telemetry.backend,
+            mode,
+            outcome = tracing::field::Empty,
+            waited_ms = tracing::field::Empty,
+        )
+    }
+
+    fn record_acquire(&self, span: &tracing::Span, wait: bool, outcome: Outcome, started: Instant) {
+        let took = started.elapsed();
+        self.inner.telemetry.acquired(wait, outcome, took);
+        span.record("outcome", outcome.as_str());
+        span.record("waited_ms", took.as_millis() as u64);
     }
 
     /// Takes the lock, waiting until it is acquired, or until the options' wait timeout when
@@ -130,9 +168,32 @@ impl Locker {
     /// [`Locker::try_lock`].
     pub async fn lock(&self, name: impl IntoLockName, options: &LockOptions) -> Result<LockGuard> {
         let req = self.request(name, options)?;
-        let deadline = options.wait_value().map(|w| Instant::now() + w);
-        match self.acquire_retrying(&req.request, deadline).await? {
-            Some(a) => Ok(self.guard(req, a, options)),
+        let started = Instant::now();
+        let deadline = options.wait_value().map(|w| started + w);
+        let span = self.acquire_span(&req.request.name, "wait");
+        let wait_span = tracing::info_span!(
+            parent: &span,
+            "lock.wait",
+            lock = req.request.name.as_str(),
+            backend = &*self.inner.telemetry.backend,
+        );
+        let result = self
+            .acquire_retrying(&req.request, deadline)
+            .instrument(wait_span)
+            .await;
+        let outcome = match &result {
+            Ok(Some(_)) => Outcome::Acquired,
+            Ok(None) => Outcome::Timeout,
+            Err(_) => Outcome::Error,
+        };
+        self.record_acquire(&span, true, outcome, started);
+        match result? {
+            Some(a) => {
+                let handed_over =
+                    a.sent_at.saturating_duration_since(started) >= Duration::from_millis(1);
+                self.inner.telemetry.waited(started.elapsed(), handed_over);
+                Ok(self.guard(req, a, options))
+            }
             None => Err(Error::timeout(format!(
                 "lock {:?} was not acquired within {:?}",
                 req.request.name.as_str(),
@@ -266,7 +327,22 @@ impl Locker {
         let hold_deadline = options
             .auto_renew_value()
             .map(|r| acquired.sent_at + r.max_hold());
+        let telemetry = self.inner.telemetry.clone();
+        telemetry.held.increment(1.0);
+        let acquired_at = acquired.sent_at;
+        {
+            let (telemetry, name) = (telemetry.clone(), request.name.clone());
+            let once = AtomicBool::new(false);
+            request.lost.set_hook(Box::new(move |reason| {
+                if !once.swap(true, Ordering::AcqRel) {
+                    telemetry.lost(name.as_str(), reason, acquired_at.elapsed());
+                }
+            }));
+        }
         let shared = Arc::new(GuardShared {
+            name: request.name.clone(),
+            telemetry,
+            acquired_at,
             lease: acquired.lease,
             notifier: request.lost,
             validity: Arc::new(Validity::new(acquired.sent_at)),
@@ -317,6 +393,9 @@ struct PendingGuard {
 }
 
 struct GuardShared {
+    name: LockName,
+    telemetry: Arc<Telemetry>,
+    acquired_at: Instant,
     lease: BoxLease,
     notifier: LostNotifier,
     validity: Arc<Validity>,
@@ -346,7 +425,26 @@ impl GuardShared {
     /// Extends the lease to `ttl`, one extend at a time per guard. Once the lease is known lost
     /// it stays lost: an extend after the lost signal fired, or whose reply comes back after the
     /// validity deadline passed, returns `NotHeld` and the signal stays fired.
-    async fn extend(&self, ttl: Duration, caps: &Capabilities) -> Result<Duration> {
+    async fn extend(&self, ttl: Duration, caps: &Capabilities, auto: bool) -> Result<Duration> {
+        let span = tracing::info_span!(
+            "lock.renew",
+            lock = self.name.as_str(),
+            backend = &*self.telemetry.backend,
+            auto,
+            outcome = tracing::field::Empty,
+        );
+        let result = self.extend_inner(ttl, caps).instrument(span.clone()).await;
+        let outcome = match &result {
+            Ok(_) => "renewed",
+            Err(e) if e.kind() == ErrorKind::NotHeld => "refused",
+            Err(_) => "error",
+        };
+        span.record("outcome", outcome);
+        self.telemetry.renewed(outcome);
+        result
+    }
+
+    async fn extend_inner(&self, ttl: Duration, caps: &Capabilities) -> Result<Duration> {
         let _one_at_a_time = self.extending.lock().await;
         if self.release_started.load(Ordering::Acquire) {
             return Err(Error::not_held("the lease has been released"));
@@ -394,6 +492,27 @@ impl GuardShared {
         !self.release_started.swap(true, Ordering::AcqRel)
     }
 
+    /// The lease's release, in a `lock.release` span.
+    async fn release_traced(&self) -> Result<()> {
+        let span = tracing::info_span!(
+            "lock.release",
+            lock = self.name.as_str(),
+            backend = &*self.telemetry.backend,
+            outcome = tracing::field::Empty,
+            held_ms = self.acquired_at.elapsed().as_millis() as u64,
+        );
+        let result = self.lease.release().instrument(span.clone()).await;
+        span.record(
+            "outcome",
+            match &result {
+                Ok(()) => "released",
+                Err(e) if e.kind() == ErrorKind::NotHeld => "not_held",
+                Err(_) => "error",
+            },
+        );
+        result
+    }
+
     fn end_by_holder(&self) {
         self.validity.ended.store(true, Ordering::Release);
     }
@@ -404,7 +523,7 @@ impl LockerInner {
     /// runtime does.
     fn release_in_background(self: &Arc<Self>, shared: Arc<GuardShared>) {
         self.background.spawn(async move {
-            if let Err(e) = shared.lease.release().await
+            if let Err(e) = shared.release_traced().await
                 && e.kind() != ErrorKind::NotHeld
             {
                 tracing::warn!(error = %e, "background release failed; the lock frees after its ttl");
@@ -458,7 +577,7 @@ async fn watchdog(
                     next_renew = None;
                     continue;
                 }
-                match tokio::time::timeout_at(valid_until, shared.extend(new_ttl, caps)).await {
+                match tokio::time::timeout_at(valid_until, shared.extend(new_ttl, caps, true)).await {
                     Ok(Ok(_granted)) => {
                         next_renew = (new_ttl == ttl).then(|| Instant::now() + interval);
                     }
@@ -580,7 +699,7 @@ impl LockGuard {
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         let caps = self.locker.backend.capabilities();
         LockOptions::new().ttl(ttl).validate(caps)?;
-        self.shared.extend(ttl, caps).await.map(drop)
+        self.shared.extend(ttl, caps, false).await.map(drop)
     }
 
     /// Releases the lock and reports how it went.
@@ -608,7 +727,7 @@ impl LockGuard {
             shared: Some(self.shared.clone()),
             locker: self.locker.clone(),
         };
-        let result = self.shared.lease.release().await;
+        let result = self.shared.release_traced().await;
         on_cancel.shared = None;
         result
     }
@@ -632,6 +751,12 @@ impl LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
+        self.shared.telemetry.held.decrement(1.0);
+        // A loss the signal computed (the validity deadline passed) but nothing reported yet is
+        // reported now, so the lost span and counter see every loss known by the guard's end.
+        if let Some(reason) = self.signal.reason() {
+            self.shared.notifier.fire(reason);
+        }
         self.stop_watchdog();
         if !self.finished && !self.signal.is_lost() {
             self.shared.end_by_holder();

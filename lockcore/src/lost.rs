@@ -38,12 +38,21 @@ impl fmt::Display for LostReason {
 /// The sending half, given to backends with each acquisition so they can report a loss they see
 /// first (a session expiry, a dropped connection). The first reason reported wins.
 #[derive(Clone)]
-pub struct LostNotifier(Arc<watch::Sender<Option<LostReason>>>);
+pub struct LostNotifier(Arc<NotifierInner>);
+
+struct NotifierInner {
+    tx: watch::Sender<Option<LostReason>>,
+    /// Called once with the first reason (the locker's spans and metrics).
+    hook: std::sync::OnceLock<LostHook>,
+}
+
+/// What the locker runs when a lease is first reported lost.
+pub(crate) type LostHook = Box<dyn Fn(LostReason) + Send + Sync>;
 
 impl fmt::Debug for LostNotifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("LostNotifier")
-            .field(&*self.0.borrow())
+            .field(&*self.0.tx.borrow())
             .finish()
     }
 }
@@ -53,7 +62,10 @@ impl LostNotifier {
     pub fn new() -> (LostNotifier, LostSignal) {
         let (tx, rx) = watch::channel(None);
         (
-            LostNotifier(Arc::new(tx)),
+            LostNotifier(Arc::new(NotifierInner {
+                tx,
+                hook: std::sync::OnceLock::new(),
+            })),
             LostSignal {
                 reported: rx,
                 validity: None,
@@ -63,24 +75,40 @@ impl LostNotifier {
 
     /// Reports the lease lost; returns false if it was already reported.
     pub fn fire(&self, reason: LostReason) -> bool {
-        self.0.send_if_modified(|state| {
+        let first = self.0.tx.send_if_modified(|state| {
             if state.is_none() {
                 *state = Some(reason);
                 true
             } else {
                 false
             }
-        })
+        });
+        if first && let Some(hook) = self.0.hook.get() {
+            hook(reason);
+        }
+        first
+    }
+
+    /// Sets what runs on the first loss (once per notifier; the caller makes the hook
+    /// idempotent, as a loss reported while it is being set may reach it twice). A loss already
+    /// reported runs it at once.
+    pub(crate) fn set_hook(&self, hook: LostHook) {
+        if self.0.hook.set(hook).is_ok()
+            && let Some(reason) = self.reason()
+            && let Some(hook) = self.0.hook.get()
+        {
+            hook(reason);
+        }
     }
 
     /// Whether the lease was reported lost.
     pub fn is_fired(&self) -> bool {
-        self.0.borrow().is_some()
+        self.0.tx.borrow().is_some()
     }
 
     /// The reason reported, if any.
     pub fn reason(&self) -> Option<LostReason> {
-        *self.0.borrow()
+        *self.0.tx.borrow()
     }
 
     /// Resolves when every signal is gone (the guard and its watchdog ended): backends use it to
@@ -88,7 +116,7 @@ impl LostNotifier {
     ///
     /// Cancel safe.
     pub async fn closed(&self) {
-        self.0.closed().await
+        self.0.tx.closed().await
     }
 }
 
