@@ -46,6 +46,94 @@
 //! guard.release().await?;
 //! # Ok(()) }
 //! ```
+//!
+//! # One example per backend
+//!
+//! Every backend is reached the same way; only the URL (or the [`Config`]) changes. Each
+//! backend crate documents its URL parameters and its config type (the same fields):
+//!
+//! | backend | feature | URL parameters and config type |
+//! |---|---|---|
+//! | Redis (single, Cluster, Sentinel) | `redis` | [lock-redis](https://docs.rs/lock-redis) crate docs (URL table), `lock_redis::Config` |
+//! | PostgreSQL, MySQL/MariaDB, SQLite | `postgres`, `mysql`, `sqlite` | [lock-sql](https://docs.rs/lock-sql) crate docs (`strategy`, `table`, `pool_max`, `op_timeout_ms`), `lock_sql::Config` |
+//! | ZooKeeper | `zk` | [lock-zk](https://docs.rs/lock-zk) crate docs (`session_timeout_ms`, `namespace`, `digest`, `lost_after_disconnect`), `lock_zk::Config` |
+//! | etcd v3 | `etcd` | [lock-etcd](https://docs.rs/lock-etcd) crate docs (`ca`, `domain`, `timeout_ms`), `lock_etcd::Config` |
+//! | Redlock | `redlock` | [lock-redlock](https://docs.rs/lock-redlock) crate docs (Redis parameters + `node_timeout_ms`); URL only |
+//!
+//! ```no_run
+//! # async fn demo() -> locksmith::Result<()> {
+//! use locksmith::LockOptions;
+//! let opts = LockOptions::new();
+//! // Redis (feature `redis`): a password from the environment, never in code or argv.
+//! let redis = locksmith::connect("redis://:s3cret@cache:6379/0?namespace=app").await?;
+//! // PostgreSQL (feature `postgres`): a session lock held on a connection of its own.
+//! let pg = locksmith::connect("postgres://app:pw@db/app?sslmode=verify-full&sslrootcert=ca.pem&strategy=row-lock").await?;
+//! // MySQL / MariaDB (feature `mysql`): lease rows judged on the database clock.
+//! let my = locksmith::connect("mysql://app:pw@db/app?strategy=lease").await?;
+//! // SQLite (feature `sqlite`): processes of one host, no server.
+//! let lite = locksmith::connect("sqlite:///var/lib/app/locks.db").await?;
+//! // ZooKeeper (feature `zk`): ephemeral sequential nodes, FIFO, zxid fencing tokens.
+//! let zk = locksmith::connect("zk://zk1:2181,zk2:2181,zk3:2181/app?session_timeout_ms=6000").await?;
+//! // etcd (feature `etcd`): a key per acquisition on a lease, create-revision fencing.
+//! let etcd = locksmith::connect("etcds://app:pw@e1:2379,e2:2379/app?ca=/etc/ca.pem").await?;
+//! // Redlock over five independent Redis masters (feature `redlock`): no fencing tokens.
+//! let redlock = locksmith::connect("redlock://r1:6379,r2:6379,r3:6379,r4:6379,r5:6379").await?;
+//! for locker in [redis, pg, my, lite, zk, etcd, redlock] {
+//!     let guard = locker.lock("reports/daily", &opts).await?;
+//!     guard.release().await?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # Configuration without URLs
+//!
+//! [`Config`] takes a backend's settings from a config file or the environment (any serde
+//! format; unknown keys are refused, values are validated exactly as the URL's), and
+//! [`connect_config`] builds the locker. A URL's query and a config file are read by the same
+//! deserializer ([`config::from_pairs`](lockcore::config::from_pairs)):
+//!
+//! ```no_run
+//! # async fn demo() -> locksmith::Result<()> {
+//! // config.json: {"backend": "redis", "nodes": ["cache:6379"], "password": "...", "namespace": "app"}
+//! let text = std::fs::read_to_string("config.json").map_err(|e| locksmith::Error::invalid_config(e.to_string()))?;
+//! let config: locksmith::Config = serde_json::from_str(&text)
+//!     .map_err(|e| locksmith::Error::invalid_config(e.to_string()))?;
+//! let locker = locksmith::connect_config(config).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Tracing and metrics
+//!
+//! Every locker emits `tracing` spans (`lock.acquire`, `lock.wait`, `lock.release`,
+//! `lock.renew`, `lock.lost`, with the lock name, backend, outcome and waited time) and records
+//! metrics through the `metrics` facade (`locksmith_acquire_seconds`, `locksmith_wait_seconds`,
+//! `locksmith_handovers_total`, `locksmith_renewals_total`, `locksmith_lost_total`,
+//! `locksmith_leases_held`): see [`telemetry`] for the fields and labels. Install your subscriber
+//! and recorder before creating lockers; without them the cost is negligible.
+//!
+//! # Failure modes
+//!
+//! A distributed lock is a lease: it can end while its holder still believes it holds it. What
+//! each backend does under each fault was observed on real servers (the Faults matrix of
+//! `locksmith report --faults`; the README has the table):
+//!
+//! * **Holder pause** (GC, SIGSTOP, swap) past the TTL: another client takes the lock; the
+//!   paused holder resumes still "holding" it until it checks. Check [`LockGuard::lost`] or
+//!   [`LockGuard::is_valid`] before acting, and pass [`LockGuard::fencing_token`] to the storage
+//!   you write: **fencing** is what makes the resumed holder's late write harmless (the storage
+//!   refuses a token lower than one it has seen). Redlock has no fencing tokens.
+//! * **Holder crash**: TTL backends free the lock after the holder's TTL; session-bound ones
+//!   (SQL row-lock, ZooKeeper) when the connection or session ends.
+//! * **Server restart**: Redis without persistence forgets every lock at once (another client
+//!   wins while the holder believes it holds the lock: fence); SQL keeps leases and fencing
+//!   counters across a crash (synchronous commits); ZooKeeper and etcd keep them in their log.
+//! * **Failover**: Redis replication is asynchronous: a failover can lose a just-granted lock
+//!   (`min_replicas` narrows the window, does not close it); ZooKeeper and etcd are consensus
+//!   stores (no lost grants); Redlock stays safe only while clocks and pauses stay within its
+//!   drift margin.
+//! * **Partition**: the holder's lost signal fires before its validity ends, so before another
+//!   client can win, on every backend measured (margins in the README).
+//!
 #![deny(missing_docs)]
 
 mod backend_config;
