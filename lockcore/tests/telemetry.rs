@@ -15,10 +15,13 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
 
+/// A span's name and fields.
+type SpanFields = (String, BTreeMap<String, String>);
+
 /// Every span opened: its name and fields (as text), by id.
 #[derive(Clone, Default)]
 struct Capture {
-    spans: Arc<Mutex<BTreeMap<u64, (String, BTreeMap<String, String>)>>>,
+    spans: Arc<Mutex<BTreeMap<u64, SpanFields>>>,
     events: Arc<Mutex<Vec<BTreeMap<String, String>>>>,
     next: Arc<AtomicU64>,
 }
