@@ -91,12 +91,20 @@ impl Report {
         let Some(p) = &self.provenance else {
             return (String::new(), None);
         };
-        let line = format!(
+        let mut line = format!(
             "{} · commit {} · {} build",
             p.tool,
             p.git_commit.as_deref().unwrap_or("unknown"),
             p.profile
         );
+        let servers: Vec<String> = self
+            .backends
+            .iter()
+            .filter_map(|b| Some(format!("{}: {}", b.label, b.server_version.as_ref()?)))
+            .collect();
+        if !servers.is_empty() {
+            line.push_str(&format!(" · servers: {}", servers.join(", ")));
+        }
         let warn = (p.profile != "release").then_some(
             "Debug build: latency and hand-over figures are not representative; \
              measure with `cargo run --release -p locksmith-cli -- report`.",
@@ -692,6 +700,8 @@ fn count(b: &BackendReport, status: Status) -> usize {
 fn describe(b: &BackendReport) -> String {
     if b.backend.is_empty() {
         "(not connected)".to_string()
+    } else if let Some(version) = &b.server_version {
+        format!("{} · server {version}", b.backend)
     } else {
         b.backend.clone()
     }
@@ -1049,6 +1059,7 @@ mod tests {
         BackendReport {
             label: label.to_string(),
             backend: format!("{label}://host (password redacted)"),
+            server_version: (label == "memory").then(|| "memory 7.0.15".to_string()),
             capabilities: Some(caps),
             results,
             figures,
@@ -1116,6 +1127,21 @@ mod tests {
             },
         ];
         report
+    }
+
+    /// Each backend's server version shows beside it and in the provenance line (escaped).
+    #[test]
+    fn server_versions_show_in_provenance_and_per_backend() {
+        let report = fake_report().with_provenance(Provenance {
+            tool: "locksmith 0.1.0".into(),
+            git_commit: Some("abc".into()),
+            profile: "release".into(),
+        });
+        let html = report.to_html();
+        assert!(html.contains("servers: memory: memory 7.0.15"), "{html}");
+        assert!(html.contains("· server memory 7.0.15"));
+        let md = report.to_markdown();
+        assert!(md.contains("servers: memory: memory 7.0.15"), "{md}");
     }
 
     #[test]

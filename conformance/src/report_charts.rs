@@ -24,7 +24,9 @@ pub(crate) fn log_bar_chart(
     const PLOT: f64 = 560.0;
     const RIGHT: f64 = 130.0;
     const BAR: f64 = 14.0;
-    const TOP: f64 = 34.0;
+    /// The legend's line, under the title's.
+    const LEGEND_Y: f64 = 24.0;
+    const TOP: f64 = 48.0;
     const AXIS: f64 = 40.0;
     let group = series.len() as f64 * BAR + 16.0;
     let values: Vec<f64> = rows
@@ -60,18 +62,20 @@ pub(crate) fn log_bar_chart(
         t = esc(title),
         u = esc(unit)
     );
-    // Legend, right-aligned above the plot.
-    let mut lx = LEFT + PLOT + RIGHT - 10.0;
-    for se in series.iter().rev() {
-        lx -= 16.0 + 7.0 * se.label.len() as f64 + 12.0;
+    // Legend on its own line under the title (sharing the title's line, a long title ran
+    // into it), left-aligned with the plot.
+    let mut lx = LEFT;
+    for se in series {
         let _ = write!(
             s,
-            "<rect x=\"{lx:.1}\" y=\"7\" width=\"12\" height=\"10\" class=\"{}\"/>\
-             <text x=\"{tx:.1}\" y=\"16\" class=\"key\">{}</text>",
+            "<rect x=\"{lx:.1}\" y=\"{LEGEND_Y}\" width=\"12\" height=\"10\" class=\"{}\"/>\
+             <text x=\"{tx:.1}\" y=\"{ty}\" class=\"key\">{}</text>",
             se.class,
             esc(se.label),
-            tx = lx + 16.0
+            tx = lx + 16.0,
+            ty = LEGEND_Y + 9.0
         );
+        lx += 16.0 + 7.0 * se.label.len() as f64 + 16.0;
     }
     let axis_y = TOP + rows.len() as f64 * group;
     for e in lo_exp..=hi_exp {
@@ -232,5 +236,46 @@ mod tests {
             .unwrap();
         assert!(width > 50.0, "memory's bar is visible: {width}");
         assert!(log_bar_chart("x", "u", &[], &[]).contains("nothing was measured"));
+    }
+
+    /// The legend sits on its own line under the title, so a long title cannot run into it.
+    #[test]
+    fn legend_is_under_the_title_not_beside_it() {
+        let svg = log_bar_chart(
+            "Hand-over rate with four contending holders, library and process hand-overs",
+            "hand-overs/s",
+            &[
+                Series {
+                    class: "p50",
+                    label: "library",
+                },
+                Series {
+                    class: "p99",
+                    label: "process",
+                },
+            ],
+            &[("redis".to_owned(), Some(vec![Some(4308.0), Some(120.0)]))],
+        );
+        let title_y = 16.0;
+        let key_ys: Vec<f64> = svg
+            .split("<text ")
+            .filter(|t| t.contains("class=\"key\""))
+            .map(|t| {
+                t.split("y=\"")
+                    .nth(1)
+                    .unwrap()
+                    .split('"')
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(key_ys.len(), 2, "{svg}");
+        // Below the title's baseline by more than a line of 12 px text, above the first bar.
+        assert!(
+            key_ys.iter().all(|y| *y >= title_y + 12.0 && *y < 48.0),
+            "{key_ys:?}"
+        );
     }
 }

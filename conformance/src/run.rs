@@ -69,6 +69,9 @@ pub struct BackendReport {
     pub label: String,
     /// The backend as it describes itself (secrets redacted).
     pub backend: String,
+    /// The server's name and version as it reports it (`None` for the embedded backends, a
+    /// backend that cannot say, or no connection).
+    pub server_version: Option<String>,
     /// The declared capabilities (`None` if no client could connect).
     pub capabilities: Option<Capabilities>,
     /// One result per scenario, in suite order.
@@ -155,6 +158,7 @@ pub async fn run_all(
             return BackendReport {
                 label,
                 backend: String::new(),
+                server_version: None,
                 capabilities: None,
                 results: scenarios::all()
                     .iter()
@@ -172,6 +176,7 @@ pub async fn run_all(
     };
     let caps = probe.capabilities().clone();
     let backend = probe.describe();
+    let server_version = probe.backend().server_version().await;
     drop(probe);
     let all = scenarios::all();
     let total = all.len();
@@ -200,6 +205,7 @@ pub async fn run_all(
     BackendReport {
         label,
         backend,
+        server_version,
         capabilities: Some(caps),
         results,
         figures,

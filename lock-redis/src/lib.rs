@@ -446,6 +446,10 @@ impl Backend for RedisBackend {
         node::server_requests(&mut self.inner.node.conn()).await
     }
 
+    async fn server_version(&self) -> Option<String> {
+        node::server_version(&mut self.inner.node.conn()).await.ok()
+    }
+
     fn describe(&self) -> String {
         self.inner.describe.clone()
     }

@@ -14,7 +14,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{Error, LockName, Result};
+use lockcore::{Error, ErrorKind, LockName, Result};
 use redis::{RedisError, Script};
 
 pub use crate::config::Config;
@@ -441,6 +441,24 @@ pub async fn ping(conn: &mut Conn) -> Result<()> {
         .query_async::<()>(conn)
         .await
         .map_err(|e| map_err("PING failed", e))
+}
+
+/// The server's version from `INFO server` (`redis 7.0.15`; on a cluster, the node that answers).
+///
+/// Cancel safe.
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the command fails; `Backend` when the reply has no version.
+pub async fn server_version(conn: &mut Conn) -> Result<String> {
+    let text: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(conn)
+        .await
+        .map_err(|e| map_err("INFO server failed", e))?;
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("redis_version:"))
+        .map(|v| format!("redis {v}"))
+        .ok_or_else(|| Error::new(ErrorKind::Backend, "INFO server has no redis_version"))
 }
 
 /// The number of commands the server has run since its start: the sum of `calls=` over

@@ -404,6 +404,18 @@ impl Backend for SqlBackend {
         }
     }
 
+    async fn server_version(&self) -> Option<String> {
+        let version = match &self.inner {
+            #[cfg(feature = "postgres")]
+            Inner::Pg(b) => b.server_version().await,
+            #[cfg(feature = "mysql")]
+            Inner::My(b) => b.server_version().await,
+            #[cfg(feature = "sqlite")]
+            Inner::Lite(b) => b.server_version().await,
+        };
+        version.ok()
+    }
+
     fn describe(&self) -> String {
         format!(
             "{} (strategy={}, table={})",

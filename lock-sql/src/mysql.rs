@@ -139,6 +139,21 @@ impl MyBackend {
         })
     }
 
+    /// The server's version string, for the report.
+    pub(crate) async fn server_version(&self) -> Result<String> {
+        self.conns
+            .run(self.conns.bound(), "SELECT VERSION()", |c| {
+                async move {
+                    sqlx::query_scalar::<_, String>("SELECT VERSION()")
+                        .fetch_one(c)
+                        .await
+                }
+                .boxed()
+            })
+            .await
+            .map(|v| format!("{v}"))
+    }
+
     pub(crate) async fn ping(&self) -> Result<()> {
         self.conns
             .run(self.conns.bound(), "SELECT 1", |c| {

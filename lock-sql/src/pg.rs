@@ -243,6 +243,21 @@ impl PgBackend {
         })
     }
 
+    /// The server's version string, for the report.
+    pub(crate) async fn server_version(&self) -> Result<String> {
+        self.conns
+            .run(self.conns.bound(), "SHOW server_version", |c| {
+                async move {
+                    sqlx::query_scalar::<_, String>("SHOW server_version")
+                        .fetch_one(c)
+                        .await
+                }
+                .boxed()
+            })
+            .await
+            .map(|v| format!("PostgreSQL {v}"))
+    }
+
     pub(crate) async fn ping(&self) -> Result<()> {
         self.conns
             .run(self.conns.bound(), "SELECT 1", |c| {

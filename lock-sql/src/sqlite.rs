@@ -114,6 +114,15 @@ impl LiteBackend {
         })
     }
 
+    /// The SQLite library's version, for the report.
+    pub(crate) async fn server_version(&self) -> Result<String> {
+        sqlx::query_scalar::<_, String>("SELECT sqlite_version()")
+            .fetch_one(&self.pool)
+            .await
+            .map(|v| format!("SQLite {v}"))
+            .map_err(|e| map_err(&self.config, "SELECT sqlite_version()", e))
+    }
+
     pub(crate) async fn ping(&self) -> Result<()> {
         sqlx::query("SELECT 1")
             .execute(&self.pool)

@@ -351,6 +351,15 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         ))
     }
 
+    /// The server's name and version as it reports it (`redis 7.0.15` from `INFO server`,
+    /// PostgreSQL's `version()`, ...), for the report's provenance. `None` by default and when
+    /// the server cannot say.
+    ///
+    /// Cancel safe.
+    async fn server_version(&self) -> Option<String> {
+        None
+    }
+
     /// How many `acquire` calls are queued waiting for `name` right now, as the server sees
     /// them (queue entries, sequential nodes, blocked lock requests). The suite uses it to know
     /// that a waiter is enqueued instead of sleeping and hoping. Unsupported by default; fair
@@ -394,6 +403,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     async fn server_requests(&self) -> Result<u64> {
         (**self).server_requests().await
+    }
+    async fn server_version(&self) -> Option<String> {
+        (**self).server_version().await
     }
     async fn queued_waiters(&self, name: &LockName) -> Result<usize> {
         (**self).queued_waiters(name).await

@@ -331,4 +331,31 @@ mod tests {
             assert!(!msg.contains("pw") && !msg.contains("p%40ss"), "{msg}");
         }
     }
+
+    /// Backends with a server report its version (for the report's provenance): Redis from
+    /// `INFO server`, PostgreSQL and MariaDB from the server, SQLite its library version.
+    #[tokio::test]
+    async fn servers_report_their_versions() {
+        let memory = connect("memory://").await.unwrap();
+        assert_eq!(memory.backend().server_version().await, None);
+        for (var, feature, prefix) in [
+            ("LOCK_TEST_REDIS_URL", "redis", "redis 7."),
+            ("LOCK_TEST_POSTGRES_URL", "postgres", "PostgreSQL 15"),
+            ("LOCK_TEST_MYSQL_URL", "mysql", "10.11"),
+            ("LOCK_TEST_SQLITE_URL", "sqlite", "SQLite 3."),
+        ] {
+            if !compiled_in(feature) {
+                continue;
+            }
+            let Some(url) = conformance::require_env(var) else {
+                continue;
+            };
+            let locker = connect(&url).await.expect(var);
+            let version = locker.backend().server_version().await;
+            assert!(
+                version.as_deref().is_some_and(|v| v.starts_with(prefix)),
+                "{var}: {version:?}"
+            );
+        }
+    }
 }
