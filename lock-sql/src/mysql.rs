@@ -151,7 +151,6 @@ impl MyBackend {
                 .boxed()
             })
             .await
-            .map(|v| format!("{v}"))
     }
 
     pub(crate) async fn ping(&self) -> Result<()> {
