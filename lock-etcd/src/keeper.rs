@@ -352,12 +352,24 @@ async fn run(
                     }
                 }
                 for id in lost {
-                    if let Some(mut e) = entries.remove(&id) {
+                    if let Some(e) = entries.get_mut(&id) {
                         tracing::debug!(lease = id, "no keep-alive acknowledged before the lease may expire");
                         if let Some(l) = e.lost.take() {
                             l.fire(LostReason::ConnectionLost);
                         }
-                        fail(&mut e, "no keep-alive was acknowledged in time");
+                        e.kept = false;
+                        // The answers to what was sent may still come on this stream: keep the
+                        // send times (nobody waits for them any more), so that a later request
+                        // for this lease is not matched with an earlier one's answer, which
+                        // would overstate the lease's life.
+                        for (_, reply) in e.inflight.iter_mut() {
+                            if let Some(r) = reply.take() {
+                                let _ = r.send(Err("no keep-alive was acknowledged in time".into()));
+                            }
+                        }
+                        if e.inflight.is_empty() {
+                            entries.remove(&id);
+                        }
                     }
                 }
                 if let Some((keeper, _)) = stream.as_mut() {

@@ -477,7 +477,10 @@ impl EtcdBackend {
             queued.state = QueueState::Sending(cell.clone());
             // Taken before the transaction: a deletion that races our subscriptions is logged.
             let floor = dispatch.floor();
-            let refresh = (!fresh).then(|| self.inner.keeper.refresh(cell.clone()));
+            // A pooled lease is renewed when its lock is released: if that renewal is recent
+            // (within 1 % of the TTL), its TTL counts from it and no keep-alive is needed here.
+            let recent = !fresh && renewed_lately(&cell);
+            let refresh = (!fresh && !recent).then(|| self.inner.keeper.refresh(cell.clone()));
             let sent_at = Instant::now();
             let put = TxnOp::put(
                 key.as_str(),
@@ -520,6 +523,7 @@ impl EtcdBackend {
             // after this transaction: counting from here would overstate the validity by the
             // grant's round trip).
             let (lease_sent, granted) = match refresh {
+                None if recent => (sent_at, cell.expires().saturating_duration_since(sent_at)),
                 None => (cell.expires() - cell.ttl, cell.ttl),
                 Some(rx) => match rx.await {
                     Ok(Ok(Renewal::Alive { sent, ttl })) => (sent.min(sent_at), ttl),
@@ -591,10 +595,12 @@ impl EtcdBackend {
                     }
                 }
                 // Who is ahead of us now? Sent with a keep-alive so that the lease's TTL counts
-                // from here if we hold the lock.
+                // from here if we hold the lock, unless the lease was renewed lately (within 1 %
+                // of its TTL, as when this process released it just before queueing again).
                 self.inner.stats.rechecks.fetch_add(1, Ordering::Relaxed);
                 let floor = dispatch.floor();
-                let refresh = self.inner.keeper.refresh(cell.clone());
+                let refresh =
+                    (!renewed_lately(&cell)).then(|| self.inner.keeper.refresh(cell.clone()));
                 let sent_at = Instant::now();
                 let ahead = GetOptions::new()
                     .with_prefix()
@@ -610,7 +616,13 @@ impl EtcdBackend {
                     )])
                     .and_then([TxnOp::get(dir.as_str(), Some(ahead))]);
                 let resp = self.txn("checking the lock queue", txn).await?;
-                let renewal = refresh.await;
+                let renewal = match refresh {
+                    Some(rx) => rx.await,
+                    None => Ok(Ok(Renewal::Alive {
+                        sent: sent_at,
+                        ttl: cell.expires().saturating_duration_since(sent_at),
+                    })),
+                };
                 if !resp.succeeded() || matches!(renewal, Ok(Ok(Renewal::Gone))) {
                     // Our key is gone: queue again.
                     self.inner.keeper.release(cell.id);
@@ -814,6 +826,12 @@ async fn watch_held(
             }
         }
     }
+}
+
+/// Whether `cell`'s lease has at least 99 % of its TTL left (a keep-alive answered within the
+/// last 1 % of the TTL): a lock taken with it counts that much as granted, without a keep-alive.
+fn renewed_lately(cell: &LeaseCell) -> bool {
+    cell.expires() >= Instant::now() + (cell.ttl - cell.ttl / 100)
 }
 
 async fn wait_opt(
@@ -1201,6 +1219,8 @@ impl Lease for EtcdLease {
         // Read after the transaction: an extend that moved the key to a new lease has swapped it.
         let (cell, secs) = shared.lease();
         if resp.succeeded() {
+            // Renewed now, off the next acquisition's path: that one then needs no keep-alive.
+            drop(inner.keeper.refresh(cell.clone()));
             shared.backend.pool_put(secs, cell);
             Ok(())
         } else {
