@@ -174,6 +174,29 @@ impl FaultMatrix {
             }
             let _ = writeln!(w);
         }
+        let _ = writeln!(
+            w,
+            "\n### Fault times\n\nEvery cell that ran (ms; `-`: not measured for that fault). \
+             detect: fault until the holder's lost signal; next holder: fault until another \
+             client held the lock; margin: first moment another client could win minus the \
+             holder's lost signal (negative: another client won before the holder knew).\n"
+        );
+        let _ = writeln!(
+            w,
+            "| backend | fault | outcome | counts | detect (ms) | next holder (ms) | margin (ms) |"
+        );
+        let _ = writeln!(w, "|---|---|---|---|---:|---:|---:|");
+        for c in self.timed() {
+            let [d, n, m] = times(c);
+            let _ = writeln!(
+                w,
+                "| {} | `{}` | {} | {} | {d} | {n} | {m} |",
+                md_cell(&c.backend),
+                c.fault,
+                label_md(c),
+                md_cell(&counts(c))
+            );
+        }
         let _ = writeln!(w, "\nFaults:\n");
         for f in &self.faults {
             let _ = writeln!(w, "- `{}`: {}", f.name, md_cell(&f.summary));
@@ -230,12 +253,7 @@ impl FaultMatrix {
             for b in &self.backends {
                 match self.cell(b, &f.name) {
                     Some(c) => {
-                        let class = match c.outcome {
-                            FaultOutcome::Holds => "pass",
-                            FaultOutcome::Violation => "fail",
-                            FaultOutcome::NotApplicable => "skipped",
-                            FaultOutcome::Error => "unsupported",
-                        };
+                        let class = class_of(c);
                         let _ = write!(
                             w,
                             "<td class=\"st {class}\" title=\"{}\">{}{}<small>{}</small></td>",
@@ -255,8 +273,72 @@ impl FaultMatrix {
             let _ = writeln!(w, "</tr>");
         }
         let _ = writeln!(w, "</tbody></table></div>");
+        let _ = writeln!(
+            w,
+            "<h3>Fault times</h3>\n<p class=\"legend\">Every cell that ran, in ms (-: not \
+             measured for that fault). margin: first moment another client could win minus the \
+             holder's lost signal (negative: another client won before the holder knew).</p>\n\
+             <div class=\"scroll\"><table class=\"fault-times\">\n<thead><tr>\
+             <th class=\"left\">backend</th><th class=\"left\">fault</th><th>outcome</th>\
+             <th class=\"left\">counts</th><th>detect (ms)</th><th>next holder (ms)</th>\
+             <th>margin (ms)</th></tr></thead><tbody>"
+        );
+        for c in self.timed() {
+            let [d, n, m] = times(c);
+            let _ = writeln!(
+                w,
+                "<tr><td class=\"left\">{}</td><td class=\"left\"><code>{}</code></td>\
+                 <td class=\"st {}\">{}</td><td class=\"left\">{}</td><td class=\"num\">{d}</td>\
+                 <td class=\"num\">{n}</td><td class=\"num\">{m}</td></tr>",
+                esc(&c.backend),
+                esc(&c.fault),
+                class_of(c),
+                esc(&label_plain(c)),
+                esc(&counts(c))
+            );
+        }
+        let _ = writeln!(w, "</tbody></table></div>");
         h
     }
+
+    /// The cells that ran (not n/a), in matrix order: fault by fault, backend by backend.
+    fn timed(&self) -> Vec<&FaultCell> {
+        let mut out = Vec::new();
+        for b in &self.backends {
+            for f in &self.faults {
+                if let Some(c) = self.cell(b, &f.name)
+                    && c.outcome != FaultOutcome::NotApplicable
+                {
+                    out.push(c);
+                }
+            }
+        }
+        out
+    }
+}
+
+fn class_of(c: &FaultCell) -> &'static str {
+    match c.outcome {
+        FaultOutcome::Holds => "pass",
+        FaultOutcome::Violation => "fail",
+        FaultOutcome::NotApplicable => "skipped",
+        FaultOutcome::Error => "unsupported",
+    }
+}
+
+/// The three times of a cell, formatted (`-` when not measured).
+fn times(c: &FaultCell) -> [String; 3] {
+    [c.detect_ms, c.next_holder_ms, c.margin_ms]
+        .map(|v| v.map(|v| format!("{v:.0}")).unwrap_or_else(|| "-".into()))
+}
+
+/// The counts of a cell, `k=v` comma-separated.
+fn counts(c: &FaultCell) -> String {
+    c.counts
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn label_plain(c: &FaultCell) -> String {
@@ -323,9 +405,20 @@ mod tests {
         let md = m.to_markdown();
         assert!(md.contains("**VIOLATION (undocumented)**"), "{md}");
         assert!(md.contains("double_holders=2, margin -12 ms"), "{md}");
+        assert!(
+            md.contains("| a | `holder_kill` | **VIOLATION (undocumented)** | double_holders=2 | - | - | -12 |"),
+            "the times table has the times as columns: {md}"
+        );
+        assert!(
+            !md.contains("| c | `holder_kill`"),
+            "n/a cells are not timed: {md}"
+        );
         let html = m.to_html();
         assert!(!html.contains("<the>") && !html.contains("b<<") && !html.contains("<server>"));
         assert!(html.contains("VIOLATION (documented)"));
+        assert!(
+            html.contains("<h3>Fault times</h3>") && html.contains("<td class=\"num\">-12</td>")
+        );
         let back: FaultMatrix = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
         assert_eq!(back, m);
     }

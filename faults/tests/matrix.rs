@@ -49,6 +49,9 @@ fn check(label: &str) {
         if let Expect::Documented(why) | Expect::Either(why) = e {
             eprintln!("{label} / {}: docs: {why}", c.fault);
         }
+        if let Expect::KnownDefect(why) = e {
+            eprintln!("{label} / {}: KNOWN DEFECT: {why}", c.fault);
+        }
     }
     assert!(bad.is_empty(), "{label}:\n{}", bad.join("\n"));
 }

@@ -82,11 +82,13 @@ struct ReportArgs {
     /// Skip the benchmark (latency and hand-over figures).
     #[arg(long)]
     no_bench: bool,
-    /// Also run the fault suite and put its Faults matrix beside the scenario matrix: every
-    /// backend under holder kill and pause, server restart, partition, leader loss and slow
-    /// replies, on throw-away topologies started for it on free loopback ports (Redis,
-    /// Redis + sentinels, PostgreSQL, MariaDB, a ZooKeeper ensemble, SQLite; needs the server
-    /// packages of scripts/install-servers.sh; about two minutes). The URLs are not used by it.
+    /// Also run the fault suite and put its Faults matrix (and the fault times table) beside
+    /// the scenario matrix: every backend under holder kill and pause, server restart,
+    /// partition, leader loss, slow replies, quorum loss, a node restarted empty and a clock
+    /// jump, on throw-away topologies started for it on free loopback ports (Redis, Redis +
+    /// sentinels, PostgreSQL, MariaDB, a ZooKeeper ensemble, a 3-member etcd cluster, 5 Redlock
+    /// masters, SQLite; needs the server packages of scripts/install-servers.sh; a few
+    /// minutes). The URLs are not used by it.
     #[arg(long)]
     faults: bool,
     /// Lock service URLs, e.g. memory:// redis://127.0.0.1:6379 "postgres://u:pw@h/db?strategy=lease".
