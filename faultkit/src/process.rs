@@ -96,11 +96,22 @@ impl ServerProcess {
             .map_err(|e| Error::msg(format!("{}: signal {sig:?}: {e}", self.label)))
     }
 
-    /// `kill -9` of the whole process group, then reaps it. Does nothing if it is not running.
+    /// `kill -9` of the whole process group, then reaps it and waits (up to 5 s) until every
+    /// process of the group is gone: a PostgreSQL backend still exiting keeps the shared memory
+    /// block, and a restart right away fails with "pre-existing shared memory block is still in
+    /// use". Does nothing if it is not running.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = self.signal_pid(c.id(), Signal::KILL);
             let _ = c.wait();
+            if let Some(pid) = Pid::from_raw(c.id() as i32) {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+                while rustix::process::test_kill_process_group(pid).is_ok()
+                    && std::time::Instant::now() < deadline
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+            }
         }
     }
 

@@ -112,7 +112,13 @@ pub fn expected(label: &str, fault: Fault) -> Expect {
              not close it",
         ),
         (l, _) if l.starts_with("redis-sentinel") => NotApplicable,
-        ("zk-ensemble" | "etcd-cluster", LeaderLoss) => Holds,
+        ("zk-ensemble", LeaderLoss) => KnownDefect(
+            "lock-zk: after the leader is killed -9 during 3-client contention, the contenders \
+             sometimes make no progress at all for 26 s (`no_progress`, 0 double holders; 2 of \
+             5 runs): a queue entry left behind by an attempt whose reply was lost in the \
+             election is the likely cause (not diagnosed)",
+        ),
+        ("etcd-cluster", LeaderLoss) => Holds,
         (_, LeaderLoss) => NotApplicable,
         ("zk-ensemble" | "etcd-cluster" | "redlock", QuorumLoss) => Holds,
         (_, QuorumLoss) => NotApplicable,

@@ -877,6 +877,8 @@ struct Contention {
     current: Option<(usize, LostSignal)>,
     double: u64,
     acquisitions: Vec<u64>,
+    /// Set when the scenario has seen enough: the contenders stop.
+    stop: bool,
 }
 
 async fn contend(
@@ -891,7 +893,8 @@ async fn contend(
         return;
     };
     let opts = renewing(ttl).wait_timeout(ttl * 2);
-    while locksmith::Instant::now() < until {
+    while locksmith::Instant::now() < until && !state.lock().unwrap_or_else(|e| e.into_inner()).stop
+    {
         let Ok(g) = locker.lock(name.as_str(), &opts).await else {
             tokio::time::sleep(Duration::from_millis(20)).await;
             continue;
@@ -918,17 +921,18 @@ async fn contend(
     }
 }
 
-/// Waits (bounded by `d`) until the contenders made `n` acquisitions: contention is under way.
-async fn contention_under_way(state: &Arc<Mutex<Contention>>, n: usize, d: Duration) -> R {
-    faultkit::wait_until("contention under way", d, || {
+/// Waits (bounded by `d`) until the contenders made `n` acquisitions after `since` (unix µs).
+async fn acquisitions_after(
+    state: &Arc<Mutex<Contention>>,
+    since: u64,
+    n: usize,
+    d: Duration,
+) -> R {
+    faultkit::wait_until("acquisitions by the contenders", d, || {
         let state = state.clone();
         async move {
-            Ok(state
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .acquisitions
-                .len()
-                >= n)
+            let s = state.lock().unwrap_or_else(|e| e.into_inner());
+            Ok(s.acquisitions.iter().filter(|&&a| a > since).count() >= n)
         }
     })
     .await
@@ -940,7 +944,8 @@ async fn leader_loss(t: &mut Target, cell: &mut FaultCell) -> R {
     let name = name("leader");
     let b = bound(t);
     let state = Arc::new(Mutex::new(Contention::default()));
-    let run_for = Duration::from_secs(6).mul_f64(scale());
+    // The contenders run until progress after the kill was seen (or this hard bound).
+    let run_for = b * 3;
     let until = locksmith::Instant::now() + run_for;
     let mut tasks = Vec::new();
     for id in 0..3 {
@@ -953,15 +958,30 @@ async fn leader_loss(t: &mut Target, cell: &mut FaultCell) -> R {
             until,
         )));
     }
-    contention_under_way(&state, 5, b).await?;
-    let leader = match &t.topo {
-        Topo::ZooKeeper(z) => z.leader().await,
-        Topo::Etcd(e) => e.leader().await,
-        _ => return Err("no leader in this topology".into()),
+    let stop = |state: &Arc<Mutex<Contention>>| {
+        state.lock().unwrap_or_else(|e| e.into_inner()).stop = true;
+    };
+    if let Err(e) = acquisitions_after(&state, 0, 20, b).await {
+        stop(&state);
+        return Err(e);
     }
-    .map_err(|e| e.to_string())?;
+    let leader = match &t.topo {
+        Topo::ZooKeeper(z) => z.leader().await.map_err(|e| e.to_string()),
+        Topo::Etcd(e) => e.leader().await.map_err(|e| e.to_string()),
+        _ => Err("no leader in this topology".into()),
+    };
+    let leader = match leader {
+        Ok(l) => l,
+        Err(e) => {
+            stop(&state);
+            return Err(e);
+        }
+    };
     t.kill_member(leader);
     let killed = now();
+    // Progress: 10 acquisitions after the kill (a missing one is counted below).
+    let _ = acquisitions_after(&state, killed, 10, b * 2).await;
+    stop(&state);
     for task in tasks {
         join("contender", run_for + b, task).await?;
     }
