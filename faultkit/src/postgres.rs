@@ -182,7 +182,7 @@ impl Postgres {
         &mut self.process
     }
 
-    /// Kills the server (`-9`, every backend process with it) and starts it again on the same
+    /// Kills the server (`-9`; its backends exit when they notice) and starts it again on the same
     /// port: with its data directory (crash recovery) or, with `keep_data == false`, from a
     /// fresh initdb (every table gone).
     ///
@@ -194,8 +194,24 @@ impl Postgres {
             std::fs::remove_dir_all(&data)?;
             Self::initdb(&self.dir, self.timeouts).await?;
         }
-        self.process.respawn()?;
-        self.wait_ready().await?;
+        // The backends of the killed server run in sessions of their own (PostgreSQL makes each
+        // child a group leader), so the group kill misses them: they exit once they notice the
+        // postmaster's death and hold the shared memory block until then, which fails a start
+        // ("pre-existing shared memory block is still in use"). Start again until they are gone.
+        let deadline = tokio::time::Instant::now() + self.timeouts.start;
+        loop {
+            self.process.respawn()?;
+            match self.wait_ready().await {
+                Ok(()) => break,
+                Err(e)
+                    if e.to_string().contains("pre-existing shared memory block")
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
         if !keep_data {
             self.create_user().await?;
         }

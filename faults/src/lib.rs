@@ -123,12 +123,12 @@ pub fn expected(label: &str, fault: Fault) -> Expect {
         ("zk-ensemble" | "etcd-cluster" | "redlock", QuorumLoss) => Holds,
         (_, QuorumLoss) => NotApplicable,
         ("redlock", NodeRestartEmpty) => Documented(
-            "lock-redlock crate docs, Failure modes: two holders after a node restarts empty \
+            "lock-redlock crate docs, 'What Redlock does not give you': two holders after a node restarts empty \
              before the TTL ends",
         ),
         (_, NodeRestartEmpty) => NotApplicable,
         ("redlock", ClockJump) => Documented(
-            "lock-redlock crate docs, Failure modes: two holders after a clock jump on a node",
+            "lock-redlock crate docs, 'What Redlock does not give you': two holders after a clock jump on a node",
         ),
         ("redis", ClockJump) => Documented(
             "lock-redis crate docs, Failure modes: a server clock jumping forward expires the \
@@ -147,11 +147,11 @@ pub fn expected(label: &str, fault: Fault) -> Expect {
              trip); fencing tokens keep increasing",
         ),
         ("redlock", ServerRestart) => Either(
-            "lock-redlock crate docs, Failure modes: two holders after a node restarts empty \
+            "lock-redlock crate docs, 'What Redlock does not give you': two holders after a node restarts empty \
              before the TTL ends (here all five)",
         ),
         ("redlock", HolderPause) => Documented(
-            "lock-redlock crate docs, Failure modes: no fencing tokens; a stopped process can \
+            "lock-redlock crate docs, 'What Redlock does not give you': no fencing tokens; a stopped process can \
              outlive the validity without noticing, and its write is not rejected",
         ),
         ("postgres-row-lock" | "mysql-row-lock", ServerRestart) => Either(
