@@ -120,7 +120,12 @@ pub fn expected(label: &str, fault: Fault) -> Expect {
         ),
         ("etcd-cluster", LeaderLoss) => Holds,
         (_, LeaderLoss) => NotApplicable,
-        ("zk-ensemble" | "etcd-cluster" | "redlock", QuorumLoss) => Holds,
+        ("zk-ensemble", QuorumLoss) => KnownDefect(
+            "lock-zk: with 1 of 3 members killed, a lock() sometimes fails with a Backend error \
+             `listing /locksmith/<name>: node not exists` instead of locking (`minority_lock_failed`, \
+             1 of 6 runs)",
+        ),
+        ("etcd-cluster" | "redlock", QuorumLoss) => Holds,
         (_, QuorumLoss) => NotApplicable,
         ("redlock", NodeRestartEmpty) => Documented(
             "lock-redlock crate docs, 'What Redlock does not give you': two holders after a node restarts empty \
