@@ -180,6 +180,35 @@ impl SqlBackend {
         })
     }
 
+    /// A lease backend on an SQLite pool the application already has, so it does not open a
+    /// second one: the lock table (`table`, created if missing) lives in the pool's database
+    /// file. The pool's own settings are kept: give it a `busy_timeout` (sqlx's default is 5 s)
+    /// and WAL journaling for several processes, as [`SqlBackend::connect`] does.
+    ///
+    /// Cancel safety: dropping the future leaves nothing behind but possibly the (idempotently
+    /// created) lock table.
+    ///
+    /// # Errors
+    /// `InvalidConfig` for a bad table name or an in-memory database (its locks would not be
+    /// shared between the pool's connections); `Unavailable` or `Backend` when the table cannot
+    /// be created.
+    #[cfg(feature = "sqlite")]
+    pub async fn from_sqlite_pool(pool: sqlx::SqlitePool, table: &str) -> Result<SqlBackend> {
+        let file = pool.connect_options().get_filename().to_owned();
+        let mut url = url::Url::parse("sqlite://").expect("a valid URL");
+        url.set_path(&file.to_string_lossy());
+        let mut settings = Config::new(url.to_string());
+        settings.table = table.to_owned();
+        let config = Parsed::from_config(settings)?;
+        let inner = Inner::Lite(sqlite::LiteBackend::with_pool(&config, pool).await?);
+        let capabilities = capabilities(config.dialect, config.strategy);
+        Ok(SqlBackend {
+            inner,
+            config,
+            capabilities,
+        })
+    }
+
     /// The strategy in use.
     pub fn strategy(&self) -> Strategy {
         self.config.strategy

@@ -78,6 +78,11 @@ impl LiteBackend {
             .connect_with(opts)
             .await
             .map_err(|e| map_err(config, "opening the sqlite database", e))?;
+        Self::with_pool(config, pool).await
+    }
+
+    /// On a pool the application already has (its own settings kept).
+    pub(crate) async fn with_pool(config: &Parsed, pool: SqlitePool) -> Result<LiteBackend> {
         let t = &config.table;
         let ddl = format!(
             "CREATE TABLE IF NOT EXISTS {t} (name TEXT NOT NULL PRIMARY KEY, owner TEXT, \

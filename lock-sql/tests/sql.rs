@@ -404,3 +404,62 @@ async fn capability_notes_state_the_limits() {
         assert_eq!(r.is_ok(), caps.force_release, "{label}: {r:?}");
     }
 }
+
+/// A backend on the application's own SQLite pool (no second pool) shares the locks of the
+/// database file with a backend connected by URL; an in-memory pool is refused.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn sqlite_backend_from_an_existing_pool_shares_the_file() {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+    let dir = std::env::temp_dir().join(format!("lock-sql-pool-{:016x}", fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("app.db");
+    let pool = SqlitePoolOptions::new()
+        .max_connections(2)
+        .connect_with(
+            SqliteConnectOptions::new()
+                .filename(&file)
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .busy_timeout(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap();
+    let from_pool = Locker::new(
+        SqlBackend::from_sqlite_pool(pool.clone(), "app_locks")
+            .await
+            .unwrap(),
+    );
+    let by_url = Locker::new(
+        SqlBackend::connect(&format!("sqlite://{}?table=app_locks", file.display()))
+            .await
+            .unwrap(),
+    );
+    let opts = LockOptions::new().ttl(Duration::from_secs(10));
+    let g = from_pool.try_lock("job", &opts).await.unwrap().unwrap();
+    assert!(g.fencing_token().is_some());
+    assert!(by_url.try_lock("job", &opts).await.unwrap().is_none());
+    g.release().await.unwrap();
+    let g = by_url.try_lock("job", &opts).await.unwrap().unwrap();
+    g.release().await.unwrap();
+    // The application's pool is the one the table was created in.
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM app_locks")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+    from_pool.flush().await;
+    by_url.flush().await;
+
+    let memory = SqlitePoolOptions::new()
+        .connect_with(SqliteConnectOptions::new().in_memory(true))
+        .await
+        .unwrap();
+    let err = SqlBackend::from_sqlite_pool(memory, "t").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+    let err = SqlBackend::from_sqlite_pool(pool, "bad;name")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+    let _ = std::fs::remove_dir_all(&dir);
+}
