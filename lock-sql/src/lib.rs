@@ -209,6 +209,42 @@ impl SqlBackend {
         })
     }
 
+    /// A backend on the connection settings of a PostgreSQL pool the application already has
+    /// (host, credentials, TLS: no second URL or password to configure). Statements run on
+    /// connections of this crate's own, opened with those settings as needed (a held row lock
+    /// keeps a connection of its own, and sqlx's pool would add a ping per checkout): the
+    /// application's pool is left alone.
+    ///
+    /// Cancel safety: as [`SqlBackend::connect`].
+    ///
+    /// # Errors
+    /// As [`SqlBackend::connect`] (`InvalidConfig` for a bad table name).
+    #[cfg(feature = "postgres")]
+    pub async fn from_pg_pool(
+        pool: &sqlx::PgPool,
+        strategy: Strategy,
+        table: &str,
+    ) -> Result<SqlBackend> {
+        let opts = (*pool.connect_options()).clone();
+        // Only for describe() and errors: the connection settings are `opts` themselves.
+        let mut url = url::Url::parse("postgres://localhost").expect("a valid URL");
+        let _ = url.set_host(Some(opts.get_host()));
+        let _ = url.set_port(Some(opts.get_port()));
+        let _ = url.set_username(opts.get_username());
+        url.set_path(opts.get_database().unwrap_or(""));
+        let mut settings = Config::new(url.to_string());
+        settings.strategy = strategy;
+        settings.table = table.to_owned();
+        let config = Parsed::from_config(settings)?;
+        let inner = Inner::Pg(Box::new(pg::PgBackend::connect_with(&config, opts).await?));
+        let capabilities = capabilities(config.dialect, config.strategy);
+        Ok(SqlBackend {
+            inner,
+            config,
+            capabilities,
+        })
+    }
+
     /// The strategy in use.
     pub fn strategy(&self) -> Strategy {
         self.config.strategy

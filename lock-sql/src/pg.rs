@@ -94,6 +94,11 @@ impl PgBackend {
         let opts = PgConnectOptions::from_str(&config.sqlx_url).map_err(|e| {
             Error::invalid_config(config.scrub(format!("invalid postgres URL: {e}")))
         })?;
+        Self::connect_with(config, opts).await
+    }
+
+    /// With connection settings the application already has (its pool's).
+    pub(crate) async fn connect_with(config: &Parsed, opts: PgConnectOptions) -> Result<PgBackend> {
         let conns = Conns::new(opts.clone(), config, setup);
         let t = &config.table;
         let old_seq = format!("{}_fseq", &t[..t.len().min(57)]);

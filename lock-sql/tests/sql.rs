@@ -463,3 +463,52 @@ async fn sqlite_backend_from_an_existing_pool_shares_the_file() {
     assert_eq!(err.kind(), ErrorKind::InvalidConfig);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A backend on the settings of the application's own PostgreSQL pool (no URL or password
+/// given again) reaches the same server and contends with a backend connected by URL.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn postgres_backend_from_an_existing_pool_contends_with_the_url_one() {
+    let Some(url) = conformance::require_env("LOCK_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let pool = sqlx::PgPool::connect_lazy(&url).unwrap();
+    let from_pool = Locker::new(
+        SqlBackend::from_pg_pool(&pool, lock_sql::Strategy::RowLock, "locksmith_locks")
+            .await
+            .unwrap(),
+    );
+    assert!(!from_pool.describe().contains("locksmith-pw"));
+    let by_url = Locker::new(
+        SqlBackend::connect(&format!("{url}?strategy=row-lock"))
+            .await
+            .unwrap(),
+    );
+    let name = format!("from-pool-{:016x}", fastrand::u64(..));
+    let opts = LockOptions::new().ttl(Duration::from_secs(10));
+    let g = from_pool
+        .try_lock(name.as_str(), &opts)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        by_url
+            .try_lock(name.as_str(), &opts)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    g.release().await.unwrap();
+    let g = by_url
+        .try_lock(name.as_str(), &opts)
+        .await
+        .unwrap()
+        .unwrap();
+    g.release().await.unwrap();
+    let err = SqlBackend::from_pg_pool(&pool, lock_sql::Strategy::Lease, "bad;name")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+    from_pool.flush().await;
+    by_url.flush().await;
+}
