@@ -27,11 +27,18 @@ impl UrlHarness {
             }
             Err(_) => (false, Duration::ZERO),
         };
+        // etcd grants leases in whole seconds: scenario TTLs below a second would be granted a
+        // longer one (as lock-etcd's own harness, scenarios start at one second there).
+        let floor = if url.starts_with("etcd://") || url.starts_with("etcds://") {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_millis(300)
+        };
         UrlHarness {
             label,
             url,
             can_revoke,
-            min_ttl: min_ttl.max(Duration::from_millis(300)),
+            min_ttl: min_ttl.max(floor),
         }
     }
 
