@@ -822,23 +822,31 @@ impl ZkBackend {
             }
             let mut listed = Some(listed);
             loop {
-                let children = match listed.take() {
-                    Some(Ok(c)) => c,
+                let listing = match listed.take() {
                     Some(Err(e)) if is_retryable(&e) => {
                         sent_at = Instant::now();
-                        match retry(|| client.list_children(&parent)).await {
-                            Ok(c) => c,
-                            Err(e) => return self.list_failed(&parent, e),
-                        }
+                        retry(|| client.list_children(&parent)).await
                     }
-                    Some(Err(e)) => return self.list_failed(&parent, e),
+                    Some(r) => r,
                     None => {
                         sent_at = Instant::now();
-                        match retry(|| client.list_children(&parent)).await {
-                            Ok(c) => c,
-                            Err(e) => return self.list_failed(&parent, e),
-                        }
+                        retry(|| client.list_children(&parent)).await
                     }
+                };
+                let children = match listing {
+                    Ok(c) => c,
+                    // The parent is gone (a container the server removed once it was empty,
+                    // e.g. while our create's reply was lost): no node of ours can be under it,
+                    // since an ephemeral child keeps its parent. Queue again under a new one.
+                    Err(zk::Error::NoNode) => {
+                        if session.ended() {
+                            return Ok(Attempt::SessionEnded);
+                        }
+                        contender.state = GuardState::Creating;
+                        self.ensure_parent(client, &parent).await?;
+                        continue 'create;
+                    }
+                    Err(e) => return self.list_failed(&parent, e),
                 };
                 let (node, q) = {
                     let foreign = self.foreign();
