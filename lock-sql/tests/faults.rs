@@ -316,7 +316,15 @@ async fn requests_per_operation() {
             let opts = opts.clone().wait_timeout(scaled(Duration::from_secs(20)));
             tokio::spawn(async move { c.lock(name.as_str(), &opts).await })
         };
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Released once the waiter's blocking request has passed the proxy (not after a guess).
+        let deadline = std::time::Instant::now() + scaled(Duration::from_secs(10));
+        while proxy.requests() == before {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{label}: the waiter sent no request"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
         g.release().await.unwrap();
         let g = w.await.unwrap().unwrap();
         let acquire = proxy.requests() - before;
