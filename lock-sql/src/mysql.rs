@@ -367,7 +367,6 @@ impl MyBackend {
                 background: req.background.clone(),
                 armed: true,
             });
-            let sent_at = Instant::now();
             let q = sqlx::query(AssertSqlSafe(self.sql.row_acquire.clone()))
                 .bind(req.name.as_str())
                 .bind(req.name.as_str())
@@ -388,15 +387,8 @@ impl MyBackend {
                     } else {
                         r.last_insert_id()
                     };
-                    let now = Instant::now();
-                    // As for PostgreSQL: after a wait the validity counts from the answer; the
-                    // lock lives with the session and its idle guard starts at the statement's
-                    // end.
-                    let sent_at = if now - sent_at > Duration::from_millis(20) {
-                        now - Duration::from_millis(1)
-                    } else {
-                        sent_at
-                    };
+                    // As for PostgreSQL: the validity counts from the answer, never the send.
+                    let answered_at = Instant::now();
                     c.hold();
                     let holding = MyHolding {
                         conn: Some(c),
@@ -412,7 +404,7 @@ impl MyBackend {
                         req.lost.clone(),
                         "mysql",
                     );
-                    return Ok(Some(Acquired::new(lease, sent_at)));
+                    return Ok(Some(Acquired::new(lease, answered_at)));
                 }
                 Ok(_) => {
                     // Busy (GET_LOCK timed out): nothing held.

@@ -438,7 +438,6 @@ impl PgBackend {
                 Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
                 Err(e) => return Err(e),
             };
-            let sent_at = Instant::now();
             let q = if nowait {
                 sqlx::query_scalar::<_, i64>(AssertSqlSafe(self.sql.row_try.clone()))
                     .bind(req.name.as_str())
@@ -473,16 +472,13 @@ impl PgBackend {
             };
             match res {
                 Ok(Some(fence)) => {
-                    // After a wait in the server's queue the grant came long after the request:
-                    // the validity counts from the answer instead. Safe without another round
-                    // trip: the lock lives as long as the session, and the server's idle guard
-                    // (ttl + 1 s) starts at the statement's end, before the answer arrives.
-                    let now = Instant::now();
-                    let sent_at = if now - sent_at > Duration::from_millis(20) {
-                        now - Duration::from_millis(1)
-                    } else {
-                        sent_at
-                    };
+                    // The validity counts from the answer, never the send: a grant comes after
+                    // the previous holder's release (which its watchdog makes at its validity
+                    // deadline), and a send (of a wait, or even of a try that crossed the
+                    // release) can come before it. Safe without another round trip: the lock
+                    // lives as long as the session, and the server's idle guard (ttl + 1 s)
+                    // starts at the statement's end, before the answer arrives.
+                    let answered_at = Instant::now();
                     c.hold();
                     let holding = PgHolding {
                         conn: Some(c),
@@ -498,7 +494,7 @@ impl PgBackend {
                         req.lost.clone(),
                         "postgres",
                     );
-                    return Ok(Some(Acquired::new(lease, sent_at)));
+                    return Ok(Some(Acquired::new(lease, answered_at)));
                 }
                 Ok(None) => {
                     // Tried and busy: nothing held, the session is clean.
