@@ -78,6 +78,7 @@ export LOCK_TEST_REQUIRE_ALL=1
 
 TEST_LOG=$(mktemp /tmp/locksmith-test-log.XXXXXX)
 run_tests() {
-  cargo test --workspace --all-features "$@" 2>&1 | tee "$TEST_LOG"
+  # --no-fail-fast: a failure in one test binary does not hide the results of the others.
+  cargo test --workspace --all-features --no-fail-fast "$@" 2>&1 | tee "$TEST_LOG"
 }
 phase test run_tests "$@"
