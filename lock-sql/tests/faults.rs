@@ -155,7 +155,14 @@ async fn hundred_holders_and_the_server_connection_limit() {
 async fn waiters_on_a_busy_name_do_not_starve_other_names() {
     for (label, url, _) in shared() {
         let tag = uuid::Uuid::new_v4().simple().to_string();
-        let url = with_params(&url, "strategy=row-lock&pool_max=2");
+        let url = if label == "postgres" {
+            with_params(&url, "strategy=row-lock&pool_max=2")
+        } else {
+            with_params(
+                &url,
+                &format!("strategy=row-lock&pool_max=2&table=starve_{tag}"),
+            )
+        };
         let url_c = if label == "postgres" {
             with_params(&url, &format!("application_name=starve{tag}"))
         } else {
@@ -176,7 +183,16 @@ async fn waiters_on_a_busy_name_do_not_starve_other_names() {
                 tokio::spawn(async move { c.lock(busy.as_str(), &opts).await })
             })
             .collect();
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Until the waiters are queued (a server-side waiter stands for them): the test is
+        // about what the queued ones do to other names.
+        let t_wait = std::time::Instant::now();
+        while server_side_waiters(label, &url, &tag).await < 1 {
+            assert!(
+                t_wait.elapsed() < scaled(Duration::from_secs(10)),
+                "{label}: no waiter reached the server"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let t0 = std::time::Instant::now();
         let other = c
             .lock(
@@ -194,26 +210,55 @@ async fn waiters_on_a_busy_name_do_not_starve_other_names() {
             "{label}: {:?}",
             t0.elapsed()
         );
-        if label == "postgres" {
-            // One server-side waiter for the 20 local ones.
-            let pool = sqlx::PgPool::connect(&url.replace("&strategy=row-lock&pool_max=2", ""))
-                .await
-                .unwrap();
-            let n: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
-            )
-            .bind(format!("starve{tag}"))
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-            assert!(n <= 1, "{label}: {n} server-side waiters");
-        }
+        // One server-side waiter for the 20 local ones.
+        let n = server_side_waiters(label, &url, &tag).await;
+        assert!(n <= 1, "{label}: {n} server-side waiters");
         other.release().await.unwrap();
         g.release().await.unwrap();
         for w in waiters {
             let g = w.await.unwrap().unwrap();
             g.release().await.unwrap();
         }
+        if label == "mysql" {
+            let pool = sqlx::MySqlPool::connect(url.split('?').next().unwrap())
+                .await
+                .unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE starve_{tag}")))
+                .execute(&pool)
+                .await
+                .unwrap();
+            pool.close().await;
+        }
+    }
+}
+
+/// How many of the server's sessions wait for a row lock of the test's client (PostgreSQL:
+/// tagged `application_name=starve{tag}`; MariaDB: `GET_LOCK` waits on its own table
+/// `starve_{tag}`, since a prepared statement's text shows no bound name).
+async fn server_side_waiters(label: &str, url: &str, tag: &str) -> i64 {
+    let base = url.split('?').next().unwrap();
+    if label == "postgres" {
+        let pool = sqlx::PgPool::connect(base).await.unwrap();
+        let n = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
+        )
+        .bind(format!("starve{tag}"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+        n
+    } else {
+        let pool = sqlx::MySqlPool::connect(base).await.unwrap();
+        let n = sqlx::query_scalar(
+            "SELECT count(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock' AND INFO LIKE CONCAT('%.starve\\_', ?, '.%')",
+        )
+        .bind(tag)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+        n
     }
 }
 
@@ -483,9 +528,12 @@ async fn revoke_kills_the_current_holder_only() {
             !admin.revoke(&LockName::new(&x).unwrap()).await.unwrap(),
             "{label}: x is not held"
         );
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        // A round trip on y's holding session proves it alive: `KILL CONNECTION` shuts the
+        // victim's socket before it returns, so a killed session fails this extend.
+        gy.extend(Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|e| panic!("{label}: revoking x took y: {e}"));
         assert!(gy.lost().reason().is_none(), "{label}: revoking x took y");
-        gy.extend(Duration::from_secs(30)).await.unwrap();
         assert!(
             admin.revoke(&LockName::new(&y).unwrap()).await.unwrap(),
             "{label}"
