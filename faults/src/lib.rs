@@ -205,7 +205,13 @@ pub async fn run_backend(label: &str, kind: Kind) -> Vec<FaultCell> {
             return cells;
         }
     };
-    for f in Fault::ALL {
+    // LOCK_FAULTS_ONLY=a,b runs only those faults (to repeat one cell while diagnosing it).
+    let only = std::env::var("LOCK_FAULTS_ONLY").ok();
+    let selected = |f: Fault| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|n| n.trim() == f.name()))
+    };
+    for f in Fault::ALL.into_iter().filter(|&f| selected(f)) {
         let mut cell = match tokio::time::timeout(
             Duration::from_secs(120).mul_f64(conformance::time_scale()),
             run_fault(&mut target, f),
