@@ -334,8 +334,17 @@ fn is_connection_failure(e: &zk::Error) -> bool {
     !e.to_string().to_ascii_lowercase().contains("sasl")
 }
 
+/// The request may or may not have been applied and the session lives on: retry it (every
+/// retried request here is idempotent or recovers by owner token). A broken connection counts,
+/// whichever way the client reports it: a release that gave up on a reset connection left its
+/// node behind for the whole session, and every contender waited on it (the zk-ensemble
+/// `leader_loss` stall).
 fn is_retryable(e: &zk::Error) -> bool {
-    matches!(e, zk::Error::ConnectionLoss)
+    match e {
+        zk::Error::ConnectionLoss => true,
+        zk::Error::Custom(_) => is_connection_failure(e),
+        _ => false,
+    }
 }
 
 /// The session of a request is gone (expired, closed): the request is retried on the next one.
