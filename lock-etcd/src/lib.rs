@@ -90,6 +90,9 @@ const PROBE_EVERY: Duration = Duration::from_secs(1);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// The TTL of the lease `bare_cycle` uses.
 const BARE_TTL_SECS: i64 = 60;
+/// The host a backend made from an application's client reports (it cannot see the client's
+/// endpoints).
+const APPLICATION_CLIENT: &str = "application-client";
 
 /// The etcd client error in the contract's terms.
 pub(crate) fn map_err(what: impl Into<String>, e: etcd_client::Error) -> Error {
@@ -258,6 +261,53 @@ impl EtcdBackend {
                 Ok(Err(e)) => return Err(map_err(what, e)),
                 Err(_) => return Err(timed_out(&what, config.timeout * 2)),
             };
+        let tracked = (endpoints.len() > 1).then_some((endpoints, first));
+        Self::assemble(client, config, tracked).await
+    }
+
+    /// Uses a client the application already has: its channel, endpoints, TLS and
+    /// credentials, so the application keeps one connection to etcd. Locks live under
+    /// `namespace` (as a URL's path says it: `app/locks`; empty: `locksmith`, as a URL without
+    /// one). The backend opens its one watch and one keep-alive stream on that channel. Unlike
+    /// a backend from a URL it does not track which members answer (the client's own balancing
+    /// applies), and [`describe`](lockcore::Backend::describe) names the client
+    /// (`application-client`), not its endpoints.
+    ///
+    /// ```no_run
+    /// # async fn f() -> lockcore::Result<()> {
+    /// let client = etcd_client::Client::connect(["127.0.0.1:2379"], None).await.unwrap();
+    /// let backend = lock_etcd::EtcdBackend::from_client(client, "app/locks").await?;
+    /// let locker = lockcore::Locker::new(backend);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Cancel safety: dropping the future before it completes leaves nothing behind (the
+    /// watch it was opening is closed).
+    ///
+    /// # Errors
+    /// `InvalidConfig` for a bad namespace; `Unavailable` when the watch cannot be opened.
+    pub async fn from_client(client: Client, namespace: &str) -> Result<EtcdBackend> {
+        let config = Config {
+            tls: false,
+            hosts: vec![APPLICATION_CLIENT.to_owned()],
+            namespace: namespace.to_owned(),
+            user: None,
+            password: None,
+            ca: None,
+            domain: None,
+            timeout: crate::config::DEFAULT_TIMEOUT,
+        }
+        .validate()?;
+        Self::assemble(client, config, None).await
+    }
+
+    /// The backend on a connected client; `tracked`: the configured endpoints and those that
+    /// answered, for the task that keeps the client's endpoint set current.
+    async fn assemble(
+        client: Client,
+        config: Config,
+        tracked: Option<(Vec<String>, Vec<String>)>,
+    ) -> Result<EtcdBackend> {
         let prefix = format!("{}/", config.namespace).into_bytes();
         let dispatch = Dispatch::start(client.watch_client(), prefix, config.timeout).await?;
         let keeper = Keeper::start(client.lease_client(), lost_margin);
@@ -274,7 +324,7 @@ impl EtcdBackend {
                 stats: Stats::default(),
             }),
         };
-        if endpoints.len() > 1 {
+        if let Some((endpoints, first)) = tracked {
             tokio::spawn(track_members(
                 Arc::downgrade(&backend.inner),
                 endpoints,

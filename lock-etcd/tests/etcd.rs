@@ -361,3 +361,71 @@ async fn password_never_shows() {
         Err(e) => assert!(!format!("{e} {e:?}").contains(marker)),
     }
 }
+
+/// A backend on the application's own client (`from_client`): its locks exclude those of a
+/// backend from a URL on the same namespace, its keys are there for the application's client to
+/// see, and a namespace that tries to escape is refused.
+#[tokio::test]
+async fn from_client_shares_the_applications_client() {
+    let Some(url) = url() else { return };
+    let hosts: Vec<String> = url
+        .trim_start_matches("etcd://")
+        .split(['/', '?'])
+        .next()
+        .unwrap()
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let client = etcd_client::Client::connect(&hosts, None).await.unwrap();
+    let ns = unique("app");
+    let mine = Locker::new(EtcdBackend::from_client(client.clone(), &ns).await.unwrap());
+    let other = Locker::new(
+        EtcdBackend::connect(&format!("etcd://{}/{ns}", hosts.join(",")))
+            .await
+            .unwrap(),
+    );
+    let name = unique("shared");
+    let opts = LockOptions::new().ttl(Duration::from_secs(5));
+    let g = mine
+        .try_lock(name.as_str(), &opts)
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(
+        other
+            .try_lock(name.as_str(), &opts)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let held = client
+        .kv_client()
+        .get(
+            format!("{ns}/"),
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(held.kvs().len(), 1, "one lock key under the namespace");
+    g.release().await.unwrap();
+    other
+        .lock(
+            name.as_str(),
+            &opts.clone().wait_timeout(scaled(Duration::from_secs(5))),
+        )
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    for bad in ["../x", "a//b", "ns\n"] {
+        let err = EtcdBackend::from_client(client.clone(), bad)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{bad:?}: {err}");
+    }
+}
