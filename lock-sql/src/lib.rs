@@ -226,17 +226,58 @@ impl SqlBackend {
         table: &str,
     ) -> Result<SqlBackend> {
         let opts = (*pool.connect_options()).clone();
-        // Only for describe() and errors: the connection settings are `opts` themselves.
-        let mut url = url::Url::parse("postgres://localhost").expect("a valid URL");
-        let _ = url.set_host(Some(opts.get_host()));
-        let _ = url.set_port(Some(opts.get_port()));
-        let _ = url.set_username(opts.get_username());
-        url.set_path(opts.get_database().unwrap_or(""));
-        let mut settings = Config::new(url.to_string());
-        settings.strategy = strategy;
-        settings.table = table.to_owned();
-        let config = Parsed::from_config(settings)?;
+        let config = pool_config(
+            "postgres",
+            (opts.get_host(), opts.get_port()),
+            opts.get_username(),
+            opts.get_database(),
+            strategy,
+            table,
+        )?;
         let inner = Inner::Pg(Box::new(pg::PgBackend::connect_with(&config, opts).await?));
+        let capabilities = capabilities(config.dialect, config.strategy);
+        Ok(SqlBackend {
+            inner,
+            config,
+            capabilities,
+        })
+    }
+
+    /// A backend on the connection settings of a MySQL/MariaDB pool the application already
+    /// has, as [`SqlBackend::from_pg_pool`] does for PostgreSQL (no second URL or password; this
+    /// crate's own connections, opened with those settings; the application's pool is left
+    /// alone).
+    ///
+    /// ```no_run
+    /// # async fn f() -> lockcore::Result<()> {
+    /// let pool = sqlx::MySqlPool::connect("mysql://app:pw@db/app").await.unwrap();
+    /// let backend =
+    ///     lock_sql::SqlBackend::from_mysql_pool(&pool, lock_sql::Strategy::Lease, "app_locks")
+    ///         .await?;
+    /// let locker = lockcore::Locker::new(backend);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Cancel safety: as [`SqlBackend::connect`].
+    ///
+    /// # Errors
+    /// As [`SqlBackend::connect`] (`InvalidConfig` for a bad table name).
+    #[cfg(feature = "mysql")]
+    pub async fn from_mysql_pool(
+        pool: &sqlx::MySqlPool,
+        strategy: Strategy,
+        table: &str,
+    ) -> Result<SqlBackend> {
+        let opts = (*pool.connect_options()).clone();
+        let config = pool_config(
+            "mysql",
+            (opts.get_host(), opts.get_port()),
+            opts.get_username(),
+            opts.get_database(),
+            strategy,
+            table,
+        )?;
+        let inner = Inner::My(mysql::MyBackend::connect_with(&config, opts).await?);
         let capabilities = capabilities(config.dialect, config.strategy);
         Ok(SqlBackend {
             inner,
@@ -559,4 +600,27 @@ pub(crate) fn owner_checked(rows: u64) -> Result<()> {
             "the lease expired or belongs to another holder",
         ))
     }
+}
+
+/// The settings of a backend made on an application's pool: a URL naming the server, user and
+/// database (for `describe()` and errors only: the connection settings are the pool's own,
+/// password included, which never enters this URL).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn pool_config(
+    scheme: &str,
+    (host, port): (&str, u16),
+    user: &str,
+    database: Option<&str>,
+    strategy: Strategy,
+    table: &str,
+) -> Result<Parsed> {
+    let mut url = url::Url::parse(&format!("{scheme}://localhost")).expect("a valid URL");
+    let _ = url.set_host(Some(host));
+    let _ = url.set_port(Some(port));
+    let _ = url.set_username(user);
+    url.set_path(database.unwrap_or(""));
+    let mut settings = Config::new(url.to_string());
+    settings.strategy = strategy;
+    settings.table = table.to_owned();
+    Parsed::from_config(settings)
 }

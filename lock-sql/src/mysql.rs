@@ -72,6 +72,14 @@ impl MyBackend {
     pub(crate) async fn connect(config: &Parsed) -> Result<MyBackend> {
         let opts = MySqlConnectOptions::from_str(&config.sqlx_url)
             .map_err(|e| Error::invalid_config(config.scrub(format!("invalid mysql URL: {e}"))))?;
+        Self::connect_with(config, opts).await
+    }
+
+    /// As [`MyBackend::connect`], with connection settings given (an application's pool's).
+    pub(crate) async fn connect_with(
+        config: &Parsed,
+        opts: MySqlConnectOptions,
+    ) -> Result<MyBackend> {
         let conns = Conns::new(opts, config, setup);
         let t = &config.table;
         // VARBINARY: names compare byte for byte (no case folding, no PAD SPACE). Expiry is

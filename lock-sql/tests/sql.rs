@@ -512,3 +512,64 @@ async fn postgres_backend_from_an_existing_pool_contends_with_the_url_one() {
     from_pool.flush().await;
     by_url.flush().await;
 }
+
+/// As for PostgreSQL: a backend on the settings of the application's own MySQL/MariaDB pool
+/// reaches the same server, never shows the password, and contends with a backend by URL.
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn mysql_backend_from_an_existing_pool_contends_with_the_url_one() {
+    let Some(url) = conformance::require_env("LOCK_TEST_MYSQL_URL") else {
+        return;
+    };
+    let password = url::Url::parse(&url).unwrap().password().map(str::to_owned);
+    let pool = sqlx::MySqlPool::connect_lazy(&url).unwrap();
+    for (strategy, query) in [
+        (lock_sql::Strategy::RowLock, "strategy=row-lock"),
+        (lock_sql::Strategy::Lease, "strategy=lease"),
+    ] {
+        let from_pool = Locker::new(
+            SqlBackend::from_mysql_pool(&pool, strategy, "locksmith_locks")
+                .await
+                .unwrap(),
+        );
+        if let Some(pw) = &password {
+            assert!(!from_pool.describe().contains(pw.as_str()));
+            assert!(!format!("{from_pool:?}").contains(pw.as_str()));
+        }
+        let by_url = Locker::new(
+            SqlBackend::connect(&format!("{url}?{query}"))
+                .await
+                .unwrap(),
+        );
+        let name = format!("from-pool-{:016x}", fastrand::u64(..));
+        let opts = LockOptions::new().ttl(Duration::from_secs(10));
+        let g = from_pool
+            .try_lock(name.as_str(), &opts)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            by_url
+                .try_lock(name.as_str(), &opts)
+                .await
+                .unwrap()
+                .is_none(),
+            "{query}"
+        );
+        g.release().await.unwrap();
+        let g = by_url
+            .lock(
+                name.as_str(),
+                &opts.clone().wait_timeout(Duration::from_secs(10)),
+            )
+            .await
+            .unwrap();
+        g.release().await.unwrap();
+        from_pool.flush().await;
+        by_url.flush().await;
+    }
+    let err = SqlBackend::from_mysql_pool(&pool, lock_sql::Strategy::Lease, "bad;name")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+}
