@@ -26,6 +26,9 @@ use crate::config::Parsed;
 /// A connection plus what this crate remembers about its session.
 pub(crate) struct Conn<C, M> {
     pub(crate) raw: C,
+    /// What the dialect keeps per session (MariaDB: connection id, idle guard; PostgreSQL:
+    /// nothing it reads).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) meta: M,
     /// When the server will close it if it stays idle (a server-side guard set on it), if ever.
     pub(crate) idle_until: Option<Instant>,

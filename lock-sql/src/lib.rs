@@ -468,6 +468,8 @@ impl Backend for SqlBackend {
     }
 
     async fn queued_waiters(&self, name: &LockName) -> Result<usize> {
+        // Used by the PostgreSQL arm only.
+        let _ = name;
         match &self.inner {
             #[cfg(feature = "postgres")]
             Inner::Pg(b) => b.queued_waiters(name).await,
@@ -487,6 +489,8 @@ impl Backend for SqlBackend {
     }
 
     async fn bare_cycle(&self, name: &LockName) -> Result<()> {
+        // Unused where only SQLite is built.
+        let _ = name;
         match &self.inner {
             #[cfg(feature = "postgres")]
             Inner::Pg(b) => b.bare_cycle(name).await,
@@ -560,6 +564,8 @@ pub(crate) fn is_unavailable_code(e: &sqlx::Error) -> bool {
     let Some(d) = e.as_database_error() else {
         return false;
     };
+    // Unused where only SQLite is built (no server error means "not now" there).
+    let _ = d;
     #[cfg(feature = "mysql")]
     if let Some(m) = d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
         return matches!(m.number(), 1040 | 1203 | 1053 | 1927);

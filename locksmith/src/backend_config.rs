@@ -1,7 +1,7 @@
 //! A backend picked by configuration instead of a URL: [`Config`], one variant per compiled-in
 //! backend, each holding that backend's own config type.
 
-use lockcore::{Error, Locker, Result, Secret};
+use lockcore::{Locker, Result, Secret};
 
 /// Which backend to use and how, as a config file or the environment says it: the field
 /// `backend` names the backend, the other fields are that backend's own config type (the same
@@ -104,7 +104,7 @@ pub async fn connect_config(config: Config) -> Result<Locker> {
         Config::Redlock { url } => {
             let scheme = crate::scheme_of(url.expose())?;
             if scheme != "redlock" && scheme != "redlocks" {
-                return Err(Error::invalid_config(
+                return Err(lockcore::Error::invalid_config(
                     "backend `redlock` needs a redlock:// or redlocks:// url",
                 ));
             }
@@ -118,7 +118,7 @@ pub async fn connect_config(config: Config) -> Result<Locker> {
 async fn sql(c: lock_sql::Config, schemes: &[&str]) -> Result<Locker> {
     let scheme = crate::scheme_of(c.url.expose())?;
     if !schemes.contains(&scheme.as_str()) {
-        return Err(Error::invalid_config(format!(
+        return Err(lockcore::Error::invalid_config(format!(
             "this backend needs a {} url, not {scheme}://",
             schemes.join(":// or ")
         )));
