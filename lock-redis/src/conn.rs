@@ -537,6 +537,24 @@ fn client_for(info: ConnectionInfo, certs: &Option<TlsCertificates>) -> RedisRes
 }
 
 impl Factory {
+    /// A single-node factory on the settings of an application's client (address, TLS,
+    /// credentials, database), in RESP3 whatever the client asked: the pub/sub side needs push
+    /// messages, and one protocol keeps replies alike.
+    pub(crate) fn from_client(client: &Client) -> Result<Factory> {
+        let info = client.get_connection_info().clone();
+        if matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
+            install_crypto_provider();
+        }
+        let redis = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let client = Client::open(info.set_redis_settings(redis)).map_err(|e| {
+            Error::invalid_config("the client's connection settings").with_source(e)
+        })?;
+        Ok(Factory::Single(Target::Direct(client)))
+    }
+
     pub(crate) fn new(cfg: &Config) -> Result<Factory> {
         if cfg.tls {
             install_crypto_provider();

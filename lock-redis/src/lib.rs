@@ -155,6 +155,58 @@ impl RedisBackend {
         let cfg = cfg.validate()?;
         // Fails now, not at the first lock, on wrong credentials or an unreachable cluster.
         let node = Node::connect(&cfg).await?;
+        Self::with_node(cfg, node).await
+    }
+
+    /// A backend on the settings of a `redis::Client` the application already has (address,
+    /// TLS, credentials, database: no second URL or password to configure), with locks under
+    /// `namespace` (empty: `locksmith`, as a URL without `namespace=`). Like every backend it
+    /// opens its own connections with those settings (one multiplexed command connection, and
+    /// one pub/sub connection on the first wait; RESP3, whatever the client asked): the
+    /// application's connections are left alone. Single node only (a cluster or Sentinel setup
+    /// goes through [`RedisBackend::connect`]).
+    ///
+    /// ```no_run
+    /// # async fn f() -> lockcore::Result<()> {
+    /// let client = redis::Client::open("redis://127.0.0.1/").unwrap();
+    /// let backend = lock_redis::RedisBackend::from_client(&client, "app").await?;
+    /// let locker = lockcore::Locker::new(backend);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Cancel safety: dropping the future closes whatever connection it had opened.
+    ///
+    /// # Errors
+    /// `InvalidConfig` for a bad namespace or a Unix-socket client; otherwise as
+    /// [`RedisBackend::connect`].
+    pub async fn from_client(client: &redis::Client, namespace: &str) -> Result<RedisBackend> {
+        let info = client.get_connection_info();
+        let (tls, host, port) = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) => (false, host.clone(), *port),
+            redis::ConnectionAddr::TcpTls { host, port, .. } => (true, host.clone(), *port),
+            _ => {
+                return Err(Error::invalid_config(
+                    "a Redis client on a Unix socket is not supported; give a TCP client or a URL",
+                ));
+            }
+        };
+        // For describe(), errors and the options the client does not carry; the connection
+        // settings are the client's own (the password is kept as a Secret, never shown).
+        let mut cfg = Config::parse("redis://localhost")?;
+        cfg.tls = tls;
+        cfg.nodes = vec![(host, port)];
+        cfg.username = info.redis_settings().username().map(str::to_owned);
+        cfg.password = info.redis_settings().password().map(lockcore::Secret::new);
+        cfg.db = info.redis_settings().db();
+        if !namespace.is_empty() {
+            cfg.namespace = namespace.to_owned();
+        }
+        let cfg = cfg.validate()?;
+        let node = Node::from_client(&cfg, client).await?;
+        Self::with_node(cfg, node).await
+    }
+
+    async fn with_node(cfg: Config, node: Node) -> Result<RedisBackend> {
         let wait_conn = if cfg.min_replicas > 0 {
             let extra = cfg.replica_timeout + Duration::from_millis(500);
             let replicas = Replicas {

@@ -542,7 +542,16 @@ impl Node {
     /// `InvalidConfig` for an unreadable `tls_ca` file or bad TLS settings; `Unavailable` when
     /// the server cannot be reached; `Backend` when it refuses the connection (wrong password).
     pub async fn connect(cfg: &Config) -> Result<Node> {
-        let factory = Factory::new(cfg)?;
+        Self::connect_with(cfg, Factory::new(cfg)?).await
+    }
+
+    /// As [`Node::connect`], on the settings of an application's client (`cfg` gives the rest:
+    /// namespace, timeouts, poll).
+    pub async fn from_client(cfg: &Config, client: &redis::Client) -> Result<Node> {
+        Self::connect_with(cfg, Factory::from_client(client)?).await
+    }
+
+    async fn connect_with(cfg: &Config, factory: Factory) -> Result<Node> {
         let mut conn = factory.command_conn(cfg).await?;
         redis::cmd("PING")
             .query_async::<()>(&mut conn)

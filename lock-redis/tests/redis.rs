@@ -570,3 +570,52 @@ async fn cluster_waiters_use_sharded_pubsub() {
     g.release().await.unwrap();
     task.await.unwrap().unwrap().release().await.unwrap();
 }
+
+/// A backend on the settings of the application's own `redis::Client` (here an ACL user's:
+/// the credentials come from the client, never shown): its locks exclude those of a backend
+/// from the URL on the same namespace; a bad namespace is refused.
+#[tokio::test]
+async fn from_client_takes_the_applications_settings() {
+    let Some(url) = require_env("LOCK_TEST_REDIS_ACL_URL") else {
+        return;
+    };
+    let password = url::Url::parse(&url)
+        .unwrap()
+        .password()
+        .unwrap()
+        .to_owned();
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let ns = unique("app").replace('-', "_");
+    let mine = Locker::new(RedisBackend::from_client(&client, &ns).await.unwrap());
+    assert!(!mine.describe().contains(&password), "{}", mine.describe());
+    assert!(!format!("{mine:?}").contains(&password));
+    let by_url = Locker::new(
+        RedisBackend::connect(&with_query(&url, &format!("namespace={ns}")))
+            .await
+            .unwrap(),
+    );
+    let name = unique("shared");
+    let o = opts(Duration::from_secs(5));
+    let g = mine
+        .try_lock(name.as_str(), &o)
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(by_url.try_lock(name.as_str(), &o).await.unwrap().is_none());
+    g.release().await.unwrap();
+    by_url
+        .lock(
+            name.as_str(),
+            &o.clone()
+                .wait_timeout(Duration::from_secs(5).mul_f64(conformance::time_scale())),
+        )
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    for bad in ["{tag}", "a b", "ns\n"] {
+        let err = RedisBackend::from_client(&client, bad).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{bad:?}: {err}");
+    }
+}
