@@ -295,6 +295,8 @@ struct Inner {
     stats: Stats,
     /// Dropped with the backend: stops the session task.
     _shutdown: watch::Sender<()>,
+    /// Open a new session after one ends (false on an application's session).
+    reopen: bool,
     /// Test hook: the next create "loses" its reply after the server applied it.
     #[cfg(test)]
     drop_next_create_reply: AtomicBool,
@@ -472,8 +474,42 @@ impl ZkBackend {
         })
     }
 
+    /// A backend on a ZooKeeper session the application already has (its connect string,
+    /// chroot and credentials), with locks under `namespace` (empty: `locksmith`, as a URL
+    /// without `namespace=`). The application owns that session: this backend opens none of its
+    /// own, so after the session expires (held locks are then reported lost) every call returns
+    /// `Unavailable` until the application makes a new backend from its new client; a backend
+    /// from a URL opens a new session by itself instead. Lock nodes get open ACLs, as from a
+    /// URL without `digest=`.
+    ///
+    /// ```no_run
+    /// # async fn f() -> lockcore::Result<()> {
+    /// let client = zookeeper_client::Client::connect("127.0.0.1:2181").await.unwrap();
+    /// let backend = lock_zk::ZkBackend::from_client(client, "app").await?;
+    /// let locker = lockcore::Locker::new(backend);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Cancel safety: dropping the future leaves at most the namespace node created.
+    ///
+    /// # Errors
+    /// `InvalidConfig` for a bad namespace; `Unavailable` when the session cannot reach a
+    /// server to create the namespace node.
+    pub async fn from_client(client: zk::Client, namespace: &str) -> Result<ZkBackend> {
+        let mut config = Config::parse("zk://application-client")?;
+        if !namespace.is_empty() {
+            config.namespace = namespace.to_owned();
+        }
+        Self::open_on(config.validate()?, client, false).await
+    }
+
     async fn open(config: Config) -> Result<ZkBackend> {
         let client = open_client(&config).await?;
+        Self::open_on(config, client, true).await
+    }
+
+    /// The backend on session `client`; `reopen`: open a new session after it ends.
+    async fn open_on(config: Config, client: zk::Client, reopen: bool) -> Result<ZkBackend> {
         let session_timeout = client.session_timeout();
         let lost_after_disconnect = session_timeout.mul_f64(config.lost_after_disconnect);
         let base = config.base_path();
@@ -493,6 +529,7 @@ impl ZkBackend {
             recent_wins: Mutex::new(HashSet::new()),
             stats: Stats::default(),
             _shutdown: shutdown,
+            reopen,
             #[cfg(test)]
             drop_next_create_reply: AtomicBool::new(false),
             config,
@@ -1455,9 +1492,9 @@ async fn supervise(weak: Weak<Inner>, mut shutdown: watch::Receiver<()>) {
     };
     loop {
         let session = sessions.borrow_and_update().clone();
-        let Some((grace, config)) = weak
+        let Some((grace, config, reopen)) = weak
             .upgrade()
-            .map(|i| (i.lost_after_disconnect, i.config.clone()))
+            .map(|i| (i.lost_after_disconnect, i.config.clone(), i.reopen))
         else {
             return;
         };
@@ -1466,6 +1503,10 @@ async fn supervise(weak: Weak<Inner>, mut shutdown: watch::Receiver<()>) {
             _ = watch_session(&session, grace, &weak) => {}
         }
         drop(session);
+        if !reopen {
+            // The application's session: it opens the next one.
+            return;
+        }
         // The session ended: open a new one, with a bounded back-off while no server answers.
         let mut pause = Duration::from_millis(50);
         loop {

@@ -697,3 +697,61 @@ impl DescribeForTest for ZkBackend {
         lockcore::backend::Backend::describe(self)
     }
 }
+
+/// A backend on the application's own session (`from_client`): its locks exclude those of a
+/// backend from a URL on the same namespace, its nodes live in that session, and a namespace
+/// that tries to escape is refused.
+#[tokio::test]
+async fn from_client_uses_the_applications_session() {
+    let Some(url) = url() else { return };
+    let hosts = url
+        .trim_start_matches("zk://")
+        .split(['/', '?'])
+        .next()
+        .unwrap();
+    let client = zookeeper_client::Client::connect(hosts).await.unwrap();
+    let ns = unique("app");
+    let mine = lock_zk::ZkBackend::from_client(client.clone(), &ns)
+        .await
+        .unwrap();
+    assert_eq!(mine.session_id(), client.session_id().0);
+    let mine = Locker::new(mine);
+    let by_url = Locker::new(
+        lock_zk::ZkBackend::connect(&format!("zk://{hosts}?namespace={ns}"))
+            .await
+            .unwrap(),
+    );
+    let name = unique("shared");
+    let opts = LockOptions::new().ttl(Duration::from_secs(5));
+    let g = mine
+        .try_lock(name.as_str(), &opts)
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(
+        by_url
+            .try_lock(name.as_str(), &opts)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    g.release().await.unwrap();
+    by_url
+        .lock(
+            name.as_str(),
+            &opts
+                .clone()
+                .wait_timeout(Duration::from_secs(5).mul_f64(conformance::time_scale())),
+        )
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    for bad in ["../x", "a/b", "ns\n"] {
+        let err = lock_zk::ZkBackend::from_client(client.clone(), bad)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{bad:?}: {err}");
+    }
+}
