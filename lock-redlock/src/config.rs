@@ -7,14 +7,14 @@ use std::time::Duration;
 use lock_redis::node;
 use lockcore::{Error, Result};
 
-/// A parsed `redlock://` URL.
+/// A validated configuration, as the backend uses it.
 #[derive(Clone, Debug)]
-pub(crate) struct Config {
+pub(crate) struct Parsed {
     /// One configuration per master, in URL order.
     pub nodes: Vec<node::Config>,
     /// How long one node may take to answer one acquire before its vote counts as lost, when
     /// the URL sets it (`node_timeout_ms`); otherwise derived from each request's TTL
-    /// ([`Config::node_timeout`]).
+    /// ([`Parsed::node_timeout`]).
     pub node_timeout: Option<Duration>,
     /// The bound of requests that are not votes (ping, force release, the bare cycle): the
     /// nodes' own response timeout (`response_timeout_ms`).
@@ -29,9 +29,48 @@ pub(crate) struct Config {
     pub redacted: String,
 }
 
-/// The least per-node timeout derived from a TTL (see [`Config::node_timeout`]).
+/// A Redlock backend's configuration: what a `redlock[s]://h1:p1,h2:p2,...` URL says
+/// ([`Config::parse`]), or the same from a config file (any serde format; unknown keys
+/// refused): one single-node [`lock_redis::Config`] per master, and the per-node timeout.
+/// Validated by [`Config::validate`] (run by
+/// [`RedlockBackend::from_config`](crate::RedlockBackend::from_config)). `Debug` never shows a
+/// password.
+///
+/// ```
+/// let from_file: lock_redlock::Config = serde_json::from_str(
+///     r#"{"masters": [{"nodes": ["r1:6379"], "password": "s3cret"},
+///                     {"nodes": ["r2:6379"], "password": "s3cret"},
+///                     {"nodes": ["r3:6379"], "password": "s3cret"}],
+///         "node_timeout_ms": 100}"#,
+/// ).unwrap();
+/// let from_url = lock_redlock::Config::parse(
+///     "redlock://:s3cret@r1:6379,:s3cret@r2:6379,:s3cret@r3:6379?node_timeout_ms=100",
+/// ).unwrap();
+/// assert_eq!(from_file.validate().unwrap(), from_url);
+/// assert!(!format!("{from_url:?}").contains("s3cret"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Config {
+    /// One configuration per master (a single host each), in voting order.
+    pub masters: Vec<node::Config>,
+    /// How long one master may take to answer one vote before it counts as lost
+    /// (`node_timeout_ms`); by default a tenth of the lock's TTL, within 50 ms..=1 s.
+    #[serde(default, rename = "node_timeout_ms", deserialize_with = "opt_millis")]
+    pub node_timeout: Option<Duration>,
+}
+
+fn opt_millis<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<Duration>, D::Error> {
+    let ms: Option<u64> = serde::Deserialize::deserialize(d)?;
+    Ok(ms.map(Duration::from_millis))
+}
+
+/// The least per-node timeout derived from a TTL (see [`Parsed::node_timeout`]).
 pub(crate) const NODE_TIMEOUT_FLOOR: Duration = Duration::from_millis(50);
-/// The most per-node timeout derived from a TTL (see [`Config::node_timeout`]).
+/// The most per-node timeout derived from a TTL (see [`Parsed::node_timeout`]).
 pub(crate) const NODE_TIMEOUT_CAP: Duration = Duration::from_secs(1);
 
 fn bad(msg: impl std::fmt::Display) -> Error {
@@ -40,8 +79,13 @@ fn bad(msg: impl std::fmt::Display) -> Error {
 }
 
 impl Config {
-    /// Parses `redlock[s]://[[user]:pw@]h1[:p1],[[user]:pw@]h2[:p2],...[/db][?params]`.
-    pub(crate) fn parse(url: &str) -> Result<Config> {
+    /// Parses `redlock[s]://[[user]:pw@]h1[:p1],[[user]:pw@]h2[:p2],...[/db][?params]`: each
+    /// node becomes one master's `redis[s]://` configuration, with the path and the query
+    /// parameters (but `node_timeout_ms`) of the URL.
+    ///
+    /// # Errors
+    /// `InvalidConfig`, never quoting the URL.
+    pub fn parse(url: &str) -> Result<Config> {
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| bad("expected redlock://host:port,host:port,..."))?;
@@ -111,21 +155,77 @@ impl Config {
                 let msg = msg.strip_prefix("invalid redis URL: ").unwrap_or(msg);
                 bad(format_args!("node {}: {msg}", i + 1))
             })?;
-            if cfg.cluster || cfg.nodes.len() != 1 {
+            nodes.push(cfg);
+        }
+        Config {
+            masters: nodes,
+            node_timeout,
+        }
+        .validate()
+    }
+
+    /// Checks a configuration however it was made (a URL, a file): every master one host
+    /// (no cluster, Sentinel or `min_replicas`), each validated as lock-redis validates it,
+    /// none repeated, all with one namespace; `node_timeout_ms` in 1..=60000.
+    ///
+    /// # Errors
+    /// `InvalidConfig`, never quoting a password.
+    pub fn validate(mut self) -> Result<Config> {
+        if self.masters.is_empty() {
+            return Err(bad("no node given"));
+        }
+        if self
+            .node_timeout
+            .is_some_and(|t| t < Duration::from_millis(1) || t > Duration::from_secs(60))
+        {
+            return Err(bad(
+                "`node_timeout_ms` must be a whole number of milliseconds in 1..=60000",
+            ));
+        }
+        let mut masters: Vec<node::Config> = Vec::with_capacity(self.masters.len());
+        for (i, m) in std::mem::take(&mut self.masters).into_iter().enumerate() {
+            let m = m.validate().map_err(|e| {
+                let msg = e.message();
+                let msg = msg.strip_prefix("invalid redis URL: ").unwrap_or(msg);
+                bad(format_args!("node {}: {msg}", i + 1))
+            })?;
+            if m.cluster || m.sentinel.is_some() || m.nodes.len() != 1 {
                 return Err(bad(format_args!("node {} is not one host", i + 1)));
             }
-            if nodes
-                .iter()
-                .any(|n: &node::Config| n.nodes[0] == cfg.nodes[0])
-            {
+            if m.min_replicas > 0 {
+                return Err(bad(
+                    "`min_replicas` does not apply to Redlock (its masters have no replicas to \
+                     wait for)",
+                ));
+            }
+            if masters.iter().any(|n| n.nodes[0] == m.nodes[0]) {
                 return Err(bad(format_args!(
                     "node {} repeats an earlier node: each master must vote once",
                     i + 1
                 )));
             }
-            nodes.push(cfg);
+            if masters.first().is_some_and(|f| f.namespace != m.namespace) {
+                return Err(bad(format_args!(
+                    "node {} has another namespace: the lock keys must be the same on every master",
+                    i + 1
+                )));
+            }
+            masters.push(m);
         }
-        let first = nodes.first().ok_or_else(|| bad("no node given"))?;
+        self.masters = masters;
+        Ok(self)
+    }
+}
+
+impl Parsed {
+    /// The backend's view of a validated [`Config`].
+    pub(crate) fn from_config(config: Config) -> Result<Parsed> {
+        let Config {
+            masters: nodes,
+            node_timeout,
+        } = config.validate()?;
+        let scheme = if nodes[0].tls { "redlocks" } else { "redlock" };
+        let first = &nodes[0];
         let (namespace, poll, connect_timeout, response_timeout) = (
             first.namespace.clone(),
             first.poll,
@@ -158,10 +258,9 @@ impl Config {
                 "{scheme}://{}/{}?namespace={namespace}{timeout}",
                 hosts.join(","),
                 first.db,
-                scheme = scheme.to_ascii_lowercase(),
             )
         };
-        Ok(Config {
+        Ok(Parsed {
             nodes,
             node_timeout,
             response_timeout,
@@ -198,9 +297,49 @@ mod tests {
     use super::*;
     use lockcore::ErrorKind;
 
+    fn parsed(url: &str) -> Result<Parsed> {
+        Parsed::from_config(Config::parse(url)?)
+    }
+
+    /// A config file is validated as a URL is: one host per master, none repeated, one
+    /// namespace, no cluster, Sentinel or min_replicas; the URL and the file agree.
+    #[test]
+    fn config_files_are_validated_as_urls_are() {
+        let file = |json: &str| serde_json::from_str::<Config>(json).unwrap().validate();
+        let ok = file(r#"{"masters": [{"nodes": ["a"]}, {"nodes": ["b:7000"]}]}"#).unwrap();
+        assert_eq!(ok, Config::parse("redlock://a,b:7000").unwrap());
+        for (json, says) in [
+            (r#"{"masters": []}"#, "no node"),
+            (
+                r#"{"masters": [{"nodes": ["a"]}, {"nodes": ["a:6379"]}]}"#,
+                "repeats",
+            ),
+            (
+                r#"{"masters": [{"nodes": ["a"]}, {"nodes": ["b"], "namespace": "x"}]}"#,
+                "namespace",
+            ),
+            (
+                r#"{"masters": [{"nodes": ["a"], "min_replicas": 1}]}"#,
+                "min_replicas",
+            ),
+            (
+                r#"{"masters": [{"nodes": ["a", "b"], "cluster": true}]}"#,
+                "one host",
+            ),
+            (
+                r#"{"masters": [{"nodes": ["a"]}], "node_timeout_ms": 0}"#,
+                "node_timeout_ms",
+            ),
+        ] {
+            let e = file(json).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+            assert!(e.to_string().contains(says), "{json}: {e}");
+        }
+    }
+
     #[test]
     fn parses_nodes_with_their_own_passwords() {
-        let c = Config::parse(
+        let c = parsed(
             "redlock://:pw1@127.0.0.1:1,u:p%40w2@h2:2,[::1]:3/2?namespace=x&node_timeout_ms=20&poll_ms=100",
         )
         .unwrap();
@@ -228,7 +367,7 @@ mod tests {
             c.redacted,
             "redlock://:***@127.0.0.1:1,u:***@h2:2,[::1]:3/2?namespace=x&node_timeout_ms=20"
         );
-        let c = Config::parse("redlocks://a:1,b:2,c:3,d:4,e:5?tls_ca=/ca.pem").unwrap();
+        let c = parsed("redlocks://a:1,b:2,c:3,d:4,e:5?tls_ca=/ca.pem").unwrap();
         assert_eq!(c.quorum(), 3);
         assert_eq!(
             c.redacted,
@@ -239,7 +378,7 @@ mod tests {
 
     #[test]
     fn node_timeout_is_a_tenth_of_the_ttl_within_bounds() {
-        let c = Config::parse("redlock://a:1,b:2,c:3").unwrap();
+        let c = parsed("redlock://a:1,b:2,c:3").unwrap();
         assert_eq!(c.node_timeout, None);
         let ms = |v| Duration::from_millis(v);
         assert_eq!(c.node_timeout(ms(100)), ms(50));
@@ -265,7 +404,7 @@ mod tests {
             "redlock://a:1#x",
             "redlock://:s3cret@a:1?tls_ca=/x",
         ] {
-            let e = Config::parse(url).unwrap_err();
+            let e = parsed(url).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{url}");
             assert!(!e.to_string().contains("s3cret"), "{e}");
         }

@@ -120,7 +120,8 @@ use lock_redis::node::{self, Conn, Keys, Node, NodeAttempt, Waiting};
 use lockcore::backend::{AcquireRequest, Acquired, Backend, Background, Backoff, Lease};
 use lockcore::{Capabilities, Error, ErrorKind, Instant, LockName, Result, WaitKind};
 
-use crate::config::Config;
+pub use crate::config::Config;
+use crate::config::Parsed;
 
 /// How long an idle name's subscriptions linger before they are dropped.
 const SUBSCRIPTION_LINGER: Duration = Duration::from_secs(3);
@@ -227,7 +228,7 @@ async fn first_of(armed: &mut [Notified<'_>]) {
 }
 
 struct Inner {
-    cfg: Config,
+    cfg: Parsed,
     slots: Vec<Arc<Slot>>,
     quorum: usize,
     caps: Capabilities,
@@ -284,7 +285,18 @@ impl RedlockBackend {
     /// `Backend` when a master refuses the connection (wrong password); `Unavailable` when
     /// fewer than a majority of the masters can be reached.
     pub async fn connect(url: &str) -> Result<RedlockBackend> {
-        let cfg = Config::parse(url)?;
+        Self::from_config(Config::parse(url)?).await
+    }
+
+    /// Connects from a [`Config`] (deserialized from a config file, say), validated exactly as
+    /// a URL is ([`Config::validate`]).
+    ///
+    /// Cancel safety: as [`RedlockBackend::connect`].
+    ///
+    /// # Errors
+    /// As [`RedlockBackend::connect`].
+    pub async fn from_config(config: Config) -> Result<RedlockBackend> {
+        let cfg = Parsed::from_config(config)?;
         let slots: Vec<Arc<Slot>> = cfg
             .nodes
             .iter()
@@ -727,7 +739,7 @@ impl Inner {
     }
 }
 
-fn capabilities(cfg: &Config) -> Capabilities {
+fn capabilities(cfg: &Parsed) -> Capabilities {
     let mut c = Capabilities::default();
     c.fencing = false;
     c.fair = false;

@@ -14,7 +14,7 @@ use lockcore::{Locker, Result, Secret};
 /// | `postgres`, `mysql`, `sqlite` | `lock_sql::Config` (`url` of that database) | `postgres`, `mysql`, `sqlite` |
 /// | `zk` | `lock_zk::Config` | `zk` |
 /// | `etcd` | `lock_etcd::Config` | `etcd` |
-/// | `redlock` | `url` (a `redlock://` URL) | `redlock` |
+/// | `redlock` | `lock_redlock::Config` (`masters`: one `lock_redis::Config` each, `node_timeout_ms`) | `redlock` |
 /// | `url` | `url`: any URL [`connect`](crate::connect) takes | always |
 ///
 /// ```
@@ -61,12 +61,9 @@ pub enum Config {
     /// etcd v3.
     #[cfg(feature = "etcd")]
     Etcd(lock_etcd::Config),
-    /// Redlock over independent Redis masters, configured by its URL.
+    /// Redlock over independent Redis masters.
     #[cfg(feature = "redlock")]
-    Redlock {
-        /// A `redlock://` or `redlocks://` URL.
-        url: Secret,
-    },
+    Redlock(lock_redlock::Config),
 }
 
 /// Builds a [`Locker`] from a [`Config`]: the backend's own validation runs first (the same as
@@ -101,15 +98,9 @@ pub async fn connect_config(config: Config) -> Result<Locker> {
         #[cfg(feature = "etcd")]
         Config::Etcd(c) => Ok(Locker::new(lock_etcd::EtcdBackend::from_config(c).await?)),
         #[cfg(feature = "redlock")]
-        Config::Redlock { url } => {
-            let scheme = crate::scheme_of(url.expose())?;
-            if scheme != "redlock" && scheme != "redlocks" {
-                return Err(lockcore::Error::invalid_config(
-                    "backend `redlock` needs a redlock:// or redlocks:// url",
-                ));
-            }
-            crate::connect(url.expose()).await
-        }
+        Config::Redlock(c) => Ok(Locker::new(
+            lock_redlock::RedlockBackend::from_config(c).await?,
+        )),
     }
 }
 
@@ -178,6 +169,16 @@ mod tests {
         assert!(parse(r#"{"backend": "zk", "hosts": ["h"], "bogus": 1}"#).is_err());
         #[cfg(feature = "etcd")]
         assert!(parse(r#"{"backend": "etcd", "hosts": ["h"], "bogus": 1}"#).is_err());
+        #[cfg(feature = "redlock")]
+        {
+            let e = parse(r#"{"backend": "redlock", "masters": [], "bogus": 1}"#).unwrap_err();
+            assert!(e.contains("unknown field `bogus`"), "{e}");
+            let c = parse(
+                r#"{"backend": "redlock", "masters": [{"nodes": ["h1"], "password": "hunter2"}]}"#,
+            )
+            .unwrap();
+            assert!(!format!("{c:?}").contains("hunter2"));
+        }
     }
 
     #[cfg(feature = "postgres")]
@@ -237,6 +238,22 @@ mod tests {
                 Box::new(|url: &str| {
                     let c = lock_etcd::Config::parse(url).ok()?;
                     Some(format!(r#"{{"backend": "etcd", "hosts": {:?}}}"#, c.hosts))
+                }),
+            ),
+            #[cfg(feature = "redlock")]
+            (
+                "LOCK_TEST_REDLOCK_URL",
+                Box::new(|url: &str| {
+                    let c = lock_redlock::Config::parse(url).ok()?;
+                    let masters: Vec<String> = c
+                        .masters
+                        .iter()
+                        .map(|m| format!(r#"{{"nodes": ["{}:{}"]}}"#, m.nodes[0].0, m.nodes[0].1))
+                        .collect();
+                    Some(format!(
+                        r#"{{"backend": "redlock", "masters": [{}], "node_timeout_ms": 200}}"#,
+                        masters.join(", ")
+                    ))
                 }),
             ),
         ];
