@@ -90,7 +90,7 @@
 //! [`Config`] takes a backend's settings from a config file or the environment (any serde
 //! format; unknown keys are refused, values are validated exactly as the URL's), and
 //! [`connect_config`] builds the locker. A URL's query and a config file are read by the same
-//! deserializer ([`config::from_pairs`](lockcore::config::from_pairs)):
+//! deserializer ([`lockcore::config::from_pairs`]):
 //!
 //! ```no_run
 //! # async fn demo() -> locksmith::Result<()> {
@@ -101,6 +101,23 @@
 //! let locker = locksmith::connect_config(config).await?;
 //! # Ok(()) }
 //! ```
+//!
+//! # Clients you already have
+//!
+//! An application that already has a client or pool for the service builds the backend from
+//! it, with no second URL or password to configure, and wraps it in a [`Locker`]:
+//!
+//! | backend | constructor | what it takes from the client |
+//! |---|---|---|
+//! | Redis | [`lock_redis::RedisBackend::from_client`] (a `redis::Client`) | address, TLS, credentials, db; own connections |
+//! | PostgreSQL | [`lock_sql::SqlBackend::from_pg_pool`] (a `sqlx::PgPool`) | connection settings; own connections |
+//! | MySQL / MariaDB | [`lock_sql::SqlBackend::from_mysql_pool`] (a `sqlx::MySqlPool`) | connection settings; own connections |
+//! | SQLite | [`lock_sql::SqlBackend::from_sqlite_pool`] (a `sqlx::SqlitePool`) | the pool itself |
+//! | ZooKeeper | [`lock_zk::ZkBackend::from_client`] (a `zookeeper_client::Client`) | the session itself |
+//! | etcd | [`lock_etcd::EtcdBackend::from_client`] (an `etcd_client::Client`) | the channel itself |
+//!
+//! The backend crates are re-exported under their own names (`locksmith::lock_redis`, ...)
+//! with their features. Each constructor's docs say what it shares and what it opens.
 //!
 //! # Tracing and metrics
 //!
@@ -140,6 +157,17 @@ mod backend_config;
 mod url;
 
 pub use lockcore::*;
+
+#[cfg(feature = "etcd")]
+pub use lock_etcd;
+#[cfg(feature = "redis")]
+pub use lock_redis;
+#[cfg(feature = "redlock")]
+pub use lock_redlock;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use lock_sql;
+#[cfg(feature = "zk")]
+pub use lock_zk;
 
 pub use crate::backend_config::{Config, connect_config};
 pub use crate::url::{feature_for_scheme, redact_url, scheme_of};
