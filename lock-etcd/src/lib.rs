@@ -562,7 +562,18 @@ impl EtcdBackend {
                 }
                 Err(e) => return Err(e),
             };
-            let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            // Our key's create revision: the transaction's own for a new key. A put may also
+            // overwrite a key of the same name (the same token after a retried acquisition whose
+            // clean-up has not run yet): that key keeps its create revision, which the queue
+            // listing (sent behind the put) shows, and which is our place in the queue.
+            let mut revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            for op in resp.op_responses() {
+                if let TxnOpResponse::Get(get) = op
+                    && let Some(own) = get.kvs().iter().find(|kv| kv.key() == key.as_bytes())
+                {
+                    revision = own.create_revision();
+                }
+            }
             if resp.succeeded() || wait {
                 queued.state = QueueState::Queued(cell.clone(), revision);
             } else {
@@ -617,7 +628,7 @@ impl EtcdBackend {
                     && let Some(pred) = get
                         .kvs()
                         .iter()
-                        .filter(|kv| kv.create_revision() < revision)
+                        .filter(|kv| kv.create_revision() < revision && kv.key() != key.as_bytes())
                         .max_by_key(|kv| kv.create_revision())
                 {
                     gone = Some(dispatch.deleted(pred.key(), &floor));
@@ -632,15 +643,13 @@ impl EtcdBackend {
                                 self.inner.stats.wakeups.fetch_add(1, Ordering::Relaxed);
                             }
                         }
-                        w = wait_opt(&mut own) => {
+                        _ = wait_opt(&mut own) => {
+                            // Our key's name was deleted (revoked, its lease expired), or the
+                            // watch resynced. The re-check below tells: it compares our key's
+                            // create revision, and queues again if the key is gone. (A deletion
+                            // of an earlier key of the same name, replayed by a watch that was
+                            // catching up, must not end a wait whose key lives.)
                             own = None;
-                            if w == Ok(Wake::Deleted) {
-                                // Our queue key was deleted (revoked, or the lease expired):
-                                // queue again.
-                                self.inner.keeper.release(cell.id);
-                                queued.state = QueueState::Idle;
-                                continue 'enqueue;
-                            }
                         }
                     }
                 }
