@@ -80,6 +80,7 @@
 //! [`node`] module, shared with `lock-redlock`.
 #![deny(missing_docs)]
 
+mod batch;
 mod config;
 mod conn;
 pub mod node;
@@ -93,6 +94,7 @@ use async_trait::async_trait;
 use lockcore::backend::{AcquireRequest, Acquired, Backend, Backoff, Lease, poll_acquire};
 use lockcore::{Capabilities, Error, Instant, LockName, Result, WaitKind};
 
+use crate::batch::Renewals;
 pub use crate::config::Config;
 use crate::conn::Conn;
 use crate::node::{ExpiryWatch, Keys, Node, NodeAttempt, Replicas};
@@ -109,6 +111,9 @@ struct Inner {
     /// pipelines of acquisitions and extensions go through this one, never through the node's
     /// command connection (other commands never queue behind a `WAIT`).
     wait_conn: Option<(Conn, Replicas)>,
+    /// Single node without `min_replicas`: extends batched into one script call (see
+    /// [`batch`]).
+    renewals: Option<Renewals>,
     caps: Capabilities,
     describe: String,
 }
@@ -219,10 +224,12 @@ impl RedisBackend {
         };
         let caps = Self::capabilities_for(&cfg);
         let describe = cfg.redacted();
+        let renewals = (!cfg.cluster && wait_conn.is_none()).then(|| Renewals::start(node.conn()));
         Ok(RedisBackend {
             inner: Arc::new(Inner {
                 node,
                 wait_conn,
+                renewals,
                 caps,
                 describe,
             }),
@@ -535,10 +542,15 @@ impl Lease for RedisLease {
         Some(self.fencing)
     }
 
-    /// One compare-and-pexpire script, one round trip.
+    /// One compare-and-pexpire script, one round trip; on a single node, extends that fall due
+    /// together share one script call (the validity still counts from the caller's send).
     ///
     /// Cancel safety: dropping the future may or may not have extended the lease.
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
+        if let Some(renewals) = &self.inner.renewals {
+            let held = renewals.extend(&self.keys.lock, &self.token, ttl).await?;
+            return if held { Ok(ttl) } else { Err(not_held()) };
+        }
         let Some((conn, replicas)) = &self.inner.wait_conn else {
             let held =
                 node::extend(&mut self.inner.node.conn(), &self.keys, &self.token, ttl).await?;

@@ -77,6 +77,20 @@ end
 return 0
 ";
 
+/// Compare-and-pexpire of many locks at once: `KEYS[i]` is extended to `ARGV[2i]` ms if it
+/// holds `ARGV[2i-1]`; returns 1 or 0 per key, in order.
+const EXTEND_MANY_LUA: &str = r"
+local r = {}
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[2 * i - 1] then
+    r[i] = redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+  else
+    r[i] = 0
+  end
+end
+return r
+";
+
 /// Delete whoever holds it (an administrator's override), and tell the waiters (`ARGV[2]`:
 /// `PUBLISH`, or `SPUBLISH` on a cluster).
 const REVOKE_LUA: &str = r"
@@ -91,6 +105,7 @@ struct Scripts {
     acquire: Script,
     release: Script,
     extend: Script,
+    extend_many: Script,
     revoke: Script,
     compare_and_delete: Script,
 }
@@ -101,6 +116,7 @@ fn scripts() -> &'static Scripts {
         acquire: Script::new(ACQUIRE_LUA),
         release: Script::new(RELEASE_LUA),
         extend: Script::new(EXTEND_LUA),
+        extend_many: Script::new(EXTEND_MANY_LUA),
         revoke: Script::new(REVOKE_LUA),
         compare_and_delete: Script::new(COMPARE_AND_DELETE_LUA),
     })
@@ -310,6 +326,31 @@ async fn eval<T: redis::FromRedisValue>(
 /// `Unavailable` or `Backend` when the server fails.
 pub async fn extend(conn: &mut Conn, keys: &Keys, token: &str, ttl: Duration) -> Result<bool> {
     Ok(extend_replicated(conn, keys, token, ttl, None).await?.0)
+}
+
+/// Compare-and-`PEXPIRE` of many locks in one script call (single node only: the keys of one
+/// call must live on one server). `items`: lock key, owner token, TTL. Returns whether each was
+/// extended, in order.
+///
+/// Cancel safety: as [`extend`], for every item.
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the server fails (for every item).
+pub async fn extend_many(conn: &mut Conn, items: &[(&str, &str, Duration)]) -> Result<Vec<bool>> {
+    let keys: Vec<&str> = items.iter().map(|(k, _, _)| *k).collect();
+    let ttls: Vec<String> = items
+        .iter()
+        .map(|(_, _, t)| ttl_ms(*t).to_string())
+        .collect();
+    let args: Vec<&str> = items
+        .iter()
+        .zip(&ttls)
+        .flat_map(|((_, token, _), ttl)| [*token, ttl.as_str()])
+        .collect();
+    let (held, _): (Vec<i64>, _) = eval(conn, &scripts().extend_many, &keys, &args, None)
+        .await
+        .map_err(|e| map_err("extending locks (batched)", e))?;
+    Ok(held.into_iter().map(|n| n == 1).collect())
 }
 
 /// As [`extend`]; with `replicas`, `WAIT` is pipelined behind the script (one round trip) and

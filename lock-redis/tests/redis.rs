@@ -619,3 +619,98 @@ async fn from_client_takes_the_applications_settings() {
         assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{bad:?}: {err}");
     }
 }
+
+/// Extends that fall due together go out as one script call, still owner-checked per lock: of
+/// 50 held leases extended at once, the one whose key another owner took is refused (`NotHeld`,
+/// its key untouched) and the 49 others get their new TTL; the server saw fewer script calls
+/// than extends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_extends_are_owner_checked_per_lock() {
+    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
+        return;
+    };
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    let locker = Locker::new(backend.clone());
+    let prefix = unique("batch");
+    let mut guards = Vec::new();
+    for i in 0..50 {
+        let g = locker
+            .try_lock(format!("{prefix}-{i}"), &opts(Duration::from_secs(5)))
+            .await
+            .unwrap()
+            .expect("fresh names are free");
+        guards.push(g);
+    }
+    let mut raw = raw_nodes(&url).await.remove(0);
+    let stolen = backend.lock_key(&LockName::new(format!("{prefix}-7")).unwrap());
+    let _: () = redis::cmd("SET")
+        .arg(&stolen)
+        .arg("someone-else")
+        .arg("PX")
+        .arg(5000)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let calls = |info: String| -> u64 {
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    };
+    let info = |raw: &mut redis::aio::MultiplexedConnection| {
+        let mut raw = raw.clone();
+        async move {
+            redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async::<String>(&mut raw)
+                .await
+                .unwrap()
+        }
+    };
+    let before = calls(info(&mut raw).await);
+    let results =
+        futures::future::join_all(guards.iter().map(|g| g.extend(Duration::from_secs(60)))).await;
+    let after = calls(info(&mut raw).await);
+    for (i, r) in results.iter().enumerate() {
+        if i == 7 {
+            assert_eq!(r.as_ref().unwrap_err().kind(), ErrorKind::NotHeld);
+        } else {
+            assert!(r.is_ok(), "lock {i}: {r:?}");
+        }
+    }
+    let value: String = redis::cmd("GET")
+        .arg(&stolen)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(value, "someone-else", "the foreign key was left alone");
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(backend.lock_key(&LockName::new(format!("{prefix}-3")).unwrap()))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(pttl > 5_000, "extended to 60 s: {pttl} ms left");
+    // Other tests share the server, so the count is an upper bound on this test's calls.
+    assert!(
+        after - before < 50,
+        "50 extends took {} script calls",
+        after - before
+    );
+    let _: () = redis::cmd("DEL")
+        .arg(&stolen)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    for (i, g) in guards.into_iter().enumerate() {
+        if i != 7 {
+            g.release().await.unwrap();
+        }
+    }
+}
