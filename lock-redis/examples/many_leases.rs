@@ -1,8 +1,8 @@
 //! How renewal scales with many held leases on one client, measured from outside the process.
 //!
-//! `cargo run -p lock-redis --release --example many_leases -- [URL] [LEASES] [SECONDS]`
-//! (default: `$LOCK_TEST_REDIS_URL`, 1000 leases, 10 s). The example starts itself again as a
-//! child process that takes the leases with auto-renewal (TTL 3 s, renewed every second) and
+//! `cargo run -p lock-redis --release --example many_leases -- [URL] [LEASES] [SECONDS] [TTL_SECS]`
+//! (default: `$LOCK_TEST_REDIS_URL`, 1000 leases, 10 s, TTL 3 s). The example starts itself again
+//! as a child process that takes the leases with auto-renewal (renewed every third of the TTL) and
 //! holds them; the parent reads the child's `/proc/PID/stat` (utime + stime) and
 //! `/proc/PID/status` (`VmRSS`) before and after the hold window, and the server's
 //! `INFO commandstats` (script calls), and prints CPU as a share of one core, RSS, and
@@ -69,24 +69,25 @@ fn main() -> lockcore::Result<()> {
         .expect("pass a redis URL or set LOCK_TEST_REDIS_URL");
     let leases: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(1000);
     let secs: u64 = args.next().and_then(|n| n.parse().ok()).unwrap_or(10);
+    let ttl = Duration::from_secs(args.next().and_then(|n| n.parse().ok()).unwrap_or(3));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("a runtime");
     if std::env::var_os("MANY_LEASES_CHILD").is_some() {
-        rt.block_on(hold(&url, leases))
+        rt.block_on(hold(&url, leases, ttl))
     } else {
-        rt.block_on(measure(&url, leases, secs));
+        rt.block_on(measure(&url, leases, secs, ttl));
         Ok(())
     }
 }
 
 /// The child: takes the leases, says `holding`, waits for a line on stdin, reports losses.
-async fn hold(url: &str, leases: usize) -> lockcore::Result<()> {
+async fn hold(url: &str, leases: usize, ttl: Duration) -> lockcore::Result<()> {
     let locker = Locker::new(RedisBackend::connect(url).await?);
     let opts = LockOptions::new()
-        .ttl(Duration::from_secs(3))
+        .ttl(ttl)
         .auto_renew(AutoRenew::until(Duration::from_secs(3600)));
     let prefix = format!("many-{:08x}", fastrand::u32(..));
     let mut guards = Vec::with_capacity(leases);
@@ -110,9 +111,9 @@ async fn hold(url: &str, leases: usize) -> lockcore::Result<()> {
 }
 
 /// The parent: measures the child from outside.
-async fn measure(url: &str, leases: usize, secs: u64) {
+async fn measure(url: &str, leases: usize, secs: u64, ttl: Duration) {
     let mut child = Command::new(std::env::current_exe().expect("own path"))
-        .args([url, &leases.to_string()])
+        .args([url, &leases.to_string(), "0", &ttl.as_secs().to_string()])
         .env("MANY_LEASES_CHILD", "1")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -152,9 +153,10 @@ async fn measure(url: &str, leases: usize, secs: u64) {
     let _ = child.wait();
     println!(
         "{leases} leases held {wall:.1?} (pid {pid}, measured from outside): {calls} script calls \
-         ({:.0}/s; unbatched renewal would be ~{leases}/s), {}, CPU {cpu:?} = {:.1}% of one core, \
-         RSS {rss:.0} MiB",
+         ({:.0}/s; unbatched renewal would be ~{:.0}/s), {}, CPU {cpu:?} = {:.1}% of one core, \
+         RSS {rss:.0} MiB (TTL {ttl:?})",
         calls as f64 / wall.as_secs_f64(),
+        leases as f64 * 3.0 / ttl.as_secs_f64(),
         line.trim(),
         100.0 * cpu.as_secs_f64() / wall.as_secs_f64(),
     );
