@@ -51,11 +51,13 @@ redis.call('SET', KEYS[2], string.format('%d', fence))
 return {1, fence}
 ";
 
-/// Compare-and-delete, then tell the waiters (`ARGV[3]`: `PUBLISH`, or `SPUBLISH` on a cluster).
+/// Compare-and-delete, then tell the waiters (`ARGV[3]`: `PUBLISH`, or `SPUBLISH` on a cluster;
+/// `ARGV[4]`: the message, which names the release so that a client subscribed on several
+/// servers can tell one release's copies apart).
 const RELEASE_LUA: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call(ARGV[3], ARGV[2], 'released')
+  redis.call(ARGV[3], ARGV[2], ARGV[4])
   return 1
 end
 return 0
@@ -388,12 +390,32 @@ pub async fn extend_replicated(
 /// # Errors
 /// `Unavailable` or `Backend` when the server fails.
 pub async fn release(conn: &mut Conn, keys: &Keys, token: &str) -> Result<bool> {
+    release_announced(conn, keys, token, RELEASED).await
+}
+
+/// The message [`release`] publishes.
+pub const RELEASED: &str = "released";
+
+/// [`release`], publishing `message` instead of [`RELEASED`]: a client that sends one release
+/// to several servers (Redlock) names it, so its waiters act once on the copies.
+///
+/// Cancel safety: as [`release`].
+///
+/// # Errors
+/// As [`release`].
+pub async fn release_announced(
+    conn: &mut Conn,
+    keys: &Keys,
+    token: &str,
+    message: &str,
+) -> Result<bool> {
     let n: i64 = scripts()
         .release
         .key(&keys.lock)
         .arg(token)
         .arg(&keys.channel)
         .arg(publish_command(conn))
+        .arg(message)
         .invoke_async(conn)
         .await
         .map_err(|e| map_err("release script failed", e))?;

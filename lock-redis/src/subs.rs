@@ -24,6 +24,26 @@ pub struct Channel {
     /// publishes nothing). Only that one does, so that an expiry wakes one waiter per client, not
     /// all of them.
     expiry_watched: std::sync::atomic::AtomicBool,
+    /// The text of the last release message, set before its waiter is woken; `None` after a
+    /// resubscription (what was published meanwhile is unknown).
+    last_message: Mutex<Option<Arc<str>>>,
+}
+
+impl Channel {
+    /// The text of the last release message on this channel (see
+    /// [`crate::node::release_announced`]), or `None` when unknown (nothing received yet, or
+    /// messages may have been lost to a reconnection). A waiter woken by a message reads it to
+    /// tell copies of one release apart; a newer message may have replaced it meanwhile.
+    pub fn last_message(&self) -> Option<Arc<str>> {
+        self.last_message
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set_last_message(&self, message: Option<Arc<str>>) {
+        *self.last_message.lock().unwrap_or_else(|e| e.into_inner()) = message;
+    }
 }
 
 /// The role of the one waiter per client and channel that wakes at the holder's TTL (see
@@ -102,6 +122,7 @@ impl Registry {
     /// connection was down were lost).
     pub(crate) fn wake_all(&self) {
         for entry in self.lock().values() {
+            entry.channel.set_last_message(None);
             entry.channel.notify.notify_waiters();
         }
     }
@@ -122,8 +143,18 @@ impl Registry {
         }) else {
             return;
         };
+        let message = if wake_all {
+            None
+        } else {
+            push.data.get(1).and_then(|v| match v {
+                Value::BulkString(b) => std::str::from_utf8(b).ok().map(Arc::from),
+                Value::SimpleString(s) => Some(Arc::from(s.as_str())),
+                _ => None,
+            })
+        };
         let channels = self.lock();
         if let Some(entry) = channels.get(name) {
+            entry.channel.set_last_message(message);
             if wake_all {
                 entry.channel.notify.notify_waiters();
             } else {

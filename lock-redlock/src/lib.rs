@@ -27,7 +27,9 @@
 //!   attempt that won nothing waits for a notification.
 //! * **Waiting** by notification: a release publishes on each node's release channel; a waiter
 //!   subscribes on every node (lock-redis's pub/sub subscriptions, one connection per node per
-//!   client) and wakes on the first message, or at the moment the holder's keys expire on a
+//!   client) and wakes on the first message (a release names itself in its message, the same
+//!   on every master, so the copies from the other masters wake no second vote of that client),
+//!   or at the moment the holder's keys expire on a
 //!   majority (from the `PTTL`s the failed attempt saw), or at a jittered safety-net poll
 //!   (`poll_ms`). Subscriptions linger a few seconds after a wait, so a busy lock does not pay
 //!   `SUBSCRIBE`/`UNSUBSCRIBE` on every wait.
@@ -105,7 +107,7 @@
 
 mod config;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -182,6 +184,9 @@ impl Slot {
 struct NameSubs {
     channel: String,
     waitings: Vec<OnceLock<Waiting>>,
+    /// The releases (their messages) a waiter of this client has already acted on: one
+    /// release reaches every master, and each copy would wake another waiter into a vote.
+    acted_on: Mutex<VecDeque<Arc<str>>>,
     joining: Vec<AtomicBool>,
     users: AtomicUsize,
     idle_since: Mutex<Instant>,
@@ -199,32 +204,87 @@ impl Drop for SubsUse {
 
 type Notified<'a> = Pin<Box<tokio::sync::futures::Notified<'a>>>;
 
+/// How many recent releases a client remembers having acted on, per lock name.
+const ACTED_ON_MEMORY: usize = 16;
+
+/// The message a Redlock release publishes on every master: the same on all of them, and
+/// different for every release (see [`NameSubs::first_to_act`]).
+fn release_message() -> String {
+    format!("{RELEASE_PREFIX}{:016x}", fastrand::u64(..))
+}
+
+/// What marks a release message as named by [`release_message`].
+const RELEASE_PREFIX: &str = "release:";
+
+/// A waiter's armed notifications: one per subscribed master, with that master's channel.
+struct Armed<'a> {
+    notified: Vec<Notified<'a>>,
+    channels: Vec<&'a lock_redis::node::Channel>,
+}
+
+impl Armed<'_> {
+    /// A new notification for master `i` in place of the one that fired (the others stay
+    /// registered, so nothing published meanwhile is missed).
+    fn rearm(&mut self, i: usize) {
+        let mut n = Box::pin(self.channels[i].notify.notified());
+        n.as_mut().enable();
+        self.notified[i] = n;
+    }
+}
+
 impl NameSubs {
     /// One enabled notification future per subscribed node, after discarding a permit left by a
     /// message that arrived while nobody waited (it would wake this waiter for nothing).
-    fn arm(&self) -> Vec<Notified<'_>> {
-        self.waitings
+    fn arm(&self) -> Armed<'_> {
+        let channels: Vec<_> = self
+            .waitings
             .iter()
             .filter_map(OnceLock::get)
-            .map(|w| {
-                let notify = &w.channel().notify;
-                let mut n = Box::pin(notify.notified());
+            .map(Waiting::channel)
+            .collect();
+        let notified = channels
+            .iter()
+            .map(|c| {
+                let mut n = Box::pin(c.notify.notified());
                 if n.as_mut().enable() {
-                    n = Box::pin(notify.notified());
+                    n = Box::pin(c.notify.notified());
                     n.as_mut().enable();
                 }
                 n
             })
-            .collect()
+            .collect();
+        Armed { notified, channels }
+    }
+
+    /// Whether the waiter woken by `message` should vote: not when a waiter of this client
+    /// already acted on the same release (a copy from another master). A message this client
+    /// cannot attribute (unnamed, or unknown after a reconnection) always counts: skipping a
+    /// release could leave every waiter asleep until its poll. Safe to skip a copy: the waiter
+    /// that acted on it read the message before voting, so its vote came after that release.
+    fn first_to_act(&self, message: Option<Arc<str>>) -> bool {
+        let Some(message) = message.filter(|m| m.starts_with(RELEASE_PREFIX)) else {
+            return true;
+        };
+        let mut acted_on = lock_mutex(&self.acted_on);
+        if acted_on.contains(&message) {
+            return false;
+        }
+        if acted_on.len() == ACTED_ON_MEMORY {
+            acted_on.pop_front();
+        }
+        acted_on.push_back(message);
+        true
     }
 }
 
-/// Waits for the first of `armed` (forever when empty).
-async fn first_of(armed: &mut [Notified<'_>]) {
-    if armed.is_empty() {
+/// Waits for the first of `armed` (forever when empty); returns its index.
+async fn first_of(armed: &mut Armed<'_>) -> usize {
+    if armed.notified.is_empty() {
         return std::future::pending().await;
     }
-    futures::future::select_all(armed.iter_mut()).await;
+    futures::future::select_all(armed.notified.iter_mut())
+        .await
+        .1
 }
 
 struct Inner {
@@ -530,6 +590,7 @@ impl RedlockBackend {
                     Arc::new(NameSubs {
                         channel: keys.channel.clone(),
                         waitings: (0..inner.slots.len()).map(|_| OnceLock::new()).collect(),
+                        acted_on: Mutex::default(),
                         joining: (0..inner.slots.len())
                             .map(|_| AtomicBool::new(false))
                             .collect(),
@@ -695,11 +756,12 @@ impl Inner {
         how: Undo,
         ttl: Duration,
     ) {
+        let message: Arc<str> = release_message().into();
         let futs: FuturesUnordered<_> = targets
             .into_iter()
             .filter_map(|i| self.slots[i].get())
             .map(|node| {
-                let (keys, token) = (keys.clone(), token.clone());
+                let (keys, token, message) = (keys.clone(), token.clone(), message.clone());
                 // Bounded, but longer than one vote: an undo lost here leaves a key until its
                 // TTL.
                 let timeout = self.cfg.node_timeout(ttl) * 4;
@@ -707,7 +769,9 @@ impl Inner {
                     let mut c = node.conn();
                     let op = async {
                         match how {
-                            Undo::Release => node::release(&mut c, &keys, &token).await,
+                            Undo::Release => {
+                                node::release_announced(&mut c, &keys, &token, &message).await
+                            }
                             Undo::Silent => {
                                 node::extend(&mut c, &keys, &token, Duration::from_millis(1)).await
                             }
@@ -826,21 +890,31 @@ impl Backend for RedlockBackend {
         }
         let subs = self.subscribe(&keys, req.ttl).await;
         let poll = self.inner.cfg.poll;
-        // A split vote first waits its random delay; a held lock is re-checked at once, now
-        // that the subscriptions see any release.
-        let mut wake = split.then(|| {
+        // When to vote again without a release message; `None`: at once. A split vote first
+        // waits its random delay; a held lock is re-checked at once, now that the
+        // subscriptions see any release.
+        let mut next_vote = split.then(|| {
             splits += 1;
             Instant::now() + self.split_delay(splits, req.ttl)
         });
+        // Armed before every vote: a release published while it is in flight wakes us.
+        let mut armed = subs.0.arm();
         loop {
-            let mut armed = subs.0.arm();
-            if let Some(mut at) = wake.take() {
+            if let Some(mut at) = next_vote {
                 if let Some(d) = deadline {
                     at = at.min(d);
                 }
-                tokio::select! {
-                    _ = first_of(&mut armed) => {}
-                    _ = tokio::time::sleep_until(at) => {}
+                let woken_by = tokio::select! {
+                    i = first_of(&mut armed) => Some(i),
+                    _ = tokio::time::sleep_until(at) => None,
+                };
+                if let Some(i) = woken_by
+                    && !subs.0.first_to_act(armed.channels[i].last_message())
+                {
+                    // A copy of a release another waiter of this client votes on: sleep on
+                    // towards the same time.
+                    armed.rearm(i);
+                    continue;
                 }
                 armed = subs.0.arm();
             }
@@ -852,7 +926,7 @@ impl Backend for RedlockBackend {
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);
             }
-            let mut at = if split {
+            next_vote = Some(if split {
                 splits += 1;
                 now + self.split_delay(splits, req.ttl)
             } else {
@@ -864,14 +938,7 @@ impl Backend for RedlockBackend {
                     at = at.min(now + p + Duration::from_millis(fastrand::u64(1..=5)));
                 }
                 at
-            };
-            if let Some(d) = deadline {
-                at = at.min(d);
-            }
-            tokio::select! {
-                _ = first_of(&mut armed) => {}
-                _ = tokio::time::sleep_until(at) => {}
-            }
+            });
         }
     }
 
@@ -1104,9 +1171,10 @@ impl Lease for RedlockLease {
         let inner = &self.inner;
         let pending = {
             let (keys, token) = (self.keys.clone(), self.token.clone());
+            let message: Arc<str> = release_message().into();
             inner.per_node(self.release_budget(), move |mut c| {
-                let (keys, token) = (keys.clone(), token.clone());
-                async move { node::release(&mut c, &keys, &token).await }
+                let (keys, token, message) = (keys.clone(), token.clone(), message.clone());
+                async move { node::release_announced(&mut c, &keys, &token, &message).await }
             })
         };
         match majority(inner, pending, &self.background).await {

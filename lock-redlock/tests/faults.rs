@@ -1,5 +1,6 @@
 //! Redlock under faults, on five redis-server processes of its own (started here on free
-//! ports, killed on drop): masters down, slow, restarted empty, a key expiring early.
+//! ports, killed on drop): masters down, slow, restarted empty, a key expiring early; and the
+//! requests one release costs, counted on masters nobody else uses.
 //!
 //! Where the algorithm allows two holders (a master restarting empty, a master's clock jumping
 //! forward), the test asserts that the second holder is observed: that is Redlock's documented
@@ -300,4 +301,91 @@ async fn early_expiry_on_a_master_allows_a_second_holder() {
         "one early expiry among five masters gave a second holder"
     );
     g.release().await.expect("release");
+}
+
+/// Script calls (`EVAL`/`EVALSHA`) all five masters have run.
+async fn script_calls(cluster: &Cluster) -> u64 {
+    let mut calls = 0;
+    for m in &cluster.masters {
+        let info = m.cli(&["INFO", "commandstats"]).await.expect("INFO");
+        calls += info
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                l.split_once("calls=")?
+                    .1
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum::<u64>();
+    }
+    calls
+}
+
+/// One release reaches every master and each master's copy of it wakes a waiter: one client's
+/// waiters still vote once for it, not once per copy (five times the requests for nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_release_wakes_one_vote_per_client() {
+    const WAITERS: u64 = 4;
+    let cluster = Cluster::start().await;
+    // No safety-net poll and a long TTL: only the release can wake a waiter in this test.
+    let url = format!("{}&poll_ms=600000", cluster.url());
+    let holder = Locker::new(RedlockBackend::connect(&url).await.expect("connect"));
+    let waiters = Locker::new(RedlockBackend::connect(&url).await.expect("connect"));
+    let n = name("copies");
+    let long = LockOptions::new()
+        .ttl(scaled(Duration::from_secs(60)))
+        .wait_timeout(scaled(Duration::from_secs(60)));
+    // Every script loaded on every master first: a script's first call is counted twice
+    // (EVALSHA refused, then EVAL).
+    for locker in [&holder, &waiters] {
+        locker
+            .lock(&name("warm"), &long)
+            .await
+            .expect("warm-up lock")
+            .release()
+            .await
+            .expect("warm-up release");
+    }
+    let held = holder.lock(&n, &long).await.expect("holder locks");
+    let before = script_calls(&cluster).await;
+    let (won_tx, mut won_rx) = tokio::sync::mpsc::unbounded_channel();
+    // One waiter at a time, each until it has voted twice (once, then again once subscribed)
+    // and sleeps: the first one's subscriptions are in place before the others arrive, so no
+    // subscription confirmation wakes anybody during the count.
+    let mut voted = before;
+    for _ in 0..WAITERS {
+        let (waiters, n, long, won_tx) = (waiters.clone(), n.clone(), long.clone(), won_tx.clone());
+        tokio::spawn(async move {
+            let _ = won_tx.send(waiters.lock(&n, &long).await);
+        });
+        voted += 2 * 5;
+        let deadline = Instant::now() + scaled(Duration::from_secs(20));
+        while script_calls(&cluster).await < voted {
+            assert!(Instant::now() < deadline, "a waiter did not vote");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let asleep = script_calls(&cluster).await;
+
+    held.release().await.expect("release");
+    let winner = tokio::time::timeout(scaled(Duration::from_secs(10)), won_rx.recv())
+        .await
+        .expect("a waiter wins after the release")
+        .expect("a waiter result")
+        .expect("lock");
+    // Negative window: the other masters' copies of the release have long arrived by then.
+    tokio::time::sleep(scaled(Duration::from_millis(500))).await;
+    let after = script_calls(&cluster).await;
+    let votes = (after - asleep - 5) / 5;
+    assert_eq!(
+        votes,
+        1,
+        "one release woke {votes} votes of one client ({} script calls after the 5 releases)",
+        after - asleep - 5
+    );
+    assert!(won_rx.try_recv().is_err(), "two waiters won");
+    drop(winner);
 }
