@@ -118,12 +118,11 @@ pub fn expected(label: &str, fault: Fault) -> Expect {
         ("zk-ensemble", LeaderLoss) => Holds,
         ("etcd-cluster", LeaderLoss) => Holds,
         (_, LeaderLoss) => NotApplicable,
-        ("zk-ensemble", QuorumLoss) => KnownDefect(
-            "lock-zk: with 1 of 3 members killed, a lock() sometimes fails with a Backend error \
-             `listing /locksmith/<name>: node not exists` instead of locking (`minority_lock_failed`, \
-             1 of 6 runs); the listing that found the parent gone now queues again (227ecfb) and \
-             8 of 8 runs held since, which does not yet prove an intermittent fix",
-        ),
+        // Was a known defect (with 1 of 3 members killed a lock() failed with `listing
+        // /locksmith/<name>: node not exists` in 1 of 6 runs): a listing that finds the lock's
+        // parent gone now queues again under a re-created parent (227ecfb); 23 of 23 runs held
+        // since (8 on 2026-11-23, 15 on 2026-11-25).
+        ("zk-ensemble", QuorumLoss) => Holds,
         ("etcd-cluster" | "redlock", QuorumLoss) => Holds,
         (_, QuorumLoss) => NotApplicable,
         ("redlock", NodeRestartEmpty) => Documented(
@@ -140,14 +139,11 @@ pub fn expected(label: &str, fault: Fault) -> Expect {
         ),
         (_, ClockJump) => NotApplicable,
         ("sqlite", ServerRestart | Partition | SlowReplies) => NotApplicable,
-        ("etcd-cluster", ServerRestart) => KnownDefect(
-            "lock-etcd: after every member is killed and restarted, a waiter is sometimes never \
-             woken (its lock() times out although the holder released the lock after the \
-             restart): `waiter_not_woken`, seen in 1 of 4 runs. A waiter that waited on its own \
-             live key (a replayed deletion of its key's name, or an overwritten key's create \
-             revision) was fixed for the leader kill (0b7ea31) and may have been this; 9 runs \
-             since held, too few to prove an intermittent fix",
-        ),
+        // Was a known defect (`waiter_not_woken` in 1 of 4 runs: a waiter never woken after
+        // every member was killed and restarted): a waiter could wait on its own live key after
+        // a retried acquisition overwrote it or a deletion of its key's name was replayed; fixed
+        // in 0b7ea31; 24 of 24 runs held since (9 on 2026-11-24, 15 on 2026-11-25).
+        ("etcd-cluster", ServerRestart) => Holds,
         ("redis", ServerRestart) => Either(
             "lock-redis crate docs, Failure modes: a restart without persistence loses the lock; \
              another client can win before the holder's next renewal (within ttl/3 + a round \
