@@ -10,30 +10,14 @@ use conformance::{
 use crate::bench::{Plan, add_process_figures};
 use crate::harness::{UrlHarness, labels};
 
-/// This tool's version, the git commit of the source tree it was built from (asked of git at
-/// run time, in the build's source directory; `-dirty` with local changes) and the build
-/// profile.
+/// This tool's version, the git commit of the source tree it was built from (recorded by
+/// `build.rs` at build time; `-dirty` with local changes) and the build profile.
 fn provenance() -> Provenance {
-    let src = env!("CARGO_MANIFEST_DIR");
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(["-C", src])
-            .args(args)
-            .stderr(std::process::Stdio::null())
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-    };
-    let git_commit = git(&["rev-parse", "--short=12", "HEAD"]).map(|commit| {
-        let dirty =
-            git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
-        if dirty {
-            format!("{commit}-dirty")
-        } else {
-            commit
-        }
-    });
+    // The commit the binary was built from (build.rs), not the commit of whatever checkout it
+    // runs beside; empty when it was built outside a git checkout.
+    let git_commit = Some(env!("LOCKSMITH_BUILD_COMMIT"))
+        .filter(|c| !c.is_empty())
+        .map(str::to_owned);
     let profile = if cfg!(debug_assertions) {
         "debug"
     } else {

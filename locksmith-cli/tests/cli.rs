@@ -83,6 +83,26 @@ fn report_writes_three_files_without_bench() {
     );
     let json = std::fs::read_to_string(dir.join("report.json")).unwrap();
     assert!(json.contains("\"status\": \"pass\""));
+    // Provenance names the commit the binary was built from (this checkout's HEAD here).
+    let head = std::process::Command::new("git")
+        .args([
+            "-C",
+            env!("CARGO_MANIFEST_DIR"),
+            "rev-parse",
+            "--short=12",
+            "HEAD",
+        ])
+        .output()
+        .expect("git");
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_owned();
+    let report: serde_json::Value = serde_json::from_str(&json).expect("report JSON");
+    let commit = report["provenance"]["git_commit"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        !head.is_empty() && commit.starts_with(&head),
+        "provenance commit {commit:?}, HEAD {head:?}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
