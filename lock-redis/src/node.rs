@@ -548,18 +548,27 @@ pub async fn server_requests(conn: &mut Conn) -> Result<u64> {
     .map_err(|e| map_err("INFO commandstats failed", e))?;
     let mut texts = Vec::new();
     collect_text(reply, &mut texts);
-    Ok(texts
-        .iter()
-        .flat_map(|t| t.lines())
+    Ok(texts.iter().map(|t| command_calls(t, |_| true)).sum())
+}
+
+/// The calls an `INFO commandstats` text counts for the commands `counted` accepts (by name:
+/// `get`, `evalsha`, ...).
+pub fn command_calls(info: &str, counted: impl Fn(&str) -> bool) -> u64 {
+    info.lines()
         .filter_map(|l| {
-            l.split_once("calls=")?
+            let (command, stats) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            if !counted(command) {
+                return None;
+            }
+            stats
+                .split_once("calls=")?
                 .1
                 .split(',')
                 .next()?
                 .parse::<u64>()
                 .ok()
         })
-        .sum())
+        .sum()
 }
 
 /// Every text in a reply (one `INFO` text, or one per node on a cluster).

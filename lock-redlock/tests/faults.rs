@@ -308,18 +308,7 @@ async fn script_calls(cluster: &Cluster) -> u64 {
     let mut calls = 0;
     for m in &cluster.masters {
         let info = m.cli(&["INFO", "commandstats"]).await.expect("INFO");
-        calls += info
-            .lines()
-            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-            .filter_map(|l| {
-                l.split_once("calls=")?
-                    .1
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum::<u64>();
+        calls += lock_redis::node::command_calls(&info, |c| c == "evalsha" || c == "eval");
     }
     calls
 }
