@@ -91,6 +91,9 @@ impl Drop for ExpiryWatch<'_> {
                 .expiry_watched
                 .store(false, std::sync::atomic::Ordering::Release);
             if !self.won {
+                // Not a release: a waiter that tells releases apart by their message must not
+                // take this wake for a copy of one it already acted on.
+                self.channel.set_last_message(None);
                 self.channel.notify.notify_one();
             }
         }

@@ -29,8 +29,9 @@
 //!   subscribes on every node (lock-redis's pub/sub subscriptions, one connection per node per
 //!   client) and wakes on the first message (a release names itself in its message, the same
 //!   on every master, so the copies from the other masters wake no second vote of that client),
-//!   or at the moment the holder's keys expire on a
-//!   majority (from the `PTTL`s the failed attempt saw), or at a jittered safety-net poll
+//!   or, for one waiter per client (expiry publishes nothing; one waiter, not all, comes back),
+//!   at the moment the holder's keys expire on a majority (from the `PTTL`s the failed attempt
+//!   saw), or at a jittered safety-net poll
 //!   (`poll_ms`). Subscriptions linger a few seconds after a wait, so a busy lock does not pay
 //!   `SUBSCRIBE`/`UNSUBSCRIBE` on every wait.
 //! * **Extend**: owner-checked compare-and-`PEXPIRE` on every node; it succeeds only when a
@@ -118,7 +119,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use lock_redis::node::{self, Conn, Keys, Node, NodeAttempt, Waiting};
+use lock_redis::node::{self, Conn, ExpiryWatch, Keys, Node, NodeAttempt, Waiting};
 use lockcore::backend::{AcquireRequest, Acquired, Backend, Background, Backoff, Lease};
 use lockcore::{Capabilities, Error, ErrorKind, Instant, LockName, Result, WaitKind};
 
@@ -897,6 +898,15 @@ impl Backend for RedlockBackend {
             splits += 1;
             Instant::now() + self.split_delay(splits, req.ttl)
         });
+        // Expiry publishes nothing: one waiter per client (the holder of this role, on the
+        // first subscribed master's channel) comes back when the holder's keys run out, not
+        // all of them. Without any subscription every waiter keeps its own expiry timer.
+        let mut expiry = subs
+            .0
+            .waitings
+            .iter()
+            .find_map(OnceLock::get)
+            .map(|w| ExpiryWatch::new(w.channel()));
         // Armed before every vote: a release published while it is in flight wakes us.
         let mut armed = subs.0.arm();
         loop {
@@ -919,7 +929,12 @@ impl Backend for RedlockBackend {
                 armed = subs.0.arm();
             }
             let (split, free_in) = match self.attempt(req, &keys, &token, Undo::Silent).await? {
-                Attempt::Won(a) => return Ok(Some(a)),
+                Attempt::Won(a) => {
+                    if let Some(e) = expiry.as_mut() {
+                        e.won();
+                    }
+                    return Ok(Some(a));
+                }
                 Attempt::Lost { split, free_in } => (split, free_in),
             };
             let now = Instant::now();
@@ -933,8 +948,10 @@ impl Backend for RedlockBackend {
                 splits = 0;
                 let safety = poll / 2 + poll.mul_f64(fastrand::f64() / 2.0);
                 let mut at = now + safety;
-                if let Some(p) = free_in {
-                    // Expiry publishes nothing: come back when the holder's keys run out.
+                if let Some(p) = free_in
+                    && expiry.as_mut().is_none_or(ExpiryWatch::claim)
+                {
+                    // Come back when the holder's keys run out.
                     at = at.min(now + p + Duration::from_millis(fastrand::u64(1..=5)));
                 }
                 at

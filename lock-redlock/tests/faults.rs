@@ -378,3 +378,75 @@ async fn one_release_wakes_one_vote_per_client() {
     assert!(won_rx.try_recv().is_err(), "two waiters won");
     drop(winner);
 }
+
+/// A crashed holder's keys expire without a message: of one client's waiters, one comes back
+/// at the expiry and takes the lock; the others sleep on (no herd at expiry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_wakes_one_vote_per_client() {
+    const WAITERS: u64 = 4;
+    let cluster = Cluster::start().await;
+    let url = format!("{}&poll_ms=600000", cluster.url());
+    let waiters = Locker::new(RedlockBackend::connect(&url).await.expect("connect"));
+    let n = name("expiry");
+    let long = LockOptions::new()
+        .ttl(scaled(Duration::from_secs(60)))
+        .wait_timeout(scaled(Duration::from_secs(60)));
+    waiters
+        .lock(&name("warm"), &long)
+        .await
+        .expect("warm-up lock")
+        .release()
+        .await
+        .expect("warm-up release");
+    // A holder that crashed: its key on every master, never released.
+    let key = RedlockBackend::connect(&url)
+        .await
+        .expect("connect")
+        .lock_key(&n);
+    // Expiring at the same moment on every master (they share this machine's clock), so that
+    // the vote at the expiry wins at once rather than splitting over masters whose keys are a
+    // few milliseconds apart.
+    let now_ms: u128 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis();
+    let expires_at = now_ms + scaled(Duration::from_secs(3)).as_millis();
+    for m in &cluster.masters {
+        m.cli(&[
+            "SET",
+            &key,
+            "crashed-holder",
+            "PXAT",
+            &expires_at.to_string(),
+        ])
+        .await
+        .expect("SET");
+    }
+    let before = script_calls(&cluster).await;
+    let (won_tx, mut won_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut voted = before;
+    for _ in 0..WAITERS {
+        let (waiters, n, long, won_tx) = (waiters.clone(), n.clone(), long.clone(), won_tx.clone());
+        tokio::spawn(async move {
+            let _ = won_tx.send(waiters.lock(&n, &long).await);
+        });
+        voted += 2 * 5;
+        let deadline = Instant::now() + scaled(Duration::from_secs(20));
+        while script_calls(&cluster).await < voted {
+            assert!(Instant::now() < deadline, "a waiter did not vote");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let asleep = script_calls(&cluster).await;
+    let winner = tokio::time::timeout(scaled(Duration::from_secs(20)), won_rx.recv())
+        .await
+        .expect("a waiter wins after the expiry")
+        .expect("a waiter result")
+        .expect("lock");
+    // Negative window: every waiter's timer would have fired by now.
+    tokio::time::sleep(scaled(Duration::from_millis(500))).await;
+    let votes = (script_calls(&cluster).await - asleep) / 5;
+    assert_eq!(votes, 1, "the expiry woke {votes} votes of one client");
+    assert!(won_rx.try_recv().is_err(), "two waiters won");
+    drop(winner);
+}
