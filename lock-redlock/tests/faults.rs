@@ -313,51 +313,69 @@ async fn script_calls(cluster: &Cluster) -> u64 {
     calls
 }
 
-/// One release reaches every master and each master's copy of it wakes a waiter: one client's
-/// waiters still vote once for it, not once per copy (five times the requests for nothing).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_release_wakes_one_vote_per_client() {
-    const WAITERS: u64 = 4;
-    let cluster = Cluster::start().await;
-    // No safety-net poll and a long TTL: only the release can wake a waiter in this test.
-    let url = format!("{}&poll_ms=600000", cluster.url());
-    let holder = Locker::new(RedlockBackend::connect(&url).await.expect("connect"));
-    let waiters = Locker::new(RedlockBackend::connect(&url).await.expect("connect"));
-    let n = name("copies");
-    let long = LockOptions::new()
+/// Options of the vote-count tests: nothing expires or gives up during a test.
+fn long() -> LockOptions {
+    LockOptions::new()
         .ttl(scaled(Duration::from_secs(60)))
-        .wait_timeout(scaled(Duration::from_secs(60)));
-    // Every script loaded on every master first: a script's first call is counted twice
-    // (EVALSHA refused, then EVAL).
-    for locker in [&holder, &waiters] {
-        locker
-            .lock(&name("warm"), &long)
-            .await
-            .expect("warm-up lock")
-            .release()
-            .await
-            .expect("warm-up release");
-    }
-    let held = holder.lock(&n, &long).await.expect("holder locks");
-    let before = script_calls(&cluster).await;
-    let (won_tx, mut won_rx) = tokio::sync::mpsc::unbounded_channel();
-    // One waiter at a time, each until it has voted twice (once, then again once subscribed)
-    // and sleeps: the first one's subscriptions are in place before the others arrive, so no
-    // subscription confirmation wakes anybody during the count.
-    let mut voted = before;
-    for _ in 0..WAITERS {
-        let (waiters, n, long, won_tx) = (waiters.clone(), n.clone(), long.clone(), won_tx.clone());
+        .wait_timeout(scaled(Duration::from_secs(60)))
+}
+
+/// A client of `cluster` with no safety-net poll (only a release or an expiry wakes its
+/// waiters), every script already loaded on every master (a script's first call counts twice:
+/// EVALSHA refused, then EVAL).
+async fn counted_client(cluster: &Cluster) -> Locker {
+    let url = format!("{}&poll_ms=600000", cluster.url());
+    let locker = Locker::new(RedlockBackend::connect(&url).await.expect("connect"));
+    locker
+        .lock(&name("warm"), &long())
+        .await
+        .expect("warm-up lock")
+        .release()
+        .await
+        .expect("warm-up release");
+    locker
+}
+
+/// Starts `count` waiters for `n` in `waiters`, one at a time, each until it has voted twice
+/// (once, then again once subscribed) and sleeps: the first one's subscriptions are in place
+/// before the others arrive, so no subscription confirmation wakes anybody during the count.
+/// Returns where their results arrive and the script calls once all sleep.
+async fn queue_waiters(
+    cluster: &Cluster,
+    waiters: &Locker,
+    n: &LockName,
+    count: u64,
+) -> (
+    tokio::sync::mpsc::UnboundedReceiver<lockcore::Result<lockcore::LockGuard>>,
+    u64,
+) {
+    let (won_tx, won_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut voted = script_calls(cluster).await;
+    for _ in 0..count {
+        let (waiters, n, won_tx) = (waiters.clone(), n.clone(), won_tx.clone());
         tokio::spawn(async move {
-            let _ = won_tx.send(waiters.lock(&n, &long).await);
+            let _ = won_tx.send(waiters.lock(&n, &long()).await);
         });
         voted += 2 * 5;
         let deadline = Instant::now() + scaled(Duration::from_secs(20));
-        while script_calls(&cluster).await < voted {
+        while script_calls(cluster).await < voted {
             assert!(Instant::now() < deadline, "a waiter did not vote");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    let asleep = script_calls(&cluster).await;
+    (won_rx, script_calls(cluster).await)
+}
+
+/// One release reaches every master and each master's copy of it wakes a waiter: one client's
+/// waiters still vote once for it, not once per copy (five times the requests for nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_release_wakes_one_vote_per_client() {
+    let cluster = Cluster::start().await;
+    let holder = counted_client(&cluster).await;
+    let waiters = counted_client(&cluster).await;
+    let n = name("copies");
+    let held = holder.lock(&n, &long()).await.expect("holder locks");
+    let (mut won_rx, asleep) = queue_waiters(&cluster, &waiters, &n, 4).await;
 
     held.release().await.expect("release");
     let winner = tokio::time::timeout(scaled(Duration::from_secs(10)), won_rx.recv())
@@ -383,23 +401,11 @@ async fn one_release_wakes_one_vote_per_client() {
 /// at the expiry and takes the lock; the others sleep on (no herd at expiry).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expiry_wakes_one_vote_per_client() {
-    const WAITERS: u64 = 4;
     let cluster = Cluster::start().await;
-    let url = format!("{}&poll_ms=600000", cluster.url());
-    let waiters = Locker::new(RedlockBackend::connect(&url).await.expect("connect"));
+    let waiters = counted_client(&cluster).await;
     let n = name("expiry");
-    let long = LockOptions::new()
-        .ttl(scaled(Duration::from_secs(60)))
-        .wait_timeout(scaled(Duration::from_secs(60)));
-    waiters
-        .lock(&name("warm"), &long)
-        .await
-        .expect("warm-up lock")
-        .release()
-        .await
-        .expect("warm-up release");
     // A holder that crashed: its key on every master, never released.
-    let key = RedlockBackend::connect(&url)
+    let key = RedlockBackend::connect(&cluster.url())
         .await
         .expect("connect")
         .lock_key(&n);
@@ -410,7 +416,8 @@ async fn expiry_wakes_one_vote_per_client() {
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
         .as_millis();
-    let expires_at = now_ms + scaled(Duration::from_secs(3)).as_millis();
+    // Far enough ahead that the four waiters are queued and asleep before it.
+    let expires_at = now_ms + scaled(Duration::from_secs(5)).as_millis();
     for m in &cluster.masters {
         m.cli(&[
             "SET",
@@ -422,22 +429,7 @@ async fn expiry_wakes_one_vote_per_client() {
         .await
         .expect("SET");
     }
-    let before = script_calls(&cluster).await;
-    let (won_tx, mut won_rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut voted = before;
-    for _ in 0..WAITERS {
-        let (waiters, n, long, won_tx) = (waiters.clone(), n.clone(), long.clone(), won_tx.clone());
-        tokio::spawn(async move {
-            let _ = won_tx.send(waiters.lock(&n, &long).await);
-        });
-        voted += 2 * 5;
-        let deadline = Instant::now() + scaled(Duration::from_secs(20));
-        while script_calls(&cluster).await < voted {
-            assert!(Instant::now() < deadline, "a waiter did not vote");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-    let asleep = script_calls(&cluster).await;
+    let (mut won_rx, asleep) = queue_waiters(&cluster, &waiters, &n, 4).await;
     let winner = tokio::time::timeout(scaled(Duration::from_secs(20)), won_rx.recv())
         .await
         .expect("a waiter wins after the expiry")
