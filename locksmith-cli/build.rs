@@ -21,38 +21,22 @@ fn main() {
     let root = manifest.parent().unwrap_or(&manifest).to_path_buf();
     // Run again when HEAD moves (a commit, a checkout) or a source the binary is built from
     // changes (the -dirty mark); not on every build.
+    let rerun = |path: PathBuf| println!("cargo:rerun-if-changed={}", path.display());
     if let Some(git_dir) = git(&root, &["rev-parse", "--absolute-git-dir"]) {
         let git_dir = PathBuf::from(git_dir);
-        println!("cargo:rerun-if-changed={}", git_dir.join("HEAD").display());
-        println!(
-            "cargo:rerun-if-changed={}",
-            git_dir.join("packed-refs").display()
-        );
+        rerun(git_dir.join("HEAD"));
+        rerun(git_dir.join("packed-refs"));
         if let Some(head_ref) = git(&root, &["symbolic-ref", "-q", "HEAD"]) {
-            println!(
-                "cargo:rerun-if-changed={}",
-                git_dir.join(head_ref).display()
-            );
+            rerun(git_dir.join(head_ref));
         }
     }
-    println!(
-        "cargo:rerun-if-changed={}",
-        root.join("Cargo.toml").display()
-    );
-    println!(
-        "cargo:rerun-if-changed={}",
-        root.join("Cargo.lock").display()
-    );
-    if let Ok(entries) = std::fs::read_dir(&root) {
-        for entry in entries.flatten() {
-            let dir = entry.path();
-            if dir.join("Cargo.toml").is_file() {
-                println!(
-                    "cargo:rerun-if-changed={}",
-                    dir.join("Cargo.toml").display()
-                );
-                println!("cargo:rerun-if-changed={}", dir.join("src").display());
-            }
+    rerun(root.join("Cargo.toml"));
+    rerun(root.join("Cargo.lock"));
+    for dir in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+        let dir = dir.path();
+        if dir.join("Cargo.toml").is_file() {
+            rerun(dir.join("Cargo.toml"));
+            rerun(dir.join("src"));
         }
     }
     let commit = git(&root, &["rev-parse", "--short=12", "HEAD"]).map(|commit| {

@@ -24,15 +24,16 @@ pub struct Channel {
     /// publishes nothing). Only that one does, so that an expiry wakes one waiter per client, not
     /// all of them.
     expiry_watched: std::sync::atomic::AtomicBool,
-    /// The text of the last release message, set before its waiter is woken; `None` after a
-    /// resubscription (what was published meanwhile is unknown).
+    /// The text of the last release message that names its release, set before its waiter is
+    /// woken; `None` after an unnamed message or a resubscription (what was published meanwhile
+    /// is unknown).
     last_message: Mutex<Option<Arc<str>>>,
 }
 
 impl Channel {
-    /// The text of the last release message on this channel (see
-    /// [`crate::node::release_announced`]), or `None` when unknown (nothing received yet, or
-    /// messages may have been lost to a reconnection). A waiter woken by a message reads it to
+    /// The text of the last named release message on this channel (see
+    /// [`crate::node::release_announced`]), or `None` when unknown (nothing received yet, an
+    /// unnamed message, or messages may have been lost to a reconnection). A waiter woken by a message reads it to
     /// tell copies of one release apart; a newer message may have replaced it meanwhile.
     pub fn last_message(&self) -> Option<Arc<str>> {
         self.last_message
@@ -146,15 +147,19 @@ impl Registry {
         }) else {
             return;
         };
+        // Kept only when it names its release: the plain `released` of a single-node release
+        // tells nothing apart, and costs no allocation on that path.
         let message = if wake_all {
             None
         } else {
             push.data.get(1).and_then(|v| match v {
-                Value::BulkString(b) => std::str::from_utf8(b).ok().map(Arc::from),
-                Value::SimpleString(s) => Some(Arc::from(s.as_str())),
+                Value::BulkString(b) => std::str::from_utf8(b).ok(),
+                Value::SimpleString(s) => Some(s.as_str()),
                 _ => None,
             })
-        };
+        }
+        .filter(|m| *m != crate::node::RELEASED)
+        .map(Arc::from);
         let channels = self.lock();
         if let Some(entry) = channels.get(name) {
             entry.channel.set_last_message(message);

@@ -366,6 +366,26 @@ async fn queue_waiters(
     (won_rx, script_calls(cluster).await)
 }
 
+/// Waits for one of the queued waiters to win, lets the negative window pass (every copy of a
+/// release and every waiter's timer would have arrived by then), asserts that no second waiter
+/// won, and returns the script calls since `asleep`.
+async fn calls_after_one_winner(
+    cluster: &Cluster,
+    won_rx: &mut tokio::sync::mpsc::UnboundedReceiver<lockcore::Result<lockcore::LockGuard>>,
+    asleep: u64,
+) -> u64 {
+    let winner = tokio::time::timeout(scaled(Duration::from_secs(20)), won_rx.recv())
+        .await
+        .expect("a waiter wins")
+        .expect("a waiter result")
+        .expect("lock");
+    tokio::time::sleep(scaled(Duration::from_millis(500))).await;
+    let calls = script_calls(cluster).await - asleep;
+    assert!(won_rx.try_recv().is_err(), "two waiters won");
+    drop(winner);
+    calls
+}
+
 /// One release reaches every master and each master's copy of it wakes a waiter: one client's
 /// waiters still vote once for it, not once per copy (five times the requests for nothing).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -378,23 +398,13 @@ async fn one_release_wakes_one_vote_per_client() {
     let (mut won_rx, asleep) = queue_waiters(&cluster, &waiters, &n, 4).await;
 
     held.release().await.expect("release");
-    let winner = tokio::time::timeout(scaled(Duration::from_secs(10)), won_rx.recv())
-        .await
-        .expect("a waiter wins after the release")
-        .expect("a waiter result")
-        .expect("lock");
-    // Negative window: the other masters' copies of the release have long arrived by then.
-    tokio::time::sleep(scaled(Duration::from_millis(500))).await;
-    let after = script_calls(&cluster).await;
-    let votes = (after - asleep - 5) / 5;
+    // The 5 releases, then the votes they woke.
+    let calls = calls_after_one_winner(&cluster, &mut won_rx, asleep).await - 5;
+    let votes = calls / 5;
     assert_eq!(
-        votes,
-        1,
-        "one release woke {votes} votes of one client ({} script calls after the 5 releases)",
-        after - asleep - 5
+        votes, 1,
+        "one release woke {votes} votes of one client ({calls} script calls after the 5 releases)"
     );
-    assert!(won_rx.try_recv().is_err(), "two waiters won");
-    drop(winner);
 }
 
 /// A crashed holder's keys expire without a message: of one client's waiters, one comes back
@@ -430,15 +440,6 @@ async fn expiry_wakes_one_vote_per_client() {
         .expect("SET");
     }
     let (mut won_rx, asleep) = queue_waiters(&cluster, &waiters, &n, 4).await;
-    let winner = tokio::time::timeout(scaled(Duration::from_secs(20)), won_rx.recv())
-        .await
-        .expect("a waiter wins after the expiry")
-        .expect("a waiter result")
-        .expect("lock");
-    // Negative window: every waiter's timer would have fired by now.
-    tokio::time::sleep(scaled(Duration::from_millis(500))).await;
-    let votes = (script_calls(&cluster).await - asleep) / 5;
+    let votes = calls_after_one_winner(&cluster, &mut won_rx, asleep).await / 5;
     assert_eq!(votes, 1, "the expiry woke {votes} votes of one client");
-    assert!(won_rx.try_recv().is_err(), "two waiters won");
-    drop(winner);
 }
