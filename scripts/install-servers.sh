@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the Debian packages the test run needs (servers, clients, protoc).
+# Install the Debian packages the test run needs (servers and their clients). Building needs
+# nothing but Rust: no protoc (lock-etcd's gRPC code is checked in, vendor/etcd-client/README.md).
 # Idempotent: does nothing (not even `apt-get update`) when everything is present.
 set -euo pipefail
 
@@ -16,8 +17,6 @@ declare -A PROVIDES=(
   [zookeeper]=/usr/share/java/zookeeper.jar
   [etcd-server]=/usr/bin/etcd
   [etcd-client]=/usr/bin/etcdctl
-  [protobuf-compiler]=/usr/bin/protoc
-  [libprotobuf-dev]=/usr/include/google/protobuf/descriptor.proto # etcd-client's build needs Google's .proto files
   [openssl]=/usr/bin/openssl
   [curl]=/usr/bin/curl
   [netcat-openbsd]=/usr/bin/nc.openbsd

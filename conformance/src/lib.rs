@@ -173,9 +173,12 @@ fn trials_for(target: Target) -> Vec<Trial> {
                 }
                 Ok(()) => {
                     let (harness, caps) = (harness.clone(), caps.clone());
-                    Trial::test(name, move || {
+                    Trial::test(name.clone(), move || {
                         let result =
                             runtime().block_on(run_scenario(scenario, harness, &caps, scale));
+                        // For scripts/run-tests.sh's table of the slowest tests (libtest-mimic
+                        // has no --report-time).
+                        println!("test-time:\t{name}\t{:.3}", result.millis as f64 / 1000.0);
                         match result.status {
                             Status::Pass => Ok(()),
                             _ => Err(Failed::from(result.reason.unwrap_or_default())),

@@ -76,6 +76,10 @@ use tokio::sync::watch as tokio_watch;
 pub use crate::config::Config;
 use crate::keeper::{Keeper, LeaseCell, Renewal};
 use crate::watch::{Dispatch, Floor, Wake};
+/// The etcd client this backend speaks through (etcd-client 0.21.1 with its gRPC code checked in,
+/// so it builds without `protoc`: `vendor/etcd-client/README.md`). Build the client you pass to
+/// [`EtcdBackend::from_client`] with it.
+pub use etcd_client;
 
 /// The largest TTL accepted (etcd's own maximum lease TTL is 9,000,000,000 s; a day is plenty).
 const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -275,6 +279,7 @@ impl EtcdBackend {
     ///
     /// ```no_run
     /// # async fn f() -> lockcore::Result<()> {
+    /// use lock_etcd::etcd_client;
     /// let client = etcd_client::Client::connect(["127.0.0.1:2379"], None).await.unwrap();
     /// let backend = lock_etcd::EtcdBackend::from_client(client, "app/locks").await?;
     /// let locker = lockcore::Locker::new(backend);
