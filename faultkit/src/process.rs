@@ -11,7 +11,8 @@ use crate::util::{Error, Result, tail};
 const SETPRIV: &str = "/usr/bin/setpriv";
 
 /// A server process started by a launcher. It runs in its own process group, so that signals
-/// reach its children too (PostgreSQL's backends); `Drop` kills the group with SIGKILL and reaps
+/// reach its children (those that stay in the group; [`ServerProcess::pause`] also reaches the
+/// others); `Drop` kills the group with SIGKILL and reaps
 /// it, also when a test panics; and the server is started with a parent-death signal, so it
 /// dies with the thread that started it even when the test process is killed.
 #[derive(Debug)]
@@ -120,14 +121,33 @@ impl ServerProcess {
         kill_process_group(pid, sig).map_err(|e| Error::msg(format!("{}: {e}", self.label)))
     }
 
-    /// `SIGSTOP`: the process freezes (connections stay open, nothing answers).
+    /// `SIGSTOP` to the server and every process under it: it freezes (connections stay open,
+    /// nothing answers). The descendants are signalled one by one, because the group alone
+    /// misses some: PostgreSQL's backends, one per connection, each call `setsid()` and so
+    /// leave the group, and a paused postmaster with running backends would go on serving
+    /// every connection already open.
     pub fn pause(&self) -> Result<()> {
-        self.signal(Signal::STOP)
+        // The parent first, so that it starts no new child while the tree is walked.
+        self.signal(Signal::STOP)?;
+        self.signal_descendants(Signal::STOP);
+        Ok(())
     }
 
-    /// `SIGCONT`: resumes a paused process.
+    /// `SIGCONT`: resumes a paused server and every process under it.
     pub fn resume(&self) -> Result<()> {
+        self.signal_descendants(Signal::CONT);
         self.signal(Signal::CONT)
+    }
+
+    /// Sends `sig` to every descendant of the server process (children that left its group).
+    fn signal_descendants(&self, sig: Signal) {
+        let Some(root) = self.pid() else { return };
+        for pid in descendants(root) {
+            if let Some(pid) = Pid::from_raw(pid as i32) {
+                // Gone meanwhile: nothing to pause.
+                let _ = rustix::process::kill_process(pid, sig);
+            }
+        }
     }
 
     /// Kills it (if running) and starts the same command again. Readiness is the launcher's
@@ -197,4 +217,41 @@ impl ServerProcess {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     }
+}
+
+/// Every process under `root` (children, their children, ...), from `/proc`'s parent links.
+fn descendants(root: u32) -> Vec<u32> {
+    let mut parent_of = Vec::new();
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for e in entries.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            // `pid (comm) state ppid ...`: the command name may hold spaces and parentheses.
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if let Some(ppid) = ppid {
+                parent_of.push((pid, ppid));
+            }
+        }
+    }
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(
+            parent_of
+                .iter()
+                .filter(|(_, ppid)| *ppid == parent)
+                .map(|(pid, _)| *pid),
+        );
+        i += 1;
+    }
+    found.remove(0);
+    found
 }

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde::Serialize;
 use tokio::sync::watch;
@@ -33,6 +34,20 @@ impl fmt::Display for LostReason {
             LostReason::ConnectionLost => "connection lost",
         })
     }
+}
+
+/// What [`LostSignal::at_risk`] saw: the lease is lost, or about to end. (Closed: a lease at
+/// risk is one or the other.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Risk {
+    /// The lease is known lost.
+    Lost(LostReason),
+    /// The lease is still the holder's until `valid_until`, which is within the margin asked
+    /// for, and no renewal has moved it.
+    Ending {
+        /// The validity deadline: stop what must not outlive the lease before it.
+        valid_until: Instant,
+    },
 }
 
 /// The sending half, given to backends with each acquisition so they can report a loss they see
@@ -228,6 +243,54 @@ impl LostSignal {
         }
     }
 
+    /// Waits until the lease is *at risk*: lost, or still valid but ending within `margin` with
+    /// no renewal having moved its validity deadline (the server is slow or unreachable, or
+    /// nothing renews the lease). Curator tells its users SUSPENDED before LOST; this is that
+    /// warning, early enough to stop work that must not outlive the lease while the lease is
+    /// still the holder's.
+    ///
+    /// While renewal works, the deadline keeps moving ahead: an auto-renewed lease renewed every
+    /// `fraction × ttl` never has less than about `(1 − fraction) × ttl` left (two thirds of the
+    /// TTL with the default third). Choose `margin` below that, or the signal fires on a healthy
+    /// lease; a renewal that lands after the signal fired does not take it back. Pending forever
+    /// once the lease is released normally, like [`LostSignal::lost`].
+    ///
+    /// Cancel safe: dropping the future loses nothing.
+    pub async fn at_risk(&self, margin: Duration) -> Risk {
+        let ending = async {
+            let Some(validity) = &self.validity else {
+                return std::future::pending().await;
+            };
+            loop {
+                let moved = validity.moved.notified();
+                let warn_at = validity
+                    .until()
+                    .checked_sub(margin)
+                    .unwrap_or_else(Instant::now);
+                tokio::select! {
+                    _ = tokio::time::sleep_until(warn_at) => {}
+                    _ = moved => continue,
+                }
+                if validity.ended.load(Ordering::Acquire) {
+                    return std::future::pending().await;
+                }
+                let until = validity.until();
+                let now = Instant::now();
+                if now >= until {
+                    return Risk::Lost(LostReason::ValidityExpired);
+                }
+                if until - now <= margin {
+                    return Risk::Ending { valid_until: until };
+                }
+                // Renewed meanwhile: wait for the new deadline's margin.
+            }
+        };
+        tokio::select! {
+            reason = self.lost() => Risk::Lost(reason),
+            risk = ending => risk,
+        }
+    }
+
     /// Waits for a loss reported through the [`LostNotifier`] only, ignoring the deadline.
     pub(crate) async fn reported(&self) -> LostReason {
         let mut rx = self.reported.clone();
@@ -243,6 +306,62 @@ impl LostSignal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn at_risk_fires_within_the_margin_unless_renewed() {
+        let start = Instant::now();
+        let ttl = Duration::from_secs(3);
+        let margin = Duration::from_secs(1);
+        let (n, s) = LostNotifier::new();
+        let validity = Arc::new(Validity::new(start + ttl));
+        let s = s.with_validity(validity.clone());
+
+        // Renewed every second (a third of the TTL) for 5 s: never within the margin.
+        let renewer = {
+            let validity = validity.clone();
+            async move {
+                for i in 1..=5 {
+                    tokio::time::sleep_until(start + Duration::from_secs(i)).await;
+                    assert!(validity.renew_to(Instant::now() + ttl));
+                }
+            }
+        };
+        let risk = tokio::select! {
+            risk = s.at_risk(margin) => Some(risk),
+            () = renewer => None,
+        };
+        assert_eq!(risk, None, "a lease renewed in time is not at risk");
+
+        // Renewal stops: the last deadline is start + 8 s; the warning comes at 7 s.
+        let risk = s.at_risk(margin).await;
+        assert_eq!(
+            risk,
+            Risk::Ending {
+                valid_until: start + Duration::from_secs(8)
+            }
+        );
+        assert_eq!(Instant::now(), start + Duration::from_secs(7));
+        assert!(!s.is_lost(), "at risk is before lost");
+
+        // A loss reported by the backend is at risk too.
+        n.fire(LostReason::RenewalRefused);
+        assert_eq!(
+            s.at_risk(margin).await,
+            Risk::Lost(LostReason::RenewalRefused)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_risk_never_fires_after_a_normal_end() {
+        let (n, s) = LostNotifier::new();
+        let validity = Arc::new(Validity::new(Instant::now() + Duration::from_secs(2)));
+        let s = s.with_validity(validity.clone());
+        validity.ended.store(true, Ordering::Release);
+        drop(n);
+        let never =
+            tokio::time::timeout(Duration::from_secs(10), s.at_risk(Duration::from_secs(1))).await;
+        assert!(never.is_err(), "a released lease is not at risk");
+    }
 
     #[tokio::test]
     async fn first_reason_wins_and_release_is_not_loss() {

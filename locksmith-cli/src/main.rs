@@ -117,11 +117,13 @@ struct RunArgs {
     /// How long connecting to the lock service may take before giving up (exit 69).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     connect_timeout: Duration,
-    /// The lease is renewed while the command runs, but for at most this long; then the
-    /// command is terminated (exit 124, as timeout(1)).
+    /// The command runs for at most this long; then it is terminated (exit 124, as timeout(1)).
+    /// The lease is renewed while the command runs and until --kill-grace after this, so that
+    /// the command stops under the lock.
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
     max_hold: Duration,
-    /// After SIGTERM, how long the command gets to exit before SIGKILL.
+    /// After SIGTERM, how long the command gets to exit before SIGKILL (shortened when the
+    /// lock's validity would end sooner).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     kill_grace: Duration,
     /// The exit code when the lock is busy (no wait) or the wait timed out (flock's -E).
@@ -154,10 +156,12 @@ guard process that kills the whole group if locksmith dies (even by SIGKILL: Lin
 parent-death signal). Every catchable signal sent to locksmith (SIGINT, SIGTERM, SIGHUP,
 SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGWINCH, SIGTSTP, SIGCONT, ...) is forwarded to the
 whole group; after SIGTERM, SIGINT, SIGHUP or SIGQUIT the group gets SIGKILL if it is still
-running --kill-grace later. If the lock is lost (a renewal is refused, or the lock service is
-unreachable past the lease's validity) or --max-hold is reached, the group gets SIGTERM, then
-SIGKILL after --kill-grace. Processes the command leaves behind in its group are terminated
-the same way before the lock is released. (Being in its own group, the command cannot read
+running --kill-grace later. The command never runs without the lock: when the lock is at
+risk (no renewal has landed and at most half the TTL of validity is left: the lock service is
+slow or unreachable), is lost (a renewal is refused), or --max-hold is reached, the group gets
+SIGTERM, then SIGKILL after --kill-grace or shortly before the lock's validity ends, whichever
+comes first (at once when the lock is already lost). Processes the command leaves behind in its
+group are terminated the same way before the lock is released. (Being in its own group, the command cannot read
 from the terminal; give it input from a file or pipe.)
 
 The command runs with LOCKSMITH_LOCK_NAME and, where the backend gives fencing tokens,

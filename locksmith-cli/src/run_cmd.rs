@@ -1,7 +1,10 @@
 //! `locksmith run`: hold a lock while a command runs, and never let the command outlive it.
 
-use locksmith::{AutoRenew, Error, ErrorKind, LockGuard, LockOptions, Locker, redact_url};
+use std::time::Duration;
+
+use locksmith::{AutoRenew, Error, ErrorKind, LockGuard, LockOptions, Locker, Risk, redact_url};
 use rustix::process::Signal;
+use tokio::time::Instant;
 
 use crate::RunArgs;
 use crate::duration::{Wait, show};
@@ -70,7 +73,7 @@ pub async fn run(args: RunArgs) -> u8 {
 async fn acquire(locker: &Locker, args: &RunArgs) -> locksmith::Result<Option<LockGuard>> {
     let opts = LockOptions::new()
         .ttl(args.ttl)
-        .auto_renew(AutoRenew::until(args.max_hold));
+        .auto_renew(AutoRenew::until(lock_hold(args)));
     match args.wait() {
         Wait::For(d) if d.is_zero() => locker.try_lock(args.name.as_str(), &opts).await,
         wait => {
@@ -88,15 +91,41 @@ async fn acquire(locker: &Locker, args: &RunArgs) -> locksmith::Result<Option<Lo
 }
 
 /// Terminates the group because --max-hold was reached; locksmith's exit code.
-async fn end_at_max_hold(group: &mut Group, args: &RunArgs) -> u8 {
+async fn end_at_max_hold(group: &mut Group, args: &RunArgs, kill_by: Instant) -> u8 {
     eprintln!(
         "locksmith: --max-hold {} reached: terminating the command (lock {:?} is released \
          after it)",
         show(args.max_hold),
         args.name
     );
-    let _ = group::terminate(group, args.kill_grace).await;
+    let _ = group::terminate(group, grace_until(args, kill_by)).await;
     exit::MAX_HOLD
+}
+
+/// How long the lock may be held: --max-hold for the command, then --kill-grace for it to exit
+/// and the lead SIGKILL keeps before the lease ends, so the command stops under the lock.
+fn lock_hold(args: &RunArgs) -> Duration {
+    args.max_hold + args.kill_grace + kill_lead(args)
+}
+
+/// When the warning comes that the lease may end: with at most this much validity left and no
+/// renewal landing. Half the TTL stays clear of a healthy lease's lowest point (two thirds of
+/// the TTL left, renewed every third) and leaves the command half a TTL to exit on SIGTERM.
+fn risk_margin(args: &RunArgs) -> Duration {
+    args.ttl / 2
+}
+
+/// How long before the validity deadline the group must be gone: SIGKILL and the reaping of the
+/// group take a few milliseconds; a tenth of the TTL (at most 200 ms) covers them.
+fn kill_lead(args: &RunArgs) -> Duration {
+    (args.ttl / 10).min(Duration::from_millis(200))
+}
+
+/// --kill-grace, shortened so that SIGKILL comes at `kill_by` at the latest: the command never
+/// runs past the lease's validity, whatever it does with SIGTERM.
+fn grace_until(args: &RunArgs, kill_by: Instant) -> Duration {
+    args.kill_grace
+        .min(kill_by.saturating_duration_since(Instant::now()))
 }
 
 /// Waits for the command's group while forwarding signals to it; terminates it when the lock
@@ -104,12 +133,14 @@ async fn end_at_max_hold(group: &mut Group, args: &RunArgs) -> u8 {
 /// --kill-grace. Returns locksmith's exit code once nothing of the group is left.
 async fn supervise(mut group: Group, guard: &LockGuard, args: &RunArgs) -> u8 {
     let pgid = group.pgid;
-    let lost = guard.lost();
+    let signal = guard.lost();
+    let at_risk = signal.at_risk(risk_margin(args));
+    tokio::pin!(at_risk);
     let mut signals = group::catch(group::FORWARDED);
-    // The library ends the lease at the same moment (acquired + max hold): whichever of the two
-    // wakes first, max hold is what ended it.
-    let hold_end = guard.acquired_at() + args.max_hold;
-    let max_hold = tokio::time::sleep_until(hold_end);
+    // The command is told to stop at --max-hold; the library keeps the lease until the kill
+    // grace after it has run out (`lock_hold`), so that the command stops under the lock.
+    let hold_end = guard.acquired_at() + lock_hold(args);
+    let max_hold = tokio::time::sleep_until(guard.acquired_at() + args.max_hold);
     tokio::pin!(max_hold);
     // Set when a forwarded SIGTERM/SIGINT/SIGHUP/SIGQUIT starts the kill grace.
     let mut kill_at: Option<(tokio::time::Instant, Signal)> = None;
@@ -122,18 +153,37 @@ async fn supervise(mut group: Group, guard: &LockGuard, args: &RunArgs) -> u8 {
         };
         tokio::select! {
             status = group.guard.wait() => break group::exit_code(status),
-            reason = lost.lost() => {
-                if tokio::time::Instant::now() >= hold_end {
-                    return end_at_max_hold(&mut group, args).await;
+            risk = &mut at_risk => {
+                let now = Instant::now();
+                let kill_by = match risk {
+                    Risk::Ending { valid_until } => valid_until.checked_sub(kill_lead(args)).unwrap_or(now),
+                    // Lost: the lock may be someone else's already.
+                    Risk::Lost(_) => now,
+                };
+                // The last renewal asks for what is left of the hold, so the lease ends there:
+                // that is max hold, not a failing server.
+                if now + risk_margin(args) + kill_lead(args) >= hold_end {
+                    return end_at_max_hold(&mut group, args, kill_by).await;
                 }
-                eprintln!(
-                    "locksmith: lock {:?} lost ({reason}); terminating the command",
-                    args.name
-                );
-                let _ = group::terminate(&mut group, args.kill_grace).await;
+                match risk {
+                    Risk::Lost(reason) => eprintln!(
+                        "locksmith: lock {:?} lost ({reason}); terminating the command at once",
+                        args.name
+                    ),
+                    Risk::Ending { .. } => eprintln!(
+                        "locksmith: lock {:?} at risk: no renewal landed and its validity ends \
+                         in {}; terminating the command (SIGKILL in {} at the latest)",
+                        args.name,
+                        show(kill_by.saturating_duration_since(now) + kill_lead(args)),
+                        show(grace_until(args, kill_by))
+                    ),
+                }
+                let _ = group::terminate(&mut group, grace_until(args, kill_by)).await;
                 return exit::LOCK_LOST;
             }
-            () = &mut max_hold => return end_at_max_hold(&mut group, args).await,
+            () = &mut max_hold => {
+                return end_at_max_hold(&mut group, args, hold_end - kill_lead(args)).await;
+            }
             Some(sig) = signals.recv() => {
                 group::signal_group(pgid, sig);
                 if group::is_termination_request(sig) && kill_at.is_none() {
