@@ -524,6 +524,28 @@ pub async fn server_version(conn: &mut Conn) -> Result<String> {
         .ok_or_else(|| Error::new(ErrorKind::Backend, "INFO server has no redis_version"))
 }
 
+/// The server's `run_id` (`INFO server`): random for every redis-server process, so two
+/// addresses whose servers report the same one reach the same process (what Redlock must know
+/// to count each master's vote once, whatever names the configuration gives it).
+///
+/// Cancel safe.
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the server fails (a user without the right to run `INFO`:
+/// `Backend`), or its `INFO server` has no `run_id`.
+pub async fn server_run_id(conn: &mut Conn) -> Result<String> {
+    let text: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(conn)
+        .await
+        .map_err(|e| map_err("INFO server failed", e))?;
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("run_id:"))
+        .filter(|id| !id.is_empty())
+        .map(str::to_owned)
+        .ok_or_else(|| Error::new(ErrorKind::Backend, "INFO server has no run_id"))
+}
+
 /// The number of commands the server has run since its start: the sum of `calls=` over
 /// `INFO commandstats` (on a cluster, of the node the command is routed to).
 ///

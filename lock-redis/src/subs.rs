@@ -249,15 +249,24 @@ impl Subscriptions {
     }
 
     /// Unsubscribes `channel` if nobody waits for it any more, and forgets it.
+    ///
+    /// Only while `channel` is still the name's entry: a name's entry is forgotten by the leave
+    /// that unsubscribed it, and a waiter arriving after that makes a new entry (a new
+    /// [`Channel`], with its own lock and subscription). A leave of the forgotten one still
+    /// pending (the last waiter left twice before either leave ran) has nothing left to do, and
+    /// must not unsubscribe: it does not hold the new entry's lock, so its `UNSUBSCRIBE` could
+    /// land after the new entry's `SUBSCRIBE` and cancel it while the new entry says
+    /// "subscribed" (its waiters would sleep until the safety-net poll; issue 19).
     async fn leave(self: Arc<Self>, name: String, channel: Arc<Channel>) {
+        let idle_entry = |channels: &HashMap<String, Entry>| {
+            channels
+                .get(&name)
+                .is_some_and(|e| Arc::ptr_eq(&e.channel, &channel) && e.waiters == 0)
+        };
         let mut subscribed = channel.subscribed.lock().await;
-        if self
-            .registry
-            .lock()
-            .get(&name)
-            .is_some_and(|e| e.waiters > 0)
-        {
-            // A new waiter arrived meanwhile and uses the subscription.
+        if !idle_entry(&self.registry.lock()) {
+            // A new waiter arrived meanwhile and uses the subscription, or this entry was
+            // already unsubscribed and forgotten (by another leave).
             return;
         }
         // Unsubscribe even when the flag says we never subscribed: a SUBSCRIBE whose caller was
@@ -270,7 +279,7 @@ impl Subscriptions {
         }
         *subscribed = false;
         let mut channels = self.registry.lock();
-        if channels.get(&name).is_some_and(|e| e.waiters == 0) {
+        if idle_entry(&channels) {
             channels.remove(&name);
         }
     }
@@ -301,11 +310,13 @@ impl Drop for Waiting {
         let last = {
             let mut channels = self.subs.registry.lock();
             match channels.get_mut(&self.name) {
-                Some(entry) => {
+                // The entry lives as long as it has waiters, so it is this waiter's own; checked
+                // anyway, so that a mistake cannot take a newer entry's waiter count down.
+                Some(entry) if Arc::ptr_eq(&entry.channel, &self.channel) => {
                     entry.waiters -= 1;
                     entry.waiters == 0
                 }
-                None => false,
+                _ => false,
             }
         };
         if last {
@@ -322,6 +333,99 @@ impl Drop for Waiting {
                     tracing::debug!("waiter dropped outside a runtime; not unsubscribing");
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::Poll;
+    use std::time::Duration;
+
+    use lockcore::LockName;
+
+    use crate::node::{self, Config, Node, NodeAttempt};
+
+    async fn numsub(raw: &mut redis::aio::MultiplexedConnection, channel: &str) -> i64 {
+        let (_, n): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query_async(raw)
+            .await
+            .unwrap();
+        n
+    }
+
+    /// Issue 19: when the last waiter of a name leaves twice before either unsubscribe task runs,
+    /// the first task unsubscribes and forgets the channel, and the late one used to unsubscribe
+    /// again, cancelling the subscription of a waiter that had arrived meanwhile (the new entry
+    /// then said "subscribed", so nothing subscribed it again and its waiters slept until the
+    /// safety-net poll). On a multi-threaded runtime the late task runs whenever its worker gets
+    /// to it; here it runs by hand at the worst moment: after the newer waiters' last one left
+    /// (its own unsubscribe task spawned, not yet run) and just before another waiter joins. The
+    /// waiter must stay subscribed on the server, and a release must wake it by its message (the
+    /// node API has no poll: any wake-up is the notification). Subscribe, drop, re-subscribe,
+    /// three rounds.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_late_unsubscribe_leaves_a_newer_subscription_alone() {
+        let Some(url) = conformance::require_env("LOCK_TEST_REDIS_URL") else {
+            return;
+        };
+        let scale = conformance::time_scale();
+        let node = Node::connect(&Config::parse(&url).unwrap()).await.unwrap();
+        let keys =
+            node.keys(&LockName::new(format!("late-leave-{:016x}", fastrand::u64(..))).unwrap());
+        let channel = keys.channel.clone();
+        let subs = node.subscriptions().clone();
+        let mut conn = node.conn();
+        let mut raw = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        for round in 0..3 {
+            let first = subs.join(&channel).await.unwrap();
+            assert_eq!(numsub(&mut raw, &channel).await, 1, "round {round}");
+            let forgotten = first.channel.clone();
+            // Its unsubscribe task runs to the end: the channel is unsubscribed and forgotten.
+            drop(first);
+            let end = lockcore::Instant::now() + Duration::from_secs_f64(10.0 * scale);
+            while subs.tracked() > 0 {
+                assert!(
+                    lockcore::Instant::now() < end,
+                    "round {round}: never forgotten"
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            // A newer waiter subscribes again and leaves; its unsubscribe task is spawned but
+            // does not run before this task awaits something that is not ready.
+            drop(subs.join(&channel).await.unwrap());
+            // The late unsubscribe task of the forgotten channel runs now, as far as it can.
+            let late = subs.clone().leave(channel.clone(), forgotten);
+            tokio::pin!(late);
+            let late_done = matches!(futures::poll!(late.as_mut()), Poll::Ready(()));
+            // A waiter arrives: the newer entry is still subscribed, nothing to send.
+            let waiter = subs.join(&channel).await.unwrap();
+            if !late_done {
+                late.await;
+            }
+            assert_eq!(
+                numsub(&mut raw, &channel).await,
+                1,
+                "round {round}: a waiter waits but its subscription was cancelled"
+            );
+            let notified = waiter.channel().notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let ttl = Duration::from_secs(30);
+            let won = node::acquire(&mut conn, &keys, "holder", ttl, false)
+                .await
+                .unwrap();
+            assert!(matches!(won, NodeAttempt::Won { .. }), "{won:?}");
+            assert!(node::release(&mut conn, &keys, "holder").await.unwrap());
+            tokio::time::timeout(Duration::from_secs_f64(5.0 * scale), notified)
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: the release did not wake the waiter"));
         }
     }
 }

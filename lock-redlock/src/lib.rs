@@ -102,7 +102,13 @@
 //! ends (both at least one node timeout), because there a late confirmation is still good.
 //!
 //! `min_replicas` is refused (masters of a Redlock have no replicas to wait for). A node listed
-//! twice is refused (each master votes once). Passwords never appear in `Debug`,
+//! twice is refused (each master votes once), also under another name (`localhost` and
+//! `127.0.0.1`, two DNS names): masters are told apart by the `run_id` their server reports
+//! (`INFO server`, random per redis-server process). Two nodes on one server fail `connect` with
+//! `InvalidConfig`; found when a master unreachable at connect time connects later, the late
+//! node never votes and every attempt of the client fails with `InvalidConfig` (held locks
+//! still renew and release). A master whose user may not run `INFO` is not checked (a warning
+//! says so). Passwords never appear in `Debug`,
 //! [`Backend::describe`], logs or errors.
 #![deny(missing_docs)]
 
@@ -137,20 +143,75 @@ fn lock_mutex<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// One master: its configuration and, once connected, its client.
 struct Slot {
+    /// Its place in the URL (0-based), for messages.
+    index: usize,
     cfg: node::Config,
     connect_timeout: Duration,
+    response_timeout: Duration,
     node: Mutex<Option<Arc<Node>>>,
     reconnecting: AtomicBool,
     last_try: Mutex<Option<Instant>>,
+    /// What all slots of one client share to tell their servers apart.
+    identity: Arc<Identity>,
+}
+
+/// The masters' identities, shared by the slots of one client: a vote counts once per
+/// redis-server process, so two entries of the URL that reach one server (`localhost` and
+/// `127.0.0.1`, two DNS names) must not both vote.
+struct Identity {
+    /// Every slot, to compare a node connected late with the others.
+    slots: OnceLock<Vec<Weak<Slot>>>,
+    /// Held while a late node is identified and installed: two slots reaching one server at
+    /// once must not both pass the check before either is installed.
+    checking: tokio::sync::Mutex<()>,
+    /// Why attempts are refused: set when a node connected late is the server of another slot.
+    duplicate: OnceLock<String>,
+}
+
+/// The message of a master listed twice.
+fn same_server<'a>(mut a: &'a Slot, mut b: &'a Slot, run_id: &str) -> String {
+    if b.index < a.index {
+        std::mem::swap(&mut a, &mut b);
+    }
+    format!(
+        "nodes {} ({}) and {} ({}) are the same Redis server (run_id {run_id}): each master must \
+         be listed once, or it votes twice and a majority of the list is not a majority of the \
+         servers",
+        a.index + 1,
+        a.cfg.redacted(),
+        b.index + 1,
+        b.cfg.redacted(),
+    )
+}
+
+/// The `run_id` of `node`'s server, or `None` (with a warning) when it would not say: a user
+/// without the right to run `INFO` cannot be told apart, and is not refused for it.
+async fn run_id_of(slot: &Slot, node: &Node) -> Option<String> {
+    let mut conn = node.conn();
+    let asked = node::server_run_id(&mut conn);
+    match tokio::time::timeout(slot.response_timeout, asked).await {
+        Ok(Ok(id)) => Some(id),
+        Ok(Err(e)) => {
+            tracing::warn!(node = %slot.cfg.redacted(), error = %e, "cannot tell which Redis server this master is (INFO server); it is not checked against the others");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(node = %slot.cfg.redacted(), "INFO server timed out; this master is not checked against the others");
+            None
+        }
+    }
 }
 
 impl Slot {
-    /// The connected node, or `None` (and a background reconnection is started).
+    /// The connected node, or `None` (and a background reconnection is started, unless this
+    /// slot turned out to be another slot's server).
     fn get(self: &Arc<Self>) -> Option<Arc<Node>> {
         if let Some(n) = lock_mutex(&self.node).as_ref() {
             return Some(n.clone());
         }
-        self.reconnect();
+        if self.identity.duplicate.get().is_none() {
+            self.reconnect();
+        }
         None
     }
 
@@ -174,10 +235,46 @@ impl Slot {
             if let Ok(Ok(n)) =
                 tokio::time::timeout(slot.connect_timeout, Node::connect(&slot.cfg)).await
             {
-                *lock_mutex(&slot.node) = Some(Arc::new(n));
+                slot.install(Arc::new(n)).await;
             }
             slot.reconnecting.store(false, Ordering::Release);
         });
+    }
+
+    /// Installs a node connected after `connect` returned, unless its server is the one of
+    /// another connected slot: then it never votes, and every attempt of this client fails
+    /// with `InvalidConfig` (the configuration is wrong; held locks still renew and release).
+    async fn install(self: &Arc<Self>, node: Arc<Node>) {
+        let _checking = self.identity.checking.lock().await;
+        if let Some(id) = run_id_of(self, &node).await {
+            let others: Vec<(Arc<Slot>, Arc<Node>)> = self
+                .identity
+                .slots
+                .get()
+                .into_iter()
+                .flatten()
+                .filter_map(Weak::upgrade)
+                .filter(|s| s.index != self.index)
+                .filter_map(|s| {
+                    let n = lock_mutex(&s.node).clone()?;
+                    Some((s, n))
+                })
+                .collect();
+            // Asked now, not remembered from connect: a server restarted since has a new one.
+            let ids = futures::future::join_all(others.iter().map(|(s, n)| run_id_of(s, n))).await;
+            if let Some((other, _)) = others
+                .iter()
+                .zip(&ids)
+                .find(|(_, other_id)| other_id.as_deref() == Some(id.as_str()))
+                .map(|(o, _)| o)
+            {
+                let msg = same_server(other, self, &id);
+                tracing::error!("{msg}; this Redlock client refuses every lock from now on");
+                let _ = self.identity.duplicate.set(msg);
+                return;
+            }
+        }
+        *lock_mutex(&self.node) = Some(node);
     }
 }
 
@@ -291,6 +388,7 @@ async fn first_of(armed: &mut Armed<'_>) -> usize {
 struct Inner {
     cfg: Parsed,
     slots: Vec<Arc<Slot>>,
+    identity: Arc<Identity>,
     quorum: usize,
     caps: Capabilities,
     waits: Mutex<HashMap<String, Arc<NameSubs>>>,
@@ -342,9 +440,10 @@ impl RedlockBackend {
     /// Cancel safety: dropping the future closes whatever connections it had opened.
     ///
     /// # Errors
-    /// `InvalidConfig` for a malformed URL (never quoted) or an unreadable `tls_ca` file;
-    /// `Backend` when a master refuses the connection (wrong password); `Unavailable` when
-    /// fewer than a majority of the masters can be reached.
+    /// `InvalidConfig` for a malformed URL (never quoted), an unreadable `tls_ca` file, or two
+    /// nodes that reach the same Redis server (the same `run_id`, under two names); `Backend`
+    /// when a master refuses the connection (wrong password); `Unavailable` when fewer than a
+    /// majority of the masters can be reached.
     pub async fn connect(url: &str) -> Result<RedlockBackend> {
         Self::from_config(Config::parse(url)?).await
     }
@@ -358,35 +457,63 @@ impl RedlockBackend {
     /// As [`RedlockBackend::connect`].
     pub async fn from_config(config: Config) -> Result<RedlockBackend> {
         let cfg = Parsed::from_config(config)?;
+        let identity = Arc::new(Identity {
+            slots: OnceLock::new(),
+            checking: tokio::sync::Mutex::new(()),
+            duplicate: OnceLock::new(),
+        });
         let slots: Vec<Arc<Slot>> = cfg
             .nodes
             .iter()
-            .map(|c| {
+            .enumerate()
+            .map(|(index, c)| {
                 Arc::new(Slot {
+                    index,
                     cfg: c.clone(),
                     connect_timeout: cfg.connect_timeout,
+                    response_timeout: cfg.response_timeout,
                     node: Mutex::new(None),
                     reconnecting: AtomicBool::new(false),
                     last_try: Mutex::new(Some(Instant::now())),
+                    identity: identity.clone(),
                 })
             })
             .collect();
+        let _ = identity
+            .slots
+            .set(slots.iter().map(Arc::downgrade).collect());
         let results = futures::future::join_all(slots.iter().map(|s| async move {
-            match tokio::time::timeout(s.connect_timeout, Node::connect(&s.cfg)).await {
-                Ok(r) => r,
-                Err(_) => Err(Error::new(
-                    ErrorKind::Unavailable,
-                    "connecting timed out (connect_timeout_ms)",
-                )),
-            }
+            let node = match tokio::time::timeout(s.connect_timeout, Node::connect(&s.cfg)).await {
+                Ok(r) => r?,
+                Err(_) => {
+                    return Err(Error::new(
+                        ErrorKind::Unavailable,
+                        "connecting timed out (connect_timeout_ms)",
+                    ));
+                }
+            };
+            let run_id = run_id_of(s, &node).await;
+            Ok((node, run_id))
         }))
         .await;
         let quorum = cfg.quorum();
         let mut up = 0;
         let mut last_err = None;
-        for (slot, r) in slots.iter().zip(results) {
+        // Which slot reached which server: one server under two names would vote twice.
+        let mut servers: HashMap<String, usize> = HashMap::new();
+        for (i, (slot, r)) in slots.iter().zip(results).enumerate() {
             match r {
-                Ok(n) => {
+                Ok((n, run_id)) => {
+                    if let Some(id) = run_id {
+                        if let Some(&first) = servers.get(&id) {
+                            return Err(Error::invalid_config(same_server(
+                                &slots[first],
+                                slot,
+                                &id,
+                            )));
+                        }
+                        servers.insert(id, i);
+                    }
                     *lock_mutex(&slot.node) = Some(Arc::new(n));
                     up += 1;
                 }
@@ -412,6 +539,7 @@ impl RedlockBackend {
             inner: Arc::new(Inner {
                 cfg,
                 slots,
+                identity,
                 quorum,
                 caps,
                 waits: Mutex::new(HashMap::new()),
@@ -492,6 +620,9 @@ impl RedlockBackend {
         undo: Undo,
     ) -> Result<Attempt> {
         let inner = &self.inner;
+        if let Some(msg) = inner.identity.duplicate.get() {
+            return Err(Error::invalid_config(msg.clone()));
+        }
         let n = inner.slots.len();
         let ttl = req.ttl;
         // Armed until the attempt is decided: a call dropped with requests in flight releases

@@ -443,3 +443,85 @@ async fn expiry_wakes_one_vote_per_client() {
     let votes = calls_after_one_winner(&cluster, &mut won_rx, asleep).await / 5;
     assert_eq!(votes, 1, "the expiry woke {votes} votes of one client");
 }
+
+/// Issue 19: one server listed under two names (`127.0.0.1` and `localhost`) would vote twice,
+/// and a majority of the list would not be a majority of the servers. `connect` asks every
+/// master which server it is (`run_id`) and refuses the list, naming both nodes. On the shared
+/// test masters (this test kills nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_master_under_two_names_is_refused_at_connect() {
+    let Some(url) = conformance::require_env("LOCK_TEST_REDLOCK_URL") else {
+        return;
+    };
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let hosts = rest.split(['/', '?']).next().expect("hosts");
+    let tail = &rest[hosts.len()..];
+    let first = hosts.split(',').next().expect("a master");
+    let port = first.rsplit_once(':').expect("host:port").1;
+    // The first master again as node 2, by another name; plus the others.
+    let listed = format!("{scheme}://{first},localhost:{port},{}{tail}", {
+        let others: Vec<&str> = hosts.split(',').skip(1).collect();
+        others.join(",")
+    });
+    let err = RedlockBackend::connect(&listed)
+        .await
+        .map(|_| ())
+        .expect_err("connected with one master listed twice");
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("nodes 1 (") && msg.contains(") and 2 (") && msg.contains("same Redis server"),
+        "{msg}"
+    );
+}
+
+/// The same, found later: the second name's server was down at connect (a majority was up), and
+/// comes back. The node connected last must not vote: every attempt of the client then fails
+/// with `InvalidConfig` naming both nodes, instead of counting the server twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_master_under_two_names_is_refused_when_it_comes_back() {
+    let mut cluster = Cluster::start().await;
+    let port = |i: usize| cluster.masters[i].port();
+    // Five nodes (a majority is three): master 0 twice, masters 1 to 3 once.
+    let url = format!(
+        "redlock://127.0.0.1:{p0},localhost:{p0},127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}?node_timeout_ms={}",
+        port(1),
+        port(2),
+        port(3),
+        scaled(Duration::from_millis(250)).as_millis(),
+        p0 = port(0),
+    );
+    cluster.kill(0);
+    let client = Locker::new(RedlockBackend::connect(&url).await.expect("3 of 5 are up"));
+    let n = name("two-names");
+    let g = client
+        .try_lock(&n, &opts())
+        .await
+        .expect("try_lock")
+        .expect("three masters are free");
+    g.release().await.expect("release");
+    cluster.restart(0).await;
+    // Each attempt asks the down nodes to reconnect; the check runs when they do.
+    let deadline = Instant::now() + scaled(Duration::from_secs(15));
+    let err = loop {
+        match client.try_lock(&n, &opts()).await {
+            Err(e) => break e,
+            Ok(g) => {
+                if let Some(g) = g {
+                    g.release().await.expect("release");
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "master 0 came back under both names and was never refused"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("nodes 1 (") && msg.contains(") and 2 (") && msg.contains("same Redis server"),
+        "{msg}"
+    );
+}
