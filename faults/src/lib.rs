@@ -9,6 +9,7 @@
 #![deny(missing_docs)]
 
 pub mod holder;
+mod lost_replies;
 mod scenarios;
 mod target;
 pub mod toy;
@@ -138,7 +139,20 @@ pub fn expected(label: &str, fault: Fault) -> Expect {
              key early; another client can win while the holder believes it holds",
         ),
         (_, ClockJump) => NotApplicable,
-        ("sqlite", ServerRestart | Partition | SlowReplies) => NotApplicable,
+        // Issue 19: an extend whose reply is lost fails with Unavailable and leaves the guard's
+        // validity where it was (lockcore moves it only on a confirmed success); when the
+        // extend shortened the lease, the server applied the shorter one, and another client
+        // wins while the guard still reads valid for the old lease (no lost signal).
+        ("redis", LostExtendReply) => KnownDefect(
+            "a lost reply of a shortening extend: the guard keeps its old, longer validity \
+             while the server applied the shorter lease (lockcore moves validity only on a \
+             confirmed success; it should take min(old, sent + new ttl) on an unconfirmed one)",
+        ),
+        (
+            "sqlite",
+            ServerRestart | Partition | SlowReplies | LostAcquireReply | LostReleaseReply
+            | LostExtendReply,
+        ) => NotApplicable,
         // Was a known defect (`waiter_not_woken` in 1 of 4 runs: a waiter never woken after
         // every member was killed and restarted): a waiter could wait on its own live key after
         // a retried acquisition overwrote it or a deletion of its key's name was replayed; fixed
