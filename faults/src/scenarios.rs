@@ -295,7 +295,6 @@ const VIOLATIONS: &[&str] = &[
     "left_behind",
     "release_hung",
     "deleted_twice",
-    "validity_past_server",
 ];
 
 fn sentinel_only(cell: FaultCell) -> FaultCell {
