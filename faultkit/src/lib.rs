@@ -6,7 +6,8 @@
 //!   them when dropped (also on panic). Each member can be killed (`kill -9`), paused
 //!   (`SIGSTOP`), resumed (`SIGCONT`) and restarted with or without its data.
 //! * [`Proxy`]: a TCP proxy between a client and a server whose mode switches at run time:
-//!   pass, added latency per direction, blackhole, reset. [`rewrite_url`] points a URL at it.
+//!   pass, added latency per direction, blackhole, reset; and one request's reply lost
+//!   ([`Proxy::lose_reply`]). [`rewrite_url`] points a URL at it.
 //! * [`Holder`]: drives a lock-holder *process* (the `locksmith-holder` binary of the `faults`
 //!   crate, or anything printing the same JSON lines), so a holder can be SIGKILLed, paused and
 //!   resumed like a real one.
@@ -37,7 +38,7 @@ pub use holder::{Holder, HolderEvent, HolderSpec};
 pub use mariadb::MariaDb;
 pub use postgres::Postgres;
 pub use process::ServerProcess;
-pub use proxy::{Direction, Proxy, ProxyMode, rewrite_url};
+pub use proxy::{Direction, Pick, Proxy, ProxyMode, ReplyLoss, rewrite_url};
 pub use redis::{RedisFailover, RedisServer};
 pub use util::{Error, Result, TempDir, Timeouts, free_port, now_unix_micros, wait_until};
 pub use zk::{ZooKeeper, four_letter as zk_four_letter, mode as zk_mode};

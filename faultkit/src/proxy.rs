@@ -52,9 +52,89 @@ impl Settings {
     }
 }
 
+/// Which request a [`Proxy::lose_reply`] picks, counted from when it is armed, over every
+/// connection through the proxy.
+///
+/// A "request" is what one read from a client socket returns: a client writes a request in one
+/// go (and the proxy sets `TCP_NODELAY`), so on loopback that is one request, or a few a
+/// client pipelined together (their replies are lost together).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Pick {
+    /// The next request.
+    Next,
+    /// The `n`th request (1 is the next one).
+    Nth(usize),
+    /// The next request whose bytes contain this pattern (also across two reads of one
+    /// connection). The clear-text protocols carry what a test can name: a Redis key or script
+    /// argument, a SQL keyword or a bound parameter, a ZooKeeper path, an etcd key in a gRPC
+    /// message.
+    Matching(Vec<u8>),
+}
+
+/// How a lost reply shows to the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyLoss {
+    /// Once the server's reply arrives (so the server has applied the request), it is dropped
+    /// and the connection is reset, both ends (TCP RST): the client sees a reset instead of
+    /// the reply, the server sees its client go.
+    Reset,
+    /// The reply and everything after it on that connection are dropped, in both directions,
+    /// and neither end is told: the client sees no reply (its own timeout), the server a silent
+    /// client (a blackhole on that one connection, until the proxy is dropped).
+    Timeout,
+}
+
+#[derive(Clone, Debug)]
+struct Armed {
+    which: Pick,
+    how: ReplyLoss,
+    /// Requests seen since arming (for `Nth`).
+    seen: usize,
+}
+
+/// Where a connection stands with a lost reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Loss {
+    /// Nothing picked on this connection.
+    None,
+    /// The picked request went to the server; the reply is awaited (and will be dropped).
+    Forwarded(ReplyLoss),
+    /// The reply came and was dropped.
+    Dropped(ReplyLoss),
+}
+
 struct Shared {
     upstream: Mutex<SocketAddr>,
     settings: watch::Sender<Settings>,
+    armed: Mutex<Option<Armed>>,
+    /// How many replies were lost so far.
+    lost: watch::Sender<usize>,
+}
+
+impl Shared {
+    /// Whether `chunk` (after `tail`, the end of the connection's previous read) is the armed
+    /// request; disarms when it is.
+    fn picks(&self, tail: &[u8], chunk: &[u8]) -> Option<ReplyLoss> {
+        let mut armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
+        let a = armed.as_mut()?;
+        a.seen += 1;
+        let hit = match &a.which {
+            Pick::Next => true,
+            Pick::Nth(n) => a.seen >= *n,
+            Pick::Matching(p) => {
+                let mut joined = tail.to_vec();
+                joined.extend_from_slice(chunk);
+                // A match that lies wholly in the tail was seen (and missed) with the previous
+                // read; only one reaching into this chunk counts.
+                !p.is_empty()
+                    && joined
+                        .windows(p.len())
+                        .enumerate()
+                        .any(|(i, w)| w == p.as_slice() && i + p.len() > tail.len())
+            }
+        };
+        hit.then(|| armed.take().map(|a| a.how)).flatten()
+    }
 }
 
 /// A TCP proxy on a free port of 127.0.0.1 forwarding to an upstream server. Dropping it closes
@@ -103,6 +183,8 @@ impl Proxy {
         let shared = Arc::new(Shared {
             upstream: Mutex::new(upstream),
             settings,
+            armed: Mutex::new(None),
+            lost: watch::channel(0).0,
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(Proxy {
@@ -158,6 +240,54 @@ impl Proxy {
             Direction::ToServer => s.to_server = latency,
             Direction::ToClient => s.to_client = latency,
         });
+    }
+}
+
+impl Proxy {
+    /// Arms a lost reply: the request `which` picks is forwarded to the server, and its reply
+    /// is lost as `how` says. One request only: the proxy disarms once it picked one. Arming
+    /// again replaces what was armed and not yet picked.
+    pub fn lose_reply(&self, which: Pick, how: ReplyLoss) {
+        *self.shared.armed.lock().unwrap_or_else(|e| e.into_inner()) = Some(Armed {
+            which,
+            how,
+            seen: 0,
+        });
+    }
+
+    /// Disarms a [`Proxy::lose_reply`] that picked nothing yet. Returns whether one was armed.
+    pub fn disarm(&self) -> bool {
+        self.shared
+            .armed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .is_some()
+    }
+
+    /// Whether a [`Proxy::lose_reply`] is armed and has picked no request yet.
+    pub fn armed(&self) -> bool {
+        self.shared
+            .armed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// How many replies were lost so far (counted when the server's reply to a picked request
+    /// arrived and was dropped).
+    pub fn replies_lost(&self) -> usize {
+        *self.shared.lost.borrow()
+    }
+
+    /// Waits up to `d` until at least `n` replies were lost; whether they were.
+    ///
+    /// Cancel safe.
+    pub async fn wait_replies_lost(&self, n: usize, d: Duration) -> bool {
+        let mut rx = self.shared.lost.subscribe();
+        tokio::time::timeout(d, rx.wait_for(|&l| l >= n))
+            .await
+            .is_ok_and(|r| r.is_ok())
     }
 }
 
@@ -224,10 +354,13 @@ async fn serve(client: TcpStream, shared: Arc<Shared>) {
     let (sr, sw) = server.into_split();
     let (cw, sw) = (NoFin(Some(cw)), NoFin(Some(sw)));
     let (rx1, rx2) = (rx.clone(), rx.clone());
+    // This connection's lost reply, if the armed request is one of its own.
+    let (loss, mut loss_rx) = watch::channel(Loss::None);
+    let loss = Arc::new(loss);
     let both = async {
         tokio::join!(
-            pump(cr, sw, Direction::ToServer, rx1),
-            pump(sr, cw, Direction::ToClient, rx2)
+            pump(cr, sw, Direction::ToServer, rx1, &shared, &loss),
+            pump(sr, cw, Direction::ToClient, rx2, &shared, &loss)
         )
     };
     let reset = async {
@@ -235,9 +368,20 @@ async fn serve(client: TcpStream, shared: Arc<Shared>) {
             std::future::pending::<()>().await;
         }
     };
+    // A reply lost by reset: both ends reset once it came (and was dropped).
+    let lost_reset = async {
+        if loss_rx
+            .wait_for(|l| *l == Loss::Dropped(ReplyLoss::Reset))
+            .await
+            .is_err()
+        {
+            std::future::pending::<()>().await;
+        }
+    };
     tokio::select! {
         _ = both => {}
         _ = reset => {}
+        _ = lost_reset => {}
     }
 }
 
@@ -260,18 +404,60 @@ async fn pump(
     mut w: NoFin,
     dir: Direction,
     mut rx: watch::Receiver<Settings>,
+    shared: &Shared,
+    loss: &watch::Sender<Loss>,
 ) {
     let (tx, mut queue) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let read = async move {
         let mut buf = vec![0u8; 16 * 1024];
+        // The end of the previous read, so that a pattern split over two reads is found.
+        let mut tail: Vec<u8> = Vec::new();
         loop {
-            match r.read(&mut buf).await {
+            let n = match r.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if tx.send((Instant::now(), buf[..n].to_vec())).is_err() {
-                        break;
+                Ok(n) => n,
+            };
+            let chunk = &buf[..n];
+            let state = *loss.borrow();
+            match (dir, state) {
+                // After a picked request nothing more reaches the server (only the picked
+                // request is applied), and nothing reaches the client.
+                (_, Loss::Forwarded(_) | Loss::Dropped(_)) => {
+                    if dir == Direction::ToClient
+                        && let Loss::Forwarded(how) = state
+                    {
+                        // The server answered the picked request: it applied it. The reply
+                        // is dropped here, and the loss counted.
+                        loss.send_replace(Loss::Dropped(how));
+                        shared.lost.send_modify(|l| *l += 1);
+                    }
+                    continue;
+                }
+                (Direction::ToServer, Loss::None) => {
+                    if let Some(how) = shared.picks(&tail, chunk) {
+                        // Marked before the request is queued: any reply read after this is
+                        // the picked request's (or a later one's) and is dropped.
+                        loss.send_replace(Loss::Forwarded(how));
+                    }
+                    if let Some(p) = shared
+                        .armed
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .as_ref()
+                        .and_then(|a| match &a.which {
+                            Pick::Matching(p) => Some(p.len()),
+                            _ => None,
+                        })
+                    {
+                        let keep = p.saturating_sub(1).min(n);
+                        tail.clear();
+                        tail.extend_from_slice(&chunk[n - keep..]);
                     }
                 }
+                (Direction::ToClient, Loss::None) => {}
+            }
+            if tx.send((Instant::now(), chunk.to_vec())).is_err() {
+                break;
             }
         }
     };
@@ -294,10 +480,19 @@ async fn pump(
                     changed = rx.changed() => if changed.is_err() { return },
                 }
             }
+            // Replies queued before the pick are delivered; none read after it is queued.
             let Some(half) = w.0.as_mut() else { return };
             if half.write_all(&data).await.is_err() {
                 return;
             }
+        }
+        // A connection whose reply was lost by timeout tells neither end anything: no FIN
+        // (the proxy holds the other socket open until it is dropped).
+        if matches!(
+            *loss.borrow(),
+            Loss::Forwarded(ReplyLoss::Timeout) | Loss::Dropped(ReplyLoss::Timeout)
+        ) {
+            std::future::pending::<()>().await;
         }
         if let Some(half) = w.0.as_mut() {
             let _ = half.shutdown().await;

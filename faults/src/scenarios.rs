@@ -34,11 +34,17 @@ pub enum Fault {
     NodeRestartEmpty,
     /// A server's clock running fast, simulated by shortening the lock key's TTL (`PEXPIRE`).
     ClockJump,
+    /// The acquire's reply lost (applied by the server, the client's connection reset).
+    LostAcquireReply,
+    /// The release's reply lost.
+    LostReleaseReply,
+    /// The reply of an extend that shortens the lease lost.
+    LostExtendReply,
 }
 
 impl Fault {
     /// Every fault, in report order.
-    pub const ALL: [Fault; 9] = [
+    pub const ALL: [Fault; 12] = [
         Fault::HolderKill,
         Fault::HolderPause,
         Fault::ServerRestart,
@@ -48,6 +54,9 @@ impl Fault {
         Fault::QuorumLoss,
         Fault::NodeRestartEmpty,
         Fault::ClockJump,
+        Fault::LostAcquireReply,
+        Fault::LostReleaseReply,
+        Fault::LostExtendReply,
     ];
 
     /// Its stable name.
@@ -62,6 +71,9 @@ impl Fault {
             Fault::QuorumLoss => "quorum_loss",
             Fault::NodeRestartEmpty => "node_restart_empty",
             Fault::ClockJump => "clock_jump",
+            Fault::LostAcquireReply => "lost_acquire_reply",
+            Fault::LostReleaseReply => "lost_release_reply",
+            Fault::LostExtendReply => "lost_extend_reply",
         }
     }
 
@@ -109,6 +121,23 @@ impl Fault {
                 "a server's clock jumping forward, simulated by PEXPIRE of the lock key (Redlock: \
                  on one of exactly 3 masters holding it): another client wins while the holder \
                  believes it holds, until its next renewal (double holders, detection time)"
+            }
+            Fault::LostAcquireReply => {
+                "the acquire applied by the server, its reply lost (connection reset): lock()'s \
+                 own retry wins without waiting for its own grant to expire (within half the \
+                 TTL), no other client holds meanwhile, and after the release another client \
+                 locks within the TTL + slack (no orphan grant)"
+            }
+            Fault::LostReleaseReply => {
+                "the release applied, its reply lost (connection reset): release() returns \
+                 (Ok or an error, no hang), another client locks within the TTL + slack, and \
+                 keeps its lock once the first client's background work is done (nothing \
+                 deleted twice)"
+            }
+            Fault::LostExtendReply => {
+                "an extend shortening the lease (4 TTL to 1.24 TTL) applied, its reply lost: \
+                 the guard never reads valid past the lease the server keeps, and the lost \
+                 signal fires before another client wins"
             }
         }
     }
@@ -205,6 +234,23 @@ pub async fn run_fault(target: &mut Target, fault: Fault) -> FaultCell {
                 );
             }
         },
+        Fault::LostAcquireReply | Fault::LostReleaseReply | Fault::LostExtendReply => {
+            match target.kind {
+                Kind::Sentinel { .. } => return sentinel_only(cell),
+                Kind::Sqlite => {
+                    return cell.not_applicable("no network: SQLite is a file on this host");
+                }
+                _ => match fault {
+                    Fault::LostAcquireReply => {
+                        crate::lost_replies::lost_acquire_reply(target, &mut cell).await
+                    }
+                    Fault::LostReleaseReply => {
+                        crate::lost_replies::lost_release_reply(target, &mut cell).await
+                    }
+                    _ => crate::lost_replies::lost_extend_reply(target, &caps, &mut cell).await,
+                },
+            }
+        }
         Fault::SlowReplies => match target.kind {
             Kind::Sentinel { .. } => return sentinel_only(cell),
             Kind::Sqlite => {
@@ -245,6 +291,10 @@ const VIOLATIONS: &[&str] = &[
     "minority_lock_failed",
     "granted_without_quorum",
     "hung_past_deadline",
+    "waited_on_own_grant",
+    "left_behind",
+    "release_hung",
+    "deleted_twice",
 ];
 
 fn sentinel_only(cell: FaultCell) -> FaultCell {
@@ -260,25 +310,25 @@ fn error(mut cell: FaultCell, e: impl std::fmt::Display) -> FaultCell {
     cell
 }
 
-type R = Result<(), String>;
+pub(crate) type R = Result<(), String>;
 
-fn scale() -> f64 {
+pub(crate) fn scale() -> f64 {
     conformance::time_scale()
 }
 
-fn name(fault: &str) -> String {
+pub(crate) fn name(fault: &str) -> String {
     format!("fault-{fault}-{:08x}", fastrand::u32(..))
 }
 
-fn ms(from_us: u64, to_us: u64) -> f64 {
+pub(crate) fn ms(from_us: u64, to_us: u64) -> f64 {
     (to_us as f64 - from_us as f64) / 1000.0
 }
 
-async fn connect_url(url: &str) -> Result<Locker, String> {
+pub(crate) async fn connect_url(url: &str) -> Result<Locker, String> {
     locksmith::connect(url).await.map_err(|e| e.to_string())
 }
 
-async fn connect(t: &Target) -> Result<Locker, String> {
+pub(crate) async fn connect(t: &Target) -> Result<Locker, String> {
     connect_url(&t.url()).await
 }
 
@@ -290,7 +340,7 @@ fn renewing(ttl: Duration) -> LockOptions {
 
 /// A bound generous enough for session ends, server-side guards (row-lock: TTL + 1 s) and a
 /// noisy machine.
-fn bound(t: &Target) -> Duration {
+pub(crate) fn bound(t: &Target) -> Duration {
     bound_for(t.ttl)
 }
 
@@ -299,16 +349,16 @@ fn bound_for(ttl: Duration) -> Duration {
 }
 
 /// When a lost signal fired (unix µs), awaitable.
-struct LostAt(tokio::sync::watch::Receiver<Option<u64>>);
+pub(crate) struct LostAt(tokio::sync::watch::Receiver<Option<u64>>);
 
 impl LostAt {
     /// When it fired, if it has.
-    fn get(&self) -> Option<u64> {
+    pub(crate) fn get(&self) -> Option<u64> {
         *self.0.borrow()
     }
 
     /// Waits up to `d` for it to fire; when it fired, if it has.
-    async fn wait(&self, d: Duration) -> Option<u64> {
+    pub(crate) async fn wait(&self, d: Duration) -> Option<u64> {
         let mut rx = self.0.clone();
         let _ = tokio::time::timeout(d, rx.wait_for(|v| v.is_some())).await;
         self.get()
@@ -316,7 +366,7 @@ impl LostAt {
 }
 
 /// Records when a lost signal fires.
-fn watch_lost(sig: LostSignal) -> LostAt {
+pub(crate) fn watch_lost(sig: LostSignal) -> LostAt {
     let (tx, rx) = tokio::sync::watch::channel(None);
     tokio::spawn(async move {
         sig.lost().await;
@@ -701,7 +751,7 @@ pub async fn server_restart(svc: &mut dyn Service, cell: &mut FaultCell) -> R {
 // ------------------------------------------------------------------------------ partition
 
 /// One proxy per endpoint of the target, and the URL through them.
-async fn proxies(t: &Target) -> Result<(Vec<Proxy>, String), String> {
+pub(crate) async fn proxies(t: &Target) -> Result<(Vec<Proxy>, String), String> {
     let mut url = t.url();
     let mut ps = Vec::new();
     for port in t.endpoints() {
