@@ -451,6 +451,11 @@ impl GuardShared {
         }
         self.latch_loss()?;
         let sent = Instant::now();
+        // A shorter TTL takes effect on the server the moment it applies the request, which the
+        // holder cannot tell from a lost reply or a dropped future: believe the shorter validity
+        // from the send on, so that an unconfirmed extend never leaves the holder trusting more
+        // than the server may grant (a second holder otherwise, faults' lost_extend_reply).
+        self.validity.shorten_to(self.deadline(sent, ttl, caps));
         match self.lease.extend(ttl).await {
             Ok(granted) => {
                 if !self.validity.renew_to(self.deadline(sent, granted, caps)) {

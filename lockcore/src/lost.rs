@@ -176,6 +176,18 @@ impl Validity {
         true
     }
 
+    /// Moves the deadline earlier to `at` (never later). Returns whether it moved.
+    pub(crate) fn shorten_to(&self, at: Instant) -> bool {
+        let mut until = self.until.lock().unwrap_or_else(|e| e.into_inner());
+        if at >= *until {
+            return false;
+        }
+        *until = at;
+        drop(until);
+        self.moved.notify_waiters();
+        true
+    }
+
     /// Whether the deadline passed while the lease was still held.
     pub(crate) fn expired(&self) -> bool {
         !self.ended.load(Ordering::Acquire) && Instant::now() >= self.until()
