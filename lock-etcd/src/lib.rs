@@ -1468,3 +1468,121 @@ impl Lease for EtcdLease {
         }
     }
 }
+
+/// Tests that need the crate's insides (the client's watch), on the real server
+/// (`LOCK_TEST_ETCD_URL`).
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scaled(d: Duration) -> Duration {
+        d.mul_f64(conformance::time_scale())
+    }
+
+    /// Polls `cond` until it holds, failing after `within` (scaled).
+    async fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+        let end = Instant::now() + scaled(within);
+        while !cond() {
+            assert!(Instant::now() < end, "{what}: not within {within:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// A deletion of an earlier key of the same name (still in the deletion log because an
+    /// older floor is held, as by a waiter in the middle of its transaction) does not wake a
+    /// subscriber to the newer key; the newer key's own deletion does.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_earlier_deletion_of_the_same_name_does_not_wake_the_newer_key() {
+        let Some(url) = conformance::require_env("LOCK_TEST_ETCD_URL") else {
+            return;
+        };
+        let backend = EtcdBackend::connect(&url).await.unwrap();
+        let dispatch = &backend.inner.dispatch;
+        let key = format!(
+            "{}k",
+            backend
+                .lock_prefix(format!("replay-{:08x}", fastrand::u32(..)))
+                .unwrap()
+        );
+        let mut kv = backend.client().kv_client();
+        let rev = |h: Option<&etcd_client::ResponseHeader>| h.unwrap().revision();
+        let older = dispatch.floor();
+        kv.put(key.as_str(), "", None).await.unwrap();
+        let deleted = rev(kv.delete(key.as_str(), None).await.unwrap().header());
+        eventually("the first deletion seen", Duration::from_secs(5), || {
+            dispatch.revision() >= deleted
+        })
+        .await;
+        let floor = dispatch.floor();
+        let created = rev(kv.put(key.as_str(), "", None).await.unwrap().header());
+        let mut rx = dispatch.deleted(key.as_bytes(), created, &floor);
+        drop(floor);
+        eventually("the re-put seen", Duration::from_secs(5), || {
+            dispatch.revision() >= created
+        })
+        .await;
+        assert_eq!(
+            rx.try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty),
+            "the deletion of the earlier key woke the subscriber to the newer one"
+        );
+        kv.delete(key.as_str(), None).await.unwrap();
+        let woke = tokio::time::timeout(scaled(Duration::from_secs(5)), rx)
+            .await
+            .expect("the newer key's deletion wakes");
+        assert_eq!(woke, Ok(Wake::Deleted));
+        drop(older);
+    }
+
+    /// A waiter whose watch is silent (muted here, as a watch on a member cut off from the
+    /// quorum stays silent) still notices that the lock is free: it re-checks the queue within
+    /// one re-check period (its lease TTL, at least 1 s) after the release.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiter_with_a_silent_watch_rechecks_within_the_bound() {
+        let Some(url) = conformance::require_env("LOCK_TEST_ETCD_URL") else {
+            return;
+        };
+        let holder = lockcore::Locker::new(EtcdBackend::connect(&url).await.unwrap());
+        let backend = EtcdBackend::connect(&url).await.unwrap();
+        backend.inner.dispatch.mute();
+        let waiter = lockcore::Locker::new(backend.clone());
+        let name = format!("silent-{:08x}", fastrand::u32(..));
+        let ttl = Duration::from_secs(1);
+        let opts = lockcore::LockOptions::new()
+            .ttl(ttl)
+            .auto_renew(lockcore::AutoRenew::until(Duration::from_secs(600)))
+            .wait_timeout(scaled(Duration::from_secs(30)));
+        let g = holder.try_lock(&name, &opts).await.unwrap().expect("free");
+        let waiting = {
+            let (waiter, name, opts) = (waiter.clone(), name.clone(), opts.clone());
+            tokio::spawn(async move { waiter.lock(&name, &opts).await })
+        };
+        let lock_name = LockName::new(name.clone()).unwrap();
+        let end = Instant::now() + scaled(Duration::from_secs(10));
+        while backend.queued_waiters(&lock_name).await.unwrap() < 1 {
+            assert!(Instant::now() < end, "the waiter did not queue");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Held (and renewed) past a few re-check periods: the re-checks see the holder.
+        let rechecks = backend.stats().rechecks;
+        let end = Instant::now() + scaled(Duration::from_secs(10));
+        while backend.stats().rechecks < rechecks + 2 {
+            assert!(Instant::now() < end, "the waiter did not re-check on its timer");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!waiting.is_finished(), "the waiter got a held lock");
+        let released = Instant::now();
+        g.release().await.unwrap();
+        let g2 = tokio::time::timeout(
+            recheck_every(ttl) + scaled(Duration::from_secs(2)),
+            waiting,
+        )
+        .await
+        .expect("the waiter noticed the free lock within its re-check period")
+        .unwrap()
+        .unwrap();
+        eprintln!("taken {:?} after the release", released.elapsed());
+        assert_eq!(backend.stats().wakeups, 0, "the watch was not silent");
+        g2.release().await.unwrap();
+    }
+}

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use faultkit::{Etcd, Proxy, ProxyMode};
+use faultkit::{Direction, Etcd, Proxy, ProxyMode};
 use lock_etcd::EtcdBackend;
 use lockcore::{AutoRenew, ErrorKind, Instant, LockOptions, Locker};
 
@@ -24,7 +24,7 @@ fn ports(cluster: &Etcd) -> Vec<u16> {
     (0..cluster.len()).map(|i| cluster.client_port(i)).collect()
 }
 
-async fn cluster() -> Option<Etcd> {
+fn etcd_installed() -> bool {
     if std::process::Command::new("etcd")
         .arg("--version")
         .output()
@@ -35,6 +35,190 @@ async fn cluster() -> Option<Etcd> {
             "the etcd binary is missing and every server is required"
         );
         eprintln!("skipping: no etcd binary (scripts/install-servers.sh installs it)");
+        return false;
+    }
+    true
+}
+
+/// A private single node (its lease list is this test's alone), with a proxy in front of it.
+async fn single_behind_proxy() -> Option<(Etcd, Proxy)> {
+    if !etcd_installed() {
+        return None;
+    }
+    let server = Etcd::single().await.expect("an etcd node");
+    let proxy = Proxy::start(format!("127.0.0.1:{}", server.client_port(0)).parse().unwrap())
+        .await
+        .unwrap();
+    Some((server, proxy))
+}
+
+/// The lock's only key: (key, create revision, lease).
+async fn held_key(admin: &EtcdBackend, name: &str) -> Option<(String, i64, i64)> {
+    let resp = admin
+        .client()
+        .kv_client()
+        .get(
+            admin.lock_prefix(name).unwrap(),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert!(resp.kvs().len() <= 1, "one holder, no waiter");
+    resp.kvs().first().map(|kv| {
+        (
+            kv.key_str().unwrap().to_owned(),
+            kv.create_revision(),
+            kv.lease(),
+        )
+    })
+}
+
+/// Polls (every 2 ms, bounded) until `f` gives a value.
+async fn poll<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    within: Duration,
+    mut f: impl FnMut() -> F,
+) -> T {
+    let end = Instant::now() + scaled(within);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < end, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// An extend to another TTL whose transaction moves the key to the new lease but whose answer
+/// comes after the client's timeout (the request itself was slow): the extend fails
+/// `Unavailable`, and the lock is not freed behind the holder (the new lease, which carries the
+/// key, is not revoked: the key stays, nobody else gets the lock, the lost signal stays quiet);
+/// the next extend settles on the new lease and revokes the old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_with_a_lost_answer_does_not_free_the_lock() {
+    let Some((server, proxy)) = single_behind_proxy().await else {
+        return;
+    };
+    let timeout = scaled(Duration::from_millis(1500));
+    let holder = Locker::new(
+        EtcdBackend::connect(&format!(
+            "etcd://127.0.0.1:{}?timeout_ms={}",
+            proxy.port(),
+            timeout.as_millis()
+        ))
+        .await
+        .unwrap(),
+    );
+    let admin = EtcdBackend::connect(&url_of(&[server.client_port(0)]))
+        .await
+        .unwrap();
+    let other = Locker::new(admin.clone());
+    let name = format!("ambiguous-{:08x}", fastrand::u32(..));
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    let g = holder.try_lock(&name, &opts).await.unwrap().expect("free");
+    let lost = g.lost();
+    let (key, revision, old_lease) = held_key(&admin, &name).await.unwrap();
+    let leases = || async {
+        let list = admin.client().lease_client().leases().await.unwrap();
+        list.leases().iter().map(|l| l.id()).collect::<Vec<i64>>()
+    };
+    let before = leases().await;
+    // Requests reach the server late but within the timeout: the grant is answered in time.
+    // Once the new lease exists, later requests (the move's transaction) arrive only after
+    // the client gave up on them.
+    proxy.set_latency(Direction::ToServer, scaled(Duration::from_millis(400)));
+    let slow_down = async {
+        let new = poll("the new lease granted", Duration::from_secs(5), || async {
+            leases().await.into_iter().find(|id| !before.contains(id))
+        })
+        .await;
+        proxy.set_latency(Direction::ToServer, timeout + scaled(Duration::from_secs(1)));
+        new
+    };
+    let (extended, new_lease) = tokio::join!(g.extend(Duration::from_secs(10)), slow_down);
+    let err = extended.expect_err("the move's answer came in time");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    // The transaction lands after all: the key moved to the new lease.
+    poll("the late move lands", Duration::from_secs(10), || async {
+        (held_key(&admin, &name).await == Some((key.clone(), revision, new_lease))).then_some(())
+    })
+    .await;
+    proxy.set_latency(Direction::ToServer, Duration::ZERO);
+    holder.flush().await;
+    assert_eq!(
+        held_key(&admin, &name).await,
+        Some((key.clone(), revision, new_lease)),
+        "the lock was freed behind its holder"
+    );
+    assert!(other.try_lock(&name, &opts).await.unwrap().is_none());
+    assert!(!lost.is_lost(), "{:?}", lost.reason());
+    // The next extend finds the key on the new lease and renews that one.
+    g.extend(Duration::from_secs(10)).await.unwrap();
+    holder.flush().await;
+    assert_eq!(
+        held_key(&admin, &name).await,
+        Some((key, revision, new_lease))
+    );
+    let ttl_of = |id: i64| {
+        let mut leases = admin.client().lease_client();
+        async move { leases.time_to_live(id, None).await.unwrap().ttl() }
+    };
+    assert!(ttl_of(new_lease).await >= 8, "the new lease was renewed");
+    assert_eq!(ttl_of(old_lease).await, -1, "the old lease was revoked");
+    g.release().await.unwrap();
+}
+
+/// An extend to another TTL dropped after its transaction moved the key to the new lease,
+/// before its answer came: the key is not left on a lease nobody renews. The holder's next
+/// extends (with the TTL it acquired with) keep the lock held well past the new lease's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_dropped_after_its_move_leaves_the_key_renewed() {
+    let Some((server, proxy)) = single_behind_proxy().await else {
+        return;
+    };
+    let holder = Locker::new(
+        EtcdBackend::connect(&format!("etcd://127.0.0.1:{}", proxy.port()))
+            .await
+            .unwrap(),
+    );
+    let admin = EtcdBackend::connect(&url_of(&[server.client_port(0)]))
+        .await
+        .unwrap();
+    let other = Locker::new(admin.clone());
+    let name = format!("dropped-{:08x}", fastrand::u32(..));
+    let ttl = Duration::from_secs(4);
+    let opts = LockOptions::new().ttl(ttl);
+    let g = holder.try_lock(&name, &opts).await.unwrap().expect("free");
+    let (key, revision, old_lease) = held_key(&admin, &name).await.unwrap();
+    // Answers come late: the test sees the move land before the extend sees its answer, and
+    // drops the extend then.
+    proxy.set_latency(Direction::ToClient, scaled(Duration::from_millis(500)));
+    let short = Duration::from_secs(2);
+    tokio::select! {
+        r = g.extend(short) => panic!("the extend's answer came before its move was seen: {r:?}"),
+        () = poll("the move lands", Duration::from_secs(10), || async {
+            held_key(&admin, &name)
+                .await
+                .is_some_and(|(_, _, lease)| lease != old_lease)
+                .then_some(())
+        }) => {}
+    }
+    proxy.set_latency(Direction::ToClient, Duration::ZERO);
+    // Renewed by the holder past the new lease's TTL (and the server's 500 ms expiry sweep).
+    let end = Instant::now() + short + scaled(Duration::from_secs(1));
+    while Instant::now() < end {
+        g.extend(ttl).await.unwrap();
+        let (k, rev, _) = held_key(&admin, &name).await.expect("the key was deleted");
+        assert_eq!((k.as_str(), rev), (key.as_str(), revision));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(other.try_lock(&name, &opts).await.unwrap().is_none());
+    assert!(g.is_valid());
+    g.release().await.unwrap();
+}
+
+async fn cluster() -> Option<Etcd> {
+    if !etcd_installed() {
         return None;
     }
     Some(Etcd::cluster().await.expect("a 3-member etcd cluster"))
