@@ -1224,9 +1224,9 @@ impl LeaseShared {
             (Renewal::Gone, _) => Err(not_held("its lease expired or was revoked")),
             (Renewal::Alive { .. }, None) => Err(not_held("its key was deleted")),
             // Renewing a lease that does not carry the key would grant nothing.
-            (Renewal::Alive { .. }, Some(lease)) if lease != cell.id => Err(not_held(
-                "its key is on a lease this holder does not renew",
-            )),
+            (Renewal::Alive { .. }, Some(lease)) if lease != cell.id => {
+                Err(not_held("its key is on a lease this holder does not renew"))
+            }
             (Renewal::Alive { ttl, .. }, Some(_)) => Ok(ttl),
         }
     }
@@ -1238,10 +1238,14 @@ impl LeaseShared {
             return Ok(());
         };
         let on = self.key_lease().await?;
-        let current = self.lease().0;
         let mut leases = self.leases();
+        let current = leases.current.0.clone();
         // Another call settled it meanwhile.
-        if leases.pending.as_ref().is_none_or(|(p, _)| p.id != pending.id) {
+        if leases
+            .pending
+            .as_ref()
+            .is_none_or(|(p, _)| p.id != pending.id)
+        {
             return Ok(());
         }
         match on {
@@ -1567,20 +1571,20 @@ mod tests {
         let rechecks = backend.stats().rechecks;
         let end = Instant::now() + scaled(Duration::from_secs(10));
         while backend.stats().rechecks < rechecks + 2 {
-            assert!(Instant::now() < end, "the waiter did not re-check on its timer");
+            assert!(
+                Instant::now() < end,
+                "the waiter did not re-check on its timer"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(!waiting.is_finished(), "the waiter got a held lock");
         let released = Instant::now();
         g.release().await.unwrap();
-        let g2 = tokio::time::timeout(
-            recheck_every(ttl) + scaled(Duration::from_secs(2)),
-            waiting,
-        )
-        .await
-        .expect("the waiter noticed the free lock within its re-check period")
-        .unwrap()
-        .unwrap();
+        let g2 = tokio::time::timeout(recheck_every(ttl) + scaled(Duration::from_secs(2)), waiting)
+            .await
+            .expect("the waiter noticed the free lock within its re-check period")
+            .unwrap()
+            .unwrap();
         eprintln!("taken {:?} after the release", released.elapsed());
         assert_eq!(backend.stats().wakeups, 0, "the watch was not silent");
         g2.release().await.unwrap();

@@ -170,11 +170,10 @@ async fn queue(admin: &EtcdBackend, name: &str) -> Vec<(String, i64, i64)> {
         .kv_client()
         .get(
             admin.lock_prefix(name).unwrap(),
-            Some(
-                etcd_client::GetOptions::new()
-                    .with_prefix()
-                    .with_sort(etcd_client::SortTarget::Create, etcd_client::SortOrder::Ascend),
-            ),
+            Some(etcd_client::GetOptions::new().with_prefix().with_sort(
+                etcd_client::SortTarget::Create,
+                etcd_client::SortOrder::Ascend,
+            )),
         )
         .await
         .unwrap();
@@ -230,7 +229,11 @@ async fn a_late_cleanup_of_an_abandoned_attempt_leaves_the_retry_held() {
     until_queued(&admin, &name, 2).await;
     first.abort();
     assert!(first.await.unwrap_err().is_cancelled());
-    assert_eq!(background.pending(), 1, "the first attempt's clean-up waits");
+    assert_eq!(
+        background.pending(),
+        1,
+        "the first attempt's clean-up waits"
+    );
     g.release().await.unwrap();
     let won = tokio::time::timeout(scaled(Duration::from_secs(10)), backend.acquire(&req, None))
         .await

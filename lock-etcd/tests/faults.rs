@@ -46,9 +46,13 @@ async fn single_behind_proxy() -> Option<(Etcd, Proxy)> {
         return None;
     }
     let server = Etcd::single().await.expect("an etcd node");
-    let proxy = Proxy::start(format!("127.0.0.1:{}", server.client_port(0)).parse().unwrap())
-        .await
-        .unwrap();
+    let proxy = Proxy::start(
+        format!("127.0.0.1:{}", server.client_port(0))
+            .parse()
+            .unwrap(),
+    )
+    .await
+    .unwrap();
     Some((server, proxy))
 }
 
@@ -132,7 +136,10 @@ async fn an_extend_with_a_lost_answer_does_not_free_the_lock() {
             leases().await.into_iter().find(|id| !before.contains(id))
         })
         .await;
-        proxy.set_latency(Direction::ToServer, timeout + scaled(Duration::from_secs(1)));
+        proxy.set_latency(
+            Direction::ToServer,
+            timeout + scaled(Duration::from_secs(1)),
+        );
         new
     };
     let (extended, new_lease) = tokio::join!(g.extend(Duration::from_secs(10)), slow_down);
