@@ -143,10 +143,15 @@ fn lease_not_found(e: &Error) -> bool {
     e.to_string().contains("lease not found")
 }
 
-/// Whether a request failed before it was sent (its member refused the connection).
-fn not_sent(e: &etcd_client::Error) -> bool {
+/// Whether a request failed without being applied, so that sending it again cannot apply it
+/// twice: it was not sent (its member refused the connection), or its member has no leader
+/// (require-leader makes such a member refuse requests before executing them, and one
+/// waiting for a leader refuses with the same error; the channel then picks a member again).
+fn not_applied(e: &etcd_client::Error) -> bool {
     let msg = e.to_string();
-    msg.contains("tcp connect error") || msg.contains("Connection refused")
+    msg.contains("tcp connect error")
+        || msg.contains("Connection refused")
+        || msg.contains("etcdserver: no leader")
 }
 
 fn timed_out(what: &str, after: Duration) -> Error {
@@ -425,9 +430,9 @@ impl EtcdBackend {
         }
     }
 
-    /// One request, bounded by the configured timeout. A request that could not be sent (no
-    /// connection to the member the channel picked) is retried until the timeout: it never
-    /// reached a server, so sending it again cannot apply it twice.
+    /// One request, bounded by the configured timeout. A request that was not applied (no
+    /// connection to the member the channel picked, or that member has no leader) is retried
+    /// until the timeout: sending it again cannot apply it twice.
     async fn call<T, Fut>(&self, what: &str, mut f: impl FnMut(Client) -> Fut) -> Result<T>
     where
         Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
@@ -437,7 +442,7 @@ impl EtcdBackend {
         loop {
             match tokio::time::timeout_at(deadline, f(self.inner.client.clone())).await {
                 Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) if not_sent(&e) && Instant::now() + RETRY_PAUSE < deadline => {
+                Ok(Err(e)) if not_applied(&e) && Instant::now() + RETRY_PAUSE < deadline => {
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
                 Ok(Err(e)) => return Err(map_err(what, e)),
@@ -549,6 +554,8 @@ impl EtcdBackend {
             background: req.background.clone(),
         };
         let dispatch = &self.inner.dispatch;
+        // The keys of this acquisition's attempts start so (see below).
+        let own_prefix = format!("{dir}{}-", req.token.to_hex());
         'enqueue: loop {
             // Each attempt puts a key of its own name: the owner token (the same for a retried
             // acquisition) and this client's attempt number. The clean-up of an abandoned
@@ -663,6 +670,8 @@ impl EtcdBackend {
                         .iter()
                         .filter(|kv| kv.create_revision() < revision && kv.key() != key.as_bytes())
                         .max_by_key(|kv| kv.create_revision())
+                    // An earlier attempt of ours ahead: the re-check deletes it (see there).
+                    && !pred.key().starts_with(own_prefix.as_bytes())
                 {
                     gone = Some(dispatch.deleted(pred.key(), pred.create_revision(), &floor));
                 }
@@ -738,6 +747,21 @@ impl EtcdBackend {
                     }
                 }
                 match ahead {
+                    Some((pred, created)) if pred.starts_with(own_prefix.as_bytes()) => {
+                        drop(floor);
+                        // An earlier attempt of this same acquisition (the contract retries an
+                        // attempt that failed `Unavailable` with the same token), whose
+                        // clean-up failed or has not run yet: ours to delete, not to wait for
+                        // until its lease expires. Then look again at once.
+                        let txn = Txn::new()
+                            .when([Compare::create_revision(
+                                pred.as_slice(),
+                                CompareOp::Equal,
+                                created,
+                            )])
+                            .and_then([TxnOp::delete(pred.as_slice(), None)]);
+                        self.txn("deleting an abandoned attempt's key", txn).await?;
+                    }
                     Some((pred, created)) => {
                         gone = Some(dispatch.deleted(&pred, created, &floor));
                         drop(floor);

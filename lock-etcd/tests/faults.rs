@@ -512,3 +512,212 @@ async fn holder_process_killed_frees_after_lease_ttl() {
     );
     g.release().await.unwrap();
 }
+
+/// Runs `cut_member_child` in a private network namespace (`unshare -n`; root only, skipped
+/// otherwise), where it may change the routing rules.
+#[tokio::test]
+async fn a_waiter_watching_a_member_cut_off_from_the_quorum_gets_the_free_lock() {
+    if !etcd_installed() {
+        return;
+    }
+    let netns = std::process::Command::new("unshare")
+        .args(["-n", "true"])
+        .status();
+    if !matches!(netns, Ok(s) if s.success()) {
+        eprintln!("skipping: `unshare -n` is not permitted here (needs root)");
+        return;
+    }
+    let out = tokio::process::Command::new("unshare")
+        .arg("-n")
+        .arg(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "cut_member_child", "--nocapture"])
+        .env("LOCK_ETCD_CUT_CHILD", "1")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    let shown = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{shown}");
+    assert!(out.status.success(), "the child failed");
+    assert!(shown.contains("CUT MEMBER: OK"), "the child did not run");
+}
+
+fn ip(args: &str) {
+    let st = std::process::Command::new("ip")
+        .args(args.split(' '))
+        .status()
+        .unwrap();
+    assert!(st.success(), "ip {args}");
+}
+
+/// The child side of the test above, inside its own network namespace: three members whose
+/// peers listen on 127.0.1.{1,2,3}, member 0 running as `nobody`. Cutting member 0 from its
+/// peers is two routing rules: nothing of uid `nobody` to the peer addresses, nothing to member
+/// 0's peer address; its client port stays reachable. A waiter whose client had only member
+/// 0 when it connected (so its watch is there) and then also another member, waits on a lock
+/// held through another member; member 0 is cut; the lock is released. The waiter gets it
+/// within a few election timeouts (require-leader cancels the watch of the leaderless member;
+/// the re-check timer alone would take 10 s, the lease TTL here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "helper: run in a private network namespace by the test above"]
+async fn cut_member_child() {
+    if std::env::var_os("LOCK_ETCD_CUT_CHILD").is_none() {
+        return;
+    }
+    ip("link set lo up");
+    // Policy rules go before the local table, so that they apply to loopback traffic.
+    ip("rule add pref 32765 lookup local");
+    ip("rule del pref 0");
+    let dir = std::env::temp_dir().join(format!("lock-etcd-cut-{:08x}", fastrand::u32(..)));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Member 0 runs as nobody and creates its data directory in here.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let client = |i: usize| 23790 + i as u16;
+    let peer = |i: usize| format!("http://127.0.1.{}:2380", i + 1);
+    let cluster: Vec<String> = (0..3).map(|i| format!("m{i}={}", peer(i))).collect();
+    let mut members = Vec::new();
+    for i in 0..3 {
+        let mut cmd = if i == 0 {
+            let mut c = tokio::process::Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "etcd"]);
+            c
+        } else {
+            tokio::process::Command::new("etcd")
+        };
+        let c = format!("http://127.0.0.1:{}", client(i));
+        let log = std::fs::File::create(dir.join(format!("m{i}.log"))).unwrap();
+        cmd.current_dir(&dir)
+            .args(["--name", &format!("m{i}")])
+            .args(["--data-dir", &dir.join(format!("m{i}")).to_string_lossy()])
+            .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
+            .args(["--listen-peer-urls", &peer(i)])
+            .args(["--initial-advertise-peer-urls", &peer(i)])
+            .args(["--initial-cluster", &cluster.join(",")])
+            .args(["--initial-cluster-state", "new"])
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .kill_on_drop(true);
+        members.push(cmd.spawn().unwrap());
+    }
+    // Healthy: a linearizable read answers on every member.
+    for i in 0..3 {
+        let end = Instant::now() + scaled(Duration::from_secs(30));
+        loop {
+            let ok = async {
+                let mut c =
+                    etcd_client::Client::connect([format!("127.0.0.1:{}", client(i))], None)
+                        .await
+                        .ok()?;
+                c.get("health", None).await.ok()
+            };
+            if tokio::time::timeout(Duration::from_secs(2), ok)
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+            {
+                break;
+            }
+            assert!(Instant::now() < end, "member {i} did not become healthy");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let holder_backend = EtcdBackend::connect(&url_of(&[client(1)])).await.unwrap();
+    let holder = Locker::new(holder_backend.clone());
+    // The waiter's second endpoint does not answer when it connects (its watch goes to member
+    // 0), and forwards to member 2 from then on.
+    let spare = 23799;
+    let waiter = Locker::new(
+        EtcdBackend::connect(&url_of(&[client(0), spare]))
+            .await
+            .unwrap(),
+    );
+    let forward = tokio::net::TcpListener::bind(("127.0.0.1", spare))
+        .await
+        .unwrap();
+    let member2 = client(2);
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = forward.accept().await {
+            tokio::spawn(async move {
+                if let Ok(mut out) = tokio::net::TcpStream::connect(("127.0.0.1", member2)).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                }
+            });
+        }
+    });
+    let name = format!("cut-member-{:08x}", fastrand::u32(..));
+    let lock_name = lockcore::LockName::new(name.clone()).unwrap();
+    let g = holder
+        .try_lock(&name, &LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap()
+        .expect("free");
+    // TTL 30 s: the waiter's re-check timer (its TTL, at most 10 s) is not what ends the wait.
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait_timeout(scaled(Duration::from_secs(60)));
+    let waiting = {
+        let (waiter, name) = (waiter.clone(), name.clone());
+        tokio::spawn(async move { waiter.lock(&name, &opts).await })
+    };
+    let end = Instant::now() + scaled(Duration::from_secs(10));
+    while lockcore::backend::Backend::queued_waiters(&holder_backend, &lock_name)
+        .await
+        .unwrap()
+        < 1
+    {
+        assert!(Instant::now() < end, "the waiter did not queue");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Cut member 0 from its peers.
+    ip("rule add pref 100 uidrange 65534-65534 to 127.0.1.0/24 prohibit");
+    ip("rule add pref 100 to 127.0.1.1 prohibit");
+    let cut_at = Instant::now();
+    // Member 0 has no leader any more (it says so itself).
+    let mut m0 = etcd_client::Client::connect([format!("127.0.0.1:{}", client(0))], None)
+        .await
+        .unwrap();
+    let end = Instant::now() + scaled(Duration::from_secs(10));
+    while m0.status().await.unwrap().leader() != 0 {
+        assert!(Instant::now() < end, "member 0 still has a leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let leaderless = cut_at.elapsed();
+    // Members 1 and 2 go on (electing a leader first if member 0 led).
+    let end = Instant::now() + scaled(Duration::from_secs(10));
+    loop {
+        let mut kv = holder_backend.client().kv_client();
+        let put = tokio::time::timeout(Duration::from_secs(1), kv.put("quorum", "", None));
+        if matches!(put.await, Ok(Ok(_))) {
+            break;
+        }
+        assert!(Instant::now() < end, "members 1 and 2 took no write");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    g.release().await.unwrap();
+    let released = Instant::now();
+    // Within 8 s of the release: less than the 10 s re-check period, so this is the watch
+    // cancelled by the leaderless member (require-leader), and requests refused by it going to
+    // the other member; here it takes 0.6 to 1.5 s.
+    let g2 = tokio::time::timeout(scaled(Duration::from_secs(8)), waiting)
+        .await
+        .expect("the waiter got the free lock within a few election timeouts")
+        .unwrap()
+        .unwrap();
+    eprintln!(
+        "member 0 cut at 0, leaderless after {leaderless:?}; released after {:?}; the waiter got the lock after {:?}",
+        released - cut_at,
+        cut_at.elapsed()
+    );
+    // Its release may go to member 0, which refuses it; the namespace goes away anyway.
+    drop(g2);
+    drop(members);
+    let _ = std::fs::remove_dir_all(&dir);
+    println!("CUT MEMBER: OK");
+}
