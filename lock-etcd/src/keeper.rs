@@ -56,7 +56,9 @@ impl LeaseCell {
 
 enum Cmd {
     /// Keep `lease` alive (every ttl/3) until `Release`; fire `lost` when the server refuses a
-    /// keep-alive or no acknowledgement came before the lease may have expired.
+    /// keep-alive or no acknowledgement came before the lease may have expired. Keep-alives go
+    /// on after an outage either way: a queued waiter whose lease outlived the outage keeps
+    /// its place in the queue (a lease that did expire is refused, and its waiter re-queues).
     Keep {
         lease: Arc<LeaseCell>,
         lost: Option<LostNotifier>,
@@ -177,14 +179,16 @@ async fn run(
         let mut wake = retry_at;
         for e in entries.values() {
             if e.kept {
-                let due = e.next_due();
-                let lost_at = e.lease.expires() - margin(e.lease.ttl);
-                let t = if stream.is_some() {
-                    due.min(lost_at)
-                } else {
-                    lost_at
-                };
-                wake = Some(wake.map_or(t, |w| w.min(t)));
+                // The moment to report a possible expiry matters only while someone is to be
+                // told (it is past for a lease whose acknowledgements are late).
+                let lost_at = e
+                    .lost
+                    .is_some()
+                    .then(|| e.lease.expires() - margin(e.lease.ttl));
+                let due = stream.is_some().then(|| e.next_due());
+                if let Some(t) = lost_at.into_iter().chain(due).min() {
+                    wake = Some(wake.map_or(t, |w| w.min(t)));
+                }
             }
         }
         let sleep = async {
@@ -345,9 +349,10 @@ async fn run(
                     if !e.kept {
                         continue;
                     }
-                    if now >= e.lease.expires() - margin(e.lease.ttl) {
+                    if e.lost.is_some() && now >= e.lease.expires() - margin(e.lease.ttl) {
                         lost.push(e.lease.id);
-                    } else if now >= e.next_due() {
+                    }
+                    if now >= e.next_due() {
                         due.push(e.lease.id);
                     }
                 }
@@ -357,18 +362,16 @@ async fn run(
                         if let Some(l) = e.lost.take() {
                             l.fire(LostReason::ConnectionLost);
                         }
-                        e.kept = false;
-                        // The answers to what was sent may still come on this stream: keep the
-                        // send times (nobody waits for them any more), so that a later request
-                        // for this lease is not matched with an earlier one's answer, which
-                        // would overstate the lease's life.
+                        // Still kept: the lease may well live (the server may have renewed it
+                        // and only the answers be late), and whatever it carries keeps its
+                        // place only if it is renewed. The answers to what was sent may still
+                        // come on this stream: keep the send times (nobody waits for them any
+                        // more), so that a later request for this lease is not matched with an
+                        // earlier one's answer, which would overstate the lease's life.
                         for (_, reply) in e.inflight.iter_mut() {
                             if let Some(r) = reply.take() {
                                 let _ = r.send(Err("no keep-alive was acknowledged in time".into()));
                             }
-                        }
-                        if e.inflight.is_empty() {
-                            entries.remove(&id);
                         }
                     }
                 }

@@ -19,33 +19,47 @@
 //! # The recipe
 //!
 //! A lock `name` owns the keys under `<prefix>/<name.escaped()>/` (the escaping has no `/`, so
-//! no name's keys are a prefix of another's). Each acquisition puts its own key
-//! `<dir><owner token>`, attached to a lease, in one transaction; the key with the lowest
-//! create revision holds the lock. A waiter waits only for the deletion of its predecessor (the
-//! key with the highest create revision below its own), so one release wakes one waiter: FIFO,
-//! no herd. Ownership is always checked by create revision.
+//! no name's keys are a prefix of another's). Each acquisition attempt puts its own key
+//! `<dir><owner token>-<attempt>`, attached to a lease, in one transaction; the key with the
+//! lowest create revision holds the lock. A waiter waits only for the deletion of its
+//! predecessor (the key with the highest create revision below its own), so one release wakes
+//! one waiter: FIFO, no herd. Ownership is always checked by create revision, and renewal also
+//! by the lease carrying the key.
 //!
 //! * Uncontended `try_lock`/`lock`: one transaction ("if the directory is empty, put my key"),
 //!   plus a keep-alive sent alongside it on the client's keep-alive stream when the lease is
 //!   reused. Release: one transaction deleting the key only if its create revision is ours.
 //! * Waiting: one long-lived watch per client over the whole prefix, created once and so
 //!   *synced* (etcd 3.4 delays events for watches created at a past revision by up to 100 ms,
-//!   the reason Go's `concurrency.Mutex` hands over at ~40/s); waiters subscribe to it.
+//!   the reason Go's `concurrency.Mutex` hands over at ~40/s); waiters subscribe to it. Requests
+//!   and the watch carry etcd's require-leader flag (a member cut off from the quorum cancels
+//!   the watch and refuses requests, and the watch is re-opened elsewhere), and a waiter
+//!   re-checks the queue at least once per lease TTL (1 to 10 s) even if its watch stays
+//!   silent (a client from [`EtcdBackend::from_client`] keeps its own require-leader setting).
 //! * Leases: one etcd lease per held lock (reused after a clean release), granted by the server
 //!   (whole seconds, at least the server's minimum; the TTL granted is reported). The client
 //!   keeps held and queued leases alive itself on one keep-alive stream (every TTL/3) until the
 //!   guard is released or dropped; a crashed holder's lock frees when its lease expires, one TTL
-//!   after its last keep-alive.
+//!   after its last keep-alive. A queued waiter's lease is kept alive through outages too (its
+//!   place in the queue holds while the lease lives; a waiter whose lease did expire queues
+//!   again at the end).
 //! * Extend: with the TTL acquired with, one keep-alive (plus a read of the key, in parallel).
 //!   etcd cannot change a lease's TTL, so another TTL moves the key to a new lease granted that
 //!   TTL: a grant, then one transaction re-putting the key with the new lease if its create
 //!   revision is still ours (a put keeps the create revision: same fencing token, same place in
-//!   the queue, no waiter woken); the old lease is revoked in the background.
+//!   the queue, no waiter woken); the old lease is revoked in the background. If the answer to
+//!   that transaction is lost (an error, or the future dropped), the new lease is kept alive
+//!   too until the next `extend` or `release` reads which lease carries the key.
 //! * A live holder whose lease ran out unrenewed deletes its key at the lease's end (the server
 //!   itself expires leases only on a 500 ms sweep), so a lease ends at its TTL.
-//! * Lost signal: keep-alive refused ([`LostReason::RenewalRefused`]), no keep-alive
-//!   acknowledged before the lease may have expired ([`LostReason::ConnectionLost`]), or the
-//!   key deleted behind the holder ([`LostReason::RenewalRefused`]).
+//! * Lost signal: the key deleted behind the holder (revoked, expired, admin delete) or a
+//!   keep-alive of its lease refused ([`LostReason::RenewalRefused`]); the lease ran out
+//!   unrenewed ([`LostReason::ValidityExpired`], as the contract's own validity deadline); and
+//!   [`LostReason::ConnectionLost`] in one case only: after an extend to another TTL whose
+//!   outcome is unknown, no keep-alive of the lease the key may have moved to was acknowledged
+//!   before that lease may expire. (A held lease is renewed by the contract's `extend`, whose
+//!   failures end the validity, not by a background keep-alive.) A deletion is matched to the
+//!   held key by revision: a deletion of an earlier key of the same name never fires it.
 //! * Fencing token: the key's create revision, which increases across holders, restarts and
 //!   leader changes.
 #![deny(missing_docs)]
@@ -92,6 +106,12 @@ const RETRY_PAUSE: Duration = Duration::from_millis(10);
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// How long a member has to accept a TCP connection to count as up.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a waiter waits on its watch before it re-checks the queue anyway, at most: a watch
+/// can be silent (a member cut off from the quorum, before require-leader cancels it), and the
+/// wait must still end once the lock is free. One keys-only read per waiter per period; the
+/// waiter's lease TTL within these bounds (see `recheck_every`).
+const RECHECK_MIN: Duration = Duration::from_secs(1);
+const RECHECK_MAX: Duration = Duration::from_secs(10);
 /// The TTL of the lease `bare_cycle` uses.
 const BARE_TTL_SECS: i64 = 60;
 /// The host a backend made from an application's client reports (it cannot see the client's
@@ -127,10 +147,15 @@ fn lease_not_found(e: &Error) -> bool {
     e.to_string().contains("lease not found")
 }
 
-/// Whether a request failed before it was sent (its member refused the connection).
-fn not_sent(e: &etcd_client::Error) -> bool {
+/// Whether a request failed without being applied, so that sending it again cannot apply it
+/// twice: it was not sent (its member refused the connection), or its member has no leader
+/// (require-leader makes such a member refuse requests before executing them, and one
+/// waiting for a leader refuses with the same error; the channel then picks a member again).
+fn not_applied(e: &etcd_client::Error) -> bool {
     let msg = e.to_string();
-    msg.contains("tcp connect error") || msg.contains("Connection refused")
+    msg.contains("tcp connect error")
+        || msg.contains("Connection refused")
+        || msg.contains("etcdserver: no leader")
 }
 
 fn timed_out(what: &str, after: Duration) -> Error {
@@ -162,6 +187,8 @@ struct Stats {
     wakeups: AtomicU64,
     rechecks: AtomicU64,
     deleted_behind: AtomicU64,
+    /// Numbers this client's acquisition attempts, so that each attempt has its own key name.
+    attempts: AtomicU64,
 }
 
 /// An etcd lock client: one gRPC channel, one watch, one keep-alive stream. See the crate docs.
@@ -223,7 +250,12 @@ impl EtcdBackend {
         let mut options = ConnectOptions::new()
             .with_connect_timeout(config.timeout)
             .with_keep_alive(Duration::from_secs(5), config.timeout)
-            .with_auto_token_refresh(true);
+            .with_auto_token_refresh(true)
+            // `hasleader: true` on every request and watch, as Go's clientv3.WithRequireLeader:
+            // a member cut off from the quorum fails requests at once and cancels its watches
+            // (after about three election timeouts), instead of serving a watch that stays
+            // silent while the lock changes hands.
+            .with_require_leader(true);
         if let (Some(user), Some(password)) = (&config.user, &config.password) {
             options = options.with_user(user.clone(), password.expose().to_owned());
         }
@@ -368,7 +400,8 @@ impl EtcdBackend {
             "the TTL is an etcd lease in whole seconds (rounded up, at least the server's minimum lease TTL); the TTL granted is what the validity counts".into(),
             "held leases are renewed by the contract (auto_renew or extend: one keep-alive on the client's one keep-alive stream each, until the maximum hold time), queued waiters' leases by the client itself on that stream; a crashed holder's lock frees one TTL after its last renewal".into(),
             "renewal is emulated, not native: native (session-bound) renewal frees a crashed holder's lock within seconds whatever its TTL; here each lock is an etcd lease of the TTL asked, held after a crash until that TTL, so that the validity stays a clock bound on the server's lease. A per-client session lease (etcd's concurrency.Session) would free crashed locks sooner but make the validity depend on the keep-alive task noticing a lapse in time (late in a paused process)".into(),
-            "lost signal: keep-alive refused, no keep-alive acknowledged before the lease may expire, or the lock key deleted behind the holder".into(),
+            "lost signal: the lock key deleted behind the holder or its lease's keep-alive refused (renewal refused), the lease run out unrenewed (validity expired), or, after an extend to another TTL whose outcome is unknown, no keep-alive acknowledged for the lease the key may have moved to before it may expire (connection lost)".into(),
+            "waiters: the watch and requests require a leader (a member cut off from the quorum cancels the watch); a waiter re-checks the queue at least once per lease TTL (1 to 10 s) even when its watch is silent; a queued waiter's lease is kept alive through outages (FIFO place kept while it lives)".into(),
             "fencing token = the lock key's create revision; FIFO by create revision; one release wakes one waiter (one synced watch per client)".into(),
             "extend with the TTL acquired with is one keep-alive; another TTL (longer or shorter) moves the key to a new lease granted that TTL (one grant, one owner-checked transaction keeping the create revision; the old lease is revoked in the background)".into(),
         ];
@@ -402,9 +435,9 @@ impl EtcdBackend {
         }
     }
 
-    /// One request, bounded by the configured timeout. A request that could not be sent (no
-    /// connection to the member the channel picked) is retried until the timeout: it never
-    /// reached a server, so sending it again cannot apply it twice.
+    /// One request, bounded by the configured timeout. A request that was not applied (no
+    /// connection to the member the channel picked, or that member has no leader) is retried
+    /// until the timeout: sending it again cannot apply it twice.
     async fn call<T, Fut>(&self, what: &str, mut f: impl FnMut(Client) -> Fut) -> Result<T>
     where
         Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
@@ -414,7 +447,7 @@ impl EtcdBackend {
         loop {
             match tokio::time::timeout_at(deadline, f(self.inner.client.clone())).await {
                 Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) if not_sent(&e) && Instant::now() + RETRY_PAUSE < deadline => {
+                Ok(Err(e)) if not_applied(&e) && Instant::now() + RETRY_PAUSE < deadline => {
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
                 Ok(Err(e)) => return Err(map_err(what, e)),
@@ -518,16 +551,25 @@ impl EtcdBackend {
     async fn run(&self, req: &AcquireRequest, wait: bool) -> Result<Option<Acquired>> {
         let secs = ttl_secs(req.ttl);
         let dir = self.dir(&req.name);
-        let key = format!("{dir}{}", req.token.to_hex());
         let mut queued = QueueGuard {
             backend: self.clone(),
-            key: key.clone(),
+            key: String::new(),
             secs,
             state: QueueState::Idle,
             background: req.background.clone(),
         };
         let dispatch = &self.inner.dispatch;
+        // The keys of this acquisition's attempts start so (see below).
+        let own_prefix = format!("{dir}{}-", req.token.to_hex());
         'enqueue: loop {
+            // Each attempt puts a key of its own name: the owner token (the same for a retried
+            // acquisition) and this client's attempt number. The clean-up of an abandoned
+            // attempt, still running, can then never meet the key of a later attempt (a re-put
+            // of the same name would keep the old create revision, so that comparing it would
+            // not tell the two apart).
+            let attempt = self.inner.stats.attempts.fetch_add(1, Ordering::Relaxed);
+            let key = format!("{dir}{}-{attempt:x}", req.token.to_hex());
+            queued.key = key.clone();
             let (cell, fresh) = self.lease_for(secs).await?;
             queued.state = QueueState::Sending(cell.clone());
             // Taken before the transaction: a deletion that races our subscriptions is logged.
@@ -567,10 +609,8 @@ impl EtcdBackend {
                 }
                 Err(e) => return Err(e),
             };
-            // Our key's create revision: the transaction's own for a new key. A put may also
-            // overwrite a key of the same name (the same token after a retried acquisition whose
-            // clean-up has not run yet): that key keeps its create revision, which the queue
-            // listing (sent behind the put) shows, and which is our place in the queue.
+            // Our key's create revision: the transaction's own (the key name is new), as the
+            // queue listing sent behind the put also shows.
             let mut revision = resp.header().map(|h| h.revision()).unwrap_or(0);
             for op in resp.op_responses() {
                 if let TxnOpResponse::Get(get) = op
@@ -626,7 +666,7 @@ impl EtcdBackend {
             }
             // Queued: keep the queue key alive while waiting.
             self.inner.keeper.keep(cell.clone(), None);
-            let mut own = Some(dispatch.deleted(key.as_bytes(), &floor));
+            let mut own = Some(dispatch.deleted(key.as_bytes(), revision, &floor));
             let mut gone = None;
             for op in resp.op_responses() {
                 if let TxnOpResponse::Get(get) = op
@@ -635,11 +675,14 @@ impl EtcdBackend {
                         .iter()
                         .filter(|kv| kv.create_revision() < revision && kv.key() != key.as_bytes())
                         .max_by_key(|kv| kv.create_revision())
+                    // An earlier attempt of ours ahead: the re-check deletes it (see there).
+                    && !pred.key().starts_with(own_prefix.as_bytes())
                 {
-                    gone = Some(dispatch.deleted(pred.key(), &floor));
+                    gone = Some(dispatch.deleted(pred.key(), pred.create_revision(), &floor));
                 }
             }
             drop(floor);
+            let recheck = recheck_every(cell.ttl);
             loop {
                 if let Some(pred) = gone.take() {
                     tokio::select! {
@@ -649,13 +692,15 @@ impl EtcdBackend {
                             }
                         }
                         _ = wait_opt(&mut own) => {
-                            // Our key's name was deleted (revoked, its lease expired), or the
-                            // watch resynced. The re-check below tells: it compares our key's
-                            // create revision, and queues again if the key is gone. (A deletion
-                            // of an earlier key of the same name, replayed by a watch that was
-                            // catching up, must not end a wait whose key lives.)
+                            // Our key was deleted (revoked, its lease expired), or the watch
+                            // resynced. The re-check below tells: it compares our key's create
+                            // revision, and queues again if the key is gone.
                             own = None;
                         }
+                        // The watch may be silent (its member cut off from the quorum, before
+                        // require-leader cancels it; an application's client without it): look
+                        // anyway, so that a free lock is noticed within this period.
+                        _ = tokio::time::sleep(recheck) => {}
                     }
                 }
                 // Who is ahead of us now? Sent with a keep-alive so that the lease's TTL counts
@@ -695,17 +740,35 @@ impl EtcdBackend {
                 }
                 if own.is_none() {
                     // The subscription fired (a resync): subscribe again.
-                    own = Some(dispatch.deleted(key.as_bytes(), &floor));
+                    own = Some(dispatch.deleted(key.as_bytes(), revision, &floor));
                 }
                 let mut ahead = None;
                 for op in resp.op_responses() {
                     if let TxnOpResponse::Get(get) = op {
-                        ahead = get.kvs().first().map(|kv| kv.key().to_vec());
+                        ahead = get
+                            .kvs()
+                            .first()
+                            .map(|kv| (kv.key().to_vec(), kv.create_revision()));
                     }
                 }
                 match ahead {
-                    Some(pred) => {
-                        gone = Some(dispatch.deleted(&pred, &floor));
+                    Some((pred, created)) if pred.starts_with(own_prefix.as_bytes()) => {
+                        drop(floor);
+                        // An earlier attempt of this same acquisition (the contract retries an
+                        // attempt that failed `Unavailable` with the same token), whose
+                        // clean-up failed or has not run yet: ours to delete, not to wait for
+                        // until its lease expires. Then look again at once.
+                        let txn = Txn::new()
+                            .when([Compare::create_revision(
+                                pred.as_slice(),
+                                CompareOp::Equal,
+                                created,
+                            )])
+                            .and_then([TxnOp::delete(pred.as_slice(), None)]);
+                        self.txn("deleting an abandoned attempt's key", txn).await?;
+                    }
+                    Some((pred, created)) => {
+                        gone = Some(dispatch.deleted(&pred, created, &floor));
                         drop(floor);
                     }
                     None => {
@@ -742,14 +805,21 @@ impl EtcdBackend {
             backend: self.clone(),
             key,
             revision,
-            lease: Mutex::new((cell, secs)),
+            lease: Mutex::new(Leases {
+                current: (cell, secs),
+                pending: None,
+            }),
+            lost: req.lost.clone(),
             background: req.background.clone(),
             moved: tokio::sync::Notify::new(),
             stop,
         });
         // The lease lives its TTL from the last keep-alive: the contract's watchdog extends it.
         // The floor, taken before the winning transaction, covers a deletion racing this point.
-        let deleted = self.inner.dispatch.deleted(shared.key.as_bytes(), &floor);
+        let deleted = self
+            .inner
+            .dispatch
+            .deleted(shared.key.as_bytes(), revision, &floor);
         drop(floor);
         tokio::spawn(watch_held(
             shared.clone(),
@@ -809,8 +879,13 @@ impl Drop for QueueGuard {
                     .await;
                 return;
             };
+            // The key name is this attempt's alone; the create revision and the lease make sure
+            // anyway that only the key this attempt put is deleted.
             let txn = Txn::new()
-                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, rev)])
+                .when([
+                    Compare::create_revision(key.as_str(), CompareOp::Equal, rev),
+                    Compare::lease(key.as_str(), CompareOp::Equal, cell.id),
+                ])
                 .and_then([TxnOp::delete(key.as_str(), None)]);
             match backend.txn("deleting a queue key", txn).await {
                 Ok(_) => backend.pool_put(secs, cell),
@@ -864,8 +939,12 @@ async fn watch_held(
                 return;
             }
             _ = lost.closed() => {
-                // The guard is gone without a release (abandoned): the lock frees by its TTL.
+                // The guard is gone without a release (abandoned): the lock frees by its TTL
+                // (that of the lease an unfinished move may have put the key on, too).
                 backend.inner.keeper.release(shared.lease().0.id);
+                if let Some((p, _)) = shared.pending() {
+                    backend.inner.keeper.release(p.id);
+                }
                 return;
             }
             w = &mut deleted => {
@@ -873,23 +952,36 @@ async fn watch_held(
                 let floor = backend.inner.dispatch.floor();
                 let gone = match w {
                     Ok(Wake::Deleted) => true,
-                    _ => shared.owned().await.map(|owned| !owned).unwrap_or(false),
+                    _ => shared.key_lease().await.map(|l| l.is_none()).unwrap_or(false),
                 };
                 if *stopped.borrow() {
                     return;
                 }
                 if gone {
                     backend.inner.keeper.release(shared.lease().0.id);
+                    if let Some((p, _)) = shared.pending() {
+                        backend.inner.keeper.release(p.id);
+                    }
                     if lost.fire(LostReason::RenewalRefused) {
                         backend.inner.stats.deleted_behind.fetch_add(1, Ordering::Relaxed);
                         tracing::debug!(key = %shared.key, "etcd lock key deleted behind its holder");
                     }
                     return;
                 }
-                deleted = backend.inner.dispatch.deleted(shared.key.as_bytes(), &floor);
+                deleted = backend
+                    .inner
+                    .dispatch
+                    .deleted(shared.key.as_bytes(), shared.revision, &floor);
             }
         }
     }
+}
+
+/// How long a waiter waits on its watch before it re-checks the queue: its lease's TTL (a
+/// crashed predecessor's key lives about that long anyway), within [`RECHECK_MIN`] and
+/// [`RECHECK_MAX`].
+fn recheck_every(ttl: Duration) -> Duration {
+    ttl.clamp(RECHECK_MIN, RECHECK_MAX)
 }
 
 /// Whether `cell`'s lease has at least 99 % of its TTL left (a keep-alive answered within the
@@ -1094,9 +1186,10 @@ struct LeaseShared {
     backend: EtcdBackend,
     key: String,
     revision: i64,
-    /// The lease the key is attached to now, with the TTL it was asked for in whole seconds
-    /// (the pool's key). An extend to another TTL moves the key to a new lease.
-    lease: Mutex<(Arc<LeaseCell>, u64)>,
+    /// The lease the key is attached to, and the one an unfinished move may have put it on.
+    lease: Mutex<Leases>,
+    /// The holder's lost signal (fired by the keeper for a pending lease, see `Leases`).
+    lost: LostNotifier,
     /// Where the revocation of a lease the key moved away from runs (`Locker::flush` waits).
     background: Background,
     /// Notified when the key moved to a new lease (the watcher re-arms its expiry timer).
@@ -1106,19 +1199,41 @@ struct LeaseShared {
     stop: tokio_watch::Sender<bool>,
 }
 
+/// A lease with the TTL it was asked for in whole seconds (the pool's key).
+type TtlLease = (Arc<LeaseCell>, u64);
+
+struct Leases {
+    /// The lease the key is known to be attached to. An extend to another TTL moves the key to
+    /// a new lease.
+    current: TtlLease,
+    /// A lease the key may have moved to: a move whose transaction was sent but whose answer
+    /// was not seen (an ambiguous failure, or the extend dropped meanwhile). Until the next
+    /// extend or release reads the key and settles which lease carries it, the keeper keeps
+    /// this one alive too (with the holder's lost signal: `ConnectionLost` if no keep-alive is
+    /// acknowledged before it may expire), so that the key lives whichever lease it is on.
+    pending: Option<TtlLease>,
+}
+
 impl LeaseShared {
     /// The lease the key is attached to now, and the TTL it was asked for (whole seconds).
-    fn lease(&self) -> (Arc<LeaseCell>, u64) {
-        let l = self.lease.lock().unwrap_or_else(|e| e.into_inner());
-        (l.0.clone(), l.1)
+    fn lease(&self) -> TtlLease {
+        self.leases().current.clone()
+    }
+
+    fn pending(&self) -> Option<TtlLease> {
+        self.leases().pending.clone()
+    }
+
+    fn leases(&self) -> std::sync::MutexGuard<'_, Leases> {
+        self.lease.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Keeps the current lease alive once (a keep-alive on the client's stream, sent alongside
-    /// a read of the key for ownership by create revision): the lease's own TTL, counted from
-    /// the keep-alive.
+    /// a read of the key for ownership by create revision and lease): the lease's own TTL,
+    /// counted from the keep-alive.
     async fn keep_alive(&self, cell: Arc<LeaseCell>) -> Result<Duration> {
-        let refresh = self.backend.inner.keeper.refresh(cell);
-        let owned = self.owned().await?;
+        let refresh = self.backend.inner.keeper.refresh(cell.clone());
+        let on = self.key_lease().await?;
         let renewal = match refresh.await {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => {
@@ -1134,11 +1249,64 @@ impl LeaseShared {
                 ));
             }
         };
-        match renewal {
-            Renewal::Gone => Err(not_held("its lease expired or was revoked")),
-            Renewal::Alive { .. } if !owned => Err(not_held("its key was deleted")),
-            Renewal::Alive { ttl, .. } => Ok(ttl),
+        match (renewal, on) {
+            (Renewal::Gone, _) => Err(not_held("its lease expired or was revoked")),
+            (Renewal::Alive { .. }, None) => Err(not_held("its key was deleted")),
+            // Renewing a lease that does not carry the key would grant nothing.
+            (Renewal::Alive { .. }, Some(lease)) if lease != cell.id => {
+                Err(not_held("its key is on a lease this holder does not renew"))
+            }
+            (Renewal::Alive { ttl, .. }, Some(_)) => Ok(ttl),
         }
+    }
+
+    /// Settles an unfinished move (see `Leases::pending`): reads which lease carries the key
+    /// and makes that one current, revoking the other. Nothing to do (no request) without one.
+    async fn settle(&self) -> Result<()> {
+        let Some((pending, secs)) = self.pending() else {
+            return Ok(());
+        };
+        let on = self.key_lease().await?;
+        let mut leases = self.leases();
+        let current = leases.current.0.clone();
+        // Another call settled it meanwhile.
+        if leases
+            .pending
+            .as_ref()
+            .is_none_or(|(p, _)| p.id != pending.id)
+        {
+            return Ok(());
+        }
+        match on {
+            Some(lease) if lease == pending.id => {
+                leases.current = (pending, secs);
+                leases.pending = None;
+                drop(leases);
+                self.adopted(current.id);
+                Ok(())
+            }
+            Some(lease) if lease == current.id => {
+                leases.pending = None;
+                drop(leases);
+                self.revoke_in_background(pending.id);
+                Ok(())
+            }
+            // Deleted, or on a lease we never asked for: not ours to renew. The watcher fires
+            // the lost signal for a deletion; the pending lease is left to expire (it may
+            // carry the key if the read was stale, and revoking it would free the lock sooner).
+            _ => Err(not_held(
+                "its key was deleted or is on a lease this holder does not renew",
+            )),
+        }
+    }
+
+    /// The key moved to the pending lease, now current: the holder renews it by `extend`
+    /// from here on, not the keeper; the old lease carries no key any more.
+    fn adopted(&self, old: i64) {
+        let new = self.lease().0.id;
+        self.backend.inner.keeper.release(new);
+        self.moved.notify_one();
+        self.revoke_in_background(old);
     }
 
     /// Moves the key to a new lease granted `secs` (etcd cannot change a lease's TTL): a grant,
@@ -1146,9 +1314,17 @@ impl LeaseShared {
     /// is still ours (a put on an existing key keeps its create revision, so the fencing token
     /// and the queue position stay), then the old lease is revoked in the background. Returns
     /// the TTL granted, counted from the grant's send (after the caller's send time).
+    ///
+    /// From the transaction's send until its answer is seen, the new lease is pending (see
+    /// `Leases::pending`): kept alive, never revoked while the key may be on it.
     async fn move_lease(&self, secs: u64) -> Result<Duration> {
         let backend = &self.backend;
         let new = backend.grant(secs).await?;
+        backend
+            .inner
+            .keeper
+            .keep(new.clone(), Some(self.lost.clone()));
+        self.leases().pending = Some((new.clone(), secs));
         let put = TxnOp::put(
             self.key.as_str(),
             "",
@@ -1161,30 +1337,36 @@ impl LeaseShared {
                 self.revision,
             )])
             .and_then([put]);
-        let resp = match backend.txn("moving the lock key to a new lease", txn).await {
-            Ok(r) => r,
-            Err(e) => {
-                // The put may or may not have landed. Revoking the new lease deletes the key if
-                // it did (the watcher then fires the lost signal): the key never outlives a
-                // lease the holder's validity does not count.
-                self.revoke_in_background(new.id);
-                return Err(e);
-            }
-        };
+        // On an error the put may or may not have landed: the new lease stays pending (kept
+        // alive), and the next extend or release settles it. Revoking it here would delete the
+        // key if the put landed, freeing the lock while the holder's validity runs on.
+        let resp = backend
+            .txn("moving the lock key to a new lease", txn)
+            .await?;
+        let mut leases = self.leases();
+        if leases.pending.as_ref().is_none_or(|(p, _)| p.id != new.id) {
+            // Settled by a concurrent call meanwhile.
+            drop(leases);
+            return if resp.succeeded() {
+                Ok(new.ttl)
+            } else {
+                Err(not_held(
+                    "its key was deleted (expired, revoked or released)",
+                ))
+            };
+        }
+        leases.pending = None;
         if !resp.succeeded() {
+            drop(leases);
             self.revoke_in_background(new.id);
             return Err(not_held(
                 "its key was deleted (expired, revoked or released)",
             ));
         }
         let granted = new.ttl;
-        let (old, _) = std::mem::replace(
-            &mut *self.lease.lock().unwrap_or_else(|e| e.into_inner()),
-            (new, secs),
-        );
-        self.moved.notify_one();
-        // The old lease carries no key any more.
-        self.revoke_in_background(old.id);
+        let (old, _) = std::mem::replace(&mut leases.current, (new, secs));
+        drop(leases);
+        self.adopted(old.id);
         Ok(granted)
     }
 
@@ -1202,8 +1384,8 @@ impl LeaseShared {
         });
     }
 
-    /// Whether the key is still ours (by create revision).
-    async fn owned(&self) -> Result<bool> {
+    /// The lease carrying our key (by create revision); `None` if the key is not ours any more.
+    async fn key_lease(&self) -> Result<Option<i64>> {
         let resp = self
             .backend
             .call("reading the lock key", |mut c| {
@@ -1214,7 +1396,8 @@ impl LeaseShared {
         Ok(resp
             .kvs()
             .first()
-            .is_some_and(|kv| kv.create_revision() == self.revision))
+            .filter(|kv| kv.create_revision() == self.revision)
+            .map(|kv| kv.lease()))
     }
 }
 
@@ -1229,6 +1412,10 @@ impl fmt::Debug for EtcdLease {
             .field("key", &self.shared.key)
             .field("create_revision", &self.shared.revision)
             .field("lease", &format_args!("{:x}", self.shared.lease().0.id))
+            .field(
+                "pending_lease",
+                &self.shared.pending().map(|(p, _)| format!("{:x}", p.id)),
+            )
             .finish()
     }
 }
@@ -1250,11 +1437,14 @@ impl Lease for EtcdLease {
     /// change a lease's TTL.
     ///
     /// Cancel safety: dropping the future may or may not have renewed the lease or moved the
-    /// key to the new one; the key keeps its create revision and owner either way, and a new
-    /// lease left without the key expires by its TTL.
+    /// key to the new one; the key keeps its create revision and owner either way. A lease the
+    /// key may have moved to is kept alive until the next `extend` or `release` reads which
+    /// lease carries the key (the other is then revoked), so the key never sits on a lease
+    /// nobody renews; an unsent new lease expires by its TTL.
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
         let shared = &self.shared;
         let secs = ttl_secs(ttl);
+        shared.settle().await?;
         let (cell, current) = shared.lease();
         if secs == current {
             shared.keep_alive(cell).await
@@ -1272,6 +1462,10 @@ impl Lease for EtcdLease {
         shared.stop.send_replace(true);
         let inner = &shared.backend.inner;
         inner.keeper.release(shared.lease().0.id);
+        let pending = shared.pending();
+        if let Some((p, _)) = &pending {
+            inner.keeper.release(p.id);
+        }
         let txn = Txn::new()
             .when([Compare::create_revision(
                 shared.key.as_str(),
@@ -1282,6 +1476,18 @@ impl Lease for EtcdLease {
         let resp = shared.backend.txn("releasing the lock", txn).await?;
         // Read after the transaction: an extend that moved the key to a new lease has swapped it.
         let (cell, secs) = shared.lease();
+        if let Some((p, _)) = pending {
+            // The key was on one of the two, and is deleted (or gone) now: neither is reused.
+            shared.backend.revoke_later(p.id);
+            shared.backend.revoke_later(cell.id);
+            return if resp.succeeded() {
+                Ok(())
+            } else {
+                Err(not_held(
+                    "its key was deleted (expired, revoked or released)",
+                ))
+            };
+        }
         if resp.succeeded() {
             // Renewed now, off the next acquisition's path: that one then needs no keep-alive.
             drop(inner.keeper.refresh(cell.clone()));
@@ -1293,5 +1499,123 @@ impl Lease for EtcdLease {
                 "its key was deleted (expired, revoked or released)",
             ))
         }
+    }
+}
+
+/// Tests that need the crate's insides (the client's watch), on the real server
+/// (`LOCK_TEST_ETCD_URL`).
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scaled(d: Duration) -> Duration {
+        d.mul_f64(conformance::time_scale())
+    }
+
+    /// Polls `cond` until it holds, failing after `within` (scaled).
+    async fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+        let end = Instant::now() + scaled(within);
+        while !cond() {
+            assert!(Instant::now() < end, "{what}: not within {within:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// A deletion of an earlier key of the same name (still in the deletion log because an
+    /// older floor is held, as by a waiter in the middle of its transaction) does not wake a
+    /// subscriber to the newer key; the newer key's own deletion does.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_earlier_deletion_of_the_same_name_does_not_wake_the_newer_key() {
+        let Some(url) = conformance::require_env("LOCK_TEST_ETCD_URL") else {
+            return;
+        };
+        let backend = EtcdBackend::connect(&url).await.unwrap();
+        let dispatch = &backend.inner.dispatch;
+        let key = format!(
+            "{}k",
+            backend
+                .lock_prefix(format!("replay-{:08x}", fastrand::u32(..)))
+                .unwrap()
+        );
+        let mut kv = backend.client().kv_client();
+        let rev = |h: Option<&etcd_client::ResponseHeader>| h.unwrap().revision();
+        let older = dispatch.floor();
+        kv.put(key.as_str(), "", None).await.unwrap();
+        let deleted = rev(kv.delete(key.as_str(), None).await.unwrap().header());
+        eventually("the first deletion seen", Duration::from_secs(5), || {
+            dispatch.revision() >= deleted
+        })
+        .await;
+        let floor = dispatch.floor();
+        let created = rev(kv.put(key.as_str(), "", None).await.unwrap().header());
+        let mut rx = dispatch.deleted(key.as_bytes(), created, &floor);
+        drop(floor);
+        eventually("the re-put seen", Duration::from_secs(5), || {
+            dispatch.revision() >= created
+        })
+        .await;
+        assert_eq!(
+            rx.try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty),
+            "the deletion of the earlier key woke the subscriber to the newer one"
+        );
+        kv.delete(key.as_str(), None).await.unwrap();
+        let woke = tokio::time::timeout(scaled(Duration::from_secs(5)), rx)
+            .await
+            .expect("the newer key's deletion wakes");
+        assert_eq!(woke, Ok(Wake::Deleted));
+        drop(older);
+    }
+
+    /// A waiter whose watch is silent (muted here, as a watch on a member cut off from the
+    /// quorum stays silent) still notices that the lock is free: it re-checks the queue within
+    /// one re-check period (its lease TTL, at least 1 s) after the release.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiter_with_a_silent_watch_rechecks_within_the_bound() {
+        let Some(url) = conformance::require_env("LOCK_TEST_ETCD_URL") else {
+            return;
+        };
+        let holder = lockcore::Locker::new(EtcdBackend::connect(&url).await.unwrap());
+        let backend = EtcdBackend::connect(&url).await.unwrap();
+        backend.inner.dispatch.mute();
+        let waiter = lockcore::Locker::new(backend.clone());
+        let name = format!("silent-{:08x}", fastrand::u32(..));
+        let ttl = Duration::from_secs(1);
+        let opts = lockcore::LockOptions::new()
+            .ttl(ttl)
+            .auto_renew(lockcore::AutoRenew::until(Duration::from_secs(600)))
+            .wait_timeout(scaled(Duration::from_secs(30)));
+        let g = holder.try_lock(&name, &opts).await.unwrap().expect("free");
+        let waiting = {
+            let (waiter, name, opts) = (waiter.clone(), name.clone(), opts.clone());
+            tokio::spawn(async move { waiter.lock(&name, &opts).await })
+        };
+        let lock_name = LockName::new(name.clone()).unwrap();
+        let end = Instant::now() + scaled(Duration::from_secs(10));
+        while backend.queued_waiters(&lock_name).await.unwrap() < 1 {
+            assert!(Instant::now() < end, "the waiter did not queue");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Held (and renewed) past a few re-check periods: the re-checks see the holder.
+        let rechecks = backend.stats().rechecks;
+        let end = Instant::now() + scaled(Duration::from_secs(10));
+        while backend.stats().rechecks < rechecks + 2 {
+            assert!(
+                Instant::now() < end,
+                "the waiter did not re-check on its timer"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!waiting.is_finished(), "the waiter got a held lock");
+        let released = Instant::now();
+        g.release().await.unwrap();
+        let g2 = tokio::time::timeout(recheck_every(ttl) + scaled(Duration::from_secs(2)), waiting)
+            .await
+            .expect("the waiter noticed the free lock within its re-check period")
+            .unwrap()
+            .unwrap();
+        eprintln!("taken {:?} after the release", released.elapsed());
+        assert_eq!(backend.stats().wakeups, 0, "the watch was not silent");
+        g2.release().await.unwrap();
     }
 }

@@ -10,6 +10,10 @@
 //! predecessor may be deleted before it subscribes to that key. So a waiter takes a [`Floor`]
 //! *before* sending the transaction: while any floor is held, deletions are logged from the
 //! oldest floor's revision on, and a subscription first looks in that log.
+//!
+//! A subscription names the create revision of the key it waits on, and only a deletion at a
+//! later revision wakes it: a deletion of an earlier key of the same name (still in the log, or
+//! replayed by a watch catching up) says nothing about the key the subscriber knows.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -34,7 +38,8 @@ pub(crate) enum Wake {
 struct State {
     /// The revision up to which events have been processed.
     revision: i64,
-    interests: HashMap<Vec<u8>, Vec<oneshot::Sender<Wake>>>,
+    /// Subscriptions by key: the create revision of the key each waits on, and its sender.
+    interests: HashMap<Vec<u8>, Vec<(i64, oneshot::Sender<Wake>)>>,
     /// Deletions (revision, key) since the oldest floor.
     log: VecDeque<(i64, Vec<u8>)>,
     /// Live floors: revision -> count.
@@ -43,6 +48,10 @@ struct State {
     epoch: u64,
     /// Watch events received (for tests and figures).
     events: u64,
+    /// Tests only: drop every event, as a watch on a member cut off from the quorum stays
+    /// silent.
+    #[cfg(test)]
+    muted: bool,
 }
 
 /// The shared side of the watch task.
@@ -124,19 +133,40 @@ impl Dispatch {
         }
     }
 
-    /// Resolves when `key` is deleted. `floor` must have been taken before the request that
-    /// showed the key existing.
-    pub(crate) fn deleted(&self, key: &[u8], floor: &Floor) -> oneshot::Receiver<Wake> {
+    /// Resolves when `key`, created at revision `created`, is deleted (a deletion at a later
+    /// revision than `created`: an earlier key of the same name does not count). `floor` must
+    /// have been taken before the request that showed the key existing.
+    pub(crate) fn deleted(
+        &self,
+        key: &[u8],
+        created: i64,
+        floor: &Floor,
+    ) -> oneshot::Receiver<Wake> {
         let (tx, rx) = oneshot::channel();
         let mut s = self.lock();
         if s.epoch != floor.epoch {
             let _ = tx.send(Wake::Resync);
-        } else if s.log.iter().any(|(_, k)| k == key) {
+        } else if s.log.iter().any(|(rev, k)| *rev > created && k == key) {
             let _ = tx.send(Wake::Deleted);
         } else {
-            s.interests.entry(key.to_vec()).or_default().push(tx);
+            s.interests
+                .entry(key.to_vec())
+                .or_default()
+                .push((created, tx));
         }
         rx
+    }
+
+    /// Tests only: from now on the watch delivers nothing (see `State::muted`).
+    #[cfg(test)]
+    pub(crate) fn mute(&self) {
+        self.lock().muted = true;
+    }
+
+    /// The revision up to which events have been processed.
+    #[cfg(test)]
+    pub(crate) fn revision(&self) -> i64 {
+        self.lock().revision
     }
 
     /// Watch events received so far.
@@ -146,6 +176,10 @@ impl Dispatch {
 
     fn apply(state: &Mutex<State>, resp: &etcd_client::WatchResponse) {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+        #[cfg(test)]
+        if s.muted {
+            return;
+        }
         s.events += resp.events().len() as u64;
         for ev in resp.events() {
             if ev.event_type() != EventType::Delete {
@@ -157,8 +191,15 @@ impl Dispatch {
                 s.log.push_back((rev, kv.key().to_vec()));
             }
             if let Some(waiters) = s.interests.remove(kv.key()) {
-                for w in waiters {
+                // Only subscribers to a key created before this deletion: a later one waits on
+                // a newer key of the same name.
+                let (woken, later): (Vec<_>, Vec<_>) =
+                    waiters.into_iter().partition(|(created, _)| *created < rev);
+                for (_, w) in woken {
                     let _ = w.send(Wake::Deleted);
+                }
+                if !later.is_empty() {
+                    s.interests.insert(kv.key().to_vec(), later);
                 }
             }
         }
@@ -168,7 +209,7 @@ impl Dispatch {
         // Drop subscriptions whose waiter went away.
         if s.interests.len() > 64 {
             s.interests.retain(|_, v| {
-                v.retain(|w| !w.is_closed());
+                v.retain(|(_, w)| !w.is_closed());
                 !v.is_empty()
             });
         }
@@ -178,7 +219,7 @@ impl Dispatch {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
         s.epoch += 1;
         for (_, waiters) in s.interests.drain() {
-            for w in waiters {
+            for (_, w) in waiters {
                 let _ = w.send(Wake::Resync);
             }
         }

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
+use faultkit::{Direction, Proxy};
 use lock_etcd::EtcdBackend;
-use lockcore::backend::{AcquireRequest, Backend};
+use lockcore::backend::{AcquireRequest, Backend, Background, LostNotifier};
 use lockcore::{ErrorKind, Instant, LockName, LockOptions, Locker, LostReason, OwnerToken};
 
 fn url() -> Option<String> {
@@ -162,6 +163,176 @@ async fn lease_revoke_fires_lost() {
     g2.release().await.unwrap();
 }
 
+/// The lock's keys (key, create revision, lease), first in line first.
+async fn queue(admin: &EtcdBackend, name: &str) -> Vec<(String, i64, i64)> {
+    let resp = admin
+        .client()
+        .kv_client()
+        .get(
+            admin.lock_prefix(name).unwrap(),
+            Some(etcd_client::GetOptions::new().with_prefix().with_sort(
+                etcd_client::SortTarget::Create,
+                etcd_client::SortOrder::Ascend,
+            )),
+        )
+        .await
+        .unwrap();
+    resp.kvs()
+        .iter()
+        .map(|kv| {
+            (
+                kv.key_str().unwrap().to_owned(),
+                kv.create_revision(),
+                kv.lease(),
+            )
+        })
+        .collect()
+}
+
+/// Waits (scaled bound) until the lock has `n` keys (holder and waiters).
+async fn until_queued(admin: &EtcdBackend, name: &str, n: usize) {
+    let end = Instant::now() + scaled(Duration::from_secs(10));
+    while queue(admin, name).await.len() < n {
+        assert!(Instant::now() < end, "{n} keys did not queue");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A retried acquisition (the same owner token, as `Locker::lock` retries one that failed
+/// `Unavailable`) wins while the clean-up of its abandoned first attempt has not run yet; that
+/// clean-up, running late, deletes nothing of the retry's: the retry keeps the lock (its key
+/// stays, nobody else gets the lock, its lost signal stays quiet, it extends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_cleanup_of_an_abandoned_attempt_leaves_the_retry_held() {
+    let Some(url) = url() else { return };
+    let backend = EtcdBackend::connect(&url).await.unwrap();
+    let admin = EtcdBackend::connect(&url).await.unwrap();
+    let other = Locker::new(admin.clone());
+    let name = unique("retry");
+    let lock_name = LockName::new(name.clone()).unwrap();
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    let g = other.try_lock(&name, &opts).await.unwrap().expect("free");
+    // Clean-ups go to a runtime that nobody drives until the test runs it: "late".
+    let late = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let background = Background::on(late.handle().clone());
+    let (notifier, lost) = LostNotifier::new();
+    let req = AcquireRequest::new(lock_name, OwnerToken::random(), Duration::from_secs(1))
+        .with_lost(notifier)
+        .with_background(background.clone());
+    let first = {
+        let (b, r) = (backend.clone(), req.clone());
+        tokio::spawn(async move { b.acquire(&r, None).await })
+    };
+    until_queued(&admin, &name, 2).await;
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    assert_eq!(
+        background.pending(),
+        1,
+        "the first attempt's clean-up waits"
+    );
+    g.release().await.unwrap();
+    let won = tokio::time::timeout(scaled(Duration::from_secs(10)), backend.acquire(&req, None))
+        .await
+        .expect("the retry got the lock")
+        .unwrap()
+        .expect("acquired");
+    let token = won.lease.fencing_token().unwrap() as i64;
+    // Now the first attempt's clean-up runs, to its end.
+    tokio::task::spawn_blocking(move || late.block_on(background.idle()))
+        .await
+        .unwrap();
+    let keys = queue(&admin, &name).await;
+    assert!(
+        keys.first().is_some_and(|k| k.1 == token),
+        "the retry's key was deleted by the first attempt's clean-up: {keys:?}"
+    );
+    assert!(other.try_lock(&name, &opts).await.unwrap().is_none());
+    assert!(won.lease.extend(Duration::from_secs(1)).await.is_ok());
+    assert!(!lost.is_lost(), "{:?}", lost.reason());
+    won.lease.release().await.unwrap();
+}
+
+/// A queued waiter keeps its place through an outage longer than its lease TTL in which its
+/// client gets no answers in time (they come late; the keep-alives reach the server, which
+/// renews the lease): the client goes on renewing, so the waiter's key outlives the TTL by
+/// far, and at the release it is served before the waiter queued behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_waiter_keeps_its_place_through_an_outage() {
+    let Some(url) = url() else { return };
+    let port: u16 = url
+        .trim_start_matches("etcd://")
+        .split(['/', '?', ','])
+        .next()
+        .and_then(|h| h.rsplit(':').next())
+        .and_then(|p| p.parse().ok())
+        .expect("LOCK_TEST_ETCD_URL names 127.0.0.1:PORT");
+    let proxy = Proxy::start(format!("127.0.0.1:{port}").parse().unwrap())
+        .await
+        .unwrap();
+    let slow_url = faultkit::rewrite_url(&url, port, proxy.port());
+    let admin = EtcdBackend::connect(&url).await.unwrap();
+    let holder = Locker::new(admin.clone());
+    let first = Locker::new(EtcdBackend::connect(&slow_url).await.unwrap());
+    let second = Locker::new(EtcdBackend::connect(&url).await.unwrap());
+    let name = unique("outage");
+    let ttl = Duration::from_secs(2);
+    let wait = LockOptions::new()
+        .ttl(ttl)
+        .wait_timeout(scaled(Duration::from_secs(60)));
+    let g = holder
+        .try_lock(&name, &LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap()
+        .expect("free");
+    let spawn = |locker: Locker| {
+        let (name, wait) = (name.clone(), wait.clone());
+        tokio::spawn(async move { locker.lock(&name, &wait).await })
+    };
+    let first_waiting = spawn(first);
+    until_queued(&admin, &name, 2).await;
+    let second_waiting = spawn(second);
+    until_queued(&admin, &name, 3).await;
+    let (key, revision, lease) = queue(&admin, &name).await.remove(1);
+
+    // The outage: answers to the first waiter's client come later than its lease TTL, for
+    // longer than that TTL, so that its client sees no keep-alive acknowledged before the lease
+    // may expire. (A duration of the fault, not a synchronisation.)
+    proxy.set_latency(Direction::ToClient, ttl + scaled(Duration::from_secs(1)));
+    tokio::time::sleep(ttl + scaled(Duration::from_millis(1500))).await;
+    proxy.set_latency(Direction::ToClient, Duration::ZERO);
+    // Well past a TTL after the outage, the waiter's key is still in place, on its lease: it
+    // was renewed all along.
+    let end = Instant::now() + ttl + scaled(Duration::from_secs(1));
+    while Instant::now() < end {
+        let keys = queue(&admin, &name).await;
+        assert!(
+            keys.iter().any(|k| *k == (key.clone(), revision, lease)),
+            "the first waiter lost its place (its lease expired): {keys:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    g.release().await.unwrap();
+    let g1 = tokio::time::timeout(scaled(Duration::from_secs(10)), first_waiting)
+        .await
+        .expect("the first waiter is served first")
+        .unwrap()
+        .unwrap();
+    assert!(!second_waiting.is_finished(), "two holders");
+    let first_token = g1.fencing_token();
+    g1.release().await.unwrap();
+    let g2 = tokio::time::timeout(scaled(Duration::from_secs(10)), second_waiting)
+        .await
+        .expect("then the second")
+        .unwrap()
+        .unwrap();
+    assert!(g2.fencing_token() > first_token);
+    g2.release().await.unwrap();
+}
+
 /// A key's lease id and create revision, read by another client.
 async fn key_of(admin: &EtcdBackend, key: &str) -> (i64, i64) {
     let resp = admin.client().kv_client().get(key, None).await.unwrap();
@@ -199,8 +370,8 @@ async fn extend_to_another_ttl_moves_the_key_to_a_new_lease() {
         .wait_timeout(scaled(Duration::from_secs(30)));
     let g = locker.try_lock(&name, &opts).await.unwrap().expect("free");
     let lost = g.lost();
-    // The holder's key: the lock's prefix and its owner token.
-    let key = format!("{}{}", backend.lock_prefix(&name).unwrap(), g.token());
+    // The holder's key: the first under the lock's prefix.
+    let key = queue(&admin, &name).await.remove(0).0;
     let (old_lease, revision) = key_of(&admin, &key).await;
     assert_eq!(g.fencing_token(), Some(revision as u64));
     assert_eq!(lease_ttls(&admin, old_lease).await.1, 1);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use faultkit::{Etcd, Proxy, ProxyMode};
+use faultkit::{Direction, Etcd, Proxy, ProxyMode};
 use lock_etcd::EtcdBackend;
 use lockcore::{AutoRenew, ErrorKind, Instant, LockOptions, Locker};
 
@@ -24,7 +24,7 @@ fn ports(cluster: &Etcd) -> Vec<u16> {
     (0..cluster.len()).map(|i| cluster.client_port(i)).collect()
 }
 
-async fn cluster() -> Option<Etcd> {
+fn etcd_installed() -> bool {
     if std::process::Command::new("etcd")
         .arg("--version")
         .output()
@@ -35,6 +35,197 @@ async fn cluster() -> Option<Etcd> {
             "the etcd binary is missing and every server is required"
         );
         eprintln!("skipping: no etcd binary (scripts/install-servers.sh installs it)");
+        return false;
+    }
+    true
+}
+
+/// A private single node (its lease list is this test's alone), with a proxy in front of it.
+async fn single_behind_proxy() -> Option<(Etcd, Proxy)> {
+    if !etcd_installed() {
+        return None;
+    }
+    let server = Etcd::single().await.expect("an etcd node");
+    let proxy = Proxy::start(
+        format!("127.0.0.1:{}", server.client_port(0))
+            .parse()
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    Some((server, proxy))
+}
+
+/// The lock's only key: (key, create revision, lease).
+async fn held_key(admin: &EtcdBackend, name: &str) -> Option<(String, i64, i64)> {
+    let resp = admin
+        .client()
+        .kv_client()
+        .get(
+            admin.lock_prefix(name).unwrap(),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert!(resp.kvs().len() <= 1, "one holder, no waiter");
+    resp.kvs().first().map(|kv| {
+        (
+            kv.key_str().unwrap().to_owned(),
+            kv.create_revision(),
+            kv.lease(),
+        )
+    })
+}
+
+/// Polls (every 2 ms, bounded) until `f` gives a value.
+async fn poll<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    within: Duration,
+    mut f: impl FnMut() -> F,
+) -> T {
+    let end = Instant::now() + scaled(within);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < end, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// An extend to another TTL whose transaction moves the key to the new lease but whose answer
+/// comes after the client's timeout (the request itself was slow): the extend fails
+/// `Unavailable`, and the lock is not freed behind the holder (the new lease, which carries the
+/// key, is not revoked: the key stays, nobody else gets the lock, the lost signal stays quiet);
+/// the next extend settles on the new lease and revokes the old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_with_a_lost_answer_does_not_free_the_lock() {
+    let Some((server, proxy)) = single_behind_proxy().await else {
+        return;
+    };
+    let timeout = scaled(Duration::from_millis(1500));
+    let holder = Locker::new(
+        EtcdBackend::connect(&format!(
+            "etcd://127.0.0.1:{}?timeout_ms={}",
+            proxy.port(),
+            timeout.as_millis()
+        ))
+        .await
+        .unwrap(),
+    );
+    let admin = EtcdBackend::connect(&url_of(&[server.client_port(0)]))
+        .await
+        .unwrap();
+    let other = Locker::new(admin.clone());
+    let name = format!("ambiguous-{:08x}", fastrand::u32(..));
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    let g = holder.try_lock(&name, &opts).await.unwrap().expect("free");
+    let lost = g.lost();
+    let (key, revision, old_lease) = held_key(&admin, &name).await.unwrap();
+    let leases = || async {
+        let list = admin.client().lease_client().leases().await.unwrap();
+        list.leases().iter().map(|l| l.id()).collect::<Vec<i64>>()
+    };
+    let before = leases().await;
+    // Requests reach the server late but within the timeout: the grant is answered in time.
+    // Once the new lease exists, later requests (the move's transaction) arrive only after
+    // the client gave up on them.
+    proxy.set_latency(Direction::ToServer, scaled(Duration::from_millis(400)));
+    let slow_down = async {
+        let new = poll("the new lease granted", Duration::from_secs(5), || async {
+            leases().await.into_iter().find(|id| !before.contains(id))
+        })
+        .await;
+        proxy.set_latency(
+            Direction::ToServer,
+            timeout + scaled(Duration::from_secs(1)),
+        );
+        new
+    };
+    let (extended, new_lease) = tokio::join!(g.extend(Duration::from_secs(10)), slow_down);
+    let err = extended.expect_err("the move's answer came in time");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    // The transaction lands after all: the key moved to the new lease.
+    poll("the late move lands", Duration::from_secs(10), || async {
+        (held_key(&admin, &name).await == Some((key.clone(), revision, new_lease))).then_some(())
+    })
+    .await;
+    proxy.set_latency(Direction::ToServer, Duration::ZERO);
+    holder.flush().await;
+    assert_eq!(
+        held_key(&admin, &name).await,
+        Some((key.clone(), revision, new_lease)),
+        "the lock was freed behind its holder"
+    );
+    assert!(other.try_lock(&name, &opts).await.unwrap().is_none());
+    assert!(!lost.is_lost(), "{:?}", lost.reason());
+    // The next extend finds the key on the new lease and renews that one.
+    g.extend(Duration::from_secs(10)).await.unwrap();
+    holder.flush().await;
+    assert_eq!(
+        held_key(&admin, &name).await,
+        Some((key, revision, new_lease))
+    );
+    let ttl_of = |id: i64| {
+        let mut leases = admin.client().lease_client();
+        async move { leases.time_to_live(id, None).await.unwrap().ttl() }
+    };
+    assert!(ttl_of(new_lease).await >= 8, "the new lease was renewed");
+    assert_eq!(ttl_of(old_lease).await, -1, "the old lease was revoked");
+    g.release().await.unwrap();
+}
+
+/// An extend to another TTL dropped after its transaction moved the key to the new lease,
+/// before its answer came: the key is not left on a lease nobody renews. The holder's next
+/// extends (with the TTL it acquired with) keep the lock held well past the new lease's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_dropped_after_its_move_leaves_the_key_renewed() {
+    let Some((server, proxy)) = single_behind_proxy().await else {
+        return;
+    };
+    let holder = Locker::new(
+        EtcdBackend::connect(&format!("etcd://127.0.0.1:{}", proxy.port()))
+            .await
+            .unwrap(),
+    );
+    let admin = EtcdBackend::connect(&url_of(&[server.client_port(0)]))
+        .await
+        .unwrap();
+    let other = Locker::new(admin.clone());
+    let name = format!("dropped-{:08x}", fastrand::u32(..));
+    let ttl = Duration::from_secs(4);
+    let opts = LockOptions::new().ttl(ttl);
+    let g = holder.try_lock(&name, &opts).await.unwrap().expect("free");
+    let (key, revision, old_lease) = held_key(&admin, &name).await.unwrap();
+    // Answers come late: the test sees the move land before the extend sees its answer, and
+    // drops the extend then.
+    proxy.set_latency(Direction::ToClient, scaled(Duration::from_millis(500)));
+    let short = Duration::from_secs(2);
+    tokio::select! {
+        r = g.extend(short) => panic!("the extend's answer came before its move was seen: {r:?}"),
+        () = poll("the move lands", Duration::from_secs(10), || async {
+            held_key(&admin, &name)
+                .await
+                .is_some_and(|(_, _, lease)| lease != old_lease)
+                .then_some(())
+        }) => {}
+    }
+    proxy.set_latency(Direction::ToClient, Duration::ZERO);
+    // Renewed by the holder past the new lease's TTL (and the server's 500 ms expiry sweep).
+    let end = Instant::now() + short + scaled(Duration::from_secs(1));
+    while Instant::now() < end {
+        g.extend(ttl).await.unwrap();
+        let (k, rev, _) = held_key(&admin, &name).await.expect("the key was deleted");
+        assert_eq!((k.as_str(), rev), (key.as_str(), revision));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(other.try_lock(&name, &opts).await.unwrap().is_none());
+    assert!(g.is_valid());
+    g.release().await.unwrap();
+}
+
+async fn cluster() -> Option<Etcd> {
+    if !etcd_installed() {
         return None;
     }
     Some(Etcd::cluster().await.expect("a 3-member etcd cluster"))
@@ -320,4 +511,213 @@ async fn holder_process_killed_frees_after_lease_ttl() {
         "freed only {took:?} after the kill"
     );
     g.release().await.unwrap();
+}
+
+/// Runs `cut_member_child` in a private network namespace (`unshare -n`; root only, skipped
+/// otherwise), where it may change the routing rules.
+#[tokio::test]
+async fn a_waiter_watching_a_member_cut_off_from_the_quorum_gets_the_free_lock() {
+    if !etcd_installed() {
+        return;
+    }
+    let netns = std::process::Command::new("unshare")
+        .args(["-n", "true"])
+        .status();
+    if !matches!(netns, Ok(s) if s.success()) {
+        eprintln!("skipping: `unshare -n` is not permitted here (needs root)");
+        return;
+    }
+    let out = tokio::process::Command::new("unshare")
+        .arg("-n")
+        .arg(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "cut_member_child", "--nocapture"])
+        .env("LOCK_ETCD_CUT_CHILD", "1")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    let shown = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{shown}");
+    assert!(out.status.success(), "the child failed");
+    assert!(shown.contains("CUT MEMBER: OK"), "the child did not run");
+}
+
+fn ip(args: &str) {
+    let st = std::process::Command::new("ip")
+        .args(args.split(' '))
+        .status()
+        .unwrap();
+    assert!(st.success(), "ip {args}");
+}
+
+/// The child side of the test above, inside its own network namespace: three members whose
+/// peers listen on 127.0.1.{1,2,3}, member 0 running as `nobody`. Cutting member 0 from its
+/// peers is two routing rules: nothing of uid `nobody` to the peer addresses, nothing to member
+/// 0's peer address; its client port stays reachable. A waiter whose client had only member
+/// 0 when it connected (so its watch is there) and then also another member, waits on a lock
+/// held through another member; member 0 is cut; the lock is released. The waiter gets it
+/// within a few election timeouts (require-leader cancels the watch of the leaderless member;
+/// the re-check timer alone would take 10 s, the lease TTL here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "helper: run in a private network namespace by the test above"]
+async fn cut_member_child() {
+    if std::env::var_os("LOCK_ETCD_CUT_CHILD").is_none() {
+        return;
+    }
+    ip("link set lo up");
+    // Policy rules go before the local table, so that they apply to loopback traffic.
+    ip("rule add pref 32765 lookup local");
+    ip("rule del pref 0");
+    let dir = std::env::temp_dir().join(format!("lock-etcd-cut-{:08x}", fastrand::u32(..)));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Member 0 runs as nobody and creates its data directory in here.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let client = |i: usize| 23790 + i as u16;
+    let peer = |i: usize| format!("http://127.0.1.{}:2380", i + 1);
+    let cluster: Vec<String> = (0..3).map(|i| format!("m{i}={}", peer(i))).collect();
+    let mut members = Vec::new();
+    for i in 0..3 {
+        let mut cmd = if i == 0 {
+            let mut c = tokio::process::Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "etcd"]);
+            c
+        } else {
+            tokio::process::Command::new("etcd")
+        };
+        let c = format!("http://127.0.0.1:{}", client(i));
+        let log = std::fs::File::create(dir.join(format!("m{i}.log"))).unwrap();
+        cmd.current_dir(&dir)
+            .args(["--name", &format!("m{i}")])
+            .args(["--data-dir", &dir.join(format!("m{i}")).to_string_lossy()])
+            .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
+            .args(["--listen-peer-urls", &peer(i)])
+            .args(["--initial-advertise-peer-urls", &peer(i)])
+            .args(["--initial-cluster", &cluster.join(",")])
+            .args(["--initial-cluster-state", "new"])
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .kill_on_drop(true);
+        members.push(cmd.spawn().unwrap());
+    }
+    // Healthy: a linearizable read answers on every member.
+    for i in 0..3 {
+        let end = Instant::now() + scaled(Duration::from_secs(30));
+        loop {
+            let ok = async {
+                let mut c =
+                    etcd_client::Client::connect([format!("127.0.0.1:{}", client(i))], None)
+                        .await
+                        .ok()?;
+                c.get("health", None).await.ok()
+            };
+            if tokio::time::timeout(Duration::from_secs(2), ok)
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+            {
+                break;
+            }
+            assert!(Instant::now() < end, "member {i} did not become healthy");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let holder_backend = EtcdBackend::connect(&url_of(&[client(1)])).await.unwrap();
+    let holder = Locker::new(holder_backend.clone());
+    // The waiter's second endpoint does not answer when it connects (its watch goes to member
+    // 0), and forwards to member 2 from then on.
+    let spare = 23799;
+    let waiter = Locker::new(
+        EtcdBackend::connect(&url_of(&[client(0), spare]))
+            .await
+            .unwrap(),
+    );
+    let forward = tokio::net::TcpListener::bind(("127.0.0.1", spare))
+        .await
+        .unwrap();
+    let member2 = client(2);
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = forward.accept().await {
+            tokio::spawn(async move {
+                if let Ok(mut out) = tokio::net::TcpStream::connect(("127.0.0.1", member2)).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                }
+            });
+        }
+    });
+    let name = format!("cut-member-{:08x}", fastrand::u32(..));
+    let lock_name = lockcore::LockName::new(name.clone()).unwrap();
+    let g = holder
+        .try_lock(&name, &LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap()
+        .expect("free");
+    // TTL 30 s: the waiter's re-check timer (its TTL, at most 10 s) is not what ends the wait.
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait_timeout(scaled(Duration::from_secs(60)));
+    let waiting = {
+        let (waiter, name) = (waiter.clone(), name.clone());
+        tokio::spawn(async move { waiter.lock(&name, &opts).await })
+    };
+    let end = Instant::now() + scaled(Duration::from_secs(10));
+    while lockcore::backend::Backend::queued_waiters(&holder_backend, &lock_name)
+        .await
+        .unwrap()
+        < 1
+    {
+        assert!(Instant::now() < end, "the waiter did not queue");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Cut member 0 from its peers.
+    ip("rule add pref 100 uidrange 65534-65534 to 127.0.1.0/24 prohibit");
+    ip("rule add pref 100 to 127.0.1.1 prohibit");
+    let cut_at = Instant::now();
+    // Member 0 has no leader any more (it says so itself).
+    let mut m0 = etcd_client::Client::connect([format!("127.0.0.1:{}", client(0))], None)
+        .await
+        .unwrap();
+    let end = Instant::now() + scaled(Duration::from_secs(10));
+    while m0.status().await.unwrap().leader() != 0 {
+        assert!(Instant::now() < end, "member 0 still has a leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let leaderless = cut_at.elapsed();
+    // Members 1 and 2 go on (electing a leader first if member 0 led).
+    let end = Instant::now() + scaled(Duration::from_secs(10));
+    loop {
+        let mut kv = holder_backend.client().kv_client();
+        let put = tokio::time::timeout(Duration::from_secs(1), kv.put("quorum", "", None));
+        if matches!(put.await, Ok(Ok(_))) {
+            break;
+        }
+        assert!(Instant::now() < end, "members 1 and 2 took no write");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    g.release().await.unwrap();
+    let released = Instant::now();
+    // Within 8 s of the release: less than the 10 s re-check period, so this is the watch
+    // cancelled by the leaderless member (require-leader), and requests refused by it going to
+    // the other member; here it takes 0.6 to 1.5 s.
+    let g2 = tokio::time::timeout(scaled(Duration::from_secs(8)), waiting)
+        .await
+        .expect("the waiter got the free lock within a few election timeouts")
+        .unwrap()
+        .unwrap();
+    eprintln!(
+        "member 0 cut at 0, leaderless after {leaderless:?}; released after {:?}; the waiter got the lock after {:?}",
+        released - cut_at,
+        cut_at.elapsed()
+    );
+    // Its release may go to member 0, which refuses it; the namespace goes away anyway.
+    drop(g2);
+    drop(members);
+    let _ = std::fs::remove_dir_all(&dir);
+    println!("CUT MEMBER: OK");
 }
