@@ -649,7 +649,7 @@ fn early_expiry_is_caught() {
 #[test]
 fn quick_read_then_delete_release_is_caught() {
     let failed = failing(Flaw::ReadThenDeleteQuick);
-    // Releases sent 1 to 4 ms before the expiry, with a racer polling every millisecond, put
+    // Releases sent 1 to 3 ms before the expiry, with a racer polling every millisecond, put
     // the 3 ms gap across the expiry.
     let always = set(&["release_racing_expiry_keeps_next_holder"]);
     // As for the slow variant: hit when a polling waiter comes in between.
