@@ -34,12 +34,71 @@ enum Flaw {
     /// The fencing counter lives in a key that expires with the lock, so it restarts after the
     /// lock has been idle for a TTL.
     FencingResetsWhenIdle,
+    /// The fencing counter's key expires five TTLs after its last grant: it survives a short
+    /// idle period and restarts after a longer one.
+    FencingExpiresAfterFiveTtls,
+    /// The store keeps a lease for 90 % of the TTL asked for (a TTL rounded down, a server clock
+    /// running fast): a 1 s lease ends 100 ms before its holder's validity deadline.
+    EarlyExpiry,
+    /// Release as `GET` then `DEL` with a short gap (one slow round trip, 3 ms).
+    ReadThenDeleteQuick,
+    /// Keys are built as file-system-like paths: `.` and empty segments dropped, `..` pops the
+    /// segment before it (a name-to-path mapping that normalises instead of escaping).
+    PathNormalised,
+    /// Declares notification but polls every 435 ms (a fixed interval).
+    PollsDeclaringNotify,
+    /// `SET NX` with a safety TTL of three TTLs, then `PEXPIRE ttl` in a second step: an
+    /// acquire cancelled in between leaves the lock for three TTLs, not one.
+    SafetyTtlThenExpire,
+    /// Waiters are queued and the queue is reported, but a cancelled waiter removes its entry
+    /// only when it is at the head of the queue: one cancelled behind another stays forever.
+    CancelLeavesEntryBehindOthers,
+}
+
+/// The fixed poll interval of [`Flaw::PollsDeclaringNotify`].
+const FIXED_POLL: Duration = Duration::from_millis(435);
+
+/// What [`Flaw::PathNormalised`] makes of a name: the segments between `/`, without `.` and
+/// empty ones, `..` removing the segment before it.
+fn normalised_path(name: &str) -> String {
+    let mut segments: Vec<&str> = Vec::new();
+    for seg in name.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    format!("/{}", segments.join("/"))
 }
 
 /// A toy key-value store with expiry, standing in for a Redis server.
 #[derive(Default)]
 struct ToyStore {
     map: Mutex<HashMap<String, (String, Option<Instant>)>>,
+    /// Waiters queued per key, in arrival order (for [`Flaw::CancelLeavesEntryBehindOthers`]).
+    queues: Mutex<HashMap<String, Vec<u64>>>,
+}
+
+/// A waiter's queue entry; dropping it removes the entry, except for a cancelled waiter that
+/// is not at the head.
+struct QueueEntry<'a> {
+    store: &'a ToyStore,
+    key: String,
+    id: u64,
+    finished: bool,
+}
+
+impl Drop for QueueEntry<'_> {
+    fn drop(&mut self) {
+        let mut queues = self.store.queues.lock().unwrap();
+        let queue = queues.entry(self.key.clone()).or_default();
+        if self.finished || queue.first() == Some(&self.id) {
+            queue.retain(|id| *id != self.id);
+        }
+    }
 }
 
 impl ToyStore {
@@ -151,8 +210,30 @@ impl FlawedBackend {
 
     fn fence(&self, key: &str, ttl: Duration) -> u64 {
         let counter = format!("fence:{key}");
-        let expiry = (self.flaw == Flaw::FencingResetsWhenIdle).then_some(ttl);
+        let expiry = match self.flaw {
+            Flaw::FencingResetsWhenIdle => Some(ttl),
+            Flaw::FencingExpiresAfterFiveTtls => Some(ttl * 5),
+            _ => None,
+        };
         self.store.0.incr(&counter, expiry)
+    }
+
+    /// The store key of a lock.
+    fn key(&self, name: &LockName) -> String {
+        if self.flaw == Flaw::PathNormalised {
+            normalised_path(name.as_str())
+        } else {
+            name.escaped()
+        }
+    }
+
+    /// How long the store keeps a lease asked for `ttl`.
+    fn stored_ttl(&self, ttl: Duration) -> Duration {
+        if self.flaw == Flaw::EarlyExpiry {
+            ttl.mul_f64(0.9)
+        } else {
+            ttl
+        }
     }
 
     /// The classic timestamp lock: `SETNX key expiry`; if taken and the stored expiry passed by
@@ -180,7 +261,7 @@ impl Backend for FlawedBackend {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
-        let key = req.name.escaped();
+        let key = self.key(&req.name);
         let sent = Instant::now();
         let store = &self.store.0;
         let value = if self.flaw == Flaw::GetsetTimestamp {
@@ -201,7 +282,15 @@ impl Backend for FlawedBackend {
                 // expiry.
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 store.expire(&key, req.ttl);
-            } else if !store.set_nx(&key, &value, Some(req.ttl)) {
+            } else if self.flaw == Flaw::SafetyTtlThenExpire {
+                if !store.set_nx(&key, &value, Some(req.ttl * 3)) {
+                    return Ok(None);
+                }
+                // The second round trip sets the real TTL; a holder cancelled here leaves the
+                // safety TTL.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                store.expire(&key, req.ttl);
+            } else if !store.set_nx(&key, &value, Some(self.stored_ttl(req.ttl))) {
                 return Ok(None);
             }
             value
@@ -220,6 +309,40 @@ impl Backend for FlawedBackend {
         req: &AcquireRequest,
         deadline: Option<Instant>,
     ) -> Result<Option<Acquired>> {
+        if self.flaw == Flaw::CancelLeavesEntryBehindOthers {
+            let store = &self.store.0;
+            let key = self.key(&req.name);
+            let id = fastrand::u64(..);
+            store
+                .queues
+                .lock()
+                .unwrap()
+                .entry(key.clone())
+                .or_default()
+                .push(id);
+            let mut entry = QueueEntry {
+                store,
+                key,
+                id,
+                finished: false,
+            };
+            let r = poll_acquire(self, req, deadline, &Backoff::for_ttl(req.ttl)).await;
+            entry.finished = true;
+            return r;
+        }
+        if self.flaw == Flaw::PollsDeclaringNotify {
+            loop {
+                if let Some(a) = self.try_acquire(req).await? {
+                    return Ok(Some(a));
+                }
+                let now = Instant::now();
+                if deadline.is_some_and(|d| now >= d) {
+                    return Ok(None);
+                }
+                let wake = now + FIXED_POLL;
+                tokio::time::sleep_until(deadline.map_or(wake, |d| wake.min(d))).await;
+            }
+        }
         if self.flaw != Flaw::SpinningWaiter {
             // What every polling backend uses.
             return poll_acquire(self, req, deadline, &Backoff::for_ttl(req.ttl)).await;
@@ -235,8 +358,16 @@ impl Backend for FlawedBackend {
         }
     }
 
+    async fn queued_waiters(&self, name: &LockName) -> Result<usize> {
+        if self.flaw != Flaw::CancelLeavesEntryBehindOthers {
+            return Err(Error::unsupported("the toy reports no queue"));
+        }
+        let queues = self.store.0.queues.lock().unwrap();
+        Ok(queues.get(&self.key(name)).map_or(0, Vec::len))
+    }
+
     async fn force_release(&self, name: &LockName) -> Result<bool> {
-        Ok(self.store.0.del(&name.escaped()))
+        Ok(self.store.0.del(&self.key(name)))
     }
 
     fn describe(&self) -> String {
@@ -292,7 +423,7 @@ impl Lease for FlawedLease {
                 *self.value.lock().unwrap() = new;
                 Ok(ttl)
             }
-            _ if store.compare_and_expire(&self.key, &value, ttl) => Ok(ttl),
+            _ if store.compare_and_expire(&self.key, &value, b.stored_ttl(ttl)) => Ok(ttl),
             _ => Err(not_held()),
         }
     }
@@ -301,12 +432,17 @@ impl Lease for FlawedLease {
         let b = &self.backend;
         let store = &b.store.0;
         let value = self.value.lock().unwrap().clone();
-        if b.flaw == Flaw::ReadThenDelete {
+        if matches!(b.flaw, Flaw::ReadThenDelete | Flaw::ReadThenDeleteQuick) {
             if store.get(&self.key).as_deref() != Some(&value) {
                 return Err(not_held());
             }
             // The second round trip: by now the lease may have run out and been taken over.
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            let gap = if b.flaw == Flaw::ReadThenDelete {
+                50
+            } else {
+                3
+            };
+            tokio::time::sleep(Duration::from_millis(gap)).await;
             store.del(&self.key);
             return Ok(());
         }
@@ -328,6 +464,9 @@ impl FlawedHarness {
         let mut caps = Capabilities::default();
         caps.force_release = true;
         caps.fencing = true;
+        if self.flaw == Flaw::PollsDeclaringNotify {
+            caps.wait = lockcore::WaitKind::Notify;
+        }
         FlawedBackend {
             store: self.store.clone(),
             flaw: self.flaw,
@@ -477,5 +616,77 @@ fn fencing_counter_reset_when_idle_is_caught() {
     assert_eq!(
         failing(Flaw::FencingResetsWhenIdle),
         set(&["fencing_tokens_increase"])
+    );
+}
+
+#[test]
+fn fencing_counter_expiring_after_five_idle_ttls_is_caught() {
+    assert_eq!(
+        failing(Flaw::FencingExpiresAfterFiveTtls),
+        set(&["fencing_tokens_increase"])
+    );
+}
+
+#[test]
+fn early_expiry_is_caught() {
+    let failed = failing(Flaw::EarlyExpiry);
+    // A client polling every millisecond meets the early end in these, every run.
+    let always = set(&[
+        "auto_renew_stops_at_max_hold",
+        "expiry_frees_crashed_holder_after_ttl",
+        "extend_honours_ttl",
+    ]);
+    // These take over with waiting lock() calls, whose backoff can sleep past the 10 % window.
+    let sometimes = set(&["lost_signal_on_expiry", "mutual_exclusion_across_expiry"]);
+    assert!(failed.is_superset(&always), "{failed:?} misses {always:?}");
+    let allowed: BTreeSet<String> = always.union(&sometimes).cloned().collect();
+    assert!(
+        failed.is_subset(&allowed),
+        "{failed:?} fails scenarios outside {allowed:?}"
+    );
+}
+
+#[test]
+fn quick_read_then_delete_release_is_caught() {
+    let failed = failing(Flaw::ReadThenDeleteQuick);
+    // Releases sent 1 to 3 ms before the expiry, with a racer polling every millisecond, put
+    // the 3 ms gap across the expiry.
+    let always = set(&["release_racing_expiry_keeps_next_holder"]);
+    // As for the slow variant: hit when a polling waiter comes in between.
+    let sometimes = set(&["auto_renew_stops_at_max_hold"]);
+    assert!(failed.is_superset(&always), "{failed:?} misses {always:?}");
+    let allowed: BTreeSet<String> = always.union(&sometimes).cloned().collect();
+    assert!(
+        failed.is_subset(&allowed),
+        "{failed:?} fails scenarios outside {allowed:?}"
+    );
+}
+
+#[test]
+fn path_normalising_keys_are_caught() {
+    assert_eq!(failing(Flaw::PathNormalised), set(&["hostile_names"]));
+}
+
+#[test]
+fn polling_while_declaring_notify_is_caught() {
+    assert_eq!(
+        failing(Flaw::PollsDeclaringNotify),
+        set(&["notify_hands_over_promptly"])
+    );
+}
+
+#[test]
+fn safety_ttl_then_expire_is_caught() {
+    assert_eq!(
+        failing(Flaw::SafetyTtlThenExpire),
+        set(&["cancelled_acquire_leaves_nothing"])
+    );
+}
+
+#[test]
+fn cancelled_waiter_behind_another_leaving_its_entry_is_caught() {
+    assert_eq!(
+        failing(Flaw::CancelLeavesEntryBehindOthers),
+        set(&["cancelled_wait_leaves_nothing"])
     );
 }
