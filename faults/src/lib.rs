@@ -142,12 +142,8 @@ pub fn expected(label: &str, fault: Fault) -> Expect {
         // Was a known defect (issue 19; a second holder in 2 of 2 runs on Redis and Redlock):
         // an extend whose reply was lost left the guard's validity where it was while the
         // server had applied a shorter lease. lockcore now believes the shorter validity from
-        // the send on.
-        ("etcd-cluster", LostExtendReply) => KnownDefect(
-            "lock-etcd: an extend to another TTL moves the key to a new lease; when the re-put's \
-             reply is lost the new lease is revoked, which frees the lock while extend returns \
-             Unavailable and the guard still reads valid (issue 19)",
-        ),
+        // the send on. etcd's was a known defect too (its lease move revoked the new lease after
+        // an ambiguous re-put, freeing the lock while the guard read valid), fixed in lock-etcd.
         (
             "sqlite",
             ServerRestart | Partition | SlowReplies | LostAcquireReply | LostReleaseReply
