@@ -49,7 +49,11 @@ impl fmt::Display for ErrorKind {
 type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// The error of every locksmith operation: a kind, a message and, where there is one, the
-/// client error it came from.
+/// client error it came from ([`source()`](std::error::Error::source)).
+///
+/// `Display` (`{}`) prints the kind and message only, never the source's text: error reporters
+/// that walk `source()` (anyhow, eyre) print each cause once. Print `{:#}` to get the whole chain
+/// in one line (`unavailable: connecting to cache:6379: connection refused`).
 pub struct Error {
     kind: ErrorKind,
     message: String,
@@ -132,11 +136,21 @@ impl fmt::Debug for Error {
     }
 }
 
+/// `{}` shows this error alone (`kind: message`): its cause is reported by
+/// [`source()`](std::error::Error::source), so that chain printers (anyhow, eyre, `{:#}` of
+/// either) show each cause once. `{:#}` shows the whole chain on one line
+/// (`kind: message: cause: cause of the cause`), for logs and messages that print a single value.
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.kind, self.message)?;
-        if let Some(source) = &self.source {
-            write!(f, ": {source}")?;
+        if f.alternate() {
+            let mut cause = std::error::Error::source(self);
+            while let Some(e) = cause {
+                // Each cause shown alone (`{}`): a cause that is itself a locksmith `Error`
+                // must not print its own source again.
+                write!(f, ": {e}")?;
+                cause = e.source();
+            }
         }
         Ok(())
     }
@@ -147,5 +161,88 @@ impl std::error::Error for Error {
         self.source
             .as_deref()
             .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    /// Every kind (a new kind fails to compile here until it is added).
+    fn every_kind() -> Vec<ErrorKind> {
+        let all = vec![
+            ErrorKind::InvalidName,
+            ErrorKind::InvalidConfig,
+            ErrorKind::Timeout,
+            ErrorKind::NotHeld,
+            ErrorKind::Unsupported,
+            ErrorKind::Unavailable,
+            ErrorKind::Backend,
+        ];
+        for k in &all {
+            match k {
+                ErrorKind::InvalidName
+                | ErrorKind::InvalidConfig
+                | ErrorKind::Timeout
+                | ErrorKind::NotHeld
+                | ErrorKind::Unsupported
+                | ErrorKind::Unavailable
+                | ErrorKind::Backend => {}
+            }
+        }
+        all
+    }
+
+    /// What anyhow and eyre print: each error of the chain with `{}`.
+    fn chain(e: &(dyn std::error::Error + 'static)) -> Vec<String> {
+        let mut out = vec![e.to_string()];
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            out.push(c.to_string());
+            cause = c.source();
+        }
+        out
+    }
+
+    /// Issue 21: `Display` included the source's text and `source()` returned it, so chain
+    /// printers showed every cause twice.
+    #[test]
+    fn a_printed_chain_shows_each_cause_once() {
+        for kind in every_kind() {
+            let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused by peer");
+            let inner = Error::new(ErrorKind::Backend, "server said no").with_source(io);
+            let e = Error::new(kind, "connecting to cache:6379").with_source(inner);
+            let segments = chain(&e);
+            assert_eq!(segments.len(), 3, "{segments:?}");
+            for (i, outer) in segments.iter().enumerate() {
+                for inner in &segments[i + 1..] {
+                    assert!(
+                        !outer.contains(inner.as_str()),
+                        "{kind:?}: {inner:?} is printed in {outer:?} and again as its source: {segments:?}"
+                    );
+                }
+            }
+            assert_eq!(segments[0], format!("{kind}: connecting to cache:6379"));
+            // `{:#}` is the one-line chain, each cause once.
+            assert_eq!(
+                format!("{e:#}"),
+                format!(
+                    "{kind}: connecting to cache:6379: backend error: server said no: refused by peer"
+                )
+            );
+            assert!(e.source().is_some());
+        }
+        // Shorthands that take a source keep it out of `Display` too.
+        for e in [
+            Error::unavailable("connect", "refused by peer"),
+            Error::backend("query", "refused by peer"),
+        ] {
+            assert!(!e.to_string().contains("refused by peer"), "{e}");
+            assert_eq!(
+                e.source().map(|s| s.to_string()).as_deref(),
+                Some("refused by peer")
+            );
+        }
     }
 }

@@ -299,7 +299,7 @@ impl Locker {
             if let Some(d) = deadline {
                 wake = wake.min(d);
             }
-            tracing::debug!(error = %err, lock = req.name.as_str(), attempt, "lock wait: transient error, retrying");
+            tracing::debug!(error = %format!("{err:#}"), lock = req.name.as_str(), attempt, "lock wait: transient error, retrying");
             tokio::time::sleep_until(wake).await;
             attempt = attempt.saturating_add(1);
         }
@@ -526,7 +526,7 @@ impl LockerInner {
             if let Err(e) = shared.release_traced().await
                 && e.kind() != ErrorKind::NotHeld
             {
-                tracing::warn!(error = %e, "background release failed; the lock frees after its ttl");
+                tracing::warn!(error = %format!("{e:#}"), "background release failed; the lock frees after its ttl");
             }
         });
     }
@@ -583,7 +583,7 @@ async fn watchdog(
                     }
                     Ok(Err(e)) if e.kind() == ErrorKind::NotHeld => return,
                     Ok(Err(e)) => {
-                        tracing::warn!(error = %e, "lease renewal failed; retrying before the validity deadline");
+                        tracing::warn!(error = %format!("{e:#}"), "lease renewal failed; retrying before the validity deadline");
                         next_renew = Some((Instant::now() + interval / 4).min(valid_until));
                     }
                     Err(_elapsed) => {

@@ -162,7 +162,7 @@ async fn release(guard: LockGuard, locker: &Locker, name: &str) {
         Ok(()) => {}
         Err(e) if e.kind() == ErrorKind::NotHeld => {}
         Err(e) => eprintln!(
-            "locksmith: releasing lock {name:?} failed ({e}); it frees when its TTL runs out"
+            "locksmith: releasing lock {name:?} failed ({e:#}); it frees when its TTL runs out"
         ),
     }
     locker.flush().await;
@@ -170,7 +170,7 @@ async fn release(guard: LockGuard, locker: &Locker, name: &str) {
 
 /// Prints a lock error and maps it to an exit code.
 fn fail(e: &Error) -> u8 {
-    eprintln!("locksmith: {e}");
+    eprintln!("locksmith: {e:#}");
     match e.kind() {
         ErrorKind::InvalidConfig | ErrorKind::InvalidName | ErrorKind::Unsupported => exit::CONFIG,
         _ => exit::UNAVAILABLE,
