@@ -345,7 +345,7 @@ impl Locker {
             acquired_at,
             lease: acquired.lease,
             notifier: request.lost,
-            validity: Arc::new(Validity::new(acquired.sent_at)),
+            validity: Arc::new(Validity::new(acquired.sent_at, hold_deadline)),
             release_started: AtomicBool::new(false),
             extending: tokio::sync::Mutex::new(()),
             hold_deadline,
@@ -454,7 +454,7 @@ impl GuardShared {
         match self.lease.extend(ttl).await {
             Ok(granted) => {
                 if !self.validity.renew_to(self.deadline(sent, granted, caps)) {
-                    self.notifier.fire(LostReason::ValidityExpired);
+                    self.notifier.fire(self.validity.expiry_reason());
                     return Err(Error::not_held(
                         "the validity deadline passed before the extend was confirmed; the lease counts as lost",
                     ));
@@ -476,11 +476,9 @@ impl GuardShared {
         if let Some(reason) = self.notifier.reason() {
             return Err(Error::not_held(format!("the lease was lost: {reason}")));
         }
-        if self.validity.expired() {
-            self.notifier.fire(LostReason::ValidityExpired);
-            return Err(Error::not_held(
-                "the lease was lost: validity deadline passed",
-            ));
+        if let Some(reason) = self.validity.expired_reason() {
+            self.notifier.fire(reason);
+            return Err(Error::not_held(format!("the lease was lost: {reason}")));
         }
         Ok(())
     }
@@ -558,7 +556,7 @@ async fn watchdog(
                 if shared.valid_until() > Instant::now() {
                     continue;
                 }
-                shared.notifier.fire(LostReason::ValidityExpired);
+                shared.notifier.fire(shared.validity.expiry_reason());
                 if shared.begin_release() {
                     locker.release_in_background(shared.clone());
                 }
@@ -574,12 +572,17 @@ async fn watchdog(
                 // lock frees there even if the release at the deadline is lost.
                 let new_ttl = ttl.min(remaining_hold);
                 if new_ttl < caps.min_ttl.max(Duration::from_millis(1)) {
+                    shared.validity.renewal_ended_by_hold();
                     next_renew = None;
                     continue;
                 }
                 match tokio::time::timeout_at(valid_until, shared.extend(new_ttl, caps, true)).await {
                     Ok(Ok(_granted)) => {
                         next_renew = (new_ttl == ttl).then(|| Instant::now() + interval);
+                        if next_renew.is_none() {
+                            // The last renewal: the lease ends where the hold does.
+                            shared.validity.renewal_ended_by_hold();
+                        }
                     }
                     Ok(Err(e)) if e.kind() == ErrorKind::NotHeld => return,
                     Ok(Err(e)) => {
@@ -890,7 +893,7 @@ mod tests {
         let reason = tokio::time::timeout(6 * SEC, lost.lost())
             .await
             .expect("the lease did not end at the maximum hold time");
-        assert_eq!(reason, LostReason::ValidityExpired);
+        assert_eq!(reason, LostReason::MaxHoldReached);
         let g2 = b
             .lock("x", &LockOptions::new().wait_timeout(SEC))
             .await
@@ -928,7 +931,28 @@ mod tests {
             "taken over {at:?} after acquiring"
         );
         assert!(at >= Duration::from_millis(4400), "taken over {at:?}");
-        assert!(g.lost().is_lost());
+        // Issue 21: the end of the hold was reported as `ValidityExpired`, the reason of an
+        // unreachable server.
+        assert_eq!(g.lost().reason(), Some(LostReason::MaxHoldReached));
+    }
+
+    /// Issue 21: a renewal that cannot reach the server before the validity deadline is
+    /// `ValidityExpired`, not the maximum hold time (which is far away here).
+    #[tokio::test(start_paused = true)]
+    async fn unreachable_renewal_is_validity_expired_not_max_hold() {
+        let backend = MemoryBackend::connect("unreachable_renewal");
+        let a = Locker::new(backend.clone());
+        let opts = LockOptions::new()
+            .ttl(3 * SEC)
+            .auto_renew(AutoRenew::until(600 * SEC));
+        let g = a.lock("x", &opts).await.unwrap();
+        // Every reply from now on comes after the validity deadline.
+        backend.set_reply_delay(10 * SEC);
+        let reason = tokio::time::timeout(4 * SEC, g.lost().lost())
+            .await
+            .expect("the lease outlived its validity without a renewal");
+        assert_eq!(reason, LostReason::ValidityExpired);
+        assert!(g.acquired_at().elapsed() < 600 * SEC);
     }
 
     /// §1.2: after the lost signal fired at the validity deadline, an extend used to succeed

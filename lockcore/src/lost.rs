@@ -15,9 +15,15 @@ use tokio::time::Instant;
 pub enum LostReason {
     /// A renewal was refused: the lease was no longer the holder's.
     RenewalRefused,
-    /// The validity deadline passed without a successful renewal (the server could not be reached
-    /// in time, or auto-renewal was off or had reached its maximum hold time).
+    /// The validity deadline passed without a successful renewal: the server could not be
+    /// reached in time, or auto-renewal was off. (The end of the maximum hold time is
+    /// [`LostReason::MaxHoldReached`].)
     ValidityExpired,
+    /// The maximum hold time of the guard's auto-renewal ([`AutoRenew::until`](crate::AutoRenew::until),
+    /// one hour by default) has passed: renewal stopped there on purpose and the lock was
+    /// released, whether or not the server could be reached. A holder that needs longer asks for
+    /// a longer maximum hold.
+    MaxHoldReached,
     /// The backend session that carried the lease expired.
     SessionExpired,
     /// The connection that carried the lease dropped (the server released the lock).
@@ -29,6 +35,7 @@ impl fmt::Display for LostReason {
         f.write_str(match self {
             LostReason::RenewalRefused => "renewal refused",
             LostReason::ValidityExpired => "validity deadline passed",
+            LostReason::MaxHoldReached => "maximum hold time reached",
             LostReason::SessionExpired => "session expired",
             LostReason::ConnectionLost => "connection lost",
         })
@@ -124,6 +131,11 @@ impl LostNotifier {
 #[derive(Debug)]
 pub(crate) struct Validity {
     until: Mutex<Instant>,
+    /// Where the maximum hold time ends the lease, when auto-renewal is on: the end of the hold
+    /// (the validity never runs past it), moved to the deadline of the last renewal when that
+    /// renewal asked for what was left of the hold only. A deadline that passes at or after it
+    /// is [`LostReason::MaxHoldReached`].
+    hold_end: Mutex<Option<Instant>>,
     /// Woken whenever the deadline moves, so that sleepers re-arm (an extend may shorten it).
     pub(crate) moved: tokio::sync::Notify,
     /// Set once the lease is released (or abandoned): a deadline passing after that is no loss.
@@ -131,9 +143,10 @@ pub(crate) struct Validity {
 }
 
 impl Validity {
-    pub(crate) fn new(until: Instant) -> Self {
+    pub(crate) fn new(until: Instant, hold: Option<Instant>) -> Self {
         Validity {
             until: Mutex::new(until),
+            hold_end: Mutex::new(hold),
             moved: tokio::sync::Notify::new(),
             ended: AtomicBool::new(false),
         }
@@ -165,6 +178,30 @@ impl Validity {
     pub(crate) fn expired(&self) -> bool {
         !self.ended.load(Ordering::Acquire) && Instant::now() >= self.until()
     }
+
+    /// Why a passed deadline ended the lease: the maximum hold time when the deadline was the
+    /// hold's end (renewal stopped on purpose), otherwise the validity running out.
+    pub(crate) fn expiry_reason(&self) -> LostReason {
+        let hold_end = *self.hold_end.lock().unwrap_or_else(|e| e.into_inner());
+        match hold_end {
+            Some(end) if self.until() >= end => LostReason::MaxHoldReached,
+            _ => LostReason::ValidityExpired,
+        }
+    }
+
+    /// Renewal stopped for the maximum hold time at the current deadline (its last renewal asked
+    /// for the rest of the hold, which the drift margin ends a little before the hold does).
+    pub(crate) fn renewal_ended_by_hold(&self) {
+        let mut hold_end = self.hold_end.lock().unwrap_or_else(|e| e.into_inner());
+        if hold_end.is_some() {
+            *hold_end = Some(self.until());
+        }
+    }
+
+    /// The reason, if the deadline passed while the lease was still held.
+    pub(crate) fn expired_reason(&self) -> Option<LostReason> {
+        self.expired().then(|| self.expiry_reason())
+    }
 }
 
 /// Fires when the lease is known lost: reported by the backend or the watchdog, or the validity
@@ -185,12 +222,7 @@ impl LostSignal {
     /// The reason, if the lease is known lost.
     pub fn reason(&self) -> Option<LostReason> {
         let reported = *self.reported.borrow();
-        reported.or_else(|| {
-            self.validity
-                .as_ref()
-                .filter(|v| v.expired())
-                .map(|_| LostReason::ValidityExpired)
-        })
+        reported.or_else(|| self.validity.as_ref().and_then(|v| v.expired_reason()))
     }
 
     /// Whether the lease is known lost.
@@ -213,8 +245,8 @@ impl LostSignal {
                     _ = tokio::time::sleep_until(validity.until()) => {}
                     _ = moved => continue,
                 }
-                if validity.expired() {
-                    return LostReason::ValidityExpired;
+                if let Some(reason) = validity.expired_reason() {
+                    return reason;
                 }
                 if validity.ended.load(Ordering::Acquire) {
                     return std::future::pending().await;
