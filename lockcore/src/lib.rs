@@ -43,7 +43,7 @@ pub use backend::OwnerToken;
 pub use capabilities::{Capabilities, RenewKind, WaitKind};
 pub use error::{Error, ErrorKind, Result};
 pub use locker::{LockGuard, Locker};
-pub use lost::{LostReason, LostSignal};
+pub use lost::{Ended, LostReason, LostSignal};
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN};
 pub use options::{AutoRenew, DEFAULT_MAX_HOLD, DEFAULT_TTL, LockOptions, MAX_TTL};
 pub use secret::Secret;

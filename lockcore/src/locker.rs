@@ -512,7 +512,7 @@ impl GuardShared {
     }
 
     fn end_by_holder(&self) {
-        self.validity.ended.store(true, Ordering::Release);
+        self.validity.end();
     }
 }
 
@@ -825,6 +825,54 @@ mod tests {
             started.elapsed() < Duration::from_secs(10),
             "the work was not stopped"
         );
+    }
+
+    /// Issue 21: a helper task awaiting `lost()` hung forever after a normal release; `ended()`
+    /// resolves for a release, a drop without release, and a loss.
+    #[tokio::test(start_paused = true)]
+    async fn ended_resolves_on_release_drop_and_loss() {
+        use crate::Ended;
+        let a = Locker::new(MemoryBackend::connect("ended"));
+        let helper = |g: &LockGuard| {
+            let signal = g.lost();
+            tokio::spawn(async move { signal.ended().await })
+        };
+
+        let g = a.lock("released", &LockOptions::new()).await.unwrap();
+        let task = helper(&g);
+        let lost = g.lost();
+        tokio::task::yield_now().await;
+        g.release().await.unwrap();
+        let ended = tokio::time::timeout(SEC, task).await;
+        assert_eq!(
+            ended.expect("hangs after release").unwrap(),
+            Ended::Released
+        );
+        // `lost()` keeps its meaning: a release is not a loss.
+        assert!(tokio::time::timeout(60 * SEC, lost.lost()).await.is_err());
+        assert_eq!(lost.ended().await, Ended::Released, "already ended");
+
+        let g = a.lock("dropped", &LockOptions::new()).await.unwrap();
+        let task = helper(&g);
+        tokio::task::yield_now().await;
+        drop(g);
+        let ended = tokio::time::timeout(SEC, task).await;
+        assert_eq!(ended.expect("hangs after drop").unwrap(), Ended::Released);
+
+        let g = a
+            .lock("lost", &LockOptions::new().ttl(SEC).no_auto_renew())
+            .await
+            .unwrap();
+        let task = helper(&g);
+        let ended = tokio::time::timeout(2 * SEC, task).await;
+        assert_eq!(
+            ended.expect("hangs after a loss").unwrap(),
+            Ended::Lost(LostReason::ValidityExpired)
+        );
+        // Released after the loss: still a loss.
+        let lost = g.lost();
+        let _ = g.release().await;
+        assert_eq!(lost.ended().await, Ended::Lost(LostReason::ValidityExpired));
     }
 
     /// A client of `store` whose `acquire` fails with `Unavailable` the next `failures` times,

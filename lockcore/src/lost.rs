@@ -42,6 +42,18 @@ impl fmt::Display for LostReason {
     }
 }
 
+/// How a guard ended, as [`LostSignal::ended`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ended {
+    /// The holder ended the lease while it was still held: [`LockGuard::release`](crate::LockGuard::release)
+    /// (whatever the server answered), a dropped guard, or
+    /// [`LockGuard::abandon`](crate::LockGuard::abandon).
+    Released,
+    /// The lease was known lost first, for this reason.
+    Lost(LostReason),
+}
+
 /// The sending half, given to backends with each acquisition so they can report a loss they see
 /// first (a session expiry, a dropped connection). The first reason reported wins.
 #[derive(Clone)]
@@ -139,6 +151,7 @@ pub(crate) struct Validity {
     /// Woken whenever the deadline moves, so that sleepers re-arm (an extend may shorten it).
     pub(crate) moved: tokio::sync::Notify,
     /// Set once the lease is released (or abandoned): a deadline passing after that is no loss.
+    /// Set through [`Validity::end`], which wakes [`LostSignal::ended`].
     pub(crate) ended: AtomicBool,
 }
 
@@ -174,6 +187,12 @@ impl Validity {
         true
     }
 
+    /// The holder ended the lease (released, dropped or abandoned it).
+    pub(crate) fn end(&self) {
+        self.ended.store(true, Ordering::Release);
+        self.moved.notify_waiters();
+    }
+
     /// Whether the deadline passed while the lease was still held.
     pub(crate) fn expired(&self) -> bool {
         !self.ended.load(Ordering::Acquire) && Instant::now() >= self.until()
@@ -207,6 +226,9 @@ impl Validity {
 /// Fires when the lease is known lost: reported by the backend or the watchdog, or the validity
 /// deadline passed. Clone it freely; select on [`LostSignal::lost`] in the critical section to
 /// stop work that must not outlive the lease.
+///
+/// [`LostSignal::lost`] never resolves for a lease that ends normally; a helper task that must
+/// also stop when the guard is released or dropped awaits [`LostSignal::ended`] instead.
 #[derive(Clone, Debug)]
 pub struct LostSignal {
     reported: watch::Receiver<Option<LostReason>>,
@@ -231,7 +253,8 @@ impl LostSignal {
     }
 
     /// Waits until the lease is known lost and returns why. Pending forever if the lease is
-    /// released normally.
+    /// released normally (by [`LockGuard::release`](crate::LockGuard::release) or a drop): a
+    /// release is not a loss. To wait for either end, use [`LostSignal::ended`].
     ///
     /// Cancel safe: dropping the future loses nothing.
     pub async fn lost(&self) -> LostReason {
@@ -258,6 +281,57 @@ impl LostSignal {
             reason = self.reported() => reason,
             reason = deadline => reason,
         }
+    }
+
+    /// Waits until the guard ended, either way: [`Ended::Released`] once its holder released,
+    /// dropped or abandoned it while it was held, [`Ended::Lost`] once the lease is known lost
+    /// (as [`LostSignal::lost`]). Resolves at once if the guard has already ended. A helper task
+    /// (a progress reporter, a heartbeat) awaits it to stop with the guard.
+    ///
+    /// A signal made by a backend without a guard (from [`LostNotifier::new`]) counts as
+    /// released when every notifier is dropped without a loss.
+    ///
+    /// Cancel safe: dropping the future loses nothing.
+    pub async fn ended(&self) -> Ended {
+        if let Some(ended) = self.ended_now() {
+            return ended;
+        }
+        let released = async {
+            match &self.validity {
+                Some(validity) => loop {
+                    // Registered before the check: the holder's end notifies after setting it.
+                    let moved = validity.moved.notified();
+                    if validity.ended.load(Ordering::Acquire) {
+                        return;
+                    }
+                    moved.await;
+                },
+                None => {
+                    let mut rx = self.reported.clone();
+                    if rx.wait_for(|r| r.is_some()).await.is_ok() {
+                        // A loss: `lost()` below reports it.
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            () = released => Ended::Released,
+            reason = self.lost() => Ended::Lost(reason),
+        }
+    }
+
+    /// How the guard ended, if it did. A holder ends a lease only while it is not known lost, so
+    /// the holder's end, when set, came first.
+    fn ended_now(&self) -> Option<Ended> {
+        if self
+            .validity
+            .as_ref()
+            .is_some_and(|v| v.ended.load(Ordering::Acquire))
+        {
+            return Some(Ended::Released);
+        }
+        self.reason().map(Ended::Lost)
     }
 
     /// Waits for a loss reported through the [`LostNotifier`] only, ignoring the deadline.
