@@ -164,6 +164,117 @@ impl std::error::Error for Error {
     }
 }
 
+/// Why [`Locker::with_lock`](crate::Locker::with_lock) did not return the work's output: three
+/// outcomes a caller handles differently.
+///
+/// Converts into [`Error`] (for `?` in functions returning [`Result`]), dropping the output of
+/// [`WithLockError::ReleaseFailed`]; it is a [`std::error::Error`] itself when `T: Debug` (for
+/// anyhow and eyre, which also need `T: Send + Sync + 'static`).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum WithLockError<T> {
+    /// The lock was not acquired (the errors of [`Locker::lock`](crate::Locker::lock)); the work
+    /// did not run.
+    NotAcquired(Error),
+    /// The lease was lost while the work ran: the work was dropped at its next await point and
+    /// did not finish, so whatever it did after its last completed write must not be assumed.
+    /// `error` is of kind [`ErrorKind::NotHeld`] and names the reason.
+    Lost {
+        /// Why the lease was lost.
+        reason: crate::LostReason,
+        /// The same as an [`Error`] (kind `NotHeld`).
+        error: Error,
+    },
+    /// The work finished and returned `output`, but releasing the lock failed: `NotHeld` if the
+    /// lease ran out or was taken over after the work finished, `Unavailable` or `Backend` if the
+    /// release could not be confirmed (the lock then frees after its TTL).
+    ReleaseFailed {
+        /// What the work returned.
+        output: T,
+        /// The release's error.
+        error: Error,
+    },
+}
+
+impl<T> WithLockError<T> {
+    /// The kind of the underlying error: `NotHeld` for [`WithLockError::Lost`], the release's
+    /// kind for [`WithLockError::ReleaseFailed`].
+    pub fn kind(&self) -> ErrorKind {
+        self.error().kind()
+    }
+
+    /// The underlying error.
+    pub fn error(&self) -> &Error {
+        match self {
+            WithLockError::NotAcquired(error)
+            | WithLockError::Lost { error, .. }
+            | WithLockError::ReleaseFailed { error, .. } => error,
+        }
+    }
+
+    /// The work's output, if it finished ([`WithLockError::ReleaseFailed`]).
+    pub fn into_output(self) -> Option<T> {
+        match self {
+            WithLockError::ReleaseFailed { output, .. } => Some(output),
+            _ => None,
+        }
+    }
+
+    /// Why the lease was lost, for [`WithLockError::Lost`].
+    pub fn lost_reason(&self) -> Option<crate::LostReason> {
+        match self {
+            WithLockError::Lost { reason, .. } => Some(*reason),
+            _ => None,
+        }
+    }
+}
+
+/// `NotAcquired` and `Lost` show their error (`{:#}` its chain); `ReleaseFailed` says the work
+/// finished, with the release's error as its source.
+impl<T> fmt::Display for WithLockError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WithLockError::NotAcquired(e) | WithLockError::Lost { error: e, .. } => {
+                fmt::Display::fmt(e, f)
+            }
+            WithLockError::ReleaseFailed { .. } => {
+                f.write_str("the work under the lock finished, but releasing the lock failed")?;
+                if f.alternate() {
+                    write!(f, ": {:#}", self.error())?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl<T: fmt::Debug> std::error::Error for WithLockError<T> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            // Transparent: the error's own source.
+            WithLockError::NotAcquired(e) | WithLockError::Lost { error: e, .. } => {
+                std::error::Error::source(e)
+            }
+            WithLockError::ReleaseFailed { error, .. } => Some(error),
+        }
+    }
+}
+
+/// Drops the output of [`WithLockError::ReleaseFailed`]; its error keeps the release's kind and
+/// says that the work finished, with the release's error as its source.
+impl<T> From<WithLockError<T>> for Error {
+    fn from(e: WithLockError<T>) -> Error {
+        match e {
+            WithLockError::NotAcquired(e) | WithLockError::Lost { error: e, .. } => e,
+            WithLockError::ReleaseFailed { error, .. } => Error::new(
+                error.kind(),
+                "the work under the lock finished, but releasing the lock failed",
+            )
+            .with_source(error),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

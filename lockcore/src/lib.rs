@@ -41,7 +41,7 @@ pub mod telemetry;
 
 pub use backend::OwnerToken;
 pub use capabilities::{Capabilities, RenewKind, WaitKind};
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, Result, WithLockError};
 pub use locker::{LockGuard, Locker};
 pub use lost::{Ended, LostReason, LostSignal};
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN};

@@ -18,7 +18,7 @@ use crate::lost::Validity;
 use crate::telemetry::{Outcome, Telemetry};
 use crate::{
     AutoRenew, Capabilities, Error, ErrorKind, IntoLockName, LockName, LockOptions, LostReason,
-    LostSignal, RenewKind, Result,
+    LostSignal, RenewKind, Result, WithLockError,
 };
 
 /// How `lock()` spaces its retries of `Unavailable` errors.
@@ -210,8 +210,13 @@ impl Locker {
     /// one, otherwise up to [`DEFAULT_MAX_HOLD`](crate::DEFAULT_MAX_HOLD) (one hour;
     /// [`LockOptions::no_auto_renew`] turns it off). If the lease is lost first (a refused
     /// renewal, the validity deadline, the maximum hold time), `work` is dropped at its next
-    /// await point, so it stops acting on the lock's behalf, and the call returns `NotHeld`
-    /// naming the reason.
+    /// await point, so it stops acting on the lock's behalf.
+    ///
+    /// The three ways it can fail are distinct ([`WithLockError`]): the lock was not acquired
+    /// (the work did not run), the lease was lost while the work ran (the work was stopped), or
+    /// the work finished and only the release failed (its output is kept in
+    /// [`WithLockError::ReleaseFailed`]). A work that finishes in the same instant the loss is
+    /// noticed counts as finished. `?` converts the error into [`Error`].
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -231,26 +236,38 @@ impl Locker {
     /// Cancel safety: dropping the future drops `work` and releases the lock in the background.
     ///
     /// # Errors
-    /// As [`Locker::lock`]; `NotHeld` when the lease was lost while `work` ran. The release's own
-    /// error, if any, is returned after `work` completed.
+    /// [`WithLockError::NotAcquired`] with the errors of [`Locker::lock`];
+    /// [`WithLockError::Lost`] when the lease was lost while `work` ran;
+    /// [`WithLockError::ReleaseFailed`] with the work's output when only the release failed.
     pub async fn with_lock<T>(
         &self,
         name: impl IntoLockName,
         options: &LockOptions,
         work: impl AsyncFnOnce(&LockGuard) -> T,
-    ) -> Result<T> {
+    ) -> Result<T, WithLockError<T>> {
         let options = options.renewing_by_default();
-        let guard = self.lock(name, &options).await?;
+        let guard = self
+            .lock(name, &options)
+            .await
+            .map_err(WithLockError::NotAcquired)?;
         let lost = guard.lost();
         let out = tokio::select! {
+            // Work first: a work that finished keeps its output even if the loss is noticed in
+            // the same poll (the release then reports it).
+            biased;
             out = work(&guard) => out,
-            reason = lost.lost() => return Err(Error::not_held(format!(
-                "the lease on {:?} was lost while the work ran: {reason}",
-                guard.name().as_str()
-            ))),
+            reason = lost.lost() => return Err(WithLockError::Lost {
+                reason,
+                error: Error::not_held(format!(
+                    "the lease on {:?} was lost while the work ran, which was stopped: {reason}",
+                    guard.name().as_str()
+                )),
+            }),
         };
-        guard.release().await?;
-        Ok(out)
+        match guard.release().await {
+            Ok(()) => Ok(out),
+            Err(error) => Err(WithLockError::ReleaseFailed { output: out, error }),
+        }
     }
 
     /// Waits until every release handed to the background by dropped guards, and every cleanup
@@ -814,17 +831,68 @@ mod tests {
             .ttl(Duration::from_millis(100))
             .no_auto_renew();
         let started = Instant::now();
+        let finished = AtomicBool::new(false);
         let err = locker
             .with_lock("x", &opts, async |_: &LockGuard| {
-                tokio::time::sleep(Duration::from_secs(30)).await
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                finished.store(true, Ordering::Release);
             })
             .await
             .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                WithLockError::Lost {
+                    reason: LostReason::ValidityExpired,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
         assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+        assert!(
+            !finished.load(Ordering::Acquire),
+            "the work was not stopped"
+        );
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "the work was not stopped"
         );
+    }
+
+    /// Issue 21: a work that finished but whose release failed was reported as `NotHeld`, as a
+    /// lost lease is, and its output was thrown away.
+    #[tokio::test]
+    async fn with_lock_keeps_the_output_when_only_the_release_fails() {
+        let backend = MemoryBackend::connect("with_lock_release_fails");
+        let locker = Locker::new(backend.clone());
+        let err = locker
+            .with_lock("x", &LockOptions::new(), async |g: &LockGuard| {
+                // Taken away after the work's last await point: the work finishes, the release
+                // finds the lease gone.
+                assert!(backend.force_release_now(g.name()));
+                42
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+        assert_eq!(err.lost_reason(), None, "{err:?}");
+        assert!(
+            matches!(err, WithLockError::ReleaseFailed { .. }),
+            "{err:?}"
+        );
+        assert_eq!(err.into_output(), Some(42), "the work's output was lost");
+        // The conversion for `?` says the work finished.
+        let err = locker
+            .with_lock("x", &LockOptions::new(), async |g: &LockGuard| {
+                backend.force_release_now(g.name());
+            })
+            .await
+            .unwrap_err();
+        let err = Error::from(err);
+        assert_eq!(err.kind(), ErrorKind::NotHeld);
+        assert!(err.to_string().contains("finished"), "{err}");
+        assert!(std::error::Error::source(&err).is_some());
     }
 
     /// Issue 21: a helper task awaiting `lost()` hung forever after a normal release; `ended()`
