@@ -130,9 +130,26 @@ impl fmt::Debug for Error {
         let mut d = f.debug_struct("Error");
         d.field("kind", &self.kind).field("message", &self.message);
         if let Some(source) = &self.source {
-            d.field("source", &format_args!("{source}"));
+            // The whole chain: `{:?}` is for debugging, and the source's own `Display` may
+            // leave its causes to `source()`, as this type's does.
+            d.field("source", &format_args!("{}", ChainDisplay(&**source)));
         }
         d.finish()
+    }
+}
+
+/// An error and its causes on one line, `error: cause: cause of the cause`.
+struct ChainDisplay<'a>(&'a (dyn std::error::Error + 'static));
+
+impl fmt::Display for ChainDisplay<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(e) = cause {
+            write!(f, ": {e}")?;
+            cause = e.source();
+        }
+        Ok(())
     }
 }
 
@@ -143,14 +160,12 @@ impl fmt::Debug for Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.kind, self.message)?;
-        if f.alternate() {
-            let mut cause = std::error::Error::source(self);
-            while let Some(e) = cause {
-                // Each cause shown alone (`{}`): a cause that is itself a locksmith `Error`
-                // must not print its own source again.
-                write!(f, ": {e}")?;
-                cause = e.source();
-            }
+        if f.alternate()
+            && let Some(source) = &self.source
+        {
+            // Each cause shown alone (`{}`): a cause that is itself a locksmith `Error` must not
+            // print its own source again.
+            write!(f, ": {}", ChainDisplay(&**source))?;
         }
         Ok(())
     }
@@ -343,6 +358,8 @@ mod tests {
                 )
             );
             assert!(e.source().is_some());
+            // `{:?}` shows the whole chain too.
+            assert!(format!("{e:?}").contains("refused by peer"), "{e:?}");
         }
         // Shorthands that take a source keep it out of `Display` too.
         for e in [
