@@ -206,9 +206,8 @@ impl Locker {
     /// holding it, and releases it. The work gets the [`LockGuard`] so it can hand the
     /// [fencing token](LockGuard::fencing_token) to the storage it writes.
     ///
-    /// The lease is renewed while the work runs: with the options' [`AutoRenew`] if they set
-    /// one, otherwise up to [`DEFAULT_MAX_HOLD`](crate::DEFAULT_MAX_HOLD) (one hour;
-    /// [`LockOptions::no_auto_renew`] turns it off). If the lease is lost first (a refused
+    /// The lease is renewed while the work runs, as every guard is (see the [crate
+    /// docs](crate#one-rule-for-every-guard-renewed-while-it-exists)). If the lease is lost first (a refused
     /// renewal, the validity deadline, the maximum hold time), `work` is dropped at its next
     /// await point, so it stops acting on the lock's behalf.
     ///
@@ -245,9 +244,8 @@ impl Locker {
         options: &LockOptions,
         work: impl AsyncFnOnce(&LockGuard) -> T,
     ) -> Result<T, WithLockError<T>> {
-        let options = options.renewing_by_default();
         let guard = self
-            .lock(name, &options)
+            .lock(name, options)
             .await
             .map_err(WithLockError::NotAcquired)?;
         let lost = guard.lost();
@@ -718,7 +716,8 @@ impl LockGuard {
     /// bad TTL, `Unavailable` or `Backend` on failure.
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         let caps = self.locker.backend.capabilities();
-        LockOptions::new().ttl(ttl).validate(caps)?;
+        // Only the TTL is checked: the guard's renewal policy was checked when it was acquired.
+        LockOptions::new().ttl(ttl).no_auto_renew().validate(caps)?;
         self.shared.extend(ttl, caps, false).await.map(drop)
     }
 
@@ -1076,7 +1075,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn once_lost_always_lost() {
         let a = Locker::new(MemoryBackend::connect("once_lost"));
-        let g = a.lock("x", &LockOptions::new().ttl(SEC)).await.unwrap();
+        let opts = LockOptions::new().ttl(SEC).no_auto_renew();
+        let g = a.lock("x", &opts).await.unwrap();
         let reason = g.lost().lost().await;
         assert_eq!(reason, LostReason::ValidityExpired);
         assert!(
@@ -1096,7 +1096,8 @@ mod tests {
     async fn extend_confirmed_after_the_deadline_stays_lost() {
         let backend = MemoryBackend::connect("late_extend");
         let a = Locker::new(backend.clone());
-        let g = a.lock("x", &LockOptions::new().ttl(SEC)).await.unwrap();
+        let opts = LockOptions::new().ttl(SEC).no_auto_renew();
+        let g = a.lock("x", &opts).await.unwrap();
         tokio::time::sleep_until(g.valid_until() - Duration::from_millis(5)).await;
         backend.set_reply_delay(Duration::from_millis(50));
         let err = g.extend(SEC).await.unwrap_err();
@@ -1112,7 +1113,9 @@ mod tests {
         let backend = MemoryBackend::connect("concurrent_extends");
         let a = Locker::new(backend.clone());
         let b = Locker::new(MemoryBackend::connect("concurrent_extends"));
-        let g = a.lock("x", &LockOptions::new().ttl(5 * SEC)).await.unwrap();
+        // Only the extends below move the deadline.
+        let opts = LockOptions::new().ttl(5 * SEC).no_auto_renew();
+        let g = a.lock("x", &opts).await.unwrap();
         backend.set_reply_delay(Duration::from_millis(500));
         let slow = g.extend(10 * SEC);
         let fast = async {
@@ -1270,6 +1273,53 @@ mod tests {
                 .unwrap()
                 .is_some()
         );
+    }
+
+    /// Issue 21: guards from `lock()` and `try_lock()` were not renewed by default (only
+    /// `with_lock`'s were): a 45 s job under the default 30 s TTL silently lost its lock.
+    #[tokio::test(start_paused = true)]
+    async fn every_guard_is_renewed_while_it_exists() {
+        let a = Locker::new(MemoryBackend::connect("renewed_by_default"));
+        let b = Locker::new(MemoryBackend::connect("renewed_by_default"));
+        let opts = LockOptions::new();
+        let from_lock = a.lock("lock", &opts).await.unwrap();
+        let from_try = a.try_lock("try", &opts).await.unwrap().unwrap();
+        tokio::time::sleep(45 * SEC).await;
+        for g in [&from_lock, &from_try] {
+            assert!(g.is_valid(), "{:?} lost after 45 s", g.name());
+            assert!(
+                b.try_lock(g.name().as_str(), &opts)
+                    .await
+                    .unwrap()
+                    .is_none(),
+                "another client took {:?} from a live guard",
+                g.name()
+            );
+        }
+        // Released or dropped: renewal stops and the lock is free.
+        from_lock.release().await.unwrap();
+        drop(from_try);
+        a.flush().await;
+        for name in ["lock", "try"] {
+            assert!(b.try_lock(name, &opts).await.unwrap().is_some(), "{name}");
+        }
+        // Bounded by the default maximum hold time.
+        let g = a.lock("held", &opts).await.unwrap();
+        let reason = tokio::time::timeout(crate::DEFAULT_MAX_HOLD + SEC, g.lost().lost())
+            .await
+            .expect("renewed past the default maximum hold time");
+        assert_eq!(reason, LostReason::MaxHoldReached);
+        assert!(g.acquired_at().elapsed() >= crate::DEFAULT_MAX_HOLD - SEC);
+        // The explicit opt-out: the lease ends one TTL in, guard or not.
+        let g = a
+            .lock("unrenewed", &LockOptions::new().no_auto_renew())
+            .await
+            .unwrap();
+        let reason = tokio::time::timeout(31 * SEC, g.lost().lost())
+            .await
+            .expect("no_auto_renew still renewed");
+        assert_eq!(reason, LostReason::ValidityExpired);
+        assert!(b.lock("unrenewed", &opts).await.is_ok());
     }
 
     /// §1.9: `lock()` waits until acquired by default (it used to give up after 30 s).

@@ -1,6 +1,8 @@
 //! `locksmith run`: hold a lock while a command runs, and never let the command outlive it.
 
-use locksmith::{AutoRenew, Error, ErrorKind, LockGuard, LockOptions, Locker, redact_url};
+use locksmith::{
+    AutoRenew, Error, ErrorKind, LockGuard, LockOptions, Locker, LostReason, redact_url,
+};
 use rustix::process::Signal;
 
 use crate::RunArgs;
@@ -123,7 +125,7 @@ async fn supervise(mut group: Group, guard: &LockGuard, args: &RunArgs) -> u8 {
         tokio::select! {
             status = group.guard.wait() => break group::exit_code(status),
             reason = lost.lost() => {
-                if tokio::time::Instant::now() >= hold_end {
+                if reason == LostReason::MaxHoldReached || tokio::time::Instant::now() >= hold_end {
                     return end_at_max_hold(&mut group, args).await;
                 }
                 eprintln!(
