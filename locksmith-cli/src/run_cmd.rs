@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use locksmith::{AutoRenew, Error, ErrorKind, LockGuard, LockOptions, Locker, Risk, redact_url};
+use locksmith::{
+    AutoRenew, Error, ErrorKind, LockGuard, LockOptions, Locker, LostReason, Risk, redact_url,
+};
 use rustix::process::Signal;
 use tokio::time::Instant;
 
@@ -162,7 +164,9 @@ async fn supervise(mut group: Group, guard: &LockGuard, args: &RunArgs) -> u8 {
                 };
                 // The last renewal asks for what is left of the hold, so the lease ends there:
                 // that is max hold, not a failing server.
-                if now + risk_margin(args) + kill_lead(args) >= hold_end {
+                if risk == Risk::Lost(LostReason::MaxHoldReached)
+                    || now + risk_margin(args) + kill_lead(args) >= hold_end
+                {
                     return end_at_max_hold(&mut group, args, kill_by).await;
                 }
                 match risk {
@@ -212,7 +216,7 @@ async fn release(guard: LockGuard, locker: &Locker, name: &str) {
         Ok(()) => {}
         Err(e) if e.kind() == ErrorKind::NotHeld => {}
         Err(e) => eprintln!(
-            "locksmith: releasing lock {name:?} failed ({e}); it frees when its TTL runs out"
+            "locksmith: releasing lock {name:?} failed ({e:#}); it frees when its TTL runs out"
         ),
     }
     locker.flush().await;
@@ -220,7 +224,7 @@ async fn release(guard: LockGuard, locker: &Locker, name: &str) {
 
 /// Prints a lock error and maps it to an exit code.
 fn fail(e: &Error) -> u8 {
-    eprintln!("locksmith: {e}");
+    eprintln!("locksmith: {e:#}");
     match e.kind() {
         ErrorKind::InvalidConfig | ErrorKind::InvalidName | ErrorKind::Unsupported => exit::CONFIG,
         _ => exit::UNAVAILABLE,
