@@ -431,7 +431,7 @@ mod tests {
         let ttl = Duration::from_secs(3);
         let margin = Duration::from_secs(1);
         let (n, s) = LostNotifier::new();
-        let validity = Arc::new(Validity::new(start + ttl));
+        let validity = Arc::new(Validity::new(start + ttl, None));
         let s = s.with_validity(validity.clone());
 
         // Renewed every second (a third of the TTL) for 5 s: never within the margin.
@@ -472,7 +472,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn at_risk_never_fires_after_a_normal_end() {
         let (n, s) = LostNotifier::new();
-        let validity = Arc::new(Validity::new(Instant::now() + Duration::from_secs(2)));
+        let validity = Arc::new(Validity::new(Instant::now() + Duration::from_secs(2), None));
         let s = s.with_validity(validity.clone());
         validity.ended.store(true, Ordering::Release);
         drop(n);
