@@ -353,6 +353,8 @@ impl LostSignal {
             }
         };
         tokio::select! {
+            // A known loss wins over a deadline that is merely near.
+            biased;
             reason = self.lost() => Risk::Lost(reason),
             risk = ending => risk,
         }
