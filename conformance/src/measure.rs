@@ -125,9 +125,12 @@ pub const MEASURE_TIME: Duration = Duration::from_secs(2);
 /// in the background (or expire after their TTL).
 pub async fn measure(harness: &dyn Harness) -> lockcore::Result<Figures> {
     let name = LockName::new(format!("lsbench-{:08x}", fastrand::u32(..)))?;
+    // Without renewal (on by default), as the published figures were measured: acquire and
+    // release only, no watchdog task per guard.
     let opts = LockOptions::new()
         .ttl(Duration::from_secs(10).max(harness.min_scenario_ttl()))
-        .wait_timeout(Duration::from_secs(30));
+        .wait_timeout(Duration::from_secs(30))
+        .no_auto_renew();
     let client = harness.client().await?;
     for _ in 0..20 {
         if let Some(g) = client.try_lock(&name, &opts).await? {

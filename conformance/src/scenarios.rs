@@ -77,10 +77,14 @@ impl Ctx {
         base.mul_f64(self.scale)
     }
 
+    /// Without renewal (guards renew by default): the scenarios test the lease itself, and many
+    /// hold a guard while its lease runs out (expiry, lost signal, takeover, stale extend);
+    /// those that test renewal ask for it with `.auto_renew(..)`.
     fn opts(&self, ttl: Duration) -> LockOptions {
         LockOptions::new()
             .ttl(ttl)
             .wait_timeout(self.bound(Duration::from_secs(30)))
+            .no_auto_renew()
     }
 }
 

@@ -99,9 +99,12 @@ pub async fn holder_main(args: Vec<String>) {
         .unwrap_or_else(|e| fail(format!("connect: {e}")));
     emit(HolderEvent::now("connected"));
     let mut opts = LockOptions::new().ttl(args.ttl).wait_timeout(args.wait);
-    if args.renew {
-        opts = opts.auto_renew(AutoRenew::until(Duration::from_secs(3600)));
-    }
+    opts = if args.renew {
+        opts.auto_renew(AutoRenew::until(Duration::from_secs(3600)))
+    } else {
+        // Without --renew the holder lets its lease run out (guards renew by default).
+        opts.no_auto_renew()
+    };
     let guard = match locker.lock(args.name.as_str(), &opts).await {
         Ok(g) => g,
         Err(e) if e.kind() == locksmith::ErrorKind::Timeout => {

@@ -122,7 +122,7 @@ async fn run() -> lockcore::Result<()> {
                 count.fetch_add(1, Ordering::Relaxed);
                 g.release().await?;
             }
-            lockcore::Result::Ok(())
+            Ok::<(), lockcore::Error>(())
         }));
     }
     let started = Instant::now();

@@ -63,10 +63,13 @@ fn name(tag: &str) -> LockName {
     LockName::new(format!("fault-{tag}-{:08x}", fastrand::u32(..))).expect("name")
 }
 
+/// Without renewal (guards renew by default): a holder's keys stay as its acquisition left them,
+/// so a renewal cannot repair or refuse what a test did to a master.
 fn opts() -> LockOptions {
     LockOptions::new()
         .ttl(scaled(Duration::from_secs(10)))
         .wait_timeout(scaled(Duration::from_secs(2)))
+        .no_auto_renew()
 }
 
 /// Options for a call whose success the test asserts: a deadline long enough that a vote lost
@@ -313,11 +316,13 @@ async fn script_calls(cluster: &Cluster) -> u64 {
     calls
 }
 
-/// Options of the vote-count tests: nothing expires or gives up during a test.
+/// Options of the vote-count tests: nothing expires or gives up during a test, and no renewal
+/// adds script calls to the count.
 fn long() -> LockOptions {
     LockOptions::new()
         .ttl(scaled(Duration::from_secs(60)))
         .wait_timeout(scaled(Duration::from_secs(60)))
+        .no_auto_renew()
 }
 
 /// A client of `cluster` with no safety-net poll (only a release or an expiry wakes its

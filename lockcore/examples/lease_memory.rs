@@ -26,9 +26,11 @@ async fn main() -> lockcore::Result<()> {
     let renew = args.next().as_deref() != Some("norenew");
     let locker = Locker::new(MemoryBackend::connect("lease-memory"));
     let mut opts = LockOptions::new().ttl(Duration::from_secs(30));
-    if renew {
-        opts = opts.auto_renew(AutoRenew::until(Duration::from_secs(600)));
-    }
+    opts = if renew {
+        opts.auto_renew(AutoRenew::until(Duration::from_secs(600)))
+    } else {
+        opts.no_auto_renew()
+    };
     let names: Vec<String> = (0..n).map(|i| format!("lease-{i}")).collect();
     let before = rss_kib();
     let mut guards = Vec::with_capacity(n);

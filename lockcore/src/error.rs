@@ -49,7 +49,11 @@ impl fmt::Display for ErrorKind {
 type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// The error of every locksmith operation: a kind, a message and, where there is one, the
-/// client error it came from.
+/// client error it came from ([`source()`](std::error::Error::source)).
+///
+/// `Display` (`{}`) prints the kind and message only, never the source's text: error reporters
+/// that walk `source()` (anyhow, eyre) print each cause once. Print `{:#}` to get the whole chain
+/// in one line (`unavailable: connecting to cache:6379: connection refused`).
 pub struct Error {
     kind: ErrorKind,
     message: String,
@@ -126,17 +130,42 @@ impl fmt::Debug for Error {
         let mut d = f.debug_struct("Error");
         d.field("kind", &self.kind).field("message", &self.message);
         if let Some(source) = &self.source {
-            d.field("source", &format_args!("{source}"));
+            // The whole chain: `{:?}` is for debugging, and the source's own `Display` may
+            // leave its causes to `source()`, as this type's does.
+            d.field("source", &format_args!("{}", ChainDisplay(&**source)));
         }
         d.finish()
     }
 }
 
+/// An error and its causes on one line, `error: cause: cause of the cause`.
+struct ChainDisplay<'a>(&'a (dyn std::error::Error + 'static));
+
+impl fmt::Display for ChainDisplay<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(e) = cause {
+            write!(f, ": {e}")?;
+            cause = e.source();
+        }
+        Ok(())
+    }
+}
+
+/// `{}` shows this error alone (`kind: message`): its cause is reported by
+/// [`source()`](std::error::Error::source), so that chain printers (anyhow, eyre, `{:#}` of
+/// either) show each cause once. `{:#}` shows the whole chain on one line
+/// (`kind: message: cause: cause of the cause`), for logs and messages that print a single value.
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.kind, self.message)?;
-        if let Some(source) = &self.source {
-            write!(f, ": {source}")?;
+        if f.alternate()
+            && let Some(source) = &self.source
+        {
+            // Each cause shown alone (`{}`): a cause that is itself a locksmith `Error` must not
+            // print its own source again.
+            write!(f, ": {}", ChainDisplay(&**source))?;
         }
         Ok(())
     }
@@ -147,5 +176,201 @@ impl std::error::Error for Error {
         self.source
             .as_deref()
             .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// Why [`Locker::with_lock`](crate::Locker::with_lock) did not return the work's output: three
+/// outcomes a caller handles differently.
+///
+/// Converts into [`Error`] (for `?` in functions returning [`Result`]), dropping the output of
+/// [`WithLockError::ReleaseFailed`]; it is a [`std::error::Error`] itself when `T: Debug` (for
+/// anyhow and eyre, which also need `T: Send + Sync + 'static`).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum WithLockError<T> {
+    /// The lock was not acquired (the errors of [`Locker::lock`](crate::Locker::lock)); the work
+    /// did not run.
+    NotAcquired(Error),
+    /// The lease was lost while the work ran: the work was dropped at its next await point and
+    /// did not finish, so whatever it did after its last completed write must not be assumed.
+    /// `error` is of kind [`ErrorKind::NotHeld`] and names the reason.
+    Lost {
+        /// Why the lease was lost.
+        reason: crate::LostReason,
+        /// The same as an [`Error`] (kind `NotHeld`).
+        error: Error,
+    },
+    /// The work finished and returned `output`, but releasing the lock failed: `NotHeld` if the
+    /// lease ran out or was taken over after the work finished, `Unavailable` or `Backend` if the
+    /// release could not be confirmed (the lock then frees after its TTL).
+    ReleaseFailed {
+        /// What the work returned.
+        output: T,
+        /// The release's error.
+        error: Error,
+    },
+}
+
+impl<T> WithLockError<T> {
+    /// The kind of the underlying error: `NotHeld` for [`WithLockError::Lost`], the release's
+    /// kind for [`WithLockError::ReleaseFailed`].
+    pub fn kind(&self) -> ErrorKind {
+        self.error().kind()
+    }
+
+    /// The underlying error.
+    pub fn error(&self) -> &Error {
+        match self {
+            WithLockError::NotAcquired(error)
+            | WithLockError::Lost { error, .. }
+            | WithLockError::ReleaseFailed { error, .. } => error,
+        }
+    }
+
+    /// The work's output, if it finished ([`WithLockError::ReleaseFailed`]).
+    pub fn into_output(self) -> Option<T> {
+        match self {
+            WithLockError::ReleaseFailed { output, .. } => Some(output),
+            _ => None,
+        }
+    }
+
+    /// Why the lease was lost, for [`WithLockError::Lost`].
+    pub fn lost_reason(&self) -> Option<crate::LostReason> {
+        match self {
+            WithLockError::Lost { reason, .. } => Some(*reason),
+            _ => None,
+        }
+    }
+}
+
+/// `NotAcquired` and `Lost` show their error (`{:#}` its chain); `ReleaseFailed` says the work
+/// finished, with the release's error as its source.
+impl<T> fmt::Display for WithLockError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WithLockError::NotAcquired(e) | WithLockError::Lost { error: e, .. } => {
+                fmt::Display::fmt(e, f)
+            }
+            WithLockError::ReleaseFailed { .. } => {
+                f.write_str("the work under the lock finished, but releasing the lock failed")?;
+                if f.alternate() {
+                    write!(f, ": {:#}", self.error())?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl<T: fmt::Debug> std::error::Error for WithLockError<T> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            // Transparent: the error's own source.
+            WithLockError::NotAcquired(e) | WithLockError::Lost { error: e, .. } => {
+                std::error::Error::source(e)
+            }
+            WithLockError::ReleaseFailed { error, .. } => Some(error),
+        }
+    }
+}
+
+/// Drops the output of [`WithLockError::ReleaseFailed`]; its error keeps the release's kind and
+/// says that the work finished, with the release's error as its source.
+impl<T> From<WithLockError<T>> for Error {
+    fn from(e: WithLockError<T>) -> Error {
+        match e {
+            WithLockError::NotAcquired(e) | WithLockError::Lost { error: e, .. } => e,
+            WithLockError::ReleaseFailed { error, .. } => Error::new(
+                error.kind(),
+                "the work under the lock finished, but releasing the lock failed",
+            )
+            .with_source(error),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    /// Every kind (a new kind fails to compile here until it is added).
+    fn every_kind() -> Vec<ErrorKind> {
+        let all = vec![
+            ErrorKind::InvalidName,
+            ErrorKind::InvalidConfig,
+            ErrorKind::Timeout,
+            ErrorKind::NotHeld,
+            ErrorKind::Unsupported,
+            ErrorKind::Unavailable,
+            ErrorKind::Backend,
+        ];
+        for k in &all {
+            match k {
+                ErrorKind::InvalidName
+                | ErrorKind::InvalidConfig
+                | ErrorKind::Timeout
+                | ErrorKind::NotHeld
+                | ErrorKind::Unsupported
+                | ErrorKind::Unavailable
+                | ErrorKind::Backend => {}
+            }
+        }
+        all
+    }
+
+    /// What anyhow and eyre print: each error of the chain with `{}`.
+    fn chain(e: &(dyn std::error::Error + 'static)) -> Vec<String> {
+        let mut out = vec![e.to_string()];
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            out.push(c.to_string());
+            cause = c.source();
+        }
+        out
+    }
+
+    /// Issue 21: `Display` included the source's text and `source()` returned it, so chain
+    /// printers showed every cause twice.
+    #[test]
+    fn a_printed_chain_shows_each_cause_once() {
+        for kind in every_kind() {
+            let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused by peer");
+            let inner = Error::new(ErrorKind::Backend, "server said no").with_source(io);
+            let e = Error::new(kind, "connecting to cache:6379").with_source(inner);
+            let segments = chain(&e);
+            assert_eq!(segments.len(), 3, "{segments:?}");
+            for (i, outer) in segments.iter().enumerate() {
+                for inner in &segments[i + 1..] {
+                    assert!(
+                        !outer.contains(inner.as_str()),
+                        "{kind:?}: {inner:?} is printed in {outer:?} and again as its source: {segments:?}"
+                    );
+                }
+            }
+            assert_eq!(segments[0], format!("{kind}: connecting to cache:6379"));
+            // `{:#}` is the one-line chain, each cause once.
+            assert_eq!(
+                format!("{e:#}"),
+                format!(
+                    "{kind}: connecting to cache:6379: backend error: server said no: refused by peer"
+                )
+            );
+            assert!(e.source().is_some());
+            // `{:?}` shows the whole chain too.
+            assert!(format!("{e:?}").contains("refused by peer"), "{e:?}");
+        }
+        // Shorthands that take a source keep it out of `Display` too.
+        for e in [
+            Error::unavailable("connect", "refused by peer"),
+            Error::backend("query", "refused by peer"),
+        ] {
+            assert!(!e.to_string().contains("refused by peer"), "{e}");
+            assert_eq!(
+                e.source().map(|s| s.to_string()).as_deref(),
+                Some("refused by peer")
+            );
+        }
     }
 }

@@ -5,11 +5,22 @@
 //!   [`LockOptions::wait_timeout`]); [`Locker::with_lock`] runs work under the lock, renewing it.
 //!   All of them give a [`LockGuard`].
 //! * A [`LockGuard`] carries a random owner token, an optional fencing token, a validity deadline
-//!   and a [`LostSignal`]; it renews itself when asked ([`AutoRenew`], always bounded by a
-//!   maximum hold time) and releases on drop through a background task, never blocking.
+//!   and a [`LostSignal`]; it renews itself while it exists (below) and releases on drop through
+//!   a background task, never blocking.
 //! * Backends implement the small [`backend::Backend`] and [`backend::Lease`] traits and declare
 //!   [`Capabilities`]; everything only backend authors need lives in the [`backend`] module, the
 //!   crate root is the user API. [`memory::MemoryBackend`] is the in-process reference.
+//!
+//! # One rule for every guard: renewed while it exists
+//!
+//! Every guard, from [`Locker::lock`], [`Locker::try_lock`] or [`Locker::with_lock`], is renewed
+//! in the background while it exists (every third of the TTL), as Redisson's watchdog, Curator
+//! and etcd sessions do: a 45 s job under the 30 s default TTL keeps its lock. The TTL only
+//! bounds how long a *crashed* holder keeps the lock. Renewal always stops at a maximum hold
+//! time, [`DEFAULT_MAX_HOLD`] (one hour) unless [`LockOptions::auto_renew`] names another; the
+//! lease then ends ([`LostReason::MaxHoldReached`]) and the lock is released. Releasing or
+//! dropping the guard stops the renewal. [`LockOptions::no_auto_renew`] opts out: the lease then
+//! ends one TTL after it was acquired (or last [extended](LockGuard::extend)), guard or not.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -41,9 +52,9 @@ pub mod telemetry;
 
 pub use backend::OwnerToken;
 pub use capabilities::{Capabilities, RenewKind, WaitKind};
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, Result, WithLockError};
 pub use locker::{LockGuard, Locker};
-pub use lost::{LostReason, LostSignal, Risk};
+pub use lost::{Ended, LostReason, LostSignal, Risk};
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN};
 pub use options::{AutoRenew, DEFAULT_MAX_HOLD, DEFAULT_TTL, LockOptions, MAX_TTL};
 pub use secret::Secret;

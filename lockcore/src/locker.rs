@@ -18,7 +18,7 @@ use crate::lost::Validity;
 use crate::telemetry::{Outcome, Telemetry};
 use crate::{
     AutoRenew, Capabilities, Error, ErrorKind, IntoLockName, LockName, LockOptions, LostReason,
-    LostSignal, RenewKind, Result,
+    LostSignal, RenewKind, Result, WithLockError,
 };
 
 /// How `lock()` spaces its retries of `Unavailable` errors.
@@ -206,12 +206,16 @@ impl Locker {
     /// holding it, and releases it. The work gets the [`LockGuard`] so it can hand the
     /// [fencing token](LockGuard::fencing_token) to the storage it writes.
     ///
-    /// The lease is renewed while the work runs: with the options' [`AutoRenew`] if they set
-    /// one, otherwise up to [`DEFAULT_MAX_HOLD`](crate::DEFAULT_MAX_HOLD) (one hour;
-    /// [`LockOptions::no_auto_renew`] turns it off). If the lease is lost first (a refused
+    /// The lease is renewed while the work runs, as every guard is (see the [crate
+    /// docs](crate#one-rule-for-every-guard-renewed-while-it-exists)). If the lease is lost first (a refused
     /// renewal, the validity deadline, the maximum hold time), `work` is dropped at its next
-    /// await point, so it stops acting on the lock's behalf, and the call returns `NotHeld`
-    /// naming the reason.
+    /// await point, so it stops acting on the lock's behalf.
+    ///
+    /// The three ways it can fail are distinct ([`WithLockError`]): the lock was not acquired
+    /// (the work did not run), the lease was lost while the work ran (the work was stopped), or
+    /// the work finished and only the release failed (its output is kept in
+    /// [`WithLockError::ReleaseFailed`]). A work that finishes in the same instant the loss is
+    /// noticed counts as finished. `?` converts the error into [`Error`].
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -231,26 +235,37 @@ impl Locker {
     /// Cancel safety: dropping the future drops `work` and releases the lock in the background.
     ///
     /// # Errors
-    /// As [`Locker::lock`]; `NotHeld` when the lease was lost while `work` ran. The release's own
-    /// error, if any, is returned after `work` completed.
+    /// [`WithLockError::NotAcquired`] with the errors of [`Locker::lock`];
+    /// [`WithLockError::Lost`] when the lease was lost while `work` ran;
+    /// [`WithLockError::ReleaseFailed`] with the work's output when only the release failed.
     pub async fn with_lock<T>(
         &self,
         name: impl IntoLockName,
         options: &LockOptions,
         work: impl AsyncFnOnce(&LockGuard) -> T,
-    ) -> Result<T> {
-        let options = options.renewing_by_default();
-        let guard = self.lock(name, &options).await?;
+    ) -> Result<T, WithLockError<T>> {
+        let guard = self
+            .lock(name, options)
+            .await
+            .map_err(WithLockError::NotAcquired)?;
         let lost = guard.lost();
         let out = tokio::select! {
+            // Work first: a work that finished keeps its output even if the loss is noticed in
+            // the same poll (the release then reports it).
+            biased;
             out = work(&guard) => out,
-            reason = lost.lost() => return Err(Error::not_held(format!(
-                "the lease on {:?} was lost while the work ran: {reason}",
-                guard.name().as_str()
-            ))),
+            reason = lost.lost() => return Err(WithLockError::Lost {
+                reason,
+                error: Error::not_held(format!(
+                    "the lease on {:?} was lost while the work ran, which was stopped: {reason}",
+                    guard.name().as_str()
+                )),
+            }),
         };
-        guard.release().await?;
-        Ok(out)
+        match guard.release().await {
+            Ok(()) => Ok(out),
+            Err(error) => Err(WithLockError::ReleaseFailed { output: out, error }),
+        }
     }
 
     /// Waits until every release handed to the background by dropped guards, and every cleanup
@@ -299,7 +314,7 @@ impl Locker {
             if let Some(d) = deadline {
                 wake = wake.min(d);
             }
-            tracing::debug!(error = %err, lock = req.name.as_str(), attempt, "lock wait: transient error, retrying");
+            tracing::debug!(error = %format!("{err:#}"), lock = req.name.as_str(), attempt, "lock wait: transient error, retrying");
             tokio::time::sleep_until(wake).await;
             attempt = attempt.saturating_add(1);
         }
@@ -345,7 +360,7 @@ impl Locker {
             acquired_at,
             lease: acquired.lease,
             notifier: request.lost,
-            validity: Arc::new(Validity::new(acquired.sent_at)),
+            validity: Arc::new(Validity::new(acquired.sent_at, hold_deadline)),
             release_started: AtomicBool::new(false),
             extending: tokio::sync::Mutex::new(()),
             hold_deadline,
@@ -459,7 +474,7 @@ impl GuardShared {
         match self.lease.extend(ttl).await {
             Ok(granted) => {
                 if !self.validity.renew_to(self.deadline(sent, granted, caps)) {
-                    self.notifier.fire(LostReason::ValidityExpired);
+                    self.notifier.fire(self.validity.expiry_reason());
                     return Err(Error::not_held(
                         "the validity deadline passed before the extend was confirmed; the lease counts as lost",
                     ));
@@ -481,11 +496,9 @@ impl GuardShared {
         if let Some(reason) = self.notifier.reason() {
             return Err(Error::not_held(format!("the lease was lost: {reason}")));
         }
-        if self.validity.expired() {
-            self.notifier.fire(LostReason::ValidityExpired);
-            return Err(Error::not_held(
-                "the lease was lost: validity deadline passed",
-            ));
+        if let Some(reason) = self.validity.expired_reason() {
+            self.notifier.fire(reason);
+            return Err(Error::not_held(format!("the lease was lost: {reason}")));
         }
         Ok(())
     }
@@ -519,7 +532,7 @@ impl GuardShared {
     }
 
     fn end_by_holder(&self) {
-        self.validity.ended.store(true, Ordering::Release);
+        self.validity.end();
     }
 }
 
@@ -531,7 +544,7 @@ impl LockerInner {
             if let Err(e) = shared.release_traced().await
                 && e.kind() != ErrorKind::NotHeld
             {
-                tracing::warn!(error = %e, "background release failed; the lock frees after its ttl");
+                tracing::warn!(error = %format!("{e:#}"), "background release failed; the lock frees after its ttl");
             }
         });
     }
@@ -563,7 +576,7 @@ async fn watchdog(
                 if shared.valid_until() > Instant::now() {
                     continue;
                 }
-                shared.notifier.fire(LostReason::ValidityExpired);
+                shared.notifier.fire(shared.validity.expiry_reason());
                 if shared.begin_release() {
                     locker.release_in_background(shared.clone());
                 }
@@ -579,16 +592,21 @@ async fn watchdog(
                 // lock frees there even if the release at the deadline is lost.
                 let new_ttl = ttl.min(remaining_hold);
                 if new_ttl < caps.min_ttl.max(Duration::from_millis(1)) {
+                    shared.validity.renewal_ended_by_hold();
                     next_renew = None;
                     continue;
                 }
                 match tokio::time::timeout_at(valid_until, shared.extend(new_ttl, caps, true)).await {
                     Ok(Ok(_granted)) => {
                         next_renew = (new_ttl == ttl).then(|| Instant::now() + interval);
+                        if next_renew.is_none() {
+                            // The last renewal: the lease ends where the hold does.
+                            shared.validity.renewal_ended_by_hold();
+                        }
                     }
                     Ok(Err(e)) if e.kind() == ErrorKind::NotHeld => return,
                     Ok(Err(e)) => {
-                        tracing::warn!(error = %e, "lease renewal failed; retrying before the validity deadline");
+                        tracing::warn!(error = %format!("{e:#}"), "lease renewal failed; retrying before the validity deadline");
                         next_renew = Some((Instant::now() + interval / 4).min(valid_until));
                     }
                     Err(_elapsed) => {
@@ -703,7 +721,8 @@ impl LockGuard {
     /// bad TTL, `Unavailable` or `Backend` on failure.
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         let caps = self.locker.backend.capabilities();
-        LockOptions::new().ttl(ttl).validate(caps)?;
+        // Only the TTL is checked: the guard's renewal policy was checked when it was acquired.
+        LockOptions::new().ttl(ttl).no_auto_renew().validate(caps)?;
         self.shared.extend(ttl, caps, false).await.map(drop)
     }
 
@@ -816,17 +835,116 @@ mod tests {
             .ttl(Duration::from_millis(100))
             .no_auto_renew();
         let started = Instant::now();
+        let finished = AtomicBool::new(false);
         let err = locker
             .with_lock("x", &opts, async |_: &LockGuard| {
-                tokio::time::sleep(Duration::from_secs(30)).await
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                finished.store(true, Ordering::Release);
             })
             .await
             .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                WithLockError::Lost {
+                    reason: LostReason::ValidityExpired,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
         assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+        assert!(
+            !finished.load(Ordering::Acquire),
+            "the work was not stopped"
+        );
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "the work was not stopped"
         );
+    }
+
+    /// Issue 21: a work that finished but whose release failed was reported as `NotHeld`, as a
+    /// lost lease is, and its output was thrown away.
+    #[tokio::test]
+    async fn with_lock_keeps_the_output_when_only_the_release_fails() {
+        let backend = MemoryBackend::connect("with_lock_release_fails");
+        let locker = Locker::new(backend.clone());
+        let err = locker
+            .with_lock("x", &LockOptions::new(), async |g: &LockGuard| {
+                // Taken away after the work's last await point: the work finishes, the release
+                // finds the lease gone.
+                assert!(backend.force_release_now(g.name()));
+                42
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+        assert_eq!(err.lost_reason(), None, "{err:?}");
+        assert!(
+            matches!(err, WithLockError::ReleaseFailed { .. }),
+            "{err:?}"
+        );
+        assert_eq!(err.into_output(), Some(42), "the work's output was lost");
+        // The conversion for `?` says the work finished.
+        let err = locker
+            .with_lock("x", &LockOptions::new(), async |g: &LockGuard| {
+                backend.force_release_now(g.name());
+            })
+            .await
+            .unwrap_err();
+        let err = Error::from(err);
+        assert_eq!(err.kind(), ErrorKind::NotHeld);
+        assert!(err.to_string().contains("finished"), "{err}");
+        assert!(std::error::Error::source(&err).is_some());
+    }
+
+    /// Issue 21: a helper task awaiting `lost()` hung forever after a normal release; `ended()`
+    /// resolves for a release, a drop without release, and a loss.
+    #[tokio::test(start_paused = true)]
+    async fn ended_resolves_on_release_drop_and_loss() {
+        use crate::Ended;
+        let a = Locker::new(MemoryBackend::connect("ended"));
+        let helper = |g: &LockGuard| {
+            let signal = g.lost();
+            tokio::spawn(async move { signal.ended().await })
+        };
+
+        let g = a.lock("released", &LockOptions::new()).await.unwrap();
+        let task = helper(&g);
+        let lost = g.lost();
+        tokio::task::yield_now().await;
+        g.release().await.unwrap();
+        let ended = tokio::time::timeout(SEC, task).await;
+        assert_eq!(
+            ended.expect("hangs after release").unwrap(),
+            Ended::Released
+        );
+        // `lost()` keeps its meaning: a release is not a loss.
+        assert!(tokio::time::timeout(60 * SEC, lost.lost()).await.is_err());
+        assert_eq!(lost.ended().await, Ended::Released, "already ended");
+
+        let g = a.lock("dropped", &LockOptions::new()).await.unwrap();
+        let task = helper(&g);
+        tokio::task::yield_now().await;
+        drop(g);
+        let ended = tokio::time::timeout(SEC, task).await;
+        assert_eq!(ended.expect("hangs after drop").unwrap(), Ended::Released);
+
+        let g = a
+            .lock("lost", &LockOptions::new().ttl(SEC).no_auto_renew())
+            .await
+            .unwrap();
+        let task = helper(&g);
+        let ended = tokio::time::timeout(2 * SEC, task).await;
+        assert_eq!(
+            ended.expect("hangs after a loss").unwrap(),
+            Ended::Lost(LostReason::ValidityExpired)
+        );
+        // Released after the loss: still a loss.
+        let lost = g.lost();
+        let _ = g.release().await;
+        assert_eq!(lost.ended().await, Ended::Lost(LostReason::ValidityExpired));
     }
 
     /// A client of `store` whose `acquire` fails with `Unavailable` the next `failures` times,
@@ -895,7 +1013,7 @@ mod tests {
         let reason = tokio::time::timeout(6 * SEC, lost.lost())
             .await
             .expect("the lease did not end at the maximum hold time");
-        assert_eq!(reason, LostReason::ValidityExpired);
+        assert_eq!(reason, LostReason::MaxHoldReached);
         let g2 = b
             .lock("x", &LockOptions::new().wait_timeout(SEC))
             .await
@@ -933,7 +1051,28 @@ mod tests {
             "taken over {at:?} after acquiring"
         );
         assert!(at >= Duration::from_millis(4400), "taken over {at:?}");
-        assert!(g.lost().is_lost());
+        // Issue 21: the end of the hold was reported as `ValidityExpired`, the reason of an
+        // unreachable server.
+        assert_eq!(g.lost().reason(), Some(LostReason::MaxHoldReached));
+    }
+
+    /// Issue 21: a renewal that cannot reach the server before the validity deadline is
+    /// `ValidityExpired`, not the maximum hold time (which is far away here).
+    #[tokio::test(start_paused = true)]
+    async fn unreachable_renewal_is_validity_expired_not_max_hold() {
+        let backend = MemoryBackend::connect("unreachable_renewal");
+        let a = Locker::new(backend.clone());
+        let opts = LockOptions::new()
+            .ttl(3 * SEC)
+            .auto_renew(AutoRenew::until(600 * SEC));
+        let g = a.lock("x", &opts).await.unwrap();
+        // Every reply from now on comes after the validity deadline.
+        backend.set_reply_delay(10 * SEC);
+        let reason = tokio::time::timeout(4 * SEC, g.lost().lost())
+            .await
+            .expect("the lease outlived its validity without a renewal");
+        assert_eq!(reason, LostReason::ValidityExpired);
+        assert!(g.acquired_at().elapsed() < 600 * SEC);
     }
 
     /// §1.2: after the lost signal fired at the validity deadline, an extend used to succeed
@@ -941,7 +1080,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn once_lost_always_lost() {
         let a = Locker::new(MemoryBackend::connect("once_lost"));
-        let g = a.lock("x", &LockOptions::new().ttl(SEC)).await.unwrap();
+        let opts = LockOptions::new().ttl(SEC).no_auto_renew();
+        let g = a.lock("x", &opts).await.unwrap();
         let reason = g.lost().lost().await;
         assert_eq!(reason, LostReason::ValidityExpired);
         assert!(
@@ -961,7 +1101,8 @@ mod tests {
     async fn extend_confirmed_after_the_deadline_stays_lost() {
         let backend = MemoryBackend::connect("late_extend");
         let a = Locker::new(backend.clone());
-        let g = a.lock("x", &LockOptions::new().ttl(SEC)).await.unwrap();
+        let opts = LockOptions::new().ttl(SEC).no_auto_renew();
+        let g = a.lock("x", &opts).await.unwrap();
         tokio::time::sleep_until(g.valid_until() - Duration::from_millis(5)).await;
         backend.set_reply_delay(Duration::from_millis(50));
         let err = g.extend(SEC).await.unwrap_err();
@@ -977,7 +1118,9 @@ mod tests {
         let backend = MemoryBackend::connect("concurrent_extends");
         let a = Locker::new(backend.clone());
         let b = Locker::new(MemoryBackend::connect("concurrent_extends"));
-        let g = a.lock("x", &LockOptions::new().ttl(5 * SEC)).await.unwrap();
+        // Only the extends below move the deadline.
+        let opts = LockOptions::new().ttl(5 * SEC).no_auto_renew();
+        let g = a.lock("x", &opts).await.unwrap();
         backend.set_reply_delay(Duration::from_millis(500));
         let slow = g.extend(10 * SEC);
         let fast = async {
@@ -1135,6 +1278,53 @@ mod tests {
                 .unwrap()
                 .is_some()
         );
+    }
+
+    /// Issue 21: guards from `lock()` and `try_lock()` were not renewed by default (only
+    /// `with_lock`'s were): a 45 s job under the default 30 s TTL silently lost its lock.
+    #[tokio::test(start_paused = true)]
+    async fn every_guard_is_renewed_while_it_exists() {
+        let a = Locker::new(MemoryBackend::connect("renewed_by_default"));
+        let b = Locker::new(MemoryBackend::connect("renewed_by_default"));
+        let opts = LockOptions::new();
+        let from_lock = a.lock("lock", &opts).await.unwrap();
+        let from_try = a.try_lock("try", &opts).await.unwrap().unwrap();
+        tokio::time::sleep(45 * SEC).await;
+        for g in [&from_lock, &from_try] {
+            assert!(g.is_valid(), "{:?} lost after 45 s", g.name());
+            assert!(
+                b.try_lock(g.name().as_str(), &opts)
+                    .await
+                    .unwrap()
+                    .is_none(),
+                "another client took {:?} from a live guard",
+                g.name()
+            );
+        }
+        // Released or dropped: renewal stops and the lock is free.
+        from_lock.release().await.unwrap();
+        drop(from_try);
+        a.flush().await;
+        for name in ["lock", "try"] {
+            assert!(b.try_lock(name, &opts).await.unwrap().is_some(), "{name}");
+        }
+        // Bounded by the default maximum hold time.
+        let g = a.lock("held", &opts).await.unwrap();
+        let reason = tokio::time::timeout(crate::DEFAULT_MAX_HOLD + SEC, g.lost().lost())
+            .await
+            .expect("renewed past the default maximum hold time");
+        assert_eq!(reason, LostReason::MaxHoldReached);
+        assert!(g.acquired_at().elapsed() >= crate::DEFAULT_MAX_HOLD - SEC);
+        // The explicit opt-out: the lease ends one TTL in, guard or not.
+        let g = a
+            .lock("unrenewed", &LockOptions::new().no_auto_renew())
+            .await
+            .unwrap();
+        let reason = tokio::time::timeout(31 * SEC, g.lost().lost())
+            .await
+            .expect("no_auto_renew still renewed");
+        assert_eq!(reason, LostReason::ValidityExpired);
+        assert!(b.lock("unrenewed", &opts).await.is_ok());
     }
 
     /// §1.9: `lock()` waits until acquired by default (it used to give up after 30 s).

@@ -16,9 +16,15 @@ use tokio::time::Instant;
 pub enum LostReason {
     /// A renewal was refused: the lease was no longer the holder's.
     RenewalRefused,
-    /// The validity deadline passed without a successful renewal (the server could not be reached
-    /// in time, or auto-renewal was off or had reached its maximum hold time).
+    /// The validity deadline passed without a successful renewal: the server could not be
+    /// reached in time, or auto-renewal was off. (The end of the maximum hold time is
+    /// [`LostReason::MaxHoldReached`].)
     ValidityExpired,
+    /// The maximum hold time of the guard's auto-renewal ([`AutoRenew::until`](crate::AutoRenew::until),
+    /// one hour by default) has passed: renewal stopped there on purpose and the lock was
+    /// released, whether or not the server could be reached. A holder that needs longer asks for
+    /// a longer maximum hold.
+    MaxHoldReached,
     /// The backend session that carried the lease expired.
     SessionExpired,
     /// The connection that carried the lease dropped (the server released the lock).
@@ -30,6 +36,7 @@ impl fmt::Display for LostReason {
         f.write_str(match self {
             LostReason::RenewalRefused => "renewal refused",
             LostReason::ValidityExpired => "validity deadline passed",
+            LostReason::MaxHoldReached => "maximum hold time reached",
             LostReason::SessionExpired => "session expired",
             LostReason::ConnectionLost => "connection lost",
         })
@@ -48,6 +55,18 @@ pub enum Risk {
         /// The validity deadline: stop what must not outlive the lease before it.
         valid_until: Instant,
     },
+}
+
+/// How a guard ended, as [`LostSignal::ended`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ended {
+    /// The holder ended the lease while it was still held: [`LockGuard::release`](crate::LockGuard::release)
+    /// (whatever the server answered), a dropped guard, or
+    /// [`LockGuard::abandon`](crate::LockGuard::abandon).
+    Released,
+    /// The lease was known lost first, for this reason.
+    Lost(LostReason),
 }
 
 /// The sending half, given to backends with each acquisition so they can report a loss they see
@@ -139,16 +158,23 @@ impl LostNotifier {
 #[derive(Debug)]
 pub(crate) struct Validity {
     until: Mutex<Instant>,
+    /// Where the maximum hold time ends the lease, when auto-renewal is on: the end of the hold
+    /// (the validity never runs past it), moved to the deadline of the last renewal when that
+    /// renewal asked for what was left of the hold only. A deadline that passes at or after it
+    /// is [`LostReason::MaxHoldReached`].
+    hold_end: Mutex<Option<Instant>>,
     /// Woken whenever the deadline moves, so that sleepers re-arm (an extend may shorten it).
     pub(crate) moved: tokio::sync::Notify,
     /// Set once the lease is released (or abandoned): a deadline passing after that is no loss.
+    /// Set through [`Validity::end`], which wakes [`LostSignal::ended`].
     pub(crate) ended: AtomicBool,
 }
 
 impl Validity {
-    pub(crate) fn new(until: Instant) -> Self {
+    pub(crate) fn new(until: Instant, hold: Option<Instant>) -> Self {
         Validity {
             until: Mutex::new(until),
+            hold_end: Mutex::new(hold),
             moved: tokio::sync::Notify::new(),
             ended: AtomicBool::new(false),
         }
@@ -188,15 +214,48 @@ impl Validity {
         true
     }
 
+    /// The holder ended the lease (released, dropped or abandoned it).
+    pub(crate) fn end(&self) {
+        self.ended.store(true, Ordering::Release);
+        self.moved.notify_waiters();
+    }
+
     /// Whether the deadline passed while the lease was still held.
     pub(crate) fn expired(&self) -> bool {
         !self.ended.load(Ordering::Acquire) && Instant::now() >= self.until()
+    }
+
+    /// Why a passed deadline ended the lease: the maximum hold time when the deadline was the
+    /// hold's end (renewal stopped on purpose), otherwise the validity running out.
+    pub(crate) fn expiry_reason(&self) -> LostReason {
+        let hold_end = *self.hold_end.lock().unwrap_or_else(|e| e.into_inner());
+        match hold_end {
+            Some(end) if self.until() >= end => LostReason::MaxHoldReached,
+            _ => LostReason::ValidityExpired,
+        }
+    }
+
+    /// Renewal stopped for the maximum hold time at the current deadline (its last renewal asked
+    /// for the rest of the hold, which the drift margin ends a little before the hold does).
+    pub(crate) fn renewal_ended_by_hold(&self) {
+        let mut hold_end = self.hold_end.lock().unwrap_or_else(|e| e.into_inner());
+        if hold_end.is_some() {
+            *hold_end = Some(self.until());
+        }
+    }
+
+    /// The reason, if the deadline passed while the lease was still held.
+    pub(crate) fn expired_reason(&self) -> Option<LostReason> {
+        self.expired().then(|| self.expiry_reason())
     }
 }
 
 /// Fires when the lease is known lost: reported by the backend or the watchdog, or the validity
 /// deadline passed. Clone it freely; select on [`LostSignal::lost`] in the critical section to
 /// stop work that must not outlive the lease.
+///
+/// [`LostSignal::lost`] never resolves for a lease that ends normally; a helper task that must
+/// also stop when the guard is released or dropped awaits [`LostSignal::ended`] instead.
 #[derive(Clone, Debug)]
 pub struct LostSignal {
     reported: watch::Receiver<Option<LostReason>>,
@@ -212,12 +271,7 @@ impl LostSignal {
     /// The reason, if the lease is known lost.
     pub fn reason(&self) -> Option<LostReason> {
         let reported = *self.reported.borrow();
-        reported.or_else(|| {
-            self.validity
-                .as_ref()
-                .filter(|v| v.expired())
-                .map(|_| LostReason::ValidityExpired)
-        })
+        reported.or_else(|| self.validity.as_ref().and_then(|v| v.expired_reason()))
     }
 
     /// Whether the lease is known lost.
@@ -226,7 +280,8 @@ impl LostSignal {
     }
 
     /// Waits until the lease is known lost and returns why. Pending forever if the lease is
-    /// released normally.
+    /// released normally (by [`LockGuard::release`](crate::LockGuard::release) or a drop): a
+    /// release is not a loss. To wait for either end, use [`LostSignal::ended`].
     ///
     /// Cancel safe: dropping the future loses nothing.
     pub async fn lost(&self) -> LostReason {
@@ -240,8 +295,8 @@ impl LostSignal {
                     _ = tokio::time::sleep_until(validity.until()) => {}
                     _ = moved => continue,
                 }
-                if validity.expired() {
-                    return LostReason::ValidityExpired;
+                if let Some(reason) = validity.expired_reason() {
+                    return reason;
                 }
                 if validity.ended.load(Ordering::Acquire) {
                     return std::future::pending().await;
@@ -298,9 +353,62 @@ impl LostSignal {
             }
         };
         tokio::select! {
+            // A known loss wins over a deadline that is merely near.
+            biased;
             reason = self.lost() => Risk::Lost(reason),
             risk = ending => risk,
         }
+    }
+
+    /// Waits until the guard ended, either way: [`Ended::Released`] once its holder released,
+    /// dropped or abandoned it while it was held, [`Ended::Lost`] once the lease is known lost
+    /// (as [`LostSignal::lost`]). Resolves at once if the guard has already ended. A helper task
+    /// (a progress reporter, a heartbeat) awaits it to stop with the guard.
+    ///
+    /// A signal made by a backend without a guard (from [`LostNotifier::new`]) counts as
+    /// released when every notifier is dropped without a loss.
+    ///
+    /// Cancel safe: dropping the future loses nothing.
+    pub async fn ended(&self) -> Ended {
+        if let Some(ended) = self.ended_now() {
+            return ended;
+        }
+        let released = async {
+            match &self.validity {
+                Some(validity) => loop {
+                    // Registered before the check: the holder's end notifies after setting it.
+                    let moved = validity.moved.notified();
+                    if validity.ended.load(Ordering::Acquire) {
+                        return;
+                    }
+                    moved.await;
+                },
+                None => {
+                    let mut rx = self.reported.clone();
+                    if rx.wait_for(|r| r.is_some()).await.is_ok() {
+                        // A loss: `lost()` below reports it.
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            () = released => Ended::Released,
+            reason = self.lost() => Ended::Lost(reason),
+        }
+    }
+
+    /// How the guard ended, if it did. A holder ends a lease only while it is not known lost, so
+    /// the holder's end, when set, came first.
+    fn ended_now(&self) -> Option<Ended> {
+        if self
+            .validity
+            .as_ref()
+            .is_some_and(|v| v.ended.load(Ordering::Acquire))
+        {
+            return Some(Ended::Released);
+        }
+        self.reason().map(Ended::Lost)
     }
 
     /// Waits for a loss reported through the [`LostNotifier`] only, ignoring the deadline.
@@ -325,7 +433,7 @@ mod tests {
         let ttl = Duration::from_secs(3);
         let margin = Duration::from_secs(1);
         let (n, s) = LostNotifier::new();
-        let validity = Arc::new(Validity::new(start + ttl));
+        let validity = Arc::new(Validity::new(start + ttl, None));
         let s = s.with_validity(validity.clone());
 
         // Renewed every second (a third of the TTL) for 5 s: never within the margin.
@@ -366,7 +474,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn at_risk_never_fires_after_a_normal_end() {
         let (n, s) = LostNotifier::new();
-        let validity = Arc::new(Validity::new(Instant::now() + Duration::from_secs(2)));
+        let validity = Arc::new(Validity::new(Instant::now() + Duration::from_secs(2), None));
         let s = s.with_validity(validity.clone());
         validity.ended.store(true, Ordering::Release);
         drop(n);

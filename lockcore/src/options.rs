@@ -6,10 +6,9 @@ use crate::{Capabilities, Error, Result};
 
 /// The default lease TTL: 30 seconds, as Redisson's lock watchdog.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
-/// The maximum hold time of the renewal [`Locker::with_lock`](crate::Locker::with_lock) applies
-/// when the options name none: one hour, longer than most jobs run, short enough that a stuck
-/// holder frees the lock within the hour. An explicit [`LockOptions::auto_renew`] (or
-/// [`LockOptions::no_auto_renew`]) wins.
+/// The maximum hold time of the renewal every guard gets when the options name none: one hour,
+/// longer than most jobs run, short enough that a stuck holder frees the lock within the hour.
+/// An explicit [`LockOptions::auto_renew`] (or [`LockOptions::no_auto_renew`]) wins.
 ///
 /// (`lock()` has no default wait deadline: like tokio's `Mutex`, Redisson, Curator, `flock` and
 /// `etcdctl lock`, it waits until acquired unless [`LockOptions::wait_timeout`] asks for one.)
@@ -19,9 +18,10 @@ pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// How `lock()` waits, what lease it asks for and whether it renews it.
 ///
-/// The defaults: TTL [`DEFAULT_TTL`] (30 s), `lock()` waits until acquired (no deadline), no
-/// renewal for [`Locker::lock`](crate::Locker::lock) and [`Locker::try_lock`](crate::Locker::try_lock) guards,
-/// renewal up to [`DEFAULT_MAX_HOLD`] for [`Locker::with_lock`](crate::Locker::with_lock).
+/// The defaults: TTL [`DEFAULT_TTL`] (30 s), `lock()` waits until acquired (no deadline), and
+/// every guard ([`Locker::lock`](crate::Locker::lock), [`Locker::try_lock`](crate::Locker::try_lock),
+/// [`Locker::with_lock`](crate::Locker::with_lock)) renewed while it exists, up to
+/// [`DEFAULT_MAX_HOLD`] (one hour); [`LockOptions::no_auto_renew`] opts out.
 ///
 /// ```
 /// use std::time::Duration;
@@ -36,7 +36,8 @@ pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 pub struct LockOptions {
     ttl: Duration,
     wait: Option<Duration>,
-    auto_renew: Renew,
+    /// `None`: no renewal ([`LockOptions::no_auto_renew`]).
+    auto_renew: Option<AutoRenew>,
     require_fencing: bool,
     require_fair: bool,
     reentrant: bool,
@@ -47,7 +48,7 @@ impl Default for LockOptions {
         LockOptions {
             ttl: DEFAULT_TTL,
             wait: None,
-            auto_renew: Renew::Default,
+            auto_renew: Some(AutoRenew::until(DEFAULT_MAX_HOLD)),
             require_fencing: false,
             require_fair: false,
             reentrant: false,
@@ -56,8 +57,8 @@ impl Default for LockOptions {
 }
 
 impl LockOptions {
-    /// TTL 30 s, `lock()` waits until acquired, no auto-renewal (except in
-    /// [`Locker::with_lock`](crate::Locker::with_lock), which renews up to [`DEFAULT_MAX_HOLD`]).
+    /// TTL 30 s, `lock()` waits until acquired, the guard renewed while it exists up to
+    /// [`DEFAULT_MAX_HOLD`].
     pub fn new() -> Self {
         Self::default()
     }
@@ -84,16 +85,17 @@ impl LockOptions {
     }
 
     /// Renews the lease in the background until the guard is released or dropped, or until the
-    /// maximum hold time of `renew` has passed.
+    /// maximum hold time of `renew` has passed (the default renews every third of the TTL up to
+    /// [`DEFAULT_MAX_HOLD`]).
     pub fn auto_renew(mut self, renew: AutoRenew) -> Self {
-        self.auto_renew = Renew::On(renew);
+        self.auto_renew = Some(renew);
         self
     }
 
-    /// No renewal, not even the default one of [`Locker::with_lock`](crate::Locker::with_lock):
-    /// the lease ends one TTL after it was acquired (or last extended by hand).
+    /// No renewal: the lease ends one TTL after it was acquired (or last extended by hand), even
+    /// while the guard exists. For holders that extend by hand, or tests that let a lease lapse.
     pub fn no_auto_renew(mut self) -> Self {
-        self.auto_renew = Renew::Off;
+        self.auto_renew = None;
         self
     }
 
@@ -128,22 +130,9 @@ impl LockOptions {
         self.wait
     }
 
-    /// The auto-renewal policy of `lock()` and `try_lock()` guards (`None`: no renewal).
+    /// The auto-renewal policy of the guards (`None`: no renewal).
     pub fn auto_renew_value(&self) -> Option<&AutoRenew> {
-        match &self.auto_renew {
-            Renew::On(r) => Some(r),
-            Renew::Default | Renew::Off => None,
-        }
-    }
-
-    /// The options [`Locker::with_lock`](crate::Locker::with_lock) uses: renewal up to
-    /// [`DEFAULT_MAX_HOLD`] unless the options set a policy of their own.
-    pub(crate) fn renewing_by_default(&self) -> LockOptions {
-        let mut opts = self.clone();
-        if opts.auto_renew == Renew::Default {
-            opts.auto_renew = Renew::On(AutoRenew::until(DEFAULT_MAX_HOLD));
-        }
-        opts
+        self.auto_renew.as_ref()
     }
 
     /// Checks the options against the contract and the backend's capabilities, before any I/O.
@@ -189,7 +178,7 @@ impl LockOptions {
             let valid_for = self.ttl - margin;
             if renew_at >= valid_for {
                 return Err(Error::invalid_config(format!(
-                    "auto-renewal would renew {renew_at:?} after acquiring, after the lease's validity ends ({valid_for:?}: ttl {:?} minus a drift margin of {margin:?}); use a longer ttl or a smaller interval fraction",
+                    "auto-renewal (on by default) would renew {renew_at:?} after acquiring, after the lease's validity ends ({valid_for:?}: ttl {:?} minus a drift margin of {margin:?}); use a longer ttl, a smaller interval fraction, or no_auto_renew()",
                     self.ttl
                 )));
             }
@@ -207,15 +196,6 @@ impl LockOptions {
         }
         Ok(())
     }
-}
-
-/// The renewal policy as set: `Default` is off for `lock()`/`try_lock()` and
-/// [`DEFAULT_MAX_HOLD`] for `with_lock()`.
-#[derive(Clone, Debug, PartialEq)]
-enum Renew {
-    Default,
-    Off,
-    On(AutoRenew),
 }
 
 /// Background renewal of a lease (a watchdog), always bounded by a maximum hold time so that a

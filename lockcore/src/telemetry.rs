@@ -8,7 +8,7 @@
 //! | `lock.wait` | inside `lock.acquire` of `lock()`: the backend's wait | `lock`, `backend` |
 //! | `lock.release` | an explicit release and a dropped guard's background release | `lock`, `backend`, `outcome` (`released`, `not_held`, `error`), `held_ms` |
 //! | `lock.renew` | each extend, automatic or by [`LockGuard::extend`](crate::LockGuard::extend) | `lock`, `backend`, `auto`, `outcome` (`renewed`, `refused`, `error`) |
-//! | `lock.lost` | once, when the lease is known lost | `lock`, `backend`, `reason` (`renewal_refused`, `validity_expired`, `session_expired`, `connection_lost`), `held_ms`; a `WARN` event inside |
+//! | `lock.lost` | once, when the lease is known lost | `lock`, `backend`, `reason` (`renewal_refused`, `validity_expired`, `max_hold_reached`, `session_expired`, `connection_lost`), `held_ms`; a `WARN` event inside |
 //!
 //! # Metrics (the [`metrics`] facade)
 //!
@@ -129,6 +129,7 @@ fn lost_label(reason: LostReason) -> &'static str {
     match reason {
         LostReason::RenewalRefused => "renewal_refused",
         LostReason::ValidityExpired => "validity_expired",
+        LostReason::MaxHoldReached => "max_hold_reached",
         LostReason::SessionExpired => "session_expired",
         LostReason::ConnectionLost => "connection_lost",
     }

@@ -132,7 +132,7 @@ async fn spans_and_metrics_cover_acquire_wait_renew_lost_and_release() {
     assert_eq!(err.kind(), ErrorKind::Timeout);
     drop(second);
 
-    // Auto-renewal up to a maximum hold time, then the lease is lost (validity expired).
+    // Auto-renewal up to a maximum hold time, then the lease is lost (max hold reached).
     let renewing = LockOptions::new()
         .ttl(Duration::from_millis(200))
         .auto_renew(AutoRenew::until(Duration::from_millis(500)));
@@ -140,7 +140,7 @@ async fn spans_and_metrics_cover_acquire_wait_renew_lost_and_release() {
     let reason = tokio::time::timeout(Duration::from_secs(5), held.lost().lost())
         .await
         .expect("the lease ends at its maximum hold time");
-    assert_eq!(reason, LostReason::ValidityExpired);
+    assert_eq!(reason, LostReason::MaxHoldReached);
     drop(held);
     tokio::time::timeout(Duration::from_secs(5), locker.flush())
         .await
@@ -191,7 +191,7 @@ async fn spans_and_metrics_cover_acquire_wait_renew_lost_and_release() {
         &[
             ("lock", "b"),
             ("backend", "memory"),
-            ("reason", "validity_expired")
+            ("reason", "max_hold_reached")
         ]
     ));
     assert_eq!(
@@ -255,7 +255,7 @@ async fn spans_and_metrics_cover_acquire_wait_renew_lost_and_release() {
     );
     assert!(count("locksmith_renewals_total backend=memory,outcome=renewed") >= 2);
     assert_eq!(
-        count("locksmith_lost_total backend=memory,reason=validity_expired"),
+        count("locksmith_lost_total backend=memory,reason=max_hold_reached"),
         1
     );
     match metrics.get("locksmith_leases_held backend=memory") {

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use locksmith::{AutoRenew, Error, ErrorKind, LockGuard, LockOptions, Locker, Risk, redact_url};
+use locksmith::{
+    AutoRenew, Error, ErrorKind, LockGuard, LockOptions, Locker, LostReason, Risk, redact_url,
+};
 use rustix::process::Signal;
 use tokio::time::Instant;
 
@@ -90,6 +92,37 @@ async fn acquire(locker: &Locker, args: &RunArgs) -> locksmith::Result<Option<Lo
     }
 }
 
+/// Terminates the group because its lease is at risk or lost: SIGTERM now, SIGKILL shortly
+/// before the validity ends (at once when lost: the lock may be someone else's already).
+/// locksmith's exit code.
+async fn end_at_risk(group: &mut Group, args: &RunArgs, risk: Risk, hold_end: Instant) -> u8 {
+    let now = Instant::now();
+    let kill_by = match risk {
+        Risk::Ending { valid_until } => valid_until.checked_sub(kill_lead(args)).unwrap_or(now),
+        Risk::Lost(_) => now,
+    };
+    // The lease ended at the hold's end (its last renewal asked for what was left of it): that
+    // is max hold, not a failing server.
+    if risk == Risk::Lost(LostReason::MaxHoldReached) || now + kill_lead(args) >= hold_end {
+        return end_at_max_hold(group, args, kill_by).await;
+    }
+    match risk {
+        Risk::Lost(reason) => eprintln!(
+            "locksmith: lock {:?} lost ({reason}); terminating the command at once",
+            args.name
+        ),
+        Risk::Ending { .. } => eprintln!(
+            "locksmith: lock {:?} at risk: no renewal landed and its validity ends in {}; \
+             terminating the command (SIGKILL in {} at the latest)",
+            args.name,
+            show(kill_by.saturating_duration_since(now) + kill_lead(args)),
+            show(grace_until(args, kill_by))
+        ),
+    }
+    let _ = group::terminate(group, grace_until(args, kill_by)).await;
+    exit::LOCK_LOST
+}
+
 /// Terminates the group because --max-hold was reached; locksmith's exit code.
 async fn end_at_max_hold(group: &mut Group, args: &RunArgs, kill_by: Instant) -> u8 {
     eprintln!(
@@ -136,6 +169,12 @@ async fn supervise(mut group: Group, guard: &LockGuard, args: &RunArgs) -> u8 {
     let signal = guard.lost();
     let at_risk = signal.at_risk(risk_margin(args));
     tokio::pin!(at_risk);
+    // Once the lease's validity reaches the hold's end, nothing renews it any more and its
+    // nearing end is no risk (--max-hold's timer stops the command first): from then on only a
+    // loss counts.
+    let mut hold_bound = false;
+    let lost = signal.lost();
+    tokio::pin!(lost);
     let mut signals = group::catch(group::FORWARDED);
     // The command is told to stop at --max-hold; the library keeps the lease until the kill
     // grace after it has run out (`lock_hold`), so that the command stops under the lock.
@@ -153,33 +192,17 @@ async fn supervise(mut group: Group, guard: &LockGuard, args: &RunArgs) -> u8 {
         };
         tokio::select! {
             status = group.guard.wait() => break group::exit_code(status),
-            risk = &mut at_risk => {
-                let now = Instant::now();
-                let kill_by = match risk {
-                    Risk::Ending { valid_until } => valid_until.checked_sub(kill_lead(args)).unwrap_or(now),
-                    // Lost: the lock may be someone else's already.
-                    Risk::Lost(_) => now,
-                };
-                // The last renewal asks for what is left of the hold, so the lease ends there:
-                // that is max hold, not a failing server.
-                if now + risk_margin(args) + kill_lead(args) >= hold_end {
-                    return end_at_max_hold(&mut group, args, kill_by).await;
+            risk = &mut at_risk, if !hold_bound => {
+                if let Risk::Ending { valid_until } = risk
+                    && valid_until + Duration::from_millis(1) >= hold_end
+                {
+                    hold_bound = true;
+                    continue;
                 }
-                match risk {
-                    Risk::Lost(reason) => eprintln!(
-                        "locksmith: lock {:?} lost ({reason}); terminating the command at once",
-                        args.name
-                    ),
-                    Risk::Ending { .. } => eprintln!(
-                        "locksmith: lock {:?} at risk: no renewal landed and its validity ends \
-                         in {}; terminating the command (SIGKILL in {} at the latest)",
-                        args.name,
-                        show(kill_by.saturating_duration_since(now) + kill_lead(args)),
-                        show(grace_until(args, kill_by))
-                    ),
-                }
-                let _ = group::terminate(&mut group, grace_until(args, kill_by)).await;
-                return exit::LOCK_LOST;
+                return end_at_risk(&mut group, args, risk, hold_end).await;
+            }
+            reason = &mut lost, if hold_bound => {
+                return end_at_risk(&mut group, args, Risk::Lost(reason), hold_end).await;
             }
             () = &mut max_hold => {
                 return end_at_max_hold(&mut group, args, hold_end - kill_lead(args)).await;
@@ -212,7 +235,7 @@ async fn release(guard: LockGuard, locker: &Locker, name: &str) {
         Ok(()) => {}
         Err(e) if e.kind() == ErrorKind::NotHeld => {}
         Err(e) => eprintln!(
-            "locksmith: releasing lock {name:?} failed ({e}); it frees when its TTL runs out"
+            "locksmith: releasing lock {name:?} failed ({e:#}); it frees when its TTL runs out"
         ),
     }
     locker.flush().await;
@@ -220,7 +243,7 @@ async fn release(guard: LockGuard, locker: &Locker, name: &str) {
 
 /// Prints a lock error and maps it to an exit code.
 fn fail(e: &Error) -> u8 {
-    eprintln!("locksmith: {e}");
+    eprintln!("locksmith: {e:#}");
     match e.kind() {
         ErrorKind::InvalidConfig | ErrorKind::InvalidName | ErrorKind::Unsupported => exit::CONFIG,
         _ => exit::UNAVAILABLE,
