@@ -24,7 +24,7 @@
 //!
 //! To get started using `etcd-client`:
 //!
-//! ```rust
+//! ```no_run
 //! use etcd_client::{Client, Error};
 //!
 //! #[tokio::main]
