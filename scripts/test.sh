@@ -120,3 +120,17 @@ run_tests() {
   without_protoc bash scripts/run-tests.sh "$@" 2>&1 | tee "$TEST_LOG"
 }
 phase test run_tests "$@"
+
+# The README's first command (the conformance report on the embedded backends), where protoc
+# cannot be found, on the binary the test build made (the README's --release build differs only
+# in optimisation). Exits 1 if a scenario fails.
+first_command() {
+  local out
+  out=$(mktemp -d /tmp/locksmith-report.XXXXXX)
+  without_protoc cargo run -q -p locksmith-cli -- report --out "$out"
+  ls "$out"/report.json "$out"/report.md "$out"/report.html >/dev/null
+  rm -rf "$out"
+}
+if [[ $# == 0 ]]; then
+  phase report first_command
+fi
