@@ -80,10 +80,20 @@ pub fn now_unix_micros() -> u64 {
         .unwrap_or(0)
 }
 
-/// A free TCP port on 127.0.0.1, as the kernel hands out ephemeral ports (bound, then freed; a
-/// race with another process taking it in between is possible but rare, and shows as a server
-/// that fails to start).
+/// A free TCP port on 127.0.0.1 for a server to bind, probed by binding it (then freed).
+///
+/// Picked at random above Linux's ephemeral range (32768-60999 by default) rather than asked of
+/// the kernel: test binaries run side by side (scripts/run-tests.sh), and a port the kernel
+/// hands out as ephemeral is soon reused as the source port of some client's connection, so a
+/// server started on it a moment later could not bind. A race with another process probing the
+/// same port in between is still possible but rare.
 pub fn free_port() -> Result<u16> {
+    for _ in 0..200 {
+        let port = fastrand::u16(61_000..65_000);
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return Ok(l.local_addr()?.port());
+        }
+    }
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
 }

@@ -163,6 +163,13 @@ pub fn expected(label: &str, fault: Fault) -> Expect {
             "lock-redlock crate docs, 'What Redlock does not give you': two holders after a node restarts empty \
              before the TTL ends (here all five)",
         ),
+        // Each vote waits at most the node timeout (a tenth of the TTL, 50 ms..1 s): replies
+        // slower than that are no votes, so a TTL/4 reply latency may refuse the grant (safe).
+        ("redlock", SlowReplies) => Either(
+            "lock-redlock crate docs: each vote waits at most the node timeout (a tenth of the \
+             TTL within 50 ms..1 s, or node_timeout_ms); a slower reply is no vote, so latency \
+             above it refuses the grant with Unavailable",
+        ),
         ("redlock", HolderPause) => Documented(
             "lock-redlock crate docs, 'What Redlock does not give you': no fencing tokens; a stopped process can \
              outlive the validity without noticing, and its write is not rejected",
