@@ -85,6 +85,12 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Synchronous programs
+//!
+//! `locksmith::blocking` (feature `blocking`) gives the same locks to code without async: blocking
+//! `lock`, `try_lock` and `with_lock`, on a runtime thread of its own that outlives every guard
+//! it hands out.
+//!
 //! # Configuration without URLs
 //!
 //! [`Config`] takes a backend's settings from a config file or the environment (any serde
@@ -154,6 +160,8 @@
 #![deny(missing_docs)]
 
 mod backend_config;
+#[cfg(feature = "blocking")]
+pub mod blocking;
 mod url;
 
 pub use lockcore::*;
