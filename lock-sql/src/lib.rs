@@ -75,6 +75,11 @@
 //! SQL (`GET_LOCK` with fractional timeouts, `LAST_INSERT_ID(expr)`, `IS_USED_LOCK`) also
 //! exists in MySQL 5.7+, but row-lock is not tested against MySQL.
 //!
+//! *Inside your own transaction* (PostgreSQL): [`PgXactLock`] takes the same lock with
+//! `pg_advisory_xact_lock` on a transaction the application passes in, and bumps the same
+//! fencing counter in it, so an update and the lock that guards it commit or roll back together.
+//! It excludes row-lock holders of the same name and table.
+//!
 //! **lease**: a row per name (bound as a parameter, never pasted into SQL) with the owner token,
 //! a fencing counter and `expires_at` computed on the database clock. It is taken over only once
 //! expired, in one statement that writes only when it takes (PostgreSQL reads first; MySQL's
@@ -94,6 +99,8 @@ mod rowlock;
 mod mysql;
 #[cfg(feature = "postgres")]
 mod pg;
+#[cfg(feature = "postgres")]
+mod pg_xact;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -105,6 +112,8 @@ use lockcore::{Capabilities, Error, LockName, Result};
 
 pub use config::{Config, DEFAULT_TABLE, Strategy, validate_table};
 use config::{Dialect, Parsed};
+#[cfg(feature = "postgres")]
+pub use pg_xact::PgXactLock;
 
 /// A client of one SQL database: a connection pool plus the lock table.
 ///

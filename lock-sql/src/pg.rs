@@ -61,7 +61,7 @@ struct Wakeups {
 
 /// A stable 64-bit FNV-1a of the table name: the seed of the advisory-lock keys, so two lock
 /// tables in one database never share a key.
-fn table_seed(table: &str) -> i64 {
+pub(crate) fn table_seed(table: &str) -> i64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in table.bytes() {
         h ^= u64::from(b);
