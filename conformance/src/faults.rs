@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::report::html_escape as esc;
+use crate::html::html_escape as esc;
 
 /// What a fault did to the lock's contract on one backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

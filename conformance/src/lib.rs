@@ -4,6 +4,7 @@
 
 pub mod faults;
 mod harness;
+mod html;
 mod measure;
 pub mod report;
 mod report_charts;

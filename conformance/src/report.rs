@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use lockcore::Capabilities;
 use serde::Serialize;
 
+pub use crate::html::html_escape;
 use crate::measure::Figures;
 use crate::report_charts::Series;
 use crate::run::{BackendReport, ScenarioResult, Status};
@@ -786,22 +787,6 @@ fn status_html(s: Status) -> &'static str {
         Status::Unsupported => "unsupported",
         Status::Skipped => "skipped",
     }
-}
-
-/// Escapes text for HTML content and (double- or single-quoted) attribute values.
-pub fn html_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 fn esc(s: &str) -> String {

@@ -21,14 +21,14 @@ use redis::cluster_async::ClusterConnection;
 use redis::{
     AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo,
     Pipeline, ProtocolVersion, PushInfo, PushKind, RedisConnectionInfo, RedisError, RedisFuture,
-    RedisResult, TlsCertificates, ToRedisArgs, Value,
+    RedisResult, TlsCertificates, Value,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::config::Config;
-use crate::subs::{PubSubFactory, Registry};
-use crate::{map_err, map_err_connect};
+use crate::error::{map_err, map_err_connect};
+use crate::subs::{PubSubFactory, PubSubLink, Registry};
 use lockcore::{Error, Result};
 
 /// The longest pause between two reconnection attempts (the delay doubles from
@@ -83,28 +83,26 @@ pub(crate) enum PubSubConn {
     Cluster(ClusterConnection),
 }
 
-impl PubSubConn {
-    pub(crate) async fn subscribe(&mut self, channel: impl ToRedisArgs + Send) -> RedisResult<()> {
-        match self {
+#[async_trait::async_trait]
+impl PubSubLink for PubSubConn {
+    async fn subscribe(&self, channel: &str) -> RedisResult<()> {
+        match self.clone() {
             PubSubConn::Single(c) => {
                 c.with_conn(|mut c| async move { c.subscribe(channel).await })
                     .await
             }
             // Sharded: the subscription lives on the node of the channel's slot.
-            PubSubConn::Cluster(c) => c.ssubscribe(channel).await,
+            PubSubConn::Cluster(mut c) => c.ssubscribe(channel).await,
         }
     }
 
-    pub(crate) async fn unsubscribe(
-        &mut self,
-        channel: impl ToRedisArgs + Send,
-    ) -> RedisResult<()> {
-        match self {
+    async fn unsubscribe(&self, channel: &str) -> RedisResult<()> {
+        match self.clone() {
             PubSubConn::Single(c) => {
                 c.with_conn(|mut c| async move { c.unsubscribe(channel).await })
                     .await
             }
-            PubSubConn::Cluster(c) => c.sunsubscribe(channel).await,
+            PubSubConn::Cluster(mut c) => c.sunsubscribe(channel).await,
         }
     }
 }
@@ -684,7 +682,7 @@ pub(crate) struct PubSubOpener {
 
 #[async_trait::async_trait]
 impl PubSubFactory for PubSubOpener {
-    async fn open(&self, registry: Weak<Registry>) -> Result<PubSubConn> {
+    async fn open(&self, registry: Weak<Registry>) -> Result<Arc<dyn PubSubLink>> {
         match &self.factory {
             Factory::Single(target) => {
                 let on_push: OnPush = {
@@ -718,7 +716,7 @@ impl PubSubFactory for PubSubOpener {
                     Some(on_push),
                 )
                 .await
-                .map(PubSubConn::Single)
+                .map(|c| Arc::new(PubSubConn::Single(c)) as Arc<dyn PubSubLink>)
                 .map_err(|e| map_err_connect("cannot open the pub/sub connection", e))
             }
             Factory::Cluster { .. } => self
@@ -726,7 +724,7 @@ impl PubSubFactory for PubSubOpener {
                 .cluster_client(&self.cfg, Some(registry))?
                 .get_async_connection()
                 .await
-                .map(PubSubConn::Cluster)
+                .map(|c| Arc::new(PubSubConn::Cluster(c)) as Arc<dyn PubSubLink>)
                 .map_err(|e| map_err_connect("cannot open the cluster pub/sub connection", e)),
         }
     }

@@ -83,6 +83,7 @@
 mod batch;
 mod config;
 mod conn;
+mod error;
 pub mod node;
 mod subs;
 
@@ -98,7 +99,6 @@ use crate::batch::Renewals;
 pub use crate::config::Config;
 use crate::conn::Conn;
 use crate::node::{ExpiryWatch, Keys, Node, NodeAttempt, Replicas};
-pub(crate) use crate::node::{map_err, map_err_connect};
 
 enum Attempt {
     Won(Acquired),

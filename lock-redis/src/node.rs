@@ -15,11 +15,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::{Error, ErrorKind, LockName, Result};
-use redis::{RedisError, Script};
+use redis::Script;
 
 pub use crate::config::Config;
 pub use crate::conn::Conn;
 use crate::conn::{Factory, PubSubOpener};
+pub use crate::error::map_err;
+pub use crate::subs::RELEASED;
 pub use crate::subs::{Channel, ExpiryWatch, Subscriptions, Waiting};
 
 /// Takes the lock for token `ARGV[1]` with TTL `ARGV[2]` ms, atomically. Returns `{1, fence}`
@@ -122,33 +124,6 @@ fn scripts() -> &'static Scripts {
         revoke: Script::new(REVOKE_LUA),
         compare_and_delete: Script::new(COMPARE_AND_DELETE_LUA),
     })
-}
-
-/// Maps a client error: connection, I/O and timeouts are `Unavailable`, the rest `Backend`.
-pub fn map_err(msg: &str, e: RedisError) -> Error {
-    use redis::{ErrorKind as K, ServerErrorKind as S};
-    // Transient states of a server or cluster (loading, failover, resharding) are Unavailable too.
-    let transient = matches!(
-        e.kind(),
-        K::ClusterConnectionNotFound
-            | K::Server(S::BusyLoading | S::MasterDown | S::ReadOnly | S::TryAgain)
-    );
-    if transient
-        || e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_cluster_error()
-    {
-        Error::unavailable(msg.to_owned(), e)
-    } else {
-        Error::backend(msg.to_owned(), e)
-    }
-}
-
-/// As [`map_err`], for connection setup.
-pub(crate) fn map_err_connect(msg: &str, e: RedisError) -> Error {
-    map_err(msg, e)
 }
 
 /// The keys and channel of one lock name: `<namespace>:{<escaped name>}:lock`,
@@ -392,9 +367,6 @@ pub async fn extend_replicated(
 pub async fn release(conn: &mut Conn, keys: &Keys, token: &str) -> Result<bool> {
     release_announced(conn, keys, token, RELEASED).await
 }
-
-/// The message [`release`] publishes.
-pub const RELEASED: &str = "released";
 
 /// [`release`], publishing `message` instead of [`RELEASED`]: a client that sends one release
 /// to several servers (Redlock) names it, so its waiters act once on the copies.

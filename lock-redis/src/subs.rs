@@ -7,8 +7,11 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{Notify, OnceCell};
 
-use crate::conn::PubSubConn;
-use crate::map_err;
+use crate::error::map_err;
+
+/// The message a release publishes on its channel when it names no release of its own (see
+/// [`crate::node::release`]).
+pub const RELEASED: &str = "released";
 
 /// The waiters of one channel in this client.
 #[derive(Debug, Default)]
@@ -158,7 +161,7 @@ impl Registry {
                 _ => None,
             })
         }
-        .filter(|m| *m != crate::node::RELEASED)
+        .filter(|m| *m != RELEASED)
         .map(Arc::from);
         let channels = self.lock();
         if let Some(entry) = channels.get(name) {
@@ -176,7 +179,7 @@ impl Registry {
 /// [`Subscriptions::join`], resubscribing after reconnects) shared by all its waiters.
 pub struct Subscriptions {
     pub(crate) registry: Arc<Registry>,
-    conn: OnceCell<PubSubConn>,
+    conn: OnceCell<Arc<dyn PubSubLink>>,
     factory: Box<dyn PubSubFactory>,
 }
 
@@ -193,7 +196,15 @@ impl std::fmt::Debug for Subscriptions {
 /// registry.
 #[async_trait::async_trait]
 pub(crate) trait PubSubFactory: Send + Sync + 'static {
-    async fn open(&self, registry: Weak<Registry>) -> lockcore::Result<PubSubConn>;
+    async fn open(&self, registry: Weak<Registry>) -> lockcore::Result<Arc<dyn PubSubLink>>;
+}
+
+/// The connection that carries the subscriptions (its pushes reach the [`Registry`] the
+/// factory was given).
+#[async_trait::async_trait]
+pub(crate) trait PubSubLink: Send + Sync + 'static {
+    async fn subscribe(&self, channel: &str) -> redis::RedisResult<()>;
+    async fn unsubscribe(&self, channel: &str) -> redis::RedisResult<()>;
 }
 
 impl Subscriptions {
@@ -205,7 +216,7 @@ impl Subscriptions {
         })
     }
 
-    async fn conn(&self) -> lockcore::Result<PubSubConn> {
+    async fn conn(&self) -> lockcore::Result<Arc<dyn PubSubLink>> {
         self.conn
             .get_or_try_init(|| self.factory.open(Arc::downgrade(&self.registry)))
             .await
@@ -238,7 +249,7 @@ impl Subscriptions {
         {
             let mut subscribed = waiting.channel.subscribed.lock().await;
             if !*subscribed {
-                let mut conn = self.conn().await?;
+                let conn = self.conn().await?;
                 conn.subscribe(channel)
                     .await
                     .map_err(|e| map_err("SUBSCRIBE failed", e))?;
@@ -271,11 +282,10 @@ impl Subscriptions {
         }
         // Unsubscribe even when the flag says we never subscribed: a SUBSCRIBE whose caller was
         // cancelled may still have been sent; this UNSUBSCRIBE follows it on the same connection.
-        if let Some(conn) = self.conn.get() {
-            let mut conn = conn.clone();
-            if let Err(e) = conn.unsubscribe(&name).await {
-                tracing::debug!(error = %e, "UNSUBSCRIBE failed; the subscription lives until the pub/sub connection closes");
-            }
+        if let Some(conn) = self.conn.get()
+            && let Err(e) = conn.unsubscribe(&name).await
+        {
+            tracing::debug!(error = %e, "UNSUBSCRIBE failed; the subscription lives until the pub/sub connection closes");
         }
         *subscribed = false;
         let mut channels = self.registry.lock();
