@@ -78,7 +78,7 @@ pub(crate) fn is_conn_err(e: &sqlx::Error) -> bool {
             | sqlx::Error::Protocol(_)
             | sqlx::Error::WorkerCrashed
             | sqlx::Error::PoolClosed
-    ) || crate::is_unavailable_code(e)
+    ) || crate::sql_errors::is_unavailable_code(e)
 }
 
 impl<O, M> Conns<O, M>
@@ -173,7 +173,7 @@ where
         .await;
         match opened {
             Ok(Ok(c)) => Ok(c),
-            Ok(Err(e)) => Err(crate::map_err(&self.config, "connecting", e)),
+            Ok(Err(e)) => Err(crate::sql_errors::map_err(&self.config, "connecting", e)),
             Err(_) => Err(self.timed_out("connecting")),
         }
     }
@@ -225,7 +225,7 @@ where
                     if !is_conn_err(&e) {
                         self.put(c);
                     }
-                    return Err(crate::map_err(&self.config, what, e));
+                    return Err(crate::sql_errors::map_err(&self.config, what, e));
                 }
                 Err(_) => return Err(self.timed_out(what)),
             }

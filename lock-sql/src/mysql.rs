@@ -15,8 +15,9 @@ use sqlx::{AssertSqlSafe, Connection};
 
 use crate::config::{Parsed, Strategy};
 use crate::conns::{Checked, Conns, is_conn_err};
+use crate::rowlock::guard_timeout;
 use crate::rowlock::{Holding, Queues, RowLease};
-use crate::{guard_timeout, map_err};
+use crate::sql_errors::map_err;
 
 /// The longest single server-side wait; a longer wait is queued again after it, so a waiter
 /// whose client died (the server does not notice during a lock wait) leaves within it.
@@ -607,7 +608,7 @@ impl MyLease {
             .await?;
         // FOUND_ROWS is on: this counts matched rows, so an extend within the same microsecond
         // still reports 1.
-        crate::owner_checked(n)
+        crate::sql_errors::owner_checked(n)
     }
 }
 

@@ -15,8 +15,9 @@ use tokio::sync::{OnceCell, broadcast, oneshot};
 
 use crate::config::{Parsed, Strategy};
 use crate::conns::{Checked, Conns, is_conn_err};
+use crate::rowlock::guard_timeout;
 use crate::rowlock::{Holding, Queues, RowLease};
-use crate::{db_code, guard_timeout, map_err};
+use crate::sql_errors::{db_code, map_err};
 
 /// SQLSTATE lock_not_available: lock_timeout ran out.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
@@ -799,7 +800,7 @@ impl Lease for PgLease {
                     .boxed()
             })
             .await?;
-        crate::owner_checked(n)?;
+        crate::sql_errors::owner_checked(n)?;
         Ok(ttl)
     }
 
@@ -819,6 +820,6 @@ impl Lease for PgLease {
                     .boxed()
             })
             .await?;
-        crate::owner_checked(n as u64)
+        crate::sql_errors::owner_checked(n as u64)
     }
 }

@@ -164,7 +164,7 @@ impl PgXactLock {
                     .rollback()
                     .await
                     .map_err(|e| self.error(&name, e))?;
-                if crate::db_code(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) {
+                if crate::sql_errors::db_code(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) {
                     Err(Error::timeout(format!(
                         "{:?} was not free within {wait:?}",
                         name.as_str()
@@ -177,7 +177,7 @@ impl PgXactLock {
     }
 
     fn error(&self, name: &LockName, e: sqlx::Error) -> Error {
-        if crate::db_code(&e).as_deref() == Some(UNDEFINED_TABLE) {
+        if crate::sql_errors::db_code(&e).as_deref() == Some(UNDEFINED_TABLE) {
             return Error::invalid_config(format!(
                 "the lock table {:?} does not exist: connect a SqlBackend with table={} once \
                  to create it",

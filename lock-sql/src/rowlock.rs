@@ -24,6 +24,11 @@ pub(crate) trait Holding: Send + 'static {
     fn recycle(self: Box<Self>);
 }
 
+/// How long the server-side guard of a row-lock holder waits: the TTL plus one second.
+pub(crate) fn guard_timeout(ttl: Duration) -> Duration {
+    ttl + Duration::from_secs(1)
+}
+
 /// The state of a held row lock shared by the lease and its health check.
 struct Held {
     /// The holding connection; `None` once released or lost.
@@ -200,7 +205,7 @@ impl Drop for RowLease {
             let Some(conn) = held.conn.lock().await.take() else {
                 return;
             };
-            let guard = crate::guard_timeout(held.ttl());
+            let guard = guard_timeout(held.ttl());
             tokio::time::sleep(guard * 2 + Duration::from_secs(10)).await;
             drop(conn);
         });

@@ -13,7 +13,7 @@ use sqlx::sqlite::{
 };
 
 use crate::config::Parsed;
-use crate::map_err;
+use crate::sql_errors::map_err;
 
 /// Unix time in seconds (millisecond resolution) on the database's clock.
 const NOW: &str = "((julianday('now') - 2440587.5) * 86400.0)";
@@ -34,7 +34,7 @@ pub(crate) struct LiteBackend {
 /// SQLITE_BUSY / SQLITE_LOCKED and their extended codes: another connection holds the write
 /// lock beyond the busy timeout. Retried, never reported as a failure of the lock itself.
 fn is_busy(e: &sqlx::Error) -> bool {
-    crate::db_code(e)
+    crate::sql_errors::db_code(e)
         .and_then(|c| c.parse::<i32>().ok())
         .is_some_and(|c| matches!(c & 0xff, 5 | 6))
 }
@@ -215,7 +215,7 @@ impl LiteLease {
         })
         .await
         .map_err(|e| map_err(&self.config, what, e))?;
-        crate::owner_checked(r.rows_affected() as u64)
+        crate::sql_errors::owner_checked(r.rows_affected() as u64)
     }
 }
 
