@@ -85,6 +85,7 @@
 #![deny(missing_docs)]
 
 mod config;
+mod interop;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod conns;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -104,6 +105,7 @@ use lockcore::backend::{AcquireRequest, Acquired, Backend};
 use lockcore::{Capabilities, Error, LockName, Result};
 
 pub use config::{Config, DEFAULT_TABLE, Strategy, validate_table};
+pub use interop::{Interop, MAX_GET_LOCK_BYTES, MAX_GET_LOCK_CHARS};
 use config::{Dialect, Parsed};
 
 /// A client of one SQL database: a connection pool plus the lock table.
@@ -172,7 +174,7 @@ impl SqlBackend {
                 )));
             }
         };
-        let capabilities = capabilities(config.dialect, config.strategy);
+        let capabilities = capabilities(&config);
         Ok(SqlBackend {
             inner,
             config,
@@ -201,7 +203,7 @@ impl SqlBackend {
         settings.table = table.to_owned();
         let config = Parsed::from_config(settings)?;
         let inner = Inner::Lite(sqlite::LiteBackend::with_pool(&config, pool).await?);
-        let capabilities = capabilities(config.dialect, config.strategy);
+        let capabilities = capabilities(&config);
         Ok(SqlBackend {
             inner,
             config,
@@ -235,7 +237,7 @@ impl SqlBackend {
             table,
         )?;
         let inner = Inner::Pg(Box::new(pg::PgBackend::connect_with(&config, opts).await?));
-        let capabilities = capabilities(config.dialect, config.strategy);
+        let capabilities = capabilities(&config);
         Ok(SqlBackend {
             inner,
             config,
@@ -278,7 +280,7 @@ impl SqlBackend {
             table,
         )?;
         let inner = Inner::My(mysql::MyBackend::connect_with(&config, opts).await?);
-        let capabilities = capabilities(config.dialect, config.strategy);
+        let capabilities = capabilities(&config);
         Ok(SqlBackend {
             inner,
             config,
@@ -342,7 +344,15 @@ impl SqlBackend {
     }
 }
 
-fn capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
+fn capabilities(config: &Parsed) -> Capabilities {
+    let c = strategy_capabilities(config.dialect, config.strategy);
+    match config.interop {
+        Some(peer) => peer.capabilities(c),
+        None => c,
+    }
+}
+
+fn strategy_capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
     let mut c = Capabilities::default();
     c.fencing = true;
     c.reentrant = false;
@@ -527,10 +537,16 @@ impl Backend for SqlBackend {
     }
 
     fn describe(&self) -> String {
-        format!(
-            "{} (strategy={}, table={})",
-            self.config.redacted, self.config.strategy, self.config.table
-        )
+        match self.config.interop {
+            Some(peer) => format!(
+                "{} (strategy={}, table={}, interop={peer})",
+                self.config.redacted, self.config.strategy, self.config.table
+            ),
+            None => format!(
+                "{} (strategy={}, table={})",
+                self.config.redacted, self.config.strategy, self.config.table
+            ),
+        }
     }
 }
 
