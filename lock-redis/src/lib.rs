@@ -44,6 +44,21 @@
 //! | `poll_ms` | `1000` | safety-net poll of a notified waiter (jittered in `[poll/2, poll]`) |
 //! | `connect_timeout_ms` | `2000` | connection timeout |
 //! | `response_timeout_ms` | `2000` | per-command response timeout |
+//! | `interop` | none | `redis-py` or `redisson`: keep locks on that client's layout (below) |
+//!
+//! # Sharing locks with redis-py or Redisson (`interop=`)
+//!
+//! With `interop=redis-py` a lock is what redis-py's `Lock` (4.3.4) keeps: a string at the
+//! exact lock name (no namespace) holding the owner's token, with a TTL. With
+//! `interop=redisson` it is Redisson's `RLock` (4.7.0): a hash at the exact name, one field
+//! `<uuid>:1` with count 1, a `PEXPIRE`; a release publishes `0` on
+//! `redisson_lock__channel:{<name>}` (Redisson's waiters wake), and waiters here subscribe to
+//! that channel (Redisson's releases wake them). In both, acquire, extend and release check
+//! the peer's own record in one script, so each side excludes the other; the guard has **no
+//! fencing token** (the peer keeps no counter: a token would not order its holders). redis-py
+//! announces nothing on release: waiters here see a redis-py release at their next poll
+//! (`poll_ms`). Single node or sentinel only (a cluster is refused), without `min_replicas`.
+//! [`Interop`] and the capabilities' notes say what holds in each mode.
 //!
 //! `min_replicas` narrows the failover window of Redis's asynchronous replication but does not
 //! close it: `WAIT` only says that replicas received the write, not that a failover will promote
@@ -97,8 +112,8 @@ use lockcore::{Capabilities, Error, Instant, LockName, Result, WaitKind};
 
 use crate::batch::Renewals;
 pub use crate::config::Config;
-pub use crate::interop::Interop;
 use crate::conn::Conn;
+pub use crate::interop::Interop;
 use crate::node::{ExpiryWatch, Keys, Node, NodeAttempt, Replicas};
 pub(crate) use crate::node::{map_err, map_err_connect};
 
@@ -229,10 +244,9 @@ impl RedisBackend {
         let caps = Self::capabilities_for(&cfg);
         let describe = cfg.redacted();
         let interop = cfg.interop;
-        let renewals = (!cfg.cluster
-            && wait_conn.is_none()
-            && interop.is_none_or(Interop::batched_renewals))
-        .then(|| Renewals::start(node.conn()));
+        let renewals =
+            (!cfg.cluster && wait_conn.is_none() && interop.is_none_or(Interop::batched_renewals))
+                .then(|| Renewals::start(node.conn()));
         Ok(RedisBackend {
             inner: Arc::new(Inner {
                 node,

@@ -65,8 +65,16 @@ fn stamp(line: &str) -> u64 {
 
 /// What the lock looks like on the server while locksmith holds it: the peer's own layout.
 async fn assert_layout(conn: &mut redis::aio::MultiplexedConnection, kind: &str, name: &str) {
-    let kind_of: String = redis::cmd("TYPE").arg(name).query_async(conn).await.unwrap();
-    let pttl: i64 = redis::cmd("PTTL").arg(name).query_async(conn).await.unwrap();
+    let kind_of: String = redis::cmd("TYPE")
+        .arg(name)
+        .query_async(conn)
+        .await
+        .unwrap();
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(name)
+        .query_async(conn)
+        .await
+        .unwrap();
     assert!(pttl > 0, "the lock key has a TTL ({pttl})");
     match kind {
         "redis-py" => {
@@ -82,7 +90,10 @@ async fn assert_layout(conn: &mut redis::aio::MultiplexedConnection, kind: &str,
                 .await
                 .unwrap();
             assert_eq!(fields.len(), 1, "{fields:?}");
-            assert!(fields[0].0.ends_with(":1") && fields[0].1 == 1, "{fields:?}");
+            assert!(
+                fields[0].0.ends_with(":1") && fields[0].1 == 1,
+                "{fields:?}"
+            );
         }
     }
 }
@@ -106,7 +117,11 @@ async fn peer_holds_locksmith_waits(kind: &str) {
         .ttl(Duration::from_secs(10))
         .wait_timeout(scaled(30.0));
     assert!(
-        locker.try_lock(name.as_str(), &opts).await.unwrap().is_none(),
+        locker
+            .try_lock(name.as_str(), &opts)
+            .await
+            .unwrap()
+            .is_none(),
         "{kind} holds {name}: try_lock must refuse"
     );
     let waiter = {
@@ -140,11 +155,17 @@ async fn peer_holds_locksmith_waits(kind: &str) {
     p.send("release").await.unwrap();
     let released = stamp(&p.expect("released", scaled(20.0)).await.unwrap());
     let (guard, won_at) = waiter.await.unwrap();
-    let guard = guard.unwrap_or_else(|e| {
-        panic!("locksmith did not get the lock after {kind} released it: {e}")
-    });
-    assert!(won_at >= released, "won at {won_at}, released at {released}");
-    assert_eq!(guard.fencing_token(), None, "no fencing token in interop mode");
+    let guard = guard
+        .unwrap_or_else(|e| panic!("locksmith did not get the lock after {kind} released it: {e}"));
+    assert!(
+        won_at >= released,
+        "won at {won_at}, released at {released}"
+    );
+    assert_eq!(
+        guard.fencing_token(),
+        None,
+        "no fencing token in interop mode"
+    );
     assert_layout(&mut conn, kind, &name).await;
     guard.release().await.unwrap();
     let exists: i64 = redis::cmd("EXISTS")
@@ -187,7 +208,11 @@ async fn locksmith_holds_peer_waits(kind: &str) {
     }
     // Now the peer holds: locksmith must not get in.
     assert!(
-        locker.try_lock(name.as_str(), &opts).await.unwrap().is_none(),
+        locker
+            .try_lock(name.as_str(), &opts)
+            .await
+            .unwrap()
+            .is_none(),
         "{kind} holds {name}"
     );
     p.send("release").await.unwrap();

@@ -282,7 +282,8 @@ impl Parsed {
         if let Some(peer) = interop {
             let fits = matches!(
                 (peer, dialect),
-                (crate::Interop::Sqlx, Dialect::Postgres) | (crate::Interop::GetLock, Dialect::MySql)
+                (crate::Interop::Sqlx, Dialect::Postgres)
+                    | (crate::Interop::GetLock, Dialect::MySql)
             );
             if !fits {
                 return Err(Error::invalid_config(format!(

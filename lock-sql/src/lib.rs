@@ -32,6 +32,13 @@
 //!   no deadline of its own (`try_lock`, release, extend, revoke). Waits are bounded by the
 //!   caller's deadline, so an unreachable database cannot hold `lock()` past it.
 //!
+//! * `interop=sqlx` (PostgreSQL) or `interop=get_lock` (MariaDB/MySQL), with
+//!   `strategy=row-lock`: the row lock is taken on the key another client uses, so both
+//!   exclude each other: sqlx's `PgAdvisoryLock::new(name)` key (computed by sqlx itself), or
+//!   `GET_LOCK` with the exact name (at most 64 characters: longer names are refused with
+//!   `InvalidName` before any I/O). No fencing tokens in these modes (the peer bumps no
+//!   counter); waiting, fairness and session-bound locks are the row-lock strategy's. See
+//!   [`Interop`].
 //! Every other parameter (`sslmode`, `ssl-mode`, `application_name`, ...) goes to sqlx as is.
 //! Secrets never appear in `Debug`, [`Backend::describe`], logs or errors, wherever the URL
 //! carries them: the user-info password and any secret-looking query parameter (`password=`,
@@ -85,9 +92,9 @@
 #![deny(missing_docs)]
 
 mod config;
-mod interop;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod conns;
+mod interop;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod rowlock;
 
@@ -105,8 +112,8 @@ use lockcore::backend::{AcquireRequest, Acquired, Backend};
 use lockcore::{Capabilities, Error, LockName, Result};
 
 pub use config::{Config, DEFAULT_TABLE, Strategy, validate_table};
-pub use interop::{Interop, MAX_GET_LOCK_BYTES, MAX_GET_LOCK_CHARS};
 use config::{Dialect, Parsed};
+pub use interop::{Interop, MAX_GET_LOCK_BYTES, MAX_GET_LOCK_CHARS};
 
 /// A client of one SQL database: a connection pool plus the lock table.
 ///

@@ -113,7 +113,8 @@ async fn sqlx_peer_process() {
             }
             ["loop", name, seconds] => {
                 let lock = PgAdvisoryLock::new(name);
-                let end = std::time::Instant::now() + Duration::from_secs_f64(seconds.parse().unwrap());
+                let end =
+                    std::time::Instant::now() + Duration::from_secs_f64(seconds.parse().unwrap());
                 let mut n = 0;
                 while std::time::Instant::now() < end {
                     let guard = lock.acquire(&mut conn).await.unwrap();
@@ -169,7 +170,13 @@ async fn sqlx_holds_locksmith_waits() {
     let opts = LockOptions::new()
         .ttl(Duration::from_secs(10))
         .wait_timeout(scaled(30.0));
-    assert!(locker.try_lock(name.as_str(), &opts).await.unwrap().is_none());
+    assert!(
+        locker
+            .try_lock(name.as_str(), &opts)
+            .await
+            .unwrap()
+            .is_none()
+    );
     let waiter = {
         let (locker, name, opts) = (locker.clone(), name.clone(), opts.clone());
         tokio::spawn(async move {
@@ -188,7 +195,10 @@ async fn sqlx_holds_locksmith_waits() {
     let released = stamp(&p.expect("released", scaled(20.0)).await.unwrap(), 1);
     let (guard, won_at) = waiter.await.unwrap();
     let guard = guard.unwrap();
-    assert!(won_at >= released, "won at {won_at}, released at {released}");
+    assert!(
+        won_at >= released,
+        "won at {won_at}, released at {released}"
+    );
     assert_eq!(guard.fencing_token(), None);
     guard.release().await.unwrap();
     p.send("quit").await.unwrap();
@@ -224,7 +234,13 @@ async fn locksmith_holds_sqlx_waits() {
     guard.release().await.unwrap();
     let line = p.expect("acquired", scaled(20.0)).await.unwrap();
     assert!(stamp(&line, 1) >= released, "{line} before {released}");
-    assert!(locker.try_lock(name.as_str(), &opts).await.unwrap().is_none());
+    assert!(
+        locker
+            .try_lock(name.as_str(), &opts)
+            .await
+            .unwrap()
+            .is_none()
+    );
     p.send("release").await.unwrap();
     p.expect("released", scaled(20.0)).await.unwrap();
     p.send("quit").await.unwrap();
@@ -357,15 +373,23 @@ async fn get_lock_peer_holds_locksmith_waits() {
     let n = sql_name(&name);
     let locker = Locker::new(backend(&url, "get_lock").await);
     let (mut p, _dir) = mariadb_peer(&url).await;
-    p.send(&format!("SELECT 'got', GET_LOCK('{n}', 10), UNIX_TIMESTAMP(SYSDATE(6));"))
-        .await
-        .unwrap();
+    p.send(&format!(
+        "SELECT 'got', GET_LOCK('{n}', 10), UNIX_TIMESTAMP(SYSDATE(6));"
+    ))
+    .await
+    .unwrap();
     let got = p.expect("got", scaled(20.0)).await.unwrap();
     assert_eq!(got.split_whitespace().nth(1), Some("1"), "{got}");
     let opts = LockOptions::new()
         .ttl(Duration::from_secs(10))
         .wait_timeout(scaled(30.0));
-    assert!(locker.try_lock(name.as_str(), &opts).await.unwrap().is_none());
+    assert!(
+        locker
+            .try_lock(name.as_str(), &opts)
+            .await
+            .unwrap()
+            .is_none()
+    );
     let waiter = {
         let (locker, name, opts) = (locker.clone(), name.clone(), opts.clone());
         tokio::spawn(async move {
@@ -405,7 +429,10 @@ async fn get_lock_peer_holds_locksmith_waits() {
     let released = stamp(&line, 1);
     let (guard, won_at) = waiter.await.unwrap();
     let guard = guard.unwrap();
-    assert!(won_at >= released, "won at {won_at}, released at {released}");
+    assert!(
+        won_at >= released,
+        "won at {won_at}, released at {released}"
+    );
     assert_eq!(guard.fencing_token(), None);
     guard.release().await.unwrap();
     p.send("quit").await.unwrap();
@@ -438,16 +465,24 @@ async fn locksmith_holds_get_lock_peer_waits() {
         .await
         .unwrap();
     assert_eq!(p.expect("try", scaled(20.0)).await.unwrap(), "try\t0");
-    p.send(&format!("SELECT 'got', GET_LOCK('{n}', 60), UNIX_TIMESTAMP(SYSDATE(6));"))
-        .await
-        .unwrap();
+    p.send(&format!(
+        "SELECT 'got', GET_LOCK('{n}', 60), UNIX_TIMESTAMP(SYSDATE(6));"
+    ))
+    .await
+    .unwrap();
     assert!(!p.has_output());
     let released = now_unix_micros();
     guard.release().await.unwrap();
     let got = p.expect("got", scaled(30.0)).await.unwrap();
     assert_eq!(got.split_whitespace().nth(1), Some("1"), "{got}");
     assert!(stamp(&got, 2) >= released, "{got} before {released}");
-    assert!(locker.try_lock(name.as_str(), &opts).await.unwrap().is_none());
+    assert!(
+        locker
+            .try_lock(name.as_str(), &opts)
+            .await
+            .unwrap()
+            .is_none()
+    );
     p.send(&format!("SELECT 'released', RELEASE_LOCK('{n}');"))
         .await
         .unwrap();
@@ -518,7 +553,9 @@ async fn get_lock_refuses_long_names_and_capabilities_tell_the_truth() {
     }
     // Settings that do not fit are refused.
     for bad in ["interop=get_lock", "interop=sqlx&strategy=row-lock"] {
-        let e = SqlBackend::connect(&with_params(&url, bad)).await.unwrap_err();
+        let e = SqlBackend::connect(&with_params(&url, bad))
+            .await
+            .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{bad}: {e}");
     }
 }
