@@ -31,7 +31,6 @@
 //! * `op_timeout_ms=` (default 5000) the client-side bound of a statement or connect that has
 //!   no deadline of its own (`try_lock`, release, extend, revoke). Waits are bounded by the
 //!   caller's deadline, so an unreachable database cannot hold `lock()` past it.
-//!
 //! * `interop=sqlx` (PostgreSQL) or `interop=get_lock` (MariaDB/MySQL), with
 //!   `strategy=row-lock`: the row lock is taken on the key another client uses, so both
 //!   exclude each other: sqlx's `PgAdvisoryLock::new(name)` key (computed by sqlx itself), or
@@ -39,6 +38,7 @@
 //!   `InvalidName` before any I/O). No fencing tokens in these modes (the peer bumps no
 //!   counter); waiting, fairness and session-bound locks are the row-lock strategy's. See
 //!   [`Interop`].
+//!
 //! Every other parameter (`sslmode`, `ssl-mode`, `application_name`, ...) goes to sqlx as is.
 //! Secrets never appear in `Debug`, [`Backend::describe`], logs or errors, wherever the URL
 //! carries them: the user-info password and any secret-looking query parameter (`password=`,
