@@ -470,7 +470,29 @@ async fn locksmith_holds_get_lock_peer_waits() {
     ))
     .await
     .unwrap();
-    assert!(!p.has_output());
+    // The peer's statement waits in the server for the name locksmith holds (its text, with
+    // the name, shows in the process list in state `User lock`).
+    let (mut watcher, _dir2) = mariadb_peer(&url).await;
+    let mut waiting = false;
+    let end = lockcore::Instant::now() + scaled(20.0);
+    while !waiting && lockcore::Instant::now() < end {
+        watcher
+            .send(&format!(
+                "SELECT 'waiters', COUNT(*) FROM information_schema.PROCESSLIST \
+                 WHERE STATE = 'User lock' AND INFO LIKE '%GET_LOCK(''{n}'', 60)%' \
+                 AND ID <> CONNECTION_ID();"
+            ))
+            .await
+            .unwrap();
+        let line = watcher.expect("waiters", scaled(20.0)).await.unwrap();
+        waiting = line.split_whitespace().nth(1) == Some("1");
+        if !waiting {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert!(waiting, "the peer's GET_LOCK never waited in the server");
+    watcher.send("quit").await.unwrap();
+    assert!(!p.has_output(), "{:?}", p.seen());
     let released = now_unix_micros();
     guard.release().await.unwrap();
     let got = p.expect("got", scaled(30.0)).await.unwrap();

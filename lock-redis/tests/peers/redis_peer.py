@@ -110,16 +110,25 @@ class RedissonLock:
         """Redisson's lock(): subscribe, try, wait for the unlock message or the TTL."""
         if self.try_acquire(ttl_ms) is None:
             return "free"
-        if on_waiting:
-            on_waiting()
         p = self.r.pubsub()
         p.subscribe(self.channel)
+        # As Redisson, the retry comes once the subscription is confirmed: a release after it
+        # is announced to this waiter.
+        while True:
+            m = p.get_message(timeout=5.0)
+            if m and m["type"] == "subscribe":
+                break
         how = "retry"
+        announced = False
         try:
             while True:
                 ttl = self.try_acquire(ttl_ms)
                 if ttl is None:
                     return how
+                if on_waiting and not announced:
+                    # Subscribed and still held: from here only a message or the TTL wakes it.
+                    on_waiting()
+                    announced = True
                 limit = ttl / 1000.0 if ttl >= 0 else 1.0
                 deadline = time.monotonic() + limit
                 how = "ttl"
