@@ -336,6 +336,10 @@ mod tests {
                 r#"{"masters": [{"nodes": ["a"]}], "node_timeout_ms": 0}"#,
                 "node_timeout_ms",
             ),
+            (
+                r#"{"masters": [{"nodes": ["a"], "interop": "redis-py"}]}"#,
+                "interop",
+            ),
         ] {
             let e = file(json).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidConfig);
