@@ -92,6 +92,13 @@ pub trait Harness: Send + Sync + 'static {
         ))
     }
 
+    /// The longest name, in bytes, the target accepts: [`lockcore::MAX_NAME_LEN`] unless the
+    /// backend follows a peer that limits names (`interop=get_lock`: 64), which must refuse a
+    /// longer one with `InvalidName`. The name scenarios keep to it.
+    fn max_name_len(&self) -> usize {
+        lockcore::MAX_NAME_LEN
+    }
+
     /// The shortest TTL the scenarios should use with this backend (its timing floor, for
     /// example ZooKeeper's minimum session timeout). Scenario TTLs are at least this.
     fn min_scenario_ttl(&self) -> Duration {

@@ -1559,14 +1559,25 @@ async fn hostile_names(ctx: &Ctx) -> Outcome {
     // the last segment of another (`tag/..`, `tag/.`): where a naive mapping to paths or keys
     // resolves, strips or rejects them. The run's unique tag keeps the names this run's own.
     let tag = ctx.prefix.trim_end_matches('-');
-    let long = "n".repeat(lockcore::MAX_NAME_LEN - ctx.prefix.len());
+    let max = ctx.harness.max_name_len();
+    let long = "n".repeat(max - ctx.prefix.len());
     let names: Vec<String> = HOSTILE
         .iter()
         .map(|h| format!("{h}/{tag}"))
         .chain(HOSTILE.iter().map(|h| format!("{tag}/{h}")))
         .chain([format!("{}{long}", ctx.prefix)])
         .collect();
-    hold_all_distinct(ctx, &a, &b, &names, &opts).await
+    hold_all_distinct(ctx, &a, &b, &names, &opts).await?;
+    if max < lockcore::MAX_NAME_LEN {
+        // A target that limits names refuses a longer one, typed, and takes nothing.
+        let name = format!("{}{long}n", ctx.prefix);
+        match a.try_lock(name.as_str(), &opts).await {
+            Err(e) if e.kind() == lockcore::ErrorKind::InvalidName => {}
+            Err(e) => return Err(format!("a name over {max} bytes: {e}")),
+            Ok(_) => return Err(format!("a name over {max} bytes was taken")),
+        }
+    }
+    Ok(())
 }
 
 /// Takes every name with `a`, all held at once (each new one getting its own lock shows no two
@@ -1621,7 +1632,7 @@ async fn hold_all_distinct(
 async fn names_are_exact_byte_strings(ctx: &Ctx) -> Outcome {
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let opts = ctx.opts(ctx.ttl(Duration::from_secs(20)));
-    let room = lockcore::MAX_NAME_LEN - ctx.prefix.len();
+    let room = ctx.harness.max_name_len() - ctx.prefix.len();
     let long = |last: char| format!("{}{last}", "L".repeat(room - 1));
     let suffixes: Vec<String> = [
         // Case.

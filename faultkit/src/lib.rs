@@ -11,6 +11,9 @@
 //! * [`Holder`]: drives a lock-holder *process* (the `locksmith-holder` binary of the `faults`
 //!   crate, or anything printing the same JSON lines), so a holder can be SIGKILLed, paused and
 //!   resumed like a real one.
+//! * [`PeerProcess`]: drives another lock client's process (redis-py, the `mariadb` client, a
+//!   sqlx program) line by line; [`check_windows`] checks that two clients' critical sections
+//!   never overlapped.
 //! * [`FencedResource`]: accepts a write only when its fencing token is at least the highest
 //!   seen, and counts stale writes rejected and accepted.
 //!
@@ -25,6 +28,7 @@ mod etcd;
 mod fence;
 mod holder;
 mod mariadb;
+mod peer;
 mod postgres;
 mod process;
 mod proxy;
@@ -36,6 +40,7 @@ pub use etcd::Etcd;
 pub use fence::{FenceStats, FencedResource};
 pub use holder::{Holder, HolderEvent, HolderSpec};
 pub use mariadb::MariaDb;
+pub use peer::{PeerProcess, Window, check_windows, unix_micros};
 pub use postgres::Postgres;
 pub use process::ServerProcess;
 pub use proxy::{Direction, Pick, Proxy, ProxyMode, ReplyLoss, rewrite_url};

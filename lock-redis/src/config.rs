@@ -91,6 +91,10 @@ pub struct Config {
         default = "default_timeout"
     )]
     pub response_timeout: Duration,
+    /// The lock client whose layout and protocol to follow (`interop=redis-py`,
+    /// `interop=redisson`); `None`: locksmith's own.
+    #[serde(default)]
+    pub interop: Option<crate::Interop>,
 }
 
 fn default_namespace() -> String {
@@ -127,6 +131,7 @@ const URL_PARAMS: &[&str] = &[
     "poll_ms",
     "connect_timeout_ms",
     "response_timeout_ms",
+    "interop",
 ];
 
 fn bad(msg: impl fmt::Display) -> Error {
@@ -376,6 +381,21 @@ impl Config {
         check_ms("poll_ms", self.poll, 10, 3_600_000)?;
         check_ms("connect_timeout_ms", self.connect_timeout, 1, 600_000)?;
         check_ms("response_timeout_ms", self.response_timeout, 1, 600_000)?;
+        if let Some(peer) = self.interop {
+            // The peers' own clients announce and renew on one server; a cluster's sharded
+            // channels and WAIT's replica bookkeeping are not part of their protocol here.
+            if self.cluster {
+                return Err(bad(format_args!(
+                    "`interop={peer}` is supported on a single node or with sentinels, not on a \
+                     cluster"
+                )));
+            }
+            if self.min_replicas > 0 {
+                return Err(bad(format_args!(
+                    "`interop={peer}` cannot be combined with `min_replicas`"
+                )));
+            }
+        }
         if let Some(ca) = &self.tls_ca {
             if ca.as_os_str().is_empty() {
                 return Err(bad("`tls_ca` is empty"));
@@ -429,6 +449,9 @@ impl Config {
         }
         if let Some(ca) = &self.tls_ca {
             out.push_str(&format!("&tls_ca={}", ca.display()));
+        }
+        if let Some(peer) = self.interop {
+            out.push_str(&format!("&interop={peer}"));
         }
         out
     }
@@ -508,10 +531,28 @@ mod tests {
             "redis+sentinel://a:1/",
             "redis+sentinel://a:1/m/x",
             "redis+sentinel://a:1/m{x}",
+            "redis://h?interop=jedis",
+            "redis://h?interop=",
+            "redis+cluster://a:1,b:2?interop=redis-py",
+            "redis://h?interop=redisson&min_replicas=1",
         ] {
             let e = Config::parse(url).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{url}");
         }
+    }
+
+    #[test]
+    fn interop_from_url_and_file() {
+        assert_eq!(Config::parse("redis://h").unwrap().interop, None);
+        let url = Config::parse("redis://h?interop=redis-py").unwrap();
+        assert_eq!(url.interop, Some(crate::Interop::RedisPy));
+        assert!(url.redacted().ends_with("&interop=redis-py"));
+        let file: Config =
+            serde_json::from_str(r#"{"nodes": ["h"], "interop": "redisson"}"#).unwrap();
+        assert_eq!(
+            file.validate().unwrap(),
+            Config::parse("redis://h?interop=redisson").unwrap()
+        );
     }
 
     /// A config file (JSON here; any serde format) gives the same `Config` as the URL, through

@@ -44,6 +44,21 @@
 //! | `poll_ms` | `1000` | safety-net poll of a notified waiter (jittered in `[poll/2, poll]`) |
 //! | `connect_timeout_ms` | `2000` | connection timeout |
 //! | `response_timeout_ms` | `2000` | per-command response timeout |
+//! | `interop` | none | `redis-py` or `redisson`: keep locks on that client's layout (below) |
+//!
+//! # Sharing locks with redis-py or Redisson (`interop=`)
+//!
+//! With `interop=redis-py` a lock is what redis-py's `Lock` (4.3.4) keeps: a string at the
+//! exact lock name (no namespace) holding the owner's token, with a TTL. With
+//! `interop=redisson` it is Redisson's `RLock` (4.7.0): a hash at the exact name, one field
+//! `<uuid>:1` with count 1, a `PEXPIRE`; a release publishes `0` on
+//! `redisson_lock__channel:{<name>}` (Redisson's waiters wake), and waiters here subscribe to
+//! that channel (Redisson's releases wake them). In both, acquire, extend and release check
+//! the peer's own record in one script, so each side excludes the other; the guard has **no
+//! fencing token** (the peer keeps no counter: a token would not order its holders). redis-py
+//! announces nothing on release: waiters here see a redis-py release at their next poll
+//! (`poll_ms`). Single node or sentinel only (a cluster is refused), without `min_replicas`.
+//! [`Interop`] and the capabilities' notes say what holds in each mode.
 //!
 //! `min_replicas` narrows the failover window of Redis's asynchronous replication but does not
 //! close it: `WAIT` only says that replicas received the write, not that a failover will promote
@@ -84,6 +99,7 @@ mod batch;
 mod config;
 mod conn;
 mod error;
+mod interop;
 pub mod node;
 mod subs;
 
@@ -98,6 +114,7 @@ use lockcore::{Capabilities, Error, Instant, LockName, Result, WaitKind};
 use crate::batch::Renewals;
 pub use crate::config::Config;
 use crate::conn::Conn;
+pub use crate::interop::Interop;
 use crate::node::{ExpiryWatch, Keys, Node, NodeAttempt, Replicas};
 
 enum Attempt {
@@ -114,6 +131,8 @@ struct Inner {
     /// Single node without `min_replicas`: extends batched into one script call (see
     /// [`batch`]).
     renewals: Option<Renewals>,
+    /// The peer whose layout and protocol this client follows (`interop=`), if any.
+    interop: Option<Interop>,
     caps: Capabilities,
     describe: String,
 }
@@ -224,12 +243,16 @@ impl RedisBackend {
         };
         let caps = Self::capabilities_for(&cfg);
         let describe = cfg.redacted();
-        let renewals = (!cfg.cluster && wait_conn.is_none()).then(|| Renewals::start(node.conn()));
+        let interop = cfg.interop;
+        let renewals =
+            (!cfg.cluster && wait_conn.is_none() && interop.is_none_or(Interop::batched_renewals))
+                .then(|| Renewals::start(node.conn()));
         Ok(RedisBackend {
             inner: Arc::new(Inner {
                 node,
                 wait_conn,
                 renewals,
+                interop,
                 caps,
                 describe,
             }),
@@ -276,22 +299,38 @@ impl RedisBackend {
                     .into(),
             );
         }
-        c
+        match cfg.interop {
+            Some(peer) => peer.capabilities(c),
+            None => c,
+        }
+    }
+
+    /// The keys and channel of `name`: locksmith's own layout, or the peer's under `interop=`.
+    fn keys(&self, name: &LockName) -> Keys {
+        match self.inner.interop {
+            Some(peer) => peer.keys(&self.inner.node.config().namespace, name),
+            None => self.inner.node.keys(name),
+        }
+    }
+
+    /// The peer this client shares its locks with (`interop=`), if any.
+    pub fn interop(&self) -> Option<Interop> {
+        self.inner.interop
     }
 
     /// The Redis key that holds the lock `name` (for operators and tests).
     pub fn lock_key(&self, name: &LockName) -> String {
-        self.inner.node.keys(name).lock
+        self.keys(name).lock
     }
 
     /// The pub/sub channel on which releases of `name` are announced.
     pub fn channel(&self, name: &LockName) -> String {
-        self.inner.node.keys(name).channel
+        self.keys(name).channel
     }
 
-    /// The Redis key of the fencing counter of `name`.
+    /// The Redis key of the fencing counter of `name` (empty under `interop=`: no counter).
     pub fn fence_key(&self, name: &LockName) -> String {
-        self.inner.node.keys(name).fence
+        self.keys(name).fence
     }
 
     /// How many lock names this client holds pub/sub subscriptions (or pending unsubscriptions)
@@ -308,7 +347,12 @@ impl RedisBackend {
     /// # Errors
     /// `Unavailable` or `Backend` when the server fails.
     pub async fn force_release(&self, name: &LockName) -> Result<bool> {
-        node::revoke(&mut self.inner.node.conn(), &self.inner.node.keys(name)).await
+        let keys = self.keys(name);
+        let mut conn = self.inner.node.conn();
+        match self.inner.interop {
+            Some(peer) => peer.revoke(&mut conn, &keys).await,
+            None => node::revoke(&mut conn, &keys).await,
+        }
     }
 
     /// Sends `PING` and returns once it is answered (for measuring the round trip).
@@ -337,7 +381,13 @@ impl RedisBackend {
         req: &AcquireRequest,
         keys: &Keys,
     ) -> Result<NodeAttempt> {
-        node::acquire(conn, keys, &req.token.to_hex(), req.ttl, true).await
+        match self.inner.interop {
+            Some(peer) => {
+                peer.acquire(conn, keys, &peer.owner(&req.token), req.ttl)
+                    .await
+            }
+            None => node::acquire(conn, keys, &req.token.to_hex(), req.ttl, true).await,
+        }
     }
 
     fn outcome(
@@ -352,8 +402,15 @@ impl RedisBackend {
                 RedisLease {
                     inner: self.inner.clone(),
                     keys: keys.clone(),
-                    token: req.token.to_hex(),
-                    fencing: fence.unwrap_or(0),
+                    token: match self.inner.interop {
+                        Some(peer) => peer.owner(&req.token),
+                        None => req.token.to_hex(),
+                    },
+                    // No counter under interop= (the peer keeps none).
+                    fencing: match self.inner.interop {
+                        Some(_) => None,
+                        None => Some(fence.unwrap_or(0)),
+                    },
                 },
                 sent_at,
             )),
@@ -415,7 +472,7 @@ impl Backend for RedisBackend {
     ///
     /// Cancel safety: a dropped attempt may have taken the lock; it then frees after `req.ttl`.
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
-        let keys = self.inner.node.keys(&req.name);
+        let keys = self.keys(&req.name);
         match self.attempt(req, &keys).await? {
             Attempt::Won(a) => Ok(Some(a)),
             Attempt::Held { .. } => Ok(None),
@@ -432,7 +489,7 @@ impl Backend for RedisBackend {
         req: &AcquireRequest,
         deadline: Option<Instant>,
     ) -> Result<Option<Acquired>> {
-        let keys = self.inner.node.keys(&req.name);
+        let keys = self.keys(&req.name);
         // Uncontended fast path: no subscription round trip when the lock is free.
         let mut pttl = match self.attempt(req, &keys).await? {
             Attempt::Won(a) => return Ok(Some(a)),
@@ -518,8 +575,9 @@ impl Backend for RedisBackend {
 struct RedisLease {
     inner: Arc<Inner>,
     keys: Keys,
+    /// What the lock records as its owner: the owner token (or the peer's form of it).
     token: String,
-    fencing: u64,
+    fencing: Option<u64>,
 }
 
 impl fmt::Debug for RedisLease {
@@ -539,7 +597,7 @@ fn not_held() -> Error {
 #[async_trait]
 impl Lease for RedisLease {
     fn fencing_token(&self) -> Option<u64> {
-        Some(self.fencing)
+        self.fencing
     }
 
     /// One compare-and-pexpire script, one round trip; on a single node, extends that fall due
@@ -552,8 +610,11 @@ impl Lease for RedisLease {
             return if held { Ok(ttl) } else { Err(not_held()) };
         }
         let Some((conn, replicas)) = &self.inner.wait_conn else {
-            let held =
-                node::extend(&mut self.inner.node.conn(), &self.keys, &self.token, ttl).await?;
+            let mut conn = self.inner.node.conn();
+            let held = match self.inner.interop {
+                Some(peer) => peer.extend(&mut conn, &self.keys, &self.token, ttl).await?,
+                None => node::extend(&mut conn, &self.keys, &self.token, ttl).await?,
+            };
             return if held { Ok(ttl) } else { Err(not_held()) };
         };
         // With min_replicas an extension counts only once replicas have it too: a promoted
@@ -587,7 +648,11 @@ impl Lease for RedisLease {
     ///
     /// Cancel safety: dropping the future may leave the lock held until its TTL runs out.
     async fn release(&self) -> Result<()> {
-        let held = node::release(&mut self.inner.node.conn(), &self.keys, &self.token).await?;
+        let mut conn = self.inner.node.conn();
+        let held = match self.inner.interop {
+            Some(peer) => peer.release(&mut conn, &self.keys, &self.token).await?,
+            None => node::release(&mut conn, &self.keys, &self.token).await?,
+        };
         if held { Ok(()) } else { Err(not_held()) }
     }
 }

@@ -46,11 +46,22 @@ fn with_test_ca(url: String) -> String {
 }
 
 fn target(label: &'static str, var: &'static str) -> Target {
+    target_with(label, var, "")
+}
+
+/// A target on the server of `var` with `params` added to its URL (`interop=...`).
+fn target_with(label: &'static str, var: &'static str, params: &'static str) -> Target {
     Target::new(label, var, move |url| {
         let url = if url.starts_with("rediss") {
             with_test_ca(url)
         } else {
             url
+        };
+        let url = if params.is_empty() {
+            url
+        } else {
+            let sep = if url.contains('?') { '&' } else { '?' };
+            format!("{url}{sep}{params}")
         };
         Arc::new(RedisHarness { label, url }) as Arc<dyn Harness>
     })
@@ -63,5 +74,16 @@ fn main() -> std::process::ExitCode {
         target("redis-acl", "LOCK_TEST_REDIS_ACL_URL"),
         target("redis-tls", "LOCK_TEST_REDIS_TLS_URL"),
         target("redis-cluster", "LOCK_TEST_REDIS_CLUSTER_URL"),
+        // The interop modes keep the contract with the peers' layouts (issue 23).
+        target_with(
+            "redis-interop-redis-py",
+            "LOCK_TEST_REDIS_URL",
+            "interop=redis-py",
+        ),
+        target_with(
+            "redis-interop-redisson",
+            "LOCK_TEST_REDIS_URL",
+            "interop=redisson",
+        ),
     ])
 }

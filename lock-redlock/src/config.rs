@@ -198,6 +198,12 @@ impl Config {
                      wait for)",
                 ));
             }
+            if let Some(peer) = m.interop {
+                return Err(bad(format_args!(
+                    "`interop={peer}` does not apply to Redlock (no peer client speaks Redlock's \
+                     quorum over these keys)"
+                )));
+            }
             if masters.iter().any(|n| n.nodes[0] == m.nodes[0]) {
                 return Err(bad(format_args!(
                     "node {} repeats an earlier node: each master must vote once",
@@ -329,6 +335,10 @@ mod tests {
             (
                 r#"{"masters": [{"nodes": ["a"]}], "node_timeout_ms": 0}"#,
                 "node_timeout_ms",
+            ),
+            (
+                r#"{"masters": [{"nodes": ["a"], "interop": "redis-py"}]}"#,
+                "interop",
             ),
         ] {
             let e = file(json).unwrap_err();

@@ -83,6 +83,10 @@ pub struct Config {
         default = "default_op_timeout"
     )]
     pub op_timeout: Duration,
+    /// The client whose lock keys to follow (`interop=sqlx` on PostgreSQL, `interop=get_lock`
+    /// on MariaDB/MySQL; needs `strategy=row-lock`); `None`: locksmith's own keys.
+    #[serde(default)]
+    pub interop: Option<crate::Interop>,
 }
 
 fn default_table() -> String {
@@ -93,7 +97,7 @@ fn default_op_timeout() -> Duration {
 }
 
 /// This crate's URL parameters (taken out of the URL; every other one goes to sqlx).
-const OWN_PARAMS: &[&str] = &["strategy", "table", "pool_max", "op_timeout_ms"];
+const OWN_PARAMS: &[&str] = &["strategy", "table", "pool_max", "op_timeout_ms", "interop"];
 
 impl Config {
     /// A configuration for `url` with every setting at its default.
@@ -104,6 +108,7 @@ impl Config {
             table: default_table(),
             pool_max: None,
             op_timeout: default_op_timeout(),
+            interop: None,
         }
     }
 
@@ -150,6 +155,8 @@ pub(crate) struct Parsed {
     pub(crate) pool_max: u32,
     /// The client-side bound of one statement or connect that has no deadline of its own.
     pub(crate) op_timeout: std::time::Duration,
+    /// The peer whose lock keys the row-lock strategy follows.
+    pub(crate) interop: Option<crate::Interop>,
     /// The URL for sqlx: our parameters removed, secrets included (never print it).
     pub(crate) sqlx_url: String,
     /// The URL with every secret replaced by `***` (the user-info password and the values of
@@ -242,6 +249,7 @@ impl Parsed {
             table,
             pool_max,
             op_timeout,
+            interop,
             ..
         } = config;
         validate_table(&table)?;
@@ -270,6 +278,24 @@ impl Parsed {
             return Err(Error::invalid_config(
                 "strategy=row-lock is not available on SQLite (it has no row locks); use strategy=lease",
             ));
+        }
+        if let Some(peer) = interop {
+            let fits = matches!(
+                (peer, dialect),
+                (crate::Interop::Sqlx, Dialect::Postgres)
+                    | (crate::Interop::GetLock, Dialect::MySql)
+            );
+            if !fits {
+                return Err(Error::invalid_config(format!(
+                    "interop={peer} is not available on {dialect:?} (sqlx: PostgreSQL; get_lock: \
+                     MariaDB/MySQL)"
+                )));
+            }
+            if strategy != Strategy::RowLock {
+                return Err(Error::invalid_config(format!(
+                    "interop={peer} needs strategy=row-lock (the peer holds a session lock)"
+                )));
+            }
         }
         if passthrough.is_empty() {
             url.set_query(None);
@@ -328,6 +354,7 @@ impl Parsed {
             table,
             pool_max,
             op_timeout,
+            interop,
             sqlx_url,
             redacted: shown.to_string(),
             secrets: secrets.into_iter().map(lockcore::Secret::new).collect(),

@@ -31,6 +31,13 @@
 //! * `op_timeout_ms=` (default 5000) the client-side bound of a statement or connect that has
 //!   no deadline of its own (`try_lock`, release, extend, revoke). Waits are bounded by the
 //!   caller's deadline, so an unreachable database cannot hold `lock()` past it.
+//! * `interop=sqlx` (PostgreSQL) or `interop=get_lock` (MariaDB/MySQL), with
+//!   `strategy=row-lock`: the row lock is taken on the key another client uses, so both
+//!   exclude each other: sqlx's `PgAdvisoryLock::new(name)` key (computed by sqlx itself), or
+//!   `GET_LOCK` with the exact name (at most 64 characters: longer names are refused with
+//!   `InvalidName` before any I/O). No fencing tokens in these modes (the peer bumps no
+//!   counter); waiting, fairness and session-bound locks are the row-lock strategy's. See
+//!   [`Interop`].
 //!
 //! Every other parameter (`sslmode`, `ssl-mode`, `application_name`, ...) goes to sqlx as is.
 //! Secrets never appear in `Debug`, [`Backend::describe`], logs or errors, wherever the URL
@@ -92,6 +99,7 @@
 mod config;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod conns;
+mod interop;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod rowlock;
 mod sql_errors;
@@ -115,6 +123,7 @@ pub use config::{Config, DEFAULT_TABLE, Strategy, validate_table};
 use config::{Dialect, Parsed};
 #[cfg(feature = "postgres")]
 pub use pg_xact::PgXactLock;
+pub use interop::{Interop, MAX_GET_LOCK_BYTES, MAX_GET_LOCK_CHARS};
 
 /// A client of one SQL database: a connection pool plus the lock table.
 ///
@@ -182,7 +191,7 @@ impl SqlBackend {
                 )));
             }
         };
-        let capabilities = capabilities(config.dialect, config.strategy);
+        let capabilities = capabilities(&config);
         Ok(SqlBackend {
             inner,
             config,
@@ -211,7 +220,7 @@ impl SqlBackend {
         settings.table = table.to_owned();
         let config = Parsed::from_config(settings)?;
         let inner = Inner::Lite(sqlite::LiteBackend::with_pool(&config, pool).await?);
-        let capabilities = capabilities(config.dialect, config.strategy);
+        let capabilities = capabilities(&config);
         Ok(SqlBackend {
             inner,
             config,
@@ -245,7 +254,7 @@ impl SqlBackend {
             table,
         )?;
         let inner = Inner::Pg(Box::new(pg::PgBackend::connect_with(&config, opts).await?));
-        let capabilities = capabilities(config.dialect, config.strategy);
+        let capabilities = capabilities(&config);
         Ok(SqlBackend {
             inner,
             config,
@@ -288,7 +297,7 @@ impl SqlBackend {
             table,
         )?;
         let inner = Inner::My(mysql::MyBackend::connect_with(&config, opts).await?);
-        let capabilities = capabilities(config.dialect, config.strategy);
+        let capabilities = capabilities(&config);
         Ok(SqlBackend {
             inner,
             config,
@@ -352,7 +361,15 @@ impl SqlBackend {
     }
 }
 
-fn capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
+fn capabilities(config: &Parsed) -> Capabilities {
+    let c = strategy_capabilities(config.dialect, config.strategy);
+    match config.interop {
+        Some(peer) => peer.capabilities(c),
+        None => c,
+    }
+}
+
+fn strategy_capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
     let mut c = Capabilities::default();
     c.fencing = true;
     c.reentrant = false;
@@ -537,10 +554,16 @@ impl Backend for SqlBackend {
     }
 
     fn describe(&self) -> String {
-        format!(
-            "{} (strategy={}, table={})",
-            self.config.redacted, self.config.strategy, self.config.table
-        )
+        match self.config.interop {
+            Some(peer) => format!(
+                "{} (strategy={}, table={}, interop={peer})",
+                self.config.redacted, self.config.strategy, self.config.table
+            ),
+            None => format!(
+                "{} (strategy={}, table={})",
+                self.config.redacted, self.config.strategy, self.config.table
+            ),
+        }
     }
 }
 

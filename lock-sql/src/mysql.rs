@@ -101,8 +101,14 @@ impl MyBackend {
             .await?;
         // The user lock of a name: per database and table, hashed to fit GET_LOCK's 64
         // characters.
-        let key =
-            format!("SHA1(CONCAT(CAST(DATABASE() AS BINARY), _binary'.{t}.', CAST(? AS BINARY)))");
+        // Under interop=get_lock, the exact name (as the peers call GET_LOCK); the statements
+        // are otherwise the same (this side's counter row is still bumped, but no token is
+        // handed out: a peer bumps nothing).
+        let key = if config.interop == Some(crate::Interop::GetLock) {
+            "?".to_owned()
+        } else {
+            format!("SHA1(CONCAT(CAST(DATABASE() AS BINARY), _binary'.{t}.', CAST(? AS BINARY)))")
+        };
         let expired = "owner IS NULL OR expires_at <= UTC_TIMESTAMP(6)";
         let sql = Sql {
             // GET_LOCK first (a WHERE of the insert's source); holding it, the counter row is
@@ -227,7 +233,16 @@ impl MyBackend {
             .await
     }
 
+    /// Refuses, before any I/O, a name the interop peer would lock differently.
+    fn check_name(&self, name: &LockName) -> Result<()> {
+        match self.config.interop {
+            Some(peer) => peer.check_name(name),
+            None => Ok(()),
+        }
+    }
+
     pub(crate) async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
+        self.check_name(&req.name)?;
         match self.config.strategy {
             Strategy::RowLock => self.row_acquire(req, None, true).await,
             Strategy::Lease => self.lease_attempt(req, self.conns.bound()).await,
@@ -239,6 +254,7 @@ impl MyBackend {
         req: &AcquireRequest,
         deadline: Option<Instant>,
     ) -> Result<Option<Acquired>> {
+        self.check_name(&req.name)?;
         match self.config.strategy {
             Strategy::RowLock => {
                 let nowait = deadline.is_some_and(|d| d <= Instant::now());
@@ -253,6 +269,7 @@ impl MyBackend {
     }
 
     pub(crate) async fn revoke(&self, name: &LockName) -> Result<bool> {
+        self.check_name(name)?;
         let name = name.as_str().to_owned();
         match self.config.strategy {
             Strategy::Lease => {
@@ -408,7 +425,7 @@ impl MyBackend {
                     let lease = RowLease::start(
                         Box::new(holding),
                         req.name.clone(),
-                        fence,
+                        self.config.interop.is_none().then_some(fence),
                         req.ttl,
                         req.lost.clone(),
                         "mysql",

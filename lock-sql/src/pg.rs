@@ -143,7 +143,14 @@ impl PgBackend {
         // idle_session_timeout, PostgreSQL 14+.
         let guard = version >= 140000;
         let seed = table_seed(t);
-        let key = format!("hashtextextended($1, {seed})");
+        // Under interop=sqlx, $1 of the row statements is sqlx's key as decimal text instead of
+        // the name (see `row_param`).
+        let interop = config.interop == Some(crate::Interop::Sqlx);
+        let key = if interop {
+            "($1::text)::int8".to_owned()
+        } else {
+            format!("hashtextextended($1, {seed})")
+        };
         let set_guard = |p: &str| {
             if guard {
                 format!("set_config('idle_session_timeout', {p}, false)")
@@ -160,10 +167,19 @@ impl PgBackend {
                  ON CONFLICT (name) DO UPDATE SET fence = r.fence + 1 RETURNING r.fence"
             )
         };
+        // Under interop=sqlx nothing is counted (a sqlx holder bumps no counter): the statement
+        // answers 0 when the lock was taken, no row when it was not.
+        let taken = |from: &str, cond: &str| {
+            if interop {
+                format!("SELECT 0::int8 FROM {from} WHERE {cond}")
+            } else {
+                fence_upsert(from, cond)
+            }
+        };
         let sql = Sql {
             row_try: format!(
                 "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock({key}) AS got) {}",
-                fence_upsert(
+                taken(
                     "l",
                     &format!("CASE WHEN got THEN {} IS NOT NULL END", set_guard("$2"))
                 )
@@ -171,7 +187,7 @@ impl PgBackend {
             row_wait: format!(
                 "WITH s AS MATERIALIZED (SELECT set_config('lock_timeout', $3, true) AS t), \
                  l AS MATERIALIZED (SELECT pg_advisory_lock({key}) IS NULL AS x FROM s) {}",
-                fence_upsert("l", &format!("{} IS NOT NULL", set_guard("$2")))
+                taken("l", &format!("{} IS NOT NULL", set_guard("$2")))
             ),
             row_unlock: format!(
                 "SELECT pg_advisory_unlock({key}) FROM (SELECT {}) g",
@@ -361,7 +377,7 @@ impl PgBackend {
                 "lease waiters poll (woken by NOTIFY); they are not queued in the server",
             ));
         }
-        let (name, sql) = (name.as_str().to_owned(), self.sql.queued_row.clone());
+        let (name, sql) = (self.row_param(name), self.sql.queued_row.clone());
         let n: i64 = self
             .conns
             .run(self.conns.bound(), "counting queued waiters", move |c| {
@@ -375,6 +391,7 @@ impl PgBackend {
     }
 
     pub(crate) async fn revoke(&self, name: &LockName) -> Result<bool> {
+        let param = self.row_param(name);
         let name = name.as_str().to_owned();
         let table = self.config.table.clone();
         match self.config.strategy {
@@ -393,6 +410,7 @@ impl PgBackend {
                 Ok(n > 0)
             }
             Strategy::RowLock => {
+                let name = param;
                 let sql = self.sql.revoke_row.clone();
                 let killed: Vec<bool> = self
                     .conns
@@ -414,6 +432,14 @@ impl PgBackend {
 
     // ---- row-lock ----
 
+    /// `$1` of the row statements: the name, or under `interop=sqlx` sqlx's key of it.
+    fn row_param(&self, name: &LockName) -> String {
+        match self.config.interop {
+            Some(crate::Interop::Sqlx) => crate::interop::sqlx_key(name).to_string(),
+            _ => name.as_str().to_owned(),
+        }
+    }
+
     /// One statement: the advisory lock (tried, or waited for until `deadline` with
     /// `lock_timeout`), the server-side guard, and the fencing counter bumped and committed.
     async fn row_acquire(
@@ -432,6 +458,7 @@ impl PgBackend {
             }
         };
         let guard_ms = ms(guard_timeout(req.ttl));
+        let param = self.row_param(&req.name);
         loop {
             // Not counted against pool_max: a holder keeps this connection.
             let mut c = match self.conns.get(self.conns.bound_by(deadline), false).await {
@@ -441,14 +468,14 @@ impl PgBackend {
             };
             let q = if nowait {
                 sqlx::query_scalar::<_, i64>(AssertSqlSafe(self.sql.row_try.clone()))
-                    .bind(req.name.as_str())
+                    .bind(param.as_str())
                     .bind(&guard_ms)
             } else {
                 let timeout = deadline.map_or("0".to_owned(), |d| {
                     ms(d.saturating_duration_since(Instant::now()))
                 });
                 sqlx::query_scalar::<_, i64>(AssertSqlSafe(self.sql.row_wait.clone()))
-                    .bind(req.name.as_str())
+                    .bind(param.as_str())
                     .bind(&guard_ms)
                     .bind(timeout)
             };
@@ -485,12 +512,12 @@ impl PgBackend {
                         conn: Some(c),
                         conns: self.conns.clone(),
                         sql: self.sql.clone(),
-                        name: req.name.as_str().to_owned(),
+                        name: param.clone(),
                     };
                     let lease = RowLease::start(
                         Box::new(holding),
                         req.name.clone(),
-                        fence as u64,
+                        self.config.interop.is_none().then_some(fence as u64),
                         req.ttl,
                         req.lost.clone(),
                         "postgres",

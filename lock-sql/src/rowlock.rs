@@ -79,7 +79,8 @@ impl Held {
 pub(crate) struct RowLease {
     held: Arc<Held>,
     name: LockName,
-    fencing: u64,
+    /// `None` under `interop=` (the peer keeps no counter).
+    fencing: Option<u64>,
 }
 
 impl fmt::Debug for RowLease {
@@ -98,7 +99,7 @@ impl RowLease {
     pub(crate) fn start(
         conn: Box<dyn Holding>,
         name: LockName,
-        fencing: u64,
+        fencing: Option<u64>,
         ttl: Duration,
         lost: LostNotifier,
         label: &'static str,
@@ -139,7 +140,7 @@ impl RowLease {
 #[lockcore::backend::async_trait]
 impl Lease for RowLease {
     fn fencing_token(&self) -> Option<u64> {
-        Some(self.fencing)
+        self.fencing
     }
 
     /// The lock lives as long as the connection: extending checks it is alive (a statement on

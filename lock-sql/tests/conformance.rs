@@ -54,6 +54,14 @@ impl Harness for SqlHarness {
     fn min_scenario_ttl(&self) -> Duration {
         Duration::from_millis(300)
     }
+
+    fn max_name_len(&self) -> usize {
+        if self.url.contains("interop=get_lock") {
+            lock_sql::MAX_GET_LOCK_CHARS
+        } else {
+            lockcore::MAX_NAME_LEN
+        }
+    }
 }
 
 fn with_params(url: &str, params: &str) -> String {
@@ -86,6 +94,17 @@ fn main() -> std::process::ExitCode {
         ),
         target("mysql-row-lock", "LOCK_TEST_MYSQL_URL", "strategy=row-lock"),
         target("mysql-lease", "LOCK_TEST_MYSQL_URL", "strategy=lease"),
+        // The interop modes keep the contract on the peers' keys (issue 23).
+        target(
+            "postgres-interop-sqlx",
+            "LOCK_TEST_POSTGRES_URL",
+            "strategy=row-lock&interop=sqlx",
+        ),
+        target(
+            "mysql-interop-get_lock",
+            "LOCK_TEST_MYSQL_URL",
+            "strategy=row-lock&interop=get_lock",
+        ),
         target(
             "mysql-tls-lease",
             "LOCK_TEST_MYSQL_TLS_URL",

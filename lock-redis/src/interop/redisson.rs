@@ -1,0 +1,206 @@
+//! `interop=redisson`: Redisson's `RLock`, as Redisson 4.7.0 keeps it. Redisson is a Java
+//! library from Maven, which the project's machines cannot reach; this follows its published
+//! source (github.com/redisson/redisson, tag `redisson-4.7.0`):
+//!
+//! * `RedissonLock.tryLockInnerAsync`: the lock is a hash at the exact lock name (`getRawName`),
+//!   taken when the key does not exist or already has the caller's field
+//!   (`<client id>:<thread id>`, `RedissonBaseLock.getLockName`): `HINCRBY name field 1`,
+//!   `PEXPIRE name leaseTime`; otherwise the script returns the key's `PTTL`.
+//! * `RedissonLock.unlockInnerAsync`: if the field exists, `HINCRBY -1`; at zero `DEL` and
+//!   `PUBLISH` (or `SPUBLISH` with sharded pub/sub) of `LockPubSub.UNLOCK_MESSAGE` (the long `0`,
+//!   sent as `0`) on `getChannelName()`, that is `prefixName("redisson_lock__channel", name)`:
+//!   `redisson_lock__channel:{<name>}`, or `redisson_lock__channel:<name>` when the name already
+//!   contains `{` (`RedissonObject.prefixName`).
+//! * `renewal/LockTask`: renewal is `PEXPIRE` if `HEXISTS name field`.
+//! * `forceUnlockAsync`: `DEL`, then the same publish.
+//!
+//! This side's field is `<owner token as a hyphenated UUID>:1` (a client id of its own, never
+//! Redisson's) with count 1: each acquisition is its own owner, never reentrant, so a Redisson
+//! client never mistakes it for its own. The acquire script is Redisson's test, made idempotent
+//! for one owner (a re-sent script resets the TTL instead of counting twice). Redisson's unlock
+//! latch key (`redisson_unlock_latch:...`, its own retry bookkeeping) is not written: no peer
+//! reads another client's latch.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use lockcore::{LockName, OwnerToken, Result};
+use redis::Script;
+
+use crate::conn::Conn;
+use crate::error::map_err;
+use crate::node::{Keys, NodeAttempt, ttl_ms};
+
+/// Redisson's `LockPubSub.UNLOCK_MESSAGE` as it goes over the wire (a `LongCodec` 0).
+pub(crate) const UNLOCK_MESSAGE: &str = "0";
+
+/// `tryLockInnerAsync`'s test (`exists == 0 or hexists field`), idempotent for one owner: a new
+/// holder's field is set to 1, a holder that already has its field only gets its TTL back.
+/// Returns -3 (won; a PTTL is never below -2) or the holder's PTTL.
+const ACQUIRE_LUA: &str = r"
+if redis.call('exists', KEYS[1]) == 0 then
+  redis.call('hset', KEYS[1], ARGV[2], 1)
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return -3
+end
+if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return -3
+end
+return redis.call('pttl', KEYS[1])
+";
+
+/// `LockTask`'s renewal of one lock.
+const EXTEND_LUA: &str = r"
+if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return 1
+end
+return 0
+";
+
+/// `unlockInnerAsync` for a count of 1 (this side never counts higher): delete and publish
+/// Redisson's unlock message.
+const RELEASE_LUA: &str = r"
+if redis.call('hexists', KEYS[1], ARGV[2]) == 0 then
+  return 0
+end
+redis.call('del', KEYS[1])
+redis.call('publish', KEYS[2], ARGV[1])
+return 1
+";
+
+/// `forceUnlockAsync`.
+const REVOKE_LUA: &str = r"
+if redis.call('del', KEYS[1]) == 1 then
+  redis.call('publish', KEYS[2], ARGV[1])
+  return 1
+end
+return 0
+";
+
+struct Scripts {
+    acquire: Script,
+    extend: Script,
+    release: Script,
+    revoke: Script,
+}
+
+fn scripts() -> &'static Scripts {
+    static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
+    SCRIPTS.get_or_init(|| Scripts {
+        acquire: Script::new(ACQUIRE_LUA),
+        extend: Script::new(EXTEND_LUA),
+        release: Script::new(RELEASE_LUA),
+        revoke: Script::new(REVOKE_LUA),
+    })
+}
+
+/// `RedissonObject.prefixName("redisson_lock__channel", name)`.
+pub(crate) fn channel(name: &str) -> String {
+    if name.contains('{') {
+        format!("redisson_lock__channel:{name}")
+    } else {
+        format!("redisson_lock__channel:{{{name}}}")
+    }
+}
+
+/// The hash at the exact name and Redisson's channel.
+pub(crate) fn keys(name: &LockName) -> Keys {
+    Keys {
+        lock: name.as_str().to_owned(),
+        fence: String::new(),
+        channel: channel(name.as_str()),
+        tag: name.escaped(),
+    }
+}
+
+/// This acquisition's field: `<client id>:<thread id>` as Redisson writes it, with the owner
+/// token (hyphenated, as Redisson's client ids are UUIDs) as the client id.
+pub(crate) fn field(token: &OwnerToken) -> String {
+    format!("{}:1", token.uuid().hyphenated())
+}
+
+pub(crate) async fn acquire(
+    conn: &mut Conn,
+    keys: &Keys,
+    field: &str,
+    ttl: Duration,
+) -> Result<NodeAttempt> {
+    let r: i64 = scripts()
+        .acquire
+        .key(&keys.lock)
+        .arg(ttl_ms(ttl))
+        .arg(field)
+        .invoke_async(conn)
+        .await
+        .map_err(|e| map_err("redisson acquire script failed", e))?;
+    if r == -3 {
+        return Ok(NodeAttempt::Won { fence: None });
+    }
+    // A Redisson lock taken without a lease time has a TTL (the watchdog's 30 s); -1 (none) or
+    // -2 (gone meanwhile) give no wake-up time.
+    Ok(NodeAttempt::Held {
+        pttl: u64::try_from(r).ok().map(Duration::from_millis),
+    })
+}
+
+pub(crate) async fn extend(
+    conn: &mut Conn,
+    keys: &Keys,
+    field: &str,
+    ttl: Duration,
+) -> Result<bool> {
+    let n: i64 = scripts()
+        .extend
+        .key(&keys.lock)
+        .arg(ttl_ms(ttl))
+        .arg(field)
+        .invoke_async(conn)
+        .await
+        .map_err(|e| map_err("redisson extend script failed", e))?;
+    Ok(n == 1)
+}
+
+pub(crate) async fn release(conn: &mut Conn, keys: &Keys, field: &str) -> Result<bool> {
+    let n: i64 = scripts()
+        .release
+        .key(&keys.lock)
+        .key(&keys.channel)
+        .arg(UNLOCK_MESSAGE)
+        .arg(field)
+        .invoke_async(conn)
+        .await
+        .map_err(|e| map_err("redisson release script failed", e))?;
+    Ok(n == 1)
+}
+
+pub(crate) async fn revoke(conn: &mut Conn, keys: &Keys) -> Result<bool> {
+    let n: i64 = scripts()
+        .revoke
+        .key(&keys.lock)
+        .key(&keys.channel)
+        .arg(UNLOCK_MESSAGE)
+        .invoke_async(conn)
+        .await
+        .map_err(|e| map_err("redisson force unlock failed", e))?;
+    Ok(n == 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_follows_redisson() {
+        let k = keys(&LockName::new("orders:42").unwrap());
+        assert_eq!(k.lock, "orders:42");
+        assert_eq!(k.channel, "redisson_lock__channel:{orders:42}");
+        // prefixName leaves a name that has a brace as it is.
+        assert_eq!(channel("{shard}x"), "redisson_lock__channel:{shard}x");
+        let token = OwnerToken::random();
+        let f = field(&token);
+        assert_eq!(f.len(), 36 + 2);
+        assert!(f.ends_with(":1") && f.starts_with(&token.uuid().hyphenated().to_string()));
+    }
+}
