@@ -21,6 +21,13 @@ declare -A PROVIDES=(
   [curl]=/usr/bin/curl
   [netcat-openbsd]=/usr/bin/nc.openbsd
   [iproute2]=/usr/bin/ss # servers.sh finds leftovers by port with ss
+  # The interop tests' peers (lock-zk/tests/interop.rs, lock-etcd/tests/interop.rs): Curator
+  # (a Java peer compiled at test time), kazoo; etcdctl above.
+  [libcurator-recipes-java]=/usr/share/java/curator-recipes.jar
+  [libcurator-framework-java]=/usr/share/java/curator-framework.jar
+  [libcurator-client-java]=/usr/share/java/curator-client.jar
+  [default-jdk-headless]=/usr/bin/javac
+  [python3-kazoo]=/usr/lib/python3/dist-packages/kazoo/recipe/lock.py
 )
 # Other files the scripts rely on, with the package that brings them.
 declare -A EXTRA=(

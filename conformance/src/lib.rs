@@ -5,6 +5,7 @@
 pub mod faults;
 mod harness;
 mod measure;
+pub mod peer;
 pub mod report;
 mod report_charts;
 mod run;
