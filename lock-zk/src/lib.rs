@@ -89,8 +89,10 @@
 //!   from its connection-state listener). Curator's `InterProcessReadWriteLock` and
 //!   semaphores use other markers and cannot share a node with locksmith.
 //! * **go-zookeeper** `zk.NewLock(conn, "/locksmith/NAME", acl)`: the same node names as
-//!   Curator's protected mode, every child ordered by the number after `lock-` (go-zookeeper
-//!   `lock.go`); not tested here (Debian has no recent client), it follows Curator's layout.
+//!   Curator's protected mode, every child a contender ordered by its sequence (go-zookeeper
+//!   `lock.go`, `parseSeq`); what holds and what it lacks as for Curator. Tested with Debian's
+//!   2018 client, which fails with a parse error (rather than overlapping) on a child without
+//!   `-` before its sequence, such as kazoo's names; later releases parse those too.
 //! * **kazoo** `Lock` (`client.Lock("/locksmith/NAME")`) only sees children named
 //!   `...__lock__<seq>` (and `__rlock__` for a `WriteLock`): it would not wait for locksmith's
 //!   default nodes. Two ways: `interop=kazoo` (locksmith then names its nodes
@@ -105,10 +107,9 @@
 //!   would lock the unescaped path.
 //! * **Curator and kazoo do not exclude each other** on one node (kazoo ignores Curator's
 //!   names; Curator orders kazoo's by their whole text, not by sequence), so a lock node that
-//!   Curator or go-zookeeper clients use must not be used with `interop=kazoo`, nor by kazoo
-//!   clients: locksmith in either mode waits for every peer's node, but it cannot make Curator
-//!   see a kazoo-named node in sequence order. locksmith clients of both modes exclude each
-//!   other.
+//!   Curator clients use must not be used with `interop=kazoo`, nor by kazoo clients: locksmith
+//!   in either mode waits for every peer's node, but it cannot make Curator see a kazoo-named
+//!   node in sequence order. locksmith clients of both modes exclude each other.
 //!
 //! # Sessions and the lost signal
 //!

@@ -3,9 +3,8 @@
 //! and kazoo's `Lock` (Python, Debian's python3-kazoo). Each direction (the peer holds and
 //! locksmith waits; locksmith holds and the peer waits) and a contention loop with no overlap.
 //! Needs `LOCK_TEST_ZK_URL`; a missing peer program fails (never skips).
-//! go-zookeeper's `Lock` makes the same node names as Curator's protected mode and orders every
-//! child by the number after `lock-` (go-zookeeper/zk `lock.go`); Debian has no client of it
-//! recent enough to test here.
+//! go-zookeeper's `Lock` (Go, Debian's golang-github-samuel-go-zookeeper-dev, built here) makes
+//! the same node names as Curator's protected mode and orders every child by its sequence.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -121,6 +120,45 @@ fn curator(url: &str, path: &str, mode: &[&str]) -> Peer {
     Peer::spawn("Curator", "java", &args, "default-jdk-headless")
 }
 
+/// The go-zookeeper peer, built once per test binary into a throw-away directory (GOPATH mode
+/// over Debian's Go sources: no module download).
+fn gozk_binary() -> &'static str {
+    static BIN: OnceLock<String> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let gopath = "/usr/share/gocode";
+        assert!(
+            std::path::Path::new(gopath)
+                .join("src/github.com/samuel/go-zookeeper/zk/lock.go")
+                .exists(),
+            "go-zookeeper's sources are missing: install golang-github-samuel-go-zookeeper-dev (scripts/install-servers.sh)"
+        );
+        let out = std::env::temp_dir().join(format!("locksmith-gozk-peer-{}", std::process::id()));
+        std::fs::create_dir_all(&out).unwrap();
+        let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers/gozk/main.go");
+        let bin = out.join("gozk");
+        let status = std::process::Command::new("go")
+            .args(["build", "-o"])
+            .arg(&bin)
+            .arg(&source)
+            .env("GOPATH", gopath)
+            .env("GO111MODULE", "off")
+            .env("GOFLAGS", "")
+            .env("GOCACHE", out.join("cache"))
+            .status()
+            .unwrap_or_else(|e| {
+                panic!("cannot run go: {e}; install golang-go (scripts/install-servers.sh)")
+            });
+        assert!(status.success(), "go build {} failed: {status}", source.display());
+        bin.display().to_string()
+    })
+}
+
+fn gozk(url: &str, path: &str, mode: &[&str]) -> Peer {
+    let mut args = vec![connect_string(url), path.to_owned()];
+    args.extend(mode.iter().map(|s| s.to_string()));
+    Peer::spawn("go-zookeeper", gozk_binary(), &args, "golang-go")
+}
+
 fn kazoo(url: &str, path: &str, mode: &[&str]) -> Peer {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers/kazoo_peer.py");
     let mut args = vec![
@@ -221,6 +259,7 @@ async fn locksmith_holds_peer_waits(url: &str, interop: &str, mut peer: impl FnM
 /// Both sides loop acquire / critical section / release on one lock while the peer's loop runs:
 /// no two critical sections overlap, and both sides get the lock.
 async fn contention_loop(url: &str, interop: &str, mut peer: impl FnMut(&str, &str) -> Peer) {
+    let label = interop.to_owned();
     let backend = ZkBackend::connect(&format!("{url}?interop={interop}"))
         .await
         .unwrap();
@@ -248,7 +287,7 @@ async fn contention_loop(url: &str, interop: &str, mut peer: impl FnMut(&str, &s
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let ours = ours.await.unwrap();
     eprintln!(
-        "contention on {path}: locksmith {} critical sections, peer {}",
+        "contention on {path} ({label} layout): locksmith {} critical sections, peer {}",
         ours.len(),
         theirs.len()
     );
@@ -274,6 +313,26 @@ async fn locksmith_holds_curator_waits() {
 async fn curator_and_locksmith_contend_without_overlap() {
     let Some(url) = url() else { return };
     contention_loop(&url, "curator", |p, ms| curator(&url, p, &["loop", ms])).await;
+}
+
+// ----------------------------------------------------------------------------- go-zookeeper
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gozk_holds_locksmith_waits() {
+    let Some(url) = url() else { return };
+    peer_holds_locksmith_waits(&url, "curator", |p| gozk(&url, p, &["hold"])).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locksmith_holds_gozk_waits() {
+    let Some(url) = url() else { return };
+    locksmith_holds_peer_waits(&url, "curator", |p| gozk(&url, p, &["hold"])).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gozk_and_locksmith_contend_without_overlap() {
+    let Some(url) = url() else { return };
+    contention_loop(&url, "curator", |p, ms| gozk(&url, p, &["loop", ms])).await;
 }
 
 // ------------------------------------------------------------------------------------ kazoo
