@@ -117,7 +117,10 @@ impl Peer {
                 Ok(Ok(Some(line))) => line,
                 Ok(Ok(None)) => panic!("the {} peer ended without DONE", self.label),
                 Ok(Err(e)) => panic!("reading the {} peer's output: {e}", self.label),
-                Err(_) => panic!("the {} peer's loop did not end within {within:?}", self.label),
+                Err(_) => panic!(
+                    "the {} peer's loop did not end within {within:?}",
+                    self.label
+                ),
             };
             let words: Vec<&str> = line.split_whitespace().collect();
             match words.as_slice() {
@@ -153,8 +156,14 @@ impl Peer {
 /// # Panics
 /// On an overlap (both windows are named) or an empty side.
 pub fn assert_disjoint(peer: &str, ours: &[Window], theirs: &[Window]) {
-    assert!(!ours.is_empty(), "locksmith never held the lock against {peer}");
-    assert!(!theirs.is_empty(), "{peer} never held the lock against locksmith");
+    assert!(
+        !ours.is_empty(),
+        "locksmith never held the lock against {peer}"
+    );
+    assert!(
+        !theirs.is_empty(),
+        "{peer} never held the lock against locksmith"
+    );
     let mut all: Vec<(Window, &str)> = ours
         .iter()
         .map(|w| (*w, "locksmith"))

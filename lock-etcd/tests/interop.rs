@@ -188,7 +188,12 @@ async fn etcdctl_and_locksmith_contend_without_overlap() {
          done; echo DONE $n",
         secs = LOOP.as_secs()
     );
-    let mut other = Peer::spawn("etcdctl lock loop", "sh", &["-c".to_owned(), script], "etcd-client");
+    let mut other = Peer::spawn(
+        "etcdctl lock loop",
+        "sh",
+        &["-c".to_owned(), script],
+        "etcd-client",
+    );
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let ours = {
         let (locker, name, stop) = (locker.clone(), name.clone(), stop.clone());

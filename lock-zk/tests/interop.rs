@@ -200,7 +200,10 @@ async fn peer_holds_locksmith_waits(url: &str, interop: &str, mut peer: impl FnM
         eventually(scaled(20), || async { backend.stats().waiting == 1 }).await,
         "locksmith did not wait on a watch behind the peer"
     );
-    assert!(!waiter.is_finished(), "locksmith took a lock the peer holds");
+    assert!(
+        !waiter.is_finished(),
+        "locksmith took a lock the peer holds"
+    );
     holder.send_line().await;
     let released = holder.expect("RELEASED", scaled(20)).await[0]
         .parse::<u64>()
@@ -360,8 +363,10 @@ async fn kazoo_and_locksmith_contend_without_overlap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kazoo_persistent_holder_is_waited_for() {
     let Some(url) = url() else { return };
-    peer_holds_locksmith_waits(&url, "curator", |p| kazoo(&url, p, &["hold", "--persistent"]))
-        .await;
+    peer_holds_locksmith_waits(&url, "curator", |p| {
+        kazoo(&url, p, &["hold", "--persistent"])
+    })
+    .await;
 }
 
 /// Without `interop=kazoo`, a kazoo client told about Curator's marker

@@ -612,10 +612,16 @@ async fn a_node_numbered_out_of_creation_order_does_not_block() {
     intruder.create(&forged, &[], &persistent).await.unwrap();
     c.abort();
     assert!(
-        eventually(scaled(20), || async { backend.stats().foreign_ignored == 1 }).await,
+        eventually(scaled(20), || async {
+            backend.stats().foreign_ignored == 1
+        })
+        .await,
         "the waiter did not skip the renumbered node"
     );
-    assert!(!queued.is_finished(), "the waiter won while the holder holds");
+    assert!(
+        !queued.is_finished(),
+        "the waiter won while the holder holds"
+    );
     g.release().await.unwrap();
     let g = tokio::time::timeout(scaled(20), queued)
         .await
