@@ -89,10 +89,7 @@ pub(crate) fn parse(name: &str) -> Option<(i64, Shape)> {
 
 /// The contenders among `children` in queue order (by sequence), leaving out those `skip`
 /// says are not (forged nodes found earlier).
-pub(crate) fn queue<'a>(
-    children: &'a [String],
-    skip: impl Fn(&str) -> bool,
-) -> Vec<(i64, &'a str)> {
+pub(crate) fn queue(children: &[String], skip: impl Fn(&str) -> bool) -> Vec<(i64, &str)> {
     let mut q: Vec<(i64, &str)> = children
         .iter()
         .filter_map(|c| parse(c).map(|(s, _)| (s, c.as_str())))
