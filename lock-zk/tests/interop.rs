@@ -76,7 +76,8 @@ const CURATOR_JARS: &[&str] = &[
     "slf4j-nop",
 ];
 
-/// The Curator peer's classpath, compiled once per test binary into a throw-away directory.
+/// The Curator peer's classpath, compiled once per test binary into the target's scratch
+/// directory (rebuilt each run, reused in place).
 fn curator_classpath() -> &'static str {
     static CP: OnceLock<String> = OnceLock::new();
     CP.get_or_init(|| {
@@ -90,7 +91,7 @@ fn curator_classpath() -> &'static str {
                 "{jar} is missing: install libcurator-recipes-java (scripts/install-servers.sh)"
             );
         }
-        let out = std::env::temp_dir().join(format!("locksmith-curator-peer-{}", std::process::id()));
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("curator-peer");
         std::fs::create_dir_all(&out).unwrap();
         let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers/CuratorPeer.java");
         let status = std::process::Command::new("javac")
@@ -120,8 +121,8 @@ fn curator(url: &str, path: &str, mode: &[&str]) -> Peer {
     Peer::spawn("Curator", "java", &args, "default-jdk-headless")
 }
 
-/// The go-zookeeper peer, built once per test binary into a throw-away directory (GOPATH mode
-/// over Debian's Go sources: no module download).
+/// The go-zookeeper peer, built once per test binary into the target's scratch directory
+/// (GOPATH mode over Debian's Go sources: no module download).
 fn gozk_binary() -> &'static str {
     static BIN: OnceLock<String> = OnceLock::new();
     BIN.get_or_init(|| {
@@ -132,7 +133,7 @@ fn gozk_binary() -> &'static str {
                 .exists(),
             "go-zookeeper's sources are missing: install golang-github-samuel-go-zookeeper-dev (scripts/install-servers.sh)"
         );
-        let out = std::env::temp_dir().join(format!("locksmith-gozk-peer-{}", std::process::id()));
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gozk-peer");
         std::fs::create_dir_all(&out).unwrap();
         let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers/gozk/main.go");
         let bin = out.join("gozk");
