@@ -24,6 +24,17 @@ declare -A PROVIDES=(
   # The redis-py peer of lock-redis's interop tests (redis-py 4.3.4 on bookworm), run with
   # /usr/bin/python3; it also runs Redisson's scripts (Redisson itself is on Maven only).
   [python3-redis]=/usr/lib/python3/dist-packages/redis/lock.py
+  # The interop tests' peers (lock-zk/tests/interop.rs, lock-etcd/tests/interop.rs): Curator
+  # (a Java peer compiled at test time), kazoo; etcdctl above. Test-time only: building the
+  # crates still needs nothing but Rust.
+  [libcurator-recipes-java]=/usr/share/java/curator-recipes.jar
+  [libcurator-framework-java]=/usr/share/java/curator-framework.jar
+  [libcurator-client-java]=/usr/share/java/curator-client.jar
+  [default-jdk-headless]=/usr/bin/javac
+  [python3-kazoo]=/usr/lib/python3/dist-packages/kazoo/recipe/lock.py
+  # go-zookeeper (a Go peer built at test time in GOPATH mode from Debian's sources).
+  [golang-go]=/usr/bin/go
+  [golang-github-samuel-go-zookeeper-dev]=/usr/share/gocode/src/github.com/samuel/go-zookeeper/zk/lock.go
 )
 # Other files the scripts rely on, with the package that brings them.
 declare -A EXTRA=(

@@ -62,6 +62,25 @@
 //!   held key by revision: a deletion of an earlier key of the same name never fires it.
 //! * Fencing token: the key's create revision, which increases across holders, restarts and
 //!   leader changes.
+//!
+//! # Interoperating with other lock clients
+//!
+//! etcd's own `concurrency.Mutex` (Go; `etcdctl lock`, and the etcd `v3lock` service's `Lock`
+//! RPC, which runs the same Mutex) shares a lock with locksmith with the default settings, no
+//! setting needed: `etcdctl lock locksmith/NAME -- CMD` and locksmith's lock `NAME` (default
+//! prefix `locksmith`) exclude each other. The Mutex puts the key `<pfx>/<lease id in hex>`
+//! and holds when its key has the lowest create revision of all keys under `<pfx>/`
+//! (`client/v3/concurrency/mutex.go`), whatever their names; locksmith does the same over the
+//! same keys. So both order one queue by create revision, and each wakes the other by deleting
+//! its key (the Mutex waits with a watch on the last key created before its own, locksmith on
+//! its whole-prefix watch). What holds: mutual exclusion, FIFO fairness, notification both ways,
+//! fencing (one counter for both: the key's create revision, which `etcdctl lock -- CMD` passes
+//! to CMD as `ETCD_LOCK_REV`, and which is locksmith's fencing token), renewal (each side keeps
+//! its own lease alive). What the peer lacks: locksmith's lost signal (the Mutex's holder
+//! learns a loss only from its session's `Done` channel) and an unrenewed end (an `etcdctl
+//! lock` holder that crashed frees the lock when its session lease expires, 60 s by default).
+//! Give the Mutex the prefix [`EtcdBackend::lock_prefix`] reports, without its trailing `/`:
+//! names outside `[A-Za-z0-9_-]` are percent-encoded (`a.b` is `locksmith/a%2Eb`).
 #![deny(missing_docs)]
 
 mod config;

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use lockcore::{Error, Result, Secret};
 
+use crate::contenders::Interop;
+
 /// The session timeout asked for when the URL does not say: a crashed holder blocks its locks
 /// for about this long, and a partitioned holder's lost signal fires within 2/3 of it.
 pub(crate) const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -61,10 +63,11 @@ impl Digest {
 /// ```
 /// let from_file: lock_zk::Config = serde_json::from_str(
 ///     r#"{"hosts": ["zk1:2181", "zk2"], "chroot": "/app", "namespace": "locks",
-///         "session_timeout_ms": 4000, "digest": "me:pw", "lost_after_disconnect": 0.25}"#,
+///         "session_timeout_ms": 4000, "digest": "me:pw", "lost_after_disconnect": 0.25,
+///         "interop": "kazoo"}"#,
 /// ).unwrap();
 /// let from_url = lock_zk::Config::parse(
-///     "zk://zk1:2181,zk2/app?namespace=locks&session_timeout_ms=4000&digest=me:pw&lost_after_disconnect=0.25",
+///     "zk://zk1:2181,zk2/app?namespace=locks&session_timeout_ms=4000&digest=me:pw&lost_after_disconnect=0.25&interop=kazoo",
 /// ).unwrap();
 /// assert_eq!(from_file.validate().unwrap(), from_url);
 /// assert!(!format!("{from_url:?}").contains("pw\""));
@@ -96,6 +99,10 @@ pub struct Config {
     /// suspended connection is a lost lock.
     #[serde(default)]
     pub lost_after_disconnect: f64,
+    /// Whose node names this client uses (`interop`: `curator`, the default, or `kazoo`); see
+    /// the crate docs' *Interoperating* section.
+    #[serde(default)]
+    pub interop: Interop,
 }
 
 fn default_namespace() -> String {
@@ -111,6 +118,7 @@ const URL_PARAMS: &[&str] = &[
     "namespace",
     "digest",
     "lost_after_disconnect",
+    "interop",
 ];
 
 impl Config {
@@ -168,6 +176,9 @@ impl Config {
                 "&lost_after_disconnect={}",
                 self.lost_after_disconnect
             ));
+        }
+        if self.interop != Interop::default() {
+            s.push_str(&format!("&interop={}", self.interop.as_str()));
         }
         if let Some(n) = negotiated {
             s.push_str(&format!(" (negotiated {} ms)", n.as_millis()));
@@ -359,6 +370,14 @@ mod tests {
         let c = Config::parse("zk://h?lost_after_disconnect=0.25").unwrap();
         assert_eq!(c.lost_after_disconnect, 0.25);
         assert!(c.redacted(None).contains("lost_after_disconnect=0.25"));
+        assert!(!c.redacted(None).contains("interop"));
+        let c = Config::parse("zk://h?interop=kazoo").unwrap();
+        assert_eq!(c.interop, Interop::Kazoo);
+        assert!(c.redacted(None).contains("interop=kazoo"));
+        assert_eq!(
+            Config::parse("zk://h?interop=curator").unwrap().interop,
+            Interop::Curator
+        );
     }
 
     #[test]
@@ -388,6 +407,7 @@ mod tests {
             "zk://h?namespace=zookeeper".to_owned(),
             "zk://h?namespace=a/b".to_owned(),
             "zk://h?session_timeout_ms=abc".to_owned(),
+            "zk://h?interop=redisson".to_owned(),
             "zk://h?session_timeout_ms=0".to_owned(),
             "zk://h?session_timeout_ms=".to_owned(),
             "zk://h?unknown=1".to_owned(),

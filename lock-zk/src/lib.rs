@@ -12,6 +12,7 @@
 //! | `namespace` | `locksmith` | top-level node (under the chroot) holding every lock |
 //! | `digest` | none | `user:password` for ZooKeeper `digest` auth; every node this backend creates then gets the ACL creator-all + world-read |
 //! | `lost_after_disconnect` | `0` | how long a disconnection may last before held leases are reported lost, as a fraction (0 to 0.5) of the session timeout; 0 is Curator's standard policy (a suspended connection is a lost lock) |
+//! | `interop` | `curator` | whose node names this client makes: `curator` (Curator's protected-mode names, which Curator and go-zookeeper see) or `kazoo` (kazoo's names); see [Interoperating](#interoperating-with-other-lock-clients) |
 //!
 //! Unknown or malformed parameters are [`ErrorKind::InvalidConfig`](lockcore::ErrorKind) errors.
 //! The digest password never appears in `Debug`, [`Backend::describe`], logs or errors. The
@@ -36,11 +37,15 @@
 //! server removes it once empty; persistent plus a best-effort delete on servers without
 //! containers). Each contender creates an EPHEMERAL_SEQUENTIAL child
 //! `_c_<owner-token>-lock-<seq>` (32 lowercase hex digits of token, 10 digits of sequence;
-//! children of any other shape are not contenders and are ignored), lists the children (the
-//! list is sent right behind the create, so both take one round trip) and holds the lock when
-//! its sequence is the lowest; otherwise it sets a one-shot watch on its immediate predecessor
-//! only (one release wakes one waiter). When the predecessor was the only node ahead, its
-//! deletion makes the waiter the holder without listing again.
+//! `<owner-token>__lock__<seq>` with `interop=kazoo`), lists the children (the list is sent
+//! right behind the create, so both take one round trip) and holds the lock when its sequence is
+//! the lowest among the contenders; otherwise it sets a one-shot watch on its immediate
+//! predecessor only (one release wakes one waiter). When the predecessor was the only node
+//! ahead, its deletion makes the waiter the holder without listing again. A contender is every
+//! child that Curator, go-zookeeper or kazoo treats as one, whoever made it: a name ending in
+//! `lock-`, `__lock__` or `__rlock__` and the 10-digit sequence, ordered by that sequence
+//! (the lock node's one counter, shared by all its sequential children). A child with none of
+//! these markers is made by no lock client and is not a contender.
 //!
 //! * `try_lock` lists the children first: on a held lock it costs one read and writes nothing.
 //!   Where this client's last acquisition of the lock won, it creates at once instead (a client
@@ -50,13 +55,61 @@
 //!   name (Curator's protection mode); when a retry made a second node, every child with the
 //!   caller's owner prefix is the caller's: the lowest is kept, the rest deleted, so a contender
 //!   never waits on its own node.
-//! * A predecessor that is not ephemeral (a node someone forged with the contenders' name
-//!   pattern) is ignored for the rest of the backend's life, so it cannot block a lock forever.
+//! * A predecessor that no live client can hold through (a node someone forged with a
+//!   contender's name) is ignored for the rest of the backend's life, so it cannot block a lock
+//!   forever: one created after this contender's node yet numbered before it (the server
+//!   numbers sequential children in creation order, so its creator chose the number), or one
+//!   of Curator's shape that is not ephemeral (Curator, go-zookeeper and locksmith only make
+//!   ephemeral nodes). A persistent node of kazoo's shape is waited for: kazoo's
+//!   `acquire(ephemeral=False)` holds through one. Any other forged contender blocks the lock
+//!   as it blocks Curator and kazoo, until an operator deletes it (`force_release`); with
+//!   `digest` credentials nobody else can create one.
 //! * Fencing token: the creation zxid of the holder's node, which increases across successive
 //!   holders even when the parent node was deleted and re-created.
 //! * The lease is the ZooKeeper session: the server keeps the node while the session lives;
 //!   the TTL is enforced by lockcore's validity watchdog, and `extend` sends a `sync` (to reach
 //!   the leader) followed by one `exists` of the node, in one round trip.
+//!
+//! # Interoperating with other lock clients
+//!
+//! A lock `name` is the node `<chroot>/<namespace>/<name>` (names of `[A-Za-z0-9_-]` are not
+//! escaped): give that path to the other clients. With the default settings, locksmith never
+//! holds a lock that a Curator or go-zookeeper client holds on the same node, and they never
+//! hold one locksmith holds:
+//!
+//! * **Curator** `InterProcessMutex` (`new InterProcessMutex(client, "/locksmith/NAME")`):
+//!   Curator treats every child of the lock node as a contender, sorted by the text after the
+//!   last `lock-` in its name (`StandardLockInternalsDriver.fixForSorting`), and waits on the
+//!   child right before its own with a watch. locksmith's names have Curator's protected-mode
+//!   shape (`_c_<id>-lock-<seq>`) by design, so both order one queue by the server's sequence
+//!   and each wakes the other by deleting its node. What holds: mutual exclusion, FIFO
+//!   fairness across both, notification both ways, locksmith's fencing token (the creation
+//!   zxid of its node; Curator has none) and renewal (the ZooKeeper session, on both sides).
+//!   Curator lacks fencing tokens and locksmith's lost signal (a Curator holder learns a loss
+//!   from its connection-state listener). Curator's `InterProcessReadWriteLock` and
+//!   semaphores use other markers and cannot share a node with locksmith.
+//! * **go-zookeeper** `zk.NewLock(conn, "/locksmith/NAME", acl)`: the same node names as
+//!   Curator's protected mode, every child a contender ordered by its sequence (go-zookeeper
+//!   `lock.go`, `parseSeq`); what holds and what it lacks as for Curator. Tested with Debian's
+//!   2018 client, which fails with a parse error (rather than overlapping) on a child without
+//!   `-` before its sequence, such as kazoo's names; later releases parse those too.
+//! * **kazoo** `Lock` (`client.Lock("/locksmith/NAME")`) only sees children named
+//!   `...__lock__<seq>` (and `__rlock__` for a `WriteLock`): it would not wait for locksmith's
+//!   default nodes. Two ways: `interop=kazoo` (locksmith then names its nodes
+//!   `<owner-token>__lock__<seq>`, which kazoo's `Lock`, `WriteLock` and `ReadLock` see as a
+//!   writer), or, without changing locksmith, `client.Lock(path,
+//!   extra_lock_patterns=["-lock-"])` on the kazoo side (kazoo 2.7.1 and later). In both,
+//!   locksmith waits for kazoo's readers and writers (persistent ones from
+//!   `acquire(ephemeral=False)` included), the queue is one FIFO by sequence, and each side
+//!   wakes the other (kazoo watches its predecessor too). kazoo lacks fencing tokens and a lost
+//!   signal beyond its connection listener. With `interop=kazoo` a name outside
+//!   `[A-Za-z0-9_-]` is refused ([`ErrorKind::InvalidName`](lockcore::ErrorKind)): kazoo
+//!   would lock the unescaped path.
+//! * **Curator and kazoo do not exclude each other** on one node (kazoo ignores Curator's
+//!   names; Curator orders kazoo's by their whole text, not by sequence), so a lock node that
+//!   Curator clients use must not be used with `interop=kazoo`, nor by kazoo clients: locksmith
+//!   in either mode waits for every peer's node, but it cannot make Curator see a kazoo-named
+//!   node in sequence order. locksmith clients of both modes exclude each other.
 //!
 //! # Sessions and the lost signal
 //!
@@ -84,6 +137,7 @@
 #![deny(missing_docs)]
 
 mod config;
+mod contenders;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -103,17 +157,10 @@ use tokio::sync::watch;
 use zookeeper_client as zk;
 
 pub use crate::config::{Config, Digest};
+pub use crate::contenders::Interop;
 
 type ZkResult<T> = std::result::Result<T, zk::Error>;
 
-/// Every contender node name starts with this, then the owner token.
-const NODE_PREFIX: &str = "_c_";
-/// Between the owner token and the server-assigned sequence number.
-const NODE_MARK: &str = "-lock-";
-/// Hex digits of an owner token in a node name.
-const TOKEN_LEN: usize = 32;
-/// Digits of a server-assigned sequence number (`%010d`).
-const SEQ_LEN: usize = 10;
 /// Pause between retries of an idempotent request after a connection loss (the client queues
 /// requests until it has reconnected, so this only avoids a hot loop on a flapping link).
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
@@ -354,34 +401,15 @@ fn is_session_end(e: &zk::Error) -> bool {
     matches!(e, zk::Error::SessionExpired | zk::Error::ClientClosed)
 }
 
-/// `(sequence, owner token)` of a contender node name; `None` for anything else. Strict: a
-/// node that merely resembles the pattern is not a contender.
-fn parse_contender(name: &str) -> Option<(i64, &str)> {
-    let rest = name.strip_prefix(NODE_PREFIX)?;
-    let (token, seq) = rest.split_once(NODE_MARK)?;
-    let hex = |b: u8| b.is_ascii_digit() || (b'a'..=b'f').contains(&b);
-    if token.len() != TOKEN_LEN || !token.bytes().all(hex) {
-        return None;
-    }
-    if seq.len() != SEQ_LEN || !seq.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    Some((seq.parse().ok()?, token))
-}
-
-/// The contenders among `children`, sorted by sequence (the queue order), without `foreign`.
+/// The contenders among `children` in queue order, without the forged nodes in `foreign`.
 fn queue<'a>(
     children: &'a [String],
     parent: &str,
     foreign: &HashSet<String>,
 ) -> Vec<(i64, &'a str)> {
-    let mut q: Vec<(i64, &str)> = children
-        .iter()
-        .filter_map(|c| parse_contender(c).map(|(s, _)| (s, c.as_str())))
-        .filter(|(_, c)| foreign.is_empty() || !foreign.contains(&format!("{parent}/{c}")))
-        .collect();
-    q.sort_unstable();
-    q
+    contenders::queue(children, |c| {
+        !foreign.is_empty() && foreign.contains(&format!("{parent}/{c}"))
+    })
 }
 
 /// Settings beyond the URL, for [`ZkBackend::builder`].
@@ -519,6 +547,7 @@ impl ZkBackend {
                 session_timeout,
                 lost_after_disconnect,
                 config.digest.is_some(),
+                config.interop,
             ),
             session: watch::Sender::new(Session::new(client)),
             base,
@@ -549,6 +578,7 @@ impl ZkBackend {
         session_timeout: Duration,
         lost_after: Duration,
         with_acl: bool,
+        interop: Interop,
     ) -> Capabilities {
         let mut c = Capabilities::default();
         c.fencing = true;
@@ -599,6 +629,10 @@ impl ZkBackend {
             },
             "plain TCP only: TLS is not wired (the zookeeper-client crate has it behind its tls feature)".into(),
             "fencing token = creation zxid of the holder's node; FIFO by sequence number; one release wakes one waiter".into(),
+            match interop {
+                Interop::Kazoo => "interop=kazoo: nodes named as kazoo's Lock names them (kazoo waits for them); Curator and go-zookeeper clients must not use these lock nodes (they do not order kazoo's names by sequence)".into(),
+                _ => "Curator's protected-mode node names: Curator's InterProcessMutex and go-zookeeper's Lock on the same node exclude locksmith and are excluded; kazoo needs interop=kazoo or extra_lock_patterns=[\"-lock-\"]".into(),
+            },
         ];
         c
     }
@@ -678,7 +712,23 @@ impl ZkBackend {
 
     /// The node of lock `name` whose children are the contenders.
     pub fn lock_path(&self, name: impl IntoLockName) -> Result<String> {
-        Ok(self.parent_path(&name.into_lock_name()?))
+        let name = name.into_lock_name()?;
+        self.check_name(&name)?;
+        Ok(self.parent_path(&name))
+    }
+
+    /// With `interop=kazoo`, refuses a name that this crate escapes (a kazoo client names the
+    /// node's path as it is: `/locksmith/a.b` is not `/locksmith/a%2Eb`, and they would not
+    /// exclude each other). Curator's layout keeps the escaping of earlier releases.
+    fn check_name(&self, name: &lockcore::LockName) -> Result<()> {
+        let escaped = name.escaped();
+        if self.inner.config.interop == Interop::Kazoo && escaped != name.as_str() {
+            return Err(Error::invalid_name(format!(
+                "with interop=kazoo a lock name is one path segment of [A-Za-z0-9_-] (a kazoo client would lock {:?} under the namespace, locksmith {escaped:?})",
+                name.as_str()
+            )));
+        }
+        Ok(())
     }
 
     fn parent_path(&self, name: &lockcore::LockName) -> String {
@@ -727,7 +777,7 @@ impl ZkBackend {
     /// # Errors
     /// `InvalidName`; `Unavailable` or `Backend` (NoAuth included) from ZooKeeper.
     pub async fn force_release(&self, name: impl IntoLockName) -> Result<usize> {
-        let parent = self.parent_path(&name.into_lock_name()?);
+        let parent = self.lock_path(name)?;
         let client = self.live_session(None).await?.client.clone();
         let children = match retry(|| client.list_children(&parent)).await {
             Ok(c) => c,
@@ -792,6 +842,7 @@ impl ZkBackend {
         wait: bool,
         deadline: Option<Instant>,
     ) -> Result<Option<Acquired>> {
+        self.check_name(&req.name)?;
         loop {
             let session = self.live_session(deadline).await?;
             match self.attempt(&session, req, wait).await? {
@@ -820,7 +871,7 @@ impl ZkBackend {
         let mut contender = ContenderGuard::new(
             client.clone(),
             parent.clone(),
-            format!("{NODE_PREFIX}{owner}{NODE_MARK}"),
+            self.inner.config.interop.node_prefix(&owner),
             req.background.clone(),
         );
         // Children first: on a held lock, one read and no write. Skipped where this client's
@@ -900,7 +951,7 @@ impl ZkBackend {
                         .into_iter()
                         .map(|(s, n)| (s, n.to_owned()))
                         .collect();
-                    (self.own_node(&q, &owner, &contender, &mut mine), q)
+                    (self.own_node(&q, &contender, &mut mine), q)
                 };
                 let Some(node_name) = node else {
                     // No node of ours: the create was not applied, or the node vanished
@@ -941,10 +992,17 @@ impl ZkBackend {
                 match client.check_and_watch_stat(&predecessor).await {
                     // Gone before the watch was set: look again.
                     Ok((None, _)) => {}
-                    Ok((Some(stat), _)) if stat.ephemeral_owner == 0 => {
-                        // Not a contender: someone made a node with the contenders' name
-                        // pattern. Never wait on it (it would never go away).
-                        tracing::warn!(path = %predecessor, "ignoring a non-ephemeral node with a contender's name");
+                    Ok((Some(stat), _))
+                        if contenders::cannot_hold(
+                            &q[pos - 1].1,
+                            stat.ephemeral_owner,
+                            stat.czxid,
+                            mine.as_ref().and_then(|(_, czxid)| *czxid),
+                        ) =>
+                    {
+                        // Not a contender: someone made a node with a contender's name (see
+                        // `cannot_hold`). Never wait on it (it would never go away).
+                        tracing::warn!(path = %predecessor, "ignoring a forged node with a contender's name");
                         bump(&self.inner.stats.foreign_ignored);
                         let mut foreign = self.foreign();
                         if foreign.len() >= MAX_FOREIGN {
@@ -1038,13 +1096,12 @@ impl ZkBackend {
     fn own_node(
         &self,
         q: &[(i64, String)],
-        owner: &str,
         contender: &ContenderGuard,
         mine: &mut Option<(String, Option<i64>)>,
     ) -> Option<String> {
         let mut own = q
             .iter()
-            .filter(|(_, n)| parse_contender(n).is_some_and(|(_, t)| t == owner));
+            .filter(|(_, n)| n.starts_with(&contender.name_prefix));
         let (_, keep) = own.next()?;
         for (_, extra) in own {
             bump(&self.inner.stats.duplicates_removed);
@@ -1618,31 +1675,6 @@ async fn watch_session(session: &Arc<Session>, grace: Duration, weak: &Weak<Inne
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn contender_names_are_strict() {
-        let t = "0123456789abcdef0123456789abcdef";
-        let kids: Vec<String> = [
-            format!("_c_{}-lock-0000000010", "b".repeat(32)),
-            format!("_c_{t}-lock-0000000002"),
-            "foreign".to_owned(),
-            "_c_ccc-lock-0000000001".to_owned(),
-            format!("_c_{t}-lock-x"),
-            format!("_c_{t}-lock-000000003"),
-            format!("_c_{}-lock-0000000000", "A".repeat(32)),
-            format!("_c_{}-lock-0000000003", "d".repeat(32)),
-        ]
-        .to_vec();
-        let q = queue(&kids, "/p", &HashSet::new());
-        let names: Vec<&str> = q.iter().map(|(_, n)| *n).collect();
-        assert_eq!(
-            names,
-            [kids[1].as_str(), kids[7].as_str(), kids[0].as_str(),]
-        );
-        let foreign: HashSet<String> = [format!("/p/{}", kids[1])].into();
-        assert_eq!(queue(&kids, "/p", &foreign).len(), 2);
-        assert_eq!(parse_contender(&kids[1]), Some((2, t)));
-    }
 
     #[test]
     fn mntr_parsing() {

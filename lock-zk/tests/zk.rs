@@ -539,11 +539,11 @@ async fn lost_create_reply_second_node_does_not_deadlock() {
     client.delete(&parent, None).await.unwrap();
 }
 
-/// Nodes under a lock node that only resemble contenders never block the lock: a loose name
-/// (not 32 hex digits of token and 10 of sequence) is not a contender, and a forged node with
-/// the exact pattern that is not ephemeral (no session will ever end it) is skipped by a
-/// waiter. (Before: both sorted first and a waiter waited on them forever.) Without
-/// credentials any client may create them: nodes are world-writable.
+/// Forged nodes of Curator's shape (`...lock-<seq>`, which Curator, go-zookeeper and locksmith
+/// only make ephemeral) that no session owns never block the lock: a waiter skips them. (Before
+/// that rule: they sorted first and a waiter waited on them forever.) Without credentials any
+/// client may create them: nodes are world-writable. (A persistent node of kazoo's shape is a
+/// live holder and is waited for: tests/interop.rs.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_nodes_matching_the_pattern_do_not_block() {
     let Some(url) = url() else { return };
@@ -563,9 +563,9 @@ async fn foreign_nodes_matching_the_pattern_do_not_block() {
         .await
         .expect("the lock was blocked by foreign nodes")
         .unwrap();
-    assert_eq!(backend.stats().foreign_ignored, 1);
+    assert_eq!(backend.stats().foreign_ignored, 2);
     g.release().await.unwrap();
-    // Once known, the forged node does not make try_lock see the lock as held either.
+    // Once known, the forged nodes do not make try_lock see the lock as held either.
     let g = locker
         .try_lock(&name, &opts())
         .await
@@ -575,6 +575,60 @@ async fn foreign_nodes_matching_the_pattern_do_not_block() {
     for path in [&loose, &forged, &parent] {
         intruder.delete(path, None).await.unwrap();
     }
+}
+
+/// A node made after a waiter's own yet named with a lower sequence was numbered by its creator,
+/// not by the server (which numbers sequential children in creation order): the waiter skips it,
+/// even in kazoo's shape, whose persistent nodes are otherwise live holders. Queue: holder A,
+/// waiter C, waiter B; the forged node is named with C's sequence (sorting right after C) and C
+/// gives up, so B lists again and finds the forged node right ahead of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_numbered_out_of_creation_order_does_not_block() {
+    let Some(url) = url() else { return };
+    let holder = Locker::new(ZkBackend::connect(&url).await.unwrap());
+    let middle = ZkBackend::connect(&url).await.unwrap();
+    let backend = ZkBackend::connect(&url).await.unwrap();
+    let waiter = Locker::new(backend.clone());
+    let name = unique("renumbered");
+    let parent = backend.lock_path(name.as_str()).unwrap();
+    let g = holder.lock(&name, &opts()).await.unwrap();
+    let c = {
+        let (locker, name) = (Locker::new(middle.clone()), name.clone());
+        tokio::spawn(async move { locker.lock(&name, &opts()).await })
+    };
+    assert!(eventually(scaled(20), || async { middle.stats().waiting == 1 }).await);
+    let queued = {
+        let (waiter, name) = (waiter.clone(), name.clone());
+        tokio::spawn(async move { waiter.lock(&name, &opts()).await.unwrap() })
+    };
+    assert!(eventually(scaled(20), || async { backend.stats().waiting == 1 }).await);
+    let intruder = ZkBackend::connect(&url).await.unwrap().client();
+    let mut kids = intruder.list_children(&parent).await.unwrap();
+    kids.sort_by_key(|k| k[k.len() - 10..].to_owned());
+    assert_eq!(kids.len(), 3, "{kids:?}");
+    let middle_seq = &kids[1][kids[1].len() - 10..];
+    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    let forged = format!("{parent}/{}__lock__{middle_seq}", "e".repeat(32));
+    intruder.create(&forged, &[], &persistent).await.unwrap();
+    c.abort();
+    assert!(
+        eventually(scaled(20), || async {
+            backend.stats().foreign_ignored == 1
+        })
+        .await,
+        "the waiter did not skip the renumbered node"
+    );
+    assert!(
+        !queued.is_finished(),
+        "the waiter won while the holder holds"
+    );
+    g.release().await.unwrap();
+    let g = tokio::time::timeout(scaled(20), queued)
+        .await
+        .expect("the waiter was blocked by a renumbered node")
+        .unwrap();
+    g.release().await.unwrap();
+    intruder.delete(&forged, None).await.unwrap();
 }
 
 /// `try_lock` on a held lock sends one request (a listing) and writes nothing: the lock node's

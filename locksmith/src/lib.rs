@@ -56,7 +56,7 @@
 //! |---|---|---|
 //! | Redis (single, Cluster, Sentinel) | `redis` | [lock-redis](https://docs.rs/lock-redis) crate docs (URL table, `interop`), `lock_redis::Config` |
 //! | PostgreSQL, MySQL/MariaDB, SQLite | `postgres`, `mysql`, `sqlite` | [lock-sql](https://docs.rs/lock-sql) crate docs (`strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`), `lock_sql::Config` |
-//! | ZooKeeper | `zk` | [lock-zk](https://docs.rs/lock-zk) crate docs (`session_timeout_ms`, `namespace`, `digest`, `lost_after_disconnect`), `lock_zk::Config` |
+//! | ZooKeeper | `zk` | [lock-zk](https://docs.rs/lock-zk) crate docs (`session_timeout_ms`, `namespace`, `digest`, `lost_after_disconnect`, `interop`), `lock_zk::Config` |
 //! | etcd v3 | `etcd` | [lock-etcd](https://docs.rs/lock-etcd) crate docs (`ca`, `domain`, `timeout_ms`), `lock_etcd::Config` |
 //! | Redlock | `redlock` | [lock-redlock](https://docs.rs/lock-redlock) crate docs (Redis parameters + `node_timeout_ms`), `lock_redlock::Config` |
 //!

@@ -1,0 +1,408 @@
+//! locksmith and the ZooKeeper lock clients users already run, on one lock node, as real
+//! processes: Curator's `InterProcessMutex` (Java, compiled here against Debian's Curator jars)
+//! and kazoo's `Lock` (Python, Debian's python3-kazoo). Each direction (the peer holds and
+//! locksmith waits; locksmith holds and the peer waits) and a contention loop with no overlap.
+//! Needs `LOCK_TEST_ZK_URL`; a missing peer program fails (never skips).
+//! go-zookeeper's `Lock` (Go, Debian's golang-github-samuel-go-zookeeper-dev, built here) makes
+//! the same node names as Curator's protected mode and orders every child by its sequence.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use conformance::peer::{Peer, Window, assert_disjoint, now_us};
+use lock_zk::ZkBackend;
+use lockcore::{ErrorKind, Instant, LockOptions, Locker};
+
+fn url() -> Option<String> {
+    conformance::require_env("LOCK_TEST_ZK_URL")
+}
+
+fn unique(prefix: &str) -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    format!("{prefix}-{:x}-{}", t.as_nanos(), std::process::id())
+}
+
+fn scaled(secs: u64) -> Duration {
+    Duration::from_secs(secs).mul_f64(conformance::time_scale())
+}
+
+fn opts() -> LockOptions {
+    LockOptions::new()
+        .ttl(Duration::from_secs(60))
+        .wait_timeout(scaled(60))
+}
+
+/// The connect string of the servers in `url` (peers connect without a chroot and are given
+/// the lock node's full path).
+fn connect_string(url: &str) -> String {
+    lock_zk::Config::parse(url).unwrap().hosts.join(",")
+}
+
+/// How long a contention loop runs on each side.
+const LOOP: Duration = Duration::from_secs(4);
+
+/// Polls `f` until it is true or `within` passes (server-side state with no event to await).
+async fn eventually<F, Fut>(within: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = Instant::now() + within;
+    loop {
+        if f().await {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+// ------------------------------------------------------------------------------- the peers
+
+/// Jars the Curator peer needs (Debian: libcurator-recipes-java and its dependencies).
+const CURATOR_JARS: &[&str] = &[
+    "curator-recipes",
+    "curator-framework",
+    "curator-client",
+    "zookeeper",
+    "zookeeper-jute",
+    "guava",
+    "slf4j-api",
+    "slf4j-nop",
+];
+
+/// The Curator peer's classpath, compiled once per test binary into the target's scratch
+/// directory (rebuilt each run, reused in place).
+fn curator_classpath() -> &'static str {
+    static CP: OnceLock<String> = OnceLock::new();
+    CP.get_or_init(|| {
+        let jars: Vec<String> = CURATOR_JARS
+            .iter()
+            .map(|j| format!("/usr/share/java/{j}.jar"))
+            .collect();
+        for jar in &jars {
+            assert!(
+                std::path::Path::new(jar).exists(),
+                "{jar} is missing: install libcurator-recipes-java (scripts/install-servers.sh)"
+            );
+        }
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("curator-peer");
+        std::fs::create_dir_all(&out).unwrap();
+        let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers/CuratorPeer.java");
+        let status = std::process::Command::new("javac")
+            .arg("-d")
+            .arg(&out)
+            .arg("-cp")
+            .arg(jars.join(":"))
+            .arg(&source)
+            .status()
+            .unwrap_or_else(|e| {
+                panic!("cannot run javac: {e}; install default-jdk-headless (scripts/install-servers.sh)")
+            });
+        assert!(status.success(), "javac {} failed: {status}", source.display());
+        format!("{}:{}", out.display(), jars.join(":"))
+    })
+}
+
+fn curator(url: &str, path: &str, mode: &[&str]) -> Peer {
+    let mut args = vec![
+        "-cp".to_owned(),
+        curator_classpath().to_owned(),
+        "CuratorPeer".to_owned(),
+        connect_string(url),
+        path.to_owned(),
+    ];
+    args.extend(mode.iter().map(|s| s.to_string()));
+    Peer::spawn("Curator", "java", &args, "default-jdk-headless")
+}
+
+/// The go-zookeeper peer, built once per test binary into the target's scratch directory
+/// (GOPATH mode over Debian's Go sources: no module download).
+fn gozk_binary() -> &'static str {
+    static BIN: OnceLock<String> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let gopath = "/usr/share/gocode";
+        assert!(
+            std::path::Path::new(gopath)
+                .join("src/github.com/samuel/go-zookeeper/zk/lock.go")
+                .exists(),
+            "go-zookeeper's sources are missing: install golang-github-samuel-go-zookeeper-dev (scripts/install-servers.sh)"
+        );
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gozk-peer");
+        std::fs::create_dir_all(&out).unwrap();
+        let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers/gozk/main.go");
+        let bin = out.join("gozk");
+        let status = std::process::Command::new("go")
+            .args(["build", "-o"])
+            .arg(&bin)
+            .arg(&source)
+            .env("GOPATH", gopath)
+            .env("GO111MODULE", "off")
+            .env("GOFLAGS", "")
+            .env("GOCACHE", out.join("cache"))
+            .status()
+            .unwrap_or_else(|e| {
+                panic!("cannot run go: {e}; install golang-go (scripts/install-servers.sh)")
+            });
+        assert!(status.success(), "go build {} failed: {status}", source.display());
+        bin.display().to_string()
+    })
+}
+
+fn gozk(url: &str, path: &str, mode: &[&str]) -> Peer {
+    let mut args = vec![connect_string(url), path.to_owned()];
+    args.extend(mode.iter().map(|s| s.to_string()));
+    Peer::spawn("go-zookeeper", gozk_binary(), &args, "golang-go")
+}
+
+fn kazoo(url: &str, path: &str, mode: &[&str]) -> Peer {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers/kazoo_peer.py");
+    let mut args = vec![
+        script.display().to_string(),
+        connect_string(url),
+        path.to_owned(),
+    ];
+    args.extend(mode.iter().map(|s| s.to_string()));
+    // Debian's interpreter, where python3-kazoo is installed (not a virtualenv's python3).
+    Peer::spawn("kazoo", "/usr/bin/python3", &args, "python3-kazoo")
+}
+
+// ------------------------------------------------------------------------------- scenarios
+
+/// The peer holds; locksmith's `try_lock` sees the lock held, and its `lock` queues behind the
+/// peer's node, waits on its watch (no poll) and wins only after the peer released.
+async fn peer_holds_locksmith_waits(url: &str, interop: &str, mut peer: impl FnMut(&str) -> Peer) {
+    let backend = ZkBackend::connect(&format!("{url}?interop={interop}"))
+        .await
+        .unwrap();
+    let locker = Locker::new(backend.clone());
+    let name = unique("interop-peer-holds");
+    let path = backend.lock_path(name.as_str()).unwrap();
+    let mut holder = peer(&path);
+    holder.held(scaled(60)).await;
+    assert!(
+        locker.try_lock(&name, &opts()).await.unwrap().is_none(),
+        "locksmith's try_lock took a lock the peer holds"
+    );
+    let wakeups = backend.stats().watch_wakeups;
+    let waiter = {
+        let (locker, name) = (locker.clone(), name.clone());
+        tokio::spawn(async move {
+            let g = locker.lock(&name, &opts()).await.unwrap();
+            (g, now_us())
+        })
+    };
+    assert!(
+        eventually(scaled(20), || async { backend.stats().waiting == 1 }).await,
+        "locksmith did not wait on a watch behind the peer"
+    );
+    assert!(
+        !waiter.is_finished(),
+        "locksmith took a lock the peer holds"
+    );
+    holder.send_line().await;
+    let released = holder.expect("RELEASED", scaled(20)).await[0]
+        .parse::<u64>()
+        .unwrap();
+    let (guard, won_at) = tokio::time::timeout(scaled(20), waiter)
+        .await
+        .expect("locksmith was not woken by the peer's release")
+        .unwrap();
+    assert!(
+        won_at > released,
+        "locksmith won at {won_at} µs, before the peer released at {released} µs"
+    );
+    assert_eq!(
+        backend.stats().watch_wakeups,
+        wakeups + 1,
+        "locksmith should be woken once, by its watch on the peer's node"
+    );
+    guard.release().await.unwrap();
+    holder.finish(scaled(20)).await;
+}
+
+/// locksmith holds; the peer queues (its node appears behind ours) and wins only after
+/// locksmith released: the deletion of locksmith's node wakes it.
+async fn locksmith_holds_peer_waits(url: &str, interop: &str, mut peer: impl FnMut(&str) -> Peer) {
+    let backend = ZkBackend::connect(&format!("{url}?interop={interop}"))
+        .await
+        .unwrap();
+    let locker = Locker::new(backend.clone());
+    let name = unique("interop-locksmith-holds");
+    let path = backend.lock_path(name.as_str()).unwrap();
+    let guard = locker.lock(&name, &opts()).await.unwrap();
+    let mut waiter = peer(&path);
+    let client = backend.client();
+    assert!(
+        eventually(scaled(60), || async {
+            client
+                .list_children(&path)
+                .await
+                .is_ok_and(|c| c.len() == 2)
+        })
+        .await,
+        "the peer did not queue behind locksmith"
+    );
+    let released = now_us();
+    guard.release().await.unwrap();
+    let held = waiter.held(scaled(20)).await;
+    assert!(
+        held > released,
+        "the peer held at {held} µs, before locksmith released at {released} µs"
+    );
+    waiter.send_line().await;
+    waiter.expect("RELEASED", scaled(20)).await;
+    waiter.finish(scaled(20)).await;
+}
+
+/// Both sides loop acquire / critical section / release on one lock while the peer's loop runs:
+/// no two critical sections overlap, and both sides get the lock.
+async fn contention_loop(url: &str, interop: &str, mut peer: impl FnMut(&str, &str) -> Peer) {
+    let label = interop.to_owned();
+    let backend = ZkBackend::connect(&format!("{url}?interop={interop}"))
+        .await
+        .unwrap();
+    let locker = Locker::new(backend.clone());
+    let name = unique("interop-contention");
+    let path = backend.lock_path(name.as_str()).unwrap();
+    let mut other = peer(&path, &LOOP.as_millis().to_string());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ours = {
+        let (locker, name, stop) = (locker.clone(), name.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut windows: Vec<Window> = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let g = locker.lock(&name, &opts()).await.unwrap();
+                let start = now_us();
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                let end = now_us();
+                g.release().await.unwrap();
+                windows.push((start, end));
+            }
+            windows
+        })
+    };
+    let theirs = other.windows(LOOP + scaled(60)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let ours = ours.await.unwrap();
+    eprintln!(
+        "contention on {path} ({label} layout): locksmith {} critical sections, peer {}",
+        ours.len(),
+        theirs.len()
+    );
+    assert_disjoint("the peer", &ours, &theirs);
+}
+
+// ---------------------------------------------------------------------------------- Curator
+
+/// The issue-23 defect: `locksmith run` started while Curator held the path ran at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_holds_locksmith_waits() {
+    let Some(url) = url() else { return };
+    peer_holds_locksmith_waits(&url, "curator", |p| curator(&url, p, &["hold"])).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locksmith_holds_curator_waits() {
+    let Some(url) = url() else { return };
+    locksmith_holds_peer_waits(&url, "curator", |p| curator(&url, p, &["hold"])).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_and_locksmith_contend_without_overlap() {
+    let Some(url) = url() else { return };
+    contention_loop(&url, "curator", |p, ms| curator(&url, p, &["loop", ms])).await;
+}
+
+// ----------------------------------------------------------------------------- go-zookeeper
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gozk_holds_locksmith_waits() {
+    let Some(url) = url() else { return };
+    peer_holds_locksmith_waits(&url, "curator", |p| gozk(&url, p, &["hold"])).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locksmith_holds_gozk_waits() {
+    let Some(url) = url() else { return };
+    locksmith_holds_peer_waits(&url, "curator", |p| gozk(&url, p, &["hold"])).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gozk_and_locksmith_contend_without_overlap() {
+    let Some(url) = url() else { return };
+    contention_loop(&url, "curator", |p, ms| gozk(&url, p, &["loop", ms])).await;
+}
+
+// ------------------------------------------------------------------------------------ kazoo
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kazoo_holds_locksmith_waits() {
+    let Some(url) = url() else { return };
+    peer_holds_locksmith_waits(&url, "kazoo", |p| kazoo(&url, p, &["hold"])).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locksmith_holds_kazoo_waits() {
+    let Some(url) = url() else { return };
+    locksmith_holds_peer_waits(&url, "kazoo", |p| kazoo(&url, p, &["hold"])).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kazoo_and_locksmith_contend_without_overlap() {
+    let Some(url) = url() else { return };
+    contention_loop(&url, "kazoo", |p, ms| kazoo(&url, p, &["loop", ms])).await;
+}
+
+/// kazoo's `acquire(ephemeral=False)` holds through a persistent node: a live holder, which
+/// locksmith (default layout) waits for instead of ignoring it as forged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kazoo_persistent_holder_is_waited_for() {
+    let Some(url) = url() else { return };
+    peer_holds_locksmith_waits(&url, "curator", |p| {
+        kazoo(&url, p, &["hold", "--persistent"])
+    })
+    .await;
+}
+
+/// Without `interop=kazoo`, a kazoo client told about Curator's marker
+/// (`extra_lock_patterns=["-lock-"]`) shares the lock with locksmith's default layout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kazoo_with_extra_lock_pattern_and_default_layout_contend_without_overlap() {
+    let Some(url) = url() else { return };
+    contention_loop(&url, "curator", |p, ms| {
+        kazoo(&url, p, &["loop", ms, "--extra-lock-pattern", "-lock-"])
+    })
+    .await;
+}
+
+/// `interop=kazoo` refuses a name that locksmith would escape (a kazoo client would lock
+/// another path), before any request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kazoo_mode_refuses_names_kazoo_maps_elsewhere() {
+    let Some(url) = url() else { return };
+    let backend = ZkBackend::connect(&format!("{url}?interop=kazoo"))
+        .await
+        .unwrap();
+    let locker = Locker::new(backend.clone());
+    for name in ["a.b", "dir/name", "sp ace", "ü"] {
+        let err = locker.try_lock(name, &opts()).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidName, "{name}: {err}");
+        assert_eq!(
+            backend.lock_path(name).unwrap_err().kind(),
+            ErrorKind::InvalidName
+        );
+    }
+    assert_eq!(backend.stats().nodes_created, 0);
+    let ok = locker
+        .try_lock(unique("plain_Name-1").as_str(), &opts())
+        .await
+        .unwrap()
+        .expect("free");
+    ok.release().await.unwrap();
+}
