@@ -111,7 +111,16 @@ pub(crate) async fn cut_member_waiter(t: &mut Target, cell: &mut FaultCell) -> R
     let to_cut = proxy_to(ports(t, &[cut])[0]).await?;
     let fallback = proxy_to(healthy_ports[0]).await?;
     fallback.set_mode(ProxyMode::Reset);
-    let waiter = connect_url(&url(&[to_cut.port(), fallback.port()])?).await?;
+    // A connection that first picks the refusing endpoint may fail: connect again (bounded).
+    let waiter_url = url(&[to_cut.port(), fallback.port()])?;
+    let end = Instant::now() + bound(t);
+    let waiter = loop {
+        match connect_url(&waiter_url).await {
+            Ok(w) => break w,
+            Err(e) if Instant::now() >= end => return Err(format!("waiter's connect: {e}")),
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
     let g = holder
         .lock(
             name.as_str(),

@@ -564,10 +564,15 @@ async fn a_waiter_watching_a_member_cut_off_from_the_quorum_gets_the_free_lock()
         .await
         .unwrap();
     fallback.set_mode(ProxyMode::Reset);
+    // The connection may first pick the refusing endpoint and fail: connect again (bounded).
+    let waiter_url = url_of(&[to_cut.port(), fallback.port()]);
     let waiter = Locker::new(
-        EtcdBackend::connect(&url_of(&[to_cut.port(), fallback.port()]))
-            .await
-            .unwrap(),
+        poll(
+            "the waiter's client connected",
+            Duration::from_secs(20),
+            || async { EtcdBackend::connect(&waiter_url).await.ok() },
+        )
+        .await,
     );
     let name = format!("cut-member-{:08x}", fastrand::u32(..));
     let lock_name = lockcore::LockName::new(name.clone()).unwrap();
