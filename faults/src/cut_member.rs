@@ -64,7 +64,7 @@ async fn proxy_to(port: u16) -> Result<Proxy, String> {
 
 /// Waits until `admin` sees a waiter queued for `name`.
 async fn until_queued(admin: &Locker, name: &str, d: Duration) -> R {
-    let lock_name = LockName::new(name.to_string()).map_err(|e| e.to_string())?;
+    let lock_name = LockName::new(name).map_err(|e| e.to_string())?;
     let end = Instant::now() + d;
     loop {
         if admin
