@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::peer_links::PeerLinks;
 use crate::process::ServerProcess;
 use crate::util::{Error, Result, TempDir, Timeouts, free_port};
 
@@ -40,6 +41,7 @@ struct Member {
 pub struct Etcd {
     members: Vec<Member>,
     timeouts: Timeouts,
+    peers: Option<PeerLinks>,
     _dir: TempDir,
 }
 
@@ -58,20 +60,43 @@ impl Etcd {
         Self::start(3).await
     }
 
+    /// A 3-member cluster whose members reach each other through faultkit (their peer ports), so
+    /// that [`Etcd::cut_member`] can cut one off from its peers while its clients still reach
+    /// it. The links run on the calling tokio runtime: it must keep running (a multi-threaded
+    /// runtime, or one that is not blocked) while the cluster serves.
+    ///
+    /// Cancel safety: a dropped start kills what it started.
+    pub async fn cluster_with_peer_links() -> Result<Self> {
+        Self::launch(3, true).await
+    }
+
     /// `n` members.
     ///
     /// Cancel safety: a dropped start kills what it started.
     pub async fn start(n: usize) -> Result<Self> {
+        Self::launch(n, false).await
+    }
+
+    async fn launch(n: usize, peer_links: bool) -> Result<Self> {
         let dir = TempDir::new("etcd", true)?;
         let timeouts = Timeouts::scaled();
         let mut ports = Vec::new();
         for _ in 0..n {
             ports.push((free_port()?, free_port()?));
         }
-        let cluster: Vec<String> = ports
-            .iter()
-            .enumerate()
-            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+        let peers = if peer_links && n > 1 {
+            let real: Vec<Vec<u16>> = ports.iter().map(|&(_, p)| vec![p]).collect();
+            Some(PeerLinks::start(&real, vec![None]).await?)
+        } else {
+            None
+        };
+        // What the members advertise (and the cluster lists): the fronts where there are links.
+        let advertised = |i: usize| match &peers {
+            Some(p) => p.front(i, 0),
+            None => ports[i].1,
+        };
+        let cluster: Vec<String> = (0..n)
+            .map(|i| format!("m{i}=http://127.0.0.1:{}", advertised(i)))
             .collect();
         let cluster = cluster.join(",");
         let token = format!("faultkit-{:x}", fastrand::u64(..));
@@ -80,6 +105,7 @@ impl Etcd {
             let data = dir.join(format!("m{i}"));
             let c = format!("http://127.0.0.1:{client}");
             let p = format!("http://127.0.0.1:{peer}");
+            let advertise = format!("http://127.0.0.1:{}", advertised(i));
             let args: Vec<String> = [
                 "--name",
                 &format!("m{i}"),
@@ -92,7 +118,7 @@ impl Etcd {
                 "--listen-peer-urls",
                 &p,
                 "--initial-advertise-peer-urls",
-                &p,
+                &advertise,
                 "--initial-cluster",
                 &cluster,
                 "--initial-cluster-state",
@@ -123,9 +149,13 @@ impl Etcd {
                 process,
             });
         }
+        if let Some(p) = &peers {
+            p.attach(members.iter().map(|m| m.process.pid_cell()).collect());
+        }
         let mut e = Etcd {
             members,
             timeouts,
+            peers,
             _dir: dir,
         };
         for i in 0..n {
@@ -182,6 +212,46 @@ impl Etcd {
     /// Never: there is at least one member.
     pub fn is_empty(&self) -> bool {
         self.members.is_empty()
+    }
+
+    /// Cuts member `i` off from its peers: nothing passes between it and the other members (its
+    /// peer port and theirs, both ways; held like dropped packets) while its clients still reach
+    /// its client port. It loses its leader within an election timeout (500 ms) and, as a
+    /// follower without a leader, answers no linearizable request; the others elect a leader
+    /// among themselves if it led. An error unless the cluster was started with
+    /// [`Etcd::cluster_with_peer_links`].
+    pub fn cut_member(&self, i: usize) -> Result<()> {
+        self.links()?.set_cut(i, true);
+        Ok(())
+    }
+
+    /// Ends [`Etcd::cut_member`]: member `i` reaches its peers again (held traffic is
+    /// delivered) and catches up.
+    pub fn heal_member(&self, i: usize) -> Result<()> {
+        self.links()?.set_cut(i, false);
+        Ok(())
+    }
+
+    /// Whether member `i` is cut off from its peers now.
+    pub fn is_cut(&self, i: usize) -> bool {
+        self.peers.as_ref().is_some_and(|p| p.is_cut(i))
+    }
+
+    /// Whether member `i` knows a leader now (`etcd_server_has_leader 1` in its metrics, served
+    /// on its client port).
+    ///
+    /// Cancel safe.
+    pub async fn has_leader(&self, i: usize) -> Result<bool> {
+        let metrics = http_get(self.members[i].client_port, "/metrics").await?;
+        Ok(metrics
+            .lines()
+            .any(|l| l.trim() == "etcd_server_has_leader 1"))
+    }
+
+    fn links(&self) -> Result<&PeerLinks> {
+        self.peers.as_ref().ok_or_else(|| {
+            Error::msg("this cluster's members reach each other directly: start it with Etcd::cluster_with_peer_links to cut one off")
+        })
     }
 
     /// Member `i`'s process, to kill, pause or resume it.

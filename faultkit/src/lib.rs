@@ -5,6 +5,11 @@
 //!   ports with a throw-away data directory, waits (with a timeout) until they serve, and kills
 //!   them when dropped (also on panic). Each member can be killed (`kill -9`), paused
 //!   (`SIGSTOP`), resumed (`SIGCONT`) and restarted with or without its data.
+//! * Peer links ([`ZooKeeper::ensemble_with_peer_links`], [`Etcd::cluster_with_peer_links`]):
+//!   the members' peer traffic (ZooKeeper's quorum and election ports, etcd's peer port) passes
+//!   faultkit, so that `cut_member(i)` cuts one member off from its peers while its clients
+//!   still reach its client port, and `heal_member(i)` ends the cut. No privilege needed: the
+//!   member that dialled a connection is found in `/proc`.
 //! * [`Proxy`]: a TCP proxy between a client and a server whose mode switches at run time:
 //!   pass, added latency per direction, blackhole, reset; and one request's reply lost
 //!   ([`Proxy::lose_reply`]). [`rewrite_url`] points a URL at it.
@@ -29,6 +34,7 @@ mod fence;
 mod holder;
 mod mariadb;
 mod peer;
+mod peer_links;
 mod postgres;
 mod process;
 mod proxy;

@@ -3,6 +3,8 @@
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use rustix::process::{Pid, Signal, kill_process_group};
 
@@ -22,6 +24,9 @@ pub struct ServerProcess {
     args: Vec<String>,
     log: PathBuf,
     child: Option<Child>,
+    /// The running process's id (0 while none runs), shared with whoever must follow it across
+    /// respawns (the peer links that tell which member dialled a connection).
+    pid_cell: Arc<AtomicU32>,
 }
 
 impl ServerProcess {
@@ -38,6 +43,7 @@ impl ServerProcess {
             args,
             log: log.into(),
             child: None,
+            pid_cell: Arc::new(AtomicU32::new(0)),
         };
         p.start()?;
         Ok(p)
@@ -66,8 +72,14 @@ impl ServerProcess {
             .process_group(0)
             .spawn()
             .map_err(|e| Error::msg(format!("{}: cannot run {}: {e}", self.label, self.program)))?;
+        self.pid_cell.store(child.id(), Ordering::Relaxed);
         self.child = Some(child);
         Ok(())
+    }
+
+    /// The process id, kept current across respawns (0 while none runs).
+    pub(crate) fn pid_cell(&self) -> Arc<AtomicU32> {
+        self.pid_cell.clone()
     }
 
     /// The label given at spawn (for messages).
@@ -103,6 +115,7 @@ impl ServerProcess {
     /// use". Does nothing if it is not running.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
+            self.pid_cell.store(0, Ordering::Relaxed);
             let _ = self.signal_pid(c.id(), Signal::KILL);
             let _ = c.wait();
             if let Some(pid) = Pid::from_raw(c.id() as i32) {

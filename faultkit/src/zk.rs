@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::peer_links::{FirstRead, PeerLinks};
 use crate::process::ServerProcess;
 use crate::util::{Error, Result, TempDir, Timeouts, free_port};
 
@@ -54,6 +55,7 @@ pub struct ZooKeeper {
     members: Vec<Member>,
     timeouts: Timeouts,
     tick: Duration,
+    peers: Option<PeerLinks>,
     _dir: TempDir,
 }
 
@@ -72,27 +74,57 @@ impl ZooKeeper {
         Self::start(3, Duration::from_millis(200)).await
     }
 
+    /// A 3-node ensemble whose members reach each other through faultkit (their quorum and
+    /// election ports), so that [`ZooKeeper::cut_member`] can cut one off from its peers while
+    /// its clients still reach it. The links run on the calling tokio runtime: it must keep
+    /// running (a multi-threaded runtime, or one that is not blocked) while the ensemble serves.
+    ///
+    /// Cancel safety: a dropped start kills what it started.
+    pub async fn ensemble_with_peer_links() -> Result<Self> {
+        Self::launch(3, Duration::from_millis(200), true).await
+    }
+
     /// `n` members (1: standalone) with this `tickTime`.
     ///
     /// Cancel safety: a dropped start kills what it started.
     pub async fn start(n: usize, tick: Duration) -> Result<Self> {
+        Self::launch(n, tick, false).await
+    }
+
+    async fn launch(n: usize, tick: Duration, peer_links: bool) -> Result<Self> {
         let dir = TempDir::new("zk", false)?;
         let timeouts = Timeouts::scaled();
         let mut ports = Vec::new();
         for _ in 0..n {
             ports.push((free_port()?, free_port()?, free_port()?));
         }
-        let servers: String = if n > 1 {
+        let peers = if peer_links && n > 1 {
+            let real: Vec<Vec<u16>> = ports.iter().map(|&(_, q, e)| vec![q, e]).collect();
+            Some(PeerLinks::start(&real, vec![None, Some(election_announce())]).await?)
+        } else {
+            None
+        };
+        // Member `me`'s view of the ensemble: its own peer ports (which it binds), the others'
+        // fronts where there are links.
+        let servers = |me: usize| -> String {
+            if n == 1 {
+                return String::new();
+            }
             ports
                 .iter()
                 .enumerate()
-                .map(|(i, (_, q, e))| format!("server.{}=127.0.0.1:{q}:{e}\n", i + 1))
+                .map(|(i, &(_, q, e))| {
+                    let (q, e) = match &peers {
+                        Some(p) if i != me => (p.front(i, 0), p.front(i, 1)),
+                        _ => (q, e),
+                    };
+                    format!("server.{}=127.0.0.1:{q}:{e}\n", i + 1)
+                })
                 .collect()
-        } else {
-            String::new()
         };
         let mut members = Vec::new();
         for (i, (client, _, _)) in ports.iter().enumerate() {
+            let servers = servers(i);
             let sub = dir.join(format!("zk{i}"));
             let data = sub.join("data");
             std::fs::create_dir_all(&data)?;
@@ -133,10 +165,14 @@ impl ZooKeeper {
                 process,
             });
         }
+        if let Some(p) = &peers {
+            p.attach(members.iter().map(|m| m.process.pid_cell()).collect());
+        }
         let mut zk = ZooKeeper {
             members,
             timeouts,
             tick,
+            peers,
             _dir: dir,
         };
         for i in 0..n {
@@ -184,6 +220,34 @@ impl ZooKeeper {
     /// The `tickTime` (the minimum session timeout is twice it).
     pub fn tick(&self) -> Duration {
         self.tick
+    }
+
+    /// Cuts member `i` off from its peers: nothing passes between it and the other members
+    /// (quorum and election ports, both ways; held like dropped packets) while its clients
+    /// still reach its client port. It loses the quorum within `syncLimit` ticks (1 s with the
+    /// default tick) and stops serving its sessions. An error unless the ensemble was started
+    /// with [`ZooKeeper::ensemble_with_peer_links`].
+    pub fn cut_member(&self, i: usize) -> Result<()> {
+        self.links()?.set_cut(i, true);
+        Ok(())
+    }
+
+    /// Ends [`ZooKeeper::cut_member`]: member `i` reaches its peers again (held traffic is
+    /// delivered) and rejoins the quorum.
+    pub fn heal_member(&self, i: usize) -> Result<()> {
+        self.links()?.set_cut(i, false);
+        Ok(())
+    }
+
+    /// Whether member `i` is cut off from its peers now.
+    pub fn is_cut(&self, i: usize) -> bool {
+        self.peers.as_ref().is_some_and(|p| p.is_cut(i))
+    }
+
+    fn links(&self) -> Result<&PeerLinks> {
+        self.peers.as_ref().ok_or_else(|| {
+            Error::msg("this ensemble's members reach each other directly: start it with ZooKeeper::ensemble_with_peer_links to cut one off")
+        })
     }
 
     /// Member `i`'s process, to kill, pause or resume it.
@@ -248,4 +312,34 @@ impl ZooKeeper {
         self.members[i].process.respawn()?;
         self.wait_member(i).await
     }
+}
+
+/// A member dialling a peer's election port announces its own election address (ZooKeeper
+/// 3.6+), and a peer with a higher id drops that connection and dials back *to the announced
+/// address*, the member's real port: around the links. The announcement is rewritten to the
+/// member's front, so the dial-back passes the links too. The message: protocol version (i64,
+/// -65536 or -65535), sid (i64), length (i32), `host:port[|host:port...]`.
+fn election_announce() -> FirstRead {
+    std::sync::Arc::new(|first: &[u8], real: &[u16], fronts: &[u16]| {
+        let version = i64::from_be_bytes(first.get(..8)?.try_into().ok()?);
+        if version != -65536 && version != -65535 {
+            return None;
+        }
+        let len = usize::try_from(i32::from_be_bytes(first.get(16..20)?.try_into().ok()?)).ok()?;
+        let addr = std::str::from_utf8(first.get(20..20 + len)?).ok()?;
+        let (real, front) = (real.get(1)?.to_string(), fronts.get(1)?);
+        let announced: Vec<String> = addr
+            .split('|')
+            .map(|a| match a.rsplit_once(':') {
+                Some((host, port)) if port == real => format!("{host}:{front}"),
+                _ => a.to_string(),
+            })
+            .collect();
+        let announced = announced.join("|");
+        let mut out = first[..16].to_vec();
+        out.extend_from_slice(&(announced.len() as i32).to_be_bytes());
+        out.extend_from_slice(announced.as_bytes());
+        out.extend_from_slice(&first[20 + len..]);
+        Some(out)
+    })
 }

@@ -8,6 +8,7 @@
 //! documentation states; `tests/matrix.rs` asserts that the observation matches it.
 #![deny(missing_docs)]
 
+mod cut_member;
 pub mod holder;
 mod lost_replies;
 mod scenarios;
@@ -113,6 +114,8 @@ pub fn expected(label: &str, fault: Fault) -> Expect {
              not close it",
         ),
         (l, _) if l.starts_with("redis-sentinel") => NotApplicable,
+        ("zk-ensemble" | "etcd-cluster", CutMemberWaiter | CutMemberHolder) => Holds,
+        (_, CutMemberWaiter | CutMemberHolder) => NotApplicable,
         // Was a known defect (no progress for 26 s in 1 of 3 runs): a release whose delete met a
         // reset connection gave up and left the node for the whole session; fixed in lock-zk
         // (a broken connection is retried like a ConnectionLoss).

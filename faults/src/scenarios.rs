@@ -40,11 +40,17 @@ pub enum Fault {
     LostReleaseReply,
     /// The reply of an extend that shortens the lease lost.
     LostExtendReply,
+    /// A cluster member cut off from its peers (its clients still reach it) under a waiter
+    /// whose session or watch sits on it.
+    CutMemberWaiter,
+    /// A cluster member cut off from its peers under a holder whose session or keep-alive
+    /// stream sits on it.
+    CutMemberHolder,
 }
 
 impl Fault {
     /// Every fault, in report order.
-    pub const ALL: [Fault; 12] = [
+    pub const ALL: [Fault; 14] = [
         Fault::HolderKill,
         Fault::HolderPause,
         Fault::ServerRestart,
@@ -57,6 +63,8 @@ impl Fault {
         Fault::LostAcquireReply,
         Fault::LostReleaseReply,
         Fault::LostExtendReply,
+        Fault::CutMemberWaiter,
+        Fault::CutMemberHolder,
     ];
 
     /// Its stable name.
@@ -74,6 +82,8 @@ impl Fault {
             Fault::LostAcquireReply => "lost_acquire_reply",
             Fault::LostReleaseReply => "lost_release_reply",
             Fault::LostExtendReply => "lost_extend_reply",
+            Fault::CutMemberWaiter => "cut_member_waiter",
+            Fault::CutMemberHolder => "cut_member_holder",
         }
     }
 
@@ -139,6 +149,18 @@ impl Fault {
                 "an extend shortening the lease (4 TTL to 1.24 TTL) applied, its reply lost: \
                  the guard never reads valid past the lease the server keeps, and the lost \
                  signal fires before another client wins"
+            }
+            Fault::CutMemberWaiter => {
+                "a follower cut off from its peers (its client port reachable) while a waiter's \
+                 session/watch sits on it; the holder releases through a healthy member: the \
+                 waiter gets the lock within the bound of the backend's design (ZooKeeper: \
+                 syncLimit x tick + session timeout; etcd: 3 election timeouts, require-leader) \
+                 + slack"
+            }
+            Fault::CutMemberHolder => {
+                "a follower cut off from its peers (its client port reachable) under a renewing \
+                 holder whose session/keep-alive stream sits on it (its only endpoint): its lost \
+                 signal fires before a client of the healthy majority wins (margin)"
             }
         }
     }
@@ -252,6 +274,27 @@ pub async fn run_fault(target: &mut Target, fault: Fault) -> FaultCell {
                 },
             }
         }
+        Fault::CutMemberWaiter | Fault::CutMemberHolder => match target.kind {
+            Kind::ZooKeeper | Kind::Etcd if fault == Fault::CutMemberWaiter => {
+                crate::cut_member::cut_member_waiter(target, &mut cell).await
+            }
+            Kind::ZooKeeper | Kind::Etcd => {
+                crate::cut_member::cut_member_holder(target, &mut cell).await
+            }
+            Kind::Redlock => {
+                return cell.not_applicable(
+                    "independent masters: no peers to be cut off from (a master cut off from \
+                     its clients: partition)",
+                );
+            }
+            Kind::Sentinel { .. } => return sentinel_only(cell),
+            _ => {
+                return cell.not_applicable(
+                    "a single server: no peers to be cut off from (partition cuts it off from \
+                     its clients)",
+                );
+            }
+        },
         Fault::SlowReplies => match target.kind {
             Kind::Sentinel { .. } => return sentinel_only(cell),
             Kind::Sqlite => {
@@ -297,6 +340,7 @@ const VIOLATIONS: &[&str] = &[
     "left_behind",
     "release_hung",
     "deleted_twice",
+    "waiter_past_bound",
 ];
 
 fn sentinel_only(cell: FaultCell) -> FaultCell {

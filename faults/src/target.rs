@@ -26,9 +26,11 @@ pub enum Kind {
     },
     /// A SQLite file (no server).
     Sqlite,
-    /// A 3-node ZooKeeper ensemble (tickTime 200 ms, session timeout 1 s).
+    /// A 3-node ZooKeeper ensemble (tickTime 200 ms, syncLimit 5, session timeout 1 s), its
+    /// members linked through faultkit (a member can be cut off from its peers).
     ZooKeeper,
-    /// A 3-member etcd cluster (heartbeat 50 ms, election timeout 500 ms, data on tmpfs).
+    /// A 3-member etcd cluster (heartbeat 50 ms, election timeout 500 ms, data on tmpfs), its
+    /// members linked through faultkit (a member can be cut off from its peers).
     Etcd,
     /// Redlock over 5 independent Redis masters without persistence.
     Redlock,
@@ -70,8 +72,8 @@ impl Target {
             Kind::Postgres { .. } => Topo::Postgres(Postgres::start().await?),
             Kind::MariaDb { .. } => Topo::MariaDb(MariaDb::start().await?),
             Kind::Sqlite => Topo::Sqlite(TempDir::new("sqlite", false)?),
-            Kind::ZooKeeper => Topo::ZooKeeper(ZooKeeper::ensemble().await?),
-            Kind::Etcd => Topo::Etcd(Etcd::cluster().await?),
+            Kind::ZooKeeper => Topo::ZooKeeper(ZooKeeper::ensemble_with_peer_links().await?),
+            Kind::Etcd => Topo::Etcd(Etcd::cluster_with_peer_links().await?),
             Kind::Redlock => {
                 let mut masters = Vec::new();
                 for _ in 0..REDLOCK_MASTERS {
@@ -132,6 +134,60 @@ impl Target {
                         .as_millis()
                 )
             }
+        }
+    }
+
+    /// The URL of a client that knows only the members on these client ports (or proxies in
+    /// front of them): a ZooKeeper ensemble or an etcd cluster, else `None`.
+    pub fn url_via(&self, ports: &[u16]) -> Option<String> {
+        let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        match &self.topo {
+            Topo::ZooKeeper(_) => Some(format!(
+                "zk://{}?session_timeout_ms={}",
+                hosts.join(","),
+                self.ttl.as_millis()
+            )),
+            Topo::Etcd(_) => Some(format!("etcd://{}", hosts.join(","))),
+            _ => None,
+        }
+    }
+
+    /// The member that leads now (ZooKeeper, etcd).
+    ///
+    /// Cancel safe.
+    pub async fn leader(&self) -> faultkit::Result<usize> {
+        match &self.topo {
+            Topo::ZooKeeper(z) => z.leader().await,
+            Topo::Etcd(e) => e.leader().await,
+            _ => Err(faultkit::Error::msg("no leader in this topology")),
+        }
+    }
+
+    /// Cuts member `i` off from its peers (or heals it), its client port still reachable
+    /// (ZooKeeper, etcd).
+    pub fn set_member_cut(&self, i: usize, cut: bool) -> faultkit::Result<()> {
+        match (&self.topo, cut) {
+            (Topo::ZooKeeper(z), true) => z.cut_member(i),
+            (Topo::ZooKeeper(z), false) => z.heal_member(i),
+            (Topo::Etcd(e), true) => e.cut_member(i),
+            (Topo::Etcd(e), false) => e.heal_member(i),
+            _ => Err(faultkit::Error::msg("no peer links in this topology")),
+        }
+    }
+
+    /// Whether member `i` serves with a quorum behind it: a ZooKeeper leader or follower, an
+    /// etcd member that knows a leader.
+    ///
+    /// Cancel safe.
+    pub async fn member_in_quorum(&self, i: usize) -> bool {
+        match &self.topo {
+            Topo::ZooKeeper(z) => faultkit::zk_mode(z.client_port(i))
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|m| m == "leader" || m == "follower"),
+            Topo::Etcd(e) => e.has_leader(i).await.unwrap_or(false),
+            _ => false,
         }
     }
 

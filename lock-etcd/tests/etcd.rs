@@ -298,11 +298,23 @@ async fn a_queued_waiter_keeps_its_place_through_an_outage() {
     until_queued(&admin, &name, 3).await;
     let (key, revision, lease) = queue(&admin, &name).await.remove(1);
 
-    // The outage: answers to the first waiter's client come later than its lease TTL, for
-    // longer than that TTL, so that its client sees no keep-alive acknowledged before the lease
-    // may expire. (A duration of the fault, not a synchronisation.)
+    // The outage: answers to the first waiter's client come later than its lease TTL. It ends
+    // once the server shows the waiter's lease alive more than a TTL (and the server's 500 ms
+    // expiry sweep) after it began: renewed by keep-alives whose answers the client had not
+    // seen, so the client went a whole TTL without an acknowledged keep-alive and kept renewing.
+    let outage = Instant::now();
     proxy.set_latency(Direction::ToClient, ttl + scaled(Duration::from_secs(1)));
-    tokio::time::sleep(ttl + scaled(Duration::from_millis(1500))).await;
+    let mut leases = admin.client().lease_client();
+    let end = outage + ttl * 3 + scaled(Duration::from_secs(5));
+    while outage.elapsed() <= ttl + Duration::from_millis(500) {
+        let left = leases.time_to_live(lease, None).await.unwrap().ttl();
+        assert!(
+            left > 0,
+            "the first waiter's lease expired during the outage"
+        );
+        assert!(Instant::now() < end, "the outage did not end");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     proxy.set_latency(Direction::ToClient, Duration::ZERO);
     // Well past a TTL after the outage, the waiter's key is still in place, on its lease: it
     // was renewed all along.
@@ -313,7 +325,7 @@ async fn a_queued_waiter_keeps_its_place_through_an_outage() {
             keys.iter().any(|k| *k == (key.clone(), revision, lease)),
             "the first waiter lost its place (its lease expired): {keys:?}"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     g.release().await.unwrap();
     let g1 = tokio::time::timeout(scaled(Duration::from_secs(10)), first_waiting)

@@ -1,5 +1,6 @@
 //! Faults on a throw-away 3-member etcd cluster (faultkit): the leader killed during contention,
-//! a holder cut off past its lease TTL, a holder process killed. Each test starts its own
+//! a holder cut off past its lease TTL, a holder process killed, a waiter watching a member cut
+//! off from its peers. Each test starts its own
 //! cluster (killed when the test ends, also on panic) and needs only the `etcd` binary.
 
 use std::sync::Arc;
@@ -363,7 +364,8 @@ async fn holder_cut_off_past_ttl_fires_lost_before_another_wins() {
     }
     let via: Vec<u16> = proxies.iter().map(|p| p.port()).collect();
     let holder = Locker::new(EtcdBackend::connect(&url_of(&via)).await.unwrap());
-    let other = Locker::new(EtcdBackend::connect(&url_of(&direct)).await.unwrap());
+    let admin = EtcdBackend::connect(&url_of(&direct)).await.unwrap();
+    let other = Locker::new(admin.clone());
     let name = format!("cut-{:08x}", fastrand::u32(..));
     let ttl = Duration::from_secs(2);
     let opts = LockOptions::new()
@@ -377,8 +379,13 @@ async fn holder_cut_off_past_ttl_fires_lost_before_another_wins() {
         let (other, name, opts) = (other.clone(), name.clone(), opts.clone());
         tokio::spawn(async move { other.lock(&name, &opts).await })
     };
-    // Held across renewals while connected.
-    tokio::time::sleep(ttl * 2).await;
+    // Held across renewals while connected: past its first deadline, renewed beyond it by
+    // more than a TTL, the waiter still waiting.
+    let first_deadline = g.valid_until();
+    poll("renewals past the first deadline", ttl * 10, || async {
+        (Instant::now() > first_deadline && g.valid_until() > first_deadline + ttl).then_some(())
+    })
+    .await;
     assert!(
         !waiter.is_finished(),
         "the lock changed hands while its holder was connected"
@@ -419,7 +426,19 @@ async fn holder_cut_off_past_ttl_fires_lost_before_another_wins() {
         let (holder, name, short) = (holder.clone(), name.clone(), short.clone());
         tokio::spawn(async move { holder.lock(&name, &short).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let lock_name = lockcore::LockName::new(name.clone()).unwrap();
+    poll(
+        "the healed client queued",
+        Duration::from_secs(10),
+        || async {
+            (lockcore::backend::Backend::queued_waiters(&admin, &lock_name)
+                .await
+                .unwrap()
+                >= 1)
+                .then_some(())
+        },
+    )
+    .await;
     g2.release().await.unwrap();
     let g3 = waiting
         .await
@@ -513,144 +532,48 @@ async fn holder_process_killed_frees_after_lease_ttl() {
     g.release().await.unwrap();
 }
 
-/// Runs `cut_member_child` in a private network namespace (`unshare -n`; root only, skipped
-/// otherwise), where it may change the routing rules.
-#[tokio::test]
+/// A waiter whose watch sits on a member cut off from its peers (faultkit's peer links: its
+/// client port still answers) gets the lock released through a healthy member within a few
+/// election timeouts: require-leader cancels the watch of the leaderless member, and requests
+/// refused by it go to the other endpoint; the re-check timer alone would take 10 s (the
+/// waiter's lease TTL is 30 s). The waiter's client knows the cut member and a healthy one,
+/// which refuses connections until the cut (so its watch is on the cut member).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_watching_a_member_cut_off_from_the_quorum_gets_the_free_lock() {
     if !etcd_installed() {
         return;
     }
-    let netns = std::process::Command::new("unshare")
-        .args(["-n", "true"])
-        .status();
-    if !matches!(netns, Ok(s) if s.success()) {
-        eprintln!("skipping: `unshare -n` is not permitted here (needs root)");
-        return;
-    }
-    let out = tokio::process::Command::new("unshare")
-        .arg("-n")
-        .arg(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "cut_member_child", "--nocapture"])
-        .env("LOCK_ETCD_CUT_CHILD", "1")
-        .kill_on_drop(true)
-        .output()
+    let cluster = Etcd::cluster_with_peer_links()
         .await
-        .unwrap();
-    let shown = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{shown}");
-    assert!(out.status.success(), "the child failed");
-    assert!(shown.contains("CUT MEMBER: OK"), "the child did not run");
-}
-
-fn ip(args: &str) {
-    let st = std::process::Command::new("ip")
-        .args(args.split(' '))
-        .status()
-        .unwrap();
-    assert!(st.success(), "ip {args}");
-}
-
-/// The child side of the test above, inside its own network namespace: three members whose
-/// peers listen on 127.0.1.{1,2,3}, member 0 running as `nobody`. Cutting member 0 from its
-/// peers is two routing rules: nothing of uid `nobody` to the peer addresses, nothing to member
-/// 0's peer address; its client port stays reachable. A waiter whose client had only member
-/// 0 when it connected (so its watch is there) and then also another member, waits on a lock
-/// held through another member; member 0 is cut; the lock is released. The waiter gets it
-/// within a few election timeouts (require-leader cancels the watch of the leaderless member;
-/// the re-check timer alone would take 10 s, the lease TTL here).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "helper: run in a private network namespace by the test above"]
-async fn cut_member_child() {
-    if std::env::var_os("LOCK_ETCD_CUT_CHILD").is_none() {
-        return;
-    }
-    ip("link set lo up");
-    // Policy rules go before the local table, so that they apply to loopback traffic.
-    ip("rule add pref 32765 lookup local");
-    ip("rule del pref 0");
-    let dir = std::env::temp_dir().join(format!("lock-etcd-cut-{:08x}", fastrand::u32(..)));
-    std::fs::create_dir_all(&dir).unwrap();
-    // Member 0 runs as nobody and creates its data directory in here.
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let client = |i: usize| 23790 + i as u16;
-    let peer = |i: usize| format!("http://127.0.1.{}:2380", i + 1);
-    let cluster: Vec<String> = (0..3).map(|i| format!("m{i}={}", peer(i))).collect();
-    let mut members = Vec::new();
-    for i in 0..3 {
-        let mut cmd = if i == 0 {
-            let mut c = tokio::process::Command::new("setpriv");
-            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "etcd"]);
-            c
-        } else {
-            tokio::process::Command::new("etcd")
-        };
-        let c = format!("http://127.0.0.1:{}", client(i));
-        let log = std::fs::File::create(dir.join(format!("m{i}.log"))).unwrap();
-        cmd.current_dir(&dir)
-            .args(["--name", &format!("m{i}")])
-            .args(["--data-dir", &dir.join(format!("m{i}")).to_string_lossy()])
-            .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
-            .args(["--listen-peer-urls", &peer(i)])
-            .args(["--initial-advertise-peer-urls", &peer(i)])
-            .args(["--initial-cluster", &cluster.join(",")])
-            .args(["--initial-cluster-state", "new"])
-            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .kill_on_drop(true);
-        members.push(cmd.spawn().unwrap());
-    }
-    // Healthy: a linearizable read answers on every member.
-    for i in 0..3 {
-        let end = Instant::now() + scaled(Duration::from_secs(30));
-        loop {
-            let ok = async {
-                let mut c =
-                    etcd_client::Client::connect([format!("127.0.0.1:{}", client(i))], None)
-                        .await
-                        .ok()?;
-                c.get("health", None).await.ok()
-            };
-            if tokio::time::timeout(Duration::from_secs(2), ok)
-                .await
-                .ok()
-                .flatten()
-                .is_some()
-            {
-                break;
-            }
-            assert!(Instant::now() < end, "member {i} did not become healthy");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-    let holder_backend = EtcdBackend::connect(&url_of(&[client(1)])).await.unwrap();
+        .expect("a 3-member etcd cluster with peer links");
+    let cut = (cluster.leader().await.unwrap() + 1) % 3;
+    let healthy: Vec<u16> = (0..3)
+        .filter(|&i| i != cut)
+        .map(|i| cluster.client_port(i))
+        .collect();
+    let holder_backend = EtcdBackend::connect(&url_of(&healthy)).await.unwrap();
     let holder = Locker::new(holder_backend.clone());
-    // The waiter's second endpoint does not answer when it connects (its watch goes to member
-    // 0), and forwards to member 2 from then on.
-    let spare = 23799;
-    let waiter = Locker::new(
-        EtcdBackend::connect(&url_of(&[client(0), spare]))
-            .await
+    let to_cut = Proxy::start(
+        format!("127.0.0.1:{}", cluster.client_port(cut))
+            .parse()
             .unwrap(),
-    );
-    let forward = tokio::net::TcpListener::bind(("127.0.0.1", spare))
+    )
+    .await
+    .unwrap();
+    let fallback = Proxy::start(format!("127.0.0.1:{}", healthy[0]).parse().unwrap())
         .await
         .unwrap();
-    let member2 = client(2);
-    tokio::spawn(async move {
-        while let Ok((mut inbound, _)) = forward.accept().await {
-            tokio::spawn(async move {
-                if let Ok(mut out) = tokio::net::TcpStream::connect(("127.0.0.1", member2)).await {
-                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
-                }
-            });
-        }
-    });
+    fallback.set_mode(ProxyMode::Reset);
+    // The connection may first pick the refusing endpoint and fail: connect again (bounded).
+    let waiter_url = url_of(&[to_cut.port(), fallback.port()]);
+    let waiter = Locker::new(
+        poll(
+            "the waiter's client connected",
+            Duration::from_secs(20),
+            || async { EtcdBackend::connect(&waiter_url).await.ok() },
+        )
+        .await,
+    );
     let name = format!("cut-member-{:08x}", fastrand::u32(..));
     let lock_name = lockcore::LockName::new(name.clone()).unwrap();
     let g = holder
@@ -666,58 +589,40 @@ async fn cut_member_child() {
         let (waiter, name) = (waiter.clone(), name.clone());
         tokio::spawn(async move { waiter.lock(&name, &opts).await })
     };
-    let end = Instant::now() + scaled(Duration::from_secs(10));
-    while lockcore::backend::Backend::queued_waiters(&holder_backend, &lock_name)
-        .await
-        .unwrap()
-        < 1
-    {
-        assert!(Instant::now() < end, "the waiter did not queue");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    // Cut member 0 from its peers.
-    ip("rule add pref 100 uidrange 65534-65534 to 127.0.1.0/24 prohibit");
-    ip("rule add pref 100 to 127.0.1.1 prohibit");
+    poll("the waiter queued", Duration::from_secs(10), || async {
+        (lockcore::backend::Backend::queued_waiters(&holder_backend, &lock_name)
+            .await
+            .unwrap()
+            >= 1)
+            .then_some(())
+    })
+    .await;
+    cluster.cut_member(cut).unwrap();
     let cut_at = Instant::now();
-    // Member 0 has no leader any more (it says so itself).
-    let mut m0 = etcd_client::Client::connect([format!("127.0.0.1:{}", client(0))], None)
-        .await
-        .unwrap();
-    let end = Instant::now() + scaled(Duration::from_secs(10));
-    while m0.status().await.unwrap().leader() != 0 {
-        assert!(Instant::now() < end, "member 0 still has a leader");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // The cut member has no leader any more (it says so itself, on its client port).
+    poll(
+        "the cut member loses its leader",
+        Duration::from_secs(10),
+        || async { (!cluster.has_leader(cut).await.unwrap()).then_some(()) },
+    )
+    .await;
     let leaderless = cut_at.elapsed();
-    // Members 1 and 2 go on (electing a leader first if member 0 led).
-    let end = Instant::now() + scaled(Duration::from_secs(10));
-    loop {
-        let mut kv = holder_backend.client().kv_client();
-        let put = tokio::time::timeout(Duration::from_secs(1), kv.put("quorum", "", None));
-        if matches!(put.await, Ok(Ok(_))) {
-            break;
-        }
-        assert!(Instant::now() < end, "members 1 and 2 took no write");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    fallback.set_mode(ProxyMode::Pass);
     g.release().await.unwrap();
     let released = Instant::now();
     // Within 8 s of the release: less than the 10 s re-check period, so this is the watch
     // cancelled by the leaderless member (require-leader), and requests refused by it going to
-    // the other member; here it takes 0.6 to 1.5 s.
+    // the other member.
     let g2 = tokio::time::timeout(scaled(Duration::from_secs(8)), waiting)
         .await
         .expect("the waiter got the free lock within a few election timeouts")
         .unwrap()
         .unwrap();
     eprintln!(
-        "member 0 cut at 0, leaderless after {leaderless:?}; released after {:?}; the waiter got the lock after {:?}",
+        "member {cut} cut at 0, leaderless after {leaderless:?}; released after {:?}; the waiter got the lock after {:?}",
         released - cut_at,
         cut_at.elapsed()
     );
-    // Its release may go to member 0, which refuses it; the namespace goes away anyway.
+    // Its release may go to the cut member, which refuses it; the cluster goes away anyway.
     drop(g2);
-    drop(members);
-    let _ = std::fs::remove_dir_all(&dir);
-    println!("CUT MEMBER: OK");
 }

@@ -65,13 +65,17 @@
 //! (`expiry_after_ttl = false`). The TTL is enforced by lockcore's watchdog; `extend` checks the
 //! connection is alive; a background task pings the holding connection every
 //! `min(ttl/4, 500 ms)` and fires [`LostReason::ConnectionLost`](lockcore::LostReason) when it
-//! fails or takes longer than `min(ttl/4, 1 s)`; a server-side idle guard of `ttl + 1 s`
+//! fails or takes longer than the TTL (within 250 ms..1 s: a slow answer on a loaded machine is
+//! not a dead connection, and giving the connection up frees the lock); a server-side idle
+//! guard of `ttl + 1 s`
 //! (`idle_session_timeout` on PostgreSQL 14+, `wait_timeout` on MariaDB) ends the session of a
 //! holder that stops talking (a wedged process).
 //!
 //! *Loss window*: when the server ends a holder's session (an administrator's kill, a restart),
 //! the lock is free at once, and the holder learns it at its next health ping: within
-//! `min(ttl/4, 500 ms)` plus a round trip, or `min(ttl/4, 1 s)` more when the network is silent.
+//! `min(ttl/4, 500 ms)` plus a round trip, or the TTL (within 250 ms..1 s) more when the network
+//! is silent, which is still before the server's idle guard frees the lock behind a silent
+//! holder.
 //! Until then its guard still reads valid. Fence writes with the token to close that window.
 //!
 //! A waiter's statement touches the lock table, so it keeps a `ROW EXCLUSIVE` (PostgreSQL) or
@@ -391,7 +395,7 @@ fn strategy_capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
             c.notes = vec![
                 "row-lock: a session lock (PostgreSQL advisory lock / MariaDB GET_LOCK) held by the holder's own connection; a crash frees it at once".into(),
                 "row-lock: fencing tokens are the lock row's counter, committed before the token is returned: they never repeat across a server crash or restart (MariaDB: as durable as its commits, innodb_flush_log_at_trx_commit=1)".into(),
-                "row-lock: loss window: a server-side kill frees the lock at once; the holder learns it within min(ttl/4, 500 ms) plus a round trip (a silent network adds up to min(ttl/4, 1 s))".into(),
+                "row-lock: loss window: a server-side kill frees the lock at once; the holder learns it within min(ttl/4, 500 ms) plus a round trip (a silent network adds up to the TTL, within 250 ms..1 s)".into(),
                 "row-lock: the ttl is enforced by the client watchdog and by a server-side idle guard of ttl + 1 s".into(),
                 "row-lock: every held lock has a connection of its own, outside pool_max; the server's connection limit bounds them (refusal: Unavailable)".into(),
             ];

@@ -76,6 +76,8 @@ pub struct LostNotifier(Arc<NotifierInner>);
 
 struct NotifierInner {
     tx: watch::Sender<Option<LostReason>>,
+    /// When the first reason was reported (shared with the signals).
+    fired_at: Arc<std::sync::OnceLock<Instant>>,
     /// Called once with the first reason (the locker's spans and metrics).
     hook: std::sync::OnceLock<LostHook>,
 }
@@ -95,13 +97,16 @@ impl LostNotifier {
     /// A new notifier and its signal.
     pub fn new() -> (LostNotifier, LostSignal) {
         let (tx, rx) = watch::channel(None);
+        let fired_at = Arc::new(std::sync::OnceLock::new());
         (
             LostNotifier(Arc::new(NotifierInner {
                 tx,
+                fired_at: fired_at.clone(),
                 hook: std::sync::OnceLock::new(),
             })),
             LostSignal {
                 reported: rx,
+                fired_at,
                 validity: None,
             },
         )
@@ -111,6 +116,8 @@ impl LostNotifier {
     pub fn fire(&self, reason: LostReason) -> bool {
         let first = self.0.tx.send_if_modified(|state| {
             if state.is_none() {
+                // Before the reason is visible: whoever sees the reason sees when.
+                let _ = self.0.fired_at.set(Instant::now());
                 *state = Some(reason);
                 true
             } else {
@@ -259,6 +266,7 @@ impl Validity {
 #[derive(Clone, Debug)]
 pub struct LostSignal {
     reported: watch::Receiver<Option<LostReason>>,
+    fired_at: Arc<std::sync::OnceLock<Instant>>,
     validity: Option<Arc<Validity>>,
 }
 
@@ -277,6 +285,27 @@ impl LostSignal {
     /// Whether the lease is known lost.
     pub fn is_lost(&self) -> bool {
         self.reason().is_some()
+    }
+
+    /// When the lease became known lost, if it is: when the backend reported the loss, or the
+    /// validity deadline that passed. From that instant the holder is told it holds nothing,
+    /// which is what a check of mutual exclusion compares another holder's start with (an
+    /// observer waking on [`LostSignal::lost`] sees it later, by its own scheduling delay).
+    pub fn lost_at(&self) -> Option<Instant> {
+        let reported = self
+            .reported
+            .borrow()
+            .is_some()
+            .then(|| self.fired_at.get().copied())
+            .flatten();
+        let expired = self
+            .validity
+            .as_ref()
+            .and_then(|v| v.expired().then(|| v.until()));
+        match (reported, expired) {
+            (Some(r), Some(e)) => Some(r.min(e)),
+            (r, e) => r.or(e),
+        }
     }
 
     /// Waits until the lease is known lost and returns why. Pending forever if the lease is
@@ -481,6 +510,32 @@ mod tests {
         let never =
             tokio::time::timeout(Duration::from_secs(10), s.at_risk(Duration::from_secs(1))).await;
         assert!(never.is_err(), "a released lease is not at risk");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lost_at_is_the_first_report_or_the_passed_deadline() {
+        let start = Instant::now();
+        let (n, s) = LostNotifier::new();
+        let validity = Arc::new(Validity::new(start + Duration::from_secs(2), None));
+        let s = s.with_validity(validity);
+        assert_eq!(s.lost_at(), None);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        n.fire(LostReason::ConnectionLost);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        n.fire(LostReason::SessionExpired);
+        assert_eq!(s.lost_at(), Some(start + Duration::from_secs(1)));
+        // A deadline that passed later does not move it.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(s.lost_at(), Some(start + Duration::from_secs(1)));
+
+        // Not reported: the deadline, once passed.
+        let (_n, s) = LostNotifier::new();
+        let validity = Arc::new(Validity::new(Instant::now() + Duration::from_secs(2), None));
+        let s = s.with_validity(validity.clone());
+        let deadline = validity.until();
+        assert_eq!(s.lost_at(), None);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(s.lost_at(), Some(deadline));
     }
 
     #[tokio::test]
