@@ -125,9 +125,9 @@ use lockcore::{Capabilities, Error, LockName, Result};
 
 pub use config::{Config, DEFAULT_TABLE, Strategy, validate_table};
 use config::{Dialect, Parsed};
+pub use interop::{Interop, MAX_GET_LOCK_BYTES, MAX_GET_LOCK_CHARS};
 #[cfg(feature = "postgres")]
 pub use pg_xact::PgXactLock;
-pub use interop::{Interop, MAX_GET_LOCK_BYTES, MAX_GET_LOCK_CHARS};
 
 /// A client of one SQL database: a connection pool plus the lock table.
 ///
