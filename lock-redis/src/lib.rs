@@ -20,6 +20,11 @@
 //!   [`LockName::escaped`], which never contains `{` or `}`: a user's `{...}` in a name cannot pick
 //!   the slot, and both keys of a name share one slot, so the scripts are legal on a cluster.
 //!   The fencing counter key has no TTL: it must outlive every lease to stay increasing.
+//! * **Holder metadata** ([`lockcore::Holder`]): `<namespace>:{<escaped name>}:holder` holds
+//!   `"<owner token> <metadata>"`, set by the acquire script beside the lock key with the same
+//!   TTL; extend, release and revoke treat the two together. [`Locker::inspect`](lockcore::Locker::inspect)
+//!   reads the owner, its `PTTL`, the metadata and the fencing counter in one read-only script
+//!   ([`inspect`]); Redis keeps no queue, so waiters are not reported.
 //! * **Waiting** (`lock()`): one attempt; if held, subscribe to the lock's channel, attempt again
 //!   (so a release between the first attempt and the subscription is not missed), then sleep
 //!   until a release message, the holder's `PTTL` (expiry publishes nothing), the safety-net
@@ -83,6 +88,7 @@
 mod batch;
 mod config;
 mod conn;
+pub mod inspect;
 pub mod node;
 mod subs;
 
@@ -92,7 +98,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::backend::{AcquireRequest, Acquired, Backend, Backoff, Lease, poll_acquire};
-use lockcore::{Capabilities, Error, Instant, LockName, Result, WaitKind};
+use lockcore::{Capabilities, Error, Instant, LockInfo, LockName, Result, WaitKind};
 
 use crate::batch::Renewals;
 pub use crate::config::Config;
@@ -245,6 +251,7 @@ impl RedisBackend {
         c.reentrant = false;
         c.expiry_after_ttl = true;
         c.force_release = true;
+        c.inspect = true;
         c.min_ttl = Duration::from_millis(1);
         c.notes = vec![
             "fencing tokens are max(last + 1, server TIME in microseconds): they keep increasing \
@@ -302,6 +309,8 @@ impl RedisBackend {
 
     /// Deletes the lock `name` whoever holds it, as an administrator would, and wakes its
     /// waiters. Returns whether it was held. The holder learns it at its next renewal.
+    /// [`Locker::force_release`](lockcore::Locker::force_release) does the same on every
+    /// backend.
     ///
     /// Cancel safety: dropping the future may or may not have deleted the lock.
     ///
@@ -337,7 +346,8 @@ impl RedisBackend {
         req: &AcquireRequest,
         keys: &Keys,
     ) -> Result<NodeAttempt> {
-        node::acquire(conn, keys, &req.token.to_hex(), req.ttl, true).await
+        let holder = req.holder.encode();
+        node::acquire(conn, keys, &req.token.to_hex(), &holder, req.ttl, true).await
     }
 
     fn outcome(
@@ -374,6 +384,7 @@ impl RedisBackend {
             &mut conn.clone(),
             keys,
             &token,
+            &req.holder.encode(),
             req.ttl,
             true,
             Some(*replicas),
@@ -488,6 +499,23 @@ impl Backend for RedisBackend {
 
     async fn force_release(&self, name: &LockName) -> Result<bool> {
         RedisBackend::force_release(self, name).await
+    }
+
+    /// One read-only script: the owner, its PTTL, the metadata beside it, the fencing counter.
+    /// Redis keeps no queue: the waiters are unknown.
+    ///
+    /// Cancel safe.
+    async fn inspect(&self, name: &LockName) -> Result<LockInfo> {
+        let keys = self.inner.node.keys(name);
+        Ok(
+            match inspect::read(&mut self.inner.node.conn(), &keys).await? {
+                None => LockInfo::free(name.clone(), None),
+                Some(v) => LockInfo::held(name.clone())
+                    .with_fencing_token(v.fence)
+                    .with_ttl_left(v.ttl_left)
+                    .with_holder(v.holder),
+            },
+        )
     }
 
     async fn round_trip(&self) -> Result<()> {

@@ -10,6 +10,10 @@
 //! * Backends implement the small [`backend::Backend`] and [`backend::Lease`] traits and declare
 //!   [`Capabilities`]; everything only backend authors need lives in the [`backend`] module, the
 //!   crate root is the user API. [`memory::MemoryBackend`] is the in-process reference.
+//! * Operators ask [`Locker::inspect`] who holds a lock ([`LockInfo`]: held or free, fencing
+//!   token, TTL left, the holder's [`Holder`] metadata written at acquire with the
+//!   [`LockOptions::label`], queued waiters) and free it with [`Locker::force_release`], both
+//!   gated by capability (see the [`inspect`] module).
 //!
 //! # One rule for every guard: renewed while it exists
 //!
