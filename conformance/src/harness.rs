@@ -42,17 +42,11 @@ pub trait Harness: Send + Sync + 'static {
     }
 
     /// Deletes the lock `name` behind its holder's back, as an operator (or a failover) would.
-    /// The default uses [`Backend::force_release`](lockcore::backend::Backend::force_release) from a new
-    /// client.
+    /// The default uses [`Locker::force_release`] from a new client.
     ///
     /// Cancel safety: dropping the future may or may not have revoked the lock.
     async fn revoke(&self, name: &LockName) -> Result<()> {
-        self.client()
-            .await?
-            .backend()
-            .force_release(name)
-            .await
-            .map(drop)
+        self.client().await?.force_release(name).await.map(drop)
     }
 
     /// Whether [`Harness::client_with_reply_delay`] works; scenarios that need it are

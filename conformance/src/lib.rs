@@ -11,6 +11,7 @@ pub mod report;
 mod report_charts;
 mod run;
 pub mod scenarios;
+mod scenarios_inspect;
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -713,7 +713,7 @@ fn plural(n: usize) -> &'static str {
 }
 
 /// The capability rows: field name and what it means.
-const CAPABILITY_ROWS: [(&str, &str); 13] = [
+const CAPABILITY_ROWS: [(&str, &str); 14] = [
     ("fencing", "guards carry strictly increasing fencing tokens"),
     ("fair", "waiters served first come, first served"),
     ("wait", "how lock() learns the lock is free"),
@@ -730,6 +730,10 @@ const CAPABILITY_ROWS: [(&str, &str); 13] = [
         "a crashed holder's lock is held until its TTL runs out",
     ),
     ("force_release", "an operator can free a held lock"),
+    (
+        "inspect",
+        "anyone can read who holds a lock (holder metadata, token, TTL left)",
+    ),
     ("min_ttl", "smallest TTL accepted"),
     ("max_ttl", "largest TTL accepted"),
     ("notes", "caveats of this backend's guarantees"),
@@ -754,6 +758,7 @@ fn capability_value(c: &Capabilities, cap: &str) -> Vec<String> {
         "reentrant" => yn(c.reentrant),
         "expiry_after_ttl" => yn(c.expiry_after_ttl),
         "force_release" => yn(c.force_release),
+        "inspect" => yn(c.inspect),
         "min_ttl" => vec![fmt_duration(c.min_ttl)],
         "max_ttl" => vec![fmt_duration(c.max_ttl)],
         "notes" => c.notes.clone(),

@@ -368,6 +368,9 @@ pub fn all() -> Vec<Scenario> {
             "holders that overrun their lease and those that release hand over without two ever acting at once"
         ),
     ]
+    .into_iter()
+    .chain(crate::scenarios_inspect::all())
+    .collect()
 }
 
 fn ok_or<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) -> Result<T, Failure> {

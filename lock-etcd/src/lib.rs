@@ -62,6 +62,9 @@
 //!   held key by revision: a deletion of an earlier key of the same name never fires it.
 //! * Fencing token: the key's create revision, which increases across holders, restarts and
 //!   leader changes.
+//! * Holder metadata ([`lockcore::Holder`]): the value of each contender's key, written by the
+//!   acquiring put. `inspect` reads the queue (holder first, waiters behind) in one request and
+//!   the holder lease's time to live in a second.
 //!
 //! # Interoperating with other lock clients
 //!
@@ -84,6 +87,7 @@
 #![deny(missing_docs)]
 
 mod config;
+mod inspect;
 mod keeper;
 mod watch;
 
@@ -101,8 +105,8 @@ use lockcore::backend::{
     AcquireRequest, Acquired, Backend, Background, Lease, LostNotifier, async_trait,
 };
 use lockcore::{
-    Capabilities, Error, ErrorKind, Instant, IntoLockName, LockName, LostReason, RenewKind, Result,
-    WaitKind,
+    Capabilities, Error, ErrorKind, Instant, IntoLockName, LockInfo, LockName, LostReason,
+    RenewKind, Result, WaitKind,
 };
 use tokio::sync::watch as tokio_watch;
 
@@ -410,6 +414,7 @@ impl EtcdBackend {
         c.reentrant = false;
         c.expiry_after_ttl = true;
         c.force_release = true;
+        c.inspect = true;
         // Any TTL is taken: etcd grants whole seconds (at least its minimum), and the TTL
         // granted is reported, so the validity (and the last renewal before a maximum hold
         // time) count what the server really gave.
@@ -485,6 +490,9 @@ impl EtcdBackend {
 
     /// Deletes every key of `name` (holder and waiters), as an operator would. Returns how many
     /// keys were deleted.
+    ///
+    /// Prefer [`Locker::force_release`](lockcore::Locker::force_release), the same on every
+    /// backend (it returns whether something was deleted).
     ///
     /// Cancel safety: dropping the future may or may not have deleted them.
     pub async fn force_release(&self, name: &LockName) -> Result<i64> {
@@ -598,9 +606,10 @@ impl EtcdBackend {
             let recent = !fresh && renewed_lately(&cell);
             let refresh = (!fresh && !recent).then(|| self.inner.keeper.refresh(cell.clone()));
             let sent_at = Instant::now();
+            // The value is the holder's metadata (the owner token is in the key's name).
             let put = TxnOp::put(
                 key.as_str(),
-                req.token.to_hex(),
+                req.holder.encode(),
                 Some(PutOptions::new().with_lease(cell.id)),
             );
             let empty = Compare::create_revision(dir.as_str(), CompareOp::Equal, 0).with_prefix();
@@ -1115,6 +1124,13 @@ impl Backend for EtcdBackend {
     /// Cancel safety: dropping the future may or may not have freed the lock.
     async fn force_release(&self, name: &LockName) -> Result<bool> {
         EtcdBackend::force_release(self, name).await.map(|n| n > 0)
+    }
+
+    /// The queue in one read; the holder's key value is its metadata.
+    ///
+    /// Cancel safe.
+    async fn inspect(&self, name: &LockName) -> Result<LockInfo> {
+        self.inspect_lock(name).await
     }
 
     /// A linearizable read of one key: the cheapest request that goes through the leader.

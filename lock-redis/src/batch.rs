@@ -9,14 +9,16 @@ use lockcore::{Error, ErrorKind, Result};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::conn::Conn;
-use crate::node;
+use crate::node::{self, Keys};
 
 /// Leases per script call at most: keeps one call's time on the server short (Redis runs one
 /// script at a time).
 const MAX_BATCH: usize = 512;
 
 struct Renewal {
+    /// The lock key and its holder-metadata key (extended together).
     key: String,
+    holder: String,
     token: String,
     ttl: Duration,
     reply: oneshot::Sender<Result<bool>>,
@@ -44,11 +46,12 @@ impl Renewals {
     ///
     /// Cancel safety: dropping the future leaves the renewal in its batch, which may or may not
     /// have extended the lock.
-    pub(crate) async fn extend(&self, key: &str, token: &str, ttl: Duration) -> Result<bool> {
+    pub(crate) async fn extend(&self, keys: &Keys, token: &str, ttl: Duration) -> Result<bool> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Renewal {
-                key: key.to_owned(),
+                key: keys.lock.clone(),
+                holder: keys.holder.clone(),
                 token: token.to_owned(),
                 ttl,
                 reply,
@@ -61,9 +64,9 @@ impl Renewals {
 async fn run(mut conn: Conn, mut rx: mpsc::UnboundedReceiver<Renewal>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let items: Vec<(&str, &str, Duration)> = batch
+        let items: Vec<(&str, &str, &str, Duration)> = batch
             .iter()
-            .map(|r| (r.key.as_str(), r.token.as_str(), r.ttl))
+            .map(|r| (r.key.as_str(), r.holder.as_str(), r.token.as_str(), r.ttl))
             .collect();
         match node::extend_many(&mut conn, &items).await {
             Ok(held) if held.len() == batch.len() => {

@@ -20,6 +20,11 @@
 //!   [`LockName::escaped`], which never contains `{` or `}`: a user's `{...}` in a name cannot pick
 //!   the slot, and both keys of a name share one slot, so the scripts are legal on a cluster.
 //!   The fencing counter key has no TTL: it must outlive every lease to stay increasing.
+//! * **Holder metadata** ([`lockcore::Holder`]): `<namespace>:{<escaped name>}:holder` holds
+//!   `"<owner token> <metadata>"`, set by the acquire script beside the lock key with the same
+//!   TTL; extend, release and revoke treat the two together. [`Locker::inspect`](lockcore::Locker::inspect)
+//!   reads the owner, its `PTTL`, the metadata and the fencing counter in one read-only script
+//!   ([`inspect`]); Redis keeps no queue, so waiters are not reported.
 //! * **Waiting** (`lock()`): one attempt; if held, subscribe to the lock's channel, attempt again
 //!   (so a release between the first attempt and the subscription is not missed), then sleep
 //!   until a release message, the holder's `PTTL` (expiry publishes nothing), the safety-net
@@ -99,6 +104,7 @@ mod batch;
 mod config;
 mod conn;
 mod error;
+pub mod inspect;
 mod interop;
 pub mod node;
 mod subs;
@@ -109,7 +115,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::backend::{AcquireRequest, Acquired, Backend, Backoff, Lease, poll_acquire};
-use lockcore::{Capabilities, Error, Instant, LockName, Result, WaitKind};
+use lockcore::{Capabilities, Error, Instant, LockInfo, LockName, Result, WaitKind};
 
 use crate::batch::Renewals;
 pub use crate::config::Config;
@@ -268,6 +274,7 @@ impl RedisBackend {
         c.reentrant = false;
         c.expiry_after_ttl = true;
         c.force_release = true;
+        c.inspect = true;
         c.min_ttl = Duration::from_millis(1);
         c.notes = vec![
             "fencing tokens are max(last + 1, server TIME in microseconds): they keep increasing \
@@ -341,6 +348,8 @@ impl RedisBackend {
 
     /// Deletes the lock `name` whoever holds it, as an administrator would, and wakes its
     /// waiters. Returns whether it was held. The holder learns it at its next renewal.
+    /// [`Locker::force_release`](lockcore::Locker::force_release) does the same on every
+    /// backend.
     ///
     /// Cancel safety: dropping the future may or may not have deleted the lock.
     ///
@@ -386,7 +395,10 @@ impl RedisBackend {
                 peer.acquire(conn, keys, &peer.owner(&req.token), req.ttl)
                     .await
             }
-            None => node::acquire(conn, keys, &req.token.to_hex(), req.ttl, true).await,
+            None => {
+                let holder = req.holder.encode();
+                node::acquire(conn, keys, &req.token.to_hex(), &holder, req.ttl, true).await
+            }
         }
     }
 
@@ -431,6 +443,7 @@ impl RedisBackend {
             &mut conn.clone(),
             keys,
             &token,
+            &req.holder.encode(),
             req.ttl,
             true,
             Some(*replicas),
@@ -547,6 +560,23 @@ impl Backend for RedisBackend {
         RedisBackend::force_release(self, name).await
     }
 
+    /// One read-only script: the owner, its PTTL, the metadata beside it, the fencing counter.
+    /// Redis keeps no queue: the waiters are unknown.
+    ///
+    /// Cancel safe.
+    async fn inspect(&self, name: &LockName) -> Result<LockInfo> {
+        let keys = self.inner.node.keys(name);
+        Ok(
+            match inspect::read(&mut self.inner.node.conn(), &keys).await? {
+                None => LockInfo::free(name.clone(), None),
+                Some(v) => LockInfo::held(name.clone())
+                    .with_fencing_token(v.fence)
+                    .with_ttl_left(v.ttl_left)
+                    .with_holder(v.holder),
+            },
+        )
+    }
+
     async fn round_trip(&self) -> Result<()> {
         RedisBackend::ping(self).await
     }
@@ -606,7 +636,7 @@ impl Lease for RedisLease {
     /// Cancel safety: dropping the future may or may not have extended the lease.
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
         if let Some(renewals) = &self.inner.renewals {
-            let held = renewals.extend(&self.keys.lock, &self.token, ttl).await?;
+            let held = renewals.extend(&self.keys, &self.token, ttl).await?;
             return if held { Ok(ttl) } else { Err(not_held()) };
         }
         let Some((conn, replicas)) = &self.inner.wait_conn else {

@@ -25,7 +25,11 @@ pub use crate::subs::RELEASED;
 pub use crate::subs::{Channel, ExpiryWatch, Subscriptions, Waiting};
 
 /// Takes the lock for token `ARGV[1]` with TTL `ARGV[2]` ms, atomically. Returns `{1, fence}`
-/// (`{1, 0}` without a counter key `KEYS[2]`) or `{0, pttl of the holder}`.
+/// (`{1, 0}` without a counter key `KEYS[3]`) or `{0, pttl of the holder}`.
+///
+/// * **Holder metadata**: `KEYS[2]` gets `"<token> <ARGV[3]>"` (the holder's metadata) with the
+///   same TTL, in the same script; extend, release and revoke keep it with the lock. The token
+///   prefix ties it to this acquisition (`inspect` ignores a value of another token).
 ///
 /// * **Idempotent for one token**: when the lock already holds `ARGV[1]` (a re-sent script: the
 ///   cluster client retries after a dropped connection, and the first copy may have run), it
@@ -40,16 +44,18 @@ const ACQUIRE_LUA: &str = r"
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  if KEYS[2] then return {1, tonumber(redis.call('GET', KEYS[2]) or '0')} end
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  if KEYS[3] then return {1, tonumber(redis.call('GET', KEYS[3]) or '0')} end
   return {1, 0}
 end
 if holder then return {0, redis.call('PTTL', KEYS[1])} end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-if not KEYS[2] then return {1, 0} end
+redis.call('SET', KEYS[2], ARGV[1] .. ' ' .. ARGV[3], 'PX', ARGV[2])
+if not KEYS[3] then return {1, 0} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local fence = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now)
-redis.call('SET', KEYS[2], string.format('%d', fence))
+local fence = math.max(tonumber(redis.call('GET', KEYS[3]) or '0') + 1, now)
+redis.call('SET', KEYS[3], string.format('%d', fence))
 return {1, fence}
 ";
 
@@ -58,7 +64,7 @@ return {1, fence}
 /// servers can tell one release's copies apart).
 const RELEASE_LUA: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[2])
   redis.call(ARGV[3], ARGV[2], ARGV[4])
   return 1
 end
@@ -73,21 +79,24 @@ end
 return 0
 ";
 
-/// Compare-and-pexpire.
+/// Compare-and-pexpire (of the lock `KEYS[1]` and its holder metadata `KEYS[2]`).
 const EXTEND_LUA: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 ";
 
-/// Compare-and-pexpire of many locks at once: `KEYS[i]` is extended to `ARGV[2i]` ms if it
-/// holds `ARGV[2i-1]`; returns 1 or 0 per key, in order.
+/// Compare-and-pexpire of many locks at once: `KEYS[2i-1]` (and its holder metadata
+/// `KEYS[2i]`) is extended to `ARGV[2i]` ms if it holds `ARGV[2i-1]`; returns 1 or 0 per lock,
+/// in order.
 const EXTEND_MANY_LUA: &str = r"
 local r = {}
-for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) == ARGV[2 * i - 1] then
-    r[i] = redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+for i = 1, #KEYS / 2 do
+  if redis.call('GET', KEYS[2 * i - 1]) == ARGV[2 * i - 1] then
+    redis.call('PEXPIRE', KEYS[2 * i], ARGV[2 * i])
+    r[i] = redis.call('PEXPIRE', KEYS[2 * i - 1], ARGV[2 * i])
   else
     r[i] = 0
   end
@@ -98,6 +107,7 @@ return r
 /// Delete whoever holds it (an administrator's override), and tell the waiters (`ARGV[2]`:
 /// `PUBLISH`, or `SPUBLISH` on a cluster).
 const REVOKE_LUA: &str = r"
+redis.call('DEL', KEYS[2])
 if redis.call('DEL', KEYS[1]) == 1 then
   redis.call(ARGV[2], ARGV[1], 'revoked')
   return 1
@@ -133,6 +143,8 @@ fn scripts() -> &'static Scripts {
 pub struct Keys {
     /// The lock key (value: the owner token; TTL: the lease).
     pub lock: String,
+    /// The holder metadata key (`"<token> <metadata>"`, the lock's TTL).
+    pub holder: String,
     /// The fencing counter key (no TTL).
     pub fence: String,
     /// The pub/sub channel a release publishes on.
@@ -147,6 +159,7 @@ impl Keys {
         let tag = name.escaped();
         Keys {
             lock: format!("{namespace}:{{{tag}}}:lock"),
+            holder: format!("{namespace}:{{{tag}}}:holder"),
             fence: format!("{namespace}:{{{tag}}}:fence"),
             channel: format!("{namespace}:{{{tag}}}:released"),
             tag,
@@ -176,7 +189,8 @@ pub enum NodeAttempt {
     },
 }
 
-/// Runs the acquire script on `conn`: `SET lock token NX PX ttl`, and with `fencing` the
+/// Runs the acquire script on `conn`: `SET lock token NX PX ttl` and the holder metadata
+/// `holder` ([`lockcore::Holder::encode`]) beside it, and with `fencing` the
 /// fencing counter's advance (`max(last + 1, server TIME in µs)`) in the same script. One round
 /// trip. Idempotent for one token: run again while `token` holds the lock, it resets the TTL and
 /// reports `Won` with the same fencing value.
@@ -189,12 +203,15 @@ pub async fn acquire(
     conn: &mut Conn,
     keys: &Keys,
     token: &str,
+    holder: &str,
     ttl: Duration,
     fencing: bool,
 ) -> Result<NodeAttempt> {
-    Ok(acquire_replicated(conn, keys, token, ttl, fencing, None)
-        .await?
-        .0)
+    Ok(
+        acquire_replicated(conn, keys, token, holder, ttl, fencing, None)
+            .await?
+            .0,
+    )
 }
 
 /// As [`acquire`]; with `replicas`, `WAIT` is pipelined behind the script (still one round
@@ -210,11 +227,12 @@ pub async fn acquire_replicated(
     conn: &mut Conn,
     keys: &Keys,
     token: &str,
+    holder: &str,
     ttl: Duration,
     fencing: bool,
     replicas: Option<Replicas>,
 ) -> Result<(NodeAttempt, Option<i64>)> {
-    let mut key_list = vec![keys.lock.as_str()];
+    let mut key_list = vec![keys.lock.as_str(), keys.holder.as_str()];
     if fencing {
         key_list.push(&keys.fence);
     }
@@ -223,7 +241,7 @@ pub async fn acquire_replicated(
         conn,
         &scripts().acquire,
         &key_list,
-        &[token, &ttl],
+        &[token, &ttl, holder],
         replicas,
     )
     .await
@@ -313,16 +331,22 @@ pub async fn extend(conn: &mut Conn, keys: &Keys, token: &str, ttl: Duration) ->
 ///
 /// # Errors
 /// `Unavailable` or `Backend` when the server fails (for every item).
-pub async fn extend_many(conn: &mut Conn, items: &[(&str, &str, Duration)]) -> Result<Vec<bool>> {
-    let keys: Vec<&str> = items.iter().map(|(k, _, _)| *k).collect();
+pub async fn extend_many(
+    conn: &mut Conn,
+    items: &[(&str, &str, &str, Duration)],
+) -> Result<Vec<bool>> {
+    let keys: Vec<&str> = items
+        .iter()
+        .flat_map(|(lock, holder, _, _)| [*lock, *holder])
+        .collect();
     let ttls: Vec<String> = items
         .iter()
-        .map(|(_, _, t)| ttl_ms(*t).to_string())
+        .map(|(_, _, _, t)| ttl_ms(*t).to_string())
         .collect();
     let args: Vec<&str> = items
         .iter()
         .zip(&ttls)
-        .flat_map(|((_, token, _), ttl)| [*token, ttl.as_str()])
+        .flat_map(|((_, _, token, _), ttl)| [*token, ttl.as_str()])
         .collect();
     let (held, _): (Vec<i64>, _) = eval(conn, &scripts().extend_many, &keys, &args, None)
         .await
@@ -348,7 +372,7 @@ pub async fn extend_replicated(
     let (n, acked): (i64, _) = eval(
         conn,
         &scripts().extend,
-        &[keys.lock.as_str()],
+        &[keys.lock.as_str(), keys.holder.as_str()],
         &[token, &ttl],
         replicas,
     )
@@ -384,6 +408,7 @@ pub async fn release_announced(
     let n: i64 = scripts()
         .release
         .key(&keys.lock)
+        .key(&keys.holder)
         .arg(token)
         .arg(&keys.channel)
         .arg(publish_command(conn))
@@ -415,6 +440,7 @@ pub async fn revoke(conn: &mut Conn, keys: &Keys) -> Result<bool> {
     let n: i64 = scripts()
         .revoke
         .key(&keys.lock)
+        .key(&keys.holder)
         .arg(&keys.channel)
         .arg(publish_command(conn))
         .invoke_async(conn)

@@ -428,7 +428,7 @@ mod tests {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let ttl = Duration::from_secs(30);
-            let won = node::acquire(&mut conn, &keys, "holder", ttl, false)
+            let won = node::acquire(&mut conn, &keys, "holder", "", ttl, false)
                 .await
                 .unwrap();
             assert!(matches!(won, NodeAttempt::Won { .. }), "{won:?}");

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use conformance::{Harness, Target};
 use lock_redis::RedisBackend;
-use lockcore::{LockName, Locker, Result};
+use lockcore::{Locker, Result};
 
 /// Clients from one URL; revocation through a separate admin client, as an operator would.
 struct RedisHarness {
@@ -24,13 +24,6 @@ impl Harness for RedisHarness {
 
     fn can_revoke(&self) -> bool {
         true
-    }
-
-    async fn revoke(&self, name: &LockName) -> Result<()> {
-        // The harness holds configuration only (each trial has its own runtime): connect here.
-        let admin = RedisBackend::connect(&self.url).await?;
-        admin.force_release(name).await?;
-        Ok(())
     }
 }
 

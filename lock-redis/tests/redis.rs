@@ -468,10 +468,10 @@ async fn acquire_is_idempotent(url: &str) {
     let keys = node.keys(&LockName::new(unique("idempotent")).unwrap());
     let mut conn = node.conn();
     let ttl = Duration::from_secs(30);
-    let first = node::acquire(&mut conn, &keys, "token-a", ttl, true)
+    let first = node::acquire(&mut conn, &keys, "token-a", "", ttl, true)
         .await
         .unwrap();
-    let again = node::acquire(&mut conn, &keys, "token-a", ttl, true)
+    let again = node::acquire(&mut conn, &keys, "token-a", "", ttl, true)
         .await
         .unwrap();
     assert!(
@@ -479,7 +479,7 @@ async fn acquire_is_idempotent(url: &str) {
         "{first:?}"
     );
     assert_eq!(first, again, "a re-sent acquire must report the same win");
-    let other = node::acquire(&mut conn, &keys, "token-b", ttl, true)
+    let other = node::acquire(&mut conn, &keys, "token-b", "", ttl, true)
         .await
         .unwrap();
     assert!(matches!(other, NodeAttempt::Held { .. }), "{other:?}");

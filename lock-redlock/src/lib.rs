@@ -113,6 +113,7 @@
 #![deny(missing_docs)]
 
 mod config;
+mod inspect;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -127,7 +128,7 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use lock_redis::node::{self, Conn, ExpiryWatch, Keys, Node, NodeAttempt, Waiting};
 use lockcore::backend::{AcquireRequest, Acquired, Backend, Background, Backoff, Lease};
-use lockcore::{Capabilities, Error, ErrorKind, Instant, LockName, Result, WaitKind};
+use lockcore::{Capabilities, Error, ErrorKind, Instant, LockInfo, LockName, Result, WaitKind};
 
 pub use crate::config::Config;
 use crate::config::Parsed;
@@ -589,6 +590,8 @@ impl RedlockBackend {
 
     /// Deletes the lock `name` on every master whoever holds it, as an administrator would, and
     /// wakes its waiters. Returns whether any master held it.
+    /// [`Locker::force_release`](lockcore::Locker::force_release) does the same on every
+    /// backend.
     ///
     /// Cancel safety: dropping the future may have deleted the lock on some masters.
     ///
@@ -635,12 +638,13 @@ impl RedlockBackend {
             ttl,
             armed: true,
         };
+        let holder: Arc<str> = req.holder.encode().into();
         let sent_at = Instant::now();
         let mut pending = {
             let (keys, token) = (keys.clone(), token.clone());
             inner.per_node(inner.cfg.node_timeout(ttl), move |mut c| {
-                let (keys, token) = (keys.clone(), token.clone());
-                async move { node::acquire(&mut c, &keys, &token, ttl, false).await }
+                let (keys, token, holder) = (keys.clone(), token.clone(), holder.clone());
+                async move { node::acquire(&mut c, &keys, &token, &holder, ttl, false).await }
             })
         };
         let mut others = vec![false; n];
@@ -944,6 +948,7 @@ fn capabilities(cfg: &Parsed) -> Capabilities {
     c.reentrant = false;
     c.expiry_after_ttl = true;
     c.force_release = true;
+    c.inspect = true;
     // Below this the per-node timeouts and the drift margin leave no validity.
     c.min_ttl = Duration::from_millis(10);
     c.drift_ppm = 10_000;
@@ -1092,6 +1097,13 @@ impl Backend for RedlockBackend {
 
     async fn force_release(&self, name: &LockName) -> Result<bool> {
         RedlockBackend::force_release(self, name).await
+    }
+
+    /// One read per master in parallel; held when a majority has the same owner.
+    ///
+    /// Cancel safe.
+    async fn inspect(&self, name: &LockName) -> Result<LockInfo> {
+        self.inspect_lock(name).await
     }
 
     /// `PING` on every master at once, until all answered.

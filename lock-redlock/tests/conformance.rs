@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use conformance::{Harness, Target};
 use lock_redlock::RedlockBackend;
-use lockcore::{LockName, Locker, Result};
+use lockcore::{Locker, Result};
 
 /// Clients from one URL; revocation through a separate admin client, as an operator would.
 struct RedlockHarness {
@@ -58,13 +58,6 @@ impl Harness for RedlockHarness {
             proxied.join(",")
         );
         Ok(Locker::new(RedlockBackend::connect(&url).await?))
-    }
-
-    async fn revoke(&self, name: &LockName) -> Result<()> {
-        // The harness holds configuration only (each trial has its own runtime): connect here.
-        let admin = RedlockBackend::connect(&self.url).await?;
-        admin.force_release(name).await?;
-        Ok(())
     }
 }
 

@@ -74,6 +74,9 @@ impl Interop {
     pub(crate) fn capabilities(self, mut c: Capabilities) -> Capabilities {
         // The peer bumps no counter: a token from this side would not order the peer's holders.
         c.fencing = false;
+        // The peer writes no lock row (no holder metadata), and the row-lock inspect names
+        // locksmith's own key.
+        c.inspect = false;
         c.notes.retain(|n| !n.contains("fencing"));
         c.notes.extend(self.notes().iter().map(|n| (*n).to_owned()));
         c

@@ -24,6 +24,12 @@
 //!   everywhere and has a real server-side TTL.
 //! * `table=` the lock table (default `locksmith_locks`), `^[A-Za-z_][A-Za-z0-9_]{0,62}$`.
 //!   It is created on connect if missing. Do not use one table with both strategies.
+//!   Holder metadata ([`lockcore::Holder`], read by
+//!   [`Locker::inspect`](lockcore::Locker::inspect)) is written by the acquiring statement into
+//!   the row: columns `holder` and `acquired_at` (the server's `clock_timestamp()`) on
+//!   PostgreSQL, `holder` on SQLite; a table created by an earlier version gets them on the
+//!   first connect (one `ALTER TABLE`). MariaDB does not store it yet (`inspect` is
+//!   `Unsupported` there).
 //! * `pool_max=` (default 10; 4 on SQLite) how many connections short statements (lease
 //!   operations, revokes) share, and how many idle connections are kept. A held row lock keeps
 //!   a connection of its own outside this count, so any number of locks can be held up to the
@@ -103,6 +109,8 @@
 mod config;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod conns;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod inspect;
 mod interop;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod rowlock;
@@ -121,7 +129,7 @@ use std::fmt;
 use std::time::Duration;
 
 use lockcore::backend::{AcquireRequest, Acquired, Backend};
-use lockcore::{Capabilities, Error, LockName, Result};
+use lockcore::{Capabilities, Error, LockInfo, LockName, Result};
 
 pub use config::{Config, DEFAULT_TABLE, Strategy, validate_table};
 use config::{Dialect, Parsed};
@@ -380,6 +388,8 @@ fn strategy_capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
     // Row locks: the holder's session is found on the server at the moment of revoking
     // (pg_locks / IS_USED_LOCK) and ended; leases: the row is expired.
     c.force_release = true;
+    // Holder metadata is stored and read on PostgreSQL (both strategies) and SQLite.
+    c.inspect = matches!(dialect, Dialect::Postgres | Dialect::Sqlite);
     match strategy {
         Strategy::RowLock => {
             // The server's lock queue: waiters sleep in the server and are woken by it.
@@ -513,6 +523,24 @@ impl Backend for SqlBackend {
 
     async fn force_release(&self, name: &LockName) -> Result<bool> {
         self.revoke(name).await
+    }
+
+    /// PostgreSQL and SQLite: one statement (the lock row, and `pg_locks` for a row lock).
+    ///
+    /// Cancel safe.
+    async fn inspect(&self, name: &LockName) -> Result<LockInfo> {
+        // Used by the PostgreSQL arm only.
+        let _ = name;
+        match &self.inner {
+            #[cfg(feature = "postgres")]
+            Inner::Pg(b) => b.inspect(name).await,
+            #[cfg(feature = "sqlite")]
+            Inner::Lite(b) => b.inspect(name).await,
+            #[allow(unreachable_patterns)]
+            _ => Err(lockcore::Error::unsupported(
+                "this database's locks cannot be inspected yet",
+            )),
+        }
     }
 
     async fn round_trip(&self) -> Result<()> {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use lockcore::backend::{AcquireRequest, Acquired, Lease};
-use lockcore::{Error, Instant, LockName, OwnerToken, Result};
+use lockcore::{Error, Instant, LockInfo, LockName, OwnerToken, Result};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection};
 use tokio::sync::{OnceCell, broadcast, oneshot};
@@ -42,6 +42,8 @@ struct Sql {
     lease_release: String,
     lease_wait_mark: String,
     revoke_lease: String,
+    /// Held or free, token, TTL left, metadata and waiters of one name (per strategy).
+    inspect: String,
 }
 
 pub(crate) struct PgBackend {
@@ -118,6 +120,10 @@ impl PgBackend {
                    AND attname = 'wait_until' AND NOT attisdropped) THEN \
                  ALTER TABLE {t} ADD COLUMN wait_until TIMESTAMPTZ NOT NULL DEFAULT 'epoch'; \
                END IF; \
+               IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{t}'::regclass \
+                   AND attname = 'holder' AND NOT attisdropped) THEN \
+                 ALTER TABLE {t} ADD COLUMN holder TEXT, ADD COLUMN acquired_at TIMESTAMPTZ; \
+               END IF; \
                IF to_regclass('{old_seq}') IS NOT NULL THEN \
                UPDATE {t} SET fence = (SELECT last_value FROM {old_seq}) \
                  WHERE fence < (SELECT last_value FROM {old_seq}); \
@@ -161,19 +167,52 @@ impl PgBackend {
         // The advisory lock is taken first (materialized CTE); then, holding it, the lock row's
         // counter is bumped and committed with the statement: the token is durable before the
         // caller sees it, and every later holder's is larger, across crashes too.
-        let fence_upsert = |from: &str, cond: &str| {
+        // The holder's metadata rides in the same statement (`holder`: the parameter holding it).
+        let fence_upsert = |from: &str, cond: &str, holder: &str| {
             format!(
-                "INSERT INTO {t} AS r (name, fence) SELECT $1, 1 FROM {from} WHERE {cond} \
-                 ON CONFLICT (name) DO UPDATE SET fence = r.fence + 1 RETURNING r.fence"
+                "INSERT INTO {t} AS r (name, fence, holder, acquired_at) \
+                 SELECT $1, 1, {holder}::text, clock_timestamp() FROM {from} WHERE {cond} \
+                 ON CONFLICT (name) DO UPDATE SET fence = r.fence + 1, holder = EXCLUDED.holder, \
+                   acquired_at = EXCLUDED.acquired_at RETURNING r.fence"
             )
+        };
+        // Row lock: held while a session holds the advisory lock (the row keeps the last
+        // holder's token and metadata); lease: while the row has an unexpired owner.
+        let pg_lock_of = |granted: &str| {
+            format!(
+                "SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND {granted} \
+                 AND l.objsubid = 1 \
+                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                 AND ((l.classid::int8 << 32) | l.objid::int8) = {key}"
+            )
+        };
+        let inspect = match config.strategy {
+            Strategy::RowLock => format!(
+                "SELECT EXISTS ({}) AS held, NULL::float8 AS remaining, \
+                   (SELECT count(*) FROM ({}) w) AS waiting, r.fence, r.holder, \
+                   (EXTRACT(EPOCH FROM r.acquired_at) * 1000)::float8 AS acquired_ms \
+                 FROM (SELECT 1) one LEFT JOIN {t} r ON r.name = $1",
+                pg_lock_of("l.granted"),
+                pg_lock_of("NOT l.granted")
+            ),
+            Strategy::Lease => format!(
+                "SELECT COALESCE(r.owner IS NOT NULL AND r.expires_at > clock_timestamp(), false) AS held, \
+                   EXTRACT(EPOCH FROM (r.expires_at - clock_timestamp()))::float8 AS remaining, \
+                   NULL::int8 AS waiting, r.fence, r.holder, \
+                   (EXTRACT(EPOCH FROM r.acquired_at) * 1000)::float8 AS acquired_ms \
+                 FROM (SELECT 1) one LEFT JOIN {t} r ON r.name = $1"
+            ),
         };
         // Under interop=sqlx nothing is counted (a sqlx holder bumps no counter): the statement
         // answers 0 when the lock was taken, no row when it was not.
-        let taken = |from: &str, cond: &str| {
+        let taken = |from: &str, cond: &str, holder: &str| {
             if interop {
-                format!("SELECT 0::int8 FROM {from} WHERE {cond}")
+                // The holder parameter is bound on every statement; nothing stores it here.
+                format!(
+                    "SELECT 0::int8 FROM {from} WHERE {cond} AND ({holder}::text IS NULL OR true)"
+                )
             } else {
-                fence_upsert(from, cond)
+                fence_upsert(from, cond, holder)
             }
         };
         let sql = Sql {
@@ -181,13 +220,14 @@ impl PgBackend {
                 "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock({key}) AS got) {}",
                 taken(
                     "l",
-                    &format!("CASE WHEN got THEN {} IS NOT NULL END", set_guard("$2"))
+                    &format!("CASE WHEN got THEN {} IS NOT NULL END", set_guard("$2")),
+                    "$3"
                 )
             ),
             row_wait: format!(
                 "WITH s AS MATERIALIZED (SELECT set_config('lock_timeout', $3, true) AS t), \
                  l AS MATERIALIZED (SELECT pg_advisory_lock({key}) IS NULL AS x FROM s) {}",
-                taken("l", &format!("{} IS NOT NULL", set_guard("$2")))
+                taken("l", &format!("{} IS NOT NULL", set_guard("$2")), "$4")
             ),
             row_unlock: format!(
                 "SELECT pg_advisory_unlock({key}) FROM (SELECT {}) g",
@@ -221,11 +261,13 @@ impl PgBackend {
                  busy AS MATERIALIZED (SELECT remaining FROM cur \
                    WHERE owner IS NOT NULL AND owner <> $2 AND remaining > 0), \
                  won AS (\
-                   INSERT INTO {t} AS l (name, owner, fence, expires_at) \
-                   SELECT $1, $2, 1, clock_timestamp() + $3::float8 * interval '1 microsecond' \
+                   INSERT INTO {t} AS l (name, owner, fence, expires_at, holder, acquired_at) \
+                   SELECT $1, $2, 1, clock_timestamp() + $3::float8 * interval '1 microsecond', \
+                     $4::text, clock_timestamp() \
                    WHERE NOT EXISTS (SELECT 1 FROM busy) \
                    ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, fence = l.fence + 1, \
-                     expires_at = EXCLUDED.expires_at \
+                     expires_at = EXCLUDED.expires_at, holder = EXCLUDED.holder, \
+                     acquired_at = EXCLUDED.acquired_at \
                    WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp() OR l.owner = EXCLUDED.owner \
                    RETURNING l.fence) \
                  SELECT (SELECT fence FROM won) AS fence, (SELECT remaining FROM busy) AS remaining"
@@ -247,6 +289,7 @@ impl PgBackend {
                 "UPDATE {t} SET wait_until = greatest(wait_until, \
                    clock_timestamp() + $2::float8 * interval '1 microsecond') WHERE name = $1"
             ),
+            inspect,
             revoke_lease: format!(
                 "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = 'epoch' \
                    WHERE name = $1 AND owner IS NOT NULL AND expires_at > clock_timestamp() \
@@ -390,6 +433,39 @@ impl PgBackend {
         Ok(n.max(0) as usize)
     }
 
+    /// One statement: held or free, TTL left (lease), waiters (row lock), the row's token
+    /// and holder metadata, when acquired on the server's clock.
+    ///
+    /// Cancel safe.
+    pub(crate) async fn inspect(&self, name: &LockName) -> Result<LockInfo> {
+        type Row = (
+            bool,
+            Option<f64>,
+            Option<i64>,
+            Option<i64>,
+            Option<String>,
+            Option<f64>,
+        );
+        let (n, sql) = (name.as_str().to_owned(), self.sql.inspect.clone());
+        let (held, remaining, waiting, fence, holder, acquired_ms): Row = self
+            .conns
+            .run(self.conns.bound(), "inspecting a lock", move |c| {
+                sqlx::query_as(AssertSqlSafe(sql.clone()))
+                    .bind(n.clone())
+                    .fetch_one(c)
+                    .boxed()
+            })
+            .await?;
+        let waiters = waiting.map(|w| w.max(0) as usize);
+        if !held {
+            return Ok(LockInfo::free(name.clone(), waiters));
+        }
+        Ok(
+            crate::inspect::held(name, fence, remaining, holder.as_deref(), acquired_ms)
+                .with_waiters(waiters),
+        )
+    }
+
     pub(crate) async fn revoke(&self, name: &LockName) -> Result<bool> {
         let param = self.row_param(name);
         let name = name.as_str().to_owned();
@@ -459,6 +535,7 @@ impl PgBackend {
         };
         let guard_ms = ms(guard_timeout(req.ttl));
         let param = self.row_param(&req.name);
+        let holder = req.holder.encode();
         loop {
             // Not counted against pool_max: a holder keeps this connection.
             let mut c = match self.conns.get(self.conns.bound_by(deadline), false).await {
@@ -470,6 +547,7 @@ impl PgBackend {
                 sqlx::query_scalar::<_, i64>(AssertSqlSafe(self.sql.row_try.clone()))
                     .bind(param.as_str())
                     .bind(&guard_ms)
+                    .bind(&holder)
             } else {
                 let timeout = deadline.map_or("0".to_owned(), |d| {
                     ms(d.saturating_duration_since(Instant::now()))
@@ -478,6 +556,7 @@ impl PgBackend {
                     .bind(param.as_str())
                     .bind(&guard_ms)
                     .bind(timeout)
+                    .bind(&holder)
             };
             // A try is bounded by the operation timeout; a wait by the caller's deadline only
             // (the server's lock_timeout ends it there; this cuts off a database that stopped
@@ -549,6 +628,7 @@ impl PgBackend {
         bound: Instant,
     ) -> Result<(Option<Acquired>, Option<Duration>)> {
         let token = req.token.to_hex();
+        let holder = req.holder.encode();
         let sql = self.sql.lease_acquire.clone();
         let name = req.name.as_str().to_owned();
         let ttl = req.ttl.as_micros() as f64;
@@ -560,6 +640,7 @@ impl PgBackend {
                     .bind(name.clone())
                     .bind(token.clone())
                     .bind(ttl)
+                    .bind(holder.clone())
                     .fetch_one(c)
                     .boxed()
             })

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::backend::{AcquireRequest, Acquired, Lease};
-use lockcore::{Error, Instant, LockName, OwnerToken, Result};
+use lockcore::{Error, Instant, LockInfo, LockName, OwnerToken, Result};
 use sqlx::AssertSqlSafe;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -23,6 +23,7 @@ struct Sql {
     extend: String,
     release: String,
     revoke: String,
+    inspect: String,
 }
 
 pub(crate) struct LiteBackend {
@@ -59,6 +60,26 @@ where
     }
 }
 
+/// Adds the `holder` column (the holder's metadata) to a table created before it existed. Two
+/// clients may race to add it: the loser's "duplicate column" is the outcome it wanted.
+async fn add_holder_column(config: &Parsed, pool: &SqlitePool) -> Result<()> {
+    let t = &config.table;
+    let probe = format!("SELECT count(*) FROM pragma_table_info('{t}') WHERE name = 'holder'");
+    let present: i64 =
+        retry_busy(|| sqlx::query_scalar(AssertSqlSafe(probe.clone())).fetch_one(pool))
+            .await
+            .map_err(|e| map_err(config, "reading the lock table's columns", e))?;
+    if present > 0 {
+        return Ok(());
+    }
+    let alter = format!("ALTER TABLE {t} ADD COLUMN holder TEXT");
+    match retry_busy(|| sqlx::raw_sql(AssertSqlSafe(alter.clone())).execute(pool)).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.to_string().contains("duplicate column") => Ok(()),
+        Err(e) => Err(map_err(config, "adding the holder column", e)),
+    }
+}
+
 impl LiteBackend {
     pub(crate) async fn connect(config: &Parsed) -> Result<LiteBackend> {
         let opts = SqliteConnectOptions::from_str(&config.sqlx_url)
@@ -91,11 +112,13 @@ impl LiteBackend {
         retry_busy(|| sqlx::raw_sql(AssertSqlSafe(ddl.clone())).execute(&pool))
             .await
             .map_err(|e| map_err(config, "creating the lock table", e))?;
+        add_holder_column(config, &pool).await?;
         let sql = Sql {
             acquire: format!(
-                "INSERT INTO {t} (name, owner, fence, expires_at) VALUES (?1, ?2, 1, {NOW} + ?3) \
+                "INSERT INTO {t} (name, owner, fence, expires_at, holder) \
+                 VALUES (?1, ?2, 1, {NOW} + ?3, ?4) \
                  ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, fence = fence + 1, \
-                   expires_at = excluded.expires_at \
+                   expires_at = excluded.expires_at, holder = excluded.holder \
                  WHERE owner IS NULL OR expires_at <= {NOW} \
                  RETURNING fence"
             ),
@@ -109,6 +132,10 @@ impl LiteBackend {
             ),
             revoke: format!(
                 "UPDATE {t} SET owner = NULL, expires_at = 0 \
+                 WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {NOW}"
+            ),
+            inspect: format!(
+                "SELECT fence, expires_at - {NOW}, holder FROM {t} \
                  WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {NOW}"
             ),
         };
@@ -138,12 +165,14 @@ impl LiteBackend {
 
     pub(crate) async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
         let token = req.token.to_hex();
+        let holder = req.holder.encode();
         let sent_at = Instant::now();
         let res = retry_busy(|| {
             sqlx::query_scalar::<_, i64>(AssertSqlSafe(self.sql.acquire.clone()))
                 .bind(req.name.as_str())
                 .bind(&token)
                 .bind(req.ttl.as_secs_f64())
+                .bind(&holder)
                 .fetch_optional(&self.pool)
         })
         .await;
@@ -166,6 +195,26 @@ impl LiteBackend {
                 sent_at,
             )
         }))
+    }
+
+    /// The row, if held: token, seconds left, metadata (when acquired is the holder's clock:
+    /// SQLite has no server).
+    ///
+    /// Cancel safe.
+    pub(crate) async fn inspect(&self, name: &LockName) -> Result<LockInfo> {
+        let row: Option<(i64, f64, Option<String>)> = retry_busy(|| {
+            sqlx::query_as(AssertSqlSafe(self.sql.inspect.clone()))
+                .bind(name.as_str())
+                .fetch_optional(&self.pool)
+        })
+        .await
+        .map_err(|e| map_err(&self.config, "inspecting a lease", e))?;
+        Ok(match row {
+            None => LockInfo::free(name.clone(), None),
+            Some((fence, left, holder)) => {
+                crate::inspect::held(name, Some(fence), Some(left), holder.as_deref(), None)
+            }
+        })
     }
 
     pub(crate) async fn revoke(&self, name: &LockName) -> Result<bool> {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use conformance::{Harness, Target};
 use lock_sql::SqlBackend;
 use lockcore::backend::async_trait;
-use lockcore::{LockGuard, LockName, Locker, Result};
+use lockcore::{LockGuard, Locker, Result};
 
 struct SqlHarness {
     label: String,
@@ -43,12 +43,6 @@ impl Harness for SqlHarness {
 
     fn can_revoke(&self) -> bool {
         true
-    }
-
-    async fn revoke(&self, name: &LockName) -> Result<()> {
-        let admin = SqlBackend::connect(&self.url).await?;
-        admin.revoke(name).await?;
-        Ok(())
     }
 
     fn min_scenario_ttl(&self) -> Duration {

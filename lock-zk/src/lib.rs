@@ -66,6 +66,9 @@
 //!   `digest` credentials nobody else can create one.
 //! * Fencing token: the creation zxid of the holder's node, which increases across successive
 //!   holders even when the parent node was deleted and re-created.
+//! * Holder metadata ([`lockcore::Holder`]): each contender node's data, written by its create;
+//!   `inspect` lists the contenders and reads the head's data and stat (acquired at = the node's
+//!   `ctime`, on the server's clock). A lock has no TTL of its own (it lives with the session).
 //! * The lease is the ZooKeeper session: the server keeps the node while the session lives;
 //!   the TTL is enforced by lockcore's validity watchdog, and `extend` sends a `sync` (to reach
 //!   the leader) followed by one `exists` of the node, in one round trip.
@@ -138,6 +141,7 @@
 
 mod config;
 mod contenders;
+mod inspect;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -598,6 +602,7 @@ impl ZkBackend {
         // "after the TTL".
         c.expiry_after_ttl = false;
         c.force_release = true;
+        c.inspect = true;
         // The TTL is lockcore's validity deadline, enforced by its watchdog (which releases
         // the node when it passes); the session keeps the node alive meanwhile, so any TTL
         // works. Below 10 ms renewal would be mostly round trips.
@@ -772,6 +777,9 @@ impl ZkBackend {
     /// Returns how many nodes were deleted. Needs an identity allowed to delete them (the same
     /// digest user).
     ///
+    /// Prefer [`Locker::force_release`](lockcore::Locker::force_release), the same on every
+    /// backend (it returns whether something was deleted).
+    ///
     /// Cancel safety: dropping the future may leave some nodes deleted and others not.
     ///
     /// # Errors
@@ -894,7 +902,9 @@ impl ZkBackend {
         'create: loop {
             // Taken before the requests that may prove us the holder.
             let mut sent_at = Instant::now();
-            let (created, listed) = self.create_and_list(client, &parent, &contender).await;
+            let (created, listed) = self
+                .create_and_list(client, &parent, &contender, req.holder.encode().as_bytes())
+                .await;
             let mut mine: Option<(String, Option<i64>)> = None;
             match created {
                 Ok((stat, seq)) => {
@@ -1065,13 +1075,15 @@ impl ZkBackend {
         client: &zk::Client,
         parent: &str,
         contender: &ContenderGuard,
+        data: &[u8],
     ) -> (
         ZkResult<(zk::Stat, zk::CreateSequence)>,
         ZkResult<Vec<String>>,
     ) {
         let prefix = format!("{parent}/{}", contender.name_prefix);
         let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
-        let create = client.create(&prefix, &[], &opts);
+        // The node's data is the holder's metadata, read by `inspect`.
+        let create = client.create(&prefix, data, &opts);
         let list = client.list_children(parent);
         let (created, listed) = tokio::join!(create, list);
         #[cfg(test)]
@@ -1359,6 +1371,13 @@ impl Backend for ZkBackend {
                 "no ZooKeeper server answered mntr",
             )),
         }
+    }
+
+    /// The head contender's node: its data (the holder's metadata), creation time and zxid.
+    ///
+    /// Cancel safe.
+    async fn inspect(&self, name: &lockcore::LockName) -> Result<lockcore::LockInfo> {
+        self.inspect_lock(name).await
     }
 
     /// The contender nodes behind the head of the queue (one listing).

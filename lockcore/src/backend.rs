@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{Capabilities, LockName, Result};
+use crate::{Capabilities, Holder, LockInfo, LockName, Result};
 
 /// The attribute backends implement [`Backend`] and [`Lease`] with (re-exported so that every
 /// backend names the same version).
@@ -74,6 +74,10 @@ pub struct AcquireRequest {
     /// waiter's queue entry, undoing a partial quorum acquire); [`Locker::flush`](crate::Locker::flush)
     /// waits for it.
     pub background: Background,
+    /// Who is acquiring (host, process id, wall-clock time, the options' label): backends that
+    /// declare [`Capabilities::inspect`] store [`Holder::encode`] with the lock, in the request
+    /// that takes it.
+    pub holder: Holder,
 }
 
 impl AcquireRequest {
@@ -90,7 +94,14 @@ impl AcquireRequest {
             ttl,
             lost: LostNotifier::new().0,
             background: Background::new(),
+            holder: Holder::current(None),
         }
+    }
+
+    /// The same request with `holder` as its metadata.
+    pub fn with_holder(mut self, holder: Holder) -> Self {
+        self.holder = holder;
+        self
     }
 
     /// The same request reporting loss to `lost`.
@@ -301,14 +312,30 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Frees `name` whoever holds it, as an operator would (Redisson's `forceUnlock`); the
-    /// holder's lease is then refused at its next renewal or check. Returns whether it was held.
-    /// Backends that can do it declare [`Capabilities::force_release`].
+    /// holder's lease is then refused at its next renewal or check, and its lost signal fires
+    /// (at once where the backend declares [`Capabilities::revoke_detection`]). Returns whether
+    /// something was released. Backends that can do it declare
+    /// [`Capabilities::force_release`]; users call
+    /// [`Locker::force_release`](crate::Locker::force_release).
     ///
     /// Cancel safety: dropping the future may or may not have freed the lock.
     async fn force_release(&self, name: &LockName) -> Result<bool> {
         let _ = name;
         Err(crate::Error::unsupported(
             "this backend cannot force-release locks",
+        ))
+    }
+
+    /// What the server has for `name`: held or free, the fencing token, the TTL left, the
+    /// holder's metadata, the queued waiters (see [`LockInfo`]). One read, no lock taken.
+    /// Backends that can do it declare [`Capabilities::inspect`]; users call
+    /// [`Locker::inspect`](crate::Locker::inspect).
+    ///
+    /// Cancel safe.
+    async fn inspect(&self, name: &LockName) -> Result<LockInfo> {
+        let _ = name;
+        Err(crate::Error::unsupported(
+            "this backend cannot inspect locks",
         ))
     }
 
@@ -394,6 +421,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     async fn force_release(&self, name: &LockName) -> Result<bool> {
         (**self).force_release(name).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<LockInfo> {
+        (**self).inspect(name).await
     }
     async fn round_trip(&self) -> Result<()> {
         (**self).round_trip().await

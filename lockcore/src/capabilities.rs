@@ -58,6 +58,10 @@ pub struct Capabilities {
     pub expiry_after_ttl: bool,
     /// [`Backend::force_release`](crate::Backend::force_release) works.
     pub force_release: bool,
+    /// [`Backend::inspect`](crate::Backend::inspect) works: the backend reports whether a lock
+    /// is held, by whom (the [`Holder`](crate::Holder) metadata it stores at acquire) and for
+    /// how long.
+    pub inspect: bool,
     /// The smallest TTL accepted.
     #[serde(serialize_with = "ser_duration")]
     pub min_ttl: Duration,
@@ -99,6 +103,7 @@ impl Default for Capabilities {
             reentrant: false,
             expiry_after_ttl: true,
             force_release: false,
+            inspect: false,
             min_ttl: Duration::from_millis(1),
             max_ttl: crate::options::MAX_TTL,
             drift_ppm: 10_000,

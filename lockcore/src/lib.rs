@@ -10,6 +10,10 @@
 //! * Backends implement the small [`backend::Backend`] and [`backend::Lease`] traits and declare
 //!   [`Capabilities`]; everything only backend authors need lives in the [`backend`] module, the
 //!   crate root is the user API. [`memory::MemoryBackend`] is the in-process reference.
+//! * Operators ask [`Locker::inspect`] who holds a lock ([`LockInfo`]: held or free, fencing
+//!   token, TTL left, the holder's [`Holder`] metadata written at acquire with the
+//!   [`LockOptions::label`], queued waiters) and free it with [`Locker::force_release`], both
+//!   gated by capability (see the [`inspect`] module).
 //!
 //! # One rule for every guard: renewed while it exists
 //!
@@ -42,6 +46,7 @@ pub mod backend;
 mod capabilities;
 pub mod config;
 mod error;
+pub mod inspect;
 mod locker;
 mod lost;
 pub mod memory;
@@ -53,6 +58,7 @@ pub mod telemetry;
 pub use backend::OwnerToken;
 pub use capabilities::{Capabilities, RenewKind, WaitKind};
 pub use error::{Error, ErrorKind, Result, WithLockError};
+pub use inspect::{AcquiredClock, Holder, LockInfo};
 pub use locker::{LockGuard, Locker};
 pub use lost::{Ended, LostReason, LostSignal, Risk};
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN};

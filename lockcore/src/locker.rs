@@ -17,8 +17,8 @@ use crate::backend::{
 use crate::lost::Validity;
 use crate::telemetry::{Outcome, Telemetry};
 use crate::{
-    AutoRenew, Capabilities, Error, ErrorKind, IntoLockName, LockName, LockOptions, LostReason,
-    LostSignal, RenewKind, Result, WithLockError,
+    AutoRenew, Capabilities, Error, ErrorKind, Holder, IntoLockName, LockInfo, LockName,
+    LockOptions, LostReason, LostSignal, RenewKind, Result, WithLockError,
 };
 
 /// How `lock()` spaces its retries of `Unavailable` errors.
@@ -94,6 +94,51 @@ impl Locker {
     /// The backend itself.
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.inner.backend
+    }
+
+    /// Who holds `name`, as the server sees it now: held or free, the fencing token, the TTL
+    /// left, the holder's metadata (host, process id, when acquired, the
+    /// [label](LockOptions::label)), the queued waiters where the backend knows them. Reads
+    /// only; works from any client, not only the holder's.
+    ///
+    /// Cancel safe.
+    ///
+    /// # Errors
+    /// `InvalidName`, or `Unsupported` where the backend does not declare
+    /// [`Capabilities::inspect`], before any I/O; `Unavailable` or `Backend` when the backend
+    /// fails.
+    pub async fn inspect(&self, name: impl IntoLockName) -> Result<LockInfo> {
+        let name = name.into_lock_name()?;
+        if !self.capabilities().inspect {
+            return Err(Error::unsupported(format!(
+                "{} cannot inspect locks",
+                self.describe()
+            )));
+        }
+        self.inner.backend.inspect(&name).await
+    }
+
+    /// Frees `name` whoever holds it, as an operator would (Redisson's `forceUnlock`, `locksmith
+    /// unlock --force`). Returns whether something was released. The holder's lease is refused
+    /// at its next renewal, and its [lost signal](LockGuard::lost) fires (at once on backends
+    /// with [`Capabilities::revoke_detection`], else at that renewal or at the lease's validity
+    /// deadline); its work must stop there.
+    ///
+    /// Cancel safety: dropping the future may or may not have freed the lock.
+    ///
+    /// # Errors
+    /// `InvalidName`, or `Unsupported` where the backend does not declare
+    /// [`Capabilities::force_release`], before any I/O; `Unavailable` or `Backend` when the
+    /// backend fails.
+    pub async fn force_release(&self, name: impl IntoLockName) -> Result<bool> {
+        let name = name.into_lock_name()?;
+        if !self.capabilities().force_release {
+            return Err(Error::unsupported(format!(
+                "{} cannot force-release locks",
+                self.describe()
+            )));
+        }
+        self.inner.backend.force_release(&name).await
     }
 
     /// One attempt to take the lock: `Ok(None)` if someone else holds it (contention is not an
@@ -326,6 +371,7 @@ impl Locker {
         let (notifier, signal) = LostNotifier::new();
         Ok(PendingGuard {
             request: AcquireRequest::new(name, OwnerToken::random(), options.ttl_value())
+                .with_holder(Holder::current(options.label_value().map(str::to_owned)))
                 .with_lost(notifier)
                 .with_background(self.inner.background.clone()),
             signal,

@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::{AcquireRequest, Acquired, Backend, Lease, LostNotifier, OwnerToken};
-use crate::{Capabilities, Error, LockName, LostReason, Result, WaitKind};
+use crate::{Capabilities, Error, LockInfo, LockName, LostReason, Result, WaitKind};
 
 /// A process-local lock service: FIFO waiters woken by notification, TTL expiry, fencing tokens
 /// and lost-lease signals.
@@ -59,6 +59,9 @@ struct Holder {
     token: OwnerToken,
     expires: Instant,
     lost: LostNotifier,
+    fencing: u64,
+    /// The metadata of the acquisition, kept as a server would keep it.
+    meta: crate::Holder,
 }
 
 #[derive(Debug)]
@@ -144,6 +147,7 @@ impl MemoryBackend {
             lost_detection: true,
             revoke_detection: true,
             force_release: true,
+            inspect: true,
             notes: vec!["process-local: excludes tasks of one process only".into()],
             ..Capabilities::default()
         }
@@ -169,12 +173,14 @@ impl MemoryBackend {
     }
 
     fn grant(&self, slot: &mut Slot, req: &AcquireRequest, now: Instant) -> Acquired {
+        let fencing = self.store.fencing.fetch_add(1, Ordering::Relaxed) + 1;
         slot.holder = Some(Holder {
             token: req.token,
             expires: now + req.ttl,
             lost: req.lost.clone(),
+            fencing,
+            meta: req.holder.clone(),
         });
-        let fencing = self.store.fencing.fetch_add(1, Ordering::Relaxed) + 1;
         Acquired::new(
             MemoryLease {
                 store: self.store.clone(),
@@ -309,6 +315,24 @@ impl Backend for MemoryBackend {
         Ok(self.force_release_now(name))
     }
 
+    async fn inspect(&self, name: &LockName) -> Result<LockInfo> {
+        let now = Instant::now();
+        let mut slots = self.store.lock();
+        let Some(slot) = slots.get_mut(name) else {
+            return Ok(LockInfo::free(name.clone(), Some(0)));
+        };
+        slot.drop_expired(now);
+        let waiters = Some(slot.queue.len());
+        Ok(match &slot.holder {
+            None => LockInfo::free(name.clone(), waiters),
+            Some(h) => LockInfo::held(name.clone())
+                .with_fencing_token(Some(h.fencing))
+                .with_ttl_left(Some(h.expires.saturating_duration_since(now)))
+                .with_holder(Some(h.meta.clone()))
+                .with_waiters(waiters),
+        })
+    }
+
     async fn queued_waiters(&self, name: &LockName) -> Result<usize> {
         Ok(self
             .store
@@ -377,5 +401,74 @@ impl Lease for MemoryLease {
         });
         ReplyDelay::wait(delay).await;
         done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ErrorKind, LockOptions, Locker};
+
+    #[tokio::test]
+    async fn inspect_reports_holder_waiters_and_force_release_fires_lost() {
+        let store = "inspect-memory";
+        let holder = Locker::new(MemoryBackend::connect(store));
+        let admin = Locker::new(MemoryBackend::connect(store));
+        let free = admin.inspect("job").await.unwrap();
+        assert!(!free.held && free.holder.is_none() && free.ttl_left.is_none());
+        assert_eq!(free.waiters, Some(0));
+
+        let opts = LockOptions::new().label("nightly backup");
+        let guard = holder.lock("job", &opts).await.unwrap();
+        let waiter = {
+            let l = holder.clone();
+            tokio::spawn(async move { l.lock("job", &LockOptions::new()).await })
+        };
+        while admin.backend().queued_waiters(guard.name()).await.unwrap() < 1 {
+            tokio::task::yield_now().await;
+        }
+        let info = admin.inspect("job").await.unwrap();
+        assert!(info.held);
+        assert_eq!(info.fencing_token, guard.fencing_token());
+        assert!(info.ttl_left.unwrap() <= opts.ttl_value() && !info.ttl_left.unwrap().is_zero());
+        assert_eq!(info.waiters, Some(1));
+        let h = info.holder.unwrap();
+        assert_eq!(h.pid, std::process::id());
+        assert_eq!(h.label.as_deref(), Some("nightly backup"));
+        assert_eq!(h.clock, crate::AcquiredClock::Holder);
+
+        let lost = guard.lost();
+        assert!(admin.force_release("job").await.unwrap());
+        lost.lost().await;
+        let next = waiter.await.unwrap().unwrap();
+        assert_ne!(next.fencing_token(), info.fencing_token);
+        next.release().await.unwrap();
+        assert!(!admin.force_release("job").await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn bad_labels_and_unsupported_backends_are_refused_before_io() {
+        let locker = Locker::new(MemoryBackend::connect("inspect-refused"));
+        let err = locker
+            .try_lock("a", &LockOptions::new().label("two\nlines"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+        assert!(!locker.inspect("a").await.unwrap().held);
+
+        let mut caps = MemoryBackend::declared_capabilities();
+        caps.inspect = false;
+        caps.force_release = false;
+        let mut backend = MemoryBackend::connect("inspect-refused");
+        backend.capabilities = Arc::new(caps);
+        let blind = Locker::new(backend);
+        assert_eq!(
+            blind.inspect("a").await.unwrap_err().kind(),
+            ErrorKind::Unsupported
+        );
+        assert_eq!(
+            blind.force_release("a").await.unwrap_err().kind(),
+            ErrorKind::Unsupported
+        );
     }
 }

@@ -41,6 +41,7 @@ pub struct LockOptions {
     require_fencing: bool,
     require_fair: bool,
     reentrant: bool,
+    label: Option<String>,
 }
 
 impl Default for LockOptions {
@@ -52,6 +53,7 @@ impl Default for LockOptions {
             require_fencing: false,
             require_fair: false,
             reentrant: false,
+            label: None,
         }
     }
 }
@@ -120,6 +122,23 @@ impl LockOptions {
         self
     }
 
+    /// A label stored with the lock's holder metadata (host, process id, when acquired), for
+    /// operators: [`Locker::inspect`](crate::Locker::inspect) and `locksmith status` show it
+    /// (say, `"nightly backup, job 4711"`). At most
+    /// [`MAX_LABEL_LEN`](crate::inspect::MAX_LABEL_LEN) bytes, no control characters; anything
+    /// else is refused by [`LockOptions::validate`] with
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) before any I/O. Readable by
+    /// anyone who can read the lock: no secrets.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// The label of [`LockOptions::label`], if set.
+    pub fn label_value(&self) -> Option<&str> {
+        self.label.as_deref()
+    }
+
     /// The lease TTL.
     pub fn ttl_value(&self) -> Duration {
         self.ttl
@@ -139,7 +158,7 @@ impl LockOptions {
     ///
     /// # Errors
     /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for a TTL of zero, above
-    /// [`MAX_TTL`], outside the backend's range or not above the backend's drift margin (the
+    /// [`MAX_TTL`], outside the backend's range, a bad [label](LockOptions::label) or not above the backend's drift margin (the
     /// guard would be born lost), or a bad renewal policy (including one whose first renewal
     /// would come after the lease's validity ends);
     /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) for a required feature the backend
@@ -182,6 +201,9 @@ impl LockOptions {
                     self.ttl
                 )));
             }
+        }
+        if let Some(label) = &self.label {
+            crate::inspect::validate_label(label)?;
         }
         if self.require_fencing && !caps.fencing {
             return Err(Error::unsupported("this backend gives no fencing tokens"));

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+mod admin_cmd;
 mod bench;
 mod duration;
 mod group;
@@ -61,6 +62,18 @@ enum Command {
     /// acquisitions of one process against a fair share), and server requests per hand-over
     /// with many waiters.
     Bench(BenchArgs),
+    /// Who holds a lock: holder host, process id, label and when acquired, fencing token, TTL
+    /// left and queued waiters, as the server has them.
+    ///
+    /// Exit code: 0 when the lock is held, 1 when it is free, 2 on an error (bad URL or name,
+    /// server unreachable, a backend that cannot inspect locks).
+    Status(StatusArgs),
+    /// Frees a lock whoever holds it (an operator's override; needs --force). The holder's
+    /// lease is refused at its next renewal and its lost signal fires.
+    ///
+    /// Exit code: 0 when something was released, 1 when the lock was not held, 2 on an error
+    /// or without --force.
+    Unlock(UnlockArgs),
     /// Internal: one process of `bench`'s multi-process runs.
     #[command(name = "__bench-worker", hide = true)]
     BenchWorker(BenchWorkerArgs),
@@ -95,6 +108,40 @@ struct ReportArgs {
     /// Without any: the two embedded backends, memory:// and a SQLite file in the output
     /// directory (no server needed).
     urls: Vec<String>,
+}
+
+/// The lock service of `status` and `unlock`, as `run` takes it.
+#[derive(Args, Debug)]
+struct ServiceArgs {
+    /// The lock service URL, e.g. redis://127.0.0.1:6379 or postgres://u:pw@h/db. Prefer the
+    /// LOCKSMITH_URL environment variable: a password in argv shows in `ps`.
+    #[arg(long, env = "LOCKSMITH_URL", hide_env_values = true)]
+    url: String,
+    /// How long connecting to the lock service may take before giving up (exit 2).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    connect_timeout: Duration,
+}
+
+#[derive(Args, Debug)]
+struct StatusArgs {
+    #[command(flatten)]
+    service: ServiceArgs,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// The lock's name.
+    name: String,
+}
+
+#[derive(Args, Debug)]
+struct UnlockArgs {
+    #[command(flatten)]
+    service: ServiceArgs,
+    /// Really free the lock whoever holds it (refused without it).
+    #[arg(long)]
+    force: bool,
+    /// The lock's name.
+    name: String,
 }
 
 #[derive(Args, Debug)]
@@ -132,6 +179,10 @@ struct RunArgs {
     /// No message when the lock is busy (so cron does not mail every skip); errors still print.
     #[arg(short, long)]
     quiet: bool,
+    /// A label stored with the lock's holder metadata, shown by `locksmith status` (at most 256
+    /// bytes, no control characters; readable by anyone who can read the lock).
+    #[arg(long)]
+    label: Option<String>,
     /// The lock's name.
     name: String,
     /// The command and its arguments, after `--`.
@@ -279,6 +330,12 @@ fn main() -> ExitCode {
                 0
             }
             Command::Run(a) => run_cmd::run(a).await,
+            Command::Status(a) => {
+                admin_cmd::status(&a.service.url, &a.name, a.json, a.service.connect_timeout).await
+            }
+            Command::Unlock(a) => {
+                admin_cmd::unlock(&a.service.url, &a.name, a.force, a.service.connect_timeout).await
+            }
             Command::Bench(a) => {
                 let urls = if a.urls.is_empty() {
                     report_cmd::embedded_urls(Path::new("target/conformance"))

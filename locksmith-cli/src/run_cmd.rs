@@ -73,9 +73,12 @@ pub async fn run(args: RunArgs) -> u8 {
 
 /// Takes the lock: one attempt for `--wait 0`, else waits. `Ok(None)` when busy / timed out.
 async fn acquire(locker: &Locker, args: &RunArgs) -> locksmith::Result<Option<LockGuard>> {
-    let opts = LockOptions::new()
+    let mut opts = LockOptions::new()
         .ttl(args.ttl)
         .auto_renew(AutoRenew::until(lock_hold(args)));
+    if let Some(label) = &args.label {
+        opts = opts.label(label.as_str());
+    }
     match args.wait() {
         Wait::For(d) if d.is_zero() => locker.try_lock(args.name.as_str(), &opts).await,
         wait => {

@@ -188,8 +188,7 @@ fn lost_lock_terminates_the_group() {
         .unwrap();
     rt.block_on(async {
         let admin = locksmith::connect(&url).await.unwrap();
-        let name = locksmith::LockName::new("job").unwrap();
-        assert!(admin.backend().force_release(&name).await.unwrap());
+        assert!(admin.force_release("job").await.unwrap());
     });
     let out = wait_output(child, bound(30.0));
     assert_eq!(code(&out), 70, "{}", stderr(&out));

@@ -47,6 +47,30 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Who holds this lock?
+//!
+//! Every acquisition stores its holder's metadata with the lock ([`Holder`]: host, process id,
+//! when acquired, and the [`LockOptions::label`] the application sets), in the request that
+//! takes it. [`Locker::inspect`] reads it back from any client, with the fencing token, the TTL
+//! left and the queued waiters ([`LockInfo`]); [`Locker::force_release`] frees a lock whoever
+//! holds it (its holder's lost signal fires). Both are gated by [`Capabilities::inspect`] and
+//! [`Capabilities::force_release`] (`Unsupported` before any I/O where not declared); the
+//! README's operators' section has the table of what each backend stores, and the CLI has
+//! `locksmith status NAME` and `locksmith unlock NAME --force`.
+//!
+//! ```
+//! use locksmith::LockOptions;
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> locksmith::Result<()> {
+//! let locker = locksmith::connect("memory://operators").await?;
+//! let _guard = locker.lock("reports/daily", &LockOptions::new().label("daily report")).await?;
+//! let info = locker.inspect("reports/daily").await?;
+//! assert!(info.held);
+//! assert_eq!(info.holder.unwrap().label.as_deref(), Some("daily report"));
+//! assert!(locker.force_release("reports/daily").await?);
+//! # Ok(()) }
+//! ```
+//!
 //! # One example per backend
 //!
 //! Every backend is reached the same way; only the URL (or the [`Config`]) changes. Each

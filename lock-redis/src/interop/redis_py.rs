@@ -38,9 +38,10 @@ pub(crate) async fn acquire(
     token: &str,
     ttl: Duration,
 ) -> Result<NodeAttempt> {
-    // Without the fencing counter the script touches KEYS[1] only: `SET KEYS[1] token PX ttl`
-    // when the key is absent, as redis-py's `SET NX PX`.
-    node::acquire(conn, keys, token, ttl, false).await
+    // Without the fencing counter the script sets KEYS[1] as redis-py's `SET NX PX` does
+    // (`SET KEYS[1] token PX ttl` when the key is absent), and the metadata key in locksmith's
+    // own namespace (no holder metadata: `inspect` is not offered in this mode).
+    node::acquire(conn, keys, token, "", ttl, false).await
 }
 
 pub(crate) async fn extend(

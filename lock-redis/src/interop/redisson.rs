@@ -112,6 +112,8 @@ pub(crate) fn keys(name: &LockName) -> Keys {
         fence: String::new(),
         channel: channel(name.as_str()),
         tag: name.escaped(),
+        // Redisson's scripts below keep no metadata key.
+        holder: String::new(),
     }
 }
 
