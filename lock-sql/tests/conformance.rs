@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::{Harness, Target};
+use conformance::{ClientProxies, Harness, Target, url_with_param};
 use lock_sql::SqlBackend;
 use lockcore::backend::async_trait;
 use lockcore::{LockGuard, LockName, Locker, Result};
@@ -12,6 +12,7 @@ struct SqlHarness {
     label: String,
     url: String,
     row_lock: bool,
+    delayed: ClientProxies,
 }
 
 #[async_trait]
@@ -54,6 +55,29 @@ impl Harness for SqlHarness {
     fn min_scenario_ttl(&self) -> Duration {
         Duration::from_millis(300)
     }
+
+    fn can_open_other_namespace(&self) -> bool {
+        true
+    }
+
+    /// The `table` parameter: another lock table in the same database.
+    async fn client_in_other_namespace(&self) -> Result<Locker> {
+        Ok(Locker::new(
+            SqlBackend::connect(&url_with_param(&self.url, "table", "locksmith_locks_other"))
+                .await?,
+        ))
+    }
+
+    fn can_delay_replies(&self) -> bool {
+        // SQLite is a file: there is no reply path to delay.
+        ClientProxies::can_proxy(&self.url)
+    }
+
+    /// Through faultkit proxies delaying every reply (the harness keeps them running).
+    async fn client_with_reply_delay(&self, delay: Duration) -> Result<Locker> {
+        let url = self.delayed.url(&self.url, delay).await?;
+        Ok(Locker::new(SqlBackend::connect(&url).await?))
+    }
 }
 
 fn with_params(url: &str, params: &str) -> String {
@@ -67,6 +91,7 @@ fn target(label: &'static str, env: &'static str, params: &'static str) -> Targe
             label: label.into(),
             url: with_params(&url, params),
             row_lock: params.contains("row-lock"),
+            delayed: ClientProxies::new(),
         }) as Arc<dyn Harness>
     })
 }
@@ -111,6 +136,7 @@ fn main() -> std::process::ExitCode {
                     label: "sqlite-lease".into(),
                     url,
                     row_lock: false,
+                    delayed: ClientProxies::new(),
                 }) as Arc<dyn Harness>
             },
         ));
