@@ -1740,7 +1740,7 @@ async fn extend_honours_ttl(ctx: &Ctx) -> Outcome {
     .await
     .map_err(|e| {
         format!(
-            "{e}: a client polling every millisecond found the lock held until {:?} after the holder extended it to {ttl:?}: the lease outlived the shorter TTL",
+            "{e}: every try_lock of a racing client from half the TTL on was refused, until {:?} after the holder extended the lease to {ttl:?}: the lease outlived the shorter TTL",
             shorter.elapsed()
         )
     })?;
@@ -2018,10 +2018,15 @@ async fn missed_wakeup_hands_over_promptly(ctx: &Ctx) -> Outcome {
 
 async fn grant_at_drop_leaves_nothing(ctx: &Ctx) -> Outcome {
     // A waiter is dropped at offsets from 4 ms before to 16 ms after the holder's release
-    // starts: while it is woken, retrying, or being granted the lock (by the server's queue or
-    // its own retry). Whatever it was granted must not stay held: with a 20 s TTL, a lock left
-    // to its TTL shows as a new client waiting 20 s.
-    const LANES: usize = 4;
+    // starts, densest in the first 3 ms (a grant and the round trip that tells the waiter):
+    // while it is woken, retrying, or being granted the lock (by the server's queue or its own
+    // retry). Whatever it was granted must not stay held: with a 20 s TTL, a lock left to its
+    // TTL shows as a new client waiting 20 s.
+    const OFFSETS_US: [i64; 15] = [
+        -4_000, -2_000, -1_000, -500, 0, 250, 500, 1_000, 1_500, 2_000, 3_000, 5_000, 8_000,
+        12_000, 16_000,
+    ];
+    const LANES: usize = 5;
     const ROUNDS: usize = 3;
     let ttl = ctx.ttl(Duration::from_secs(20));
     let opts = ctx.opts(ttl);
@@ -2036,9 +2041,7 @@ async fn grant_at_drop_leaves_nothing(ctx: &Ctx) -> Outcome {
         let (name, opts) = (ctx.name(&format!("l{lane}")), opts.clone());
         lanes.push(async move {
             for round in 0..ROUNDS {
-                let step = lane * ROUNDS + round;
-                // -4 ms to +16.5 ms in 12 steps, one per hand-over.
-                let offset_us = step as i64 * 1_850 - 4_000;
+                let offset_us = OFFSETS_US[lane * ROUNDS + round];
                 let g = must_try(&holder, &name, &opts, "holder").await?;
                 let task = {
                     let (waiter, name, opts) = (waiter.clone(), name.clone(), opts.clone());

@@ -70,6 +70,10 @@ enum Flaw {
 /// [`Flaw::SubscribesAfterFailedAttempt`] (a slow subscribe round trip).
 const SUBSCRIBE_GAP: Duration = Duration::from_millis(10);
 
+/// How long a waiter of [`Flaw::GrantedWaiterLeaks`] takes to see it was granted the lock
+/// after a release message (the round trip that reads the queue).
+const GRANT_NOTICE: Duration = Duration::from_millis(10);
+
 /// The safety poll of [`Flaw::SubscribesAfterFailedAttempt`].
 const SLOW_SAFETY_POLL: Duration = Duration::from_secs(2);
 
@@ -449,9 +453,14 @@ impl Backend for FlawedBackend {
                 key: key.clone(),
                 value: value.clone(),
             };
+            let mut woken = false;
             loop {
                 let releases = store.releases(&key);
                 let released = releases.notified();
+                if woken {
+                    // The round trip that reads the queue after a release message.
+                    tokio::time::sleep(GRANT_NOTICE).await;
+                }
                 if store.get(&key).as_deref() == Some(value.as_str()) {
                     // Granted by the queue at the release; valid from then.
                     let granted = store
@@ -477,10 +486,10 @@ impl Backend for FlawedBackend {
                 for t in [store.expiry(&key), deadline].into_iter().flatten() {
                     wake = wake.min(t);
                 }
-                tokio::select! {
-                    () = released => {}
-                    () = tokio::time::sleep_until(wake) => {}
-                }
+                woken = tokio::select! {
+                    () = released => true,
+                    () = tokio::time::sleep_until(wake) => false,
+                };
             }
         }
         if self.flaw == Flaw::PollsDeclaringNotify {
