@@ -23,7 +23,16 @@ pub trait Harness: Send + Sync + 'static {
     /// Cancel safe: a dropped connect leaves nothing behind.
     async fn client(&self) -> Result<Locker>;
 
-    /// Plays a crash of the holder of `guard`: the lease is neither renewed nor released, and the
+    /// A new client for a holder that a scenario will [`Harness::crash`]: the default is
+    /// [`Harness::client`]; a harness whose crash needs the client set up for it (behind a
+    /// proxy it can reset) overrides it.
+    ///
+    /// Cancel safe: a dropped connect leaves nothing behind.
+    async fn crashable_client(&self) -> Result<Locker> {
+        self.client().await
+    }
+
+    /// Plays a crash of the holder of `guard` (a client from [`Harness::crashable_client`]): the lease is neither renewed nor released, and the
     /// client goes away as a killed process's would. The default abandons the guard and drops
     /// the client; session-bound backends override it so the session dies without a goodbye.
     ///
@@ -93,6 +102,23 @@ pub trait Harness: Send + Sync + 'static {
         lockcore::MAX_NAME_LEN
     }
 
+    /// Whether [`Harness::client_in_other_namespace`] works; scenarios that need it are
+    /// unsupported otherwise. The default is false.
+    fn can_open_other_namespace(&self) -> bool {
+        false
+    }
+
+    /// A new client of the same server whose locks live in another namespace (a Redis key
+    /// namespace, a SQL table, a ZooKeeper namespace node, an etcd key prefix, another memory
+    /// store): the same name there is another lock. Unsupported by default.
+    ///
+    /// Cancel safe: a dropped connect leaves nothing behind.
+    async fn client_in_other_namespace(&self) -> Result<Locker> {
+        Err(lockcore::Error::unsupported(
+            "this harness cannot open a client in another namespace",
+        ))
+    }
+
     /// The shortest TTL the scenarios should use with this backend (its timing floor, for
     /// example ZooKeeper's minimum session timeout). Scenario TTLs are at least this.
     fn min_scenario_ttl(&self) -> Duration {
@@ -147,5 +173,50 @@ where
 
     fn min_scenario_ttl(&self) -> Duration {
         self.min_ttl
+    }
+}
+
+/// `url` with the query parameter `key=value` added (after `?` or `&`): for harnesses that
+/// open clients with another setting, such as another namespace.
+pub fn url_with_param(url: &str, key: &str, value: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{key}={value}")
+}
+
+/// `url` with `path` (starting with `/`) put after its hosts, before any query: for backends
+/// whose URL path names the namespace (etcd). A path the URL already has is replaced.
+pub fn url_with_path(url: &str, path: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let hosts_from = base.find("://").map_or(0, |i| i + 3);
+    let hosts_end = base[hosts_from..]
+        .find('/')
+        .map_or(base.len(), |i| hosts_from + i);
+    let mut out = format!("{}{path}", &base[..hosts_end]);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_get_a_param_or_a_path() {
+        assert_eq!(
+            url_with_param("zk://h:1", "namespace", "x"),
+            "zk://h:1?namespace=x"
+        );
+        assert_eq!(url_with_param("zk://h:1?a=b", "n", "x"), "zk://h:1?a=b&n=x");
+        assert_eq!(url_with_path("etcd://h:1", "/a/b"), "etcd://h:1/a/b");
+        assert_eq!(
+            url_with_path("etcds://u:p@h:1,h:2/old?ca=/c.pem", "/a"),
+            "etcds://u:p@h:1,h:2/a?ca=/c.pem"
+        );
     }
 }

@@ -7,6 +7,7 @@ mod harness;
 mod html;
 mod measure;
 pub mod peer;
+mod proxied;
 pub mod report;
 mod report_charts;
 mod run;
@@ -19,8 +20,9 @@ use std::sync::Arc;
 use libtest_mimic::{Arguments, Failed, Trial};
 
 pub use faults::{FaultCell, FaultInfo, FaultMatrix, FaultOutcome};
-pub use harness::{BoxFuture, FnHarness, Harness};
+pub use harness::{BoxFuture, FnHarness, Harness, url_with_param, url_with_path};
 pub use measure::{Figures, MEASURE_TIME, ProcessHandover, ServerRequests, measure};
+pub use proxied::{ClientProxies, ProxyGroup};
 pub use report::{Provenance, Report, SCHEMA_VERSION, ScenarioInfo};
 pub use run::{
     BackendReport, Progress, ScenarioResult, Status, TIME_SCALE_ENV, run_all, run_scenario,

@@ -66,6 +66,16 @@ impl Ctx {
             .map_err(|e| format!("connecting a client failed: {e}"))
     }
 
+    /// A new client for a holder the scenario will crash ([`Harness::crashable_client`]).
+    ///
+    /// Cancel safe.
+    pub async fn crashable_client(&self) -> Result<Locker, Failure> {
+        self.harness
+            .crashable_client()
+            .await
+            .map_err(|e| format!("connecting a client to crash failed: {e}"))
+    }
+
     /// The scenario TTL: `base` scaled, and at least the harness's floor.
     pub fn ttl(&self, base: Duration) -> Duration {
         base.mul_f64(self.scale)
@@ -186,6 +196,14 @@ fn needs_revoke(_: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
         Ok(())
     } else {
         Err("the harness cannot delete a lock behind its holder")
+    }
+}
+
+fn needs_other_namespace(_: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    if h.can_open_other_namespace() {
+        Ok(())
+    } else {
+        Err("the harness cannot open a client in another namespace")
     }
 }
 
@@ -361,6 +379,21 @@ pub fn all() -> Vec<Scenario> {
             skewed_clock_cannot_steal,
             needs_clock_skew,
             "a client whose clock runs a minute ahead cannot take a lock that is still held"
+        ),
+        scenario!(
+            missed_wakeup_hands_over_promptly,
+            needs_notify,
+            "a release in the gap between a waiter's failed attempt and its subscription still wakes it at once, not at a safety poll"
+        ),
+        scenario!(
+            grant_at_drop_leaves_nothing,
+            always,
+            "a waiter dropped at the moment it is granted the lock leaves nothing held: another client gets it long before the TTL"
+        ),
+        scenario!(
+            namespaces_are_independent,
+            needs_other_namespace,
+            "one name in two namespaces on one server is two locks: neither excludes nor frees the other, and fencing tokens increase within each"
         ),
         scenario!(
             mutual_exclusion_across_expiry,
@@ -869,7 +902,7 @@ async fn mutual_exclusion_under_contention(ctx: &Ctx) -> Outcome {
 }
 
 async fn expiry_frees_crashed_holder_after_ttl(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let (a, b) = (ctx.crashable_client().await?, ctx.client().await?);
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_millis(1000));
     let opts = ctx.opts(ttl);
@@ -910,7 +943,7 @@ async fn expiry_frees_crashed_holder_after_ttl(ctx: &Ctx) -> Outcome {
 }
 
 async fn crash_frees_lock(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let (a, b) = (ctx.crashable_client().await?, ctx.client().await?);
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_millis(1000));
     let opts = ctx.opts(ttl);
@@ -1062,11 +1095,27 @@ async fn race_for(
     from: Instant,
     give_up: Instant,
 ) -> Result<LockGuard, Failure> {
+    Ok(race_observing(client, name, opts, from, give_up).await?.0)
+}
+
+/// As [`race_for`], also returning when the last refused try_lock was sent: the lock was
+/// still held after that moment (the evidence against a lease that outlived its TTL, which a
+/// slow racing client cannot fake, unlike a late win).
+async fn race_observing(
+    client: &Locker,
+    name: &LockName,
+    opts: &LockOptions,
+    from: Instant,
+    give_up: Instant,
+) -> Result<(LockGuard, Option<Instant>), Failure> {
     tokio::time::sleep_until(from).await;
+    let mut last_refused = None;
     loop {
+        let sent = Instant::now();
         if let Some(g) = ok_or(client.try_lock(name, opts).await, "the racing try_lock")? {
-            return Ok(g);
+            return Ok((g, last_refused));
         }
+        last_refused = Some(sent);
         if Instant::now() >= give_up {
             return Err("the racing client never got the lock".into());
         }
@@ -1125,7 +1174,11 @@ async fn fencing_tokens_increase(ctx: &Ctx) -> Outcome {
         .wait_timeout(ttl * 3 + ctx.bound(Duration::from_secs(5)));
     let mut tokens = Vec::new();
     for round in 0..3 {
-        let c = ctx.client().await?;
+        let c = if round == 1 {
+            ctx.crashable_client().await?
+        } else {
+            ctx.client().await?
+        };
         let g = ok_or(c.lock(&name, &opts).await, "lock()")?;
         tokens.push(g.fencing_token().ok_or("no fencing token")?);
         if round == 1 {
@@ -1436,7 +1489,7 @@ async fn hand_over_at_random(
 }
 
 async fn native_lease_ends_with_session(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let (a, b) = (ctx.crashable_client().await?, ctx.client().await?);
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_secs(30));
     let opts = ctx.opts(ttl).auto_renew(AutoRenew::until(ttl * 10));
@@ -1691,7 +1744,7 @@ async fn extend_honours_ttl(ctx: &Ctx) -> Outcome {
     // lease really ended (a waiting lock() could add its own poll interval, and its lateness
     // would be blamed on the backend).
     let late = ttl + ttl / 2;
-    let g2 = race_for(
+    let (g2, last_refused) = race_observing(
         &b,
         &name,
         &opts,
@@ -1701,7 +1754,7 @@ async fn extend_honours_ttl(ctx: &Ctx) -> Outcome {
     .await
     .map_err(|e| {
         format!(
-            "{e}: a client polling every millisecond found the lock held until {:?} after the holder extended it to {ttl:?}: the lease outlived the shorter TTL",
+            "{e}: every try_lock of a racing client from half the TTL on was refused, until {:?} after the holder extended the lease to {ttl:?}: the lease outlived the shorter TTL",
             shorter.elapsed()
         )
     })?;
@@ -1711,13 +1764,18 @@ async fn extend_honours_ttl(ctx: &Ctx) -> Outcome {
     let at = won_by.saturating_duration_since(shorter);
     check!(
         won_by >= valid_until,
-        "another client took the lock {:?} before the holder's validity deadline ({at:?} after extending to {ttl:?}): the lease ended early",
+        "another client's try_lock returned the lock {:?} before the holder's validity deadline ({at:?} after extending to {ttl:?}): the lease ended early",
         valid_until - won_by
     );
-    check!(
-        at <= late,
-        "a client polling every millisecond found the lock held until {at:?} after the holder extended it to {ttl:?} (bound {late:?}): the lease outlived the shorter TTL"
-    );
+    // Held after `late`: a refused try_lock sent after it (the server still kept the lease).
+    // A win after `late` without such a refusal only shows a slow racing client.
+    if let Some(refused) = last_refused {
+        let held_at = refused.saturating_duration_since(shorter);
+        check!(
+            held_at <= late,
+            "a try_lock sent {held_at:?} after the holder extended the lease to {ttl:?} was refused (bound {late:?}; the lock was won {at:?} after the extend): the lease outlived the shorter TTL"
+        );
+    }
     check!(
         g.lost().is_lost(),
         "another client holds the lock but the holder's lost signal has not fired"
@@ -1780,7 +1838,15 @@ async fn no_resurrection(ctx: &Ctx) -> Outcome {
 
 async fn validity_counts_from_send(ctx: &Ctx) -> Outcome {
     let delay = Duration::from_millis(250);
+    // Whole seconds: a backend whose server grants leases in whole seconds (etcd) grants what
+    // was asked, so the bound below is the server's.
     let ttl = ctx.ttl(Duration::from_millis(1200)).max(delay * 4);
+    let ttl = Duration::from_secs(ttl.as_secs_f64().ceil() as u64);
+    // Where the server frees the lock by its TTL, the validity must count from the send. Where
+    // the lock lives with the holder's session (ZooKeeper, SQL row locks), the server never
+    // frees it by time while the session lives, and a validity counted from the reply is safe:
+    // there only the last check (nobody wins while the holder believes it valid) applies.
+    let server_ttl = ctx.caps.renew == lockcore::RenewKind::Emulated;
     let slow = ok_or(
         ctx.harness.client_with_reply_delay(delay).await,
         "a client with delayed replies",
@@ -1796,14 +1862,14 @@ async fn validity_counts_from_send(ctx: &Ctx) -> Outcome {
         sent.elapsed()
     );
     check!(
-        g.valid_until() <= sent + ttl,
+        !server_ttl || g.valid_until() <= sent + ttl,
         "validity counted from the reply: valid {:?} after the request was sent, with a TTL of {ttl:?}",
         g.valid_until() - sent
     );
     let sent = Instant::now();
     ok_or(g.extend(ttl).await, "extend")?;
     check!(
-        g.valid_until() <= sent + ttl,
+        !server_ttl || g.valid_until() <= sent + ttl,
         "extend's validity counted from the reply: valid {:?} after the request was sent, with a TTL of {ttl:?}",
         g.valid_until() - sent
     );
@@ -1923,5 +1989,209 @@ async fn mutual_exclusion_across_expiry(ctx: &Ctx) -> Outcome {
         windows.len(),
         CLIENTS * ROUNDS
     );
+    Ok(())
+}
+
+async fn missed_wakeup_hands_over_promptly(ctx: &Ctx) -> Outcome {
+    // The release lands 0 to 30 ms after the waiter's lock() starts: on its first attempt, in the
+    // gap between a failed attempt and the subscription to release messages (watch, LISTEN,
+    // pub/sub), or after it. A waiter that subscribes after its failed attempt without checking
+    // again misses a release in that gap and wakes only at its next poll or safety poll
+    // (500 ms and more in this project's backends; a poller's backoff grows towards 1 s under
+    // a 30 s TTL): the worst of twelve hand-overs fails the bound.
+    const LANES: usize = 4;
+    const ROUNDS: usize = 3;
+    let opts = ctx.opts(ctx.ttl(Duration::from_secs(30))).wait_forever();
+    let mut lanes = Vec::new();
+    for lane in 0..LANES {
+        let (a, b) = (ctx.client().await?, ctx.client().await?);
+        let (name, opts) = (ctx.name(&format!("l{lane}")), opts.clone());
+        lanes.push(async move {
+            let mut seen = Vec::new();
+            for round in 0..ROUNDS {
+                let offset = Duration::from_micros(fastrand::u64(0..30_000));
+                let g = must_try(&a, &name, &opts, "holder").await?;
+                let started = Instant::now();
+                let task = {
+                    let (b, name, opts) = (b.clone(), name.clone(), opts.clone());
+                    tokio::spawn(async move {
+                        let r = b.lock(&name, &opts).await;
+                        (r, Instant::now())
+                    })
+                };
+                tokio::time::sleep_until(started + offset).await;
+                let released = Instant::now();
+                ok_or(g.release().await, "release")?;
+                let (r, got) = ok_or(task.await, "waiter task")?;
+                let g2 = ok_or(r, &format!("the waiter's lock() (round {round})"))?;
+                ok_or(g2.release().await, "the waiter's release")?;
+                seen.push((offset, got.saturating_duration_since(released)));
+            }
+            Ok::<_, Failure>(seen)
+        });
+    }
+    let mut seen: Vec<(Duration, Duration)> = futures::future::try_join_all(lanes)
+        .await?
+        .into_iter()
+        .flatten()
+        .collect();
+    seen.sort_by_key(|(_, took)| *took);
+    let (offset, worst) = seen.last().copied().unwrap_or_default();
+    let bound = ctx.bound(Duration::from_millis(200));
+    check!(
+        worst <= bound,
+        "notification is declared, but a release {offset:?} after the waiter's lock() started reached it only {worst:?} later (bound {bound:?}: a wake-up lost before the subscription, found by a later poll); release offset and release-to-acquire of all {}: {seen:?}",
+        seen.len()
+    );
+    Ok(())
+}
+
+async fn grant_at_drop_leaves_nothing(ctx: &Ctx) -> Outcome {
+    // A waiter is dropped at offsets from 4 ms before to 16 ms after the holder's release
+    // starts, densest in the first 3 ms (a grant and the round trip that tells the waiter):
+    // while it is woken, retrying, or being granted the lock (by the server's queue or its own
+    // retry). Whatever it was granted must not stay held: with a 20 s TTL, a lock left to its
+    // TTL shows as a new client waiting 20 s.
+    const OFFSETS_US: [i64; 15] = [
+        -4_000, -2_000, -1_000, -500, 0, 250, 500, 1_000, 1_500, 2_000, 3_000, 5_000, 8_000,
+        12_000, 16_000,
+    ];
+    const LANES: usize = 5;
+    const ROUNDS: usize = 3;
+    let ttl = ctx.ttl(Duration::from_secs(20));
+    let opts = ctx.opts(ttl);
+    let bound = ctx.bound(Duration::from_secs(3));
+    let mut lanes = Vec::new();
+    for lane in 0..LANES {
+        let (holder, waiter, next) = (
+            ctx.client().await?,
+            ctx.client().await?,
+            ctx.client().await?,
+        );
+        let (name, opts) = (ctx.name(&format!("l{lane}")), opts.clone());
+        lanes.push(async move {
+            for round in 0..ROUNDS {
+                let offset_us = OFFSETS_US[lane * ROUNDS + round];
+                let g = must_try(&holder, &name, &opts, "holder").await?;
+                let task = {
+                    let (waiter, name, opts) = (waiter.clone(), name.clone(), opts.clone());
+                    tokio::spawn(async move { waiter.lock(&name, &opts.wait_forever()).await })
+                };
+                settle_waiters(ctx, &holder, &name, 1, false).await?;
+                check!(
+                    !task.is_finished(),
+                    "the waiter returned while the lock was held"
+                );
+                // A negative offset drops the waiter before the release starts.
+                let t0 = Instant::now();
+                let offset = Duration::from_micros(offset_us.unsigned_abs());
+                let (release_at, cut_at) = if offset_us < 0 {
+                    (t0 + offset, t0)
+                } else {
+                    (t0, t0 + offset)
+                };
+                let release = async {
+                    tokio::time::sleep_until(release_at).await;
+                    g.release().await
+                };
+                let cut = async {
+                    tokio::time::sleep_until(cut_at).await;
+                    task.abort();
+                };
+                let (r, ()) = tokio::join!(release, cut);
+                ok_or(r, "release")?;
+                // A waiter that won before the cut hands its lock back, as its owner would.
+                if let Ok(Ok(g)) = task.await {
+                    ok_or(g.release().await, "the waiter's release")?;
+                }
+                let dropped = cut_at;
+                queue_drains_to(ctx, &next, &name, 0, "a waiter dropped as it was granted")
+                    .await?;
+                let wait = opts.clone().wait_timeout(ttl + ctx.bound(Duration::from_secs(5)));
+                let g = next.lock(&name, &wait).await.map_err(|e| {
+                    format!(
+                        "a waiter dropped {:.1} ms after the holder's release started left the lock held: a new client waited {:?} after the drop without getting it (bound {bound:?}, TTL {ttl:?}): {e}",
+                        offset_us as f64 / 1000.0,
+                        dropped.elapsed()
+                    )
+                })?;
+                let took = dropped.elapsed();
+                check!(
+                    took <= bound,
+                    "a waiter dropped {:.1} ms after the holder's release started left the lock held: a new client got it only {took:?} after the drop (bound {bound:?}, TTL {ttl:?})",
+                    offset_us as f64 / 1000.0
+                );
+                ok_or(g.release().await, "release")?;
+            }
+            Ok::<_, Failure>(())
+        });
+    }
+    futures::future::try_join_all(lanes).await?;
+    Ok(())
+}
+
+async fn namespaces_are_independent(ctx: &Ctx) -> Outcome {
+    let (a, a2) = (ctx.client().await?, ctx.client().await?);
+    let other = || async {
+        ctx.harness
+            .client_in_other_namespace()
+            .await
+            .map_err(|e| format!("connecting a client in the other namespace failed: {e}"))
+    };
+    let (o, o2) = (other().await?, other().await?);
+    let name = ctx.name("x");
+    let opts = ctx.opts(ctx.ttl(Duration::from_secs(10)));
+    let ga = must_try(&a, &name, &opts, "the holder in the first namespace").await?;
+    let go = match o.try_lock(&name, &opts).await {
+        Ok(Some(g)) => g,
+        Ok(None) => {
+            return Err(
+                "try_lock in the other namespace found the name held by the first namespace's holder: the namespaces exclude each other"
+                    .into(),
+            );
+        }
+        Err(e) => return Err(format!("try_lock in the other namespace failed: {e}")),
+    };
+    must_be_held(&a2, &name, &opts, "the first namespace, both holding").await?;
+    must_be_held(&o2, &name, &opts, "the other namespace, both holding").await?;
+    let first_token = ga.fencing_token();
+    let mut other_tokens = vec![go.fencing_token()];
+    ok_or(go.release().await, "the other namespace's release")?;
+    must_be_held(
+        &a2,
+        &name,
+        &opts,
+        "the first namespace, after the other namespace released the same name",
+    )
+    .await?;
+    // The other namespace takes the name a few times while the first holds it: a counter
+    // shared in a way that breaks monotonicity shows in either namespace's tokens.
+    for round in 0..3 {
+        let g = must_try(
+            &o,
+            &name,
+            &opts,
+            &format!("the other namespace, round {round}"),
+        )
+        .await?;
+        other_tokens.push(g.fencing_token());
+        ok_or(g.release().await, "the other namespace's release")?;
+    }
+    ok_or(ga.release().await, "the first namespace's release")?;
+    let again = must_try(&a2, &name, &opts, "the first namespace, again").await?;
+    let first_again = again.fencing_token();
+    ok_or(again.release().await, "the first namespace's release")?;
+    if ctx.caps.fencing {
+        let other: Vec<u64> = other_tokens.iter().map(|t| t.unwrap_or(0)).collect();
+        check!(
+            other.windows(2).all(|w| w[0] < w[1]),
+            "fencing tokens in the other namespace did not increase: {other:?}"
+        );
+        let (t1, t2) = (first_token.unwrap_or(0), first_again.unwrap_or(0));
+        check!(
+            t1 < t2,
+            "fencing tokens in the first namespace went from {t1} to {t2} while the other namespace took the same name (its tokens: {other:?})"
+        );
+    }
     Ok(())
 }

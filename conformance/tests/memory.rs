@@ -26,6 +26,18 @@ impl Harness for MemoryHarness {
         true
     }
 
+    fn can_open_other_namespace(&self) -> bool {
+        true
+    }
+
+    /// Another store of this process.
+    async fn client_in_other_namespace(&self) -> Result<Locker> {
+        Ok(Locker::new(MemoryBackend::connect(&format!(
+            "{}-other",
+            self.store
+        ))))
+    }
+
     fn can_delay_replies(&self) -> bool {
         true
     }

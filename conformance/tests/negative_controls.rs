@@ -53,7 +53,29 @@ enum Flaw {
     /// Waiters are queued and the queue is reported, but a cancelled waiter removes its entry
     /// only when it is at the head of the queue: one cancelled behind another stays forever.
     CancelLeavesEntryBehindOthers,
+    /// Declares notification; a waiter tries, then subscribes to release messages a round trip
+    /// later without trying again, and otherwise waits for the holder's expiry or a slow safety
+    /// poll: a release between the failed attempt and the subscription is missed.
+    SubscribesAfterFailedAttempt,
+    /// A server-side queue grants the lock to the waiter at its head on release; a waiter
+    /// dropped at that moment removes its queue entry but leaves the lock granted to it held
+    /// until its TTL.
+    GrantedWaiterLeaks,
+    /// The namespace setting is accepted but not put into the keys: two namespaces on one
+    /// store share every lock.
+    NamespaceIgnored,
 }
+
+/// The gap between a failed attempt and the subscription of
+/// [`Flaw::SubscribesAfterFailedAttempt`] (a slow subscribe round trip).
+const SUBSCRIBE_GAP: Duration = Duration::from_millis(10);
+
+/// How long a waiter of [`Flaw::GrantedWaiterLeaks`] takes to see it was granted the lock
+/// after a release message (the round trip that reads the queue).
+const GRANT_NOTICE: Duration = Duration::from_millis(10);
+
+/// The safety poll of [`Flaw::SubscribesAfterFailedAttempt`].
+const SLOW_SAFETY_POLL: Duration = Duration::from_secs(2);
 
 /// The fixed poll interval of [`Flaw::PollsDeclaringNotify`].
 const FIXED_POLL: Duration = Duration::from_millis(435);
@@ -80,6 +102,27 @@ struct ToyStore {
     map: Mutex<HashMap<String, (String, Option<Instant>)>>,
     /// Waiters queued per key, in arrival order (for [`Flaw::CancelLeavesEntryBehindOthers`]).
     queues: Mutex<HashMap<String, Vec<u64>>>,
+    /// Release messages per key, for the flaws with notification.
+    releases: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
+    /// Waiters queued per key as (value, TTL), granted the lock on release in this order
+    /// ([`Flaw::GrantedWaiterLeaks`]).
+    grants: Mutex<HashMap<String, std::collections::VecDeque<(String, Duration)>>>,
+}
+
+/// A queue entry of [`Flaw::GrantedWaiterLeaks`]; dropping it removes the entry, but not a lock
+/// already granted to it (the flaw).
+struct GrantEntry<'a> {
+    store: &'a ToyStore,
+    key: String,
+    value: String,
+}
+
+impl Drop for GrantEntry<'_> {
+    fn drop(&mut self) {
+        if let Some(q) = self.store.grants.lock().unwrap().get_mut(&self.key) {
+            q.retain(|(v, _)| *v != self.value);
+        }
+    }
 }
 
 /// A waiter's queue entry; dropping it removes the entry, except for a cancelled waiter that
@@ -135,15 +178,43 @@ impl ToyStore {
     fn del(&self, key: &str) -> bool {
         self.with(key, |e| e.take().is_some())
     }
+    /// Deletes `key` if it holds `value`, grants it to the head of its grant queue if any, and
+    /// publishes the release.
     fn compare_and_delete(&self, key: &str, value: &str) -> bool {
-        self.with(key, |e| {
+        let deleted = self.with(key, |e| {
             if e.as_ref().is_some_and(|(v, _)| v == value) {
                 *e = None;
+                if let Some((next, ttl)) = self
+                    .grants
+                    .lock()
+                    .unwrap()
+                    .get_mut(key)
+                    .and_then(|q| q.pop_front())
+                {
+                    *e = Some((next, Some(Instant::now() + ttl)));
+                }
                 true
             } else {
                 false
             }
-        })
+        });
+        if deleted {
+            self.releases(key).notify_waiters();
+        }
+        deleted
+    }
+    /// The release messages of `key`.
+    fn releases(&self, key: &str) -> Arc<tokio::sync::Notify> {
+        self.releases
+            .lock()
+            .unwrap()
+            .entry(key.to_string())
+            .or_default()
+            .clone()
+    }
+    /// When `key` expires, if it is held with an expiry.
+    fn expiry(&self, key: &str) -> Option<Instant> {
+        self.with(key, |e| e.as_ref().and_then(|(_, exp)| *exp))
     }
     fn set(&self, key: &str, value: &str) {
         self.with(key, |e| *e = Some((value.to_string(), None)))
@@ -188,6 +259,8 @@ struct FlawedBackend {
     caps: Capabilities,
     /// How far this client's wall clock runs ahead.
     clock_ahead: Duration,
+    /// The key prefix of this client's namespace.
+    namespace: &'static str,
 }
 
 /// `Debug` for the store without printing its contents.
@@ -220,10 +293,15 @@ impl FlawedBackend {
 
     /// The store key of a lock.
     fn key(&self, name: &LockName) -> String {
-        if self.flaw == Flaw::PathNormalised {
+        let key = if self.flaw == Flaw::PathNormalised {
             normalised_path(name.as_str())
         } else {
             name.escaped()
+        };
+        if self.flaw == Flaw::NamespaceIgnored {
+            key
+        } else {
+            format!("{}{key}", self.namespace)
         }
     }
 
@@ -330,6 +408,90 @@ impl Backend for FlawedBackend {
             entry.finished = true;
             return r;
         }
+        if self.flaw == Flaw::SubscribesAfterFailedAttempt {
+            let store = &self.store.0;
+            let key = self.key(&req.name);
+            loop {
+                if let Some(a) = self.try_acquire(req).await? {
+                    return Ok(Some(a));
+                }
+                // The holder's expiry comes back with the failed attempt.
+                let expiry = store.expiry(&key);
+                tokio::time::sleep(SUBSCRIBE_GAP).await;
+                let releases = store.releases(&key);
+                let released = releases.notified();
+                let now = Instant::now();
+                if deadline.is_some_and(|d| now >= d) {
+                    return Ok(None);
+                }
+                let mut wake = now + SLOW_SAFETY_POLL;
+                for t in [expiry, deadline].into_iter().flatten() {
+                    wake = wake.min(t);
+                }
+                tokio::select! {
+                    () = released => {}
+                    () = tokio::time::sleep_until(wake) => {}
+                }
+            }
+        }
+        if self.flaw == Flaw::GrantedWaiterLeaks {
+            if let Some(a) = self.try_acquire(req).await? {
+                return Ok(Some(a));
+            }
+            let store = &self.store.0;
+            let key = self.key(&req.name);
+            let value = req.token.to_hex();
+            store
+                .grants
+                .lock()
+                .unwrap()
+                .entry(key.clone())
+                .or_default()
+                .push_back((value.clone(), req.ttl));
+            let _entry = GrantEntry {
+                store,
+                key: key.clone(),
+                value: value.clone(),
+            };
+            let mut woken = false;
+            loop {
+                let releases = store.releases(&key);
+                let released = releases.notified();
+                if woken {
+                    // The round trip that reads the queue after a release message.
+                    tokio::time::sleep(GRANT_NOTICE).await;
+                }
+                if store.get(&key).as_deref() == Some(value.as_str()) {
+                    // Granted by the queue at the release; valid from then.
+                    let granted = store
+                        .expiry(&key)
+                        .map_or_else(Instant::now, |exp| exp - req.ttl);
+                    return Ok(Some(Acquired::new(
+                        self.lease(key, value, req.ttl),
+                        granted,
+                    )));
+                }
+                if store.set_nx(&key, &value, Some(req.ttl)) {
+                    return Ok(Some(Acquired::new(
+                        self.lease(key, value, req.ttl),
+                        Instant::now(),
+                    )));
+                }
+                let now = Instant::now();
+                if deadline.is_some_and(|d| now >= d) {
+                    return Ok(None);
+                }
+                // Woken by a release (granted to the head) or the holder's expiry.
+                let mut wake = now + Duration::from_secs(1);
+                for t in [store.expiry(&key), deadline].into_iter().flatten() {
+                    wake = wake.min(t);
+                }
+                woken = tokio::select! {
+                    () = released => true,
+                    () = tokio::time::sleep_until(wake) => false,
+                };
+            }
+        }
         if self.flaw == Flaw::PollsDeclaringNotify {
             loop {
                 if let Some(a) = self.try_acquire(req).await? {
@@ -359,6 +521,10 @@ impl Backend for FlawedBackend {
     }
 
     async fn queued_waiters(&self, name: &LockName) -> Result<usize> {
+        if self.flaw == Flaw::GrantedWaiterLeaks {
+            let grants = self.store.0.grants.lock().unwrap();
+            return Ok(grants.get(&self.key(name)).map_or(0, |q| q.len()));
+        }
         if self.flaw != Flaw::CancelLeavesEntryBehindOthers {
             return Err(Error::unsupported("the toy reports no queue"));
         }
@@ -376,12 +542,23 @@ impl Backend for FlawedBackend {
 }
 
 impl FlawedBackend {
+    /// A lease on `key` holding `value`.
+    fn lease(&self, key: String, value: String, ttl: Duration) -> FlawedLease {
+        FlawedLease {
+            backend: self.clone_client(),
+            fencing: self.fence(&key, ttl),
+            key,
+            value: Mutex::new(value),
+        }
+    }
+
     fn clone_client(&self) -> FlawedBackend {
         FlawedBackend {
             store: self.store.clone(),
             flaw: self.flaw,
             caps: self.caps.clone(),
             clock_ahead: self.clock_ahead,
+            namespace: self.namespace,
         }
     }
 }
@@ -461,10 +638,17 @@ struct FlawedHarness {
 
 impl FlawedHarness {
     fn backend(&self, clock_ahead: Duration) -> FlawedBackend {
+        self.backend_in(clock_ahead, "")
+    }
+
+    fn backend_in(&self, clock_ahead: Duration, namespace: &'static str) -> FlawedBackend {
         let mut caps = Capabilities::default();
         caps.force_release = true;
         caps.fencing = true;
-        if self.flaw == Flaw::PollsDeclaringNotify {
+        if matches!(
+            self.flaw,
+            Flaw::PollsDeclaringNotify | Flaw::SubscribesAfterFailedAttempt
+        ) {
             caps.wait = lockcore::WaitKind::Notify;
         }
         FlawedBackend {
@@ -472,6 +656,7 @@ impl FlawedHarness {
             flaw: self.flaw,
             caps,
             clock_ahead,
+            namespace,
         }
     }
 }
@@ -496,6 +681,14 @@ impl Harness for FlawedHarness {
 
     async fn client_with_clock_skew(&self, ahead: Duration) -> Result<Locker> {
         Ok(Locker::new(self.backend(ahead)))
+    }
+
+    fn can_open_other_namespace(&self) -> bool {
+        true
+    }
+
+    async fn client_in_other_namespace(&self) -> Result<Locker> {
+        Ok(Locker::new(self.backend_in(Duration::ZERO, "other:")))
     }
 }
 
@@ -540,9 +733,24 @@ fn correct_toy_backend_passes_everything() {
 
 #[test]
 fn setnx_then_expire_is_caught() {
-    assert_eq!(
-        failing(Flaw::SetnxThenExpire),
-        set(&["cancelled_acquire_leaves_nothing"])
+    assert_caught(
+        Flaw::SetnxThenExpire,
+        &["cancelled_acquire_leaves_nothing"],
+        // A waiter dropped between its SETNX and its EXPIRE: hit when its poll falls in the
+        // 20 ms before the drop.
+        &["grant_at_drop_leaves_nothing"],
+    );
+}
+
+/// `flaw` fails every scenario of `always`, and nothing outside `always` and `sometimes`.
+fn assert_caught(flaw: Flaw, always: &[&str], sometimes: &[&str]) {
+    let failed = failing(flaw);
+    let (always, sometimes) = (set(always), set(sometimes));
+    assert!(failed.is_superset(&always), "{failed:?} misses {always:?}");
+    let allowed: BTreeSet<String> = always.union(&sometimes).cloned().collect();
+    assert!(
+        failed.is_subset(&allowed),
+        "{failed:?} fails scenarios outside {allowed:?}"
     );
 }
 
@@ -671,15 +879,22 @@ fn path_normalising_keys_are_caught() {
 fn polling_while_declaring_notify_is_caught() {
     assert_eq!(
         failing(Flaw::PollsDeclaringNotify),
-        set(&["notify_hands_over_promptly"])
+        // A release just after the waiter's first attempt waits for the next poll too.
+        set(&[
+            "missed_wakeup_hands_over_promptly",
+            "notify_hands_over_promptly"
+        ])
     );
 }
 
 #[test]
 fn safety_ttl_then_expire_is_caught() {
-    assert_eq!(
-        failing(Flaw::SafetyTtlThenExpire),
-        set(&["cancelled_acquire_leaves_nothing"])
+    assert_caught(
+        Flaw::SafetyTtlThenExpire,
+        &["cancelled_acquire_leaves_nothing"],
+        // A waiter dropped between its SET NX and its PEXPIRE leaves three TTLs (60 s): hit
+        // when its poll falls in the 20 ms before the drop.
+        &["grant_at_drop_leaves_nothing"],
     );
 }
 
@@ -688,5 +903,29 @@ fn cancelled_waiter_behind_another_leaving_its_entry_is_caught() {
     assert_eq!(
         failing(Flaw::CancelLeavesEntryBehindOthers),
         set(&["cancelled_wait_leaves_nothing"])
+    );
+}
+
+#[test]
+fn wakeup_missed_before_subscribing_is_caught() {
+    assert_eq!(
+        failing(Flaw::SubscribesAfterFailedAttempt),
+        set(&["missed_wakeup_hands_over_promptly"])
+    );
+}
+
+#[test]
+fn lock_granted_to_a_dropped_waiter_is_caught() {
+    assert_eq!(
+        failing(Flaw::GrantedWaiterLeaks),
+        set(&["grant_at_drop_leaves_nothing"])
+    );
+}
+
+#[test]
+fn namespace_left_out_of_keys_is_caught() {
+    assert_eq!(
+        failing(Flaw::NamespaceIgnored),
+        set(&["namespaces_are_independent"])
     );
 }

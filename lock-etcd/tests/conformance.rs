@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::{Harness, Target};
+use conformance::{ClientProxies, Harness, Target, url_with_path};
 use lock_etcd::EtcdBackend;
 use lockcore::backend::async_trait;
 use lockcore::{Locker, Result};
@@ -15,6 +15,7 @@ const MIN_TTL: Duration = Duration::from_secs(1);
 struct EtcdHarness {
     label: &'static str,
     url: String,
+    delayed: ClientProxies,
 }
 
 #[async_trait]
@@ -35,12 +36,37 @@ impl Harness for EtcdHarness {
     fn min_scenario_ttl(&self) -> Duration {
         MIN_TTL
     }
+
+    fn can_open_other_namespace(&self) -> bool {
+        true
+    }
+
+    /// Another key prefix (the URL path), under `locksmith/`, where the TLS server's role may write.
+    async fn client_in_other_namespace(&self) -> Result<Locker> {
+        Ok(Locker::new(
+            EtcdBackend::connect(&url_with_path(&self.url, "/locksmith/lsc-other")).await?,
+        ))
+    }
+
+    fn can_delay_replies(&self) -> bool {
+        ClientProxies::can_proxy(&self.url)
+    }
+
+    /// Through faultkit proxies delaying every reply (the harness keeps them running).
+    async fn client_with_reply_delay(&self, delay: Duration) -> Result<Locker> {
+        let url = self.delayed.url(&self.url, delay).await?;
+        Ok(Locker::new(EtcdBackend::connect(&url).await?))
+    }
 }
 
 fn main() -> std::process::ExitCode {
     let target = |label: &'static str, var: &str| {
         Target::new(label, var, move |url| {
-            Arc::new(EtcdHarness { label, url }) as Arc<dyn Harness>
+            Arc::new(EtcdHarness {
+                label,
+                url,
+                delayed: ClientProxies::new(),
+            }) as Arc<dyn Harness>
         })
     };
     conformance::run_tests(vec![

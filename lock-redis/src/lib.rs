@@ -114,7 +114,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockcore::backend::{AcquireRequest, Acquired, Backend, Backoff, Lease, poll_acquire};
+use lockcore::backend::{
+    AcquireRequest, Acquired, Backend, Backoff, Lease, ReleaseIfCancelled, poll_acquire,
+};
 use lockcore::{Capabilities, Error, Instant, LockInfo, LockName, Result, WaitKind};
 
 use crate::batch::Renewals;
@@ -374,14 +376,40 @@ impl RedisBackend {
         node::ping(&mut self.inner.node.conn()).await
     }
 
+    /// One acquire script. Dropped while the script is in flight (a cancelled `lock()`), the
+    /// script may still win on the server: the token's lock is then released in the background
+    /// (compare-and-delete: it frees nothing that is not this attempt's), so nothing is left
+    /// held until its TTL.
     async fn attempt(&self, req: &AcquireRequest, keys: &Keys) -> Result<Attempt> {
-        if let Some(wait_conn) = &self.inner.wait_conn {
-            return self.attempt_with_replicas(req, keys, wait_conn).await;
+        let in_flight = ReleaseIfCancelled::arm(self.lease(req, keys, None), &req.background);
+        let outcome = if let Some(wait_conn) = &self.inner.wait_conn {
+            self.attempt_with_replicas(req, keys, wait_conn).await
+        } else {
+            let mut conn = self.inner.node.conn();
+            let sent_at = Instant::now();
+            self.run_acquire(&mut conn, req, keys)
+                .await
+                .map(|attempt| self.outcome(req, keys, attempt, sent_at))
+        };
+        in_flight.disarm();
+        outcome
+    }
+
+    /// The lease of `req`'s token on `keys`.
+    fn lease(&self, req: &AcquireRequest, keys: &Keys, fence: Option<u64>) -> RedisLease {
+        RedisLease {
+            inner: self.inner.clone(),
+            keys: keys.clone(),
+            token: match self.inner.interop {
+                Some(peer) => peer.owner(&req.token),
+                None => req.token.to_hex(),
+            },
+            // No counter under interop= (the peer keeps none).
+            fencing: match self.inner.interop {
+                Some(_) => None,
+                None => Some(fence.unwrap_or(0)),
+            },
         }
-        let mut conn = self.inner.node.conn();
-        let sent_at = Instant::now();
-        let attempt = self.run_acquire(&mut conn, req, keys).await?;
-        Ok(self.outcome(req, keys, attempt, sent_at))
     }
 
     async fn run_acquire(
@@ -410,22 +438,9 @@ impl RedisBackend {
         sent_at: Instant,
     ) -> Attempt {
         match attempt {
-            NodeAttempt::Won { fence } => Attempt::Won(Acquired::new(
-                RedisLease {
-                    inner: self.inner.clone(),
-                    keys: keys.clone(),
-                    token: match self.inner.interop {
-                        Some(peer) => peer.owner(&req.token),
-                        None => req.token.to_hex(),
-                    },
-                    // No counter under interop= (the peer keeps none).
-                    fencing: match self.inner.interop {
-                        Some(_) => None,
-                        None => Some(fence.unwrap_or(0)),
-                    },
-                },
-                sent_at,
-            )),
+            NodeAttempt::Won { fence } => {
+                Attempt::Won(Acquired::new(self.lease(req, keys, fence), sent_at))
+            }
             NodeAttempt::Held { pttl } => Attempt::Held { pttl },
         }
     }
@@ -495,8 +510,8 @@ impl Backend for RedisBackend {
     /// Waits by notification (see the crate docs).
     ///
     /// Cancel safety: dropping the future unregisters the waiter (the last waiter of a name
-    /// unsubscribes in the background); a lock won by an attempt in flight at the drop frees
-    /// after `req.ttl`.
+    /// unsubscribes in the background); a lock won by an attempt in flight at the drop is
+    /// released in the background.
     async fn acquire(
         &self,
         req: &AcquireRequest,

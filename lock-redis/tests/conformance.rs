@@ -1,8 +1,9 @@
 //! The shared conformance suite against every Redis variant the test servers provide.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use conformance::{Harness, Target};
+use conformance::{ClientProxies, Harness, Target, url_with_param};
 use lock_redis::RedisBackend;
 use lockcore::{Locker, Result};
 
@@ -10,6 +11,7 @@ use lockcore::{Locker, Result};
 struct RedisHarness {
     label: &'static str,
     url: String,
+    delayed: ClientProxies,
 }
 
 #[lockcore::backend::async_trait]
@@ -24,6 +26,30 @@ impl Harness for RedisHarness {
 
     fn can_revoke(&self) -> bool {
         true
+    }
+
+    fn can_open_other_namespace(&self) -> bool {
+        // Under interop= a lock is the peer's (the exact name, or the peer's key): the
+        // `namespace` setting does not apply, by design.
+        !self.url.contains("interop=")
+    }
+
+    /// The `namespace` parameter: another key prefix.
+    async fn client_in_other_namespace(&self) -> Result<Locker> {
+        Ok(Locker::new(
+            RedisBackend::connect(&url_with_param(&self.url, "namespace", "lsc-other")).await?,
+        ))
+    }
+
+    fn can_delay_replies(&self) -> bool {
+        // A cluster client follows the nodes' announced addresses, around any proxy.
+        !self.url.starts_with("redis+cluster") && ClientProxies::can_proxy(&self.url)
+    }
+
+    /// Through faultkit proxies delaying every reply (the harness keeps them running).
+    async fn client_with_reply_delay(&self, delay: Duration) -> Result<Locker> {
+        let url = self.delayed.url(&self.url, delay).await?;
+        Ok(Locker::new(RedisBackend::connect(&url).await?))
     }
 }
 
@@ -56,7 +82,11 @@ fn target_with(label: &'static str, var: &'static str, params: &'static str) -> 
             let sep = if url.contains('?') { '&' } else { '?' };
             format!("{url}{sep}{params}")
         };
-        Arc::new(RedisHarness { label, url }) as Arc<dyn Harness>
+        Arc::new(RedisHarness {
+            label,
+            url,
+            delayed: ClientProxies::new(),
+        }) as Arc<dyn Harness>
     })
 }
 

@@ -1,10 +1,10 @@
 //! The shared conformance suite against Redlock over the test servers' 5 independent masters
 //! (`LOCK_TEST_REDLOCK_URL`, or built from `LOCK_TEST_REDLOCK_URLS`).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::{Harness, Target};
+use conformance::{ClientProxies, Harness, Target, url_with_param};
 use lock_redlock::RedlockBackend;
 use lockcore::{Locker, Result};
 
@@ -12,7 +12,7 @@ use lockcore::{Locker, Result};
 struct RedlockHarness {
     url: String,
     /// The latency proxies of clients with delayed replies (one per master), kept for the run.
-    proxies: Mutex<Vec<faultkit::Proxy>>,
+    delayed: ClientProxies,
 }
 
 #[lockcore::backend::async_trait]
@@ -29,6 +29,17 @@ impl Harness for RedlockHarness {
         true
     }
 
+    fn can_open_other_namespace(&self) -> bool {
+        true
+    }
+
+    /// The `namespace` parameter: another key prefix on every master.
+    async fn client_in_other_namespace(&self) -> Result<Locker> {
+        Ok(Locker::new(
+            RedlockBackend::connect(&url_with_param(&self.url, "namespace", "lsc-other")).await?,
+        ))
+    }
+
     fn can_delay_replies(&self) -> bool {
         true
     }
@@ -37,26 +48,10 @@ impl Harness for RedlockHarness {
     /// timeout is set well above the delay (a vote that comes back late is still a vote here:
     /// the scenario checks that the validity counts from the send).
     async fn client_with_reply_delay(&self, delay: Duration) -> Result<Locker> {
-        let (base, query) = self.url.split_once('?').unwrap_or((&self.url, ""));
-        let (scheme, hosts) = base.split_once("://").expect("a redlock:// URL");
-        let mut proxied = Vec::new();
-        for host in hosts.trim_end_matches('/').split(',') {
-            let addr = tokio::net::lookup_host(host)
-                .await
-                .ok()
-                .and_then(|mut a| a.next())
-                .unwrap_or_else(|| panic!("cannot resolve {host}"));
-            let proxy = faultkit::Proxy::start(addr).await.expect("a proxy");
-            proxy.set_latency(faultkit::Direction::ToClient, delay);
-            proxied.push(format!("127.0.0.1:{}", proxy.port()));
-            self.proxies.lock().expect("proxies").push(proxy);
-        }
+        let url = self.delayed.url(&self.url, delay).await?;
         let timeout = (delay * 8).as_millis();
-        let sep = if query.is_empty() { "" } else { "&" };
-        let url = format!(
-            "{scheme}://{}?{query}{sep}node_timeout_ms={timeout}",
-            proxied.join(",")
-        );
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let url = format!("{url}{sep}node_timeout_ms={timeout}");
         Ok(Locker::new(RedlockBackend::connect(&url).await?))
     }
 }
@@ -74,7 +69,7 @@ fn main() -> std::process::ExitCode {
     let make = |url| {
         Arc::new(RedlockHarness {
             url,
-            proxies: Mutex::new(Vec::new()),
+            delayed: ClientProxies::new(),
         }) as Arc<dyn Harness>
     };
     // scripts/servers.sh exports both; older environments only have the node list.

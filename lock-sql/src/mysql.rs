@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use lockcore::backend::{AcquireRequest, Acquired, Background, Lease};
+use lockcore::backend::{AcquireRequest, Acquired, Background, Lease, ReleaseIfCancelled};
 use lockcore::{Error, Instant, LockName, OwnerToken, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError};
 use sqlx::{AssertSqlSafe, Connection};
@@ -466,8 +466,17 @@ impl MyBackend {
         let sql = self.sql.lease_acquire.clone();
         let name = req.name.as_str().to_owned();
         let ttl = req.ttl.as_micros() as u64;
+        let lease = |fencing| MyLease {
+            conns: self.conns.clone(),
+            sql: self.sql.clone(),
+            name: req.name.clone(),
+            token: req.token,
+            fencing,
+        };
+        // A cancelled caller's attempt may still commit: released in the background then.
+        let in_flight = ReleaseIfCancelled::arm(lease(0), &req.background);
         let sent_at = Instant::now();
-        let id = self
+        let reply = self
             .conns
             .run(bound, "acquiring a lease", move |c| {
                 sqlx::query(AssertSqlSafe(sql.clone()))
@@ -478,19 +487,10 @@ impl MyBackend {
                     .map(|r| r.map(|r| r.last_insert_id()))
                     .boxed()
             })
-            .await?;
-        Ok((id > 0).then(|| {
-            Acquired::new(
-                MyLease {
-                    conns: self.conns.clone(),
-                    sql: self.sql.clone(),
-                    name: req.name.clone(),
-                    token: req.token,
-                    fencing: id,
-                },
-                sent_at,
-            )
-        }))
+            .await;
+        in_flight.disarm();
+        let id = reply?;
+        Ok((id > 0).then(|| Acquired::new(lease(id), sent_at)))
     }
 }
 

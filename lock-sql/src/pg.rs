@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use lockcore::backend::{AcquireRequest, Acquired, Lease};
+use lockcore::backend::{AcquireRequest, Acquired, Lease, ReleaseIfCancelled};
 use lockcore::{Error, Instant, LockInfo, LockName, OwnerToken, Result};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection};
@@ -632,8 +632,18 @@ impl PgBackend {
         let sql = self.sql.lease_acquire.clone();
         let name = req.name.as_str().to_owned();
         let ttl = req.ttl.as_micros() as f64;
+        let lease = |fencing| PgLease {
+            conns: self.conns.clone(),
+            sql: self.sql.clone(),
+            table: self.config.table.clone(),
+            name: req.name.clone(),
+            token: req.token,
+            fencing,
+        };
+        // A cancelled caller's attempt may still commit: released in the background then.
+        let in_flight = ReleaseIfCancelled::arm(lease(0), &req.background);
         let sent_at = Instant::now();
-        let (fence, remaining): (Option<i64>, Option<f64>) = self
+        let reply: Result<(Option<i64>, Option<f64>)> = self
             .conns
             .run(bound, "acquiring a lease", move |c| {
                 sqlx::query_as(AssertSqlSafe(sql.clone()))
@@ -644,22 +654,11 @@ impl PgBackend {
                     .fetch_one(c)
                     .boxed()
             })
-            .await?;
+            .await;
+        in_flight.disarm();
+        let (fence, remaining) = reply?;
         match fence {
-            Some(f) => Ok((
-                Some(Acquired::new(
-                    PgLease {
-                        conns: self.conns.clone(),
-                        sql: self.sql.clone(),
-                        table: self.config.table.clone(),
-                        name: req.name.clone(),
-                        token: req.token,
-                        fencing: f as u64,
-                    },
-                    sent_at,
-                )),
-                None,
-            )),
+            Some(f) => Ok((Some(Acquired::new(lease(f as u64), sent_at)), None)),
             None => Ok((
                 None,
                 remaining

@@ -5,7 +5,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::backend::{AcquireRequest, Acquired, Lease};
+use lockcore::backend::{AcquireRequest, Acquired, Lease, ReleaseIfCancelled};
 use lockcore::{Error, Instant, LockInfo, LockName, OwnerToken, Result};
 use sqlx::AssertSqlSafe;
 use sqlx::sqlite::{
@@ -166,6 +166,16 @@ impl LiteBackend {
     pub(crate) async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
         let token = req.token.to_hex();
         let holder = req.holder.encode();
+        let lease = |fencing| LiteLease {
+            pool: self.pool.clone(),
+            config: self.config.clone(),
+            sql: self.sql.clone(),
+            name: req.name.clone(),
+            token: req.token,
+            fencing,
+        };
+        // A cancelled caller's attempt may still commit: released in the background then.
+        let in_flight = ReleaseIfCancelled::arm(lease(0), &req.background);
         let sent_at = Instant::now();
         let res = retry_busy(|| {
             sqlx::query_scalar::<_, i64>(AssertSqlSafe(self.sql.acquire.clone()))
@@ -176,25 +186,14 @@ impl LiteBackend {
                 .fetch_optional(&self.pool)
         })
         .await;
+        in_flight.disarm();
         let fence = match res {
             Ok(f) => f,
             // Still busy: as good as contention; the poller retries.
             Err(e) if is_busy(&e) => return Ok(None),
             Err(e) => return Err(map_err(&self.config, "acquiring a lease", e)),
         };
-        Ok(fence.map(|f| {
-            Acquired::new(
-                LiteLease {
-                    pool: self.pool.clone(),
-                    config: self.config.clone(),
-                    sql: self.sql.clone(),
-                    name: req.name.clone(),
-                    token: req.token,
-                    fencing: f as u64,
-                },
-                sent_at,
-            )
-        }))
+        Ok(fence.map(|f| Acquired::new(lease(f as u64), sent_at)))
     }
 
     /// The row, if held: token, seconds left, metadata (when acquired is the holder's clock:

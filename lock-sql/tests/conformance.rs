@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::{Harness, Target};
+use conformance::{ClientProxies, Harness, Target, url_with_param};
 use lock_sql::SqlBackend;
 use lockcore::backend::async_trait;
 use lockcore::{LockGuard, Locker, Result};
@@ -12,6 +12,7 @@ struct SqlHarness {
     label: String,
     url: String,
     row_lock: bool,
+    delayed: ClientProxies,
 }
 
 #[async_trait]
@@ -56,6 +57,31 @@ impl Harness for SqlHarness {
             lockcore::MAX_NAME_LEN
         }
     }
+
+    fn can_open_other_namespace(&self) -> bool {
+        // Under interop= a lock is the peer's (the exact name, or the peer's key): the
+        // `table` setting does not apply, by design.
+        !self.url.contains("interop=")
+    }
+
+    /// The `table` parameter: another lock table in the same database.
+    async fn client_in_other_namespace(&self) -> Result<Locker> {
+        Ok(Locker::new(
+            SqlBackend::connect(&url_with_param(&self.url, "table", "locksmith_locks_other"))
+                .await?,
+        ))
+    }
+
+    fn can_delay_replies(&self) -> bool {
+        // SQLite is a file: there is no reply path to delay.
+        ClientProxies::can_proxy(&self.url)
+    }
+
+    /// Through faultkit proxies delaying every reply (the harness keeps them running).
+    async fn client_with_reply_delay(&self, delay: Duration) -> Result<Locker> {
+        let url = self.delayed.url(&self.url, delay).await?;
+        Ok(Locker::new(SqlBackend::connect(&url).await?))
+    }
 }
 
 fn with_params(url: &str, params: &str) -> String {
@@ -69,6 +95,7 @@ fn target(label: &'static str, env: &'static str, params: &'static str) -> Targe
             label: label.into(),
             url: with_params(&url, params),
             row_lock: params.contains("row-lock"),
+            delayed: ClientProxies::new(),
         }) as Arc<dyn Harness>
     })
 }
@@ -124,6 +151,7 @@ fn main() -> std::process::ExitCode {
                     label: "sqlite-lease".into(),
                     url,
                     row_lock: false,
+                    delayed: ClientProxies::new(),
                 }) as Arc<dyn Harness>
             },
         ));

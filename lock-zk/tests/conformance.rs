@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use conformance::{Harness, Target};
+use conformance::{ClientProxies, Harness, Target, url_with_param};
 use lock_zk::ZkBackend;
 use lockcore::backend::async_trait;
 use lockcore::{LockGuard, LockName, Locker, Result};
@@ -24,6 +24,7 @@ struct ZkHarness {
     url: String,
     proxies: Mutex<HashMap<usize, Proxy>>,
     crashed: Mutex<Vec<Proxy>>,
+    delayed: ClientProxies,
 }
 
 fn key(locker: &Locker) -> usize {
@@ -72,6 +73,27 @@ impl Harness for ZkHarness {
     fn min_scenario_ttl(&self) -> Duration {
         Duration::from_millis(SESSION_TIMEOUT_MS)
     }
+
+    fn can_open_other_namespace(&self) -> bool {
+        true
+    }
+
+    /// The `namespace` parameter: another top-level node.
+    async fn client_in_other_namespace(&self) -> Result<Locker> {
+        Ok(Locker::new(
+            ZkBackend::connect(&url_with_param(&self.url, "namespace", "lsc-other")).await?,
+        ))
+    }
+
+    fn can_delay_replies(&self) -> bool {
+        ClientProxies::can_proxy(&self.url)
+    }
+
+    /// Through faultkit proxies delaying every reply (the harness keeps them running).
+    async fn client_with_reply_delay(&self, delay: Duration) -> Result<Locker> {
+        let url = self.delayed.url(&self.url, delay).await?;
+        Ok(Locker::new(ZkBackend::connect(&url).await?))
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -80,6 +102,7 @@ fn main() -> std::process::ExitCode {
             url: support::with_param(&url, &format!("session_timeout_ms={SESSION_TIMEOUT_MS}")),
             proxies: Mutex::new(HashMap::new()),
             crashed: Mutex::new(Vec::new()),
+            delayed: ClientProxies::new(),
         }) as Arc<dyn Harness>
     })])
 }

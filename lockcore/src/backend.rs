@@ -250,6 +250,49 @@ pub trait Lease: Send + Sync + fmt::Debug + 'static {
 /// A held lease, boxed.
 pub type BoxLease = Box<dyn Lease>;
 
+/// Releases a lease in the background unless [disarmed](ReleaseIfCancelled::disarm) first: the
+/// clean-up of an acquire request whose caller went away while it was in flight, which the
+/// server may still grant (a cancelled `lock()`). Arm it with the lease the request would create
+/// (its release must be owner-checked, so it frees nothing that is not this attempt's) right
+/// before sending, disarm it when the reply is in.
+#[must_use = "dropping it at once releases the lease"]
+pub struct ReleaseIfCancelled<L: Lease> {
+    lease: Option<L>,
+    background: Background,
+}
+
+impl<L: Lease> ReleaseIfCancelled<L> {
+    /// Armed with the lease an attempt in flight may win.
+    pub fn arm(lease: L, background: &Background) -> Self {
+        ReleaseIfCancelled {
+            lease: Some(lease),
+            background: background.clone(),
+        }
+    }
+
+    /// The attempt's reply is in: nothing to clean up.
+    pub fn disarm(mut self) {
+        self.lease = None;
+    }
+}
+
+impl<L: Lease> Drop for ReleaseIfCancelled<L> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            self.background.spawn(async move {
+                match lease.release().await {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == crate::ErrorKind::NotHeld => {}
+                    Err(e) => tracing::debug!(
+                        error = %e,
+                        "releasing the lock of a cancelled attempt failed; it frees by its TTL"
+                    ),
+                }
+            });
+        }
+    }
+}
+
 /// A successful acquisition: the lease, the moment the request that won it was sent and the TTL
 /// granted, from which the contract computes the validity deadline
 /// (`sent_at + granted_ttl - drift margin`).

@@ -1,10 +1,12 @@
 //! The conformance harness of a URL: every client is a fresh `locksmith::connect(url)`.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance::Harness;
-use locksmith::{Locker, Result, redact_url};
+use conformance::{ClientProxies, Harness, ProxyGroup, url_with_param, url_with_path};
+use locksmith::{LockGuard, Locker, Result, redact_url};
 
 /// A harness holding only a URL (and what one probe learnt), so it works from any runtime.
 pub struct UrlHarness {
@@ -12,6 +14,21 @@ pub struct UrlHarness {
     url: String,
     can_revoke: bool,
     min_ttl: Duration,
+    /// Proxies of the clients with delayed replies, and of those to crash.
+    proxies: ClientProxies,
+    /// The proxies of each client to crash, by the client's backend.
+    crashable: Mutex<HashMap<usize, ProxyGroup>>,
+}
+
+/// A client's identity while it lives: its backend's address.
+fn key(locker: &Locker) -> usize {
+    Arc::as_ptr(locker.backend()) as *const () as usize
+}
+
+/// Whether clients of `url` can go through proxies: loopback servers, not a cluster (whose
+/// client follows the nodes' announced addresses around a proxy).
+fn proxiable(url: &str) -> bool {
+    !url.starts_with("redis+cluster") && ClientProxies::can_proxy(url)
 }
 
 impl UrlHarness {
@@ -39,6 +56,8 @@ impl UrlHarness {
             url,
             can_revoke,
             min_ttl: min_ttl.max(floor),
+            proxies: ClientProxies::new(),
+            crashable: Mutex::new(HashMap::new()),
         }
     }
 
@@ -65,6 +84,87 @@ impl Harness for UrlHarness {
     fn min_scenario_ttl(&self) -> Duration {
         self.min_ttl
     }
+
+    fn can_open_other_namespace(&self) -> bool {
+        other_namespace(&self.url).is_some()
+    }
+
+    /// The same server with the backend's namespace setting changed (see `other_namespace`).
+    async fn client_in_other_namespace(&self) -> Result<Locker> {
+        match other_namespace(&self.url) {
+            Some(url) => locksmith::connect(&url).await,
+            None => Err(locksmith::Error::unsupported(
+                "no namespace setting is known for this URL's scheme",
+            )),
+        }
+    }
+
+    /// Where the URL names loopback servers a proxy can stand in front of.
+    fn can_delay_replies(&self) -> bool {
+        proxiable(&self.url)
+    }
+
+    /// Through proxies that [`Harness::crash`] resets, where the servers are on loopback.
+    async fn crashable_client(&self) -> Result<Locker> {
+        if !proxiable(&self.url) {
+            return self.client().await;
+        }
+        let (url, group) = self.proxies.group(&self.url, Duration::ZERO).await?;
+        let client = locksmith::connect(&url).await?;
+        // A key reused by a new client belongs to a client that is gone.
+        self.crashable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key(&client), group);
+        Ok(client)
+    }
+
+    /// A killed process: its connections reset, no release, no goodbye (a ZooKeeper session
+    /// is left to expire, a SQL session ends as the server sees the socket go). Clients not
+    /// behind a proxy (an embedded backend, a cluster) are dropped, which for them is the
+    /// same: they hold nothing a connection ends.
+    async fn crash(&self, guard: LockGuard, client: Locker) {
+        guard.abandon();
+        let group = self
+            .crashable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key(&client));
+        if let Some(group) = group {
+            self.proxies.crash(group);
+        }
+        drop(client);
+    }
+
+    /// Through faultkit proxies delaying every reply (kept running by the harness).
+    async fn client_with_reply_delay(&self, delay: Duration) -> Result<Locker> {
+        let mut url = self.proxies.url(&self.url, delay).await?;
+        if url.starts_with("redlock") && !url.contains("node_timeout_ms=") {
+            // A vote that comes back late is still a vote here: the scenario checks that the
+            // validity counts from the send.
+            let sep = if url.contains('?') { '&' } else { '?' };
+            url = format!("{url}{sep}node_timeout_ms={}", (delay * 8).as_millis());
+        }
+        locksmith::connect(&url).await
+    }
+}
+
+/// `url` with another namespace: the `namespace` parameter (Redis, Redlock, ZooKeeper), the
+/// key prefix in the path (etcd, kept under `locksmith/` where a role may be limited to it), the
+/// `table` parameter (SQL), another store (`memory://`). `None` for an unknown scheme.
+fn other_namespace(url: &str) -> Option<String> {
+    let scheme = locksmith::scheme_of(url).ok()?;
+    Some(match scheme.as_str() {
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redlock" | "zk" => {
+            url_with_param(url, "namespace", "lsc-other")
+        }
+        "etcd" | "etcds" => url_with_path(url, "/locksmith/lsc-other"),
+        "postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite" => {
+            url_with_param(url, "table", "locksmith_locks_other")
+        }
+        "memory" => format!("{}-other", url.split('?').next().unwrap_or(url)),
+        _ => return None,
+    })
 }
 
 /// One label per URL: the scheme, plus the `strategy` query parameter if any

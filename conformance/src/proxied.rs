@@ -1,0 +1,138 @@
+//! Clients of a real server that connect through faultkit's TCP proxies (one per loopback
+//! endpoint their URL names): to delay every reply
+//! ([`Harness::client_with_reply_delay`](crate::Harness::client_with_reply_delay)), or to crash
+//! as a killed process does ([`Harness::crash`](crate::Harness::crash): its connections are
+//! reset, without a goodbye such as a ZooKeeper close-session).
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use faultkit::{Direction, Proxy, ProxyMode, rewrite_url};
+use lockcore::{Error, Result};
+
+/// Proxies started for clients; they forward as long as this value lives (a harness keeps it,
+/// so a proxied client works for the whole scenario).
+#[derive(Default)]
+pub struct ClientProxies {
+    /// Each proxy with the group (one client's URL) it belongs to.
+    proxies: Mutex<Vec<(ProxyGroup, Proxy)>>,
+    next_group: AtomicU64,
+}
+
+/// The proxies of one URL made by [`ClientProxies::url`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ProxyGroup(u64);
+
+impl std::fmt::Debug for ClientProxies {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientProxies").finish_non_exhaustive()
+    }
+}
+
+impl ClientProxies {
+    /// No proxies yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether `url` names at least one loopback endpoint (`127.0.0.1:port`, `localhost:port`)
+    /// that a proxy can stand in front of.
+    pub fn can_proxy(url: &str) -> bool {
+        !loopback_ports(url).is_empty()
+    }
+
+    /// `url` rewritten to reach each loopback endpoint it names through a new proxy that
+    /// delays every reply by `delay` (requests pass at once, so each takes effect on the
+    /// server when sent). Must be called inside a tokio runtime; the proxies run on it.
+    ///
+    /// Cancel safe: a dropped call leaves at most idle proxies behind.
+    ///
+    /// # Errors
+    /// `Unsupported` when the URL names no loopback endpoint; `Unavailable` when a proxy could
+    /// not listen.
+    pub async fn url(&self, url: &str, delay: Duration) -> Result<String> {
+        Ok(self.group(url, delay).await?.0)
+    }
+
+    /// As [`ClientProxies::url`], with the group of the proxies, for
+    /// [`ClientProxies::crash`].
+    ///
+    /// Cancel safe: a dropped call leaves at most idle proxies behind.
+    ///
+    /// # Errors
+    /// As [`ClientProxies::url`].
+    pub async fn group(&self, url: &str, delay: Duration) -> Result<(String, ProxyGroup)> {
+        let group = ProxyGroup(self.next_group.fetch_add(1, Ordering::Relaxed));
+        let ports = loopback_ports(url);
+        if ports.is_empty() {
+            return Err(Error::unsupported(
+                "the URL names no loopback endpoint to put a proxy in front of",
+            ));
+        }
+        let mut out = url.to_string();
+        for port in ports {
+            let proxy = Proxy::start(([127, 0, 0, 1], port).into())
+                .await
+                .map_err(|e| Error::unavailable("starting a reply-delay proxy", e))?;
+            proxy.set_latency(Direction::ToClient, delay);
+            out = rewrite_url(&out, port, proxy.port());
+            self.proxies
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((group, proxy));
+        }
+        Ok((out, group))
+    }
+
+    /// Crashes the client behind `group` as a killed process: its connections are reset (as
+    /// the kernel closes a dead process's sockets) and so is every reconnection, so its
+    /// session or connection-bound locks end only as the server's timeouts say.
+    pub fn crash(&self, group: ProxyGroup) {
+        for (g, p) in self
+            .proxies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            if *g == group {
+                p.set_mode(ProxyMode::Reset);
+            }
+        }
+    }
+}
+
+/// The ports of the loopback endpoints (`127.0.0.1:port`, `localhost:port`) in `url`, in order,
+/// without repeats.
+fn loopback_ports(url: &str) -> Vec<u16> {
+    let mut ports = Vec::new();
+    for host in ["127.0.0.1:", "localhost:"] {
+        let mut rest = url;
+        while let Some(i) = rest.find(host) {
+            rest = &rest[i + host.len()..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            if let Ok(port) = digits.parse::<u16>()
+                && !ports.contains(&port)
+            {
+                ports.push(port);
+            }
+        }
+    }
+    ports
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_every_loopback_port_once() {
+        assert_eq!(
+            loopback_ports("redlock://127.0.0.1:1,localhost:2,127.0.0.1:1,db.example:3"),
+            [1, 2]
+        );
+        assert_eq!(loopback_ports("postgres://u:p@127.0.0.1:15432/db"), [15432]);
+        assert!(loopback_ports("sqlite:///tmp/x.db").is_empty());
+        assert!(!ClientProxies::can_proxy("memory://x"));
+    }
+}
