@@ -6,7 +6,6 @@ pub mod faults;
 mod harness;
 mod html;
 mod measure;
-pub mod peer;
 mod proxied;
 pub mod report;
 mod report_charts;

@@ -16,9 +16,11 @@
 //! * [`Holder`]: drives a lock-holder *process* (the `locksmith-holder` binary of the `faults`
 //!   crate, or anything printing the same JSON lines), so a holder can be SIGKILLed, paused and
 //!   resumed like a real one.
-//! * [`PeerProcess`]: drives another lock client's process (redis-py, the `mariadb` client, a
-//!   sqlx program) line by line; [`check_windows`] checks that two clients' critical sections
-//!   never overlapped.
+//! * [`PeerProcess`] (started from a [`PeerCommand`]): drives another lock client's process
+//!   (Curator, go-zookeeper, kazoo, `etcdctl lock`, redis-py, the `mariadb` client, a sqlx
+//!   program) line by line for the backends' interop tests, and collects its critical sections
+//!   ([`Window`]); [`check_windows`] checks that no two clients' critical sections overlapped
+//!   and that each made progress.
 //! * [`FencedResource`]: accepts a write only when its fencing token is at least the highest
 //!   seen, and counts stale writes rejected and accepted.
 //!
@@ -46,7 +48,7 @@ pub use etcd::Etcd;
 pub use fence::{FenceStats, FencedResource};
 pub use holder::{Holder, HolderEvent, HolderSpec};
 pub use mariadb::MariaDb;
-pub use peer::{PeerProcess, Window, check_windows, unix_micros};
+pub use peer::{PeerCommand, PeerProcess, Window, check_windows, unix_micros, unix_micros_at};
 pub use postgres::Postgres;
 pub use process::ServerProcess;
 pub use proxy::{Direction, Pick, Proxy, ProxyMode, ReplyLoss, rewrite_url};

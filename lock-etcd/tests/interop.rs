@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use conformance::peer::{Peer, Window, assert_disjoint, now_us};
+use faultkit::{PeerCommand, PeerProcess, Window, check_windows, now_unix_micros, unix_micros_at};
 use lock_etcd::EtcdBackend;
 use lockcore::{Instant, LockOptions, Locker};
 
@@ -49,11 +49,14 @@ fn etcdctl_args(url: &str, pfx: &str) -> Vec<String> {
     ]
 }
 
-fn etcdctl(args: Vec<String>) -> Peer {
-    // etcdctl 3.4 speaks v3 by default; the variable pins it.
-    let mut with_api = vec!["ETCDCTL_API=3".to_owned(), "etcdctl".to_owned()];
-    with_api.extend(args);
-    Peer::spawn("etcdctl lock", "env", &with_api, "etcd-client")
+fn etcdctl(args: Vec<String>) -> PeerProcess {
+    PeerCommand::new("etcdctl lock", "etcdctl")
+        .args(args)
+        // etcdctl 3.4 speaks v3 by default; the variable pins it.
+        .env("ETCDCTL_API", "3")
+        .package("etcd-client")
+        .spawn()
+        .unwrap()
 }
 
 /// Polls `f` until it is true or `within` passes (server-side state with no event to await).
@@ -97,8 +100,8 @@ async fn etcdctl_holds_locksmith_waits() {
     let name = unique("interop-etcdctl-holds");
     let prefix = backend.lock_prefix(name.as_str()).unwrap();
     let mut holder = etcdctl(etcdctl_args(&url, &prefix));
-    let key = holder.line("the held key", scaled(30)).await;
-    assert!(key.starts_with(&prefix), "etcdctl printed {key:?}");
+    let key = holder.expect(&prefix, scaled(30)).await.unwrap();
+    assert_eq!(holder.seen(), [key], "etcdctl's first line is the held key");
     assert!(
         locker.try_lock(&name, &opts()).await.unwrap().is_none(),
         "locksmith's try_lock took a lock etcdctl holds"
@@ -107,7 +110,7 @@ async fn etcdctl_holds_locksmith_waits() {
         let (locker, name) = (locker.clone(), name.clone());
         tokio::spawn(async move {
             let g = locker.lock(&name, &opts()).await.unwrap();
-            (g, now_us())
+            (g, now_unix_micros())
         })
     };
     assert!(
@@ -119,7 +122,7 @@ async fn etcdctl_holds_locksmith_waits() {
         "locksmith did not queue behind etcdctl"
     );
     assert!(!waiter.is_finished(), "locksmith took a lock etcdctl holds");
-    let unlock_sent = now_us();
+    let unlock_sent = now_unix_micros();
     let pid = holder.id().expect("etcdctl runs").to_string();
     let status = std::process::Command::new("kill")
         .args(["-INT", &pid])
@@ -135,7 +138,7 @@ async fn etcdctl_holds_locksmith_waits() {
         "locksmith won at {won_at} µs, before etcdctl was told to unlock at {unlock_sent} µs"
     );
     guard.release().await.unwrap();
-    holder.finish(scaled(20)).await;
+    holder.wait(scaled(20)).await.unwrap();
 }
 
 /// locksmith holds; `etcdctl lock -- CMD` queues (its key appears behind ours) and runs CMD
@@ -160,14 +163,14 @@ async fn locksmith_holds_etcdctl_waits() {
         .await,
         "etcdctl did not queue behind locksmith"
     );
-    let released = now_us();
+    let released = now_unix_micros();
     guard.release().await.unwrap();
-    let held = waiter.held(scaled(20)).await;
+    let held = unix_micros_at(&waiter.expect("HELD", scaled(20)).await.unwrap(), 1).unwrap();
     assert!(
         held > released,
         "etcdctl held at {held} µs, before locksmith released at {released} µs"
     );
-    waiter.finish(scaled(20)).await;
+    waiter.wait(scaled(20)).await.unwrap();
 }
 
 /// Both sides loop acquire / critical section / release while a shell loop of `etcdctl lock`
@@ -188,12 +191,11 @@ async fn etcdctl_and_locksmith_contend_without_overlap() {
          done; echo DONE $n",
         secs = LOOP.as_secs()
     );
-    let mut other = Peer::spawn(
-        "etcdctl lock loop",
-        "sh",
-        &["-c".to_owned(), script],
-        "etcd-client",
-    );
+    let mut other = PeerCommand::new("etcdctl lock loop", "sh")
+        .args(["-c".to_owned(), script])
+        .package("etcd-client")
+        .spawn()
+        .unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let ours = {
         let (locker, name, stop) = (locker.clone(), name.clone(), stop.clone());
@@ -201,16 +203,20 @@ async fn etcdctl_and_locksmith_contend_without_overlap() {
             let mut windows: Vec<Window> = Vec::new();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let g = locker.lock(&name, &opts()).await.unwrap();
-                let start = now_us();
+                let start = now_unix_micros();
                 tokio::time::sleep(Duration::from_millis(2)).await;
-                let end = now_us();
+                let end = now_unix_micros();
                 g.release().await.unwrap();
-                windows.push((start, end));
+                windows.push(Window::new("locksmith", start, end));
             }
             windows
         })
     };
-    let theirs = other.windows(LOOP + scaled(60)).await;
+    let theirs = other
+        .loop_windows("etcdctl lock", LOOP + scaled(60))
+        .await
+        .unwrap();
+    other.wait(scaled(20)).await.unwrap();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let ours = ours.await.unwrap();
     eprintln!(
@@ -218,5 +224,5 @@ async fn etcdctl_and_locksmith_contend_without_overlap() {
         ours.len(),
         theirs.len()
     );
-    assert_disjoint("etcdctl lock", &ours, &theirs);
+    check_windows(&[ours, theirs].concat(), &["locksmith", "etcdctl lock"], 1).unwrap();
 }

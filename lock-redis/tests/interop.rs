@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use conformance::require_env;
-use faultkit::{PeerProcess, Window, check_windows, now_unix_micros, unix_micros};
+use faultkit::{PeerCommand, PeerProcess, Window, check_windows, now_unix_micros, unix_micros_at};
 use lock_redis::RedisBackend;
 use lockcore::{LockName, LockOptions, Locker};
 
@@ -28,12 +28,11 @@ async fn peer(kind: &str, url: &str, name: &str) -> PeerProcess {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/redis_peer.py");
     // Debian's interpreter, which python3-redis installs for (a `python3` earlier on PATH, a
     // pyenv or venv one, may lack the module).
-    let mut p = PeerProcess::spawn(
-        "/usr/bin/python3",
-        &[script.into(), kind.into(), url.into(), name.into()],
-        &[],
-    )
-    .unwrap();
+    let mut p = PeerCommand::new(kind, "/usr/bin/python3")
+        .args([script, kind, url, name])
+        .package("python3-redis")
+        .spawn()
+        .unwrap();
     let ready = p.expect("ready", scaled(20.0)).await.unwrap();
     if kind == "redis-py" {
         // The version the mode follows (Debian bookworm's python3-redis).
@@ -56,11 +55,6 @@ async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
         .get_multiplexed_async_connection()
         .await
         .unwrap()
-}
-
-/// The first word after the event name, as Unix microseconds.
-fn stamp(line: &str) -> u64 {
-    unix_micros(line.split_whitespace().nth(1).expect("a time")).unwrap()
 }
 
 /// What the lock looks like on the server while locksmith holds it: the peer's own layout.
@@ -153,7 +147,7 @@ async fn peer_holds_locksmith_waits(kind: &str) {
     }
     assert!(!waiter.is_finished(), "locksmith won while {kind} held");
     p.send("release").await.unwrap();
-    let released = stamp(&p.expect("released", scaled(20.0)).await.unwrap());
+    let released = unix_micros_at(&p.expect("released", scaled(20.0)).await.unwrap(), 1).unwrap();
     let (guard, won_at) = waiter.await.unwrap();
     let guard = guard
         .unwrap_or_else(|e| panic!("locksmith did not get the lock after {kind} released it: {e}"));
@@ -175,7 +169,7 @@ async fn peer_holds_locksmith_waits(kind: &str) {
         .unwrap();
     assert_eq!(exists, 0);
     p.send("quit").await.unwrap();
-    assert!(p.wait(scaled(20.0)).await.unwrap());
+    p.wait(scaled(20.0)).await.unwrap();
 }
 
 async fn locksmith_holds_peer_waits(kind: &str) {
@@ -200,7 +194,10 @@ async fn locksmith_holds_peer_waits(kind: &str) {
     let released = now_unix_micros();
     guard.release().await.unwrap();
     let line = p.expect("acquired", scaled(30.0)).await.unwrap();
-    assert!(stamp(&line) >= released, "{line} before {released}");
+    assert!(
+        unix_micros_at(&line, 1).unwrap() >= released,
+        "{line} before {released}"
+    );
     if kind == "redisson" {
         // Redisson's waiter sleeps until the holder's TTL (30 s) unless the unlock message
         // wakes it: it must have been woken by the message locksmith published.
@@ -218,7 +215,7 @@ async fn locksmith_holds_peer_waits(kind: &str) {
     p.send("release").await.unwrap();
     p.expect("released", scaled(20.0)).await.unwrap();
     p.send("quit").await.unwrap();
-    assert!(p.wait(scaled(20.0)).await.unwrap());
+    p.wait(scaled(20.0)).await.unwrap();
 }
 
 /// Both sides loop acquire / critical section / release on one name for a few seconds.
@@ -242,22 +239,10 @@ async fn contention(kind: &str) {
         tokio::time::sleep(Duration::from_millis(5)).await;
         let end_us = now_unix_micros();
         guard.release().await.unwrap();
-        windows.push(Window {
-            side: "locksmith".into(),
-            start_us,
-            end_us,
-        });
+        windows.push(Window::new("locksmith", start_us, end_us));
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    p.expect("done", scaled(60.0)).await.unwrap();
-    for line in p.seen().iter().filter(|l| l.starts_with("window")) {
-        let mut w = line.split_whitespace().skip(1);
-        windows.push(Window {
-            side: kind.into(),
-            start_us: unix_micros(w.next().unwrap()).unwrap(),
-            end_us: unix_micros(w.next().unwrap()).unwrap(),
-        });
-    }
+    windows.extend(p.loop_windows(kind, scaled(60.0)).await.unwrap());
     let ours = windows.iter().filter(|w| w.side == "locksmith").count();
     eprintln!(
         "{kind} contention: {ours} locksmith windows, {} peer windows, no overlap checked",
@@ -265,7 +250,7 @@ async fn contention(kind: &str) {
     );
     check_windows(&windows, &["locksmith", kind], 3).unwrap();
     p.send("quit").await.unwrap();
-    assert!(p.wait(scaled(20.0)).await.unwrap());
+    p.wait(scaled(20.0)).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

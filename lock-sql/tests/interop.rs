@@ -16,7 +16,9 @@ use std::io::{BufRead, Write};
 use std::time::Duration;
 
 use conformance::require_env;
-use faultkit::{PeerProcess, TempDir, Window, check_windows, now_unix_micros, unix_micros};
+use faultkit::{
+    PeerCommand, PeerProcess, TempDir, Window, check_windows, now_unix_micros, unix_micros_at,
+};
 use lock_sql::SqlBackend;
 use lockcore::backend::Backend;
 use lockcore::{ErrorKind, LockName, LockOptions, Locker};
@@ -45,9 +47,9 @@ async fn backend(url: &str, peer: &str) -> SqlBackend {
     .unwrap()
 }
 
-/// The second field of a peer's answer line, as Unix microseconds.
+/// Field `field` of a peer's answer line (0 is the first word), as Unix microseconds.
 fn stamp(line: &str, field: usize) -> u64 {
-    unix_micros(line.split_whitespace().nth(field).expect("a time")).unwrap()
+    unix_micros_at(line, field).unwrap()
 }
 
 // ---- the sqlx peer: this binary, run again ----
@@ -144,7 +146,12 @@ async fn sqlx_peer(url: &str) -> PeerProcess {
         "--test-threads=1",
     ]
     .map(String::from);
-    let mut p = PeerProcess::spawn(exe.to_str().unwrap(), &args, &[(SQLX_PEER_ENV, url)]).unwrap();
+    // This test binary: no package to install.
+    let mut p = PeerCommand::new("sqlx", exe.to_str().unwrap())
+        .args(args)
+        .env(SQLX_PEER_ENV, url)
+        .spawn()
+        .unwrap();
     p.expect("ready", scaled(30.0)).await.unwrap();
     p
 }
@@ -202,7 +209,7 @@ async fn sqlx_holds_locksmith_waits() {
     assert_eq!(guard.fencing_token(), None);
     guard.release().await.unwrap();
     p.send("quit").await.unwrap();
-    assert!(p.wait(scaled(20.0)).await.unwrap());
+    p.wait(scaled(20.0)).await.unwrap();
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -244,7 +251,7 @@ async fn locksmith_holds_sqlx_waits() {
     p.send("release").await.unwrap();
     p.expect("released", scaled(20.0)).await.unwrap();
     p.send("quit").await.unwrap();
-    assert!(p.wait(scaled(20.0)).await.unwrap());
+    p.wait(scaled(20.0)).await.unwrap();
 }
 
 /// Both loop on one name for a few seconds.
@@ -259,11 +266,10 @@ async fn sqlx_contention() {
     let seconds = 3.0;
     p.send(&format!("loop {name} {seconds}")).await.unwrap();
     let mut windows = locksmith_loop(&locker, &name, seconds).await;
-    p.expect("done", scaled(60.0)).await.unwrap();
-    windows.extend(peer_windows(&p, "sqlx", 1, 2));
+    windows.extend(p.loop_windows("sqlx", scaled(60.0)).await.unwrap());
     report_and_check(windows, "sqlx");
     p.send("quit").await.unwrap();
-    assert!(p.wait(scaled(20.0)).await.unwrap());
+    p.wait(scaled(20.0)).await.unwrap();
 }
 
 async fn locksmith_loop(locker: &Locker, name: &str, seconds: f64) -> Vec<Window> {
@@ -278,27 +284,10 @@ async fn locksmith_loop(locker: &Locker, name: &str, seconds: f64) -> Vec<Window
         tokio::time::sleep(Duration::from_millis(5)).await;
         let end_us = now_unix_micros();
         guard.release().await.unwrap();
-        windows.push(Window {
-            side: "locksmith".into(),
-            start_us,
-            end_us,
-        });
+        windows.push(Window::new("locksmith", start_us, end_us));
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     windows
-}
-
-/// The peer's `window ...` lines, with the start and end times in fields `start` and `end`.
-fn peer_windows(p: &PeerProcess, side: &str, start: usize, end: usize) -> Vec<Window> {
-    p.seen()
-        .iter()
-        .filter(|l| l.starts_with("window"))
-        .map(|l| Window {
-            side: side.into(),
-            start_us: stamp(l, start),
-            end_us: stamp(l, end),
-        })
-        .collect()
 }
 
 fn report_and_check(windows: Vec<Window>, peer: &str) {
@@ -344,7 +333,11 @@ async fn mariadb_peer(url: &str) -> (PeerProcess, TempDir) {
         "--skip-column-names".into(),
         "--unbuffered".into(),
     ];
-    let p = PeerProcess::spawn("mariadb", &args, &[]).unwrap();
+    let p = PeerCommand::new("mariadb", "mariadb")
+        .args(args)
+        .package("mariadb-client")
+        .spawn()
+        .unwrap();
     (p, dir)
 }
 
@@ -436,7 +429,7 @@ async fn get_lock_peer_holds_locksmith_waits() {
     assert_eq!(guard.fencing_token(), None);
     guard.release().await.unwrap();
     p.send("quit").await.unwrap();
-    assert!(p.wait(scaled(20.0)).await.unwrap());
+    p.wait(scaled(20.0)).await.unwrap();
     watcher.send("quit").await.unwrap();
 }
 
@@ -513,7 +506,7 @@ async fn locksmith_holds_get_lock_peer_waits() {
         "released\t1"
     );
     p.send("quit").await.unwrap();
-    assert!(p.wait(scaled(20.0)).await.unwrap());
+    p.wait(scaled(20.0)).await.unwrap();
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -545,10 +538,10 @@ async fn get_lock_contention() {
         }
     };
     let (_, mut windows) = tokio::join!(peer, locksmith_loop(&locker, &name, seconds));
-    windows.extend(peer_windows(&p, "mariadb", 2, 4));
+    windows.extend(p.windows("mariadb", 2, 4).unwrap());
     report_and_check(windows, "mariadb");
     p.send("quit").await.unwrap();
-    assert!(p.wait(scaled(20.0)).await.unwrap());
+    p.wait(scaled(20.0)).await.unwrap();
 }
 
 /// A name GET_LOCK would refuse (or a MySQL peer could not lock) is refused before any I/O.

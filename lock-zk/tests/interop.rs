@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use conformance::peer::{Peer, Window, assert_disjoint, now_us};
+use faultkit::{PeerCommand, PeerProcess, Window, check_windows, now_unix_micros, unix_micros_at};
 use lock_zk::ZkBackend;
 use lockcore::{ErrorKind, Instant, LockOptions, Locker};
 
@@ -109,16 +109,14 @@ fn curator_classpath() -> &'static str {
     })
 }
 
-fn curator(url: &str, path: &str, mode: &[&str]) -> Peer {
-    let mut args = vec![
-        "-cp".to_owned(),
-        curator_classpath().to_owned(),
-        "CuratorPeer".to_owned(),
-        connect_string(url),
-        path.to_owned(),
-    ];
-    args.extend(mode.iter().map(|s| s.to_string()));
-    Peer::spawn("Curator", "java", &args, "default-jdk-headless")
+fn curator(url: &str, path: &str, mode: &[&str]) -> PeerProcess {
+    PeerCommand::new("Curator", "java")
+        .args(["-cp", curator_classpath(), "CuratorPeer"])
+        .args([connect_string(url), path.to_owned()])
+        .args(mode.iter().copied())
+        .package("default-jdk-headless")
+        .spawn()
+        .unwrap()
 }
 
 /// The go-zookeeper peer, built once per test binary into the target's scratch directory
@@ -154,29 +152,40 @@ fn gozk_binary() -> &'static str {
     })
 }
 
-fn gozk(url: &str, path: &str, mode: &[&str]) -> Peer {
-    let mut args = vec![connect_string(url), path.to_owned()];
-    args.extend(mode.iter().map(|s| s.to_string()));
-    Peer::spawn("go-zookeeper", gozk_binary(), &args, "golang-go")
+fn gozk(url: &str, path: &str, mode: &[&str]) -> PeerProcess {
+    PeerCommand::new("go-zookeeper", gozk_binary())
+        .args([connect_string(url), path.to_owned()])
+        .args(mode.iter().copied())
+        .package("golang-go")
+        .spawn()
+        .unwrap()
 }
 
-fn kazoo(url: &str, path: &str, mode: &[&str]) -> Peer {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers/kazoo_peer.py");
-    let mut args = vec![
-        script.display().to_string(),
-        connect_string(url),
-        path.to_owned(),
-    ];
-    args.extend(mode.iter().map(|s| s.to_string()));
+fn kazoo(url: &str, path: &str, mode: &[&str]) -> PeerProcess {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/kazoo_peer.py");
     // Debian's interpreter, where python3-kazoo is installed (not a virtualenv's python3).
-    Peer::spawn("kazoo", "/usr/bin/python3", &args, "python3-kazoo")
+    PeerCommand::new("kazoo", "/usr/bin/python3")
+        .args([script.to_owned(), connect_string(url), path.to_owned()])
+        .args(mode.iter().copied())
+        .package("python3-kazoo")
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for the peer's `HELD <t>` and returns `t`.
+async fn held(peer: &mut PeerProcess, within: Duration) -> u64 {
+    unix_micros_at(&peer.expect("HELD", within).await.unwrap(), 1).unwrap()
 }
 
 // ------------------------------------------------------------------------------- scenarios
 
 /// The peer holds; locksmith's `try_lock` sees the lock held, and its `lock` queues behind the
 /// peer's node, waits on its watch (no poll) and wins only after the peer released.
-async fn peer_holds_locksmith_waits(url: &str, interop: &str, mut peer: impl FnMut(&str) -> Peer) {
+async fn peer_holds_locksmith_waits(
+    url: &str,
+    interop: &str,
+    mut peer: impl FnMut(&str) -> PeerProcess,
+) {
     let backend = ZkBackend::connect(&format!("{url}?interop={interop}"))
         .await
         .unwrap();
@@ -184,7 +193,7 @@ async fn peer_holds_locksmith_waits(url: &str, interop: &str, mut peer: impl FnM
     let name = unique("interop-peer-holds");
     let path = backend.lock_path(name.as_str()).unwrap();
     let mut holder = peer(&path);
-    holder.held(scaled(60)).await;
+    held(&mut holder, scaled(60)).await;
     assert!(
         locker.try_lock(&name, &opts()).await.unwrap().is_none(),
         "locksmith's try_lock took a lock the peer holds"
@@ -194,7 +203,7 @@ async fn peer_holds_locksmith_waits(url: &str, interop: &str, mut peer: impl FnM
         let (locker, name) = (locker.clone(), name.clone());
         tokio::spawn(async move {
             let g = locker.lock(&name, &opts()).await.unwrap();
-            (g, now_us())
+            (g, now_unix_micros())
         })
     };
     assert!(
@@ -205,10 +214,9 @@ async fn peer_holds_locksmith_waits(url: &str, interop: &str, mut peer: impl FnM
         !waiter.is_finished(),
         "locksmith took a lock the peer holds"
     );
-    holder.send_line().await;
-    let released = holder.expect("RELEASED", scaled(20)).await[0]
-        .parse::<u64>()
-        .unwrap();
+    holder.send("").await.unwrap();
+    let released =
+        unix_micros_at(&holder.expect("RELEASED", scaled(20)).await.unwrap(), 1).unwrap();
     let (guard, won_at) = tokio::time::timeout(scaled(20), waiter)
         .await
         .expect("locksmith was not woken by the peer's release")
@@ -223,12 +231,16 @@ async fn peer_holds_locksmith_waits(url: &str, interop: &str, mut peer: impl FnM
         "locksmith should be woken once, by its watch on the peer's node"
     );
     guard.release().await.unwrap();
-    holder.finish(scaled(20)).await;
+    holder.wait(scaled(20)).await.unwrap();
 }
 
 /// locksmith holds; the peer queues (its node appears behind ours) and wins only after
 /// locksmith released: the deletion of locksmith's node wakes it.
-async fn locksmith_holds_peer_waits(url: &str, interop: &str, mut peer: impl FnMut(&str) -> Peer) {
+async fn locksmith_holds_peer_waits(
+    url: &str,
+    interop: &str,
+    mut peer: impl FnMut(&str) -> PeerProcess,
+) {
     let backend = ZkBackend::connect(&format!("{url}?interop={interop}"))
         .await
         .unwrap();
@@ -248,21 +260,25 @@ async fn locksmith_holds_peer_waits(url: &str, interop: &str, mut peer: impl FnM
         .await,
         "the peer did not queue behind locksmith"
     );
-    let released = now_us();
+    let released = now_unix_micros();
     guard.release().await.unwrap();
-    let held = waiter.held(scaled(20)).await;
+    let held = held(&mut waiter, scaled(20)).await;
     assert!(
         held > released,
         "the peer held at {held} µs, before locksmith released at {released} µs"
     );
-    waiter.send_line().await;
-    waiter.expect("RELEASED", scaled(20)).await;
-    waiter.finish(scaled(20)).await;
+    waiter.send("").await.unwrap();
+    waiter.expect("RELEASED", scaled(20)).await.unwrap();
+    waiter.wait(scaled(20)).await.unwrap();
 }
 
 /// Both sides loop acquire / critical section / release on one lock while the peer's loop runs:
 /// no two critical sections overlap, and both sides get the lock.
-async fn contention_loop(url: &str, interop: &str, mut peer: impl FnMut(&str, &str) -> Peer) {
+async fn contention_loop(
+    url: &str,
+    interop: &str,
+    mut peer: impl FnMut(&str, &str) -> PeerProcess,
+) {
     let label = interop.to_owned();
     let backend = ZkBackend::connect(&format!("{url}?interop={interop}"))
         .await
@@ -278,16 +294,20 @@ async fn contention_loop(url: &str, interop: &str, mut peer: impl FnMut(&str, &s
             let mut windows: Vec<Window> = Vec::new();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let g = locker.lock(&name, &opts()).await.unwrap();
-                let start = now_us();
+                let start = now_unix_micros();
                 tokio::time::sleep(Duration::from_millis(2)).await;
-                let end = now_us();
+                let end = now_unix_micros();
                 g.release().await.unwrap();
-                windows.push((start, end));
+                windows.push(Window::new("locksmith", start, end));
             }
             windows
         })
     };
-    let theirs = other.windows(LOOP + scaled(60)).await;
+    let theirs = other
+        .loop_windows("the peer", LOOP + scaled(60))
+        .await
+        .unwrap();
+    other.wait(scaled(20)).await.unwrap();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let ours = ours.await.unwrap();
     eprintln!(
@@ -295,7 +315,7 @@ async fn contention_loop(url: &str, interop: &str, mut peer: impl FnMut(&str, &s
         ours.len(),
         theirs.len()
     );
-    assert_disjoint("the peer", &ours, &theirs);
+    check_windows(&[ours, theirs].concat(), &["locksmith", "the peer"], 1).unwrap();
 }
 
 // ---------------------------------------------------------------------------------- Curator
