@@ -1425,30 +1425,62 @@ async fn notify_hands_over_promptly(ctx: &Ctx) -> Outcome {
     let opts = ctx.opts(ctx.ttl(Duration::from_secs(30))).wait_forever();
     let mut lanes = Vec::new();
     for lane in 0..LANES {
-        let (a, b) = (ctx.client().await?, ctx.client().await?);
-        let (name, opts) = (ctx.name(&format!("l{lane}")), opts.clone());
-        lanes.push(async move {
+        lanes.push((
+            ctx.client().await?,
+            ctx.client().await?,
+            ctx.name(&format!("l{lane}")),
+        ));
+    }
+    let batch = || async {
+        let runs = lanes.iter().map(|(a, b, name)| async {
             let mut latencies = Vec::new();
             for _ in 0..ROUNDS {
-                latencies.push(hand_over_at_random(ctx, &a, &b, &name, &opts).await?);
+                let took = hand_over_at_random(ctx, a, b, name, &opts).await?;
+                latencies.push(((), took));
             }
             Ok::<_, Failure>(latencies)
         });
-    }
-    let mut latencies: Vec<Duration> = futures::future::try_join_all(lanes)
-        .await?
-        .into_iter()
-        .flatten()
-        .collect();
-    latencies.sort();
-    let worst = latencies.last().copied().unwrap_or_default();
+        Ok(futures::future::try_join_all(runs)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect())
+    };
     let bound = ctx.bound(Duration::from_millis(200));
+    let (_, worst, batches) = worst_within_bound(bound, batch).await?;
     check!(
         worst <= bound,
-        "notification is declared, but release-to-acquire took up to {worst:?} over {} hand-overs released at random moments (bound {bound:?}; a poll interval here reaches 1 s): {latencies:?}",
-        latencies.len()
+        "notification is declared, but release-to-acquire took up to {worst:?} over {} hand-overs released at random moments, in each of two batches (bound {bound:?}; a poll interval here reaches 1 s): {batches}",
+        LANES * ROUNDS
     );
     Ok(())
+}
+
+/// Runs `batch` (hand-overs measured as `(what, release-to-acquire)`) and returns its worst
+/// sample, with the batches' samples for a message. A worst sample over `bound` is measured
+/// again once, and the second batch's worst is returned: one scheduling stall of a loaded
+/// 2-core machine (a JVM server, four test binaries at once) no longer fails a backend that is
+/// notified, while a poller, which passes a batch of twelve at most once in 4,096, passes one
+/// of two at most once in 2,048.
+async fn worst_within_bound<T, F, Fut>(
+    bound: Duration,
+    batch: F,
+) -> Result<(T, Duration, String), Failure>
+where
+    T: Copy + Default + std::fmt::Debug,
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<(T, Duration)>, Failure>>,
+{
+    let mut batches = Vec::new();
+    loop {
+        let mut samples = batch().await?;
+        samples.sort_by_key(|(_, took)| *took);
+        let (what, worst) = samples.last().copied().unwrap_or_default();
+        batches.push(format!("{samples:?}"));
+        if worst <= bound || batches.len() == 2 {
+            return Ok((what, worst, batches.join("; then ")));
+        }
+    }
 }
 
 /// `holder` takes `name`, `waiter` waits for it; the holder releases at a random moment between
@@ -2005,45 +2037,63 @@ async fn missed_wakeup_hands_over_promptly(ctx: &Ctx) -> Outcome {
     let mut lanes = Vec::new();
     for lane in 0..LANES {
         let (a, b) = (ctx.client().await?, ctx.client().await?);
-        let (name, opts) = (ctx.name(&format!("l{lane}")), opts.clone());
-        lanes.push(async move {
+        let name = ctx.name(&format!("l{lane}"));
+        // One unmeasured hand-over first: a client's first wait may open its notification
+        // connection (a TLS handshake in an unoptimised build takes 100 ms and more on a busy
+        // machine), which is set-up, not a wake-up lost. 50 ms lets its first attempt fail.
+        hand_over_after(&a, &b, &name, &opts, Duration::from_millis(50)).await?;
+        lanes.push((a, b, name));
+    }
+    let batch = || async {
+        let runs = lanes.iter().map(|(a, b, name)| async {
             let mut seen = Vec::new();
-            for round in 0..ROUNDS {
+            for _ in 0..ROUNDS {
                 let offset = Duration::from_micros(fastrand::u64(0..30_000));
-                let g = must_try(&a, &name, &opts, "holder").await?;
-                let started = Instant::now();
-                let task = {
-                    let (b, name, opts) = (b.clone(), name.clone(), opts.clone());
-                    tokio::spawn(async move {
-                        let r = b.lock(&name, &opts).await;
-                        (r, Instant::now())
-                    })
-                };
-                tokio::time::sleep_until(started + offset).await;
-                let released = Instant::now();
-                ok_or(g.release().await, "release")?;
-                let (r, got) = ok_or(task.await, "waiter task")?;
-                let g2 = ok_or(r, &format!("the waiter's lock() (round {round})"))?;
-                ok_or(g2.release().await, "the waiter's release")?;
-                seen.push((offset, got.saturating_duration_since(released)));
+                seen.push((offset, hand_over_after(a, b, name, &opts, offset).await?));
             }
             Ok::<_, Failure>(seen)
         });
-    }
-    let mut seen: Vec<(Duration, Duration)> = futures::future::try_join_all(lanes)
-        .await?
-        .into_iter()
-        .flatten()
-        .collect();
-    seen.sort_by_key(|(_, took)| *took);
-    let (offset, worst) = seen.last().copied().unwrap_or_default();
+        Ok(futures::future::try_join_all(runs)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect())
+    };
     let bound = ctx.bound(Duration::from_millis(200));
+    let (offset, worst, batches) = worst_within_bound(bound, batch).await?;
     check!(
         worst <= bound,
-        "notification is declared, but a release {offset:?} after the waiter's lock() started reached it only {worst:?} later (bound {bound:?}: a wake-up lost before the subscription, found by a later poll); release offset and release-to-acquire of all {}: {seen:?}",
-        seen.len()
+        "notification is declared, but a release {offset:?} after the waiter's lock() started reached it only {worst:?} later, in each of two batches (bound {bound:?}: a wake-up lost before the subscription, found by a later poll); release offset and release-to-acquire of all {}: {batches}",
+        LANES * ROUNDS
     );
     Ok(())
+}
+
+/// `holder` takes `name`; `waiter` starts waiting for it and the holder releases `offset`
+/// later. Returns the time from the release to the waiter's lock() returning.
+async fn hand_over_after(
+    holder: &Locker,
+    waiter: &Locker,
+    name: &LockName,
+    opts: &LockOptions,
+    offset: Duration,
+) -> Result<Duration, Failure> {
+    let g = must_try(holder, name, opts, "holder").await?;
+    let started = Instant::now();
+    let task = {
+        let (waiter, name, opts) = (waiter.clone(), name.clone(), opts.clone());
+        tokio::spawn(async move {
+            let r = waiter.lock(&name, &opts).await;
+            (r, Instant::now())
+        })
+    };
+    tokio::time::sleep_until(started + offset).await;
+    let released = Instant::now();
+    ok_or(g.release().await, "release")?;
+    let (r, got) = ok_or(task.await, "waiter task")?;
+    let g2 = ok_or(r, "the waiter's lock()")?;
+    ok_or(g2.release().await, "the waiter's release")?;
+    Ok(got.saturating_duration_since(released))
 }
 
 async fn grant_at_drop_leaves_nothing(ctx: &Ctx) -> Outcome {
