@@ -11,6 +11,28 @@ use lockcore::{LockGuard, LockName, Locker, Result};
 /// A boxed future, for closures that connect clients.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// Reads how many requests one client has sent to its server so far.
+#[derive(Clone)]
+pub struct RequestCount(Arc<dyn Fn() -> u64 + Send + Sync>);
+
+impl RequestCount {
+    /// A count read by `read`.
+    pub fn new(read: impl Fn() -> u64 + Send + Sync + 'static) -> Self {
+        RequestCount(Arc::new(read))
+    }
+
+    /// The requests sent so far.
+    pub fn get(&self) -> u64 {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for RequestCount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RequestCount({})", self.get())
+    }
+}
+
 /// Gives the suite independent clients of one backend instance.
 #[async_trait]
 pub trait Harness: Send + Sync + 'static {
@@ -116,6 +138,23 @@ pub trait Harness: Send + Sync + 'static {
     async fn client_in_other_namespace(&self) -> Result<Locker> {
         Err(lockcore::Error::unsupported(
             "this harness cannot open a client in another namespace",
+        ))
+    }
+
+    /// Whether [`Harness::client_counting_requests`] works; scenarios that need it are
+    /// unsupported otherwise. The default is false.
+    fn can_count_requests(&self) -> bool {
+        false
+    }
+
+    /// A new client with the count of the requests it sends to the server (through a proxy
+    /// for real servers, in-process for `memory://`), to judge the server work of a hand-over
+    /// among many waiters. Unsupported by default.
+    ///
+    /// Cancel safe: a dropped connect leaves nothing behind.
+    async fn client_counting_requests(&self) -> Result<(Locker, RequestCount)> {
+        Err(lockcore::Error::unsupported(
+            "this harness cannot count a client's requests",
         ))
     }
 

@@ -11,6 +11,7 @@ pub mod report;
 mod report_charts;
 mod run;
 pub mod scenarios;
+mod scenarios_herd;
 mod scenarios_inspect;
 
 use std::process::ExitCode;
@@ -19,7 +20,7 @@ use std::sync::Arc;
 use libtest_mimic::{Arguments, Failed, Trial};
 
 pub use faults::{FaultCell, FaultInfo, FaultMatrix, FaultOutcome};
-pub use harness::{BoxFuture, FnHarness, Harness, url_with_param, url_with_path};
+pub use harness::{BoxFuture, FnHarness, Harness, RequestCount, url_with_param, url_with_path};
 pub use measure::{Figures, MEASURE_TIME, ProcessHandover, ServerRequests, measure};
 pub use proxied::{ClientProxies, ProxyGroup};
 pub use report::{Provenance, Report, SCHEMA_VERSION, ScenarioInfo};

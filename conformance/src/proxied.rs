@@ -4,8 +4,8 @@
 //! as a killed process does ([`Harness::crash`](crate::Harness::crash): its connections are
 //! reset, without a goodbye such as a ZooKeeper close-session).
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use faultkit::{Direction, Proxy, ProxyMode, rewrite_url};
@@ -16,7 +16,7 @@ use lockcore::{Error, Result};
 #[derive(Default)]
 pub struct ClientProxies {
     /// Each proxy with the group (one client's URL) it belongs to.
-    proxies: Mutex<Vec<(ProxyGroup, Proxy)>>,
+    proxies: Mutex<Vec<(ProxyGroup, Arc<Proxy>)>>,
     next_group: AtomicU64,
 }
 
@@ -80,9 +80,30 @@ impl ClientProxies {
             self.proxies
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .push((group, proxy));
+                .push((group, Arc::new(proxy)));
         }
         Ok((out, group))
+    }
+
+    /// `url` rewritten as [`ClientProxies::url`] (without delay), with the count of the
+    /// requests that the client connecting to it sends, over every connection it opens.
+    ///
+    /// Cancel safe: a dropped call leaves at most idle proxies behind.
+    ///
+    /// # Errors
+    /// As [`ClientProxies::url`].
+    pub async fn counting(&self, url: &str) -> Result<(String, crate::RequestCount)> {
+        let (url, group) = self.group(url, Duration::ZERO).await?;
+        let proxies: Vec<Arc<Proxy>> = self
+            .proxies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(g, _)| *g == group)
+            .map(|(_, p)| p.clone())
+            .collect();
+        let count = crate::RequestCount::new(move || proxies.iter().map(|p| p.requests()).sum());
+        Ok((url, count))
     }
 
     /// Crashes the client behind `group` as a killed process: its connections are reset (as

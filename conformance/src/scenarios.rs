@@ -90,7 +90,7 @@ impl Ctx {
     /// Without renewal (guards renew by default): the scenarios test the lease itself, and many
     /// hold a guard while its lease runs out (expiry, lost signal, takeover, stale extend);
     /// those that test renewal ask for it with `.auto_renew(..)`.
-    fn opts(&self, ttl: Duration) -> LockOptions {
+    pub(crate) fn opts(&self, ttl: Duration) -> LockOptions {
         LockOptions::new()
             .ttl(ttl)
             .wait_timeout(self.bound(Duration::from_secs(30)))
@@ -403,6 +403,7 @@ pub fn all() -> Vec<Scenario> {
     ]
     .into_iter()
     .chain(crate::scenarios_inspect::all())
+    .chain(crate::scenarios_herd::all())
     .collect()
 }
 
@@ -438,7 +439,7 @@ async fn must_be_held(locker: &Locker, name: &LockName, opts: &LockOptions, when
 /// Waits until the backend reports at least `n` waiters queued on `name`. Backends that do not
 /// report their queue (pollers, which have none) get a short settle time instead: there is no
 /// event to wait for. With `strict`, such a backend fails instead.
-async fn settle_waiters(
+pub(crate) async fn settle_waiters(
     ctx: &Ctx,
     client: &Locker,
     name: &LockName,

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance::{Harness, Target, run_tests};
+use conformance::{Harness, RequestCount, Target, run_tests};
 use lockcore::memory::MemoryBackend;
 use lockcore::{Locker, Result};
 
@@ -45,6 +45,19 @@ impl Harness for MemoryHarness {
     async fn client_with_reply_delay(&self, delay: Duration) -> Result<Locker> {
         Ok(Locker::new(
             MemoryBackend::connect(&self.store).with_reply_delay(delay),
+        ))
+    }
+
+    fn can_count_requests(&self) -> bool {
+        true
+    }
+
+    async fn client_counting_requests(&self) -> Result<(Locker, RequestCount)> {
+        let b = MemoryBackend::connect(&self.store);
+        let counted = b.clone();
+        Ok((
+            Locker::new(b),
+            RequestCount::new(move || counted.requests()),
         ))
     }
 }

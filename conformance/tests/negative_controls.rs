@@ -5,11 +5,12 @@
 //! caught is not overstated by an unrealistically tight poll.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use conformance::{Harness, Status, run_all};
+use conformance::{Harness, RequestCount, Status, run_all};
 use lockcore::backend::{AcquireRequest, Acquired, Backend, Backoff, Lease, poll_acquire};
 use lockcore::{Capabilities, Error, Instant, LockName, Locker, Result};
 
@@ -64,6 +65,10 @@ enum Flaw {
     /// The namespace setting is accepted but not put into the keys: two namespaces on one
     /// store share every lock.
     NamespaceIgnored,
+    /// Declares a queue (fair, notified): waiters queue in arrival order and only the head
+    /// takes the lock, but a release wakes every waiter, and each reads the queue to see
+    /// whether it is the head (a herd: one request per waiter per hand-over).
+    HerdDeclaringQueue,
 }
 
 /// The gap between a failed attempt and the subscription of
@@ -107,6 +112,23 @@ struct ToyStore {
     /// Waiters queued per key as (value, TTL), granted the lock on release in this order
     /// ([`Flaw::GrantedWaiterLeaks`]).
     grants: Mutex<HashMap<String, std::collections::VecDeque<(String, Duration)>>>,
+}
+
+/// A queue entry of [`Flaw::HerdDeclaringQueue`]: removed when its waiter ends in any way,
+/// waking the others (the next head among them).
+struct HerdEntry<'a> {
+    store: &'a ToyStore,
+    key: String,
+    id: u64,
+}
+
+impl Drop for HerdEntry<'_> {
+    fn drop(&mut self) {
+        if let Some(q) = self.store.queues.lock().unwrap().get_mut(&self.key) {
+            q.retain(|id| *id != self.id);
+        }
+        self.store.releases(&self.key).notify_waiters();
+    }
 }
 
 /// A queue entry of [`Flaw::GrantedWaiterLeaks`]; dropping it removes the entry, but not a lock
@@ -261,6 +283,8 @@ struct FlawedBackend {
     clock_ahead: Duration,
     /// The key prefix of this client's namespace.
     namespace: &'static str,
+    /// Requests this client (and its leases) sent to the store.
+    requests: Arc<AtomicU64>,
 }
 
 /// `Debug` for the store without printing its contents.
@@ -339,6 +363,7 @@ impl Backend for FlawedBackend {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
+        self.request();
         let key = self.key(&req.name);
         let sent = Instant::now();
         let store = &self.store.0;
@@ -492,6 +517,52 @@ impl Backend for FlawedBackend {
                 };
             }
         }
+        if self.flaw == Flaw::HerdDeclaringQueue {
+            let store = &self.store.0;
+            let key = self.key(&req.name);
+            let id = fastrand::u64(..);
+            store
+                .queues
+                .lock()
+                .unwrap()
+                .entry(key.clone())
+                .or_default()
+                .push(id);
+            let _entry = HerdEntry {
+                store,
+                key: key.clone(),
+                id,
+            };
+            loop {
+                let releases = store.releases(&key);
+                let released = releases.notified();
+                // Every waiter woken reads the queue: the herd.
+                self.request();
+                let head = store
+                    .queues
+                    .lock()
+                    .unwrap()
+                    .get(&key)
+                    .and_then(|q| q.first().copied());
+                if head == Some(id)
+                    && let Some(a) = self.try_acquire(req).await?
+                {
+                    return Ok(Some(a));
+                }
+                let now = Instant::now();
+                if deadline.is_some_and(|d| now >= d) {
+                    return Ok(None);
+                }
+                let mut wake = now + Duration::from_secs(1);
+                for t in [store.expiry(&key), deadline].into_iter().flatten() {
+                    wake = wake.min(t);
+                }
+                tokio::select! {
+                    () = released => {}
+                    () = tokio::time::sleep_until(wake) => {}
+                }
+            }
+        }
         if self.flaw == Flaw::PollsDeclaringNotify {
             loop {
                 if let Some(a) = self.try_acquire(req).await? {
@@ -525,7 +596,10 @@ impl Backend for FlawedBackend {
             let grants = self.store.0.grants.lock().unwrap();
             return Ok(grants.get(&self.key(name)).map_or(0, |q| q.len()));
         }
-        if self.flaw != Flaw::CancelLeavesEntryBehindOthers {
+        if !matches!(
+            self.flaw,
+            Flaw::CancelLeavesEntryBehindOthers | Flaw::HerdDeclaringQueue
+        ) {
             return Err(Error::unsupported("the toy reports no queue"));
         }
         let queues = self.store.0.queues.lock().unwrap();
@@ -542,6 +616,11 @@ impl Backend for FlawedBackend {
 }
 
 impl FlawedBackend {
+    /// Counts one request to the store.
+    fn request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A lease on `key` holding `value`.
     fn lease(&self, key: String, value: String, ttl: Duration) -> FlawedLease {
         FlawedLease {
@@ -559,6 +638,7 @@ impl FlawedBackend {
             caps: self.caps.clone(),
             clock_ahead: self.clock_ahead,
             namespace: self.namespace,
+            requests: self.requests.clone(),
         }
     }
 }
@@ -583,6 +663,7 @@ impl Lease for FlawedLease {
 
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
         let b = &self.backend;
+        b.request();
         let store = &b.store.0;
         let value = self.value.lock().unwrap().clone();
         match b.flaw {
@@ -607,6 +688,7 @@ impl Lease for FlawedLease {
 
     async fn release(&self) -> Result<()> {
         let b = &self.backend;
+        b.request();
         let store = &b.store.0;
         let value = self.value.lock().unwrap().clone();
         if matches!(b.flaw, Flaw::ReadThenDelete | Flaw::ReadThenDeleteQuick) {
@@ -651,12 +733,17 @@ impl FlawedHarness {
         ) {
             caps.wait = lockcore::WaitKind::Notify;
         }
+        if self.flaw == Flaw::HerdDeclaringQueue {
+            caps.wait = lockcore::WaitKind::Notify;
+            caps.fair = true;
+        }
         FlawedBackend {
             store: self.store.clone(),
             flaw: self.flaw,
             caps,
             clock_ahead,
             namespace,
+            requests: Arc::default(),
         }
     }
 }
@@ -689,6 +776,19 @@ impl Harness for FlawedHarness {
 
     async fn client_in_other_namespace(&self) -> Result<Locker> {
         Ok(Locker::new(self.backend_in(Duration::ZERO, "other:")))
+    }
+
+    fn can_count_requests(&self) -> bool {
+        true
+    }
+
+    async fn client_counting_requests(&self) -> Result<(Locker, RequestCount)> {
+        let b = self.backend(Duration::ZERO);
+        let requests = b.requests.clone();
+        Ok((
+            Locker::new(b),
+            RequestCount::new(move || requests.load(Ordering::Relaxed)),
+        ))
     }
 }
 
@@ -911,6 +1011,14 @@ fn wakeup_missed_before_subscribing_is_caught() {
     assert_eq!(
         failing(Flaw::SubscribesAfterFailedAttempt),
         set(&["missed_wakeup_hands_over_promptly"])
+    );
+}
+
+#[test]
+fn herd_behind_a_declared_queue_is_caught() {
+    assert_eq!(
+        failing(Flaw::HerdDeclaringQueue),
+        set(&["hand_over_without_herd"])
     );
 }
 

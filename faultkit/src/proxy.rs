@@ -109,6 +109,9 @@ struct Shared {
     armed: Mutex<Option<Armed>>,
     /// How many replies were lost so far.
     lost: watch::Sender<usize>,
+    /// Requests forwarded to the server so far, over every connection (see [`Pick`] for what a
+    /// request is).
+    requests: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -185,6 +188,7 @@ impl Proxy {
             settings,
             armed: Mutex::new(None),
             lost: watch::channel(0).0,
+            requests: Default::default(),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(Proxy {
@@ -278,6 +282,15 @@ impl Proxy {
     /// arrived and was dropped).
     pub fn replies_lost(&self) -> usize {
         *self.shared.lost.borrow()
+    }
+
+    /// How many requests went through to the server so far, over every connection (what one
+    /// read from a client socket returns, as for [`Pick`]): a client's request count, the
+    /// server work it causes (a herd of waiters shows as a count growing with their number).
+    pub fn requests(&self) -> u64 {
+        self.shared
+            .requests
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Waits up to `d` until at least `n` replies were lost; whether they were.
@@ -434,6 +447,9 @@ async fn pump(
                     continue;
                 }
                 (Direction::ToServer, Loss::None) => {
+                    shared
+                        .requests
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if let Some(how) = shared.picks(&tail, chunk) {
                         // Marked before the request is queued: any reply read after this is
                         // the picked request's (or a later one's) and is dropped.

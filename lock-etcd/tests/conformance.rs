@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::{ClientProxies, Harness, Target, url_with_path};
+use conformance::{ClientProxies, Harness, RequestCount, Target, url_with_path};
 use lock_etcd::EtcdBackend;
 use lockcore::backend::async_trait;
 use lockcore::{Locker, Result};
@@ -56,6 +56,16 @@ impl Harness for EtcdHarness {
     async fn client_with_reply_delay(&self, delay: Duration) -> Result<Locker> {
         let url = self.delayed.url(&self.url, delay).await?;
         Ok(Locker::new(EtcdBackend::connect(&url).await?))
+    }
+
+    fn can_count_requests(&self) -> bool {
+        self.can_delay_replies()
+    }
+
+    /// Through a faultkit proxy that counts the requests.
+    async fn client_counting_requests(&self) -> Result<(Locker, RequestCount)> {
+        let (url, count) = self.delayed.counting(&self.url).await?;
+        Ok((Locker::new(EtcdBackend::connect(&url).await?), count))
     }
 }
 

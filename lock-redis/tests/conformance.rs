@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::{ClientProxies, Harness, Target, url_with_param};
+use conformance::{ClientProxies, Harness, RequestCount, Target, url_with_param};
 use lock_redis::RedisBackend;
 use lockcore::{Locker, Result};
 
@@ -50,6 +50,16 @@ impl Harness for RedisHarness {
     async fn client_with_reply_delay(&self, delay: Duration) -> Result<Locker> {
         let url = self.delayed.url(&self.url, delay).await?;
         Ok(Locker::new(RedisBackend::connect(&url).await?))
+    }
+
+    fn can_count_requests(&self) -> bool {
+        self.can_delay_replies()
+    }
+
+    /// Through a faultkit proxy that counts the requests.
+    async fn client_counting_requests(&self) -> Result<(Locker, RequestCount)> {
+        let (url, count) = self.delayed.counting(&self.url).await?;
+        Ok((Locker::new(RedisBackend::connect(&url).await?), count))
     }
 }
 

@@ -20,17 +20,23 @@ pub struct MemoryBackend {
     store: Arc<Store>,
     store_name: String,
     capabilities: Arc<Capabilities>,
-    reply_delay: ReplyDelay,
+    link: Link,
 }
 
-/// How long this client's replies take to come back: the operation takes effect at once (as a
-/// request reaching the server), the reply arrives this much later (as over a slow network).
+/// This client's link to the store, as a network link to a server: how long its replies take
+/// to come back (the operation takes effect at once, as a request reaching the server; the
+/// reply arrives this much later, as over a slow network), and how many requests it sent.
 #[derive(Debug, Clone, Default)]
-struct ReplyDelay(Arc<AtomicU64>);
+struct Link {
+    reply_delay_nanos: Arc<AtomicU64>,
+    requests: Arc<AtomicU64>,
+}
 
-impl ReplyDelay {
-    fn get(&self) -> Duration {
-        Duration::from_nanos(self.0.load(Ordering::Relaxed))
+impl Link {
+    /// Counts one request; its reply delay.
+    fn send(&self) -> Duration {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        Duration::from_nanos(self.reply_delay_nanos.load(Ordering::Relaxed))
     }
 
     /// Waits out `delay`, read when the request was sent.
@@ -111,14 +117,14 @@ impl MemoryBackend {
             store,
             store_name: store_name.to_owned(),
             capabilities: Arc::new(Self::declared_capabilities()),
-            reply_delay: ReplyDelay::default(),
+            link: Link::default(),
         }
     }
 
     /// Another client of the same store (with no reply delay).
     pub fn new_client(&self) -> Self {
         MemoryBackend {
-            reply_delay: ReplyDelay::default(),
+            link: Link::default(),
             ..self.clone()
         }
     }
@@ -129,13 +135,20 @@ impl MemoryBackend {
         self
     }
 
+    /// How many requests this client (and the leases it acquired) sent to the store so far:
+    /// each attempt, each look a waiter takes at the queue when woken, each extend and
+    /// release. For tests of the server work a hand-over costs.
+    pub fn requests(&self) -> u64 {
+        self.link.requests.load(Ordering::Relaxed)
+    }
+
     /// Delays the replies of this client, and of the leases it acquired, by `delay` from now on:
     /// each operation takes effect at once, as a request reaching the server would, and its
     /// reply comes back `delay` later, as over a slow network. For tests of latency on the reply
     /// path (validity counted from when a request was sent, concurrent extends).
     pub fn set_reply_delay(&self, delay: Duration) {
         let nanos = delay.as_nanos().min(u128::from(u64::MAX)) as u64;
-        self.reply_delay.0.store(nanos, Ordering::Relaxed);
+        self.link.reply_delay_nanos.store(nanos, Ordering::Relaxed);
     }
 
     /// What the memory backend declares.
@@ -187,7 +200,7 @@ impl MemoryBackend {
                 name: req.name.clone(),
                 token: req.token,
                 fencing,
-                reply_delay: self.reply_delay.clone(),
+                link: self.link.clone(),
             },
             now,
         )
@@ -234,7 +247,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
-        let delay = self.reply_delay.get();
+        let delay = self.link.send();
         let now = Instant::now();
         let granted = {
             let mut slots = self.store.lock();
@@ -243,7 +256,7 @@ impl Backend for MemoryBackend {
             // Waiters are served first: a try_lock does not barge ahead of the queue.
             (slot.holder.is_none() && slot.queue.is_empty()).then(|| self.grant(slot, req, now))
         };
-        ReplyDelay::wait(delay).await;
+        Link::wait(delay).await;
         Ok(granted)
     }
 
@@ -260,6 +273,8 @@ impl Backend for MemoryBackend {
             queued: false,
         };
         loop {
+            // Each look at the queue is a request (a waiter woken for nothing costs one).
+            let delay = self.link.send();
             let wait_until = {
                 let now = Instant::now();
                 let mut slots = self.store.lock();
@@ -295,7 +310,7 @@ impl Backend for MemoryBackend {
             let wait_until = match wait_until {
                 Ok(wait_until) => wait_until,
                 Err(acquired) => {
-                    ReplyDelay::wait(self.reply_delay.get()).await;
+                    Link::wait(delay).await;
                     return Ok(Some(acquired));
                 }
             };
@@ -352,7 +367,7 @@ struct MemoryLease {
     name: LockName,
     token: OwnerToken,
     fencing: u64,
-    reply_delay: ReplyDelay,
+    link: Link,
 }
 
 impl MemoryLease {
@@ -383,23 +398,23 @@ impl Lease for MemoryLease {
     }
 
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
-        let delay = self.reply_delay.get();
+        let delay = self.link.send();
         let done = self.with_own_slot(|slot, now| {
             if let Some(h) = slot.holder.as_mut() {
                 h.expires = now + ttl;
             }
         });
-        ReplyDelay::wait(delay).await;
+        Link::wait(delay).await;
         done.map(|()| ttl)
     }
 
     async fn release(&self) -> Result<()> {
-        let delay = self.reply_delay.get();
+        let delay = self.link.send();
         let done = self.with_own_slot(|slot, _| {
             slot.holder = None;
             slot.wake_head();
         });
-        ReplyDelay::wait(delay).await;
+        Link::wait(delay).await;
         done
     }
 }

@@ -5,7 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance::{ClientProxies, Harness, ProxyGroup, url_with_param, url_with_path};
+use conformance::{
+    ClientProxies, Harness, ProxyGroup, RequestCount, url_with_param, url_with_path,
+};
 use locksmith::{LockGuard, Locker, Result, redact_url};
 
 /// A harness holding only a URL (and what one probe learnt), so it works from any runtime.
@@ -146,6 +148,16 @@ impl Harness for UrlHarness {
             url = format!("{url}{sep}node_timeout_ms={}", (delay * 8).as_millis());
         }
         locksmith::connect(&url).await
+    }
+
+    fn can_count_requests(&self) -> bool {
+        proxiable(&self.url)
+    }
+
+    /// Through proxies that count the client's requests.
+    async fn client_counting_requests(&self) -> Result<(Locker, RequestCount)> {
+        let (url, count) = self.proxies.counting(&self.url).await?;
+        Ok((locksmith::connect(&url).await?, count))
     }
 }
 

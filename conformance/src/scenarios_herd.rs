@@ -1,0 +1,112 @@
+//! Herds: a backend that declares a server-side queue (`fair`) hands a lock over with a bounded
+//! number of requests however many clients wait, instead of waking every waiter to try again.
+
+use std::time::Duration;
+
+use lockcore::{Capabilities, Instant, LockGuard, Locker};
+
+use crate::harness::{Harness, RequestCount};
+use crate::scenarios::{Ctx, Failure, Outcome, Scenario};
+
+/// Clients waiting while the hand-overs are measured.
+const WAITERS: usize = 16;
+/// Hand-overs measured, while 16 down to 11 clients wait.
+const MEASURED: usize = 6;
+/// Requests of all clients together per hand-over: the release, the next waiter's wake-up and
+/// grant, and room for a round trip more (a queue read, a watch set on the new predecessor).
+/// A herd costs at least one request per waiting client, 11 and more here.
+const REQUESTS_PER_HAND_OVER: u64 = 8;
+
+/// The scenarios of this file, registered by [`crate::scenarios::all`].
+pub(crate) fn all() -> Vec<Scenario> {
+    vec![Scenario {
+        name: "hand_over_without_herd",
+        summary: "with 16 clients waiting on a backend that declares a queue (fair), a hand-over costs at most 8 requests of all clients together, not one or more per waiter",
+        applies: needs_queue_and_counting,
+        run: |ctx| Box::pin(hand_over_without_herd(ctx)),
+    }]
+}
+
+fn needs_queue_and_counting(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    if !c.fair {
+        Err(
+            "the backend declares no server-side queue (fair): its waiters may all try again on a release (the bench reports its requests per hand-over)",
+        )
+    } else if !h.can_count_requests() {
+        Err("the harness cannot count a client's requests")
+    } else {
+        Ok(())
+    }
+}
+
+fn ok<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) -> Result<T, Failure> {
+    r.map_err(|e| format!("{what}: {e}"))
+}
+
+async fn counted_client(ctx: &Ctx) -> Result<(Locker, RequestCount), Failure> {
+    ok(
+        ctx.harness.client_counting_requests().await,
+        "connecting a client whose requests are counted",
+    )
+}
+
+async fn hand_over_without_herd(ctx: &Ctx) -> Outcome {
+    let name = ctx.name("x");
+    let opts = ctx.opts(ctx.ttl(Duration::from_secs(30))).wait_forever();
+    let (holder, holder_count) = counted_client(ctx).await?;
+    let mut counts = vec![holder_count];
+    let g = ok(holder.try_lock(&name, &opts).await, "the holder's try_lock")?
+        .ok_or("the holder's try_lock found the fresh lock held")?;
+    // Each waiter takes the lock once and hands its guard to the scenario, which releases it:
+    // the hand-overs happen one at a time, while the others keep waiting.
+    let (granted, mut grants) = tokio::sync::mpsc::unbounded_channel::<(usize, LockGuard)>();
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        let (c, count) = counted_client(ctx).await?;
+        counts.push(count);
+        let (name, opts, granted) = (name.clone(), opts.clone(), granted.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = c.lock(&name, &opts).await?;
+            let _ = granted.send((i, g));
+            Ok::<_, lockcore::Error>(c)
+        }));
+    }
+    crate::scenarios::settle_waiters(ctx, &holder, &name, WAITERS, true).await?;
+    let total = |counts: &[RequestCount]| counts.iter().map(RequestCount::get).sum::<u64>();
+    let before = total(&counts);
+    let started = Instant::now();
+    ok(g.release().await, "the holder's release")?;
+    let bound = ctx.bound(Duration::from_secs(10));
+    let mut order = Vec::new();
+    let mut last = None;
+    for n in 0..WAITERS {
+        let (i, g) = ok(
+            tokio::time::timeout(bound, grants.recv()).await,
+            &format!(
+                "hand-over {} of {WAITERS} did not come within {bound:?}",
+                n + 1
+            ),
+        )?
+        .ok_or("a waiter ended without the lock")?;
+        order.push(i);
+        if n + 1 == MEASURED {
+            // Counted before the last measured holder releases: every request of the
+            // measured hand-overs (and of waiters woken by them) has been sent by now.
+            last = Some((total(&counts) - before, started.elapsed()));
+        }
+        ok(g.release().await, "a waiter's release")?;
+    }
+    for t in tasks {
+        ok(ok(t.await, "waiter task")?, "a waiter's lock()")?
+            .flush()
+            .await;
+    }
+    let (requests, took) = last.expect("MEASURED <= WAITERS");
+    let per_hand_over = requests as f64 / MEASURED as f64;
+    if requests > REQUESTS_PER_HAND_OVER * MEASURED as u64 {
+        return Err(format!(
+            "a queue is declared (fair), but the first {MEASURED} hand-overs with {WAITERS} clients waiting cost {requests} requests of all clients ({per_hand_over:.1} per hand-over, bound {REQUESTS_PER_HAND_OVER}; in {took:?}): waiters woken for nothing (a herd); grant order {order:?}"
+        ));
+    }
+    Ok(())
+}
