@@ -11,7 +11,6 @@ pub mod report;
 mod report_charts;
 mod run;
 pub mod scenarios;
-mod scenarios_inspect;
 
 use std::process::ExitCode;
 use std::sync::Arc;
