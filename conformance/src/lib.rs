@@ -2,17 +2,14 @@
 //! a [`Harness`], as named tests ([`run_tests`]) or as a report ([`run_all`]).
 #![deny(missing_docs)]
 
+mod escape;
 pub mod faults;
 mod harness;
-mod html;
 mod measure;
 mod proxied;
 pub mod report;
-mod report_charts;
 mod run;
 pub mod scenarios;
-mod scenarios_herd;
-mod scenarios_inspect;
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -3,46 +3,22 @@
 
 use std::time::{Duration, SystemTime};
 
-use lockcore::{AutoRenew, Capabilities, Holder, LockOptions, Locker};
+use lockcore::{AutoRenew, Holder, LockOptions, Locker};
 
-use crate::harness::Harness;
-use crate::scenarios::{Ctx, Failure, Outcome, Scenario};
-
-/// The scenarios of this file, registered by [`crate::scenarios::all`].
-pub(crate) fn all() -> Vec<Scenario> {
-    vec![Scenario {
-        name: "inspect_reports_holder",
-        summary: "inspect from another client sees the holder's host, pid, label, token and TTL left, the waiters where known, and a free lock as free; force_release frees it and fires the holder's lost signal",
-        applies: needs_inspect,
-        run: |ctx| Box::pin(inspect_reports_holder(ctx)),
-    }]
-}
-
-fn needs_inspect(c: &Capabilities, _: &dyn Harness) -> Result<(), &'static str> {
-    if !c.inspect {
-        Err("the backend cannot inspect locks (inspect not declared)")
-    } else if !c.force_release {
-        Err("the backend cannot force-release locks")
-    } else {
-        Ok(())
-    }
-}
+use super::context::{Ctx, Outcome};
+use super::support::ok_or;
 
 fn fail_unless(cond: bool, what: impl FnOnce() -> String) -> Outcome {
     if cond { Ok(()) } else { Err(what()) }
 }
 
-fn ok<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) -> Result<T, Failure> {
-    r.map_err(|e| format!("{what}: {e}"))
-}
-
-async fn inspect_reports_holder(ctx: &Ctx) -> Outcome {
+pub(super) async fn inspect_reports_holder(ctx: &Ctx) -> Outcome {
     let holder = ctx.client().await?;
     let admin = ctx.client().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_secs(2));
 
-    let free = ok(admin.inspect(&name).await, "inspect of a free lock")?;
+    let free = ok_or(admin.inspect(&name).await, "inspect of a free lock")?;
     fail_unless(!free.held && free.holder.is_none(), || {
         format!("a lock never taken is reported as {free:?}")
     })?;
@@ -53,11 +29,11 @@ async fn inspect_reports_holder(ctx: &Ctx) -> Outcome {
         .auto_renew(AutoRenew::until(ttl * 50))
         .label(label.as_str());
     let before = SystemTime::now();
-    let guard = ok(holder.try_lock(&name, &opts).await, "try_lock")?
+    let guard = ok_or(holder.try_lock(&name, &opts).await, "try_lock")?
         .ok_or_else(|| "try_lock on a free lock returned None".to_owned())?;
     let after = SystemTime::now();
 
-    let info = ok(admin.inspect(&name).await, "inspect of a held lock")?;
+    let info = ok_or(admin.inspect(&name).await, "inspect of a held lock")?;
     fail_unless(info.held, || {
         format!("a held lock is reported free: {info:?}")
     })?;
@@ -114,7 +90,7 @@ async fn inspect_reports_holder(ctx: &Ctx) -> Outcome {
         };
         let deadline = tokio::time::Instant::now() + ctx.bound(Duration::from_secs(10));
         loop {
-            let seen = ok(admin.inspect(&name).await, "inspect with a waiter")?;
+            let seen = ok_or(admin.inspect(&name).await, "inspect with a waiter")?;
             if seen.waiters.is_some_and(|w| w >= 1) {
                 break;
             }
@@ -130,11 +106,11 @@ async fn inspect_reports_holder(ctx: &Ctx) -> Outcome {
 
     let lost = guard.lost();
     fail_unless(
-        ok(admin.force_release(&name).await, "force_release")?,
+        ok_or(admin.force_release(&name).await, "force_release")?,
         || "force_release of a held lock said nothing was held".to_owned(),
     )?;
     let by = guard.valid_until() + ctx.bound(Duration::from_secs(1));
-    ok(
+    ok_or(
         tokio::time::timeout_at(by, lost.lost()).await,
         "the holder's lost signal did not fire after force_release",
     )?;
@@ -142,7 +118,7 @@ async fn inspect_reports_holder(ctx: &Ctx) -> Outcome {
     // Freed (a row lock's session ends a moment after it is told to).
     let deadline = tokio::time::Instant::now() + ctx.bound(Duration::from_secs(10));
     loop {
-        let seen = ok(admin.inspect(&name).await, "inspect after force_release")?;
+        let seen = ok_or(admin.inspect(&name).await, "inspect after force_release")?;
         if !seen.held {
             break;
         }
@@ -153,7 +129,7 @@ async fn inspect_reports_holder(ctx: &Ctx) -> Outcome {
     }
     drop(guard);
     fail_unless(
-        !ok(
+        !ok_or(
             admin.force_release(&name).await,
             "force_release of a free lock",
         )?,

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use crate::html::html_escape as esc;
+use crate::escape::html_escape as esc;
 
 /// One bar series: its CSS class and legend label.
 pub(crate) struct Series {

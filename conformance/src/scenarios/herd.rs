@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
-use lockcore::{Capabilities, Instant, LockGuard, Locker};
+use lockcore::{Instant, LockGuard, Locker};
 
-use crate::harness::{Harness, RequestCount};
-use crate::scenarios::{Ctx, Failure, Outcome, Scenario};
+use super::context::{Ctx, Failure, Outcome};
+use super::support::settle_waiters;
+use crate::harness::RequestCount;
 
 /// Clients waiting while the hand-overs are measured.
 const WAITERS: usize = 16;
@@ -16,28 +17,6 @@ const MEASURED: usize = 6;
 /// grant, and room for a round trip more (a queue read, a watch set on the new predecessor).
 /// A herd costs at least one request per waiting client, 11 and more here.
 const REQUESTS_PER_HAND_OVER: u64 = 8;
-
-/// The scenarios of this file, registered by [`crate::scenarios::all`].
-pub(crate) fn all() -> Vec<Scenario> {
-    vec![Scenario {
-        name: "hand_over_without_herd",
-        summary: "with 16 clients waiting on a backend that declares a queue (fair), a hand-over costs at most 8 requests of all clients together, not one or more per waiter",
-        applies: needs_queue_and_counting,
-        run: |ctx| Box::pin(hand_over_without_herd(ctx)),
-    }]
-}
-
-fn needs_queue_and_counting(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
-    if !c.fair {
-        Err(
-            "the backend declares no server-side queue (fair): its waiters may all try again on a release (the bench reports its requests per hand-over)",
-        )
-    } else if !h.can_count_requests() {
-        Err("the harness cannot count a client's requests")
-    } else {
-        Ok(())
-    }
-}
 
 fn ok<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) -> Result<T, Failure> {
     r.map_err(|e| format!("{what}: {e}"))
@@ -50,7 +29,7 @@ async fn counted_client(ctx: &Ctx) -> Result<(Locker, RequestCount), Failure> {
     )
 }
 
-async fn hand_over_without_herd(ctx: &Ctx) -> Outcome {
+pub(super) async fn hand_over_without_herd(ctx: &Ctx) -> Outcome {
     let name = ctx.name("x");
     let opts = ctx.opts(ctx.ttl(Duration::from_secs(30))).wait_forever();
     let (holder, holder_count) = counted_client(ctx).await?;
@@ -71,7 +50,7 @@ async fn hand_over_without_herd(ctx: &Ctx) -> Outcome {
             Ok::<_, lockcore::Error>(c)
         }));
     }
-    crate::scenarios::settle_waiters(ctx, &holder, &name, WAITERS, true).await?;
+    settle_waiters(ctx, &holder, &name, WAITERS, true).await?;
     let total = |counts: &[RequestCount]| counts.iter().map(RequestCount::get).sum::<u64>();
     let before = total(&counts);
     let started = Instant::now();

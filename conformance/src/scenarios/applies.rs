@@ -1,0 +1,139 @@
+//! When a scenario applies: predicates over the declared capabilities and what the harness can do.
+//! An `Err` carries the reason the scenario is reported unsupported.
+
+use lockcore::{Capabilities, RenewKind, WaitKind};
+
+use crate::harness::Harness;
+
+pub(super) fn always(_: &Capabilities, _: &dyn Harness) -> Result<(), &'static str> {
+    Ok(())
+}
+
+pub(super) fn needs_fencing(c: &Capabilities, _: &dyn Harness) -> Result<(), &'static str> {
+    if c.fencing {
+        Ok(())
+    } else {
+        Err("the backend declares no fencing tokens")
+    }
+}
+
+pub(super) fn needs_fair(c: &Capabilities, _: &dyn Harness) -> Result<(), &'static str> {
+    if c.fair {
+        Ok(())
+    } else {
+        Err("the backend does not declare FIFO fairness")
+    }
+}
+
+pub(super) fn needs_queue_and_counting(
+    c: &Capabilities,
+    h: &dyn Harness,
+) -> Result<(), &'static str> {
+    if !c.fair {
+        Err(
+            "the backend declares no server-side queue (fair): its waiters may all try again on a release (the bench reports its requests per hand-over)",
+        )
+    } else if !h.can_count_requests() {
+        Err("the harness cannot count a client's requests")
+    } else {
+        Ok(())
+    }
+}
+
+pub(super) fn needs_ttl_expiry(c: &Capabilities, _: &dyn Harness) -> Result<(), &'static str> {
+    if c.expiry_after_ttl {
+        Ok(())
+    } else {
+        Err(
+            "leases are bound to a connection or session: a crashed holder's lock ends with it, not exactly after the TTL",
+        )
+    }
+}
+
+pub(super) fn needs_lost_detection(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    if !c.lost_detection {
+        Err("the backend does not declare lost_detection")
+    } else if !c.revoke_detection {
+        Err(
+            "the backend notices a lock deleted behind its holder only at the next renewal (revoke_detection not declared)",
+        )
+    } else if !h.can_revoke() {
+        Err("the harness cannot delete a lock behind its holder")
+    } else {
+        Ok(())
+    }
+}
+
+pub(super) fn needs_extend_sets_ttl(c: &Capabilities, _: &dyn Harness) -> Result<(), &'static str> {
+    if c.extend_sets_ttl {
+        Ok(())
+    } else {
+        Err("the server fixes a lease's TTL when it grants it; extend keeps (and reports) that TTL")
+    }
+}
+
+pub(super) fn needs_notify(c: &Capabilities, _: &dyn Harness) -> Result<(), &'static str> {
+    if c.wait == WaitKind::Notify {
+        Ok(())
+    } else {
+        Err("the backend polls; it does not declare notification")
+    }
+}
+
+pub(super) fn needs_native_renewal(c: &Capabilities, _: &dyn Harness) -> Result<(), &'static str> {
+    if c.renew == RenewKind::Native {
+        Ok(())
+    } else {
+        Err("the backend does not declare native (session-bound) renewal")
+    }
+}
+
+pub(super) fn needs_reply_delay(_: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    if h.can_delay_replies() {
+        Ok(())
+    } else {
+        Err("the harness cannot delay a client's replies")
+    }
+}
+
+pub(super) fn needs_clock_skew(_: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    if h.can_skew_clock() {
+        Ok(())
+    } else {
+        Err("the harness cannot run a client with a skewed clock")
+    }
+}
+
+pub(super) fn needs_revoke(_: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    if h.can_revoke() {
+        Ok(())
+    } else {
+        Err("the harness cannot delete a lock behind its holder")
+    }
+}
+
+pub(super) fn needs_other_namespace(_: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    if h.can_open_other_namespace() {
+        Ok(())
+    } else {
+        Err("the harness cannot open a client in another namespace")
+    }
+}
+
+pub(super) fn needs_lease_loss(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    if c.expiry_after_ttl || h.can_revoke() {
+        Ok(())
+    } else {
+        Err("leases neither expire by time nor can be revoked by the harness")
+    }
+}
+
+pub(super) fn needs_inspect(c: &Capabilities, _: &dyn Harness) -> Result<(), &'static str> {
+    if !c.inspect {
+        Err("the backend cannot inspect locks (inspect not declared)")
+    } else if !c.force_release {
+        Err("the backend cannot force-release locks")
+    } else {
+        Ok(())
+    }
+}

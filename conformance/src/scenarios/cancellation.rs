@@ -1,0 +1,264 @@
+//! Cancellation: a wait or acquire dropped at any point (granted at the moment of the drop included) leaves nothing behind.
+
+use std::time::Duration;
+
+use lockcore::{Instant, LockName, Locker};
+
+use super::context::{Ctx, Failure, Outcome};
+use super::support::{check, must_try, ok_or, race_for, settle_waiters};
+
+pub(super) async fn cancelled_wait_leaves_nothing(ctx: &Ctx) -> Outcome {
+    let (a, b, c, d) = (
+        ctx.client().await?,
+        ctx.client().await?,
+        ctx.client().await?,
+        ctx.client().await?,
+    );
+    let name = ctx.name("x");
+    let ttl = ctx.ttl(Duration::from_secs(30));
+    let opts = ctx.opts(ttl);
+    let g = must_try(&a, &name, &opts, "holder").await?;
+    // Two waiters give up by being dropped (not by their own deadline), once queued: the
+    // second behind the first, which still waits (so the count of two is the second's own
+    // entry, never a leftover of the first), then the first at the head. Where the backend
+    // reports its queue, each dropped waiter's entry must go, promptly (a server may take a
+    // moment to notice a waiter's connection is gone).
+    let wait = opts.clone().wait_forever();
+    let mut first = Box::pin(b.lock(&name, &wait));
+    tokio::select! {
+        r = &mut first => return Err(format!(
+            "the first waiter finished while the lock was held: {:?}",
+            r.map(|g| g.name().clone())
+        )),
+        settled = settle_waiters(ctx, &c, &name, 1, false) => settled?,
+    }
+    let mut second = Box::pin(d.lock(&name, &wait));
+    tokio::select! {
+        r = &mut first => return Err(format!(
+            "the first waiter finished while the lock was held: {:?}",
+            r.map(|g| g.name().clone())
+        )),
+        r = &mut second => return Err(format!(
+            "the second waiter finished while the lock was held: {:?}",
+            r.map(|g| g.name().clone())
+        )),
+        settled = settle_waiters(ctx, &c, &name, 2, false) => settled?,
+    }
+    drop(second);
+    d.flush().await;
+    queue_drains_to(
+        ctx,
+        &c,
+        &name,
+        1,
+        "the second waiter, dropped behind the first",
+    )
+    .await?;
+    drop(first);
+    b.flush().await;
+    queue_drains_to(ctx, &c, &name, 0, "the first waiter, dropped at the head").await?;
+    ok_or(g.release().await, "release")?;
+    // A queue entry or lock left by the dropped waiters would make this wait for the TTL (30 s):
+    // the wait may last that long, the bound below is far shorter.
+    let start = Instant::now();
+    let g = ok_or(
+        c.lock(
+            &name,
+            &opts
+                .clone()
+                .wait_timeout(ttl + ctx.bound(Duration::from_secs(5))),
+        )
+        .await,
+        "a new client after the cancelled waiters",
+    )?;
+    let took = start.elapsed();
+    let bound = ctx.bound(Duration::from_secs(3));
+    check!(
+        took <= bound,
+        "the lock was free only {took:?} after the cancelled waits (bound {bound:?}, TTL {ttl:?})"
+    );
+    ok_or(g.release().await, "release")
+}
+
+/// Where the backend reports its queue, waits until at most `n` waiters are queued on `name`
+/// (a dropped waiter's entry gone), failing after a bound; nothing to wait for where it does
+/// not.
+async fn queue_drains_to(
+    ctx: &Ctx,
+    client: &Locker,
+    name: &LockName,
+    n: usize,
+    dropped: &str,
+) -> Outcome {
+    let bound = ctx.bound(Duration::from_secs(2));
+    let give_up = Instant::now() + bound;
+    while let Ok(queued) = client.backend().queued_waiters(name).await {
+        if queued <= n {
+            break;
+        }
+        check!(
+            Instant::now() < give_up,
+            "{queued} waiters still queued {bound:?} after {dropped} was dropped (expected {n})"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+pub(super) async fn cancelled_acquire_leaves_nothing(ctx: &Ctx) -> Outcome {
+    let (a, b, h) = (
+        ctx.client().await?,
+        ctx.client().await?,
+        ctx.client().await?,
+    );
+    let ttl = ctx.ttl(Duration::from_millis(600));
+    let opts = ctx.opts(ttl);
+    // The typical acquire latency sets where the cancellation points fall.
+    let probe = ctx.name("probe");
+    let mut lat = Vec::new();
+    for _ in 0..5 {
+        let start = Instant::now();
+        let g = must_try(&a, &probe, &opts, "probe").await?;
+        lat.push(start.elapsed());
+        ok_or(g.release().await, "probe release")?;
+    }
+    lat.sort();
+    let typical = lat[2].max(Duration::from_micros(200));
+    // Whatever a cancelled acquire left was asked for by a request sent before it was
+    // cancelled, for one TTL: it must be gone a TTL after the cancellation (plus the server's
+    // timer and a round trip), as seen by a client polling every millisecond.
+    let slack = ctx.bound(Duration::from_millis(250));
+    // Uncontended: cancelled on the way to a free lock. Contended: a waiter cancelled just
+    // after the holder's release, while it is being woken, retrying or granted.
+    let cases = [0.0, 0.25, 0.5, 0.75, 1.0, 1.5]
+        .map(|f| (false, f))
+        .into_iter()
+        .chain([0.0, 1.0, 2.0, 4.0, 8.0, 16.0].map(|f| (true, f)));
+    for (i, (contended, frac)) in cases.enumerate() {
+        let name = ctx.name(&format!("c{i}"));
+        let cut = typical.mul_f64(frac);
+        let how = if contended {
+            format!("a waiter cancelled {cut:?} after the holder's release")
+        } else {
+            format!("an acquire of a free lock cancelled after {cut:?}")
+        };
+        let mut acquire = Box::pin(a.lock(&name, &opts));
+        if contended {
+            let g = must_try(&h, &name, &opts, "holder").await?;
+            tokio::select! {
+                r = &mut acquire => {
+                    return Err(format!(
+                        "the waiter finished while the lock was held: {:?}",
+                        r.map(|g| g.name().clone())
+                    ));
+                }
+                settled = settle_waiters(ctx, &h, &name, 1, false) => settled?,
+            }
+            ok_or(g.release().await, "the holder's release")?;
+        }
+        let outcome = tokio::time::timeout(cut, &mut acquire).await;
+        drop(acquire);
+        let cancelled = Instant::now();
+        if let Ok(r) = outcome {
+            ok_or(
+                ok_or(r, "an uncancelled acquire")?.release().await,
+                "release",
+            )?;
+        }
+        let g = race_for(&b, &name, &opts, cancelled, cancelled + ttl + slack)
+            .await
+            .map_err(|e| {
+                format!(
+                    "{e}: after {how}, a client polling every millisecond found the lock still held {:?} later (TTL {ttl:?}, allowed {:?})",
+                    cancelled.elapsed(),
+                    ttl + slack
+                )
+            })?;
+        ok_or(g.release().await, "release")?;
+    }
+    Ok(())
+}
+
+pub(super) async fn grant_at_drop_leaves_nothing(ctx: &Ctx) -> Outcome {
+    // A waiter is dropped at offsets from 4 ms before to 16 ms after the holder's release
+    // starts, densest in the first 3 ms (a grant and the round trip that tells the waiter):
+    // while it is woken, retrying, or being granted the lock (by the server's queue or its own
+    // retry). Whatever it was granted must not stay held: with a 20 s TTL, a lock left to its
+    // TTL shows as a new client waiting 20 s.
+    const OFFSETS_US: [i64; 15] = [
+        -4_000, -2_000, -1_000, -500, 0, 250, 500, 1_000, 1_500, 2_000, 3_000, 5_000, 8_000,
+        12_000, 16_000,
+    ];
+    const LANES: usize = 5;
+    const ROUNDS: usize = 3;
+    let ttl = ctx.ttl(Duration::from_secs(20));
+    let opts = ctx.opts(ttl);
+    let bound = ctx.bound(Duration::from_secs(3));
+    let mut lanes = Vec::new();
+    for lane in 0..LANES {
+        let (holder, waiter, next) = (
+            ctx.client().await?,
+            ctx.client().await?,
+            ctx.client().await?,
+        );
+        let (name, opts) = (ctx.name(&format!("l{lane}")), opts.clone());
+        lanes.push(async move {
+            for round in 0..ROUNDS {
+                let offset_us = OFFSETS_US[lane * ROUNDS + round];
+                let g = must_try(&holder, &name, &opts, "holder").await?;
+                let task = {
+                    let (waiter, name, opts) = (waiter.clone(), name.clone(), opts.clone());
+                    tokio::spawn(async move { waiter.lock(&name, &opts.wait_forever()).await })
+                };
+                settle_waiters(ctx, &holder, &name, 1, false).await?;
+                check!(
+                    !task.is_finished(),
+                    "the waiter returned while the lock was held"
+                );
+                // A negative offset drops the waiter before the release starts.
+                let t0 = Instant::now();
+                let offset = Duration::from_micros(offset_us.unsigned_abs());
+                let (release_at, cut_at) = if offset_us < 0 {
+                    (t0 + offset, t0)
+                } else {
+                    (t0, t0 + offset)
+                };
+                let release = async {
+                    tokio::time::sleep_until(release_at).await;
+                    g.release().await
+                };
+                let cut = async {
+                    tokio::time::sleep_until(cut_at).await;
+                    task.abort();
+                };
+                let (r, ()) = tokio::join!(release, cut);
+                ok_or(r, "release")?;
+                // A waiter that won before the cut hands its lock back, as its owner would.
+                if let Ok(Ok(g)) = task.await {
+                    ok_or(g.release().await, "the waiter's release")?;
+                }
+                let dropped = cut_at;
+                queue_drains_to(ctx, &next, &name, 0, "a waiter dropped as it was granted")
+                    .await?;
+                let wait = opts.clone().wait_timeout(ttl + ctx.bound(Duration::from_secs(5)));
+                let g = next.lock(&name, &wait).await.map_err(|e| {
+                    format!(
+                        "a waiter dropped {:.1} ms after the holder's release started left the lock held: a new client waited {:?} after the drop without getting it (bound {bound:?}, TTL {ttl:?}): {e}",
+                        offset_us as f64 / 1000.0,
+                        dropped.elapsed()
+                    )
+                })?;
+                let took = dropped.elapsed();
+                check!(
+                    took <= bound,
+                    "a waiter dropped {:.1} ms after the holder's release started left the lock held: a new client got it only {took:?} after the drop (bound {bound:?}, TTL {ttl:?})",
+                    offset_us as f64 / 1000.0
+                );
+                ok_or(g.release().await, "release")?;
+            }
+            Ok::<_, Failure>(())
+        });
+    }
+    futures::future::try_join_all(lanes).await?;
+    Ok(())
+}

@@ -1,0 +1,240 @@
+//! Every scenario, written once, by family (one file each), and [`all`]: the one list that
+//! registers them, in report order.
+//!
+//! Modules use one another in one direction only: this list uses the families and
+//! `applies`; a family uses `support` and `context`; `support` uses `context`.
+
+mod applies;
+mod basics;
+mod cancellation;
+mod context;
+mod expiry;
+mod fencing;
+mod herd;
+mod inspect;
+mod latency;
+mod names;
+mod renewal;
+mod support;
+mod waiting;
+
+use std::future::Future;
+
+use crate::harness::BoxFuture;
+
+use self::applies::{
+    always, needs_clock_skew, needs_extend_sets_ttl, needs_fair, needs_fencing, needs_inspect,
+    needs_lease_loss, needs_lost_detection, needs_native_renewal, needs_notify,
+    needs_other_namespace, needs_queue_and_counting, needs_reply_delay, needs_revoke,
+    needs_ttl_expiry,
+};
+pub use self::context::{Ctx, Failure, Outcome, Scenario};
+use self::waiting::needs_thread_cpu_clock;
+
+fn boxed<'a, F: Future<Output = Outcome> + Send + 'a>(f: F) -> BoxFuture<'a, Outcome> {
+    Box::pin(f)
+}
+
+/// A scenario from its family's module and body function; the function's name is the
+/// scenario's name.
+macro_rules! scenario {
+    ($family:ident :: $name:ident, $applies:expr, $summary:expr) => {
+        Scenario {
+            name: stringify!($name),
+            summary: $summary,
+            applies: $applies,
+            run: |ctx| boxed($family::$name(ctx)),
+        }
+    };
+}
+
+/// Every scenario, in report order.
+pub fn all() -> Vec<Scenario> {
+    vec![
+        scenario!(
+            basics::acquire_release_reacquire,
+            always,
+            "a lock can be taken, released and taken again"
+        ),
+        scenario!(
+            basics::try_lock_contended_returns_none,
+            always,
+            "try_lock on a held lock returns Ok(None), not an error"
+        ),
+        scenario!(
+            basics::independent_names,
+            always,
+            "locks with different names do not interfere"
+        ),
+        scenario!(
+            basics::reentrancy_as_declared,
+            always,
+            "a holder taking its own lock again is refused unless reentrancy is declared"
+        ),
+        scenario!(
+            waiting::wait_deadline_honoured,
+            always,
+            "lock() on a held lock returns Timeout at its deadline, within a bound"
+        ),
+        scenario!(
+            waiting::waiter_does_not_spin,
+            needs_thread_cpu_clock,
+            "a waiting lock() sleeps until notified or its next poll; it does not spin"
+        ),
+        scenario!(
+            waiting::wait_succeeds_on_release,
+            always,
+            "a waiting lock() gets the lock soon after the holder releases"
+        ),
+        scenario!(
+            cancellation::cancelled_wait_leaves_nothing,
+            always,
+            "dropping a pending lock() leaves no lock and no queue entry behind"
+        ),
+        scenario!(
+            cancellation::cancelled_acquire_leaves_nothing,
+            always,
+            "an acquire cancelled at any point leaves the lock free within the TTL"
+        ),
+        scenario!(
+            basics::mutual_exclusion_under_contention,
+            always,
+            "N clients x M tasks never overlap inside the critical section"
+        ),
+        scenario!(
+            expiry::expiry_frees_crashed_holder_after_ttl,
+            needs_ttl_expiry,
+            "a crashed holder's lock frees after the TTL, and not before"
+        ),
+        scenario!(
+            expiry::crash_frees_lock,
+            always,
+            "a crashed holder's lock becomes free within its TTL plus a bound"
+        ),
+        scenario!(
+            expiry::extend_after_expiry_not_held,
+            needs_lease_loss,
+            "extending a lease that ran out returns NotHeld and changes nothing"
+        ),
+        scenario!(
+            expiry::stale_release_keeps_new_holder,
+            needs_lease_loss,
+            "a stale holder's release does not free the new holder's lock"
+        ),
+        scenario!(
+            expiry::release_racing_expiry_keeps_next_holder,
+            needs_ttl_expiry,
+            "a release sent as the lease runs out never frees the next holder's lock"
+        ),
+        scenario!(
+            fencing::fencing_tokens_increase,
+            needs_fencing,
+            "fencing tokens strictly increase across holders, expiry takeover and idle periods included"
+        ),
+        scenario!(
+            renewal::auto_renew_keeps_lock,
+            always,
+            "auto-renewal keeps the lock past several TTLs"
+        ),
+        scenario!(
+            renewal::auto_renew_stops_at_max_hold,
+            always,
+            "auto-renewal stops at the maximum hold time and the lock frees"
+        ),
+        scenario!(
+            renewal::lost_signal_on_expiry,
+            always,
+            "the lost signal fires when the lease runs out, before a waiting client wins the lock"
+        ),
+        scenario!(
+            renewal::lost_signal_on_revoke,
+            needs_revoke,
+            "a lock taken away behind its holder fires the lost signal at the next renewal, before the validity ends"
+        ),
+        scenario!(
+            renewal::lost_detection_as_declared,
+            needs_lost_detection,
+            "a backend declaring lost_detection reports a lock taken away behind the holder by itself, long before the TTL"
+        ),
+        scenario!(
+            waiting::fifo_order,
+            needs_fair,
+            "8 waiters, each seen queued before the next comes, are served in arrival order where fairness is declared"
+        ),
+        scenario!(
+            waiting::notify_hands_over_promptly,
+            needs_notify,
+            "a backend declaring notification hands a released lock to a waiter far faster than any poll interval"
+        ),
+        scenario!(
+            renewal::native_lease_ends_with_session,
+            needs_native_renewal,
+            "a backend declaring native renewal frees a crashed holder's lock with its session, long before the TTL"
+        ),
+        scenario!(
+            basics::drop_releases_promptly,
+            always,
+            "dropping a guard releases the lock within a bound, long before its TTL"
+        ),
+        scenario!(
+            names::hostile_names,
+            always,
+            "every valid hostile name works as its own lock: no InvalidName, no collision"
+        ),
+        scenario!(
+            names::names_are_exact_byte_strings,
+            always,
+            "names are case-sensitive byte strings distinct over their whole length: no folding, normalisation or truncation"
+        ),
+        scenario!(
+            expiry::extend_honours_ttl,
+            needs_extend_sets_ttl,
+            "extend(ttl) sets the lease to the TTL given, longer and shorter than before"
+        ),
+        scenario!(
+            expiry::no_resurrection,
+            needs_lease_loss,
+            "release and extend on an absent or taken-over lease return NotHeld and change or create nothing"
+        ),
+        scenario!(
+            latency::validity_counts_from_send,
+            needs_reply_delay,
+            "with latency on the reply path, validity counts from when the request was sent, and the holder knows it lost before a waiter wins"
+        ),
+        scenario!(
+            latency::skewed_clock_cannot_steal,
+            needs_clock_skew,
+            "a client whose clock runs a minute ahead cannot take a lock that is still held"
+        ),
+        scenario!(
+            waiting::missed_wakeup_hands_over_promptly,
+            needs_notify,
+            "a release in the gap between a waiter's failed attempt and its subscription still wakes it at once, not at a safety poll"
+        ),
+        scenario!(
+            cancellation::grant_at_drop_leaves_nothing,
+            always,
+            "a waiter dropped at the moment it is granted the lock leaves nothing held: another client gets it long before the TTL"
+        ),
+        scenario!(
+            names::namespaces_are_independent,
+            needs_other_namespace,
+            "one name in two namespaces on one server is two locks: neither excludes nor frees the other, and fencing tokens increase within each"
+        ),
+        scenario!(
+            expiry::mutual_exclusion_across_expiry,
+            always,
+            "holders that overrun their lease and those that release hand over without two ever acting at once"
+        ),
+        scenario!(
+            inspect::inspect_reports_holder,
+            needs_inspect,
+            "inspect from another client sees the holder's host, pid, label, token and TTL left, the waiters where known, and a free lock as free; force_release frees it and fires the holder's lost signal"
+        ),
+        scenario!(
+            herd::hand_over_without_herd,
+            needs_queue_and_counting,
+            "with 16 clients waiting on a backend that declares a queue (fair), a hand-over costs at most 8 requests of all clients together, not one or more per waiter"
+        ),
+    ]
+}

@@ -1,0 +1,138 @@
+//! Shared pieces of scenario bodies: the `check!` assertion, error wrapping, try_lock
+//! expectations, waiting for queued waiters, racing for a lock the moment it frees.
+
+use std::time::Duration;
+
+use lockcore::{ErrorKind, Instant, LockGuard, LockName, LockOptions, Locker};
+
+use super::context::{Ctx, Failure, Outcome};
+
+macro_rules! check {
+    ($cond:expr, $($fmt:tt)+) => {
+        let holds: bool = $cond;
+        if !holds {
+            return Err(format!($($fmt)+));
+        }
+    };
+}
+
+pub(super) fn ok_or<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) -> Result<T, Failure> {
+    r.map_err(|e| format!("{what}: {e}"))
+}
+
+pub(super) async fn must_try(
+    locker: &Locker,
+    name: &LockName,
+    opts: &LockOptions,
+    who: &str,
+) -> Result<LockGuard, Failure> {
+    match locker.try_lock(name, opts).await {
+        Ok(Some(g)) => Ok(g),
+        Ok(None) => Err(format!(
+            "{who}: try_lock found the lock held, expected it free"
+        )),
+        Err(e) => Err(format!("{who}: try_lock failed: {e}")),
+    }
+}
+
+pub(super) async fn must_be_held(
+    locker: &Locker,
+    name: &LockName,
+    opts: &LockOptions,
+    when: &str,
+) -> Outcome {
+    match locker.try_lock(name, opts).await {
+        Ok(None) => Ok(()),
+        Ok(Some(_g)) => Err(format!(
+            "{when}: another client took the lock while it should be held"
+        )),
+        Err(e) => Err(format!("{when}: try_lock failed: {e}")),
+    }
+}
+
+/// Waits until the backend reports at least `n` waiters queued on `name`. Backends that do not
+/// report their queue (pollers, which have none) get a short settle time instead: there is no
+/// event to wait for. With `strict`, such a backend fails instead.
+pub(super) async fn settle_waiters(
+    ctx: &Ctx,
+    client: &Locker,
+    name: &LockName,
+    n: usize,
+    strict: bool,
+) -> Outcome {
+    let give_up = Instant::now() + ctx.bound(Duration::from_secs(10));
+    loop {
+        match client.backend().queued_waiters(name).await {
+            Ok(queued) if queued >= n => return Ok(()),
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::Unsupported && !strict => {
+                tokio::time::sleep(ctx.bound(Duration::from_millis(100))).await;
+                return Ok(());
+            }
+            Err(e) => {
+                return Err(format!(
+                    "Backend::queued_waiters (needed to see waiters enqueued without sleeping): {e}"
+                ));
+            }
+        }
+        if Instant::now() >= give_up {
+            return Err(format!("{n} waiters never showed as queued"));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// A client racing to take `name` the moment it frees: `try_lock` every millisecond from
+/// `from` on, until `give_up`.
+pub(super) async fn race_for(
+    client: &Locker,
+    name: &LockName,
+    opts: &LockOptions,
+    from: Instant,
+    give_up: Instant,
+) -> Result<LockGuard, Failure> {
+    Ok(race_observing(client, name, opts, from, give_up).await?.0)
+}
+
+/// As [`race_for`], also returning when the last refused try_lock was sent: the lock was
+/// still held after that moment (the evidence against a lease that outlived its TTL, which a
+/// slow racing client cannot fake, unlike a late win).
+pub(super) async fn race_observing(
+    client: &Locker,
+    name: &LockName,
+    opts: &LockOptions,
+    from: Instant,
+    give_up: Instant,
+) -> Result<(LockGuard, Option<Instant>), Failure> {
+    tokio::time::sleep_until(from).await;
+    let mut last_refused = None;
+    loop {
+        let sent = Instant::now();
+        if let Some(g) = ok_or(client.try_lock(name, opts).await, "the racing try_lock")? {
+            return Ok((g, last_refused));
+        }
+        last_refused = Some(sent);
+        if Instant::now() >= give_up {
+            return Err("the racing client never got the lock".into());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Drops a guard whose lease was lost (its release runs in the background), waits for that
+/// release, checks it did not free the new holder's lock, then releases the new holder.
+pub(super) async fn drop_lost_guard_then_release_new(
+    ctx: &Ctx,
+    old_client: &Locker,
+    lost: LockGuard,
+    new: LockGuard,
+) -> Outcome {
+    let name = lost.name().clone();
+    drop(lost);
+    old_client.flush().await;
+    let opts = ctx.opts(new.ttl());
+    must_be_held(old_client, &name, &opts, "after the lost guard was dropped").await?;
+    ok_or(new.release().await, "release")
+}
+
+pub(super) use check;
