@@ -33,6 +33,17 @@ impl std::fmt::Debug for RequestCount {
     }
 }
 
+/// Loses a client's replies: the server applies a request, the client never hears back (its
+/// connection is reset instead), the "indeterminate" outcome of a request.
+pub trait ReplyLoser: Send + Sync {
+    /// Arms: the reply to the client's next request that carries `pattern` (a lock's name, which
+    /// every backend's acquire and release carry in clear) is lost.
+    fn lose_next_reply(&self, pattern: &[u8]);
+
+    /// Disarms; how many replies the client lost so far.
+    fn disarm(&self) -> u64;
+}
+
 /// Gives the suite independent clients of one backend instance.
 #[async_trait]
 pub trait Harness: Send + Sync + 'static {
@@ -155,6 +166,22 @@ pub trait Harness: Send + Sync + 'static {
     async fn client_counting_requests(&self) -> Result<(Locker, RequestCount)> {
         Err(lockcore::Error::unsupported(
             "this harness cannot count a client's requests",
+        ))
+    }
+
+    /// Whether [`Harness::client_losing_replies`] works; scenarios that need it are
+    /// unsupported otherwise. The default is false.
+    fn can_lose_replies(&self) -> bool {
+        false
+    }
+
+    /// A new client whose replies a scenario can lose ([`ReplyLoser`]: through a proxy for real
+    /// servers, in-process for `memory://`). Unsupported by default.
+    ///
+    /// Cancel safe: a dropped connect leaves nothing behind.
+    async fn client_losing_replies(&self) -> Result<(Locker, Arc<dyn ReplyLoser>)> {
+        Err(lockcore::Error::unsupported(
+            "this harness cannot lose a client's replies",
         ))
     }
 

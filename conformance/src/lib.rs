@@ -17,7 +17,9 @@ use std::sync::Arc;
 use libtest_mimic::{Arguments, Failed, Trial};
 
 pub use faults::{FaultCell, FaultInfo, FaultMatrix, FaultOutcome};
-pub use harness::{BoxFuture, FnHarness, Harness, RequestCount, url_with_param, url_with_path};
+pub use harness::{
+    BoxFuture, FnHarness, Harness, ReplyLoser, RequestCount, url_with_param, url_with_path,
+};
 pub use measure::{Figures, MEASURE_TIME, ProcessHandover, ServerRequests, measure};
 pub use proxied::{ClientProxies, ProxyGroup};
 pub use report::{Provenance, Report, SCHEMA_VERSION, ScenarioInfo};

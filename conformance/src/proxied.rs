@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use faultkit::{Direction, Proxy, ProxyMode, rewrite_url};
+use faultkit::{Direction, Pick, Proxy, ProxyMode, ReplyLoss, rewrite_url};
 use lockcore::{Error, Result};
 
 /// Proxies started for clients; they forward as long as this value lives (a harness keeps it,
@@ -94,16 +94,54 @@ impl ClientProxies {
     /// As [`ClientProxies::url`].
     pub async fn counting(&self, url: &str) -> Result<(String, crate::RequestCount)> {
         let (url, group) = self.group(url, Duration::ZERO).await?;
-        let proxies: Vec<Arc<Proxy>> = self
-            .proxies
+        let proxies = self.of_group(group);
+        let count = crate::RequestCount::new(move || proxies.iter().map(|p| p.requests()).sum());
+        Ok((url, count))
+    }
+
+    /// Whether a proxy in front of `url` sees requests in clear text (no TLS), so that a
+    /// [`ReplyLoser`](crate::ReplyLoser) can pick a request by the lock name it carries.
+    pub fn sees_clear_text(url: &str) -> bool {
+        let lower = url.to_ascii_lowercase();
+        let encrypted_scheme = ["rediss:", "etcds:", "https:", "zks:"]
+            .iter()
+            .any(|s| lower.starts_with(s));
+        let encrypted_param = [
+            "sslmode=require",
+            "sslmode=verify",
+            "ssl-mode=required",
+            "ssl-mode=verify",
+            "tls=true",
+            "tls=1",
+        ]
+        .iter()
+        .any(|p| lower.contains(p));
+        !encrypted_scheme && !encrypted_param
+    }
+
+    /// `url` rewritten as [`ClientProxies::url`] (without delay), with a [`ReplyLoser`] of
+    /// the client connecting to it: a lost reply resets the connection it came on, after the
+    /// server applied the request.
+    ///
+    /// Cancel safe: a dropped call leaves at most idle proxies behind.
+    ///
+    /// # Errors
+    /// As [`ClientProxies::url`].
+    pub async fn losing(&self, url: &str) -> Result<(String, Arc<dyn crate::ReplyLoser>)> {
+        let (url, group) = self
+            .group(&without_opportunistic_tls(url), Duration::ZERO)
+            .await?;
+        Ok((url, Arc::new(ProxiesLosingReplies(self.of_group(group)))))
+    }
+
+    fn of_group(&self, group: ProxyGroup) -> Vec<Arc<Proxy>> {
+        self.proxies
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
             .filter(|(g, _)| *g == group)
             .map(|(_, p)| p.clone())
-            .collect();
-        let count = crate::RequestCount::new(move || proxies.iter().map(|p| p.requests()).sum());
-        Ok((url, count))
+            .collect()
     }
 
     /// Crashes the client behind `group` as a killed process: its connections are reset (as
@@ -120,6 +158,44 @@ impl ClientProxies {
                 p.set_mode(ProxyMode::Reset);
             }
         }
+    }
+}
+
+/// `url` without the TLS its client would negotiate unasked (PostgreSQL's `sslmode=prefer`,
+/// MariaDB's `ssl-mode=preferred`), so that a proxy sees its requests in clear text.
+fn without_opportunistic_tls(url: &str) -> String {
+    let lower = url.to_ascii_lowercase();
+    let param = if lower.starts_with("postgres") && !lower.contains("sslmode=") {
+        "sslmode=disable"
+    } else if (lower.starts_with("mysql") || lower.starts_with("mariadb"))
+        && !lower.contains("ssl-mode=")
+    {
+        "ssl-mode=disabled"
+    } else {
+        return url.to_owned();
+    };
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{param}")
+}
+
+/// The proxies of one client, arming each (the request goes to whichever endpoint serves it).
+struct ProxiesLosingReplies(Vec<Arc<Proxy>>);
+
+impl crate::ReplyLoser for ProxiesLosingReplies {
+    fn lose_next_reply(&self, pattern: &[u8]) {
+        for p in &self.0 {
+            p.lose_reply(Pick::Matching(pattern.to_vec()), ReplyLoss::Reset);
+        }
+    }
+
+    fn disarm(&self) -> u64 {
+        self.0
+            .iter()
+            .map(|p| {
+                p.disarm();
+                p.replies_lost() as u64
+            })
+            .sum()
     }
 }
 
@@ -155,5 +231,11 @@ mod tests {
         assert_eq!(loopback_ports("postgres://u:p@127.0.0.1:15432/db"), [15432]);
         assert!(loopback_ports("sqlite:///tmp/x.db").is_empty());
         assert!(!ClientProxies::can_proxy("memory://x"));
+        assert!(ClientProxies::sees_clear_text("redis://127.0.0.1:1"));
+        assert!(!ClientProxies::sees_clear_text("rediss://127.0.0.1:1"));
+        assert!(!ClientProxies::sees_clear_text(
+            "postgres://u@127.0.0.1:1/db?sslmode=verify-full"
+        ));
+        assert!(!ClientProxies::sees_clear_text("etcds://127.0.0.1:1"));
     }
 }

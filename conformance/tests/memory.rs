@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance::{Harness, RequestCount, Target, run_tests};
+use conformance::{Harness, ReplyLoser, RequestCount, Target, run_tests};
 use lockcore::memory::MemoryBackend;
 use lockcore::{Locker, Result};
 
@@ -59,6 +59,28 @@ impl Harness for MemoryHarness {
             Locker::new(b),
             RequestCount::new(move || counted.requests()),
         ))
+    }
+
+    fn can_lose_replies(&self) -> bool {
+        true
+    }
+
+    async fn client_losing_replies(&self) -> Result<(Locker, Arc<dyn ReplyLoser>)> {
+        let b = MemoryBackend::connect(&self.store);
+        Ok((Locker::new(b.clone()), Arc::new(MemoryLosingReplies(b))))
+    }
+}
+
+/// Loses a memory client's replies in-process.
+struct MemoryLosingReplies(MemoryBackend);
+
+impl ReplyLoser for MemoryLosingReplies {
+    fn lose_next_reply(&self, pattern: &[u8]) {
+        self.0.lose_next_reply_about(pattern);
+    }
+
+    fn disarm(&self) -> u64 {
+        self.0.disarm_reply_loss()
     }
 }
 

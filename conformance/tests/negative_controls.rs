@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use conformance::{Harness, RequestCount, Status, run_all};
+use conformance::{Harness, ReplyLoser, RequestCount, Status, run_all};
 use lockcore::backend::{AcquireRequest, Acquired, Backend, Backoff, Lease, poll_acquire};
 use lockcore::{Capabilities, Error, Instant, LockName, Locker, Result};
 
@@ -69,6 +69,9 @@ enum Flaw {
     /// takes the lock, but a release wakes every waiter, and each reads the queue to see
     /// whether it is the head (a herd: one request per waiter per hand-over).
     HerdDeclaringQueue,
+    /// An acquire whose reply was lost is retried as a new `SET NX`, which fails on the
+    /// request's own grant: the retry waits for it to expire.
+    RetryWaitsOnOwnGrant,
 }
 
 /// The gap between a failed attempt and the subscription of
@@ -285,6 +288,9 @@ struct FlawedBackend {
     namespace: &'static str,
     /// Requests this client (and its leases) sent to the store.
     requests: Arc<AtomicU64>,
+    /// Armed: the reply to the next request about a key containing these bytes is lost.
+    lose_reply_about: Arc<Mutex<Option<Vec<u8>>>>,
+    replies_lost: Arc<AtomicU64>,
 }
 
 /// `Debug` for the store without printing its contents.
@@ -364,47 +370,8 @@ impl Backend for FlawedBackend {
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
         self.request();
-        let key = self.key(&req.name);
-        let sent = Instant::now();
-        let store = &self.store.0;
-        let value = if self.flaw == Flaw::GetsetTimestamp {
-            match self.getset_acquire(&key, req.ttl) {
-                Some(value) => value,
-                None => return Ok(None),
-            }
-        } else {
-            let value = match self.flaw {
-                Flaw::FixedValue => "locked".to_string(),
-                _ => req.token.to_hex(),
-            };
-            if self.flaw == Flaw::SetnxThenExpire {
-                if !store.set_nx(&key, &value, None) {
-                    return Ok(None);
-                }
-                // The second round trip: a holder cancelled or crashed here never sets the
-                // expiry.
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                store.expire(&key, req.ttl);
-            } else if self.flaw == Flaw::SafetyTtlThenExpire {
-                if !store.set_nx(&key, &value, Some(req.ttl * 3)) {
-                    return Ok(None);
-                }
-                // The second round trip sets the real TTL; a holder cancelled here leaves the
-                // safety TTL.
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                store.expire(&key, req.ttl);
-            } else if !store.set_nx(&key, &value, Some(self.stored_ttl(req.ttl))) {
-                return Ok(None);
-            }
-            value
-        };
-        let lease = FlawedLease {
-            backend: self.clone_client(),
-            fencing: self.fence(&key, req.ttl),
-            key,
-            value: Mutex::new(value),
-        };
-        Ok(Some(Acquired::new(lease, sent)))
+        let out = self.try_acquire_applied(req).await?;
+        self.reply(&self.key(&req.name), out)
     }
 
     async fn acquire(
@@ -616,6 +583,76 @@ impl Backend for FlawedBackend {
 }
 
 impl FlawedBackend {
+    /// `try_acquire` as the store applies it, before its reply.
+    async fn try_acquire_applied(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
+        let key = self.key(&req.name);
+        let sent = Instant::now();
+        let store = &self.store.0;
+        let value = if self.flaw == Flaw::GetsetTimestamp {
+            match self.getset_acquire(&key, req.ttl) {
+                Some(value) => value,
+                None => return Ok(None),
+            }
+        } else {
+            let value = match self.flaw {
+                Flaw::FixedValue => "locked".to_string(),
+                _ => req.token.to_hex(),
+            };
+            // The key holds this request's own value: its earlier grant, whose reply was lost;
+            // the retry gets it again (refreshed), except with the flaw (or a value that is not
+            // the request's own).
+            let own = || {
+                !matches!(self.flaw, Flaw::RetryWaitsOnOwnGrant | Flaw::FixedValue)
+                    && store.compare_and_expire(&key, &value, self.stored_ttl(req.ttl))
+            };
+            if self.flaw == Flaw::SetnxThenExpire {
+                if !store.set_nx(&key, &value, None) && !own() {
+                    return Ok(None);
+                }
+                // The second round trip: a holder cancelled or crashed here never sets the
+                // expiry.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                store.expire(&key, req.ttl);
+            } else if self.flaw == Flaw::SafetyTtlThenExpire {
+                if !store.set_nx(&key, &value, Some(req.ttl * 3)) && !own() {
+                    return Ok(None);
+                }
+                // The second round trip sets the real TTL; a holder cancelled here leaves the
+                // safety TTL.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                store.expire(&key, req.ttl);
+            } else if !store.set_nx(&key, &value, Some(self.stored_ttl(req.ttl))) && !own() {
+                return Ok(None);
+            }
+            value
+        };
+        let lease = FlawedLease {
+            backend: self.clone_client(),
+            fencing: self.fence(&key, req.ttl),
+            key,
+            value: Mutex::new(value),
+        };
+        Ok(Some(Acquired::new(lease, sent)))
+    }
+
+    /// The reply to a request about `key`, applied on the store: `out`, or lost (the client
+    /// hears `Unavailable`) when armed for that key.
+    fn reply<T>(&self, key: &str, out: T) -> Result<T> {
+        let mut armed = self.lose_reply_about.lock().unwrap();
+        let hit = armed
+            .as_ref()
+            .is_some_and(|p| key.as_bytes().windows(p.len()).any(|w| w == p.as_slice()));
+        if !hit {
+            return Ok(out);
+        }
+        *armed = None;
+        self.replies_lost.fetch_add(1, Ordering::Relaxed);
+        Err(Error::unavailable(
+            "toy store: the reply was lost",
+            std::io::Error::from(std::io::ErrorKind::ConnectionReset),
+        ))
+    }
+
     /// Counts one request to the store.
     fn request(&self) {
         self.requests.fetch_add(1, Ordering::Relaxed);
@@ -639,6 +676,8 @@ impl FlawedBackend {
             clock_ahead: self.clock_ahead,
             namespace: self.namespace,
             requests: self.requests.clone(),
+            lose_reply_about: self.lose_reply_about.clone(),
+            replies_lost: self.replies_lost.clone(),
         }
     }
 }
@@ -651,42 +690,9 @@ struct FlawedLease {
     fencing: u64,
 }
 
-fn not_held() -> Error {
-    Error::not_held("not this owner's lease")
-}
-
-#[async_trait]
-impl Lease for FlawedLease {
-    fn fencing_token(&self) -> Option<u64> {
-        Some(self.fencing)
-    }
-
-    async fn extend(&self, ttl: Duration) -> Result<Duration> {
-        let b = &self.backend;
-        b.request();
-        let store = &b.store.0;
-        let value = self.value.lock().unwrap().clone();
-        match b.flaw {
-            Flaw::NeverRenewed => Ok(ttl),
-            Flaw::GetsetTimestamp => {
-                if store.get(&self.key).as_deref() != Some(value.as_str()) {
-                    return Err(not_held());
-                }
-                let new = format!(
-                    "{}-{}",
-                    b.clock_ms() + ttl.as_millis() + 1,
-                    fastrand::u64(..)
-                );
-                store.set(&self.key, &new);
-                *self.value.lock().unwrap() = new;
-                Ok(ttl)
-            }
-            _ if store.compare_and_expire(&self.key, &value, b.stored_ttl(ttl)) => Ok(ttl),
-            _ => Err(not_held()),
-        }
-    }
-
-    async fn release(&self) -> Result<()> {
+impl FlawedLease {
+    /// `release` as the store applies it, before its reply.
+    async fn release_applied(&self) -> Result<()> {
         let b = &self.backend;
         b.request();
         let store = &b.store.0;
@@ -710,6 +716,69 @@ impl Lease for FlawedLease {
         } else {
             Err(not_held())
         }
+    }
+}
+
+impl FlawedLease {
+    /// `extend` as the store applies it, before its reply.
+    async fn extend_applied(&self, ttl: Duration) -> Result<Duration> {
+        let b = &self.backend;
+        b.request();
+        let store = &b.store.0;
+        let value = self.value.lock().unwrap().clone();
+        match b.flaw {
+            Flaw::NeverRenewed => Ok(ttl),
+            Flaw::GetsetTimestamp => {
+                if store.get(&self.key).as_deref() != Some(value.as_str()) {
+                    return Err(not_held());
+                }
+                let new = format!(
+                    "{}-{}",
+                    b.clock_ms() + ttl.as_millis() + 1,
+                    fastrand::u64(..)
+                );
+                store.set(&self.key, &new);
+                *self.value.lock().unwrap() = new;
+                Ok(ttl)
+            }
+            _ if store.compare_and_expire(&self.key, &value, b.stored_ttl(ttl)) => Ok(ttl),
+            _ => Err(not_held()),
+        }
+    }
+}
+
+fn not_held() -> Error {
+    Error::not_held("not this owner's lease")
+}
+
+#[async_trait]
+impl Lease for FlawedLease {
+    fn fencing_token(&self) -> Option<u64> {
+        Some(self.fencing)
+    }
+
+    async fn extend(&self, ttl: Duration) -> Result<Duration> {
+        let out = self.extend_applied(ttl).await;
+        self.backend.reply(&self.key, out)?
+    }
+
+    async fn release(&self) -> Result<()> {
+        let out = self.release_applied().await;
+        self.backend.reply(&self.key, out)?
+    }
+}
+
+/// Loses a toy client's replies in-process.
+struct ToyLosingReplies(FlawedBackend);
+
+impl ReplyLoser for ToyLosingReplies {
+    fn lose_next_reply(&self, pattern: &[u8]) {
+        *self.0.lose_reply_about.lock().unwrap() = Some(pattern.to_vec());
+    }
+
+    fn disarm(&self) -> u64 {
+        *self.0.lose_reply_about.lock().unwrap() = None;
+        self.0.replies_lost.load(Ordering::Relaxed)
     }
 }
 
@@ -744,6 +813,8 @@ impl FlawedHarness {
             clock_ahead,
             namespace,
             requests: Arc::default(),
+            lose_reply_about: Arc::default(),
+            replies_lost: Arc::default(),
         }
     }
 }
@@ -780,6 +851,15 @@ impl Harness for FlawedHarness {
 
     fn can_count_requests(&self) -> bool {
         true
+    }
+
+    fn can_lose_replies(&self) -> bool {
+        true
+    }
+
+    async fn client_losing_replies(&self) -> Result<(Locker, Arc<dyn ReplyLoser>)> {
+        let b = self.backend(Duration::ZERO);
+        Ok((Locker::new(b.clone_client()), Arc::new(ToyLosingReplies(b))))
     }
 
     async fn client_counting_requests(&self) -> Result<(Locker, RequestCount)> {
@@ -915,7 +995,12 @@ fn spinning_waiter_is_caught() {
 fn getset_timestamp_lock_is_caught() {
     assert_eq!(
         failing(Flaw::GetsetTimestamp),
-        set(&["skewed_clock_cannot_steal"])
+        // Its value is a new expiry each attempt: a retry after a lost reply cannot know its
+        // own grant, and waits for it to expire.
+        set(&[
+            "lost_acquire_reply_is_retried_safely",
+            "skewed_clock_cannot_steal"
+        ])
     );
 }
 
@@ -1019,6 +1104,14 @@ fn herd_behind_a_declared_queue_is_caught() {
     assert_eq!(
         failing(Flaw::HerdDeclaringQueue),
         set(&["hand_over_without_herd"])
+    );
+}
+
+#[test]
+fn retry_waiting_on_its_own_lost_grant_is_caught() {
+    assert_eq!(
+        failing(Flaw::RetryWaitsOnOwnGrant),
+        set(&["lost_acquire_reply_is_retried_safely"])
     );
 }
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::{ClientProxies, Harness, RequestCount, Target, url_with_param};
+use conformance::{ClientProxies, Harness, ReplyLoser, RequestCount, Target, url_with_param};
 use lock_sql::SqlBackend;
 use lockcore::backend::async_trait;
 use lockcore::{LockGuard, Locker, Result};
@@ -91,6 +91,20 @@ impl Harness for SqlHarness {
     async fn client_counting_requests(&self) -> Result<(Locker, RequestCount)> {
         let (url, count) = self.delayed.counting(&self.url).await?;
         Ok((Locker::new(SqlBackend::connect(&url).await?), count))
+    }
+
+    fn can_lose_replies(&self) -> bool {
+        // A lost reply is picked by the lock name in the request: not through TLS, nor under
+        // interop=sqlx (its requests carry sqlx's numeric key of the name).
+        self.can_delay_replies()
+            && ClientProxies::sees_clear_text(&self.url)
+            && !self.url.contains("interop=sqlx")
+    }
+
+    /// Through a faultkit proxy that loses the replies asked for.
+    async fn client_losing_replies(&self) -> Result<(Locker, Arc<dyn ReplyLoser>)> {
+        let (url, loser) = self.delayed.losing(&self.url).await?;
+        Ok((Locker::new(SqlBackend::connect(&url).await?), loser))
     }
 }
 

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use conformance::{ClientProxies, Harness, RequestCount, Target, url_with_param};
+use conformance::{ClientProxies, Harness, ReplyLoser, RequestCount, Target, url_with_param};
 use lock_zk::ZkBackend;
 use lockcore::backend::async_trait;
 use lockcore::{LockGuard, LockName, Locker, Result};
@@ -103,6 +103,17 @@ impl Harness for ZkHarness {
     async fn client_counting_requests(&self) -> Result<(Locker, RequestCount)> {
         let (url, count) = self.delayed.counting(&self.url).await?;
         Ok((Locker::new(ZkBackend::connect(&url).await?), count))
+    }
+
+    fn can_lose_replies(&self) -> bool {
+        // A lost reply is picked by the lock name in the request: not through TLS.
+        self.can_delay_replies() && ClientProxies::sees_clear_text(&self.url)
+    }
+
+    /// Through a faultkit proxy that loses the replies asked for.
+    async fn client_losing_replies(&self) -> Result<(Locker, Arc<dyn ReplyLoser>)> {
+        let (url, loser) = self.delayed.losing(&self.url).await?;
+        Ok((Locker::new(ZkBackend::connect(&url).await?), loser))
     }
 }
 

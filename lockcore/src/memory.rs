@@ -30,6 +30,9 @@ pub struct MemoryBackend {
 struct Link {
     reply_delay_nanos: Arc<AtomicU64>,
     requests: Arc<AtomicU64>,
+    /// Armed: the reply to the next request about a name containing these bytes is lost.
+    lose_reply_about: Arc<Mutex<Option<Vec<u8>>>>,
+    replies_lost: Arc<AtomicU64>,
 }
 
 impl Link {
@@ -37,6 +40,33 @@ impl Link {
     fn send(&self) -> Duration {
         self.requests.fetch_add(1, Ordering::Relaxed);
         Duration::from_nanos(self.reply_delay_nanos.load(Ordering::Relaxed))
+    }
+
+    /// The reply to a request about `name`, applied on the store: `out`, or lost (the request
+    /// took effect, the client hears `Unavailable`, as from a connection reset) when armed for
+    /// that name.
+    fn reply<T>(&self, name: &LockName, out: T) -> Result<T> {
+        let mut armed = self
+            .lose_reply_about
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let hit = armed.as_ref().is_some_and(|p| {
+            p.is_empty()
+                || name
+                    .as_str()
+                    .as_bytes()
+                    .windows(p.len())
+                    .any(|w| w == p.as_slice())
+        });
+        if !hit {
+            return Ok(out);
+        }
+        *armed = None;
+        self.replies_lost.fetch_add(1, Ordering::Relaxed);
+        Err(Error::unavailable(
+            "memory store: the reply was lost",
+            std::io::Error::from(std::io::ErrorKind::ConnectionReset),
+        ))
     }
 
     /// Waits out `delay`, read when the request was sent.
@@ -140,6 +170,29 @@ impl MemoryBackend {
     /// release. For tests of the server work a hand-over costs.
     pub fn requests(&self) -> u64 {
         self.link.requests.load(Ordering::Relaxed)
+    }
+
+    /// Loses the reply to this client's next request (or its leases') about a name containing
+    /// `name_part` (any name when empty): the store applies the request and the client hears
+    /// `Unavailable`, as when a connection is reset after the server applied what it sent. For
+    /// tests of lost replies (a retried acquire must not wait on its own grant).
+    pub fn lose_next_reply_about(&self, name_part: &[u8]) {
+        *self
+            .link
+            .lose_reply_about
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(name_part.to_vec());
+    }
+
+    /// Disarms [`MemoryBackend::lose_next_reply_about`]; how many replies this client lost so
+    /// far.
+    pub fn disarm_reply_loss(&self) -> u64 {
+        *self
+            .link
+            .lose_reply_about
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+        self.link.replies_lost.load(Ordering::Relaxed)
     }
 
     /// Delays the replies of this client, and of the leases it acquired, by `delay` from now on:
@@ -253,11 +306,15 @@ impl Backend for MemoryBackend {
             let mut slots = self.store.lock();
             let slot = slots.entry(req.name.clone()).or_default();
             slot.drop_expired(now);
-            // Waiters are served first: a try_lock does not barge ahead of the queue.
-            (slot.holder.is_none() && slot.queue.is_empty()).then(|| self.grant(slot, req, now))
+            // Waiters are served first: a try_lock does not barge ahead of the queue. A holder
+            // with this request's token is this request's own grant, whose reply was lost: the
+            // retry gets it again.
+            let own = slot.holder.as_ref().is_some_and(|h| h.token == req.token);
+            ((slot.holder.is_none() && slot.queue.is_empty()) || own)
+                .then(|| self.grant(slot, req, now))
         };
         Link::wait(delay).await;
-        Ok(granted)
+        self.link.reply(&req.name, granted)
     }
 
     async fn acquire(
@@ -281,7 +338,9 @@ impl Backend for MemoryBackend {
                 let slot = slots.entry(req.name.clone()).or_default();
                 slot.drop_expired(now);
                 let is_head = slot.queue.front().is_none_or(|w| w.id == entry.id);
-                if slot.holder.is_none() && is_head {
+                // This request's own grant whose reply was lost: the retry gets it again.
+                let own = slot.holder.as_ref().is_some_and(|h| h.token == req.token);
+                if (slot.holder.is_none() && is_head) || own {
                     if entry.queued {
                         slot.queue.pop_front();
                         entry.queued = false;
@@ -311,7 +370,7 @@ impl Backend for MemoryBackend {
                 Ok(wait_until) => wait_until,
                 Err(acquired) => {
                     Link::wait(delay).await;
-                    return Ok(Some(acquired));
+                    return self.link.reply(&req.name, Some(acquired));
                 }
             };
             match wait_until {
@@ -405,7 +464,7 @@ impl Lease for MemoryLease {
             }
         });
         Link::wait(delay).await;
-        done.map(|()| ttl)
+        self.link.reply(&self.name, done.map(|()| ttl))?
     }
 
     async fn release(&self) -> Result<()> {
@@ -415,7 +474,7 @@ impl Lease for MemoryLease {
             slot.wake_head();
         });
         Link::wait(delay).await;
-        done
+        self.link.reply(&self.name, done)?
     }
 }
 

@@ -159,6 +159,17 @@ impl Harness for UrlHarness {
         let (url, count) = self.proxies.counting(&self.url).await?;
         Ok((locksmith::connect(&url).await?, count))
     }
+
+    fn can_lose_replies(&self) -> bool {
+        // A lost reply is picked by the lock name in the request: not through TLS.
+        proxiable(&self.url) && ClientProxies::sees_clear_text(&self.url)
+    }
+
+    /// Through proxies that lose the replies asked for.
+    async fn client_losing_replies(&self) -> Result<(Locker, Arc<dyn ReplyLoser>)> {
+        let (url, loser) = self.proxies.losing(&self.url).await?;
+        Ok((locksmith::connect(&url).await?, loser))
+    }
 }
 
 /// `url` with another namespace: the `namespace` parameter (Redis, Redlock, ZooKeeper), the

@@ -96,6 +96,14 @@ pub(super) fn needs_reply_delay(_: &Capabilities, h: &dyn Harness) -> Result<(),
     }
 }
 
+pub(super) fn needs_lost_replies(_: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    if h.can_lose_replies() {
+        Ok(())
+    } else {
+        Err("the harness cannot lose a client's replies")
+    }
+}
+
 pub(super) fn needs_clock_skew(_: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
     if h.can_skew_clock() {
         Ok(())

@@ -13,6 +13,7 @@ mod fencing;
 mod herd;
 mod inspect;
 mod latency;
+mod lost_replies;
 mod names;
 mod renewal;
 mod support;
@@ -24,7 +25,7 @@ use crate::harness::BoxFuture;
 
 use self::applies::{
     always, needs_clock_skew, needs_extend_sets_ttl, needs_fair, needs_fencing, needs_inspect,
-    needs_lease_loss, needs_lost_detection, needs_native_renewal, needs_notify,
+    needs_lease_loss, needs_lost_detection, needs_lost_replies, needs_native_renewal, needs_notify,
     needs_other_namespace, needs_queue_and_counting, needs_reply_delay, needs_revoke,
     needs_ttl_expiry,
 };
@@ -230,6 +231,16 @@ pub fn all() -> Vec<Scenario> {
             inspect::inspect_reports_holder,
             needs_inspect,
             "inspect from another client sees the holder's host, pid, label, token and TTL left, the waiters where known, and a free lock as free; force_release frees it and fires the holder's lost signal"
+        ),
+        scenario!(
+            lost_replies::lost_acquire_reply_is_retried_safely,
+            needs_lost_replies,
+            "an acquire applied on the server whose reply is lost: lock()'s retry gets the lock within half its TTL, nobody else holds it meanwhile, and nothing stays held after its release"
+        ),
+        scenario!(
+            lost_replies::lost_release_reply_frees_the_lock,
+            needs_lost_replies,
+            "a release applied on the server whose reply is lost: release() returns, the lock is free for another client at once, and the first client's retry or clean-up never frees the next holder's lock"
         ),
         scenario!(
             herd::hand_over_without_herd,
