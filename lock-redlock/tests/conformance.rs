@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::{ClientProxies, Harness, Target, url_with_param};
+use conformance::{ClientProxies, Harness, ReplyLoser, Target, url_with_param};
 use lock_redlock::RedlockBackend;
 use lockcore::{Locker, Result};
 
@@ -53,6 +53,18 @@ impl Harness for RedlockHarness {
         let sep = if url.contains('?') { '&' } else { '?' };
         let url = format!("{url}{sep}node_timeout_ms={timeout}");
         Ok(Locker::new(RedlockBackend::connect(&url).await?))
+    }
+
+    fn can_lose_replies(&self) -> bool {
+        // A lost reply is picked by the lock name in the request: not through TLS.
+        self.can_delay_replies() && ClientProxies::sees_clear_text(&self.url)
+    }
+
+    /// Every master through its own faultkit proxy, each losing its reply to the request
+    /// asked for (a vote applied on every master, heard from none).
+    async fn client_losing_replies(&self) -> Result<(Locker, Arc<dyn ReplyLoser>)> {
+        let (url, loser) = self.delayed.losing(&self.url).await?;
+        Ok((Locker::new(RedlockBackend::connect(&url).await?), loser))
     }
 }
 
