@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::{
-    ClientProxies, Harness, ProxyGroup, RequestCount, url_with_param, url_with_path,
+    ClientProxies, Harness, ProxyGroup, ReplyLoser, RequestCount, url_with_param, url_with_path,
 };
 use locksmith::{LockGuard, Locker, Result, redact_url};
 
