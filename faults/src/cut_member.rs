@@ -25,7 +25,7 @@ use conformance::FaultCell;
 use faultkit::{Proxy, ProxyMode, now_unix_micros as now};
 use locksmith::{Instant, LockName, LockOptions, Locker};
 
-use crate::scenarios::{R, bound, connect_url, ms, name, scale, watch_lost};
+use crate::support::{R, bound, connect_url, ms, name, scale, watch_lost};
 use crate::target::{Kind, Target};
 
 /// Slack for a noisy machine on top of a bound.

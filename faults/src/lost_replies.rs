@@ -15,7 +15,7 @@ use conformance::FaultCell;
 use faultkit::{Pick, Proxy, ReplyLoss, now_unix_micros as now};
 use locksmith::{Capabilities, Instant, LockGuard, LockOptions, Locker};
 
-use crate::scenarios::{R, bound, connect, connect_url, ms, name, proxies, scale, watch_lost};
+use crate::support::{R, bound, connect, connect_url, ms, name, proxies, scale, watch_lost};
 use crate::target::{Kind, Target};
 
 /// Arms every proxy (one per endpoint: the request goes to whichever serves the client).

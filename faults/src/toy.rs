@@ -11,7 +11,7 @@ use std::time::Duration;
 use locksmith::backend::{AcquireRequest, Acquired, Backend, Lease};
 use locksmith::{Capabilities, Error, Instant, Locker, OwnerToken, Result};
 
-use crate::scenarios::{Link, Service};
+use crate::service::{Link, Service};
 
 /// The deliberate flaw of a toy service.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,6 +4,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+/// The longest TTL accepted by the contract; a backend may declare a smaller range
+/// ([`Capabilities::max_ttl`]).
+pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// How a waiting `lock()` learns that the lock became free.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -105,7 +109,7 @@ impl Default for Capabilities {
             force_release: false,
             inspect: false,
             min_ttl: Duration::from_millis(1),
-            max_ttl: crate::options::MAX_TTL,
+            max_ttl: MAX_TTL,
             drift_ppm: 10_000,
             drift_fixed: Duration::from_millis(2),
             notes: Vec::new(),

@@ -56,13 +56,13 @@ mod secret;
 pub mod telemetry;
 
 pub use backend::OwnerToken;
-pub use capabilities::{Capabilities, RenewKind, WaitKind};
+pub use capabilities::{Capabilities, MAX_TTL, RenewKind, WaitKind};
 pub use error::{Error, ErrorKind, Result, WithLockError};
 pub use inspect::{AcquiredClock, Holder, LockInfo};
 pub use locker::{LockGuard, Locker};
 pub use lost::{Ended, LostReason, LostSignal, Risk};
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN};
-pub use options::{AutoRenew, DEFAULT_MAX_HOLD, DEFAULT_TTL, LockOptions, MAX_TTL};
+pub use options::{AutoRenew, DEFAULT_MAX_HOLD, DEFAULT_TTL, LockOptions};
 pub use secret::Secret;
 
 /// The monotonic clock every deadline of the contract is on (tokio's, so paused test time

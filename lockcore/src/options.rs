@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::{Capabilities, Error, Result};
+use crate::{Capabilities, Error, MAX_TTL, Result};
 
 /// The default lease TTL: 30 seconds, as Redisson's lock watchdog.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
@@ -13,8 +13,6 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// (`lock()` has no default wait deadline: like tokio's `Mutex`, Redisson, Curator, `flock` and
 /// `etcdctl lock`, it waits until acquired unless [`LockOptions::wait_timeout`] asks for one.)
 pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(3600);
-/// The longest TTL accepted by the contract; a backend may declare a smaller range.
-pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// How `lock()` waits, what lease it asks for and whether it renews it.
 ///

@@ -1,0 +1,274 @@
+//! [`LockGuard`]: a held lock, released on drop.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::backend::{AcquireRequest, Acquired, Backend, OwnerToken};
+use crate::lost::Validity;
+use crate::{Error, LockName, LockOptions, LostSignal, RenewKind, Result};
+
+use super::inner::LockerInner;
+use super::lease::GuardShared;
+use super::watchdog::watchdog;
+
+/// A held lock. Release it with [`LockGuard::release`] to learn the outcome; dropping it hands
+/// the release to a background task of the [`Locker`] (never blocking, and not immediate: the
+/// lock is free a round trip later).
+///
+/// A guard dropped after the runtime its [`Locker`] was created on has shut down cannot release:
+/// the release task is dropped unrun, the lock frees by its TTL (or with its session), and
+/// [`Locker::flush`] does not wait for it. Release guards (or [`Locker::flush`]) before shutting
+/// a runtime down.
+///
+/// Check [`LockGuard::lost`] (or [`LockGuard::is_valid`]) before acting on the lock's behalf,
+/// and pass [`LockGuard::fencing_token`] to the resource you protect where the backend has one.
+///
+/// [`Locker`]: crate::Locker
+/// [`Locker::flush`]: crate::Locker::flush
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct LockGuard {
+    name: LockName,
+    token: OwnerToken,
+    ttl: Duration,
+    fencing_token: Option<u64>,
+    acquired_at: Instant,
+    shared: Arc<GuardShared>,
+    signal: LostSignal,
+    watchdog: Option<JoinHandle<()>>,
+    locker: Arc<LockerInner>,
+    finished: bool,
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("name", &self.name)
+            .field("token", &self.token)
+            .field("fencing_token", &self.fencing_token)
+            .field("lost", &self.signal.reason())
+            .finish()
+    }
+}
+
+impl LockGuard {
+    /// A guard for a lease just acquired: sets its validity, hooks the lost signal's telemetry
+    /// and spawns the watchdog where one is needed.
+    pub(super) fn start(
+        locker: &Arc<LockerInner>,
+        request: AcquireRequest,
+        signal: LostSignal,
+        acquired: Acquired,
+        options: &LockOptions,
+    ) -> LockGuard {
+        let ttl = request.ttl;
+        let caps = locker.backend.capabilities();
+        let granted = acquired.granted_ttl.unwrap_or(ttl);
+        // The maximum hold time ends the lease whatever the TTL: the validity never runs past
+        // it, and the watchdog releases the lock there.
+        let hold_deadline = options
+            .auto_renew_value()
+            .map(|r| acquired.sent_at + r.max_hold());
+        let telemetry = locker.telemetry.clone();
+        telemetry.held.increment(1.0);
+        let acquired_at = acquired.sent_at;
+        {
+            let (telemetry, name) = (telemetry.clone(), request.name.clone());
+            let once = AtomicBool::new(false);
+            request.lost.set_hook(Box::new(move |reason| {
+                if !once.swap(true, Ordering::AcqRel) {
+                    telemetry.lost(name.as_str(), reason, acquired_at.elapsed());
+                }
+            }));
+        }
+        let shared = Arc::new(GuardShared {
+            name: request.name.clone(),
+            telemetry,
+            acquired_at,
+            lease: acquired.lease,
+            notifier: request.lost,
+            validity: Arc::new(Validity::new(acquired.sent_at, hold_deadline)),
+            release_started: AtomicBool::new(false),
+            extending: tokio::sync::Mutex::new(()),
+            hold_deadline,
+        });
+        shared
+            .validity
+            .set_until(shared.deadline(acquired.sent_at, granted, caps));
+        let validity = shared.validity.clone();
+        // The lost signal notices a passed deadline by itself, and a TTL backend's server frees
+        // the lock by itself: a watchdog task is needed only to renew, or to release a
+        // session-bound lease at its deadline. Not spawning one keeps a worker wake-up off the
+        // uncontended path.
+        let needs_watchdog = options.auto_renew_value().is_some()
+            || !caps.expiry_after_ttl
+            || caps.renew == RenewKind::Native;
+        let watchdog = needs_watchdog.then(|| {
+            locker.runtime.spawn(watchdog(
+                shared.clone(),
+                locker.clone(),
+                signal.clone(),
+                ttl,
+                acquired.sent_at,
+                options.auto_renew_value().cloned(),
+            ))
+        });
+        let signal = signal.with_validity(validity);
+        LockGuard {
+            name: request.name,
+            token: request.token,
+            ttl,
+            fencing_token: shared.lease.fencing_token(),
+            acquired_at: acquired.sent_at,
+            shared,
+            signal,
+            watchdog,
+            locker: locker.clone(),
+            finished: false,
+        }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    /// This acquisition's random owner token.
+    pub fn token(&self) -> OwnerToken {
+        self.token
+    }
+
+    /// The fencing token: strictly increasing across successive holders of this name, on
+    /// backends that declare `fencing`.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fencing_token
+    }
+
+    /// When the request that won the lock was sent.
+    pub fn acquired_at(&self) -> Instant {
+        self.acquired_at
+    }
+
+    /// The TTL asked for.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Until when the lease is surely this holder's, on the monotonic clock: the moment the
+    /// winning (or last renewing) request was sent, plus the TTL, minus a drift margin.
+    pub fn valid_until(&self) -> Instant {
+        self.shared.valid_until()
+    }
+
+    /// Whether the lease is still within its validity and not known lost.
+    pub fn is_valid(&self) -> bool {
+        !self.signal.is_lost() && Instant::now() < self.valid_until()
+    }
+
+    /// The lost signal: fires when the lease is known lost.
+    pub fn lost(&self) -> LostSignal {
+        self.signal.clone()
+    }
+
+    /// Extends the lease to `ttl` from now (shorter or longer than before), never past the
+    /// maximum hold time of its auto-renewal. Extends of one guard run one at a time (a second
+    /// waits for the first), so the validity follows what the server applied last.
+    ///
+    /// Once the lease is known lost it stays lost: after the lost signal fired (or the validity
+    /// deadline passed), `extend` returns `NotHeld` without asking the server, and a reply that
+    /// comes back after the validity deadline counts as lost too.
+    ///
+    /// Cancel safety: dropping the future may or may not have extended the lease on the server;
+    /// the validity deadline is only moved on a confirmed success.
+    ///
+    /// # Errors
+    /// `NotHeld` if the lease is no longer this holder's (nothing changes), `InvalidConfig` for a
+    /// bad TTL, `Unavailable` or `Backend` on failure.
+    pub async fn extend(&self, ttl: Duration) -> Result<()> {
+        let caps = self.locker.backend.capabilities();
+        // Only the TTL is checked: the guard's renewal policy was checked when it was acquired.
+        LockOptions::new().ttl(ttl).no_auto_renew().validate(caps)?;
+        self.shared.extend(ttl, caps, false).await.map(drop)
+    }
+
+    /// Releases the lock and reports how it went.
+    ///
+    /// Cancel safety: if the future is dropped before it completes, the release goes on in the
+    /// background as if the guard had been dropped.
+    ///
+    /// # Errors
+    /// `NotHeld` if the lease had already expired or been taken over (nothing was freed);
+    /// `Unavailable` or `Backend` on failure (the lock then frees after its TTL).
+    pub async fn release(mut self) -> Result<()> {
+        self.stop_watchdog();
+        self.finished = true;
+        if self.signal.is_lost() {
+            // Released after the loss: the signal stays fired, and the release is still sent.
+        } else {
+            self.shared.end_by_holder();
+        }
+        if !self.shared.begin_release() {
+            return Err(Error::not_held(
+                "the lease ran past its validity and was already released",
+            ));
+        }
+        let mut on_cancel = ReleaseOnCancel {
+            shared: Some(self.shared.clone()),
+            locker: self.locker.clone(),
+        };
+        let result = self.shared.release_traced().await;
+        on_cancel.shared = None;
+        result
+    }
+
+    /// Stops renewal and forgets the lease without releasing it: the lock stays held until its
+    /// TTL runs out (or, on session-bound backends, until the session ends). Meant for tests that
+    /// play a crashed holder.
+    pub fn abandon(mut self) {
+        self.stop_watchdog();
+        self.finished = true;
+        self.shared.end_by_holder();
+        self.shared.release_started.store(true, Ordering::Release);
+    }
+
+    fn stop_watchdog(&mut self) {
+        if let Some(w) = self.watchdog.take() {
+            w.abort();
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        self.shared.telemetry.held.decrement(1.0);
+        // A loss the signal computed (the validity deadline passed) but nothing reported yet is
+        // reported now, so the lost span and counter see every loss known by the guard's end.
+        if let Some(reason) = self.signal.reason() {
+            self.shared.notifier.fire(reason);
+        }
+        self.stop_watchdog();
+        if !self.finished && !self.signal.is_lost() {
+            self.shared.end_by_holder();
+        }
+        if !self.finished && self.shared.begin_release() {
+            self.locker.release_in_background(self.shared.clone());
+        }
+    }
+}
+
+struct ReleaseOnCancel {
+    shared: Option<Arc<GuardShared>>,
+    locker: Arc<LockerInner>,
+}
+
+impl Drop for ReleaseOnCancel {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            self.locker.release_in_background(shared);
+        }
+    }
+}

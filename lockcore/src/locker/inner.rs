@@ -1,0 +1,35 @@
+//! What a [`Locker`](super::Locker)'s clones and its guards share: the backend, the runtime,
+//! the background tasks and the telemetry.
+
+use std::sync::Arc;
+
+use tokio::runtime::Handle;
+
+use crate::ErrorKind;
+use crate::backend::{Backend, Background};
+use crate::telemetry::Telemetry;
+
+use super::lease::GuardShared;
+
+pub(super) struct LockerInner {
+    pub(super) backend: Arc<dyn Backend>,
+    pub(super) runtime: Handle,
+    /// Drop-releases and the backends' own cleanup (cancelled waiters, partial acquires).
+    pub(super) background: Background,
+    /// Metric handles and the backend label of spans.
+    pub(super) telemetry: Arc<Telemetry>,
+}
+
+impl LockerInner {
+    /// Hands a release to a background task: never blocks, and runs to completion as long as the
+    /// runtime does.
+    pub(super) fn release_in_background(self: &Arc<Self>, shared: Arc<GuardShared>) {
+        self.background.spawn(async move {
+            if let Err(e) = shared.release_traced().await
+                && e.kind() != ErrorKind::NotHeld
+            {
+                tracing::warn!(error = %format!("{e:#}"), "background release failed; the lock frees after its ttl");
+            }
+        });
+    }
+}

@@ -1,0 +1,157 @@
+//! A held lease's state, shared by its guard and its watchdog: the validity deadline, extends
+//! one at a time, the loss latch and the release.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::backend::{BoxLease, LostNotifier};
+use crate::lost::Validity;
+use crate::telemetry::Telemetry;
+use crate::{Capabilities, Error, ErrorKind, LockName, LostReason, Result};
+
+pub(super) struct GuardShared {
+    pub(super) name: LockName,
+    pub(super) telemetry: Arc<Telemetry>,
+    pub(super) acquired_at: Instant,
+    pub(super) lease: BoxLease,
+    pub(super) notifier: LostNotifier,
+    pub(super) validity: Arc<Validity>,
+    pub(super) release_started: AtomicBool,
+    /// Held across each extend: extends of one guard (the watchdog's and the user's) run one at
+    /// a time, so the validity always follows the request the server applied last.
+    pub(super) extending: tokio::sync::Mutex<()>,
+    /// Acquired at plus the maximum hold time, when auto-renewal is on.
+    pub(super) hold_deadline: Option<Instant>,
+}
+
+impl GuardShared {
+    pub(super) fn valid_until(&self) -> Instant {
+        self.validity.until()
+    }
+
+    /// The validity of a lease granted `granted` by a request sent at `sent`: minus the drift
+    /// margin, never past the maximum hold time.
+    pub(super) fn deadline(
+        &self,
+        sent: Instant,
+        granted: Duration,
+        caps: &Capabilities,
+    ) -> Instant {
+        let until = sent + granted.saturating_sub(caps.drift_margin(granted));
+        match self.hold_deadline {
+            Some(hold) => until.min(hold),
+            None => until,
+        }
+    }
+
+    /// Extends the lease to `ttl`, one extend at a time per guard. Once the lease is known lost
+    /// it stays lost: an extend after the lost signal fired, or whose reply comes back after the
+    /// validity deadline passed, returns `NotHeld` and the signal stays fired.
+    pub(super) async fn extend(
+        &self,
+        ttl: Duration,
+        caps: &Capabilities,
+        auto: bool,
+    ) -> Result<Duration> {
+        let span = tracing::info_span!(
+            "lock.renew",
+            lock = self.name.as_str(),
+            backend = &*self.telemetry.backend,
+            auto,
+            outcome = tracing::field::Empty,
+        );
+        let result = self.extend_inner(ttl, caps).instrument(span.clone()).await;
+        let outcome = match &result {
+            Ok(_) => "renewed",
+            Err(e) if e.kind() == ErrorKind::NotHeld => "refused",
+            Err(_) => "error",
+        };
+        span.record("outcome", outcome);
+        self.telemetry.renewed(outcome);
+        result
+    }
+
+    pub(super) async fn extend_inner(
+        &self,
+        ttl: Duration,
+        caps: &Capabilities,
+    ) -> Result<Duration> {
+        let _one_at_a_time = self.extending.lock().await;
+        if self.release_started.load(Ordering::Acquire) {
+            return Err(Error::not_held("the lease has been released"));
+        }
+        self.latch_loss()?;
+        let sent = Instant::now();
+        // A shorter TTL takes effect on the server the moment it applies the request, which the
+        // holder cannot tell from a lost reply or a dropped future: believe the shorter validity
+        // from the send on, so that an unconfirmed extend never leaves the holder trusting more
+        // than the server may grant (a second holder otherwise, faults' lost_extend_reply).
+        self.validity.shorten_to(self.deadline(sent, ttl, caps));
+        match self.lease.extend(ttl).await {
+            Ok(granted) => {
+                if !self.validity.renew_to(self.deadline(sent, granted, caps)) {
+                    self.notifier.fire(self.validity.expiry_reason());
+                    return Err(Error::not_held(
+                        "the validity deadline passed before the extend was confirmed; the lease counts as lost",
+                    ));
+                }
+                Ok(granted)
+            }
+            Err(e) => {
+                if e.kind() == ErrorKind::NotHeld {
+                    self.notifier.fire(LostReason::RenewalRefused);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// `NotHeld` if the lease is known lost (reported, or past its validity), making a passed
+    /// deadline a reported loss so that it stays lost.
+    pub(super) fn latch_loss(&self) -> Result<()> {
+        if let Some(reason) = self.notifier.reason() {
+            return Err(Error::not_held(format!("the lease was lost: {reason}")));
+        }
+        if let Some(reason) = self.validity.expired_reason() {
+            self.notifier.fire(reason);
+            return Err(Error::not_held(format!("the lease was lost: {reason}")));
+        }
+        Ok(())
+    }
+
+    /// True for the one caller that may release the lease. A user's release (or drop, or
+    /// abandon) also ends the lease for the lost signal; the watchdog's release at the deadline
+    /// does not, since the deadline passing is the loss.
+    pub(super) fn begin_release(&self) -> bool {
+        !self.release_started.swap(true, Ordering::AcqRel)
+    }
+
+    /// The lease's release, in a `lock.release` span.
+    pub(super) async fn release_traced(&self) -> Result<()> {
+        let span = tracing::info_span!(
+            "lock.release",
+            lock = self.name.as_str(),
+            backend = &*self.telemetry.backend,
+            outcome = tracing::field::Empty,
+            held_ms = self.acquired_at.elapsed().as_millis() as u64,
+        );
+        let result = self.lease.release().instrument(span.clone()).await;
+        span.record(
+            "outcome",
+            match &result {
+                Ok(()) => "released",
+                Err(e) if e.kind() == ErrorKind::NotHeld => "not_held",
+                Err(_) => "error",
+            },
+        );
+        result
+    }
+
+    pub(super) fn end_by_holder(&self) {
+        self.validity.end();
+    }
+}

@@ -1,0 +1,391 @@
+//! The user-facing client: validation, waiting, guards, auto-renewal, the lost signal and
+//! release on drop, the same for every backend.
+//!
+//! This file is the [`Locker`]; its pieces live apart and never use it: `inner` (what a
+//! locker's clones and its guards share), `lease` (a held lease's state: validity, extend,
+//! release), `watchdog` (renewal and the deadline), `guard` ([`LockGuard`]).
+
+mod guard;
+mod inner;
+mod lease;
+#[cfg(test)]
+mod tests;
+mod watchdog;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::backend::{
+    AcquireRequest, Acquired, Backend, Background, Backoff, LostNotifier, OwnerToken,
+};
+use crate::telemetry::{Outcome, Telemetry};
+use crate::{
+    Capabilities, Error, ErrorKind, Holder, IntoLockName, LockInfo, LockName, LockOptions,
+    LostSignal, Result, WithLockError,
+};
+
+pub use self::guard::LockGuard;
+use self::inner::LockerInner;
+
+/// How `lock()` spaces its retries of `Unavailable` errors.
+const RETRY_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(10),
+    max: Duration::from_secs(1),
+};
+
+/// How long `Unavailable` errors must persist before `lock()` gives up on them.
+const RETRY_GIVE_UP: Duration = Duration::from_secs(30);
+
+/// A client of one lock backend. Cheap to clone; clones share the backend connection(s).
+///
+/// Create it inside a tokio runtime: guards dropped without an explicit release are released by
+/// a task spawned on that runtime.
+#[derive(Clone)]
+pub struct Locker {
+    inner: Arc<LockerInner>,
+}
+
+impl fmt::Debug for Locker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Locker")
+            .field("backend", &self.inner.backend.describe())
+            .finish()
+    }
+}
+
+impl Locker {
+    /// Wraps a backend.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn new(backend: impl Backend) -> Self {
+        Self::from_arc(Arc::new(backend))
+    }
+
+    /// Wraps a shared backend.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
+        let telemetry = Arc::new(Telemetry::new(&backend.describe()));
+        Locker {
+            inner: Arc::new(LockerInner {
+                telemetry,
+                backend,
+                background: Background::on(Handle::current()),
+                runtime: Handle::current(),
+            }),
+        }
+    }
+
+    /// The backend's capabilities.
+    pub fn capabilities(&self) -> &Capabilities {
+        self.inner.backend.capabilities()
+    }
+
+    /// The backend, described with secrets redacted.
+    pub fn describe(&self) -> String {
+        self.inner.backend.describe()
+    }
+
+    /// The backend itself.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.inner.backend
+    }
+
+    /// Who holds `name`, as the server sees it now: held or free, the fencing token, the TTL
+    /// left, the holder's metadata (host, process id, when acquired, the
+    /// [label](LockOptions::label)), the queued waiters where the backend knows them. Reads
+    /// only; works from any client, not only the holder's.
+    ///
+    /// Cancel safe.
+    ///
+    /// # Errors
+    /// `InvalidName`, or `Unsupported` where the backend does not declare
+    /// [`Capabilities::inspect`], before any I/O; `Unavailable` or `Backend` when the backend
+    /// fails.
+    pub async fn inspect(&self, name: impl IntoLockName) -> Result<LockInfo> {
+        let name = name.into_lock_name()?;
+        if !self.capabilities().inspect {
+            return Err(Error::unsupported(format!(
+                "{} cannot inspect locks",
+                self.describe()
+            )));
+        }
+        self.inner.backend.inspect(&name).await
+    }
+
+    /// Frees `name` whoever holds it, as an operator would (Redisson's `forceUnlock`, `locksmith
+    /// unlock --force`). Returns whether something was released. The holder's lease is refused
+    /// at its next renewal, and its [lost signal](LockGuard::lost) fires (at once on backends
+    /// with [`Capabilities::revoke_detection`], else at that renewal or at the lease's validity
+    /// deadline); its work must stop there.
+    ///
+    /// Cancel safety: dropping the future may or may not have freed the lock.
+    ///
+    /// # Errors
+    /// `InvalidName`, or `Unsupported` where the backend does not declare
+    /// [`Capabilities::force_release`], before any I/O; `Unavailable` or `Backend` when the
+    /// backend fails.
+    pub async fn force_release(&self, name: impl IntoLockName) -> Result<bool> {
+        let name = name.into_lock_name()?;
+        if !self.capabilities().force_release {
+            return Err(Error::unsupported(format!(
+                "{} cannot force-release locks",
+                self.describe()
+            )));
+        }
+        self.inner.backend.force_release(&name).await
+    }
+
+    /// One attempt to take the lock: `Ok(None)` if someone else holds it (contention is not an
+    /// error). The wait timeout in `options` is ignored.
+    ///
+    /// Cancel safety: dropping the future before it completes may leave the lock held by nobody
+    /// reachable until the TTL runs out (the request may have reached the server); it never leaves
+    /// it held longer.
+    ///
+    /// # Errors
+    /// `InvalidName`, `InvalidConfig` or `Unsupported` before any I/O; `Unavailable` or `Backend`
+    /// when the backend fails.
+    pub async fn try_lock(
+        &self,
+        name: impl IntoLockName,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        let req = self.request(name, options)?;
+        let span = self.acquire_span(&req.request.name, "try");
+        let started = Instant::now();
+        let result = self
+            .inner
+            .backend
+            .try_acquire(&req.request)
+            .instrument(span.clone())
+            .await;
+        let outcome = match &result {
+            Ok(Some(_)) => Outcome::Acquired,
+            Ok(None) => Outcome::Busy,
+            Err(_) => Outcome::Error,
+        };
+        self.record_acquire(&span, false, outcome, started);
+        Ok(result?.map(|a| self.guard(req, a, options)))
+    }
+
+    /// The `lock.acquire` span (see [`telemetry`](crate::telemetry)).
+    fn acquire_span(&self, name: &LockName, mode: &'static str) -> tracing::Span {
+        tracing::info_span!(
+            "lock.acquire",
+            lock = name.as_str(),
+            backend = &*self.inner.telemetry.backend,
+            mode,
+            outcome = tracing::field::Empty,
+            waited_ms = tracing::field::Empty,
+        )
+    }
+
+    fn record_acquire(&self, span: &tracing::Span, wait: bool, outcome: Outcome, started: Instant) {
+        let took = started.elapsed();
+        self.inner.telemetry.acquired(wait, outcome, took);
+        span.record("outcome", outcome.as_str());
+        span.record("waited_ms", took.as_millis() as u64);
+    }
+
+    /// Takes the lock, waiting until it is acquired, or until the options' wait timeout when
+    /// they set one ([`LockOptions::wait_timeout`]; no deadline by default, as tokio's `Mutex`,
+    /// Redisson, Curator, `flock` and `etcdctl lock`). Waits by the backend's notification where
+    /// it has one, and otherwise polls with exponential backoff and full jitter; fair backends
+    /// serve waiters FIFO.
+    ///
+    /// Transient errors do not end the wait: an `Unavailable` error (a dropped connection, a
+    /// server restarting) is retried with exponential backoff and full jitter (10 ms doubling up
+    /// to 1 s, never past the deadline). The wait ends with the last `Unavailable` error only
+    /// when the deadline passes, or when the errors persist: every attempt failed, each within
+    /// 1 s, for 30 s. Other errors end the wait at once.
+    ///
+    /// Cancel safety: dropping the future removes this waiter from any queue; a lock granted in
+    /// the instant before the drop is left to expire after its TTL at the latest.
+    ///
+    /// # Errors
+    /// `Timeout` when the deadline passes; `Unavailable` as above; otherwise as
+    /// [`Locker::try_lock`].
+    pub async fn lock(&self, name: impl IntoLockName, options: &LockOptions) -> Result<LockGuard> {
+        let req = self.request(name, options)?;
+        let started = Instant::now();
+        let deadline = options.wait_value().map(|w| started + w);
+        let span = self.acquire_span(&req.request.name, "wait");
+        let wait_span = tracing::info_span!(
+            parent: &span,
+            "lock.wait",
+            lock = req.request.name.as_str(),
+            backend = &*self.inner.telemetry.backend,
+        );
+        let result = self
+            .acquire_retrying(&req.request, deadline)
+            .instrument(wait_span)
+            .await;
+        let outcome = match &result {
+            Ok(Some(_)) => Outcome::Acquired,
+            Ok(None) => Outcome::Timeout,
+            Err(_) => Outcome::Error,
+        };
+        self.record_acquire(&span, true, outcome, started);
+        match result? {
+            Some(a) => {
+                let handed_over =
+                    a.sent_at.saturating_duration_since(started) >= Duration::from_millis(1);
+                self.inner.telemetry.waited(started.elapsed(), handed_over);
+                Ok(self.guard(req, a, options))
+            }
+            None => Err(Error::timeout(format!(
+                "lock {:?} was not acquired within {:?}",
+                req.request.name.as_str(),
+                options.wait_value().unwrap_or_default()
+            ))),
+        }
+    }
+
+    /// Takes the lock (waiting as [`Locker::lock`] does), runs `work` with the guard while
+    /// holding it, and releases it. The work gets the [`LockGuard`] so it can hand the
+    /// [fencing token](LockGuard::fencing_token) to the storage it writes.
+    ///
+    /// The lease is renewed while the work runs, as every guard is (see the [crate
+    /// docs](crate#one-rule-for-every-guard-renewed-while-it-exists)). If the lease is lost first (a refused
+    /// renewal, the validity deadline, the maximum hold time), `work` is dropped at its next
+    /// await point, so it stops acting on the lock's behalf.
+    ///
+    /// The three ways it can fail are distinct ([`WithLockError`]): the lock was not acquired
+    /// (the work did not run), the lease was lost while the work ran (the work was stopped), or
+    /// the work finished and only the release failed (its output is kept in
+    /// [`WithLockError::ReleaseFailed`]). A work that finishes in the same instant the loss is
+    /// noticed counts as finished. `?` converts the error into [`Error`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockcore::Result<()> {
+    /// use lockcore::{LockGuard, LockOptions, Locker, memory::MemoryBackend};
+    /// let locker = Locker::new(MemoryBackend::connect("with_lock"));
+    /// let token = locker
+    ///     .with_lock("jobs/nightly", &LockOptions::new(), async |guard: &LockGuard| {
+    ///         // write to storage with guard.fencing_token() ...
+    ///         guard.fencing_token()
+    ///     })
+    ///     .await?;
+    /// assert!(token.is_some());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Cancel safety: dropping the future drops `work` and releases the lock in the background.
+    ///
+    /// # Errors
+    /// [`WithLockError::NotAcquired`] with the errors of [`Locker::lock`];
+    /// [`WithLockError::Lost`] when the lease was lost while `work` ran;
+    /// [`WithLockError::ReleaseFailed`] with the work's output when only the release failed.
+    pub async fn with_lock<T>(
+        &self,
+        name: impl IntoLockName,
+        options: &LockOptions,
+        work: impl AsyncFnOnce(&LockGuard) -> T,
+    ) -> Result<T, WithLockError<T>> {
+        let guard = self
+            .lock(name, options)
+            .await
+            .map_err(WithLockError::NotAcquired)?;
+        let lost = guard.lost();
+        let out = tokio::select! {
+            // Work first: a work that finished keeps its output even if the loss is noticed in
+            // the same poll (the release then reports it).
+            biased;
+            out = work(&guard) => out,
+            reason = lost.lost() => return Err(WithLockError::Lost {
+                reason,
+                error: Error::not_held(format!(
+                    "the lease on {:?} was lost while the work ran, which was stopped: {reason}",
+                    guard.name().as_str()
+                )),
+            }),
+        };
+        match guard.release().await {
+            Ok(()) => Ok(out),
+            Err(error) => Err(WithLockError::ReleaseFailed { output: out, error }),
+        }
+    }
+
+    /// Waits until every release handed to the background by dropped guards, and every cleanup
+    /// a backend started for a cancelled call (a dropped waiter's queue entry, a partial
+    /// acquire), has finished. Call it before shutting a runtime down, so that no lock is left
+    /// to expire by its TTL.
+    ///
+    /// A guard dropped after its runtime shut down cannot release: its lock frees by its TTL (or
+    /// with its session), and `flush` does not wait for it.
+    ///
+    /// Cancel safe.
+    pub async fn flush(&self) {
+        self.inner.background.idle().await
+    }
+
+    /// How many background releases and cleanups are still running.
+    pub fn pending_releases(&self) -> usize {
+        self.inner.background.pending()
+    }
+
+    /// The backend's wait, retrying `Unavailable` errors as [`Locker::lock`] documents.
+    async fn acquire_retrying(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Acquired>> {
+        let mut first_failure: Option<Instant> = None;
+        let mut attempt = 0u32;
+        loop {
+            let started = Instant::now();
+            let err = match self.inner.backend.acquire(req, deadline).await {
+                Err(e) if e.kind() == ErrorKind::Unavailable => e,
+                other => return other,
+            };
+            let now = Instant::now();
+            if now.duration_since(started) >= RETRY_BACKOFF.max {
+                // That attempt reached the server and waited before failing: a new failure run.
+                first_failure = None;
+                attempt = 0;
+            }
+            let since = *first_failure.get_or_insert(started);
+            if deadline.is_some_and(|d| now >= d) || now.duration_since(since) >= RETRY_GIVE_UP {
+                return Err(err);
+            }
+            let mut wake = now + RETRY_BACKOFF.delay(attempt);
+            if let Some(d) = deadline {
+                wake = wake.min(d);
+            }
+            tracing::debug!(error = %format!("{err:#}"), lock = req.name.as_str(), attempt, "lock wait: transient error, retrying");
+            tokio::time::sleep_until(wake).await;
+            attempt = attempt.saturating_add(1);
+        }
+    }
+
+    fn request(&self, name: impl IntoLockName, options: &LockOptions) -> Result<PendingGuard> {
+        let name = name.into_lock_name()?;
+        options.validate(self.capabilities())?;
+        let (notifier, signal) = LostNotifier::new();
+        Ok(PendingGuard {
+            request: AcquireRequest::new(name, OwnerToken::random(), options.ttl_value())
+                .with_holder(Holder::current(options.label_value().map(str::to_owned)))
+                .with_lost(notifier)
+                .with_background(self.inner.background.clone()),
+            signal,
+        })
+    }
+    fn guard(&self, pending: PendingGuard, acquired: Acquired, options: &LockOptions) -> LockGuard {
+        let PendingGuard { request, signal } = pending;
+        LockGuard::start(&self.inner, request, signal, acquired, options)
+    }
+}
+
+struct PendingGuard {
+    request: AcquireRequest,
+    signal: LostSignal,
+}
