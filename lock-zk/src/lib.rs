@@ -152,7 +152,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use lockcore::backend::{
-    AcquireRequest, Acquired, Backend, Background, Lease, LostNotifier, async_trait,
+    AcquireRequest, Acquired, Backend, Background, CancelCleanUp, CleanUpIfCancelled, CleanUpTask,
+    Lease, LostNotifier, async_trait,
 };
 use lockcore::{
     Capabilities, Error, Instant, IntoLockName, LostReason, RenewKind, Result, WaitKind,
@@ -843,7 +844,7 @@ impl ZkBackend {
     }
 
     /// The recipe, retried on a new session when the session ends (the caller bounds the
-    /// wait by dropping the future; the contender guard then deletes the node).
+    /// wait by dropping the future; the contender clean-up then deletes the node).
     async fn run(
         &self,
         req: &AcquireRequest,
@@ -876,11 +877,14 @@ impl ZkBackend {
         let parent = self.parent_path(&req.name);
         let client = &session.client;
         let owner = req.token.to_hex();
-        let mut contender = ContenderGuard::new(
-            client.clone(),
-            parent.clone(),
-            self.inner.config.interop.node_prefix(&owner),
-            req.background.clone(),
+        let mut contender = CleanUpIfCancelled::arm(
+            ContenderCleanUp {
+                client: client.clone(),
+                parent: parent.clone(),
+                name_prefix: self.inner.config.interop.node_prefix(&owner),
+                state: ContenderState::Creating,
+            },
+            &req.background,
         );
         // Children first: on a held lock, one read and no write. Skipped where this client's
         // last acquisition won (it mostly finds the lock free again: create at once).
@@ -889,7 +893,7 @@ impl ZkBackend {
                 Ok(children) => {
                     let foreign = self.foreign();
                     if !queue(&children, &parent, &foreign).is_empty() {
-                        contender.state = GuardState::Done;
+                        contender.disarm();
                         return Ok(Attempt::Busy);
                     }
                 }
@@ -910,7 +914,7 @@ impl ZkBackend {
                 Ok((stat, seq)) => {
                     bump(&self.inner.stats.nodes_created);
                     let name = format!("{}{seq}", contender.name_prefix);
-                    contender.state = GuardState::Created(format!("{parent}/{name}"));
+                    contender.state = ContenderState::Created(format!("{parent}/{name}"));
                     mine = Some((name, Some(stat.czxid)));
                 }
                 Err(zk::Error::NoNode) => {
@@ -949,7 +953,7 @@ impl ZkBackend {
                         if session.ended() {
                             return Ok(Attempt::SessionEnded);
                         }
-                        contender.state = GuardState::Creating;
+                        contender.state = ContenderState::Creating;
                         self.ensure_parent(client, &parent).await?;
                         continue 'create;
                     }
@@ -961,7 +965,7 @@ impl ZkBackend {
                         .into_iter()
                         .map(|(s, n)| (s, n.to_owned()))
                         .collect();
-                    (self.own_node(&q, &contender, &mut mine), q)
+                    (self.own_node(&q, &contender, &req.background, &mut mine), q)
                 };
                 let Some(node_name) = node else {
                     // No node of ours: the create was not applied, or the node vanished
@@ -969,11 +973,11 @@ impl ZkBackend {
                     if session.ended() {
                         return Ok(Attempt::SessionEnded);
                     }
-                    contender.state = GuardState::Creating;
+                    contender.state = ContenderState::Creating;
                     continue 'create;
                 };
                 let path = format!("{parent}/{node_name}");
-                contender.state = GuardState::Created(path.clone());
+                contender.state = ContenderState::Created(path.clone());
                 let pos = q
                     .iter()
                     .position(|(_, n)| *n == node_name)
@@ -989,7 +993,7 @@ impl ZkBackend {
                             Err(e) => return Err(map_err(format!("reading {path}"), e)),
                         },
                     };
-                    contender.state = GuardState::Done;
+                    contender.disarm();
                     return Ok(Attempt::Won(self.won(session, req, path, czxid, sent_at)));
                 }
                 if !wait {
@@ -1034,7 +1038,7 @@ impl ZkBackend {
                                 // from now (the server keeps the node for the session, so no
                                 // server-side clock runs on it).
                                 if let Some((_, Some(czxid))) = mine {
-                                    contender.state = GuardState::Done;
+                                    contender.disarm();
                                     return Ok(Attempt::Won(self.won(
                                         session,
                                         req,
@@ -1074,7 +1078,7 @@ impl ZkBackend {
         &self,
         client: &zk::Client,
         parent: &str,
-        contender: &ContenderGuard,
+        contender: &ContenderCleanUp,
         data: &[u8],
     ) -> (
         ZkResult<(zk::Stat, zk::CreateSequence)>,
@@ -1108,7 +1112,8 @@ impl ZkBackend {
     fn own_node(
         &self,
         q: &[(i64, String)],
-        contender: &ContenderGuard,
+        contender: &ContenderCleanUp,
+        background: &Background,
         mine: &mut Option<(String, Option<i64>)>,
     ) -> Option<String> {
         let mut own = q
@@ -1121,7 +1126,7 @@ impl ZkBackend {
             let path = format!("{}/{extra}", contender.parent);
             let client = contender.client.clone();
             let delete = client.delete(&path, None);
-            contender.background.spawn(async move {
+            background.spawn(async move {
                 if let Err(e) = delete.await
                     && is_retryable(&e)
                 {
@@ -1179,67 +1184,46 @@ where
     }
 }
 
+/// Where a contender stands, for the clean-up when its acquisition ends without the lock.
 #[derive(Debug)]
-enum GuardState {
+enum ContenderState {
     /// A create may be in flight: clean up by owner token.
     Creating,
     /// Our node exists at this path.
     Created(String),
-    /// Nothing to clean up (holder, or already deleted).
-    Done,
 }
 
 /// Deletes the contender's node when an acquisition ends without the lock (cancelled, timed
-/// out, failed, busy). Never blocks: the delete is sent from `drop` (the client sends requests
-/// in call order) and its retries run on the request's [`Background`], which
-/// `Locker::flush` waits for.
-struct ContenderGuard {
+/// out, failed, busy): armed in a [`CleanUpIfCancelled`], disarmed when the lock is won. The
+/// delete is sent from `drop` (the client sends requests in call order); its retries run on
+/// the request's [`Background`], which `Locker::flush` waits for.
+struct ContenderCleanUp {
     client: zk::Client,
     parent: String,
     name_prefix: String,
-    background: Background,
-    state: GuardState,
+    state: ContenderState,
 }
 
-impl ContenderGuard {
-    fn new(
-        client: zk::Client,
-        parent: String,
-        name_prefix: String,
-        background: Background,
-    ) -> Self {
-        ContenderGuard {
-            client,
-            parent,
-            name_prefix,
-            background,
-            state: GuardState::Creating,
-        }
-    }
-}
-
-impl Drop for ContenderGuard {
-    fn drop(&mut self) {
-        let state = std::mem::replace(&mut self.state, GuardState::Done);
-        let client = self.client.clone();
-        match state {
-            GuardState::Done => {}
-            GuardState::Created(path) => {
+impl CancelCleanUp for ContenderCleanUp {
+    fn start(self) -> Option<CleanUpTask> {
+        let client = self.client;
+        match self.state {
+            ContenderState::Created(path) => {
                 let first = client.delete(&path, None);
-                self.background.spawn(async move {
+                Some(Box::pin(async move {
                     if let Err(e) = first.await
                         && is_retryable(&e)
                     {
                         let _ = retry(|| client.delete(&path, None)).await;
                     }
-                });
+                }))
             }
-            GuardState::Creating => {
-                let (parent, prefix) = (self.parent.clone(), self.name_prefix.clone());
+            ContenderState::Creating => {
+                let (parent, prefix) = (self.parent, self.name_prefix);
                 // Listed after the create was sent, so the list sees its node if it was made.
                 // (get_children's future owns its request; list_children's borrows the client.)
                 let list = client.get_children(&parent);
-                self.background.spawn(async move {
+                Some(Box::pin(async move {
                     let children = match list.await {
                         Ok((c, _)) => c,
                         Err(e) if is_retryable(&e) => {
@@ -1254,7 +1238,7 @@ impl Drop for ContenderGuard {
                         let path = format!("{parent}/{child}");
                         let _ = retry(|| client.delete(&path, None)).await;
                     }
-                });
+                }))
             }
         }
     }
