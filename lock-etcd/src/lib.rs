@@ -102,7 +102,8 @@ use etcd_client::{
     TxnOp, TxnOpResponse, TxnResponse,
 };
 use lockcore::backend::{
-    AcquireRequest, Acquired, Backend, Background, Lease, LostNotifier, async_trait,
+    AcquireRequest, Acquired, Backend, Background, CancelCleanUp, CleanUpIfCancelled, CleanUpTask,
+    Lease, LostNotifier, async_trait,
 };
 use lockcore::{
     Capabilities, Error, ErrorKind, Instant, IntoLockName, LockInfo, LockName, LostReason,
@@ -574,17 +575,19 @@ impl EtcdBackend {
 
     /// The recipe. `wait == false`: one transaction that puts the key only if the lock's
     /// directory is empty. Otherwise queue and wait without deadline (the caller bounds it by
-    /// dropping the future; the queue guard then deletes the key in the background).
+    /// dropping the future; the queue clean-up then deletes the key in the background).
     async fn run(&self, req: &AcquireRequest, wait: bool) -> Result<Option<Acquired>> {
         let secs = ttl_secs(req.ttl);
         let dir = self.dir(&req.name);
-        let mut queued = QueueGuard {
-            backend: self.clone(),
-            key: String::new(),
-            secs,
-            state: QueueState::Idle,
-            background: req.background.clone(),
-        };
+        let mut queued = CleanUpIfCancelled::arm(
+            QueueCleanUp {
+                backend: self.clone(),
+                key: String::new(),
+                secs,
+                state: QueueState::Idle,
+            },
+            &req.background,
+        );
         let dispatch = &self.inner.dispatch;
         // The keys of this acquisition's attempts start so (see below).
         let own_prefix = format!("{dir}{}-", req.token.to_hex());
@@ -681,7 +684,7 @@ impl EtcdBackend {
                 },
             };
             if resp.succeeded() {
-                queued.state = QueueState::Done;
+                queued.disarm();
                 let lease = self.hold(req, cell, key, revision, floor);
                 return Ok(Some(
                     Acquired::new(lease, lease_sent).with_granted_ttl(granted),
@@ -805,7 +808,7 @@ impl EtcdBackend {
                             // No answer to the keep-alive: count from the last one answered.
                             _ => (cell.expires() - cell.ttl, cell.ttl),
                         };
-                        queued.state = QueueState::Done;
+                        queued.disarm();
                         let lease = self.hold(req, cell, key, revision, floor);
                         return Ok(Some(
                             Acquired::new(lease, lease_sent).with_granted_ttl(granted),
@@ -867,43 +870,42 @@ enum QueueState {
     Sending(Arc<LeaseCell>),
     /// The key is in the queue with this create revision.
     Queued(Arc<LeaseCell>, i64),
-    /// The lock is ours (or the key was handled): nothing to clean up.
-    Done,
 }
 
 /// Deletes this acquisition's queue key when it ends without the lock (cancelled, timed out,
-/// failed), in the background so that [`lockcore::Locker::flush`] waits for it. At worst the key
-/// dies with its lease, which is no longer kept alive.
-struct QueueGuard {
+/// failed): armed in a [`CleanUpIfCancelled`], disarmed when the lock is won; the delete runs
+/// on the request's [`Background`] so that [`lockcore::Locker::flush`] waits for it. At worst
+/// the key dies with its lease, which is no longer kept alive.
+struct QueueCleanUp {
     backend: EtcdBackend,
     key: String,
     secs: u64,
     state: QueueState,
-    background: Background,
 }
 
-impl Drop for QueueGuard {
-    fn drop(&mut self) {
-        let state = std::mem::replace(&mut self.state, QueueState::Done);
+impl CancelCleanUp for QueueCleanUp {
+    fn start(self) -> Option<CleanUpTask> {
+        let QueueCleanUp {
+            backend,
+            key,
+            secs,
+            state,
+        } = self;
         let (cell, revision) = match state {
-            QueueState::Idle | QueueState::Done => return,
+            QueueState::Idle => return None,
             QueueState::Sending(cell) => (cell, None),
             QueueState::Queued(cell, rev) => (cell, Some(rev)),
         };
-        let backend = self.backend.clone();
-        let key = std::mem::take(&mut self.key);
-        let secs = self.secs;
         backend.inner.keeper.release(cell.id);
-        if tokio::runtime::Handle::try_current().is_err() {
-            return;
-        }
-        self.background.spawn(async move {
+        Some(Box::pin(async move {
             // Without a known revision the put may still be in flight: revoking the lease
             // removes the key whenever it lands (the lease is this acquisition's alone).
             let Some(rev) = revision else {
                 let id = cell.id;
                 let _ = backend
-                    .call("revoking a lease", |mut c| async move { c.lease_revoke(id).await })
+                    .call("revoking a lease", |mut c| async move {
+                        c.lease_revoke(id).await
+                    })
                     .await;
                 return;
             };
@@ -921,7 +923,7 @@ impl Drop for QueueGuard {
                     tracing::debug!(error = %e, "deleting a cancelled waiter's key failed; it dies with its lease");
                 }
             }
-        });
+        }))
     }
 }
 
