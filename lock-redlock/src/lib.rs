@@ -127,7 +127,10 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use lock_redis::node::{self, Conn, ExpiryWatch, Keys, Node, NodeAttempt, Waiting};
-use lockcore::backend::{AcquireRequest, Acquired, Backend, Background, Backoff, Lease};
+use lockcore::backend::{
+    AcquireRequest, Acquired, Backend, Background, Backoff, CancelCleanUp, CleanUpIfCancelled,
+    CleanUpTask, Lease,
+};
 use lockcore::{Capabilities, Error, ErrorKind, Instant, LockInfo, LockName, Result, WaitKind};
 
 pub use crate::config::Config;
@@ -630,14 +633,15 @@ impl RedlockBackend {
         let ttl = req.ttl;
         // Armed until the attempt is decided: a call dropped with requests in flight releases
         // on every node in the background.
-        let mut cancel_guard = UndoOnDrop {
-            inner: inner.clone(),
-            keys: keys.clone(),
-            token: token.clone(),
-            background: req.background.clone(),
-            ttl,
-            armed: true,
-        };
+        let in_flight = CleanUpIfCancelled::arm(
+            UndoEverywhere {
+                inner: inner.clone(),
+                keys: keys.clone(),
+                token: token.clone(),
+                ttl,
+            },
+            &req.background,
+        );
         let holder: Arc<str> = req.holder.encode().into();
         let sent_at = Instant::now();
         let mut pending = {
@@ -671,8 +675,9 @@ impl RedlockBackend {
         // Late answers are still ours to wait for (a late "won" is undone below or released
         // with the lease); the caller does not wait for them.
         inner.drain(pending, &req.background);
+        // Decided: from here the undo (if any) is this attempt's own, on the targets below.
+        in_flight.disarm();
         if won >= inner.quorum && sent_at.elapsed() + inner.caps.drift_margin(ttl) < ttl {
-            cancel_guard.armed = false;
             let lease = RedlockLease {
                 inner: inner.clone(),
                 keys: keys.clone(),
@@ -695,10 +700,8 @@ impl RedlockBackend {
                 task.await;
                 let _ = done_tx.send(());
             });
-            cancel_guard.armed = false;
             let _ = done_rx.await;
         }
-        cancel_guard.armed = false;
         if n - failed < inner.quorum {
             return Err(inner.no_majority(n - failed, errors.into_iter()));
         }
@@ -804,28 +807,25 @@ impl RedlockBackend {
     }
 }
 
-/// Releases on every node when a call is dropped mid-attempt.
-struct UndoOnDrop {
+/// Releases on every node when a call is dropped mid-attempt: armed in a
+/// [`CleanUpIfCancelled`] until the attempt is decided.
+struct UndoEverywhere {
     inner: Arc<Inner>,
     keys: Arc<Keys>,
     token: Arc<str>,
-    background: Background,
     ttl: Duration,
-    armed: bool,
 }
 
-impl Drop for UndoOnDrop {
-    fn drop(&mut self) {
-        if self.armed {
-            let all = (0..self.inner.slots.len()).collect();
-            self.background.spawn(self.inner.clone().undo(
-                self.keys.clone(),
-                self.token.clone(),
-                all,
-                Undo::Release,
-                self.ttl,
-            ));
-        }
+impl CancelCleanUp for UndoEverywhere {
+    fn start(self) -> Option<CleanUpTask> {
+        let all = (0..self.inner.slots.len()).collect();
+        Some(Box::pin(self.inner.undo(
+            self.keys,
+            self.token,
+            all,
+            Undo::Release,
+            self.ttl,
+        )))
     }
 }
 
