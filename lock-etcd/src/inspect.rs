@@ -9,7 +9,7 @@ use std::time::Duration;
 use etcd_client::{GetOptions, SortOrder, SortTarget};
 use lockcore::{Holder, LockInfo, LockName, Result};
 
-use crate::EtcdBackend;
+use crate::backend::EtcdBackend;
 
 impl EtcdBackend {
     /// See [`Backend::inspect`](lockcore::backend::Backend::inspect). Two reads when held (the

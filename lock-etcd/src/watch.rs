@@ -105,7 +105,7 @@ impl Dispatch {
         };
         let (stream, revision) = open(client.clone(), &prefix, None, timeout)
             .await
-            .map_err(|e| crate::map_err("starting the etcd watch", e))?;
+            .map_err(|e| crate::errors::map_err("starting the etcd watch", e))?;
         dispatch.lock().revision = revision;
         tokio::spawn(run(
             Arc::downgrade(&dispatch.state),

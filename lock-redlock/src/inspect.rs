@@ -12,7 +12,7 @@ use lock_redis::inspect::{NodeView, read};
 use lock_redis::node::Keys;
 use lockcore::{LockInfo, LockName, Result};
 
-use crate::RedlockBackend;
+use crate::backend::RedlockBackend;
 
 impl RedlockBackend {
     /// See [`Backend::inspect`](lockcore::backend::Backend::inspect): one read per master, in

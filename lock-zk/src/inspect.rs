@@ -10,7 +10,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use lockcore::{Holder, LockInfo, LockName, Result};
 use zookeeper_client as zk;
 
-use crate::{ZkBackend, map_err, queue, retry};
+use crate::backend::{ZkBackend, queue};
+use crate::errors::{map_err, retry};
 
 impl ZkBackend {
     /// See [`Backend::inspect`](lockcore::backend::Backend::inspect): a listing, and a read of

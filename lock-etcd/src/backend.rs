@@ -1,0 +1,137 @@
+//! The client's state (one gRPC channel, one watch, one keep-alive stream, the lease pool)
+//! and the requests every part sends through it.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client, Txn, TxnResponse};
+use lockcore::{Capabilities, Instant, IntoLockName, LockName, Result};
+
+use crate::config::Config;
+use crate::errors::{map_err, not_applied, timed_out};
+use crate::keeper::{Keeper, LeaseCell};
+use crate::watch::Dispatch;
+
+/// Pause before re-sending a request that could not be sent.
+pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(10);
+
+/// Counters of what the backend did, for tests and figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EtcdStats {
+    /// Leases granted (a lease is reused after a clean release).
+    pub leases_granted: u64,
+    /// Predecessor deletions that woke a waiter (one per hand-over with no herd).
+    pub wakeups: u64,
+    /// Ownership re-checks after a wake-up.
+    pub rechecks: u64,
+    /// Lost signals fired because the lock key was deleted behind its holder.
+    pub deleted_behind: u64,
+    /// Events the client's watch received.
+    pub watch_events: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Stats {
+    pub(crate) leases_granted: AtomicU64,
+    pub(crate) wakeups: AtomicU64,
+    pub(crate) rechecks: AtomicU64,
+    pub(crate) deleted_behind: AtomicU64,
+    /// Numbers this client's acquisition attempts, so that each attempt has its own key name.
+    pub(crate) attempts: AtomicU64,
+}
+
+/// An etcd lock client: one gRPC channel, one watch, one keep-alive stream. See the crate docs.
+#[derive(Clone)]
+pub struct EtcdBackend {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) config: Config,
+    pub(crate) capabilities: Capabilities,
+    pub(crate) dispatch: Dispatch,
+    pub(crate) keeper: Keeper,
+    /// Leases whose lock was released cleanly, by granted TTL in seconds.
+    pub(crate) pool: Mutex<HashMap<u64, Vec<Arc<LeaseCell>>>>,
+    pub(crate) bare_lease: tokio::sync::Mutex<Option<Arc<LeaseCell>>>,
+    pub(crate) stats: Stats,
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("url", &self.inner.config.redacted())
+            .finish()
+    }
+}
+
+impl EtcdBackend {
+    /// The key prefix of lock `name`: its holder's and waiters' keys are directly below it.
+    pub fn lock_prefix(&self, name: impl IntoLockName) -> Result<String> {
+        Ok(self.dir(&name.into_lock_name()?))
+    }
+
+    pub(crate) fn dir(&self, name: &LockName) -> String {
+        format!("{}/{}/", self.inner.config.namespace, name.escaped())
+    }
+
+    /// The underlying client (sharing this backend's channel), for advanced use and tests.
+    /// Deleting lock keys through it breaks the locks they carry.
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// Counters of what this backend did.
+    pub fn stats(&self) -> EtcdStats {
+        let s = &self.inner.stats;
+        EtcdStats {
+            leases_granted: s.leases_granted.load(Ordering::Relaxed),
+            wakeups: s.wakeups.load(Ordering::Relaxed),
+            rechecks: s.rechecks.load(Ordering::Relaxed),
+            deleted_behind: s.deleted_behind.load(Ordering::Relaxed),
+            watch_events: self.inner.dispatch.events(),
+        }
+    }
+
+    /// One request, bounded by the configured timeout. A request that was not applied (no
+    /// connection to the member the channel picked, or that member has no leader) is retried
+    /// until the timeout: sending it again cannot apply it twice.
+    pub(crate) async fn call<T, Fut>(
+        &self,
+        what: &str,
+        mut f: impl FnMut(Client) -> Fut,
+    ) -> Result<T>
+    where
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let timeout = self.inner.config.timeout;
+        let deadline = Instant::now() + timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, f(self.inner.client.clone())).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) if not_applied(&e) && Instant::now() + RETRY_PAUSE < deadline => {
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Ok(Err(e)) => return Err(map_err(what, e)),
+                Err(_) => return Err(timed_out(what, timeout)),
+            }
+        }
+    }
+
+    pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse> {
+        self.call(what, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+    }
+}
+
+pub(crate) fn ttl_secs(ttl: Duration) -> u64 {
+    ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)
+}

@@ -1,0 +1,482 @@
+//! The acquisition recipe: one key per attempt under the lock's prefix, on a lease; the lowest
+//! create revision holds; a waiter waits for its predecessor's deletion on the client's watch
+//! and re-checks the queue on a timer; an acquisition that ends without the lock deletes its key
+//! (in the background when the call is dropped).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use etcd_client::{
+    Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+};
+use lockcore::backend::{AcquireRequest, Acquired, CancelCleanUp, CleanUpIfCancelled, CleanUpTask};
+use lockcore::{Error, ErrorKind, Instant, Result};
+
+use crate::backend::{EtcdBackend, ttl_secs};
+use crate::errors::lease_not_found;
+use crate::keeper::{LeaseCell, Renewal};
+use crate::watch::Wake;
+
+/// How long a waiter waits on its watch before it re-checks the queue anyway, at most: a watch
+/// can be silent (a member cut off from the quorum, before require-leader cancels it), and the
+/// wait must still end once the lock is free. One keys-only read per waiter per period; the
+/// waiter's lease TTL within these bounds (see `recheck_every`).
+pub(crate) const RECHECK_MIN: Duration = Duration::from_secs(1);
+pub(crate) const RECHECK_MAX: Duration = Duration::from_secs(10);
+
+impl EtcdBackend {
+    /// The recipe. `wait == false`: one transaction that puts the key only if the lock's
+    /// directory is empty. Otherwise queue and wait without deadline (the caller bounds it by
+    /// dropping the future; the queue clean-up then deletes the key in the background).
+    pub(crate) async fn run(&self, req: &AcquireRequest, wait: bool) -> Result<Option<Acquired>> {
+        let secs = ttl_secs(req.ttl);
+        let dir = self.dir(&req.name);
+        let mut queued = CleanUpIfCancelled::arm(
+            QueueCleanUp {
+                backend: self.clone(),
+                key: String::new(),
+                secs,
+                state: QueueState::Idle,
+            },
+            &req.background,
+        );
+        let dispatch = &self.inner.dispatch;
+        // The keys of this acquisition's attempts start so (see below).
+        let own_prefix = format!("{dir}{}-", req.token.to_hex());
+        'enqueue: loop {
+            // Each attempt puts a key of its own name: the owner token (the same for a retried
+            // acquisition) and this client's attempt number. The clean-up of an abandoned
+            // attempt, still running, can then never meet the key of a later attempt (a re-put
+            // of the same name would keep the old create revision, so that comparing it would
+            // not tell the two apart).
+            let attempt = self.inner.stats.attempts.fetch_add(1, Ordering::Relaxed);
+            let key = format!("{dir}{}-{attempt:x}", req.token.to_hex());
+            queued.key = key.clone();
+            let (cell, fresh) = self.lease_for(secs).await?;
+            queued.state = QueueState::Sending(cell.clone());
+            // Taken before the transaction: a deletion that races our subscriptions is logged.
+            let floor = dispatch.floor();
+            // A pooled lease is renewed when its lock is released: if that renewal is recent
+            // (within 1 % of the TTL), its TTL counts from it and no keep-alive is needed here.
+            let recent = !fresh && renewed_lately(&cell);
+            let refresh = (!fresh && !recent).then(|| self.inner.keeper.refresh(cell.clone()));
+            let sent_at = Instant::now();
+            // The value is the holder's metadata (the owner token is in the key's name).
+            let put = TxnOp::put(
+                key.as_str(),
+                req.holder.encode(),
+                Some(PutOptions::new().with_lease(cell.id)),
+            );
+            let empty = Compare::create_revision(dir.as_str(), CompareOp::Equal, 0).with_prefix();
+            let queue = GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                .with_keys_only();
+            let txn = if wait {
+                Txn::new()
+                    .when([empty])
+                    .and_then([put.clone()])
+                    .or_else([put, TxnOp::get(dir.as_str(), Some(queue))])
+            } else {
+                Txn::new()
+                    .when([empty])
+                    .and_then([put])
+                    .or_else([TxnOp::get(dir.as_str(), Some(queue.with_limit(1)))])
+            };
+            let resp = match self.txn("acquiring the lock", txn).await {
+                Ok(r) => r,
+                // The pooled lease expired meanwhile: nothing was written.
+                Err(e) if lease_not_found(&e) => {
+                    queued.state = QueueState::Idle;
+                    continue 'enqueue;
+                }
+                Err(e) => return Err(e),
+            };
+            // Our key's create revision: the transaction's own (the key name is new), as the
+            // queue listing sent behind the put also shows.
+            let mut revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            for op in resp.op_responses() {
+                if let TxnOpResponse::Get(get) = op
+                    && let Some(own) = get.kvs().iter().find(|kv| kv.key() == key.as_bytes())
+                {
+                    revision = own.create_revision();
+                }
+            }
+            if resp.succeeded() || wait {
+                queued.state = QueueState::Queued(cell.clone(), revision);
+            } else {
+                queued.state = QueueState::Idle;
+            }
+            // The lease's TTL counts from the keep-alive sent with the transaction, or for a
+            // new lease from its grant's send (the lease expires one TTL after the grant, not
+            // after this transaction: counting from here would overstate the validity by the
+            // grant's round trip).
+            let (lease_sent, granted) = match refresh {
+                None if recent => (sent_at, cell.expires().saturating_duration_since(sent_at)),
+                None => (cell.expires() - cell.ttl, cell.ttl),
+                Some(rx) => match rx.await {
+                    Ok(Ok(Renewal::Alive { sent, ttl })) => (sent.min(sent_at), ttl),
+                    Ok(Ok(Renewal::Gone)) => {
+                        // The key (if put) died with the lease: start over with a new one.
+                        queued.state = QueueState::Idle;
+                        continue 'enqueue;
+                    }
+                    Ok(Err(e)) => {
+                        return Err(Error::new(
+                            ErrorKind::Unavailable,
+                            format!("keeping the lock's lease alive: {e}"),
+                        ));
+                    }
+                    Err(_) => {
+                        return Err(Error::new(
+                            ErrorKind::Unavailable,
+                            "the lease keeper stopped",
+                        ));
+                    }
+                },
+            };
+            if resp.succeeded() {
+                queued.disarm();
+                let lease = self.hold(req, cell, key, revision, floor);
+                return Ok(Some(
+                    Acquired::new(lease, lease_sent).with_granted_ttl(granted),
+                ));
+            }
+            if !wait {
+                drop(floor);
+                self.pool_put(secs, cell);
+                return Ok(None);
+            }
+            // Queued: keep the queue key alive while waiting.
+            self.inner.keeper.keep(cell.clone(), None);
+            let mut own = Some(dispatch.deleted(key.as_bytes(), revision, &floor));
+            let mut gone = None;
+            for op in resp.op_responses() {
+                if let TxnOpResponse::Get(get) = op
+                    && let Some(pred) = get
+                        .kvs()
+                        .iter()
+                        .filter(|kv| kv.create_revision() < revision && kv.key() != key.as_bytes())
+                        .max_by_key(|kv| kv.create_revision())
+                    // An earlier attempt of ours ahead: the re-check deletes it (see there).
+                    && !pred.key().starts_with(own_prefix.as_bytes())
+                {
+                    gone = Some(dispatch.deleted(pred.key(), pred.create_revision(), &floor));
+                }
+            }
+            drop(floor);
+            let recheck = recheck_every(cell.ttl);
+            loop {
+                if let Some(pred) = gone.take() {
+                    tokio::select! {
+                        w = pred => {
+                            if w == Ok(Wake::Deleted) {
+                                self.inner.stats.wakeups.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        _ = wait_opt(&mut own) => {
+                            // Our key was deleted (revoked, its lease expired), or the watch
+                            // resynced. The re-check below tells: it compares our key's create
+                            // revision, and queues again if the key is gone.
+                            own = None;
+                        }
+                        // The watch may be silent (its member cut off from the quorum, before
+                        // require-leader cancels it; an application's client without it): look
+                        // anyway, so that a free lock is noticed within this period.
+                        _ = tokio::time::sleep(recheck) => {}
+                    }
+                }
+                // Who is ahead of us now? Sent with a keep-alive so that the lease's TTL counts
+                // from here if we hold the lock, unless the lease was renewed lately (within 1 %
+                // of its TTL, as when this process released it just before queueing again).
+                self.inner.stats.rechecks.fetch_add(1, Ordering::Relaxed);
+                let floor = dispatch.floor();
+                let refresh =
+                    (!renewed_lately(&cell)).then(|| self.inner.keeper.refresh(cell.clone()));
+                let sent_at = Instant::now();
+                let ahead = GetOptions::new()
+                    .with_prefix()
+                    .with_max_create_revision(revision - 1)
+                    .with_sort(SortTarget::Create, SortOrder::Descend)
+                    .with_limit(1)
+                    .with_keys_only();
+                let txn = Txn::new()
+                    .when([Compare::create_revision(
+                        key.as_str(),
+                        CompareOp::Equal,
+                        revision,
+                    )])
+                    .and_then([TxnOp::get(dir.as_str(), Some(ahead))]);
+                let resp = self.txn("checking the lock queue", txn).await?;
+                let renewal = match refresh {
+                    Some(rx) => rx.await,
+                    None => Ok(Ok(Renewal::Alive {
+                        sent: sent_at,
+                        ttl: cell.expires().saturating_duration_since(sent_at),
+                    })),
+                };
+                if !resp.succeeded() || matches!(renewal, Ok(Ok(Renewal::Gone))) {
+                    // Our key is gone: queue again.
+                    self.inner.keeper.release(cell.id);
+                    queued.state = QueueState::Idle;
+                    continue 'enqueue;
+                }
+                if own.is_none() {
+                    // The subscription fired (a resync): subscribe again.
+                    own = Some(dispatch.deleted(key.as_bytes(), revision, &floor));
+                }
+                let mut ahead = None;
+                for op in resp.op_responses() {
+                    if let TxnOpResponse::Get(get) = op {
+                        ahead = get
+                            .kvs()
+                            .first()
+                            .map(|kv| (kv.key().to_vec(), kv.create_revision()));
+                    }
+                }
+                match ahead {
+                    Some((pred, created)) if pred.starts_with(own_prefix.as_bytes()) => {
+                        drop(floor);
+                        // An earlier attempt of this same acquisition (the contract retries an
+                        // attempt that failed `Unavailable` with the same token), whose
+                        // clean-up failed or has not run yet: ours to delete, not to wait for
+                        // until its lease expires. Then look again at once.
+                        let txn = Txn::new()
+                            .when([Compare::create_revision(
+                                pred.as_slice(),
+                                CompareOp::Equal,
+                                created,
+                            )])
+                            .and_then([TxnOp::delete(pred.as_slice(), None)]);
+                        self.txn("deleting an abandoned attempt's key", txn).await?;
+                    }
+                    Some((pred, created)) => {
+                        gone = Some(dispatch.deleted(&pred, created, &floor));
+                        drop(floor);
+                    }
+                    None => {
+                        let (lease_sent, granted) = match renewal {
+                            Ok(Ok(Renewal::Alive { sent, ttl })) => (sent.min(sent_at), ttl),
+                            // No answer to the keep-alive: count from the last one answered.
+                            _ => (cell.expires() - cell.ttl, cell.ttl),
+                        };
+                        queued.disarm();
+                        let lease = self.hold(req, cell, key, revision, floor);
+                        return Ok(Some(
+                            Acquired::new(lease, lease_sent).with_granted_ttl(granted),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Where an acquisition stands, for the clean-up when it ends without the lock.
+pub(crate) enum QueueState {
+    /// Nothing written.
+    Idle,
+    /// A transaction that may put the key is in flight.
+    Sending(Arc<LeaseCell>),
+    /// The key is in the queue with this create revision.
+    Queued(Arc<LeaseCell>, i64),
+}
+
+/// Deletes this acquisition's queue key when it ends without the lock (cancelled, timed out,
+/// failed): armed in a [`CleanUpIfCancelled`], disarmed when the lock is won; the delete runs
+/// on the request's [`Background`] so that [`lockcore::Locker::flush`] waits for it. At worst
+/// the key dies with its lease, which is no longer kept alive.
+pub(crate) struct QueueCleanUp {
+    pub(crate) backend: EtcdBackend,
+    pub(crate) key: String,
+    pub(crate) secs: u64,
+    pub(crate) state: QueueState,
+}
+
+impl CancelCleanUp for QueueCleanUp {
+    fn start(self) -> Option<CleanUpTask> {
+        let QueueCleanUp {
+            backend,
+            key,
+            secs,
+            state,
+        } = self;
+        let (cell, revision) = match state {
+            QueueState::Idle => return None,
+            QueueState::Sending(cell) => (cell, None),
+            QueueState::Queued(cell, rev) => (cell, Some(rev)),
+        };
+        backend.inner.keeper.release(cell.id);
+        Some(Box::pin(async move {
+            // Without a known revision the put may still be in flight: revoking the lease
+            // removes the key whenever it lands (the lease is this acquisition's alone).
+            let Some(rev) = revision else {
+                let id = cell.id;
+                let _ = backend
+                    .call("revoking a lease", |mut c| async move {
+                        c.lease_revoke(id).await
+                    })
+                    .await;
+                return;
+            };
+            // The key name is this attempt's alone; the create revision and the lease make sure
+            // anyway that only the key this attempt put is deleted.
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(key.as_str(), CompareOp::Equal, rev),
+                    Compare::lease(key.as_str(), CompareOp::Equal, cell.id),
+                ])
+                .and_then([TxnOp::delete(key.as_str(), None)]);
+            match backend.txn("deleting a queue key", txn).await {
+                Ok(_) => backend.pool_put(secs, cell),
+                Err(e) => {
+                    tracing::debug!(error = %e, "deleting a cancelled waiter's key failed; it dies with its lease");
+                }
+            }
+        }))
+    }
+}
+
+/// How long a waiter waits on its watch before it re-checks the queue: its lease's TTL (a
+/// crashed predecessor's key lives about that long anyway), within [`RECHECK_MIN`] and
+/// [`RECHECK_MAX`].
+pub(crate) fn recheck_every(ttl: Duration) -> Duration {
+    ttl.clamp(RECHECK_MIN, RECHECK_MAX)
+}
+
+/// Whether `cell`'s lease has at least 99 % of its TTL left (a keep-alive answered within the
+/// last 1 % of the TTL): a lock taken with it counts that much as granted, without a keep-alive.
+pub(crate) fn renewed_lately(cell: &LeaseCell) -> bool {
+    cell.expires() >= Instant::now() + (cell.ttl - cell.ttl / 100)
+}
+
+pub(crate) async fn wait_opt(
+    rx: &mut Option<tokio::sync::oneshot::Receiver<Wake>>,
+) -> std::result::Result<Wake, tokio::sync::oneshot::error::RecvError> {
+    match rx {
+        Some(rx) => rx.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Tests that need the crate's insides (the client's watch), on the real server
+/// (`LOCK_TEST_ETCD_URL`).
+#[cfg(test)]
+mod tests {
+    use lockcore::LockName;
+    use lockcore::backend::Backend;
+
+    use super::*;
+
+    fn scaled(d: Duration) -> Duration {
+        d.mul_f64(conformance::time_scale())
+    }
+
+    /// Polls `cond` until it holds, failing after `within` (scaled).
+    async fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+        let end = Instant::now() + scaled(within);
+        while !cond() {
+            assert!(Instant::now() < end, "{what}: not within {within:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// A deletion of an earlier key of the same name (still in the deletion log because an
+    /// older floor is held, as by a waiter in the middle of its transaction) does not wake a
+    /// subscriber to the newer key; the newer key's own deletion does.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_earlier_deletion_of_the_same_name_does_not_wake_the_newer_key() {
+        let Some(url) = conformance::require_env("LOCK_TEST_ETCD_URL") else {
+            return;
+        };
+        let backend = EtcdBackend::connect(&url).await.unwrap();
+        let dispatch = &backend.inner.dispatch;
+        let key = format!(
+            "{}k",
+            backend
+                .lock_prefix(format!("replay-{:08x}", fastrand::u32(..)))
+                .unwrap()
+        );
+        let mut kv = backend.client().kv_client();
+        let rev = |h: Option<&etcd_client::ResponseHeader>| h.unwrap().revision();
+        let older = dispatch.floor();
+        kv.put(key.as_str(), "", None).await.unwrap();
+        let deleted = rev(kv.delete(key.as_str(), None).await.unwrap().header());
+        eventually("the first deletion seen", Duration::from_secs(5), || {
+            dispatch.revision() >= deleted
+        })
+        .await;
+        let floor = dispatch.floor();
+        let created = rev(kv.put(key.as_str(), "", None).await.unwrap().header());
+        let mut rx = dispatch.deleted(key.as_bytes(), created, &floor);
+        drop(floor);
+        eventually("the re-put seen", Duration::from_secs(5), || {
+            dispatch.revision() >= created
+        })
+        .await;
+        assert_eq!(
+            rx.try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty),
+            "the deletion of the earlier key woke the subscriber to the newer one"
+        );
+        kv.delete(key.as_str(), None).await.unwrap();
+        let woke = tokio::time::timeout(scaled(Duration::from_secs(5)), rx)
+            .await
+            .expect("the newer key's deletion wakes");
+        assert_eq!(woke, Ok(Wake::Deleted));
+        drop(older);
+    }
+
+    /// A waiter whose watch is silent (muted here, as a watch on a member cut off from the
+    /// quorum stays silent) still notices that the lock is free: it re-checks the queue within
+    /// one re-check period (its lease TTL, at least 1 s) after the release.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiter_with_a_silent_watch_rechecks_within_the_bound() {
+        let Some(url) = conformance::require_env("LOCK_TEST_ETCD_URL") else {
+            return;
+        };
+        let holder = lockcore::Locker::new(EtcdBackend::connect(&url).await.unwrap());
+        let backend = EtcdBackend::connect(&url).await.unwrap();
+        backend.inner.dispatch.mute();
+        let waiter = lockcore::Locker::new(backend.clone());
+        let name = format!("silent-{:08x}", fastrand::u32(..));
+        let ttl = Duration::from_secs(1);
+        let opts = lockcore::LockOptions::new()
+            .ttl(ttl)
+            .auto_renew(lockcore::AutoRenew::until(Duration::from_secs(600)))
+            .wait_timeout(scaled(Duration::from_secs(30)));
+        let g = holder.try_lock(&name, &opts).await.unwrap().expect("free");
+        let waiting = {
+            let (waiter, name, opts) = (waiter.clone(), name.clone(), opts.clone());
+            tokio::spawn(async move { waiter.lock(&name, &opts).await })
+        };
+        let lock_name = LockName::new(name.clone()).unwrap();
+        let end = Instant::now() + scaled(Duration::from_secs(10));
+        while backend.queued_waiters(&lock_name).await.unwrap() < 1 {
+            assert!(Instant::now() < end, "the waiter did not queue");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Held (and renewed) past a few re-check periods: the re-checks see the holder.
+        let rechecks = backend.stats().rechecks;
+        let end = Instant::now() + scaled(Duration::from_secs(10));
+        while backend.stats().rechecks < rechecks + 2 {
+            assert!(
+                Instant::now() < end,
+                "the waiter did not re-check on its timer"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!waiting.is_finished(), "the waiter got a held lock");
+        let released = Instant::now();
+        g.release().await.unwrap();
+        let g2 = tokio::time::timeout(recheck_every(ttl) + scaled(Duration::from_secs(2)), waiting)
+            .await
+            .expect("the waiter noticed the free lock within its re-check period")
+            .unwrap()
+            .unwrap();
+        eprintln!("taken {:?} after the release", released.elapsed());
+        assert_eq!(backend.stats().wakeups, 0, "the watch was not silent");
+        g2.release().await.unwrap();
+    }
+}

@@ -1,0 +1,339 @@
+//! The acquisition recipe: one attempt on every master (undone on failure, and in the
+//! background when the call is dropped mid-attempt), and the wait between attempts on release
+//! messages, the holder's expiry and split-vote back-off.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use futures::StreamExt;
+use lock_redis::node::{self, ExpiryWatch, Keys, NodeAttempt};
+use lockcore::backend::{
+    AcquireRequest, Acquired, Backoff, CancelCleanUp, CleanUpIfCancelled, CleanUpTask,
+};
+use lockcore::{Error, Instant, Result};
+
+use crate::backend::{Inner, RedlockBackend};
+use crate::lease::RedlockLease;
+use crate::quorum::Undo;
+use crate::subscriptions::{NameSubs, SUBSCRIPTION_LINGER, SubsUse, first_of};
+use crate::sync::lock_mutex;
+
+pub(crate) enum Attempt {
+    Won(Acquired),
+    Lost {
+        /// Some node said "won": a split vote, retried after a random delay.
+        split: bool,
+        /// When the keys of other holders will have expired on enough nodes for a majority.
+        free_in: Option<Duration>,
+    },
+}
+
+impl RedlockBackend {
+    /// One attempt, undone with a publishing release when it fails (see `Backend::try_acquire`).
+    pub(crate) async fn try_once(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
+        let keys = Arc::new(Keys::new(&self.inner.cfg.namespace, &req.name));
+        let token: Arc<str> = req.token.to_hex().into();
+        match self.attempt(req, &keys, &token, Undo::Release).await? {
+            Attempt::Won(a) => Ok(Some(a)),
+            Attempt::Lost { .. } => Ok(None),
+        }
+    }
+
+    /// The waiting acquisition (see `Backend::acquire` and the crate docs).
+    pub(crate) async fn wait_for(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Acquired>> {
+        let keys = Arc::new(Keys::new(&self.inner.cfg.namespace, &req.name));
+        let token: Arc<str> = req.token.to_hex().into();
+        let mut splits = 0u32;
+        let split = match self.attempt(req, &keys, &token, Undo::Silent).await? {
+            Attempt::Won(a) => return Ok(Some(a)),
+            Attempt::Lost { split, .. } => split,
+        };
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(None);
+        }
+        let subs = self.subscribe(&keys, req.ttl).await;
+        let poll = self.inner.cfg.poll;
+        // When to vote again without a release message; `None`: at once. A split vote first
+        // waits its random delay; a held lock is re-checked at once, now that the
+        // subscriptions see any release.
+        let mut next_vote = split.then(|| {
+            splits += 1;
+            Instant::now() + self.split_delay(splits, req.ttl)
+        });
+        // Expiry publishes nothing: one waiter per client (the holder of this role, on the
+        // first subscribed master's channel) comes back when the holder's keys run out, not
+        // all of them. Without any subscription every waiter keeps its own expiry timer.
+        let mut expiry = subs
+            .0
+            .waitings
+            .iter()
+            .find_map(OnceLock::get)
+            .map(|w| ExpiryWatch::new(w.channel()));
+        // Armed before every vote: a release published while it is in flight wakes us.
+        let mut armed = subs.0.arm();
+        loop {
+            if let Some(mut at) = next_vote {
+                if let Some(d) = deadline {
+                    at = at.min(d);
+                }
+                let woken_by = tokio::select! {
+                    i = first_of(&mut armed) => Some(i),
+                    _ = tokio::time::sleep_until(at) => None,
+                };
+                if let Some(i) = woken_by
+                    && !subs.0.first_to_act(armed.channels[i].last_message())
+                {
+                    // A copy of a release another waiter of this client votes on: sleep on
+                    // towards the same time.
+                    armed.rearm(i);
+                    continue;
+                }
+                armed = subs.0.arm();
+            }
+            let (split, free_in) = match self.attempt(req, &keys, &token, Undo::Silent).await? {
+                Attempt::Won(a) => {
+                    if let Some(e) = expiry.as_mut() {
+                        e.won();
+                    }
+                    return Ok(Some(a));
+                }
+                Attempt::Lost { split, free_in } => (split, free_in),
+            };
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(None);
+            }
+            next_vote = Some(if split {
+                splits += 1;
+                now + self.split_delay(splits, req.ttl)
+            } else {
+                splits = 0;
+                let safety = poll / 2 + poll.mul_f64(fastrand::f64() / 2.0);
+                let mut at = now + safety;
+                if let Some(p) = free_in
+                    && expiry.as_mut().is_none_or(ExpiryWatch::claim)
+                {
+                    // Come back when the holder's keys run out.
+                    at = at.min(now + p + Duration::from_millis(fastrand::u64(1..=5)));
+                }
+                at
+            });
+        }
+    }
+
+    /// One attempt on every node (see the crate docs), undone by `undo` when it fails.
+    async fn attempt(
+        &self,
+        req: &AcquireRequest,
+        keys: &Arc<Keys>,
+        token: &Arc<str>,
+        undo: Undo,
+    ) -> Result<Attempt> {
+        let inner = &self.inner;
+        if let Some(msg) = inner.identity.duplicate.get() {
+            return Err(Error::invalid_config(msg.clone()));
+        }
+        let n = inner.slots.len();
+        let ttl = req.ttl;
+        // Armed until the attempt is decided: a call dropped with requests in flight releases
+        // on every node in the background.
+        let in_flight = CleanUpIfCancelled::arm(
+            UndoEverywhere {
+                inner: inner.clone(),
+                keys: keys.clone(),
+                token: token.clone(),
+                ttl,
+            },
+            &req.background,
+        );
+        let holder: Arc<str> = req.holder.encode().into();
+        let sent_at = Instant::now();
+        let mut pending = {
+            let (keys, token) = (keys.clone(), token.clone());
+            inner.per_node(inner.cfg.node_timeout(ttl), move |mut c| {
+                let (keys, token, holder) = (keys.clone(), token.clone(), holder.clone());
+                async move { node::acquire(&mut c, &keys, &token, &holder, ttl, false).await }
+            })
+        };
+        let mut others = vec![false; n];
+        let (mut won, mut held, mut failed) = (0, 0, 0);
+        let mut pttls = Vec::new();
+        let mut errors: Vec<(usize, Result<()>)> = Vec::new();
+        while let Some((i, r)) = pending.next().await {
+            match r {
+                Ok(NodeAttempt::Won { .. }) => won += 1,
+                Ok(NodeAttempt::Held { pttl }) => {
+                    others[i] = true;
+                    held += 1;
+                    pttls.push(pttl.unwrap_or(ttl));
+                }
+                Err(e) => {
+                    failed += 1;
+                    errors.push((i, Err(e)));
+                }
+            }
+            if won >= inner.quorum || held + failed > n - inner.quorum {
+                break;
+            }
+        }
+        // Late answers are still ours to wait for (a late "won" is undone below or released
+        // with the lease); the caller does not wait for them.
+        inner.drain(pending, &req.background);
+        // Decided: from here the undo (if any) is this attempt's own, on the targets below.
+        in_flight.disarm();
+        if won >= inner.quorum && sent_at.elapsed() + inner.caps.drift_margin(ttl) < ttl {
+            let lease = RedlockLease {
+                inner: inner.clone(),
+                keys: keys.clone(),
+                token: token.clone(),
+                background: req.background.clone(),
+                ttl: Mutex::new(ttl),
+                valid_until: Mutex::new(sent_at + ttl - inner.caps.drift_margin(ttl)),
+            };
+            return Ok(Attempt::Won(Acquired::new(lease, sent_at)));
+        }
+        // Undo on every node that may hold our key, including those whose answer was lost,
+        // and only then go on: a retry with the same token must not meet a late undo.
+        let targets: Vec<usize> = (0..n).filter(|i| !others[*i]).collect();
+        if !targets.is_empty() {
+            let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+            let task = inner
+                .clone()
+                .undo(keys.clone(), token.clone(), targets, undo, ttl);
+            req.background.spawn(async move {
+                task.await;
+                let _ = done_tx.send(());
+            });
+            let _ = done_rx.await;
+        }
+        if n - failed < inner.quorum {
+            return Err(inner.no_majority(n - failed, errors.into_iter()));
+        }
+        // The holder's keys must expire on enough nodes for a majority to be free.
+        let need = inner.quorum as isize - (n - held) as isize;
+        let free_in = (need > 0).then(|| {
+            pttls.sort();
+            pttls[(need as usize - 1).min(pttls.len() - 1)]
+        });
+        Ok(Attempt::Lost {
+            split: won > 0,
+            free_in,
+        })
+    }
+
+    /// Subscribes to the release channel of `keys` on every connected node, or reuses the
+    /// lingering subscriptions of an earlier wait.
+    async fn subscribe(&self, keys: &Keys, ttl: Duration) -> SubsUse {
+        let inner = &self.inner;
+        let entry = {
+            let mut waits = lock_mutex(&inner.waits);
+            let entry = waits
+                .entry(keys.channel.clone())
+                .or_insert_with(|| {
+                    Arc::new(NameSubs {
+                        channel: keys.channel.clone(),
+                        waitings: (0..inner.slots.len()).map(|_| OnceLock::new()).collect(),
+                        acted_on: Mutex::default(),
+                        joining: (0..inner.slots.len())
+                            .map(|_| AtomicBool::new(false))
+                            .collect(),
+                        users: AtomicUsize::new(0),
+                        idle_since: Mutex::new(Instant::now()),
+                    })
+                })
+                .clone();
+            entry.users.fetch_add(1, Ordering::AcqRel);
+            entry
+        };
+        self.start_sweeper();
+        let mut joins = Vec::new();
+        for (i, slot) in inner.slots.iter().enumerate() {
+            if entry.waitings[i].get().is_some() || entry.joining[i].swap(true, Ordering::AcqRel) {
+                continue;
+            }
+            let Some(node) = slot.get() else {
+                entry.joining[i].store(false, Ordering::Release);
+                continue;
+            };
+            // Joined in a task: a slow node's subscription completes (and is used by the next
+            // wait) without holding this waiter up past the node timeout.
+            let (entry, timeout) = (entry.clone(), inner.cfg.connect_timeout);
+            joins.push(tokio::spawn(async move {
+                let joined =
+                    tokio::time::timeout(timeout, node.subscriptions().join(&entry.channel)).await;
+                match joined {
+                    Ok(Ok(w)) => {
+                        let _ = entry.waitings[i].set(w);
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "SUBSCRIBE on a redlock master failed")
+                    }
+                    Err(_) => tracing::debug!("SUBSCRIBE on a redlock master timed out"),
+                }
+                entry.joining[i].store(false, Ordering::Release);
+            }));
+        }
+        if !joins.is_empty() {
+            let _ = tokio::time::timeout(
+                inner.cfg.node_timeout(ttl),
+                futures::future::join_all(joins),
+            )
+            .await;
+        }
+        SubsUse(entry)
+    }
+
+    /// Drops subscriptions of names nobody waited for in [`SUBSCRIPTION_LINGER`].
+    fn start_sweeper(&self) {
+        if self.inner.sweeper.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(SUBSCRIPTION_LINGER).await;
+                let Some(inner) = weak.upgrade() else { return };
+                lock_mutex(&inner.waits).retain(|_, e| {
+                    e.users.load(Ordering::Acquire) > 0
+                        || lock_mutex(&e.idle_since).elapsed() < SUBSCRIPTION_LINGER
+                });
+            }
+        });
+    }
+
+    fn split_delay(&self, splits: u32, ttl: Duration) -> Duration {
+        // At least the 1 ms after which silently undone keys are gone.
+        let backoff = Backoff {
+            initial: Duration::from_millis(2),
+            max: Backoff::for_ttl(ttl).max,
+        };
+        Duration::from_millis(1) + backoff.delay(splits.saturating_sub(1))
+    }
+}
+
+/// Releases on every node when a call is dropped mid-attempt: armed in a
+/// [`CleanUpIfCancelled`] until the attempt is decided.
+pub(crate) struct UndoEverywhere {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) keys: Arc<Keys>,
+    pub(crate) token: Arc<str>,
+    pub(crate) ttl: Duration,
+}
+
+impl CancelCleanUp for UndoEverywhere {
+    fn start(self) -> Option<CleanUpTask> {
+        let all = (0..self.inner.slots.len()).collect();
+        Some(Box::pin(self.inner.undo(
+            self.keys,
+            self.token,
+            all,
+            Undo::Release,
+            self.ttl,
+        )))
+    }
+}

@@ -1,0 +1,132 @@
+//! A held Redlock lease: extend and release on every master, granted by a majority.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_redis::node::{self, Keys};
+use lockcore::backend::{Background, Lease, async_trait};
+use lockcore::{Error, ErrorKind, Instant, Result};
+
+use crate::backend::Inner;
+use crate::quorum::{majority, unconfirmed};
+use crate::subscriptions::release_message;
+use crate::sync::lock_mutex;
+
+/// A lock held on a majority of the masters.
+pub(crate) struct RedlockLease {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) keys: Arc<Keys>,
+    pub(crate) token: Arc<str>,
+    pub(crate) background: Background,
+    /// The TTL last granted (acquire or extend).
+    pub(crate) ttl: Mutex<Duration>,
+    /// The validity deadline: sent time of the last granted acquire or extend + its TTL - drift.
+    pub(crate) valid_until: Mutex<Instant>,
+}
+
+impl RedlockLease {
+    /// How long a release waits for a majority of confirmations: what is left of the validity
+    /// (after it, the keys run out on the masters anyway), at least the per-node timeout of the
+    /// lease's TTL. Not the acquire's per-node timeout alone: a release that reached every
+    /// master must not be reported failed because one of the three masters holding the lock
+    /// answered a few milliseconds late on a busy machine. Each request is also bounded by the
+    /// connections' own response timeout.
+    pub(crate) fn release_budget(&self) -> Duration {
+        let ttl = *lock_mutex(&self.ttl);
+        let remaining = lock_mutex(&self.valid_until).saturating_duration_since(Instant::now());
+        remaining.max(self.inner.cfg.node_timeout(ttl))
+    }
+}
+
+impl fmt::Debug for RedlockLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedlockLease")
+            .field("key", &self.keys.lock)
+            .field("token", &self.token)
+            .finish()
+    }
+}
+
+pub(crate) fn not_held(confirmed: usize, inner: &Inner) -> Error {
+    Error::not_held(format!(
+        "only {confirmed} of {} Redis masters still hold this lease, a majority ({}) is needed",
+        inner.slots.len(),
+        inner.quorum
+    ))
+}
+
+#[async_trait]
+impl Lease for RedlockLease {
+    fn fencing_token(&self) -> Option<u64> {
+        None
+    }
+
+    /// Compare-and-`PEXPIRE` on every master at once; granted when a majority confirmed within
+    /// the validity recomputed from when it was sent (awaited that long).
+    ///
+    /// Cancel safety: dropping the future may have extended the lease on some masters; it stays
+    /// owner-checked.
+    async fn extend(&self, ttl: Duration) -> Result<Duration> {
+        let inner = &self.inner;
+        let sent_at = Instant::now();
+        let drift = inner.caps.drift_margin(ttl);
+        // A confirmation counts until the new validity ends (it is computed from the send
+        // time), not only within the acquire's per-node timeout: one master answering late on
+        // a busy machine must not fail a renewal the others confirmed.
+        let budget = ttl.saturating_sub(drift).max(inner.cfg.node_timeout(ttl));
+        let pending = {
+            let (keys, token) = (self.keys.clone(), self.token.clone());
+            inner.per_node(budget, move |mut c| {
+                let (keys, token) = (keys.clone(), token.clone());
+                async move { node::extend(&mut c, &keys, &token, ttl).await }
+            })
+        };
+        match majority(inner, pending, &self.background).await {
+            Ok(()) if sent_at.elapsed() + drift < ttl => {
+                *lock_mutex(&self.ttl) = ttl;
+                *lock_mutex(&self.valid_until) = sent_at + ttl - drift;
+                Ok(ttl)
+            }
+            Ok(()) => Err(Error::new(
+                ErrorKind::Unavailable,
+                "the renewal reached a majority only after its validity had passed",
+            )),
+            Err((yes, no, errors)) => {
+                if inner.slots.len() - no < inner.quorum {
+                    Err(not_held(yes, inner))
+                } else {
+                    Err(unconfirmed(inner, yes, no, errors))
+                }
+            }
+        }
+    }
+
+    /// Compare-and-delete (publishing to the waiters) on every master at once; released when a
+    /// majority confirmed (the others finish in the background), awaited until the lease's
+    /// validity ends (at least one node timeout), see [`RedlockLease::release_budget`].
+    ///
+    /// Cancel safety: dropping the future may leave the lock held on some masters until its TTL
+    /// runs out.
+    async fn release(&self) -> Result<()> {
+        let inner = &self.inner;
+        let pending = {
+            let (keys, token) = (self.keys.clone(), self.token.clone());
+            let message: Arc<str> = release_message().into();
+            inner.per_node(self.release_budget(), move |mut c| {
+                let (keys, token, message) = (keys.clone(), token.clone(), message.clone());
+                async move { node::release_announced(&mut c, &keys, &token, &message).await }
+            })
+        };
+        match majority(inner, pending, &self.background).await {
+            Ok(()) => Ok(()),
+            Err((yes, no, errors)) => {
+                if inner.slots.len() - no < inner.quorum {
+                    Err(not_held(yes, inner))
+                } else {
+                    Err(unconfirmed(inner, yes, no, errors))
+                }
+            }
+        }
+    }
+}
