@@ -10,6 +10,7 @@ use lockcore::Instant;
 
 use crate::sync::lock_mutex;
 
+/// The least time between two background reconnection attempts of one node.
 pub(crate) const RECONNECT_EVERY: Duration = Duration::from_millis(250);
 
 /// One master: its configuration and, once connected, its client.

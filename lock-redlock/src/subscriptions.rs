@@ -15,7 +15,6 @@ use crate::sync::lock_mutex;
 
 /// How long an idle name's subscriptions linger before they are dropped.
 pub(crate) const SUBSCRIPTION_LINGER: Duration = Duration::from_secs(3);
-/// The least time between two background reconnection attempts of one node.
 
 /// The lingering subscriptions of one lock name: at most one [`Waiting`] per node.
 pub(crate) struct NameSubs {
