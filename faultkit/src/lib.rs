@@ -11,8 +11,10 @@
 //!   still reach its client port, and `heal_member(i)` ends the cut. No privilege needed: the
 //!   member that dialled a connection is found in `/proc`.
 //! * [`Proxy`]: a TCP proxy between a client and a server whose mode switches at run time:
-//!   pass, added latency per direction, blackhole, reset; and one request's reply lost
-//!   ([`Proxy::lose_reply`]). [`rewrite_url`] points a URL at it.
+//!   pass, added latency per direction, blackhole, reset, keepalives answered by the proxy
+//!   while nothing passes; and one request's reply lost ([`Proxy::lose_reply`]). Started with a
+//!   [`Wire`] (PostgreSQL, MySQL, ZooKeeper), it counts the client's requests.
+//!   [`rewrite_url`] points a URL at it.
 //! * [`Holder`]: drives a lock-holder *process* (the `locksmith-holder` binary of the `faults`
 //!   crate, or anything printing the same JSON lines), so a holder can be SIGKILLed, paused and
 //!   resumed like a real one.
@@ -42,6 +44,7 @@ mod process;
 mod proxy;
 mod redis;
 mod util;
+mod wire;
 mod zk;
 
 pub use etcd::Etcd;
@@ -53,5 +56,8 @@ pub use postgres::Postgres;
 pub use process::ServerProcess;
 pub use proxy::{Direction, Pick, Proxy, ProxyMode, ReplyLoss, rewrite_url};
 pub use redis::{RedisFailover, RedisServer};
-pub use util::{Error, Result, TempDir, Timeouts, free_port, now_unix_micros, wait_until};
+pub use util::{
+    Error, Result, TempDir, Timeouts, free_port, now_unix_micros, require_installed, wait_until,
+};
+pub use wire::Wire;
 pub use zk::{ZooKeeper, four_letter as zk_four_letter, mode as zk_mode};

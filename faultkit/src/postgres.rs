@@ -45,6 +45,14 @@ impl Postgres {
     ///
     /// Cancel safety: a dropped start kills the server.
     pub async fn start() -> Result<Self> {
+        Self::start_with(&[]).await
+    }
+
+    /// As [`Postgres::start`], with server settings (`-c name=value`) after the defaults, which
+    /// they override: `&[("max_connections", "50"), ("synchronous_commit", "off")]`.
+    ///
+    /// Cancel safety: a dropped start kills the server.
+    pub async fn start_with(settings: &[(&str, &str)]) -> Result<Self> {
         let dir = TempDir::new("postgres", false)?;
         let timeouts = Timeouts::scaled();
         if is_root() {
@@ -57,25 +65,27 @@ impl Postgres {
         }
         Self::initdb(&dir, timeouts).await?;
         let port = free_port()?;
-        let (prog, args) = as_pg(
-            &format!("{BIN}/postgres"),
-            &[
-                "-D".into(),
-                dir.join("data").to_string_lossy().into_owned(),
-                "-p".into(),
-                port.to_string(),
-                "-k".into(),
-                dir.path().to_string_lossy().into_owned(),
-                "-c".into(),
-                "listen_addresses=127.0.0.1".into(),
-                "-c".into(),
-                "fsync=off".into(),
-                "-c".into(),
-                "full_page_writes=off".into(),
-                "-c".into(),
-                "max_connections=100".into(),
-            ],
-        );
+        let mut server_args: Vec<String> = vec![
+            "-D".into(),
+            dir.join("data").to_string_lossy().into_owned(),
+            "-p".into(),
+            port.to_string(),
+            "-k".into(),
+            dir.path().to_string_lossy().into_owned(),
+            "-c".into(),
+            "listen_addresses=127.0.0.1".into(),
+            "-c".into(),
+            "fsync=off".into(),
+            "-c".into(),
+            "full_page_writes=off".into(),
+            "-c".into(),
+            "max_connections=100".into(),
+        ];
+        for (name, value) in settings {
+            server_args.push("-c".into());
+            server_args.push(format!("{name}={value}"));
+        }
+        let (prog, args) = as_pg(&format!("{BIN}/postgres"), &server_args);
         let process = ServerProcess::spawn(
             format!("postgres :{port}"),
             prog,

@@ -1,6 +1,7 @@
 //! A TCP proxy between a client and a server, whose mode switches at run time.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 use crate::util::Result;
+use crate::wire::{Message, Parser, Wire};
 
 /// What the proxy does with traffic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +27,13 @@ pub enum ProxyMode {
     /// Resets every open connection (TCP RST to both ends) and resets new ones at once, until
     /// the mode changes (like an iptables `REJECT --reject-with tcp-reset`).
     Reset,
+    /// Nothing passes either way and nothing is held (what either end sends meanwhile is
+    /// lost), but the proxy answers the client's keepalives itself, as a ZooKeeper follower cut
+    /// off from its leader does: the client's connection looks alive while the leader, no
+    /// longer hearing of the session, expires it. Keepalives are known only to a proxy
+    /// started with a [`Wire`] that has them ([`Wire::ZooKeeper`]: pings); otherwise nothing
+    /// is answered. A connection that lost bytes this way is not fit to carry on afterwards.
+    AnswerKeepalives,
 }
 
 /// A direction of traffic through the proxy.
@@ -109,9 +118,11 @@ struct Shared {
     armed: Mutex<Option<Armed>>,
     /// How many replies were lost so far.
     lost: watch::Sender<usize>,
-    /// Requests forwarded to the server so far, over every connection (see [`Pick`] for what a
-    /// request is).
-    requests: std::sync::atomic::AtomicU64,
+    /// The protocol parsed on the client-to-server direction, if any.
+    wire: Option<Wire>,
+    /// Requests the clients sent: messages parsed when `wire` is set, reads from a client
+    /// socket otherwise.
+    requests: AtomicU64,
 }
 
 impl Shared {
@@ -176,6 +187,20 @@ impl Proxy {
     ///
     /// Cancel safe.
     pub async fn start(upstream: SocketAddr) -> Result<Self> {
+        Self::launch(upstream, None).await
+    }
+
+    /// As [`Proxy::start`], parsing the clients' `wire` protocol: [`Proxy::requests`] counts
+    /// their requests (round trips, as the [`Wire`] defines them), and
+    /// [`ProxyMode::AnswerKeepalives`] can answer their keepalives. The clients must not use
+    /// TLS.
+    ///
+    /// Cancel safe.
+    pub async fn start_with_wire(upstream: SocketAddr, wire: Wire) -> Result<Self> {
+        Self::launch(upstream, Some(wire)).await
+    }
+
+    async fn launch(upstream: SocketAddr, wire: Option<Wire>) -> Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (settings, _) = watch::channel(Settings {
@@ -188,7 +213,8 @@ impl Proxy {
             settings,
             armed: Mutex::new(None),
             lost: watch::channel(0).0,
-            requests: Default::default(),
+            wire,
+            requests: AtomicU64::new(0),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(Proxy {
@@ -237,6 +263,15 @@ impl Proxy {
         self.shared.settings.borrow().mode
     }
 
+    /// Requests the clients sent through the proxy so far, over every connection: the
+    /// messages of the [`Wire`] when started with [`Proxy::start_with_wire`] (in every mode),
+    /// else what one read from a client socket returns, as for [`Pick`] (forwarded ones). A
+    /// client's request count is the server work it causes: a herd of waiters shows as a count
+    /// growing with their number.
+    pub fn requests(&self) -> u64 {
+        self.shared.requests.load(Ordering::SeqCst)
+    }
+
     /// Delays every chunk going in `direction` by `latency` (counted from when the proxy read
     /// it). `Direction::ToClient` is "latency on the reply path".
     pub fn set_latency(&self, direction: Direction, latency: Duration) {
@@ -282,15 +317,6 @@ impl Proxy {
     /// arrived and was dropped).
     pub fn replies_lost(&self) -> usize {
         *self.shared.lost.borrow()
-    }
-
-    /// How many requests went through to the server so far, over every connection (what one
-    /// read from a client socket returns, as for [`Pick`]): a client's request count, the
-    /// server work it causes (a herd of waiters shows as a count growing with their number).
-    pub fn requests(&self) -> u64 {
-        self.shared
-            .requests
-            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Waits up to `d` until at least `n` replies were lost; whether they were.
@@ -370,10 +396,28 @@ async fn serve(client: TcpStream, shared: Arc<Shared>) {
     // This connection's lost reply, if the armed request is one of its own.
     let (loss, mut loss_rx) = watch::channel(Loss::None);
     let loss = Arc::new(loss);
+    // Keepalives the proxy answers itself, from the client's direction to the client.
+    let (answers_tx, answers_rx) = mpsc::unbounded_channel();
     let both = async {
         tokio::join!(
-            pump(cr, sw, Direction::ToServer, rx1, &shared, &loss),
-            pump(sr, cw, Direction::ToClient, rx2, &shared, &loss)
+            pump(
+                cr,
+                sw,
+                Direction::ToServer,
+                rx1,
+                &shared,
+                &loss,
+                Answers::Send(answers_tx)
+            ),
+            pump(
+                sr,
+                cw,
+                Direction::ToClient,
+                rx2,
+                &shared,
+                &loss,
+                Answers::Deliver(answers_rx)
+            )
         )
     };
     let reset = async {
@@ -412,6 +456,26 @@ impl Drop for NoFin {
     }
 }
 
+/// The keepalive replies of one connection: its client-to-server pump sends them, its
+/// server-to-client pump delivers them.
+enum Answers {
+    Send(mpsc::UnboundedSender<Vec<u8>>),
+    Deliver(mpsc::UnboundedReceiver<Vec<u8>>),
+}
+
+impl Answers {
+    /// The next reply to deliver; never, on the sending side or once no more can come.
+    async fn next(&mut self) -> Vec<u8> {
+        match self {
+            Answers::Deliver(rx) => match rx.recv().await {
+                Some(reply) => reply,
+                None => std::future::pending().await,
+            },
+            Answers::Send(_) => std::future::pending().await,
+        }
+    }
+}
+
 async fn pump(
     mut r: OwnedReadHalf,
     mut w: NoFin,
@@ -419,8 +483,17 @@ async fn pump(
     mut rx: watch::Receiver<Settings>,
     shared: &Shared,
     loss: &watch::Sender<Loss>,
+    mut answers: Answers,
 ) {
     let (tx, mut queue) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let mut parser = match (dir, shared.wire) {
+        (Direction::ToServer, Some(wire)) => Some(Parser::new(wire)),
+        _ => None,
+    };
+    let answer_tx = match &answers {
+        Answers::Send(tx) => Some(tx.clone()),
+        Answers::Deliver(_) => None,
+    };
     let read = async move {
         let mut buf = vec![0u8; 16 * 1024];
         // The end of the previous read, so that a pattern split over two reads is found.
@@ -431,6 +504,24 @@ async fn pump(
                 Ok(n) => n,
             };
             let chunk = &buf[..n];
+            let answering = shared.settings.borrow().mode == ProxyMode::AnswerKeepalives;
+            // The parser sees every byte, whatever happens to them, to keep its framing.
+            for m in parser.as_mut().map(|p| p.feed(chunk)).unwrap_or_default() {
+                match m {
+                    Message::Request => {
+                        shared.requests.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Message::Keepalive(reply) if answering => {
+                        if let Some(tx) = &answer_tx {
+                            let _ = tx.send(reply);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if answering {
+                continue;
+            }
             let state = *loss.borrow();
             match (dir, state) {
                 // After a picked request nothing more reaches the server (only the picked
@@ -447,9 +538,9 @@ async fn pump(
                     continue;
                 }
                 (Direction::ToServer, Loss::None) => {
-                    shared
-                        .requests
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if shared.wire.is_none() {
+                        shared.requests.fetch_add(1, Ordering::SeqCst);
+                    }
                     if let Some(how) = shared.picks(&tail, chunk) {
                         // Marked before the request is queued: any reply read after this is
                         // the picked request's (or a later one's) and is dropped.
@@ -478,12 +569,31 @@ async fn pump(
         }
     };
     let write = async move {
-        while let Some((at, data)) = queue.recv().await {
+        loop {
+            let (at, data) = tokio::select! {
+                next = queue.recv() => match next {
+                    Some(next) => next,
+                    None => break,
+                },
+                reply = answers.next() => {
+                    let Some(half) = w.0.as_mut() else { return };
+                    if half.write_all(&reply).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            };
             loop {
                 let s = *rx.borrow_and_update();
-                if s.mode == ProxyMode::Blackhole {
-                    if rx.changed().await.is_err() {
-                        return;
+                if matches!(s.mode, ProxyMode::Blackhole | ProxyMode::AnswerKeepalives) {
+                    tokio::select! {
+                        changed = rx.changed() => if changed.is_err() { return },
+                        reply = answers.next() => {
+                            let Some(half) = w.0.as_mut() else { return };
+                            if half.write_all(&reply).await.is_err() {
+                                return;
+                            }
+                        }
                     }
                     continue;
                 }

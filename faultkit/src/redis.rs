@@ -50,8 +50,8 @@ fn spawn_redis(dir: &TempDir, label: &str, port: u16, extra: &[String]) -> Resul
     )
 }
 
-/// One Redis server without persistence (`save ""`, no AOF): a restart loses every key, the
-/// fencing counters included.
+/// One Redis server, without persistence (`save ""`, no AOF: a restart loses every key, the
+/// fencing counters included) unless started with [`RedisServer::start_persistent`].
 #[derive(Debug)]
 pub struct RedisServer {
     port: u16,
@@ -65,10 +65,23 @@ impl RedisServer {
     ///
     /// Cancel safety: a dropped start kills the server.
     pub async fn start() -> Result<Self> {
+        Self::launch(&[]).await
+    }
+
+    /// Starts one that keeps its data across a kill (append-only file, fsync on every write):
+    /// [`RedisServer::restart`] brings back every key written before.
+    ///
+    /// Cancel safety: a dropped start kills the server.
+    pub async fn start_persistent() -> Result<Self> {
+        Self::launch(&["--appendonly", "yes", "--appendfsync", "always"]).await
+    }
+
+    async fn launch(extra: &[&str]) -> Result<Self> {
         let dir = TempDir::new("redis", false)?;
         let port = free_port()?;
         let timeouts = Timeouts::scaled();
-        let process = spawn_redis(&dir, "node", port, &[])?;
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let process = spawn_redis(&dir, "node", port, &extra)?;
         let mut s = RedisServer {
             port,
             process,
@@ -101,8 +114,9 @@ impl RedisServer {
         &mut self.process
     }
 
-    /// Kills it (`-9`) and starts it again on the same port, empty (no persistence), and waits
-    /// until it answers.
+    /// Kills it (`-9`) and starts it again on the same port and data directory, and waits
+    /// until it answers: empty without persistence, with every key written before after
+    /// [`RedisServer::start_persistent`].
     ///
     /// Cancel safety: a dropped restart may leave the server stopped.
     pub async fn restart(&mut self) -> Result<()> {

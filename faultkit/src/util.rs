@@ -71,6 +71,32 @@ impl Timeouts {
     }
 }
 
+/// The environment variable that makes every test server required (CI): a test that would
+/// skip for want of a server fails instead.
+const REQUIRE_ALL_ENV: &str = "LOCK_TEST_REQUIRE_ALL";
+
+/// Whether `program` (a name looked up in `PATH`, or a path) can be run here, for a test that
+/// launches its own server to skip without it. Panics, saying what is missing, when it is not
+/// installed and `LOCK_TEST_REQUIRE_ALL` is set (CI, where every server is required).
+pub fn require_installed(program: &str) -> bool {
+    let found = if program.contains('/') {
+        Path::new(program).is_file()
+    } else {
+        std::env::var_os("PATH").is_some_and(|paths| {
+            std::env::split_paths(&paths).any(|dir| dir.join(program).is_file())
+        })
+    };
+    if !found {
+        assert!(
+            std::env::var_os(REQUIRE_ALL_ENV).is_none(),
+            "{program} is not installed, and {REQUIRE_ALL_ENV} says every server is required \
+             (scripts/install-servers.sh installs it)"
+        );
+        eprintln!("skipping: {program} is not installed (scripts/install-servers.sh installs it)");
+    }
+    found
+}
+
 /// Microseconds since the Unix epoch on the wall clock: the one clock holder processes and the
 /// test process share on one machine.
 pub fn now_unix_micros() -> u64 {

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use faultkit::{Direction, Proxy, ProxyMode, RedisServer, rewrite_url};
+use faultkit::{Direction, Proxy, ProxyMode, RedisServer, Wire, rewrite_url};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -97,6 +97,64 @@ async fn proxy_passes_delays_blackholes_and_resets() {
             .unwrap()
             .is_some()
     );
+}
+
+/// A ZooKeeper client frame: length, xid, opcode.
+fn zk_frame(xid: i32, op: i32) -> Vec<u8> {
+    let mut f = 8u32.to_be_bytes().to_vec();
+    f.extend_from_slice(&xid.to_be_bytes());
+    f.extend_from_slice(&op.to_be_bytes());
+    f
+}
+
+/// With a wire, the proxy counts requests (not the connect request, pings or syncs), and under
+/// `AnswerKeepalives` it answers pings itself while nothing else passes either way.
+#[tokio::test]
+async fn proxy_with_a_wire_counts_requests_and_answers_keepalives() {
+    let proxy = Proxy::start_with_wire(echo_server().await, Wire::ZooKeeper)
+        .await
+        .unwrap();
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    let (connect, ping, sync, get) = (
+        zk_frame(0, 0),
+        zk_frame(-2, 11),
+        zk_frame(1, 9),
+        zk_frame(2, 8),
+    );
+    let mut all = connect.clone();
+    all.extend_from_slice(&ping);
+    all.extend_from_slice(&sync);
+    all.extend_from_slice(&get);
+    // Split inside a frame: counting follows frames, not reads.
+    s.write_all(&all[..14]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    s.write_all(&all[14..]).await.unwrap();
+    let mut echoed = vec![0u8; all.len()];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut echoed))
+        .await
+        .expect("passed both ways")
+        .unwrap();
+    assert_eq!(echoed, all);
+    assert_eq!(proxy.requests(), 1, "only the getChildren counts");
+
+    proxy.set_mode(ProxyMode::AnswerKeepalives);
+    s.write_all(&get).await.unwrap();
+    s.write_all(&ping).await.unwrap();
+    let mut reply = [0u8; 20];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut reply))
+        .await
+        .expect("the proxy answers the ping")
+        .unwrap();
+    assert_eq!(&reply[..4], &16u32.to_be_bytes(), "{reply:?}");
+    assert_eq!(&reply[4..8], &(-2i32).to_be_bytes(), "{reply:?}");
+    let mut more = [0u8; 1];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), s.read(&mut more))
+            .await
+            .is_err(),
+        "nothing else came back"
+    );
+    assert_eq!(proxy.requests(), 2, "counted in every mode");
 }
 
 #[test]

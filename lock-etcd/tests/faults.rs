@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use faultkit::{Direction, Etcd, Proxy, ProxyMode};
+use faultkit::{Direction, Etcd, Proxy, ProxyMode, require_installed};
 use lock_etcd::EtcdBackend;
 use lockcore::{AutoRenew, ErrorKind, Instant, LockOptions, Locker};
 
@@ -25,25 +25,9 @@ fn ports(cluster: &Etcd) -> Vec<u16> {
     (0..cluster.len()).map(|i| cluster.client_port(i)).collect()
 }
 
-fn etcd_installed() -> bool {
-    if std::process::Command::new("etcd")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        assert!(
-            std::env::var_os(conformance::REQUIRE_ALL_ENV).is_none(),
-            "the etcd binary is missing and every server is required"
-        );
-        eprintln!("skipping: no etcd binary (scripts/install-servers.sh installs it)");
-        return false;
-    }
-    true
-}
-
 /// A private single node (its lease list is this test's alone), with a proxy in front of it.
 async fn single_behind_proxy() -> Option<(Etcd, Proxy)> {
-    if !etcd_installed() {
+    if !require_installed("etcd") {
         return None;
     }
     let server = Etcd::single().await.expect("an etcd node");
@@ -226,7 +210,7 @@ async fn an_extend_dropped_after_its_move_leaves_the_key_renewed() {
 }
 
 async fn cluster() -> Option<Etcd> {
-    if !etcd_installed() {
+    if !require_installed("etcd") {
         return None;
     }
     Some(Etcd::cluster().await.expect("a 3-member etcd cluster"))
@@ -540,7 +524,7 @@ async fn holder_process_killed_frees_after_lease_ttl() {
 /// which refuses connections until the cut (so its watch is on the cut member).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_watching_a_member_cut_off_from_the_quorum_gets_the_free_lock() {
-    if !etcd_installed() {
+    if !require_installed("etcd") {
         return;
     }
     let cluster = Etcd::cluster_with_peer_links()

@@ -1,13 +1,11 @@
 //! Restarts, outages and failovers, each on redis-server processes the test starts itself
 //! (never the shared test servers).
 
-mod support;
-
 use std::time::Duration;
 
+use faultkit::{RedisServer, wait_until};
 use lock_redis::RedisBackend;
 use lockcore::{Instant, LockName, LockOptions, Locker};
-use support::{RedisProcess, eventually};
 
 fn unique(prefix: &str) -> String {
     format!("{prefix}-{:016x}", fastrand::u64(..))
@@ -17,8 +15,15 @@ fn scaled(secs: f64) -> Duration {
     Duration::from_secs_f64(secs * conformance::time_scale())
 }
 
-async fn numsub(server: &RedisProcess, channel: &str) -> i64 {
-    let Ok(mut c) = server.raw().await else {
+/// A plain connection to `server`, for inspection.
+async fn raw(server: &RedisServer) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+    redis::Client::open(server.url())?
+        .get_multiplexed_async_connection()
+        .await
+}
+
+async fn numsub(server: &RedisServer, channel: &str) -> i64 {
+    let Ok(mut c) = raw(server).await else {
         return 0;
     };
     redis::cmd("PUBSUB")
@@ -35,7 +40,7 @@ async fn numsub(server: &RedisProcess, channel: &str) -> i64 {
 /// poll is a minute away, is woken by the release because its subscription was restored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_wakes_on_release_after_an_outage() {
-    let mut server = RedisProcess::start_persistent().await;
+    let mut server = RedisServer::start_persistent().await.unwrap();
     let url = format!("{}?poll_ms=60000", server.url());
     let holder = Locker::new(RedisBackend::connect(&url).await.unwrap());
     let waiter_backend = RedisBackend::connect(&url).await.unwrap();
@@ -50,19 +55,21 @@ async fn waiter_wakes_on_release_after_an_outage() {
         let opts = long.clone().wait_timeout(Duration::from_secs(100));
         tokio::spawn(async move { waiter.lock(&name, &opts).await })
     };
-    eventually("the waiter is subscribed", || {
-        numsub(&server, &channel).map_ge(1)
+    wait_until("the waiter is subscribed", scaled(15.0), || async {
+        Ok(numsub(&server, &channel).await >= 1)
     })
-    .await;
+    .await
+    .unwrap();
 
-    server.kill();
+    server.process().kill();
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    server.restart().await;
+    server.restart().await.unwrap();
     // The append-only file brought the lock back: the holder still holds it.
-    eventually("the waiter subscribed again", || {
-        numsub(&server, &channel).map_ge(1)
+    wait_until("the waiter subscribed again", scaled(15.0), || async {
+        Ok(numsub(&server, &channel).await >= 1)
     })
-    .await;
+    .await
+    .unwrap();
     assert!(
         !task.is_finished(),
         "the waiter got a lock that is still held"
@@ -90,7 +97,7 @@ async fn waiter_wakes_on_release_after_an_outage() {
 /// cached failure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_try_after_an_outage_succeeds() {
-    let mut server = RedisProcess::start().await;
+    let mut server = RedisServer::start().await.unwrap();
     let locker = Locker::new(RedisBackend::connect(&server.url()).await.unwrap());
     let opts = LockOptions::new().ttl(Duration::from_secs(10));
     locker
@@ -102,13 +109,13 @@ async fn first_try_after_an_outage_succeeds() {
         .await
         .unwrap();
 
-    server.kill();
+    server.process().kill();
     let err = locker.try_lock(unique("down"), &opts).await.unwrap_err();
     assert_eq!(err.kind(), lockcore::ErrorKind::Unavailable, "{err}");
     // Longer than the old wrapper's whole retry budget (3 retries, ~1.4 s).
     tokio::time::sleep(Duration::from_millis(2500)).await;
 
-    server.restart().await;
+    server.restart().await.unwrap();
     let g = locker
         .try_lock(unique("after"), &opts)
         .await
@@ -120,9 +127,9 @@ async fn first_try_after_an_outage_succeeds() {
 /// `lock()` with a deadline rides out an outage that ends before the deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_rides_out_an_outage_within_its_deadline() {
-    let mut server = RedisProcess::start().await;
+    let mut server = RedisServer::start().await.unwrap();
     let locker = Locker::new(RedisBackend::connect(&server.url()).await.unwrap());
-    server.kill();
+    server.process().kill();
     let task = {
         let locker = locker.clone();
         tokio::spawn(async move {
@@ -134,7 +141,7 @@ async fn lock_rides_out_an_outage_within_its_deadline() {
     };
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!task.is_finished(), "lock() gave up during the outage");
-    server.restart().await;
+    server.restart().await.unwrap();
     let g = tokio::time::timeout(scaled(20.0), task)
         .await
         .expect("lock() did not come back after the server did")
@@ -143,21 +150,11 @@ async fn lock_rides_out_an_outage_within_its_deadline() {
     g.release().await.unwrap();
 }
 
-trait MapGe {
-    fn map_ge(self, n: i64) -> impl std::future::Future<Output = bool>;
-}
-
-impl<F: std::future::Future<Output = i64>> MapGe for F {
-    async fn map_ge(self, n: i64) -> bool {
-        self.await >= n
-    }
-}
-
 /// Fencing tokens keep increasing across a restart that lost every key (no persistence): the
 /// counter restarts from the server clock, past every token handed out before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_increase_across_a_restart() {
-    let mut server = RedisProcess::start().await;
+    let mut server = RedisServer::start().await.unwrap();
     let a = Locker::new(RedisBackend::connect(&server.url()).await.unwrap());
     let name = LockName::new(unique("fence-restart")).unwrap();
     let opts = LockOptions::new().ttl(Duration::from_secs(30));
@@ -170,7 +167,7 @@ async fn fencing_tokens_increase_across_a_restart() {
         t
     };
 
-    server.restart().await;
+    server.restart().await.unwrap();
     let c = Locker::new(RedisBackend::connect(&server.url()).await.unwrap());
     let g = c
         .try_lock(&name, &opts)
@@ -185,8 +182,8 @@ async fn fencing_tokens_increase_across_a_restart() {
     g.release().await.unwrap();
 }
 
-async fn evalsha_calls(server: &RedisProcess) -> u64 {
-    let mut c = server.raw().await.unwrap();
+async fn evalsha_calls(server: &RedisServer) -> u64 {
+    let mut c = raw(server).await.unwrap();
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(&mut c)
@@ -206,7 +203,7 @@ async fn evalsha_calls(server: &RedisProcess) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expiry_wakes_one_waiter_per_client() {
     const WAITERS: u64 = 10;
-    let server = RedisProcess::start().await;
+    let server = RedisServer::start().await.unwrap();
     let url = format!("{}?poll_ms=60000", server.url());
     let holder = Locker::new(RedisBackend::connect(&url).await.unwrap());
     let waiters = Locker::new(RedisBackend::connect(&url).await.unwrap());
@@ -235,10 +232,11 @@ async fn expiry_wakes_one_waiter_per_client() {
         }));
     }
     // Each waiter runs two attempts before it sleeps (before and after subscribing).
-    eventually("every waiter sleeps", || async {
-        evalsha_calls(&server).await >= base + 1 + 2 * WAITERS
+    wait_until("every waiter sleeps", scaled(15.0), || async {
+        Ok(evalsha_calls(&server).await >= base + 1 + 2 * WAITERS)
     })
-    .await;
+    .await
+    .unwrap();
     let settled = evalsha_calls(&server).await;
     tokio::time::timeout(scaled(20.0), won_rx.recv())
         .await

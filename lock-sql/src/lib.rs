@@ -27,9 +27,10 @@
 //!   Holder metadata ([`lockcore::Holder`], read by
 //!   [`Locker::inspect`](lockcore::Locker::inspect)) is written by the acquiring statement into
 //!   the row: columns `holder` and `acquired_at` (the server's `clock_timestamp()`) on
-//!   PostgreSQL, `holder` on SQLite; a table created by an earlier version gets them on the
-//!   first connect (one `ALTER TABLE`). MariaDB does not store it yet (`inspect` is
-//!   `Unsupported` there).
+//!   PostgreSQL, `holder_meta` and `acquired_at` (the server's `UTC_TIMESTAMP(6)`) on MariaDB
+//!   (its older `holder` column is unused), `holder` on SQLite; a table created by an earlier
+//!   version gets them on the first connect (one `ALTER TABLE`, only when they are missing).
+//!   Not under `interop=get_lock`, whose peers write no row (`inspect` is `Unsupported` there).
 //! * `pool_max=` (default 10; 4 on SQLite) how many connections short statements (lease
 //!   operations, revokes) share, and how many idle connections are kept. A held row lock keeps
 //!   a connection of its own outside this count, so any number of locks can be held up to the
@@ -388,8 +389,9 @@ fn strategy_capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
     // Row locks: the holder's session is found on the server at the moment of revoking
     // (pg_locks / IS_USED_LOCK) and ended; leases: the row is expired.
     c.force_release = true;
-    // Holder metadata is stored and read on PostgreSQL (both strategies) and SQLite.
-    c.inspect = matches!(dialect, Dialect::Postgres | Dialect::Sqlite);
+    // Holder metadata is stored and read on every dialect, both strategies (interop modes
+    // take it away again: their peers write no row).
+    c.inspect = true;
     match strategy {
         Strategy::RowLock => {
             // The server's lock queue: waiters sleep in the server and are woken by it.
@@ -525,21 +527,18 @@ impl Backend for SqlBackend {
         self.revoke(name).await
     }
 
-    /// PostgreSQL and SQLite: one statement (the lock row, and `pg_locks` for a row lock).
+    /// One statement: the lock row, with `pg_locks` (PostgreSQL) or `IS_USED_LOCK` (MariaDB)
+    /// for a row lock.
     ///
     /// Cancel safe.
     async fn inspect(&self, name: &LockName) -> Result<LockInfo> {
-        // Used by the PostgreSQL arm only.
-        let _ = name;
         match &self.inner {
+            #[cfg(feature = "mysql")]
+            Inner::My(b) => b.inspect(name).await,
             #[cfg(feature = "postgres")]
             Inner::Pg(b) => b.inspect(name).await,
             #[cfg(feature = "sqlite")]
             Inner::Lite(b) => b.inspect(name).await,
-            #[allow(unreachable_patterns)]
-            _ => Err(lockcore::Error::unsupported(
-                "this database's locks cannot be inspected yet",
-            )),
         }
     }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use lockcore::backend::{AcquireRequest, Acquired, Background, Lease, ReleaseIfCancelled};
-use lockcore::{Error, Instant, LockName, OwnerToken, Result};
+use lockcore::{Error, Instant, LockInfo, LockName, OwnerToken, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError};
 use sqlx::{AssertSqlSafe, Connection};
 
@@ -32,6 +32,46 @@ pub(crate) struct MyMeta {
 
 type MyConns = Conns<MySqlConnectOptions, MyMeta>;
 
+/// The holder-metadata columns, in `CREATE TABLE` and added to older tables.
+const META_COLUMNS: &str =
+    "holder_meta TEXT CHARACTER SET utf8mb4 NULL, acquired_at DATETIME(6) NULL";
+
+/// Adds the holder-metadata columns to a table created before they existed. Probed first:
+/// an `ALTER TABLE` (even one with nothing to do) waits for the metadata lock that row-lock
+/// waiters keep on the table while they wait. Two clients adding them at once: the second
+/// finds them there (ER_DUP_FIELDNAME), which is as good.
+async fn add_meta_columns(conns: &MyConns, table: &str) -> Result<()> {
+    let t = table.to_owned();
+    let present: i64 = conns
+        .run(conns.bound(), "probing the lock table's columns", move |c| {
+            sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = 'holder_meta'",
+            )
+            .bind(t.clone())
+            .fetch_one(c)
+            .boxed()
+        })
+        .await?;
+    if present > 0 {
+        return Ok(());
+    }
+    let alter = format!("ALTER TABLE {table} ADD COLUMN ({META_COLUMNS})");
+    conns
+        .run(conns.bound(), "adding the holder columns", move |c| {
+            let alter = alter.clone();
+            async move {
+                match sqlx::raw_sql(AssertSqlSafe(alter)).execute(c).await {
+                    // ER_DUP_FIELDNAME: added meanwhile by another client.
+                    Err(e) if error_number(&e) == Some(1060) => Ok(()),
+                    r => r.map(|_| ()),
+                }
+            }
+            .boxed()
+        })
+        .await
+}
+
 struct Sql {
     row_acquire: String,
     row_unlock: String,
@@ -40,6 +80,8 @@ struct Sql {
     lease_extend: String,
     lease_release: String,
     revoke_lease: String,
+    /// Held or free, TTL left (lease), token, holder metadata and when acquired, of one name.
+    inspect: String,
 }
 
 pub(crate) struct MyBackend {
@@ -84,12 +126,14 @@ impl MyBackend {
         let conns = Conns::new(opts, config, setup);
         let t = &config.table;
         // VARBINARY: names compare byte for byte (no case folding, no PAD SPACE). Expiry is
-        // kept in UTC_TIMESTAMP(6), independent of session time zones.
+        // kept in UTC_TIMESTAMP(6), independent of session time zones. The holder's metadata
+        // (`lockcore::Holder`, JSON) is `holder_meta` with `acquired_at` on the server's clock
+        // (`holder` is an older column, unused).
         let ddl = format!(
             "CREATE TABLE IF NOT EXISTS {t} (name VARBINARY(320) NOT NULL PRIMARY KEY, \
                owner CHAR(32) NULL, fence BIGINT UNSIGNED NOT NULL DEFAULT 0, \
                expires_at DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:01', \
-               holder BIGINT UNSIGNED NULL) ENGINE=InnoDB"
+               holder BIGINT UNSIGNED NULL, {META_COLUMNS}) ENGINE=InnoDB"
         );
         conns
             .run(conns.bound(), "creating the lock table", move |c| {
@@ -99,6 +143,7 @@ impl MyBackend {
                     .boxed()
             })
             .await?;
+        add_meta_columns(&conns, t).await?;
         // The user lock of a name: per database and table, hashed to fit GET_LOCK's 64
         // characters.
         // Under interop=get_lock, the exact name (as the peers call GET_LOCK); the statements
@@ -115,9 +160,12 @@ impl MyBackend {
             // bumped and committed with the statement (autocommit), so the token is durable
             // before the caller sees it. LAST_INSERT_ID(expr) hands the new value back in the
             // OK packet: rows affected 0 = not taken, 1 = new row (fence 1), 2 = fence bumped.
+            // The holder's metadata rides in the same statement.
             row_acquire: format!(
-                "INSERT INTO {t} (name, fence) SELECT ?, 1 FROM DUAL WHERE GET_LOCK({key}, ?) = 1 \
-                 ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1)"
+                "INSERT INTO {t} (name, fence, holder_meta, acquired_at) \
+                 SELECT ?, 1, ?, UTC_TIMESTAMP(6) FROM DUAL WHERE GET_LOCK({key}, ?) = 1 \
+                 ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), \
+                   holder_meta = VALUES(holder_meta), acquired_at = VALUES(acquired_at)"
             ),
             row_unlock: format!("SELECT RELEASE_LOCK({key})"),
             holder: format!("SELECT IS_USED_LOCK({key})"),
@@ -126,12 +174,15 @@ impl MyBackend {
             // is ours. LAST_INSERT_ID reports the outcome in the OK packet: 1 for a new row
             // (from VALUES), the new fence if taken over or retaken, 0 if someone else holds it.
             lease_acquire: format!(
-                "INSERT INTO {t} (name, owner, fence, expires_at) \
-                 VALUES (?, ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                "INSERT INTO {t} (name, owner, fence, expires_at, holder_meta, acquired_at) \
+                 VALUES (?, ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, \
+                   UTC_TIMESTAMP(6)) \
                  ON DUPLICATE KEY UPDATE \
                    owner = IF({expired} OR owner = VALUES(owner), VALUES(owner), owner), \
                    fence = IF(owner = VALUES(owner), LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)), \
-                   expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at)"
+                   expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at), \
+                   holder_meta = IF(owner = VALUES(owner), VALUES(holder_meta), holder_meta), \
+                   acquired_at = IF(owner = VALUES(owner), VALUES(acquired_at), acquired_at)"
             ),
             lease_extend: format!(
                 "UPDATE {t} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
@@ -145,6 +196,29 @@ impl MyBackend {
                 "UPDATE {t} SET owner = NULL, expires_at = '1970-01-01 00:00:01' \
                  WHERE name = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)"
             ),
+            // Row lock: held while a session holds the user lock (the row keeps the last
+            // holder's token and metadata); lease: while the row has an unexpired owner.
+            // Times as microseconds since the epoch by datetime arithmetic (UNIX_TIMESTAMP
+            // would read the UTC values in the session's time zone).
+            inspect: {
+                let (held, remaining) = match config.strategy {
+                    Strategy::RowLock => (
+                        format!("IS_USED_LOCK({key}) IS NOT NULL"),
+                        "CAST(NULL AS SIGNED)",
+                    ),
+                    Strategy::Lease => (
+                        "COALESCE(r.owner IS NOT NULL AND r.expires_at > UTC_TIMESTAMP(6), 0)"
+                            .to_owned(),
+                        "TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), r.expires_at)",
+                    ),
+                };
+                format!(
+                    "SELECT ({held}) + 0 AS held, {remaining} AS remaining_us, r.fence, \
+                       r.holder_meta, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', r.acquired_at) \
+                       AS acquired_us \
+                     FROM (SELECT 1) one LEFT JOIN {t} r ON r.name = ?"
+                )
+            },
         };
         Ok(MyBackend {
             config: config.clone(),
@@ -268,6 +342,38 @@ impl MyBackend {
         }
     }
 
+    /// One statement: held or free (row lock: `IS_USED_LOCK`; lease: an unexpired owner), TTL
+    /// left (lease), the row's token and holder metadata, when acquired on the server's clock.
+    /// Waiters are unknown (a waiter's `GET_LOCK` shows no name on the server).
+    ///
+    /// Cancel safe.
+    pub(crate) async fn inspect(&self, name: &LockName) -> Result<LockInfo> {
+        type Row = (i64, Option<i64>, Option<u64>, Option<String>, Option<i64>);
+        let (n, sql) = (name.as_str().to_owned(), self.sql.inspect.clone());
+        // The row lock's statement names the lock (IS_USED_LOCK) before the row.
+        let row_lock = self.config.strategy == Strategy::RowLock;
+        let (held, remaining_us, fence, holder, acquired_us): Row = self
+            .conns
+            .run(self.conns.bound(), "inspecting a lock", move |c| {
+                let mut q = sqlx::query_as::<_, Row>(AssertSqlSafe(sql.clone()));
+                if row_lock {
+                    q = q.bind(n.clone());
+                }
+                q.bind(n.clone()).fetch_one(c).boxed()
+            })
+            .await?;
+        if held == 0 {
+            return Ok(LockInfo::free(name.clone(), None));
+        }
+        Ok(crate::inspect::held(
+            name,
+            fence.and_then(|f| i64::try_from(f).ok()),
+            remaining_us.map(|us| us as f64 / 1e6),
+            holder.as_deref(),
+            acquired_us.map(|us| us as f64 / 1e3),
+        ))
+    }
+
     pub(crate) async fn revoke(&self, name: &LockName) -> Result<bool> {
         self.check_name(name)?;
         let name = name.as_str().to_owned();
@@ -353,6 +459,7 @@ impl MyBackend {
             }
         };
         let guard_s = guard_secs(req.ttl);
+        let holder = req.holder.encode();
         let mut c = match self.conns.get(self.conns.bound_by(deadline), false).await {
             Ok(c) => c,
             Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
@@ -395,6 +502,7 @@ impl MyBackend {
             });
             let q = sqlx::query(AssertSqlSafe(self.sql.row_acquire.clone()))
                 .bind(req.name.as_str())
+                .bind(&holder)
                 .bind(req.name.as_str())
                 .bind(wait.as_secs_f64())
                 .execute(&mut c.conn.raw);
@@ -466,6 +574,7 @@ impl MyBackend {
         let sql = self.sql.lease_acquire.clone();
         let name = req.name.as_str().to_owned();
         let ttl = req.ttl.as_micros() as u64;
+        let holder = req.holder.encode();
         let lease = |fencing| MyLease {
             conns: self.conns.clone(),
             sql: self.sql.clone(),
@@ -483,6 +592,7 @@ impl MyBackend {
                     .bind(name.clone())
                     .bind(token.clone())
                     .bind(ttl)
+                    .bind(holder.clone())
                     .execute(c)
                     .map(|r| r.map(|r| r.last_insert_id()))
                     .boxed()

@@ -1,13 +1,11 @@
 //! Faults and limits: server crashes (own instances), connection limits, an unreachable
 //! database, pool exhaustion, request counts through a counting proxy.
 
-mod support;
-
 use std::time::Duration;
 
+use faultkit::{MariaDb, Postgres, Proxy, ProxyMode, Wire, require_installed, rewrite_url};
 use lock_sql::SqlBackend;
 use lockcore::{ErrorKind, LockName, LockOptions, Locker};
-use support::{OwnMariadb, OwnPostgres, Proxy, Wire};
 
 fn scaled(d: Duration) -> Duration {
     d.mul_f64(conformance::time_scale())
@@ -33,6 +31,17 @@ fn addr_of(url: &str) -> std::net::SocketAddr {
         .unwrap()
 }
 
+/// A proxy counting the requests of `url`'s clients, and `url` through it.
+async fn counting_proxy(url: &str, wire: Wire) -> (Proxy, String) {
+    let target = addr_of(url);
+    let proxy = Proxy::start_with_wire(target, wire).await.unwrap();
+    let through = rewrite_url(url, target.port(), proxy.port());
+    assert_ne!(through, url, "{url} names no loopback endpoint");
+    (proxy, through)
+}
+
+const PG_BIN: &str = "/usr/lib/postgresql/15/bin/postgres";
+
 /// Shared-server URLs: PostgreSQL and MariaDB, plain TCP (for the proxy).
 fn shared() -> Vec<(&'static str, String, Wire)> {
     let mut v = Vec::new();
@@ -56,10 +65,14 @@ fn shared() -> Vec<(&'static str, String, Wire)> {
 /// the crash is still held after it.
 #[tokio::test]
 async fn pg_tokens_and_leases_survive_a_crash_restart() {
-    if !support::can_start("/usr/lib/postgresql/15/bin/postgres") {
+    if !require_installed(PG_BIN) {
         return;
     }
-    let pg = OwnPostgres::start(50);
+    // As scripts/servers.sh runs it (asynchronous commit): the test sees what the library
+    // forces.
+    let mut pg = Postgres::start_with(&[("max_connections", "50"), ("synchronous_commit", "off")])
+        .await
+        .unwrap();
     let row = with_params(&pg.url(), "strategy=row-lock");
     let lease = with_params(&pg.url(), "strategy=lease");
     let opts = LockOptions::new()
@@ -76,8 +89,8 @@ async fn pg_tokens_and_leases_survive_a_crash_restart() {
         last = t;
         let lname = format!("{name}-lease-{round}");
         let lg = l.lock(lname.as_str(), &opts).await.unwrap();
-        // At once: nothing else gets a chance to flush the WAL.
-        pg.crash_and_restart();
+        // At once (kill -9, crash recovery): nothing else gets a chance to flush the WAL.
+        pg.restart(true).await.unwrap();
         let b = client(&lease).await;
         assert!(
             b.try_lock(lname.as_str(), &opts).await.unwrap().is_none(),
@@ -99,12 +112,20 @@ async fn pg_tokens_and_leases_survive_a_crash_restart() {
 #[tokio::test]
 async fn hundred_holders_and_the_server_connection_limit() {
     let mut servers: Vec<(&str, String, Box<dyn std::any::Any>)> = Vec::new();
-    if support::can_start("/usr/lib/postgresql/15/bin/postgres") {
-        let pg = OwnPostgres::start(110);
+    if require_installed(PG_BIN) {
+        // No connections reserved for superusers: the test's user reaches the limit.
+        let pg = Postgres::start_with(&[
+            ("max_connections", "110"),
+            ("superuser_reserved_connections", "0"),
+        ])
+        .await
+        .unwrap();
         servers.push(("postgres", pg.url(), Box::new(pg)));
     }
-    if support::can_start("mariadbd") {
-        let my = OwnMariadb::start(110);
+    if require_installed("mariadbd") {
+        let my = MariaDb::start_with(&["--max-connections=110"])
+            .await
+            .unwrap();
         servers.push(("mysql", my.url(), Box::new(my)));
     }
     for (label, url, _server) in &servers {
@@ -269,11 +290,8 @@ async fn server_side_waiters(label: &str, url: &str, tag: &str) -> i64 {
 async fn an_unreachable_database_cannot_hold_calls_past_their_bound() {
     for (label, url, wire) in shared() {
         for strategy in ["lease", "row-lock"] {
-            let proxy = Proxy::start(addr_of(&url), wire).await;
-            let purl = with_params(
-                &proxy.url(&url),
-                &format!("strategy={strategy}&op_timeout_ms=500"),
-            );
+            let (proxy, through) = counting_proxy(&url, wire).await;
+            let purl = with_params(&through, &format!("strategy={strategy}&op_timeout_ms=500"));
             let c = client(&purl).await;
             let name = unique("silent");
             let g = c
@@ -284,7 +302,8 @@ async fn an_unreachable_database_cannot_hold_calls_past_their_bound() {
                 .await
                 .unwrap();
             g.release().await.unwrap();
-            proxy.stall(true);
+            // Silent: nothing passes, nothing is closed.
+            proxy.set_mode(ProxyMode::Blackhole);
             let t0 = std::time::Instant::now();
             let wait = Duration::from_secs(1);
             let r = c
@@ -315,7 +334,7 @@ async fn an_unreachable_database_cannot_hold_calls_past_their_bound() {
                 "{label} {strategy}: try_lock took {:?}",
                 t0.elapsed()
             );
-            proxy.stall(false);
+            proxy.set_mode(ProxyMode::Pass);
         }
     }
 }
@@ -330,8 +349,8 @@ async fn requests_per_operation() {
     for (label, url, wire) in shared() {
         let opts = LockOptions::new().ttl(Duration::from_secs(60));
         // Row lock, uncontended.
-        let proxy = Proxy::start(addr_of(&url), wire).await;
-        let c = client(&with_params(&proxy.url(&url), "strategy=row-lock")).await;
+        let (proxy, through) = counting_proxy(&url, wire).await;
+        let c = client(&with_params(&through, "strategy=row-lock")).await;
         let name = unique("rt");
         // Warm-up: both statements prepared (try, and wait with a deadline).
         let waiting = opts.clone().wait_timeout(scaled(Duration::from_secs(20)));
@@ -379,8 +398,8 @@ async fn requests_per_operation() {
             "{label} row-lock: requests for a waited acquire"
         );
         // Lease: a failed attempt is one request.
-        let proxy = Proxy::start(addr_of(&url), wire).await;
-        let c = client(&with_params(&proxy.url(&url), "strategy=lease")).await;
+        let (proxy, through) = counting_proxy(&url, wire).await;
+        let c = client(&with_params(&through, "strategy=lease")).await;
         let other = client(&with_params(&url, "strategy=lease")).await;
         let name = unique("rt-lease");
         let g = other.lock(name.as_str(), &opts).await.unwrap();

@@ -1,30 +1,30 @@
 //! The conformance suite against ZooKeeper (`LOCK_TEST_ZK_URL`).
 //!
-//! Every client connects through its own pausable TCP proxy so that `crash` can play a killed
-//! process: the proxy stops forwarding, the session is never closed and expires on the server
-//! one session timeout later (dropping a client would close its session and delete its
-//! ephemeral nodes at once).
-
-mod support;
+//! Every client connects through faultkit proxies of its own so that `crash` can play a killed
+//! process: its connections and reconnections are reset, the session is never closed and
+//! expires on the server one session timeout later (dropping a client would close its session
+//! and delete its ephemeral nodes at once).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use conformance::{ClientProxies, Harness, ReplyLoser, RequestCount, Target, url_with_param};
+use conformance::{
+    ClientProxies, Harness, ProxyGroup, ReplyLoser, RequestCount, Target, url_with_param,
+};
 use lock_zk::ZkBackend;
 use lockcore::backend::async_trait;
 use lockcore::{LockGuard, LockName, Locker, Result};
-use support::Proxy;
 
 /// The session timeout the tests ask for (the server has tickTime=500, minSessionTimeout=1000).
 const SESSION_TIMEOUT_MS: u64 = 2000;
 
 struct ZkHarness {
     url: String,
-    proxies: Mutex<HashMap<usize, Proxy>>,
-    crashed: Mutex<Vec<Proxy>>,
-    delayed: ClientProxies,
+    /// Every client's proxies (kept running, those of crashed clients resetting).
+    proxies: ClientProxies,
+    /// The proxies of each live client.
+    groups: Mutex<HashMap<usize, ProxyGroup>>,
 }
 
 fn key(locker: &Locker) -> usize {
@@ -38,23 +38,18 @@ impl Harness for ZkHarness {
     }
 
     async fn client(&self) -> Result<Locker> {
-        let (upstream, _) = support::split_url(&self.url);
-        let proxy = Proxy::start(upstream)
-            .await
-            .map_err(|e| lockcore::Error::unavailable("starting the test proxy", e))?;
-        let backend = ZkBackend::connect(&support::via(&self.url, proxy.addr())).await?;
-        let locker = Locker::new(backend);
-        // A key reused by a new client belongs to a client that is gone: replace its proxy.
-        self.proxies.lock().unwrap().insert(key(&locker), proxy);
+        let (url, group) = self.proxies.group(&self.url, Duration::ZERO).await?;
+        let locker = Locker::new(ZkBackend::connect(&url).await?);
+        // A key reused by a new client belongs to a client that is gone: replace its group.
+        self.groups.lock().unwrap().insert(key(&locker), group);
         Ok(locker)
     }
 
     async fn crash(&self, guard: LockGuard, client: Locker) {
         guard.abandon();
-        if let Some(proxy) = self.proxies.lock().unwrap().remove(&key(&client)) {
-            proxy.pause();
-            // Kept (paused, refusing reconnections) so the session can only expire.
-            self.crashed.lock().unwrap().push(proxy);
+        if let Some(group) = self.groups.lock().unwrap().remove(&key(&client)) {
+            // Kept (resetting every reconnection) so the session can only expire.
+            self.proxies.crash(group);
         }
         drop(client);
     }
@@ -91,7 +86,7 @@ impl Harness for ZkHarness {
 
     /// Through faultkit proxies delaying every reply (the harness keeps them running).
     async fn client_with_reply_delay(&self, delay: Duration) -> Result<Locker> {
-        let url = self.delayed.url(&self.url, delay).await?;
+        let url = self.proxies.url(&self.url, delay).await?;
         Ok(Locker::new(ZkBackend::connect(&url).await?))
     }
 
@@ -101,7 +96,7 @@ impl Harness for ZkHarness {
 
     /// Through a faultkit proxy that counts the requests.
     async fn client_counting_requests(&self) -> Result<(Locker, RequestCount)> {
-        let (url, count) = self.delayed.counting(&self.url).await?;
+        let (url, count) = self.proxies.counting(&self.url).await?;
         Ok((Locker::new(ZkBackend::connect(&url).await?), count))
     }
 
@@ -112,7 +107,7 @@ impl Harness for ZkHarness {
 
     /// Through a faultkit proxy that loses the replies asked for.
     async fn client_losing_replies(&self) -> Result<(Locker, Arc<dyn ReplyLoser>)> {
-        let (url, loser) = self.delayed.losing(&self.url).await?;
+        let (url, loser) = self.proxies.losing(&self.url).await?;
         Ok((Locker::new(ZkBackend::connect(&url).await?), loser))
     }
 }
@@ -120,10 +115,9 @@ impl Harness for ZkHarness {
 fn main() -> std::process::ExitCode {
     conformance::run_tests(vec![Target::new("zk", "LOCK_TEST_ZK_URL", |url| {
         Arc::new(ZkHarness {
-            url: support::with_param(&url, &format!("session_timeout_ms={SESSION_TIMEOUT_MS}")),
-            proxies: Mutex::new(HashMap::new()),
-            crashed: Mutex::new(Vec::new()),
-            delayed: ClientProxies::new(),
+            url: url_with_param(&url, "session_timeout_ms", &SESSION_TIMEOUT_MS.to_string()),
+            proxies: ClientProxies::new(),
+            groups: Mutex::new(HashMap::new()),
         }) as Arc<dyn Harness>
     })])
 }

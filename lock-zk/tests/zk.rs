@@ -5,10 +5,11 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use conformance::url_with_param;
+use faultkit::{Proxy, ProxyMode};
 use lock_zk::ZkBackend;
 use lockcore::backend::{AcquireRequest, Backend};
 use lockcore::{ErrorKind, Instant, LockOptions, Locker, LostReason};
-use support::Proxy;
 use tokio::sync::mpsc;
 use zookeeper_client as zk;
 
@@ -59,12 +60,10 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_session_is_replaced_and_locks_work_again() {
     let Some(url) = url() else { return };
-    let url = support::with_param(&url, "session_timeout_ms=6000");
-    let (upstream, _) = support::split_url(&url);
-    let proxy = Proxy::start(upstream.clone()).await.unwrap();
-    let holder_backend = ZkBackend::connect(&support::via(&url, proxy.addr()))
-        .await
-        .unwrap();
+    let url = url_with_param(&url, "session_timeout_ms", "6000");
+    let (proxy, through) = support::proxy(&url).await;
+    let upstream = proxy.upstream().to_string();
+    let holder_backend = ZkBackend::connect(&through).await.unwrap();
     let session = holder_backend.client().session().clone();
     let first_session = holder_backend.session_id();
     let holder = Locker::new(holder_backend.clone());
@@ -84,7 +83,7 @@ async fn expired_session_is_replaced_and_locks_work_again() {
     };
 
     // Partition the holder: a disconnection is a lost lock at once (Curator's policy).
-    proxy.pause();
+    proxy.set_mode(ProxyMode::Reset);
     let reason = tokio::time::timeout(scaled(5), lost.lost())
         .await
         .expect("the lost signal fired on the disconnection");
@@ -110,7 +109,7 @@ async fn expired_session_is_replaced_and_locks_work_again() {
     );
 
     // The holder reconnects, learns that its session is gone, and opens a new one.
-    proxy.resume();
+    proxy.set_mode(ProxyMode::Pass);
     assert!(!g1.is_valid());
     let err = g1.release().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
@@ -164,7 +163,12 @@ fn lost_at(g: &lockcore::LockGuard) -> tokio::task::JoinHandle<(LostReason, Inst
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cut_off_follower_holder_is_lost_before_another_wins() {
     let Some(url) = url() else { return };
-    cut_off_holder_is_lost_before_another_wins(&url, |p| p.answer_pings_only(), 0.0).await;
+    cut_off_holder_is_lost_before_another_wins(
+        &url,
+        |p| p.set_mode(ProxyMode::AnswerKeepalives),
+        0.0,
+    )
+    .await;
 }
 
 /// A holder behind a black hole (connection open, nothing passes, no reset): the client's
@@ -173,7 +177,8 @@ async fn cut_off_follower_holder_is_lost_before_another_wins() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blackholed_holder_is_lost_before_another_wins() {
     let Some(url) = url() else { return };
-    cut_off_holder_is_lost_before_another_wins(&url, |p| p.blackhole(), 0.0).await;
+    cut_off_holder_is_lost_before_another_wins(&url, |p| p.set_mode(ProxyMode::Blackhole), 0.0)
+        .await;
 }
 
 /// The same with the grace set in code: `lost_after_disconnect` = 0.25 of the session
@@ -181,7 +186,7 @@ async fn blackholed_holder_is_lost_before_another_wins() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_after_disconnect_grace_still_precedes_takeover() {
     let Some(url) = url() else { return };
-    cut_off_holder_is_lost_before_another_wins(&url, |p| p.pause(), 0.25).await;
+    cut_off_holder_is_lost_before_another_wins(&url, |p| p.set_mode(ProxyMode::Reset), 0.25).await;
 }
 
 async fn cut_off_holder_is_lost_before_another_wins(
@@ -189,10 +194,9 @@ async fn cut_off_holder_is_lost_before_another_wins(
     cut: impl FnOnce(&Proxy),
     grace: f64,
 ) {
-    let url = support::with_param(url, "session_timeout_ms=2000");
-    let (upstream, _) = support::split_url(&url);
-    let proxy = Proxy::start(upstream).await.unwrap();
-    let backend = ZkBackend::builder(&support::via(&url, proxy.addr()))
+    let url = url_with_param(url, "session_timeout_ms", "2000");
+    let (proxy, through) = support::proxy(&url).await;
+    let backend = ZkBackend::builder(&through)
         .unwrap()
         .lost_after_disconnect(grace)
         .unwrap()
@@ -249,7 +253,7 @@ async fn cut_off_holder_is_lost_before_another_wins(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitioned_holder_is_lost_before_another_wins() {
     let Some(url) = url() else { return };
-    cut_off_holder_is_lost_before_another_wins(&url, |p| p.pause(), 0.0).await;
+    cut_off_holder_is_lost_before_another_wins(&url, |p| p.set_mode(ProxyMode::Reset), 0.0).await;
 }
 
 /// (2) 50 waiters on one name: each release wakes exactly one waiter (the successor), not the
@@ -338,9 +342,16 @@ async fn one_release_wakes_one_waiter() {
 async fn digest_acl_protects_lock_nodes() {
     let Some(url) = url() else { return };
     let ns = unique("acl");
-    let alice_url = support::with_param(&url, &format!("namespace={ns}&digest=alice:alice-pw%3Ax"));
-    let mallory_url =
-        support::with_param(&url, &format!("namespace={ns}&digest=mallory:mallory-pw"));
+    let alice_url = url_with_param(
+        &url_with_param(&url, "namespace", &ns),
+        "digest",
+        "alice:alice-pw%3Ax",
+    );
+    let mallory_url = url_with_param(
+        &url_with_param(&url, "namespace", &ns),
+        "digest",
+        "mallory:mallory-pw",
+    );
     let alice = ZkBackend::connect(&alice_url).await.unwrap();
     let mallory = ZkBackend::connect(&mallory_url).await.unwrap();
     for shown in [alice.describe_for_test(), format!("{alice:?}")] {
@@ -455,12 +466,9 @@ async fn fencing_survives_parent_recreation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashed_holder_frees_after_session_timeout() {
     let Some(url) = url() else { return };
-    let url = support::with_param(&url, "session_timeout_ms=2000");
-    let (upstream, _) = support::split_url(&url);
-    let proxy = Proxy::start(upstream).await.unwrap();
-    let backend = ZkBackend::connect(&support::via(&url, proxy.addr()))
-        .await
-        .unwrap();
+    let url = url_with_param(&url, "session_timeout_ms", "2000");
+    let (proxy, through) = support::proxy(&url).await;
+    let backend = ZkBackend::connect(&through).await.unwrap();
     let timeout = backend.session_timeout();
     let holder = Locker::new(backend);
     let other = Locker::new(ZkBackend::connect(&url).await.unwrap());
@@ -472,7 +480,7 @@ async fn crashed_holder_frees_after_session_timeout() {
         .expect("free");
     g.abandon();
     let crashed = Instant::now();
-    proxy.pause();
+    proxy.set_mode(ProxyMode::Reset);
     drop(holder);
     let g2 = other.lock(&name, &opts()).await.unwrap();
     let took = crashed.elapsed();
@@ -638,11 +646,8 @@ async fn a_node_numbered_out_of_creation_order_does_not_block() {
 async fn try_lock_on_a_held_lock_is_one_read() {
     let Some(url) = url() else { return };
     let holder = Locker::new(ZkBackend::connect(&url).await.unwrap());
-    let (upstream, _) = support::split_url(&url);
-    let proxy = Proxy::start(upstream).await.unwrap();
-    let backend = ZkBackend::connect(&support::via(&url, proxy.addr()))
-        .await
-        .unwrap();
+    let (proxy, through) = support::proxy(&url).await;
+    let backend = ZkBackend::connect(&through).await.unwrap();
     let contender = Locker::new(backend.clone());
     let name = unique("held");
     let parent = backend.lock_path(name.as_str()).unwrap();
@@ -677,11 +682,8 @@ async fn try_lock_on_a_held_lock_is_one_read() {
 async fn held_leases_cost_no_extra_request_or_task() {
     const LEASES: usize = 20;
     let Some(url) = url() else { return };
-    let (upstream, _) = support::split_url(&url);
-    let proxy = Proxy::start(upstream).await.unwrap();
-    let backend = ZkBackend::connect(&support::via(&url, proxy.addr()))
-        .await
-        .unwrap();
+    let (proxy, through) = support::proxy(&url).await;
+    let backend = ZkBackend::connect(&through).await.unwrap();
     let locker = Locker::new(backend.clone());
     let prefix = unique("many");
     // Warm the lock nodes up so that their creation is not counted.

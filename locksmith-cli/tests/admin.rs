@@ -1,6 +1,7 @@
 //! `locksmith status` and `locksmith unlock --force`, black-box against the shared servers: a
 //! `locksmith run --label ..` process holds a lock, and other processes inspect and free it.
-//! Every backend that can inspect is covered; MariaDB says it cannot (exit 2).
+//! Every backend that can inspect is covered; one that cannot (MariaDB under `interop=get_lock`,
+//! whose peers write no lock row) says so (exit 2).
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -174,6 +175,18 @@ fn status_and_unlock_on_postgres_row_lock() {
 }
 
 #[test]
+fn status_and_unlock_on_mariadb_lease() {
+    let url = format!("{}?strategy=lease", server_url("LOCK_TEST_MYSQL_URL"));
+    status_and_unlock(&url, "my-lease", true);
+}
+
+#[test]
+fn status_and_unlock_on_mariadb_row_lock() {
+    let url = format!("{}?strategy=row-lock", server_url("LOCK_TEST_MYSQL_URL"));
+    status_and_unlock(&url, "my-row", true);
+}
+
+#[test]
 fn status_and_unlock_on_zookeeper() {
     status_and_unlock(&server_url("LOCK_TEST_ZK_URL"), "zk", true);
 }
@@ -189,11 +202,15 @@ fn status_and_unlock_on_sqlite() {
     status_and_unlock(&dir.sqlite(), "sqlite", true);
 }
 
-/// A backend that cannot inspect says so (MariaDB, for now): exit 2, the reason on stderr,
-/// nothing on stdout.
+/// A backend that cannot inspect says so (MariaDB under `interop=get_lock`: its peers write no
+/// lock row): exit 2, the reason on stderr, nothing on stdout.
 #[test]
 fn status_on_a_backend_without_inspect_exits_2() {
-    let out = locksmith(&server_url("LOCK_TEST_MYSQL_URL"), &["status", "job"]);
+    let url = format!(
+        "{}?strategy=row-lock&interop=get_lock",
+        server_url("LOCK_TEST_MYSQL_URL")
+    );
+    let out = locksmith(&url, &["status", "job"]);
     assert_eq!(code(&out), 2, "{out:?}");
     assert!(stderr(&out).contains("cannot inspect"), "{}", stderr(&out));
     assert!(stdout(&out).is_empty());
