@@ -89,6 +89,7 @@
 mod config;
 mod inspect;
 mod keeper;
+mod registration;
 mod watch;
 
 use std::collections::HashMap;
@@ -112,6 +113,7 @@ use tokio::sync::watch as tokio_watch;
 
 pub use crate::config::Config;
 use crate::keeper::{Keeper, LeaseCell, Renewal};
+pub use crate::registration::REGISTRATION;
 use crate::watch::{Dispatch, Floor, Wake};
 /// The etcd client this backend speaks through (etcd-client 0.21.1 with its gRPC code checked in,
 /// so it builds without `protoc`: `vendor/etcd-client/README.md`). Build the client you pass to

@@ -114,6 +114,7 @@
 
 mod config;
 mod inspect;
+mod registration;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -132,6 +133,7 @@ use lockcore::{Capabilities, Error, ErrorKind, Instant, LockInfo, LockName, Resu
 
 pub use crate::config::Config;
 use crate::config::Parsed;
+pub use crate::registration::REGISTRATION;
 
 /// How long an idle name's subscriptions linger before they are dropped.
 const SUBSCRIPTION_LINGER: Duration = Duration::from_secs(3);

@@ -142,6 +142,7 @@
 mod config;
 mod contenders;
 mod inspect;
+mod registration;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -162,6 +163,7 @@ use zookeeper_client as zk;
 
 pub use crate::config::{Config, Digest};
 pub use crate::contenders::Interop;
+pub use crate::registration::REGISTRATION;
 
 type ZkResult<T> = std::result::Result<T, zk::Error>;
 
