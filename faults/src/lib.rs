@@ -40,21 +40,18 @@ pub fn faults() -> Vec<FaultInfo> {
         .collect()
 }
 
-/// Every backend the matrix covers on this build, with the topology each runs on.
+/// Every backend the matrix covers on this build, with the topology each runs on: the fault
+/// targets ([`target::TARGETS`]) of the backends the registry has compiled in.
 pub fn backends() -> Vec<(&'static str, Kind)> {
-    vec![
-        ("redis", Kind::Redis),
-        ("redis-sentinel", Kind::Sentinel { min_replicas: 0 }),
-        ("redis-sentinel-min1", Kind::Sentinel { min_replicas: 1 }),
-        ("postgres-lease", Kind::Postgres { row_lock: false }),
-        ("postgres-row-lock", Kind::Postgres { row_lock: true }),
-        ("mysql-lease", Kind::MariaDb { row_lock: false }),
-        ("mysql-row-lock", Kind::MariaDb { row_lock: true }),
-        ("sqlite", Kind::Sqlite),
-        ("zk-ensemble", Kind::ZooKeeper),
-        ("etcd-cluster", Kind::Etcd),
-        ("redlock", Kind::Redlock),
-    ]
+    target::TARGETS
+        .iter()
+        .copied()
+        .filter(|(_, kind)| {
+            locksmith::backends()
+                .iter()
+                .any(|b| b.name == kind.backend() && b.compiled.is_some())
+        })
+        .collect()
 }
 
 /// What a backend's documentation states for a fault: the observation must match.

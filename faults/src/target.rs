@@ -36,6 +36,37 @@ pub enum Kind {
     Redlock,
 }
 
+/// The fault targets: a label in the matrix and a topology, for each backend of the
+/// `locksmith` registry that has servers (a test checks that none is missing).
+pub const TARGETS: &[(&str, Kind)] = &[
+    ("redis", Kind::Redis),
+    ("redis-sentinel", Kind::Sentinel { min_replicas: 0 }),
+    ("redis-sentinel-min1", Kind::Sentinel { min_replicas: 1 }),
+    ("postgres-lease", Kind::Postgres { row_lock: false }),
+    ("postgres-row-lock", Kind::Postgres { row_lock: true }),
+    ("mysql-lease", Kind::MariaDb { row_lock: false }),
+    ("mysql-row-lock", Kind::MariaDb { row_lock: true }),
+    ("sqlite", Kind::Sqlite),
+    ("zk-ensemble", Kind::ZooKeeper),
+    ("etcd-cluster", Kind::Etcd),
+    ("redlock", Kind::Redlock),
+];
+
+impl Kind {
+    /// The backend of the `locksmith` registry this topology serves (its name there).
+    pub fn backend(self) -> &'static str {
+        match self {
+            Kind::Redis | Kind::Sentinel { .. } => "redis",
+            Kind::Postgres { .. } => "postgres",
+            Kind::MariaDb { .. } => "mysql",
+            Kind::Sqlite => "sqlite",
+            Kind::ZooKeeper => "zk",
+            Kind::Etcd => "etcd",
+            Kind::Redlock => "redlock",
+        }
+    }
+}
+
 /// How many Redlock masters the `redlock` topology runs.
 pub const REDLOCK_MASTERS: usize = 5;
 
@@ -316,4 +347,32 @@ async fn wait_zk_member(z: &ZooKeeper, i: usize) -> faultkit::Result<()> {
         },
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every backend of the registry but the in-process one has a fault target, and every
+    /// target serves a registered backend: a new backend shows up here until it has one.
+    #[test]
+    fn every_registered_backend_has_a_fault_target() {
+        for b in locksmith::backends() {
+            let covered = TARGETS.iter().any(|(_, kind)| kind.backend() == b.name);
+            assert_eq!(covered, b.feature.is_some(), "{}: fault target", b.name);
+        }
+        for (label, kind) in TARGETS {
+            assert!(
+                locksmith::backends()
+                    .iter()
+                    .any(|b| b.name == kind.backend()),
+                "{label}"
+            );
+        }
+        assert_eq!(
+            crate::backends().len(),
+            TARGETS.len(),
+            "every feature is on here"
+        );
+    }
 }

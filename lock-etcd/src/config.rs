@@ -4,8 +4,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use lockcore::config::{
+    UrlParts, UserInfoAt, check_millis, decode_userinfo, is_segment, parse_hosts,
+};
 use lockcore::{Error, Result, Secret};
-use percent_encoding::percent_decode_str;
 
 /// The key namespace when the URL gives no path.
 pub(crate) const DEFAULT_NAMESPACE: &str = "locksmith";
@@ -71,6 +73,9 @@ fn default_timeout() -> Duration {
     DEFAULT_TIMEOUT
 }
 
+/// How errors name the URL.
+const WHAT: &str = "etcd URL";
+
 /// The query parameters of an etcd URL (the rest comes from its address part).
 const URL_PARAMS: &[&str] = &["ca", "domain", "timeout_ms"];
 
@@ -81,7 +86,7 @@ impl Config {
     /// # Errors
     /// `InvalidConfig`, never quoting the password.
     pub fn validate(mut self) -> Result<Config> {
-        self.hosts = parse_hosts(&self.hosts.join(","))?;
+        self.hosts = parse_hosts(WHAT, &self.hosts.join(","), DEFAULT_PORT)?;
         self.namespace = parse_namespace(&self.namespace)?;
         match (&self.user, &self.password) {
             (None, None) => {}
@@ -125,13 +130,7 @@ impl Config {
                 )));
             }
         }
-        if !(Duration::from_millis(1)..=Duration::from_millis(MAX_TIMEOUT_MS))
-            .contains(&self.timeout)
-        {
-            return Err(Error::invalid_config(format!(
-                "timeout_ms must be a whole number of milliseconds in 1..={MAX_TIMEOUT_MS}"
-            )));
-        }
+        check_millis(WHAT, "timeout_ms", self.timeout, 1, MAX_TIMEOUT_MS)?;
         Ok(self)
     }
 
@@ -147,10 +146,11 @@ impl Config {
     /// The URL with the password replaced by `***`.
     pub(crate) fn redacted(&self) -> String {
         let scheme = if self.tls { "etcds" } else { "etcd" };
-        let user = match (&self.user, &self.password) {
-            (Some(u), Some(_)) => format!("{u}:***@"),
-            (Some(u), None) => format!("{u}@"),
-            _ => String::new(),
+        let user = match self.user {
+            Some(_) => {
+                lockcore::config::redacted_userinfo(self.user.as_deref(), self.password.as_ref())
+            }
+            None => String::new(),
         };
         let mut s = format!(
             "{scheme}://{user}{}/{}",
@@ -179,60 +179,31 @@ impl Config {
     /// # Errors
     /// `InvalidConfig` for anything malformed or unknown (never quoting the password).
     pub fn parse(url: &str) -> Result<Config> {
-        let (tls, rest) = strip_scheme(url).ok_or_else(|| {
-            Error::invalid_config("an etcd URL starts with etcd:// or etcds:// (TLS)")
-        })?;
-        if rest.contains('#') {
-            return Err(Error::invalid_config("an etcd URL has no #fragment"));
-        }
-        // The user info ends at the last `@` before the host list (a password may hold `@`, `/`
-        // or `?` when not percent-encoded); it is never echoed.
-        let (userinfo, rest) = match rest.rfind('@') {
-            Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-            None => (None, rest),
+        let parts = UrlParts::split(WHAT, url, UserInfoAt::LastAt)?;
+        let tls = if parts.scheme.eq_ignore_ascii_case("etcd") {
+            false
+        } else if parts.scheme.eq_ignore_ascii_case("etcds") {
+            true
+        } else {
+            return Err(Error::invalid_config(
+                "an etcd URL starts with etcd:// or etcds:// (TLS)",
+            ));
         };
-        let (before_query, query) = match rest.split_once('?') {
-            Some((a, q)) => (a, Some(q)),
-            None => (rest, None),
-        };
-        let (authority, path) = match before_query.find('/') {
-            Some(i) => (&before_query[..i], &before_query[i..]),
-            None => (before_query, ""),
-        };
-        let (user, password) = match userinfo {
+        let (user, password) = match parts.userinfo {
             None => (None, None),
-            Some(info) => {
-                let (u, p) = info.split_once(':').ok_or_else(|| {
-                    Error::invalid_config(
+            Some(info) => match decode_userinfo(WHAT, info)? {
+                (user, Some(password)) => (Some(user), Some(password)),
+                (_, None) => {
+                    return Err(Error::invalid_config(
                         "etcd user info must be user:password (percent-encode reserved characters)",
-                    )
-                })?;
-                let user = decode(u).map_err(|_| {
-                    Error::invalid_config("the etcd user name is not valid percent-encoded UTF-8")
-                })?;
-                let password = decode(p).map_err(|_| {
-                    Error::invalid_config("the etcd password is not valid percent-encoded UTF-8")
-                })?;
-                (Some(user), Some(Secret::new(password)))
-            }
+                    ));
+                }
+            },
         };
-        let pairs = lockcore::config::query_pairs("etcd URL", query.unwrap_or(""))?;
-        if let Some((key, _)) = pairs
-            .iter()
-            .find(|(k, _)| !URL_PARAMS.contains(&k.as_str()))
-        {
-            return Err(Error::invalid_config(format!(
-                "unknown etcd URL parameter {key:?} (known: {})",
-                URL_PARAMS.join(", ")
-            )));
-        }
         // The query goes through the same deserializer as a config file.
-        let mut config: Config = lockcore::config::from_pairs(
-            "etcd URL",
-            std::iter::once(("hosts".to_owned(), String::new()))
-                .chain(pairs)
-                .collect(),
-        )?;
+        let mut config: Config =
+            lockcore::config::from_query(WHAT, parts.query, URL_PARAMS, &["hosts"])?;
+        let (authority, path) = (parts.hosts, parts.path);
         if authority.is_empty() {
             return Err(Error::invalid_config(
                 "an etcd URL needs at least one host:port",
@@ -247,75 +218,6 @@ impl Config {
     }
 }
 
-fn strip_scheme(url: &str) -> Option<(bool, &str)> {
-    let (scheme, rest) = url.split_once("://")?;
-    if scheme.eq_ignore_ascii_case("etcd") {
-        Some((false, rest))
-    } else if scheme.eq_ignore_ascii_case("etcds") {
-        Some((true, rest))
-    } else {
-        None
-    }
-}
-
-fn decode(s: &str) -> std::result::Result<String, std::str::Utf8Error> {
-    percent_decode_str(s).decode_utf8().map(|c| c.into_owned())
-}
-
-fn parse_hosts(authority: &str) -> Result<Vec<String>> {
-    if authority.is_empty() {
-        return Err(Error::invalid_config(
-            "an etcd URL needs at least one host:port",
-        ));
-    }
-    let mut hosts = Vec::new();
-    for entry in authority.split(',') {
-        let (host, port) = if let Some(rest) = entry.strip_prefix('[') {
-            let (h, after) = rest
-                .split_once(']')
-                .ok_or_else(|| Error::invalid_config(format!("bad IPv6 host in {entry:?}")))?;
-            if h.is_empty()
-                || !h
-                    .bytes()
-                    .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
-            {
-                return Err(Error::invalid_config(format!("bad IPv6 host in {entry:?}")));
-            }
-            let port = match after {
-                "" => None,
-                p => Some(
-                    p.strip_prefix(':')
-                        .ok_or_else(|| Error::invalid_config(format!("bad host:port {entry:?}")))?,
-                ),
-            };
-            (format!("[{h}]"), port)
-        } else {
-            let (h, p) = match entry.rsplit_once(':') {
-                Some((h, p)) => (h, Some(p)),
-                None => (entry, None),
-            };
-            if h.is_empty()
-                || !h
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
-            {
-                return Err(Error::invalid_config(format!("bad host in {entry:?}")));
-            }
-            (h.to_owned(), p)
-        };
-        let port = match port {
-            None => DEFAULT_PORT,
-            Some(p) => p
-                .parse::<u16>()
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or_else(|| Error::invalid_config(format!("bad port in {entry:?}")))?,
-        };
-        hosts.push(format!("{host}:{port}"));
-    }
-    Ok(hosts)
-}
-
 /// `/a/b/` -> `a/b`; empty -> the default. Segments of `[A-Za-z0-9_.-]`, never `.` or `..`.
 fn parse_namespace(path: &str) -> Result<String> {
     let trimmed = path.trim_matches('/');
@@ -328,13 +230,7 @@ fn parse_namespace(path: &str) -> Result<String> {
         ));
     }
     for seg in trimmed.split('/') {
-        let ok = !seg.is_empty()
-            && seg != "."
-            && seg != ".."
-            && seg
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
-        if !ok {
+        if !is_segment(seg) {
             return Err(Error::invalid_config(format!(
                 "etcd key prefix {path:?}: every segment must be [A-Za-z0-9_.-], not empty, . or .."
             )));

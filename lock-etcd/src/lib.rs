@@ -98,6 +98,7 @@ mod members;
 mod metrics;
 mod pool;
 mod queue;
+mod registration;
 mod watch;
 
 use lockcore::backend::{AcquireRequest, Acquired, Backend, async_trait};
@@ -105,6 +106,7 @@ use lockcore::{Capabilities, Instant, LockInfo, LockName, Result};
 
 pub use crate::backend::{EtcdBackend, EtcdStats};
 pub use crate::config::Config;
+pub use crate::registration::REGISTRATION;
 /// The etcd client this backend speaks through (etcd-client 0.21.1 with its gRPC code checked in,
 /// so it builds without `protoc`: `vendor/etcd-client/README.md`). Build the client you pass to
 /// [`EtcdBackend::from_client`] with it.

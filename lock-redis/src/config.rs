@@ -4,8 +4,8 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use lockcore::config::{UrlParts, UserInfoAt, check_millis, decode_userinfo, host_port};
 use lockcore::{Error, Result, Secret};
-use percent_encoding::percent_decode_str;
 
 /// The default key namespace.
 pub(crate) const DEFAULT_NAMESPACE: &str = "locksmith";
@@ -134,30 +134,15 @@ const URL_PARAMS: &[&str] = &[
     "interop",
 ];
 
-fn bad(msg: impl fmt::Display) -> Error {
-    // Never echo the URL itself: it may carry a password.
-    Error::invalid_config(format!("invalid redis URL: {msg}"))
-}
+/// How errors name the URL (never quoting it: it may carry a password).
+const WHAT: &str = "invalid redis URL";
 
-fn decode(part: &str, what: &str) -> Result<String> {
-    percent_decode_str(part)
-        .decode_utf8()
-        .map(|s| s.into_owned())
-        .map_err(|_| {
-            bad(format_args!(
-                "the {what} is not valid percent-encoded UTF-8"
-            ))
-        })
+fn bad(msg: impl fmt::Display) -> Error {
+    Error::invalid_config(format!("{WHAT}: {msg}"))
 }
 
 fn check_ms(key: &str, value: Duration, min: u64, max: u64) -> Result<()> {
-    if (Duration::from_millis(min)..=Duration::from_millis(max)).contains(&value) {
-        Ok(())
-    } else {
-        Err(bad(format_args!(
-            "`{key}` must be a whole number of milliseconds in {min}..={max}"
-        )))
-    }
+    check_millis(WHAT, key, value, min, max)
 }
 
 fn parse_host_port(part: &str, default_port: u16) -> Result<(String, u16)> {
@@ -209,10 +194,8 @@ impl Config {
     /// # Errors
     /// `InvalidConfig` for anything malformed or unknown (the URL itself is never quoted).
     pub fn parse(url: &str) -> Result<Config> {
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| bad("expected <scheme>://..."))?;
-        let (tls, cluster, sentinel) = match scheme.to_ascii_lowercase().as_str() {
+        let parts = UrlParts::split(WHAT, url, UserInfoAt::HostPart)?;
+        let (tls, cluster, sentinel) = match parts.scheme.to_ascii_lowercase().as_str() {
             "redis" => (false, false, false),
             "rediss" => (true, false, false),
             "redis+cluster" => (false, true, false),
@@ -226,39 +209,17 @@ impl Config {
                 ));
             }
         };
-        if rest.contains('#') {
-            return Err(bad(
-                "fragments (`#...`) are not supported; use ?tls_ca= for TLS",
-            ));
-        }
-        let (before_query, query) = match rest.split_once('?') {
-            Some((b, q)) => (b, Some(q)),
-            None => (rest, None),
-        };
-        let (authority, path) = match before_query.find('/') {
-            Some(i) => (&before_query[..i], &before_query[i + 1..]),
-            None => (before_query, ""),
-        };
-        // The password may contain `@` only percent-encoded, but split on the last one anyway.
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u), h),
-            None => (None, authority),
-        };
-        let (username, password) = match userinfo {
+        let (username, password) = match parts.userinfo {
             None => (None, None),
             Some(u) => {
-                let (user, pw) = match u.split_once(':') {
-                    Some((user, pw)) => (user, Some(pw)),
-                    None => (u, None),
-                };
-                let user = decode(user, "user name")?;
-                let pw = pw.map(|p| decode(p, "password")).transpose()?;
+                let (user, password) = decode_userinfo(WHAT, u)?;
                 (
                     (!user.is_empty()).then_some(user),
-                    pw.filter(|p| !p.is_empty()).map(Secret::new),
+                    password.filter(|p| !p.expose().is_empty()),
                 )
             }
         };
+        let (hosts, path) = (parts.hosts, parts.path.strip_prefix('/').unwrap_or(""));
         let default_port = if sentinel { 26379 } else { 6379 };
         let nodes = hosts
             .split(',')
@@ -270,7 +231,10 @@ impl Config {
                 Some((n, d)) => (n, d),
                 None => (path, ""),
             };
-            (Some(decode(name, "primary name")?), db)
+            let name = percent_encoding::percent_decode_str(name)
+                .decode_utf8()
+                .map_err(|_| bad("the primary name is not valid percent-encoded UTF-8"))?;
+            (Some(name.into_owned()), db)
         } else {
             (None, path)
         };
@@ -281,24 +245,10 @@ impl Config {
                 _ => return Err(bad("the path must be a database number, like /0")),
             },
         };
-        let pairs = lockcore::config::query_pairs("invalid redis URL", query.unwrap_or(""))?;
-        if let Some((key, _)) = pairs
-            .iter()
-            .find(|(k, _)| !URL_PARAMS.contains(&k.as_str()))
-        {
-            return Err(bad(format_args!(
-                "unknown query parameter `{key}` (known: {})",
-                URL_PARAMS.join(", ")
-            )));
-        }
         // The query goes through the same deserializer as a config file; the address part fills
         // in the rest.
-        let mut cfg: Config = lockcore::config::from_pairs(
-            "invalid redis URL",
-            std::iter::once(("nodes".to_owned(), String::new()))
-                .chain(pairs)
-                .collect(),
-        )?;
+        let mut cfg: Config =
+            lockcore::config::from_query(WHAT, parts.query, URL_PARAMS, &["nodes"])?;
         cfg.tls = tls;
         cfg.cluster = cluster;
         cfg.sentinel = master;
@@ -417,24 +367,11 @@ impl Config {
             (false, false, true) => "redis+sentinel",
             (true, false, true) => "rediss+sentinel",
         };
-        let mut out = format!("{scheme}://");
-        match (&self.username, &self.password) {
-            (Some(u), Some(_)) => out.push_str(&format!("{u}:***@")),
-            (None, Some(_)) => out.push_str(":***@"),
-            (Some(u), None) => out.push_str(&format!("{u}@")),
-            (None, None) => {}
-        }
-        let hosts: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|(h, p)| {
-                if h.contains(':') {
-                    format!("[{h}]:{p}")
-                } else {
-                    format!("{h}:{p}")
-                }
-            })
-            .collect();
+        let mut out = format!(
+            "{scheme}://{}",
+            lockcore::config::redacted_userinfo(self.username.as_deref(), self.password.as_ref())
+        );
+        let hosts: Vec<String> = self.nodes.iter().map(|(h, p)| host_port(h, *p)).collect();
         out.push_str(&hosts.join(","));
         if let Some(master) = &self.sentinel {
             out.push_str(&format!("/{master}"));

@@ -107,6 +107,7 @@ mod error;
 pub mod inspect;
 mod interop;
 pub mod node;
+mod registration;
 mod subs;
 
 use std::fmt;
@@ -124,6 +125,7 @@ pub use crate::config::Config;
 use crate::conn::Conn;
 pub use crate::interop::Interop;
 use crate::node::{ExpiryWatch, Keys, Node, NodeAttempt, Replicas};
+pub use crate::registration::REGISTRATION;
 
 enum Attempt {
     Won(Acquired),

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use lock_redis::node;
+use lockcore::config::{host_port, redacted_userinfo};
 use lockcore::{Error, Result};
 
 /// A validated configuration, as the backend uses it.
@@ -57,15 +58,12 @@ pub struct Config {
     pub masters: Vec<node::Config>,
     /// How long one master may take to answer one vote before it counts as lost
     /// (`node_timeout_ms`); by default a tenth of the lock's TTL, within 50 ms..=1 s.
-    #[serde(default, rename = "node_timeout_ms", deserialize_with = "opt_millis")]
+    #[serde(
+        default,
+        rename = "node_timeout_ms",
+        with = "lockcore::config::millis_opt"
+    )]
     pub node_timeout: Option<Duration>,
-}
-
-fn opt_millis<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> std::result::Result<Option<Duration>, D::Error> {
-    let ms: Option<u64> = serde::Deserialize::deserialize(d)?;
-    Ok(ms.map(Duration::from_millis))
 }
 
 /// The least per-node timeout derived from a TTL (see [`Parsed::node_timeout`]).
@@ -73,9 +71,11 @@ pub(crate) const NODE_TIMEOUT_FLOOR: Duration = Duration::from_millis(50);
 /// The most per-node timeout derived from a TTL (see [`Parsed::node_timeout`]).
 pub(crate) const NODE_TIMEOUT_CAP: Duration = Duration::from_secs(1);
 
+/// How errors name the URL (never quoting it: it may carry passwords).
+const WHAT: &str = "invalid redlock URL";
+
 fn bad(msg: impl std::fmt::Display) -> Error {
-    // Never echo the URL itself: it may carry passwords.
-    Error::invalid_config(format!("invalid redlock URL: {msg}"))
+    Error::invalid_config(format!("{WHAT}: {msg}"))
 }
 
 impl Config {
@@ -174,13 +174,8 @@ impl Config {
         if self.masters.is_empty() {
             return Err(bad("no node given"));
         }
-        if self
-            .node_timeout
-            .is_some_and(|t| t < Duration::from_millis(1) || t > Duration::from_secs(60))
-        {
-            return Err(bad(
-                "`node_timeout_ms` must be a whole number of milliseconds in 1..=60000",
-            ));
+        if let Some(timeout) = self.node_timeout {
+            lockcore::config::check_millis(WHAT, "node_timeout_ms", timeout, 1, 60_000)?;
         }
         let mut masters: Vec<node::Config> = Vec::with_capacity(self.masters.len());
         for (i, m) in std::mem::take(&mut self.masters).into_iter().enumerate() {
@@ -243,17 +238,8 @@ impl Parsed {
                 .iter()
                 .map(|n| {
                     let (h, p) = &n.nodes[0];
-                    let auth = match (&n.username, &n.password) {
-                        (Some(u), Some(_)) => format!("{u}:***@"),
-                        (None, Some(_)) => ":***@".to_owned(),
-                        (Some(u), None) => format!("{u}@"),
-                        (None, None) => String::new(),
-                    };
-                    if h.contains(':') {
-                        format!("{auth}[{h}]:{p}")
-                    } else {
-                        format!("{auth}{h}:{p}")
-                    }
+                    let auth = redacted_userinfo(n.username.as_deref(), n.password.as_ref());
+                    format!("{auth}{}", host_port(h, *p))
                 })
                 .collect();
             let timeout = match node_timeout {

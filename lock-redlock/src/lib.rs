@@ -119,6 +119,7 @@ mod config;
 mod inspect;
 mod lease;
 mod quorum;
+mod registration;
 mod slots;
 mod subscriptions;
 mod sync;
@@ -128,6 +129,7 @@ use lockcore::{Capabilities, Instant, LockInfo, LockName, Result};
 
 pub use crate::backend::RedlockBackend;
 pub use crate::config::Config;
+pub use crate::registration::REGISTRATION;
 
 #[async_trait]
 impl Backend for RedlockBackend {

@@ -4,7 +4,13 @@ use std::fmt;
 
 use std::time::Duration;
 
+// A query parameter's value is never shown when it looks like a secret (`sslkey`, a path, is
+// hidden anyway).
+use lockcore::config::is_secret_param;
 use lockcore::{Error, Result, Secret};
+
+/// How errors name the URL (never quoting it: it may hold a password).
+const WHAT: &str = "database URL";
 
 /// The lock table used when the URL names none.
 pub const DEFAULT_TABLE: &str = "locksmith_locks";
@@ -132,7 +138,7 @@ impl Config {
         }
         let mut pairs = vec![("url".to_owned(), String::new())];
         pairs.extend(own);
-        let mut config: Config = lockcore::config::from_pairs("database URL", pairs)?;
+        let mut config: Config = lockcore::config::from_pairs(WHAT, pairs)?;
         config.url = Secret::new(url.to_string());
         Ok(config)
     }
@@ -144,6 +150,18 @@ pub(crate) enum Dialect {
     Postgres,
     MySql,
     Sqlite,
+}
+
+impl Dialect {
+    /// The database a (lowercase) URL scheme names.
+    pub(crate) fn of_scheme(scheme: &str) -> Option<Dialect> {
+        match scheme {
+            "postgres" | "postgresql" => Some(Dialect::Postgres),
+            "mysql" | "mariadb" => Some(Dialect::MySql),
+            "sqlite" => Some(Dialect::Sqlite),
+            _ => None,
+        }
+    }
 }
 
 /// A parsed URL.
@@ -166,23 +184,6 @@ pub(crate) struct Parsed {
     /// Every secret the URL carries (decoded and as written), to scrub them from any error text
     /// that might echo them.
     secrets: Vec<lockcore::Secret>,
-}
-
-/// Whether a query parameter carries a secret: its value is never shown. Errs on the side of
-/// hiding (`sslkey` is a path, hidden anyway).
-fn is_secret_param(key: &str) -> bool {
-    let k = key.to_ascii_lowercase();
-    [
-        "pass",
-        "pwd",
-        "secret",
-        "token",
-        "key",
-        "auth",
-        "credential",
-    ]
-    .iter()
-    .any(|s| k.contains(s))
 }
 
 impl fmt::Debug for Parsed {
@@ -225,15 +226,11 @@ impl Parsed {
         // Never echo the URL in an error: it may hold a password.
         let mut url = url::Url::parse(config.url.expose())
             .map_err(|e| Error::invalid_config(format!("malformed database URL: {e}")))?;
-        let dialect = match url.scheme() {
-            "postgres" | "postgresql" => Dialect::Postgres,
-            "mysql" | "mariadb" => Dialect::MySql,
-            "sqlite" => Dialect::Sqlite,
-            other => {
-                return Err(Error::invalid_config(format!(
-                    "unsupported URL scheme {other:?}: expected postgres://, postgresql://, mysql://, mariadb:// or sqlite://"
-                )));
-            }
+        let Some(dialect) = Dialect::of_scheme(url.scheme()) else {
+            return Err(Error::invalid_config(format!(
+                "unsupported URL scheme {:?}: expected postgres://, postgresql://, mysql://, mariadb:// or sqlite://",
+                url.scheme()
+            )));
         };
         let mut secrets = Vec::new();
         if let Some(p) = url.password().filter(|p| !p.is_empty()) {
@@ -259,9 +256,7 @@ impl Parsed {
                 "pool_max must be 1..=1000, got {pool_max}"
             )));
         }
-        if !(Duration::from_millis(1)..=Duration::from_millis(3_600_000)).contains(&op_timeout) {
-            return Err(Error::invalid_config("op_timeout_ms must be 1..=3600000"));
-        }
+        lockcore::config::check_millis(WHAT, "op_timeout_ms", op_timeout, 1, 3_600_000)?;
         let mut passthrough = Vec::new();
         for (k, v) in url.query_pairs() {
             if OWN_PARAMS.contains(&&*k) {

@@ -113,6 +113,8 @@ mod conns;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod inspect;
 mod interop;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod registration;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod rowlock;
 mod sql_errors;
@@ -137,6 +139,12 @@ use config::{Dialect, Parsed};
 pub use interop::{Interop, MAX_GET_LOCK_BYTES, MAX_GET_LOCK_CHARS};
 #[cfg(feature = "postgres")]
 pub use pg_xact::PgXactLock;
+#[cfg(feature = "mysql")]
+pub use registration::MYSQL;
+#[cfg(feature = "postgres")]
+pub use registration::POSTGRES;
+#[cfg(feature = "sqlite")]
+pub use registration::SQLITE;
 
 /// A client of one SQL database: a connection pool plus the lock table.
 ///

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use lockcore::config::{UrlParts, UserInfoAt, is_segment, parse_hosts};
 use lockcore::{Error, Result, Secret};
 
 use crate::contenders::Interop;
@@ -112,6 +113,9 @@ fn default_session_timeout() -> Duration {
     DEFAULT_SESSION_TIMEOUT
 }
 
+/// How errors name the URL.
+const WHAT: &str = "zk:// URL";
+
 /// The query parameters of a `zk://` URL (the hosts and the chroot are its address part).
 const URL_PARAMS: &[&str] = &[
     "session_timeout_ms",
@@ -127,17 +131,17 @@ impl Config {
     /// # Errors
     /// `InvalidConfig`, never quoting the password.
     pub fn validate(mut self) -> Result<Config> {
-        self.hosts = parse_hosts(&self.hosts.join(","))?;
+        self.hosts = parse_hosts(WHAT, &self.hosts.join(","), DEFAULT_PORT)?;
         self.chroot = parse_chroot(&self.chroot)?;
-        let ms = self.session_timeout.as_millis();
-        if !(u128::from(MIN_SESSION_TIMEOUT_MS)..=u128::from(MAX_SESSION_TIMEOUT_MS)).contains(&ms)
-        {
-            return Err(Error::invalid_config(format!(
-                "session_timeout_ms {ms} is outside {MIN_SESSION_TIMEOUT_MS}..={MAX_SESSION_TIMEOUT_MS}"
-            )));
-        }
+        lockcore::config::check_millis(
+            WHAT,
+            "session_timeout_ms",
+            self.session_timeout,
+            MIN_SESSION_TIMEOUT_MS,
+            MAX_SESSION_TIMEOUT_MS,
+        )?;
         check_lost_after_disconnect(self.lost_after_disconnect)?;
-        if !is_segment(&self.namespace) {
+        if !is_node_name(&self.namespace) {
             return Err(Error::invalid_config(format!(
                 "namespace {:?} must be one path segment of [A-Za-z0-9_.-], not . or ..",
                 self.namespace
@@ -196,41 +200,19 @@ impl Config {
     /// # Errors
     /// `InvalidConfig` for anything malformed or unknown (never quoting the password).
     pub fn parse(url: &str) -> Result<Config> {
-        let rest = strip_scheme(url)
-            .ok_or_else(|| Error::invalid_config("a ZooKeeper URL starts with zk://"))?;
-        if rest.contains('#') {
-            return Err(Error::invalid_config("a zk:// URL has no #fragment"));
+        let parts = UrlParts::split(WHAT, url, UserInfoAt::HostPart)?;
+        if !parts.scheme.eq_ignore_ascii_case("zk") {
+            return Err(Error::invalid_config("a ZooKeeper URL starts with zk://"));
         }
-        let (before_query, query) = match rest.split_once('?') {
-            Some((a, q)) => (a, Some(q)),
-            None => (rest, None),
-        };
-        let (authority, path) = match before_query.find('/') {
-            Some(i) => (&before_query[..i], &before_query[i..]),
-            None => (before_query, ""),
-        };
-        if authority.contains('@') {
+        if parts.userinfo.is_some() {
             return Err(Error::invalid_config(
                 "a zk:// URL carries no user info; pass credentials as ?digest=user:password",
             ));
         }
-        let pairs = lockcore::config::query_pairs("zk:// URL", query.unwrap_or(""))?;
-        if let Some((key, _)) = pairs
-            .iter()
-            .find(|(k, _)| !URL_PARAMS.contains(&k.as_str()))
-        {
-            return Err(Error::invalid_config(format!(
-                "unknown zk:// parameter {key:?} (known: {})",
-                URL_PARAMS.join(", ")
-            )));
-        }
         // The query goes through the same deserializer as a config file.
-        let mut config: Config = lockcore::config::from_pairs(
-            "zk:// URL",
-            std::iter::once(("hosts".to_owned(), String::new()))
-                .chain(pairs)
-                .collect(),
-        )?;
+        let mut config: Config =
+            lockcore::config::from_query(WHAT, parts.query, URL_PARAMS, &["hosts"])?;
+        let (authority, path) = (parts.hosts, parts.path);
         if authority.is_empty() {
             return Err(Error::invalid_config(
                 "a zk:// URL needs at least one host:port",
@@ -253,72 +235,9 @@ pub(crate) fn check_lost_after_disconnect(factor: f64) -> Result<()> {
     Ok(())
 }
 
-fn strip_scheme(url: &str) -> Option<&str> {
-    let (scheme, rest) = url.split_once("://")?;
-    scheme.eq_ignore_ascii_case("zk").then_some(rest)
-}
-
-fn is_segment(s: &str) -> bool {
-    !s.is_empty()
-        && s != "."
-        && s != ".."
-        && s.len() <= 200
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
-}
-
-fn parse_hosts(authority: &str) -> Result<Vec<String>> {
-    if authority.is_empty() {
-        return Err(Error::invalid_config(
-            "a zk:// URL needs at least one host:port",
-        ));
-    }
-    let mut hosts = Vec::new();
-    for entry in authority.split(',') {
-        let (host, port) = if let Some(rest) = entry.strip_prefix('[') {
-            let (h, after) = rest
-                .split_once(']')
-                .ok_or_else(|| Error::invalid_config(format!("bad IPv6 host in {entry:?}")))?;
-            if h.is_empty()
-                || !h
-                    .bytes()
-                    .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
-            {
-                return Err(Error::invalid_config(format!("bad IPv6 host in {entry:?}")));
-            }
-            let port = match after {
-                "" => None,
-                p => Some(
-                    p.strip_prefix(':')
-                        .ok_or_else(|| Error::invalid_config(format!("bad host:port {entry:?}")))?,
-                ),
-            };
-            (format!("[{h}]"), port)
-        } else {
-            let (h, p) = match entry.rsplit_once(':') {
-                Some((h, p)) => (h, Some(p)),
-                None => (entry, None),
-            };
-            if h.is_empty()
-                || !h
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
-            {
-                return Err(Error::invalid_config(format!("bad host in {entry:?}")));
-            }
-            (h.to_owned(), p)
-        };
-        let port = match port {
-            None => DEFAULT_PORT,
-            Some(p) => p
-                .parse::<u16>()
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or_else(|| Error::invalid_config(format!("bad port in {entry:?}")))?,
-        };
-        hosts.push(format!("{host}:{port}"));
-    }
-    Ok(hosts)
+/// A ZooKeeper node name: a plain path segment of at most 200 bytes.
+fn is_node_name(s: &str) -> bool {
+    s.len() <= 200 && is_segment(s)
 }
 
 fn parse_chroot(path: &str) -> Result<String> {
@@ -327,7 +246,7 @@ fn parse_chroot(path: &str) -> Result<String> {
         return Ok(String::new());
     }
     for seg in trimmed[1..].split('/') {
-        if !is_segment(seg) {
+        if !is_node_name(seg) {
             return Err(Error::invalid_config(format!(
                 "chroot {path:?}: every segment must be [A-Za-z0-9_.-], not empty, . or .."
             )));

@@ -148,6 +148,7 @@ mod errors;
 mod inspect;
 mod lease;
 mod recipe;
+mod registration;
 mod session;
 mod stats;
 mod supervisor;
@@ -159,6 +160,7 @@ pub use crate::backend::ZkBackend;
 pub use crate::config::{Config, Digest};
 pub use crate::connect::ZkBuilder;
 pub use crate::contenders::Interop;
+pub use crate::registration::REGISTRATION;
 pub use crate::stats::ZkStats;
 
 #[async_trait]

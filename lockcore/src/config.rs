@@ -32,10 +32,32 @@
 //! ```
 
 use std::fmt;
+use std::time::Duration;
 
 use serde::de::{self, DeserializeOwned, IntoDeserializer, Visitor};
 
-use crate::{Error, Result};
+use crate::{Error, Result, Secret};
+
+/// The scheme of a lock URL, lowercased (`redis+cluster` for `REDIS+CLUSTER://...`).
+///
+/// # Errors
+/// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) when `url` does not start
+/// with a scheme (`letter [letters digits + - .]* :`). The message does not repeat the input,
+/// which might be a secret pasted in the wrong place.
+pub fn scheme_of(url: &str) -> Result<String> {
+    let bad = || {
+        Error::invalid_config(
+            "not a lock URL: expected `scheme://...` (for example memory:// or redis://host:6379)",
+        )
+    };
+    let (scheme, _) = url.split_once(':').ok_or_else(bad)?;
+    let mut chars = scheme.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic());
+    if !first_ok || !chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')) {
+        return Err(bad());
+    }
+    Ok(scheme.to_ascii_lowercase())
+}
 
 /// Splits and percent-decodes a URL query (`a=1&b=x%2Cy`) into `(key, value)` pairs, in order.
 /// `what` names the source in errors ("redis URL").
@@ -78,6 +100,300 @@ pub fn is_plain_key(key: &str) -> bool {
         && key
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+/// Where a URL's user info ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UserInfoAt {
+    /// At the last `@` of the host part (before the first `/` and `?`): a password holds `@`,
+    /// `/` and `?` only percent-encoded.
+    HostPart,
+    /// At the last `@` of the whole URL: a password may hold `@`, `/` or `?` as they are.
+    LastAt,
+}
+
+/// The parts of a `scheme://[userinfo@]hosts[/path][?query]` URL, not yet decoded: the shape
+/// every backend URL but SQL's (which sqlx reads) shares. Nothing here quotes the URL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UrlParts<'a> {
+    /// The scheme as written (compare it case-insensitively).
+    pub scheme: &'a str,
+    /// The user info (`user:password`, still percent-encoded), without its `@`.
+    pub userinfo: Option<&'a str>,
+    /// The host list (`h1:p1,h2:p2`).
+    pub hosts: &'a str,
+    /// The path with its leading `/` (`""` when none).
+    pub path: &'a str,
+    /// The query without its `?` (`""` when none).
+    pub query: &'a str,
+}
+
+impl<'a> UrlParts<'a> {
+    /// Splits `url`. `what` names the URL in errors (`"invalid redis URL"`).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) without `://` or with a
+    /// `#fragment` (which no backend takes).
+    pub fn split(what: &str, url: &'a str, userinfo_at: UserInfoAt) -> Result<UrlParts<'a>> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| Error::invalid_config(format!("{what}: expected <scheme>://...")))?;
+        if rest.contains('#') {
+            return Err(Error::invalid_config(format!(
+                "{what}: fragments (`#...`) are not supported"
+            )));
+        }
+        let (userinfo, rest) = match userinfo_at {
+            UserInfoAt::LastAt => match rest.rsplit_once('@') {
+                Some((u, r)) => (Some(u), r),
+                None => (None, rest),
+            },
+            UserInfoAt::HostPart => (None, rest),
+        };
+        let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) =
+            before_query.split_at(before_query.find('/').unwrap_or(before_query.len()));
+        let (userinfo, hosts) = match (userinfo_at, authority.rsplit_once('@')) {
+            (UserInfoAt::HostPart, Some((u, h))) => (Some(u), h),
+            _ => (userinfo, authority),
+        };
+        Ok(UrlParts {
+            scheme,
+            userinfo,
+            hosts,
+            path,
+            query,
+        })
+    }
+}
+
+/// Percent-decodes user info (`user[:password]`) into the user name and the password (`None`
+/// without a `:`); either may be empty. `what` names the URL in errors.
+///
+/// # Errors
+/// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for text that is not
+/// percent-encoded UTF-8 (the text is not quoted).
+pub fn decode_userinfo(what: &str, userinfo: &str) -> Result<(String, Option<Secret>)> {
+    let (user, password) = match userinfo.split_once(':') {
+        Some((u, p)) => (u, Some(p)),
+        None => (userinfo, None),
+    };
+    let decode = |part: &str, name: &str| {
+        percent_encoding::percent_decode_str(part)
+            .decode_utf8()
+            .map(|s| s.into_owned())
+            .map_err(|_| {
+                Error::invalid_config(format!(
+                    "{what}: the {name} is not valid percent-encoded UTF-8"
+                ))
+            })
+    };
+    let user = decode(user, "user name")?;
+    let password = password
+        .map(|p| decode(p, "password").map(Secret::new))
+        .transpose()?;
+    Ok((user, password))
+}
+
+/// Reads a URL's query into `T` through [`from_pairs`] (so a query and a config file are read
+/// alike): only the `known` parameters are taken (the others are the URL's address part);
+/// `required` are `T`'s fields without a default that the address part fills in afterwards
+/// (given empty here).
+///
+/// # Errors
+/// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig), prefixed with `what`, for a
+/// malformed query ([`query_pairs`]), an unknown parameter (named, with the known ones), a
+/// repeated one or a bad value (never quoted).
+pub fn from_query<T: DeserializeOwned>(
+    what: &str,
+    query: &str,
+    known: &[&str],
+    required: &[&str],
+) -> Result<T> {
+    let pairs = query_pairs(what, query)?;
+    if let Some((key, _)) = pairs.iter().find(|(k, _)| !known.contains(&k.as_str())) {
+        // query_pairs refused any key that is not plain: this one may be repeated.
+        return Err(Error::invalid_config(format!(
+            "{what}: unknown query parameter `{key}` (known: {})",
+            known.join(", ")
+        )));
+    }
+    let placeholders = required.iter().map(|k| ((*k).to_owned(), String::new()));
+    from_pairs(what, placeholders.chain(pairs).collect())
+}
+
+/// Checks that a duration setting lies in `min..=max` milliseconds.
+///
+/// # Errors
+/// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) naming `key` and the range,
+/// prefixed with `what`.
+pub fn check_millis(what: &str, key: &str, value: Duration, min: u64, max: u64) -> Result<()> {
+    if (Duration::from_millis(min)..=Duration::from_millis(max)).contains(&value) {
+        Ok(())
+    } else {
+        Err(Error::invalid_config(format!(
+            "{what}: `{key}` must be a whole number of milliseconds in {min}..={max}"
+        )))
+    }
+}
+
+/// Parses a host list (`h1:p1,h2,[::1]:p3`) into `host:port` entries, IPv6 hosts in brackets,
+/// a missing port being `default_port`. Host names are `[A-Za-z0-9._-]`, IPv6 addresses hex
+/// digits, `:` and `.`; ports 1..=65535.
+///
+/// # Errors
+/// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig), prefixed with `what`, for an
+/// empty list or entry, or a bad host or port.
+pub fn parse_hosts(what: &str, hosts: &str, default_port: u16) -> Result<Vec<String>> {
+    if hosts.is_empty() {
+        return Err(Error::invalid_config(format!(
+            "{what}: at least one host:port is needed"
+        )));
+    }
+    let bad = |msg: &str, entry: &str| Error::invalid_config(format!("{what}: {msg} {entry:?}"));
+    let mut out = Vec::new();
+    for entry in hosts.split(',') {
+        let (host, port) = if let Some(rest) = entry.strip_prefix('[') {
+            let (h, after) = rest
+                .split_once(']')
+                .ok_or_else(|| bad("bad IPv6 host in", entry))?;
+            if h.is_empty()
+                || !h
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+            {
+                return Err(bad("bad IPv6 host in", entry));
+            }
+            let port = match after {
+                "" => None,
+                p => Some(
+                    p.strip_prefix(':')
+                        .ok_or_else(|| bad("bad host:port", entry))?,
+                ),
+            };
+            (format!("[{h}]"), port)
+        } else {
+            let (h, p) = match entry.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (entry, None),
+            };
+            if h.is_empty()
+                || !h
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
+            {
+                return Err(bad("bad host in", entry));
+            }
+            (h.to_owned(), p)
+        };
+        let port = match port {
+            None => default_port,
+            Some(p) => p
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| bad("bad port in", entry))?,
+        };
+        out.push(format!("{host}:{port}"));
+    }
+    Ok(out)
+}
+
+/// Whether `s` is one plain path segment: `[A-Za-z0-9_.-]`, not empty, `.` or `..` (a
+/// ZooKeeper node, an etcd key prefix part).
+pub fn is_segment(s: &str) -> bool {
+    !s.is_empty()
+        && s != "."
+        && s != ".."
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+}
+
+/// `host:port`, an IPv6 host in brackets (`[::1]:6379`).
+pub fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// User info as a redacted URL shows it: `user:***@`, `:***@`, `user@` or nothing.
+pub fn redacted_userinfo(user: Option<&str>, password: Option<&Secret>) -> String {
+    match (user, password) {
+        (Some(u), Some(_)) => format!("{u}:***@"),
+        (None, Some(_)) => ":***@".to_owned(),
+        (Some(u), None) => format!("{u}@"),
+        (None, None) => String::new(),
+    }
+}
+
+/// Whether a query parameter carries a secret, so that its value is never shown
+/// (`password`, `sslpassword`, `pwd`, `auth_token`, `secret`, `sslkey`, `credentials`...). Errs
+/// on the side of hiding.
+pub fn is_secret_param(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    [
+        "pass",
+        "pwd",
+        "secret",
+        "token",
+        "key",
+        "auth",
+        "credential",
+    ]
+    .iter()
+    .any(|s| k.contains(s))
+}
+
+/// `url` with any password replaced by `***`: the one in the user info (`user:***@host`) and the
+/// values of secret query parameters ([`is_secret_param`]).
+///
+/// It works on text, so URLs that do not parse are redacted too (`redis://:p@ss@host` gives
+/// `redis://:***@host`, `zk://u:pw@h1:1,h2:2` gives `zk://u:***@h1:1,h2:2`). Where the user info
+/// is ambiguous it errs towards hiding too much: everything from the first `:` after `://` to the
+/// last `@` is hidden.
+///
+/// ```
+/// use lockcore::config::redact_url;
+/// assert_eq!(redact_url("redis://app:s3cret@cache:6379/0"), "redis://app:***@cache:6379/0");
+/// assert_eq!(redact_url("postgres://db/x?user=a&password=pw"), "postgres://db/x?user=a&password=***");
+/// assert_eq!(redact_url("memory://"), "memory://");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    let Some(i) = url.find("://") else {
+        return redact_query(url);
+    };
+    let (head, rest) = url.split_at(i + 3);
+    let mut out = String::with_capacity(url.len());
+    out.push_str(head);
+    let mut tail = rest;
+    // The user info ends at the last `@` (a password may contain `@`, `/`, `?`...); a password
+    // starts after the first `:` before it.
+    if let Some(at) = rest.rfind('@')
+        && let Some(colon) = rest[..at].find(':')
+    {
+        out.push_str(&rest[..=colon]);
+        out.push_str("***");
+        tail = &rest[at..];
+    }
+    out.push_str(&redact_query(tail));
+    out
+}
+
+/// Redacts the values of secret query parameters after the first `?`.
+fn redact_query(s: &str) -> String {
+    let Some((before, query)) = s.split_once('?') else {
+        return s.to_owned();
+    };
+    let params: Vec<String> = query
+        .split('&')
+        .map(|param| match param.split_once('=') {
+            Some((key, _)) if is_secret_param(key) => format!("{key}=***"),
+            _ => param.to_owned(),
+        })
+        .collect();
+    format!("{before}?{}", params.join("&"))
 }
 
 /// Deserializes `T` from text pairs (a URL query, environment variables): each value is parsed as
@@ -124,6 +440,22 @@ pub mod millis {
     /// The serializer's.
     pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+}
+
+/// An optional duration written as whole milliseconds, for
+/// `#[serde(with = "lockcore::config::millis_opt", default)]`.
+pub mod millis_opt {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    /// Reads whole milliseconds, if given.
+    ///
+    /// # Errors
+    /// When the value is not a non-negative whole number.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
     }
 }
 
@@ -311,5 +643,159 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn the_query_reader_refuses_unknown_repeated_and_malformed_parameters() {
+        #[derive(serde::Deserialize, Debug, PartialEq)]
+        #[serde(deny_unknown_fields)]
+        struct Url {
+            hosts: Vec<String>,
+            #[serde(default)]
+            namespace: Option<String>,
+            #[serde(rename = "poll_ms", with = "millis", default)]
+            poll: Duration,
+        }
+        let known = &["namespace", "poll_ms"];
+        let u: Url = from_query("t URL", "namespace=a%2Fb&poll_ms=7", known, &["hosts"]).unwrap();
+        assert_eq!(
+            u,
+            Url {
+                hosts: vec![],
+                namespace: Some("a/b".into()),
+                poll: Duration::from_millis(7)
+            }
+        );
+        let u: Url = from_query("t URL", "", known, &["hosts"]).unwrap();
+        assert_eq!(u.namespace, None);
+        for (q, says) in [
+            (
+                "hosts=h",
+                "unknown query parameter `hosts` (known: namespace, poll_ms)",
+            ),
+            ("bogus=hunter2", "unknown query parameter `bogus`"),
+            (
+                "namespace=a&namespace=hunter2",
+                "duplicate field `namespace`",
+            ),
+            (
+                "poll_ms=hunter2",
+                "`poll_ms` must be a non-negative whole number",
+            ),
+            ("hunter2", "no `=value`"),
+            ("Hunter2=1", "malformed"),
+        ] {
+            let e = from_query::<Url>("t URL", q, known, &["hosts"]).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{q}");
+            let shown = format!("{e} {e:?}");
+            assert!(e.message().starts_with("t URL: "), "{q}: {shown}");
+            assert!(shown.contains(says), "{q}: {shown}");
+            assert!(
+                !shown.contains("hunter2") && !shown.contains("Hunter2"),
+                "{q}: {shown}"
+            );
+        }
+    }
+
+    #[test]
+    fn urls_split_into_parts() {
+        let p = UrlParts::split(
+            "t",
+            "Redis://u:p%40w@h1:1,[::1]:2/3/x?a=1&b=2",
+            UserInfoAt::HostPart,
+        )
+        .unwrap();
+        assert_eq!(
+            p,
+            UrlParts {
+                scheme: "Redis",
+                userinfo: Some("u:p%40w"),
+                hosts: "h1:1,[::1]:2",
+                path: "/3/x",
+                query: "a=1&b=2",
+            }
+        );
+        // A password with `/`, `?` and `@` unencoded: only up to the last `@` of the URL.
+        let p = UrlParts::split("t", "etcd://u:p/w?x@d@h:1/ns?ca=y", UserInfoAt::LastAt).unwrap();
+        assert_eq!(
+            (p.userinfo, p.hosts, p.path, p.query),
+            (Some("u:p/w?x@d"), "h:1", "/ns", "ca=y")
+        );
+        let p = UrlParts::split("t", "zk://h", UserInfoAt::HostPart).unwrap();
+        assert_eq!((p.userinfo, p.hosts, p.path, p.query), (None, "h", "", ""));
+        for bad in ["zk:h", "redis://u:hunter2@h#x", ""] {
+            let e = UrlParts::split("t", bad, UserInfoAt::HostPart).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+            assert!(!e.to_string().contains("hunter2"), "{e}");
+        }
+    }
+
+    #[test]
+    fn user_info_decodes_into_a_secret() {
+        let (user, password) = decode_userinfo("t", "me:p%40ss%3Aw").unwrap();
+        assert_eq!(user, "me");
+        assert_eq!(password.as_ref().unwrap().expose(), "p@ss:w");
+        assert!(!format!("{password:?}").contains("p@ss"));
+        assert_eq!(decode_userinfo("t", "me").unwrap(), ("me".into(), None));
+        let (user, password) = decode_userinfo("t", ":").unwrap();
+        assert_eq!((user.as_str(), password.unwrap().expose()), ("", ""));
+        let e = decode_userinfo("t", "me:hunter2%FF").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+        assert!(e.to_string().contains("password") && !e.to_string().contains("hunter2"));
+        assert_eq!(
+            redacted_userinfo(Some("me"), Some(&Secret::new("hunter2"))),
+            "me:***@"
+        );
+        assert_eq!(redacted_userinfo(None, Some(&Secret::new("x"))), ":***@");
+        assert_eq!(redacted_userinfo(Some("me"), None), "me@");
+        assert_eq!(redacted_userinfo(None, None), "");
+    }
+
+    #[test]
+    fn hosts_durations_and_segments() {
+        assert_eq!(
+            parse_hosts("t", "h1:1,[::1]:2,h3", 2181).unwrap(),
+            ["h1:1", "[::1]:2", "h3:2181"]
+        );
+        for bad in [
+            "", "h,,g", "h:0", "h:99999", "h:x", "[zz]:1", "[::1", "[::1]x", "a b",
+        ] {
+            let e = parse_hosts("t", bad, 1).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{bad}");
+        }
+        assert_eq!(host_port("::1", 6379), "[::1]:6379");
+        assert_eq!(host_port("h", 6379), "h:6379");
+        assert!(check_millis("t", "poll_ms", Duration::from_millis(10), 10, 20).is_ok());
+        let e = check_millis("t", "poll_ms", Duration::from_millis(21), 10, 20).unwrap_err();
+        assert_eq!(
+            e.message(),
+            "t: `poll_ms` must be a whole number of milliseconds in 10..=20"
+        );
+        assert!(is_segment("a-b_c.d") && !is_segment("..") && !is_segment("a/b"));
+        assert!(!is_segment(""));
+    }
+
+    #[test]
+    fn secret_parameters_and_urls_are_redacted() {
+        for key in [
+            "password",
+            "sslpassword",
+            "PWD",
+            "auth_token",
+            "sslkey",
+            "credentials",
+        ] {
+            assert!(is_secret_param(key), "{key}");
+        }
+        assert!(!is_secret_param("sslmode") && !is_secret_param("namespace"));
+        assert_eq!(
+            redact_url("etcds://u:hunter2@h/x?credentials=c&ca=y"),
+            "etcds://u:***@h/x?credentials=***&ca=y"
+        );
+        assert_eq!(scheme_of("ZK://h").unwrap(), "zk");
+        assert_eq!(
+            scheme_of("hunter2").unwrap_err().kind(),
+            ErrorKind::InvalidConfig
+        );
     }
 }

@@ -52,6 +52,7 @@ mod lost;
 pub mod memory;
 mod name;
 mod options;
+pub mod registry;
 mod secret;
 pub mod telemetry;
 

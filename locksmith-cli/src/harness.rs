@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use conformance::{
     ClientProxies, Harness, ProxyGroup, ReplyLoser, RequestCount, url_with_param, url_with_path,
 };
+use locksmith::registry::{HarnessHints, OtherNamespace};
 use locksmith::{LockGuard, Locker, Result, redact_url};
 
 /// A harness holding only a URL (and what one probe learnt), so it works from any runtime.
@@ -27,10 +28,21 @@ fn key(locker: &Locker) -> usize {
     Arc::as_ptr(locker.backend()) as *const () as usize
 }
 
-/// Whether clients of `url` can go through proxies: loopback servers, not a cluster (whose
-/// client follows the nodes' announced addresses around a proxy).
+/// What the registry says about the backend of `url` for this harness (`None` for a scheme it
+/// does not know or a backend not compiled in).
+fn hints(url: &str) -> Option<(String, HarnessHints)> {
+    let scheme = locksmith::scheme_of(url).ok()?;
+    let backend = locksmith::backend_for_scheme(&scheme)?.compiled?;
+    Some((scheme, backend.harness))
+}
+
+/// Whether clients of `url` can go through proxies: loopback servers, of a scheme whose client
+/// keeps to the addresses it is given (a cluster client follows the nodes' announced addresses
+/// around a proxy).
 fn proxiable(url: &str) -> bool {
-    !url.starts_with("redis+cluster") && ClientProxies::can_proxy(url)
+    let unproxiable =
+        hints(url).is_some_and(|(scheme, h)| h.unproxiable_schemes.contains(&scheme.as_str()));
+    !unproxiable && ClientProxies::can_proxy(url)
 }
 
 impl UrlHarness {
@@ -46,13 +58,10 @@ impl UrlHarness {
             }
             Err(_) => (false, Duration::ZERO),
         };
-        // etcd grants leases in whole seconds: scenario TTLs below a second would be granted a
-        // longer one (as lock-etcd's own harness, scenarios start at one second there).
-        let floor = if url.starts_with("etcd://") || url.starts_with("etcds://") {
-            Duration::from_secs(1)
-        } else {
-            Duration::from_millis(300)
-        };
+        // The backend's floor (etcd grants leases in whole seconds).
+        let floor = hints(&url).map_or(HarnessHints::DEFAULT.min_scenario_ttl, |(_, h)| {
+            h.min_scenario_ttl
+        });
         UrlHarness {
             label,
             url,
@@ -141,11 +150,13 @@ impl Harness for UrlHarness {
     /// Through faultkit proxies delaying every reply (kept running by the harness).
     async fn client_with_reply_delay(&self, delay: Duration) -> Result<Locker> {
         let mut url = self.proxies.url(&self.url, delay).await?;
-        if url.starts_with("redlock") && !url.contains("node_timeout_ms=") {
-            // A vote that comes back late is still a vote here: the scenario checks that the
-            // validity counts from the send.
+        if let Some(param) = hints(&url).and_then(|(_, h)| h.reply_timeout_param)
+            && !url.contains(&format!("{param}="))
+        {
+            // A reply that comes back late still counts here (a Redlock vote): the scenario
+            // checks that the validity counts from the send.
             let sep = if url.contains('?') { '&' } else { '?' };
-            url = format!("{url}{sep}node_timeout_ms={}", (delay * 8).as_millis());
+            url = format!("{url}{sep}{param}={}", (delay * 8).as_millis());
         }
         locksmith::connect(&url).await
     }
@@ -161,8 +172,11 @@ impl Harness for UrlHarness {
     }
 
     fn can_lose_replies(&self) -> bool {
-        // A lost reply is picked by the lock name in the request: not through TLS.
-        proxiable(&self.url) && ClientProxies::sees_clear_text(&self.url)
+        // A lost reply is picked by the lock name in the request: not through TLS, nor under
+        // interop=sqlx (its requests carry sqlx's numeric key of the name).
+        proxiable(&self.url)
+            && ClientProxies::sees_clear_text(&self.url)
+            && !self.url.contains("interop=sqlx")
     }
 
     /// Through proxies that lose the replies asked for.
@@ -172,20 +186,16 @@ impl Harness for UrlHarness {
     }
 }
 
-/// `url` with another namespace: the `namespace` parameter (Redis, Redlock, ZooKeeper), the
-/// key prefix in the path (etcd, kept under `locksmith/` where a role may be limited to it), the
-/// `table` parameter (SQL), another store (`memory://`). `None` for an unknown scheme.
+/// `url` with another namespace, as the backend's registration says (the `namespace`
+/// parameter of Redis, Redlock and ZooKeeper, etcd's key prefix in the path, SQL's `table`
+/// parameter, another `memory://` store). `None` for a backend without one.
 fn other_namespace(url: &str) -> Option<String> {
-    let scheme = locksmith::scheme_of(url).ok()?;
-    Some(match scheme.as_str() {
-        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redlock" | "zk" => {
-            url_with_param(url, "namespace", "lsc-other")
+    Some(match hints(url)?.1.other_namespace {
+        OtherNamespace::Param { key, value } => url_with_param(url, key, value),
+        OtherNamespace::Path(path) => url_with_path(url, path),
+        OtherNamespace::Suffix(suffix) => {
+            format!("{}{suffix}", url.split('?').next().unwrap_or(url))
         }
-        "etcd" | "etcds" => url_with_path(url, "/locksmith/lsc-other"),
-        "postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite" => {
-            url_with_param(url, "table", "locksmith_locks_other")
-        }
-        "memory" => format!("{}-other", url.split('?').next().unwrap_or(url)),
         _ => return None,
     })
 }

@@ -184,6 +184,7 @@
 #![deny(missing_docs)]
 
 mod backend_config;
+mod backend_registry;
 #[cfg(feature = "blocking")]
 pub mod blocking;
 mod url;
@@ -201,7 +202,10 @@ pub use lock_sql;
 #[cfg(feature = "zk")]
 pub use lock_zk;
 
-pub use crate::backend_config::{Config, connect_config};
+pub use crate::backend_config::connect_config;
+pub use crate::backend_registry::{
+    CompiledBackend, Config, RegisteredBackend, backend_for_scheme, backends,
+};
 pub use crate::url::{feature_for_scheme, redact_url, scheme_of};
 
 /// Connects to the lock service named by `url`, choosing the backend by the URL's scheme (see the
@@ -230,70 +234,27 @@ pub use crate::url::{feature_for_scheme, redact_url, scheme_of};
 /// ```
 pub async fn connect(url: &str) -> Result<Locker> {
     let scheme = scheme_of(url)?;
-    match scheme.as_str() {
-        "memory" => Ok(Locker::new(memory::MemoryBackend::connect(&memory_store(
-            url,
-        )?))),
-        // Backend arms, one per feature, in the object_store style.
-        #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel"
-        | "rediss+sentinel" => Ok(Locker::new(lock_redis::RedisBackend::connect(url).await?)),
-        #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => Ok(Locker::new(lock_sql::SqlBackend::connect(url).await?)),
-        #[cfg(feature = "mysql")]
-        "mysql" | "mariadb" => Ok(Locker::new(lock_sql::SqlBackend::connect(url).await?)),
-        #[cfg(feature = "sqlite")]
-        "sqlite" => Ok(Locker::new(lock_sql::SqlBackend::connect(url).await?)),
-        #[cfg(feature = "zk")]
-        "zk" => Ok(Locker::new(lock_zk::ZkBackend::connect(url).await?)),
-        #[cfg(feature = "redlock")]
-        "redlock" | "redlocks" => Ok(Locker::new(
-            lock_redlock::RedlockBackend::connect(url).await?,
-        )),
-        #[cfg(feature = "etcd")]
-        "etcd" | "etcds" => Ok(Locker::new(lock_etcd::EtcdBackend::connect(url).await?)),
-        other => Err(not_compiled_in(other, url)),
-    }
-}
-
-/// The error for a scheme that no compiled-in arm of [`connect`] took: a known scheme whose
-/// feature is off, or an unknown one.
-fn not_compiled_in(scheme: &str, url: &str) -> Error {
-    match feature_for_scheme(scheme) {
-        Some(feature) => Error::invalid_config(format!(
+    match backend_for_scheme(&scheme) {
+        Some(RegisteredBackend {
+            compiled: Some(backend),
+            ..
+        }) => (backend.connect)(url).await,
+        Some(RegisteredBackend {
+            feature: Some(feature),
+            ..
+        }) => Err(Error::invalid_config(format!(
             "{}: locksmith was built without the `{feature}` feature (enable it: \
              `cargo add locksmith --features {feature}`)",
             redact_url(url)
-        )),
-        None => Error::invalid_config(format!(
-            "{}: unknown lock backend scheme `{scheme}` (known: memory, redis, rediss, \
-             redis+cluster, rediss+cluster, redis+sentinel, rediss+sentinel, postgres, \
-             postgresql, mysql, mariadb, sqlite, zk, redlock, redlocks, etcd, etcds)",
-            redact_url(url)
-        )),
-    }
-}
-
-/// The store name of a `memory://[store]` URL: `default` when empty.
-fn memory_store(url: &str) -> Result<String> {
-    // The input is not repeated in these errors: it may hold a secret in the wrong place.
-    let rest = url
-        .split_once("://")
-        .map(|(_, rest)| rest)
-        .ok_or_else(|| Error::invalid_config("a memory URL looks like memory://[store]"))?;
-    let store = rest.trim_end_matches('/');
-    if store.is_empty() {
-        return Ok("default".to_owned());
-    }
-    if store
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-    {
-        Ok(store.to_owned())
-    } else {
-        Err(Error::invalid_config(
-            "memory://[store]: a store name is made of letters, digits, `_`, `-` and `.`",
-        ))
+        ))),
+        _ => {
+            let known: Vec<&str> = backends().iter().flat_map(|b| b.schemes.to_vec()).collect();
+            Err(Error::invalid_config(format!(
+                "{}: unknown lock backend scheme `{scheme}` (known: {})",
+                redact_url(url),
+                known.join(", ")
+            )))
+        }
     }
 }
 
@@ -344,7 +305,8 @@ mod tests {
         }
     }
 
-    /// Whether the backend feature is compiled in (its scheme would then really connect).
+    /// Whether the backend feature is compiled in (its scheme would then really connect),
+    /// as cargo says (checked against the registry's `compiled` in `registry_follows_features`).
     fn compiled_in(feature: &str) -> bool {
         let compiled = [
             ("redis", cfg!(feature = "redis")),
@@ -356,6 +318,14 @@ mod tests {
             ("etcd", cfg!(feature = "etcd")),
         ];
         compiled.iter().any(|&(f, on)| f == feature && on)
+    }
+
+    #[test]
+    fn registry_follows_features() {
+        for b in backends() {
+            let on = b.feature.is_none_or(compiled_in);
+            assert_eq!(b.compiled.is_some(), on, "{}", b.name);
+        }
     }
 
     #[test]
