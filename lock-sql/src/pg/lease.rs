@@ -1,0 +1,265 @@
+//! PostgreSQL leases: read first, then one conditional upsert; waiters woken by LISTEN/NOTIFY
+//! with a safety poll.
+
+use super::*;
+
+impl PgBackend {
+    /// One attempt: the lease, or the current holder's remaining time if the database knows it.
+    pub(super) async fn lease_attempt(
+        &self,
+        req: &AcquireRequest,
+        bound: Instant,
+    ) -> Result<(Option<Acquired>, Option<Duration>)> {
+        let token = req.token.to_hex();
+        let holder = req.holder.encode();
+        let sql = self.sql.lease_acquire.clone();
+        let name = req.name.as_str().to_owned();
+        let ttl = req.ttl.as_micros() as f64;
+        let lease = |fencing| PgLease {
+            conns: self.conns.clone(),
+            sql: self.sql.clone(),
+            table: self.config.table.clone(),
+            name: req.name.clone(),
+            token: req.token,
+            fencing,
+        };
+        // A cancelled caller's attempt may still commit: released in the background then.
+        let in_flight = ReleaseIfCancelled::arm(lease(0), &req.background);
+        let sent_at = Instant::now();
+        let reply: Result<(Option<i64>, Option<f64>)> = self
+            .conns
+            .run(bound, "acquiring a lease", move |c| {
+                sqlx::query_as(AssertSqlSafe(sql.clone()))
+                    .bind(name.clone())
+                    .bind(token.clone())
+                    .bind(ttl)
+                    .bind(holder.clone())
+                    .fetch_one(c)
+                    .boxed()
+            })
+            .await;
+        in_flight.disarm();
+        let (fence, remaining) = reply?;
+        match fence {
+            Some(f) => Ok((Some(Acquired::new(lease(f as u64), sent_at)), None)),
+            None => Ok((
+                None,
+                remaining
+                    .filter(|r| r.is_finite() && *r > 0.0)
+                    .map(|r| Duration::from_secs_f64(r.min(1e6))),
+            )),
+        }
+    }
+
+    /// The release notifications, started on first use; while LISTEN fails (the database is
+    /// unreachable), waiters poll and the next wait tries again.
+    pub(super) async fn wakeups(&self, bound: Instant) -> Option<Arc<Wakeups>> {
+        let started = self
+            .wakeups
+            .get_or_try_init(|| async {
+                match tokio::time::timeout_at(bound, self.start_listener()).await {
+                    Ok(Ok(w)) => Ok(Arc::new(w)),
+                    Ok(Err(e)) => Err(self.config.scrub(e.to_string())),
+                    Err(_) => Err("timed out".to_owned()),
+                }
+            })
+            .await;
+        match started {
+            Ok(w) => Some(w.clone()),
+            Err(e) => {
+                tracing::warn!(error = %e, "LISTEN failed; lease waiters poll for now");
+                None
+            }
+        }
+    }
+
+    pub(super) async fn start_listener(&self) -> sqlx::Result<Wakeups> {
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(self.config.op_timeout)
+            .connect_lazy_with(self.listen_opts.clone());
+        let mut listener = PgListener::connect_with(&pool).await?;
+        listener.listen(&self.config.table).await?;
+        let (tx, _) = broadcast::channel(256);
+        let (stop, mut stopped) = oneshot::channel::<()>();
+        let fanout = tx.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => return,
+                    r = listener.try_recv() => match r {
+                        Ok(Some(n)) => { let _ = fanout.send(Some(Arc::from(n.payload()))); }
+                        // Reconnected: notifications may have been missed.
+                        Ok(None) => { let _ = fanout.send(None); }
+                        Err(_) => {
+                            let _ = fanout.send(None);
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Wakeups { tx, _stop: stop })
+    }
+
+    /// Announces a waiter on `name` until `until` (releases then notify).
+    pub(super) async fn mark_waiting(
+        &self,
+        req: &AcquireRequest,
+        until: Duration,
+        bound: Instant,
+    ) -> Result<()> {
+        let sql = self.sql.lease_wait_mark.clone();
+        let name = req.name.as_str().to_owned();
+        let us = until.as_micros() as f64;
+        self.conns
+            .run(bound, "announcing a lease waiter", move |c| {
+                sqlx::query(AssertSqlSafe(sql.clone()))
+                    .bind(name.clone())
+                    .bind(us)
+                    .execute(c)
+                    .map(|r| r.map(|_| ()))
+                    .boxed()
+            })
+            .await
+    }
+
+    /// Waits for a lease: tries, then sleeps until a release NOTIFY for this name, the holder's
+    /// expiry (as the database computed it), a capped safety poll, or the deadline. Every
+    /// statement is bounded by the deadline and the operation timeout.
+    pub(super) async fn lease_wait(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Acquired>> {
+        let wakeups = self.wakeups(self.conns.bound_by(deadline)).await;
+        // Subscribed before the first attempt, so a release between an attempt and the sleep
+        // is not missed.
+        let mut rx = wakeups.as_ref().map(|w| w.tx.subscribe());
+        let backoff = lockcore::backend::Backoff::for_ttl(req.ttl);
+        let mut attempt = 0u32;
+        let mut marked_until: Option<Instant> = None;
+        loop {
+            let bound = self.conns.bound_by(deadline);
+            let (acquired, remaining) = match self.lease_attempt(req, bound).await {
+                Ok(r) => r,
+                Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            if acquired.is_some() {
+                return Ok(acquired);
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(None);
+            }
+            if rx.is_some() && marked_until.is_none_or(|m| m <= now + SAFETY_POLL) {
+                let horizon = deadline.map_or(WAIT_MARK, |d| (d - now).min(WAIT_MARK))
+                    + Duration::from_secs(1);
+                match self
+                    .mark_waiting(req, horizon, self.conns.bound_by(deadline))
+                    .await
+                {
+                    Ok(()) => marked_until = Some(now + horizon),
+                    Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
+                    Err(e) => return Err(e),
+                }
+                // A release between the attempt and the mark sent no notification.
+                continue;
+            }
+            let cap = if rx.is_some() {
+                SAFETY_POLL
+            } else {
+                backoff.delay(attempt)
+            };
+            let mut wake = now + remaining.map_or(cap, |r| (r + Duration::from_millis(1)).min(cap));
+            if let Some(d) = deadline {
+                wake = wake.min(d);
+            }
+            attempt = attempt.saturating_add(1);
+            match rx.as_mut() {
+                None => tokio::time::sleep_until(wake).await,
+                Some(rx) => loop {
+                    tokio::select! {
+                        m = rx.recv() => match m {
+                            Ok(Some(n)) if &*n == req.name.as_str() => break,
+                            Ok(Some(_)) => continue,
+                            Ok(None) | Err(broadcast::error::RecvError::Lagged(_)) => break,
+                            Err(broadcast::error::RecvError::Closed) => {
+                                tokio::time::sleep_until(wake).await;
+                                break;
+                            }
+                        },
+                        _ = tokio::time::sleep_until(wake) => break,
+                    }
+                },
+            }
+        }
+    }
+}
+
+struct PgLease {
+    conns: Arc<PgConns>,
+    sql: Arc<Sql>,
+    table: String,
+    name: LockName,
+    token: OwnerToken,
+    fencing: u64,
+}
+
+impl fmt::Debug for PgLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgLease")
+            .field("name", &self.name)
+            .field("token", &self.token)
+            .field("fencing", &self.fencing)
+            .finish()
+    }
+}
+
+#[lockcore::backend::async_trait]
+impl Lease for PgLease {
+    fn fencing_token(&self) -> Option<u64> {
+        Some(self.fencing)
+    }
+
+    async fn extend(&self, ttl: Duration) -> Result<Duration> {
+        let sql = self.sql.lease_extend.clone();
+        let name = self.name.as_str().to_owned();
+        let token = self.token.to_hex();
+        let us = ttl.as_micros() as f64;
+        let n = self
+            .conns
+            .run(self.conns.bound(), "extending a lease", move |c| {
+                sqlx::query(AssertSqlSafe(sql.clone()))
+                    .bind(name.clone())
+                    .bind(token.clone())
+                    .bind(us)
+                    .execute(c)
+                    .map(|r| r.map(|r| r.rows_affected()))
+                    .boxed()
+            })
+            .await?;
+        crate::sql_errors::owner_checked(n)?;
+        Ok(ttl)
+    }
+
+    async fn release(&self) -> Result<()> {
+        let sql = self.sql.lease_release.clone();
+        let name = self.name.as_str().to_owned();
+        let token = self.token.to_hex();
+        let table = self.table.clone();
+        let n: i64 = self
+            .conns
+            .run(self.conns.bound(), "releasing a lease", move |c| {
+                sqlx::query_scalar(AssertSqlSafe(sql.clone()))
+                    .bind(name.clone())
+                    .bind(token.clone())
+                    .bind(table.clone())
+                    .fetch_one(c)
+                    .boxed()
+            })
+            .await?;
+        crate::sql_errors::owner_checked(n as u64)
+    }
+}

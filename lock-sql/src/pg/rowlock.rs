@@ -1,0 +1,167 @@
+//! PostgreSQL row locks: a session advisory lock on a connection of its own, with the lock
+//! row's fencing counter bumped and committed in the same statement.
+
+use super::*;
+
+impl PgBackend {
+    /// `$1` of the row statements: the name, or under `interop=sqlx` sqlx's key of it.
+    pub(super) fn row_param(&self, name: &LockName) -> String {
+        match self.config.interop {
+            Some(crate::Interop::Sqlx) => crate::interop::sqlx_key(name).to_string(),
+            _ => name.as_str().to_owned(),
+        }
+    }
+
+    /// One statement: the advisory lock (tried, or waited for until `deadline` with
+    /// `lock_timeout`), the server-side guard, and the fencing counter bumped and committed.
+    pub(super) async fn row_acquire(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+        nowait: bool,
+    ) -> Result<Option<Acquired>> {
+        // This client's other waiters for the name queue here, not on the server.
+        let _turn = if nowait {
+            None
+        } else {
+            match self.queues.enter(req.name.as_str(), deadline).await {
+                Some(t) => Some(t),
+                None => return Ok(None),
+            }
+        };
+        let guard_ms = ms(guard_timeout(req.ttl));
+        let param = self.row_param(&req.name);
+        let holder = req.holder.encode();
+        loop {
+            // Not counted against pool_max: a holder keeps this connection.
+            let mut c = match self.conns.get(self.conns.bound_by(deadline), false).await {
+                Ok(c) => c,
+                Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            let q = if nowait {
+                sqlx::query_scalar::<_, i64>(AssertSqlSafe(self.sql.row_try.clone()))
+                    .bind(param.as_str())
+                    .bind(&guard_ms)
+                    .bind(&holder)
+            } else {
+                let timeout = deadline.map_or("0".to_owned(), |d| {
+                    ms(d.saturating_duration_since(Instant::now()))
+                });
+                sqlx::query_scalar::<_, i64>(AssertSqlSafe(self.sql.row_wait.clone()))
+                    .bind(param.as_str())
+                    .bind(&guard_ms)
+                    .bind(timeout)
+                    .bind(&holder)
+            };
+            // A try is bounded by the operation timeout; a wait by the caller's deadline only
+            // (the server's lock_timeout ends it there; this cuts off a database that stopped
+            // answering). A cut-off or dropped statement closes the connection with `c`, and
+            // the server frees whatever the session held.
+            let bound = if nowait {
+                Some(self.conns.bound())
+            } else {
+                deadline
+            };
+            let res = match bound {
+                Some(b) => {
+                    match tokio::time::timeout_at(b, q.fetch_optional(&mut c.conn.raw)).await {
+                        Ok(r) => r,
+                        Err(_) if !nowait => return Ok(None),
+                        Err(_) => return Err(self.conns.timed_out("trying a row lock")),
+                    }
+                }
+                None => q.fetch_optional(&mut c.conn.raw).await,
+            };
+            match res {
+                Ok(Some(fence)) => {
+                    // The validity counts from the answer, never the send: a grant comes after
+                    // the previous holder's release (which its watchdog makes at its validity
+                    // deadline), and a send (of a wait, or even of a try that crossed the
+                    // release) can come before it. Safe without another round trip: the lock
+                    // lives as long as the session, and the server's idle guard (ttl + 1 s)
+                    // starts at the statement's end, before the answer arrives.
+                    let answered_at = Instant::now();
+                    c.hold();
+                    let holding = PgHolding {
+                        conn: Some(c),
+                        conns: self.conns.clone(),
+                        sql: self.sql.clone(),
+                        name: param.clone(),
+                    };
+                    let lease = RowLease::start(
+                        Box::new(holding),
+                        req.name.clone(),
+                        self.config.interop.is_none().then_some(fence as u64),
+                        req.ttl,
+                        req.lost.clone(),
+                        "postgres",
+                    );
+                    return Ok(Some(Acquired::new(lease, answered_at)));
+                }
+                Ok(None) => {
+                    // Tried and busy: nothing held, the session is clean.
+                    self.conns.put(c);
+                    return Ok(None);
+                }
+                Err(e) if db_code(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+                    self.conns.put(c);
+                    return Ok(None);
+                }
+                // A reused idle connection was dead (server restarted): once more, new.
+                Err(e) if is_conn_err(&e) && c.reused => continue,
+                Err(e) => return Err(map_err(&self.config, "taking a row lock", e)),
+            }
+        }
+    }
+}
+
+/// A connection holding a PostgreSQL row lock (its session advisory lock).
+struct PgHolding {
+    conn: Option<Checked<PgConnectOptions, ()>>,
+    conns: Arc<PgConns>,
+    sql: Arc<Sql>,
+    name: String,
+}
+
+impl PgHolding {
+    fn raw(&mut self) -> &mut PgConnection {
+        &mut self
+            .conn
+            .as_mut()
+            .expect("holding connection present")
+            .conn
+            .raw
+    }
+}
+
+#[lockcore::backend::async_trait]
+impl Holding for PgHolding {
+    async fn ping(&mut self) -> sqlx::Result<()> {
+        self.raw().ping().await
+    }
+
+    async fn set_guard(&mut self, ttl: Duration) -> sqlx::Result<()> {
+        let sql = self.sql.row_guard.clone();
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(ms(guard_timeout(ttl)))
+            .execute(self.raw())
+            .await
+            .map(|_| ())
+    }
+
+    async fn unlock(&mut self) -> sqlx::Result<bool> {
+        let sql = self.sql.row_unlock.clone();
+        let name = self.name.clone();
+        sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(name)
+            .fetch_one(self.raw())
+            .await
+    }
+
+    fn recycle(mut self: Box<Self>) {
+        if let Some(c) = self.conn.take() {
+            self.conns.put(c);
+        }
+    }
+}
