@@ -1,22 +1,19 @@
-//! Negative controls: deliberately broken backends that make the classic mistakes. Each must
-//! fail exactly the scenarios named here, which proves the suite catches those mistakes. A
-//! correct backend over the same toy store passes everything, so the store is not the cause.
-//! Waiters poll with lockcore's own `poll_acquire` (as a real polling backend does), so what is
-//! caught is not overstated by an unrealistically tight poll.
+//! The broken backends: each [`Flaw`] a classic mistake, over the toy store.
 
-use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use conformance::{Harness, ReplyLoser, RequestCount, Status, run_all};
+use conformance::{Harness, ReplyLoser, RequestCount};
 use lockcore::backend::{AcquireRequest, Acquired, Backend, Backoff, Lease, poll_acquire};
 use lockcore::{Capabilities, Error, Instant, LockName, Locker, Result};
 
+use super::toy::{GrantEntry, HerdEntry, QueueEntry, ToyStore};
+
 /// The mistake a backend makes.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Flaw {
+pub(super) enum Flaw {
     /// None: the control of the controls.
     None,
     /// `SETNX` then `EXPIRE` as two steps; a holder that dies in between leaves a lock forever.
@@ -76,21 +73,21 @@ enum Flaw {
 
 /// The gap between a failed attempt and the subscription of
 /// [`Flaw::SubscribesAfterFailedAttempt`] (a slow subscribe round trip).
-const SUBSCRIBE_GAP: Duration = Duration::from_millis(10);
+pub(super) const SUBSCRIBE_GAP: Duration = Duration::from_millis(10);
 
 /// How long a waiter of [`Flaw::GrantedWaiterLeaks`] takes to see it was granted the lock
 /// after a release message (the round trip that reads the queue).
-const GRANT_NOTICE: Duration = Duration::from_millis(10);
+pub(super) const GRANT_NOTICE: Duration = Duration::from_millis(10);
 
 /// The safety poll of [`Flaw::SubscribesAfterFailedAttempt`].
-const SLOW_SAFETY_POLL: Duration = Duration::from_secs(2);
+pub(super) const SLOW_SAFETY_POLL: Duration = Duration::from_secs(2);
 
 /// The fixed poll interval of [`Flaw::PollsDeclaringNotify`].
-const FIXED_POLL: Duration = Duration::from_millis(435);
+pub(super) const FIXED_POLL: Duration = Duration::from_millis(435);
 
 /// What [`Flaw::PathNormalised`] makes of a name: the segments between `/`, without `.` and
 /// empty ones, `..` removing the segment before it.
-fn normalised_path(name: &str) -> String {
+pub(super) fn normalised_path(name: &str) -> String {
     let mut segments: Vec<&str> = Vec::new();
     for seg in name.split('/') {
         match seg {
@@ -102,179 +99,6 @@ fn normalised_path(name: &str) -> String {
         }
     }
     format!("/{}", segments.join("/"))
-}
-
-/// A toy key-value store with expiry, standing in for a Redis server.
-#[derive(Default)]
-struct ToyStore {
-    map: Mutex<HashMap<String, (String, Option<Instant>)>>,
-    /// Waiters queued per key, in arrival order (for [`Flaw::CancelLeavesEntryBehindOthers`]).
-    queues: Mutex<HashMap<String, Vec<u64>>>,
-    /// Release messages per key, for the flaws with notification.
-    releases: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
-    /// Waiters queued per key as (value, TTL), granted the lock on release in this order
-    /// ([`Flaw::GrantedWaiterLeaks`]).
-    grants: Mutex<HashMap<String, std::collections::VecDeque<(String, Duration)>>>,
-}
-
-/// A queue entry of [`Flaw::HerdDeclaringQueue`]: removed when its waiter ends in any way,
-/// waking the others (the next head among them).
-struct HerdEntry<'a> {
-    store: &'a ToyStore,
-    key: String,
-    id: u64,
-}
-
-impl Drop for HerdEntry<'_> {
-    fn drop(&mut self) {
-        if let Some(q) = self.store.queues.lock().unwrap().get_mut(&self.key) {
-            q.retain(|id| *id != self.id);
-        }
-        self.store.releases(&self.key).notify_waiters();
-    }
-}
-
-/// A queue entry of [`Flaw::GrantedWaiterLeaks`]; dropping it removes the entry, but not a lock
-/// already granted to it (the flaw).
-struct GrantEntry<'a> {
-    store: &'a ToyStore,
-    key: String,
-    value: String,
-}
-
-impl Drop for GrantEntry<'_> {
-    fn drop(&mut self) {
-        if let Some(q) = self.store.grants.lock().unwrap().get_mut(&self.key) {
-            q.retain(|(v, _)| *v != self.value);
-        }
-    }
-}
-
-/// A waiter's queue entry; dropping it removes the entry, except for a cancelled waiter that
-/// is not at the head.
-struct QueueEntry<'a> {
-    store: &'a ToyStore,
-    key: String,
-    id: u64,
-    finished: bool,
-}
-
-impl Drop for QueueEntry<'_> {
-    fn drop(&mut self) {
-        let mut queues = self.store.queues.lock().unwrap();
-        let queue = queues.entry(self.key.clone()).or_default();
-        if self.finished || queue.first() == Some(&self.id) {
-            queue.retain(|id| *id != self.id);
-        }
-    }
-}
-
-impl ToyStore {
-    fn with<T>(&self, key: &str, f: impl FnOnce(&mut Option<(String, Option<Instant>)>) -> T) -> T {
-        let mut map = self.map.lock().unwrap();
-        let mut entry = map
-            .remove(key)
-            .filter(|(_, exp)| exp.is_none_or(|e| e > Instant::now()));
-        let out = f(&mut entry);
-        if let Some(e) = entry {
-            map.insert(key.to_string(), e);
-        }
-        out
-    }
-    fn set_nx(&self, key: &str, value: &str, ttl: Option<Duration>) -> bool {
-        self.with(key, |e| {
-            if e.is_some() {
-                return false;
-            }
-            *e = Some((value.to_string(), ttl.map(|t| Instant::now() + t)));
-            true
-        })
-    }
-    fn expire(&self, key: &str, ttl: Duration) {
-        self.with(key, |e| {
-            if let Some((_, exp)) = e {
-                *exp = Some(Instant::now() + ttl);
-            }
-        })
-    }
-    fn get(&self, key: &str) -> Option<String> {
-        self.with(key, |e| e.as_ref().map(|(v, _)| v.clone()))
-    }
-    fn del(&self, key: &str) -> bool {
-        self.with(key, |e| e.take().is_some())
-    }
-    /// Deletes `key` if it holds `value`, grants it to the head of its grant queue if any, and
-    /// publishes the release.
-    fn compare_and_delete(&self, key: &str, value: &str) -> bool {
-        let deleted = self.with(key, |e| {
-            if e.as_ref().is_some_and(|(v, _)| v == value) {
-                *e = None;
-                if let Some((next, ttl)) = self
-                    .grants
-                    .lock()
-                    .unwrap()
-                    .get_mut(key)
-                    .and_then(|q| q.pop_front())
-                {
-                    *e = Some((next, Some(Instant::now() + ttl)));
-                }
-                true
-            } else {
-                false
-            }
-        });
-        if deleted {
-            self.releases(key).notify_waiters();
-        }
-        deleted
-    }
-    /// The release messages of `key`.
-    fn releases(&self, key: &str) -> Arc<tokio::sync::Notify> {
-        self.releases
-            .lock()
-            .unwrap()
-            .entry(key.to_string())
-            .or_default()
-            .clone()
-    }
-    /// When `key` expires, if it is held with an expiry.
-    fn expiry(&self, key: &str) -> Option<Instant> {
-        self.with(key, |e| e.as_ref().and_then(|(_, exp)| *exp))
-    }
-    fn set(&self, key: &str, value: &str) {
-        self.with(key, |e| *e = Some((value.to_string(), None)))
-    }
-    fn getset(&self, key: &str, value: &str) -> Option<String> {
-        self.with(key, |e| {
-            e.replace((value.to_string(), None)).map(|(v, _)| v)
-        })
-    }
-    /// `INCR`, with the key's expiry reset to `ttl` when given (`None`: it never expires).
-    fn incr(&self, key: &str, ttl: Option<Duration>) -> u64 {
-        self.with(key, |e| {
-            let n = e
-                .as_ref()
-                .and_then(|(v, _)| v.parse::<u64>().ok())
-                .unwrap_or(0)
-                + 1;
-            let exp = match (ttl, e.as_ref()) {
-                (Some(t), _) => Some(Instant::now() + t),
-                (None, Some((_, exp))) => *exp,
-                (None, None) => None,
-            };
-            *e = Some((n.to_string(), exp));
-            n
-        })
-    }
-    fn compare_and_expire(&self, key: &str, value: &str, ttl: Duration) -> bool {
-        self.with(key, |e| match e {
-            Some((v, exp)) if v == value => {
-                *exp = Some(Instant::now() + ttl);
-                true
-            }
-            _ => false,
-        })
-    }
 }
 
 #[derive(Debug)]
@@ -294,7 +118,7 @@ struct FlawedBackend {
 }
 
 /// `Debug` for the store without printing its contents.
-struct ToyStoreHandle(ToyStore);
+pub(super) struct ToyStoreHandle(pub(super) ToyStore);
 
 impl std::fmt::Debug for ToyStoreHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -782,12 +606,20 @@ impl ReplyLoser for ToyLosingReplies {
     }
 }
 
-struct FlawedHarness {
+pub(super) struct FlawedHarness {
     store: Arc<ToyStoreHandle>,
     flaw: Flaw,
 }
 
 impl FlawedHarness {
+    /// A harness of clients with `flaw` over a new toy store.
+    pub(super) fn new(flaw: Flaw) -> Self {
+        FlawedHarness {
+            store: Arc::new(ToyStoreHandle(ToyStore::default())),
+            flaw,
+        }
+    }
+
     fn backend(&self, clock_ahead: Duration) -> FlawedBackend {
         self.backend_in(clock_ahead, "")
     }
@@ -870,265 +702,4 @@ impl Harness for FlawedHarness {
             RequestCount::new(move || requests.load(Ordering::Relaxed)),
         ))
     }
-}
-
-/// Runs the whole suite against a backend with `flaw` and returns the failing scenarios.
-fn failing(flaw: Flaw) -> BTreeSet<String> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let harness = Arc::new(FlawedHarness {
-        store: Arc::new(ToyStoreHandle(ToyStore::default())),
-        flaw,
-    });
-    let report = rt.block_on(run_all(harness, false, |_| {}));
-    let mut failed = BTreeSet::new();
-    for r in report.results {
-        match r.status {
-            Status::Fail => {
-                eprintln!(
-                    "{flaw:?} fails {}: {}",
-                    r.scenario,
-                    r.reason.unwrap_or_default()
-                );
-                failed.insert(r.scenario);
-            }
-            Status::Pass | Status::Unsupported => {}
-            Status::Skipped => panic!("{} was skipped", r.scenario),
-        }
-    }
-    failed
-}
-
-fn set(names: &[&str]) -> BTreeSet<String> {
-    names.iter().map(|s| s.to_string()).collect()
-}
-
-#[test]
-fn correct_toy_backend_passes_everything() {
-    assert_eq!(failing(Flaw::None), set(&[]));
-}
-
-#[test]
-fn setnx_then_expire_is_caught() {
-    assert_caught(
-        Flaw::SetnxThenExpire,
-        &["cancelled_acquire_leaves_nothing"],
-        // A waiter dropped between its SETNX and its EXPIRE: hit when its poll falls in the
-        // 20 ms before the drop.
-        &["grant_at_drop_leaves_nothing"],
-    );
-}
-
-/// `flaw` fails every scenario of `always`, and nothing outside `always` and `sometimes`.
-fn assert_caught(flaw: Flaw, always: &[&str], sometimes: &[&str]) {
-    let failed = failing(flaw);
-    let (always, sometimes) = (set(always), set(sometimes));
-    assert!(failed.is_superset(&always), "{failed:?} misses {always:?}");
-    let allowed: BTreeSet<String> = always.union(&sometimes).cloned().collect();
-    assert!(
-        failed.is_subset(&allowed),
-        "{failed:?} fails scenarios outside {allowed:?}"
-    );
-}
-
-#[test]
-fn fixed_lock_value_is_caught() {
-    assert_eq!(
-        failing(Flaw::FixedValue),
-        set(&[
-            "extend_after_expiry_not_held",
-            // The lost guard's release on drop frees the next holder's lock.
-            "extend_honours_ttl",
-            // A retry after a lost reply cannot tell its own grant from anyone's: it waits.
-            "lost_acquire_reply_is_retried_safely",
-            "lost_signal_on_expiry",
-            "mutual_exclusion_across_expiry",
-            "no_resurrection",
-            "release_racing_expiry_keeps_next_holder",
-            "stale_release_keeps_new_holder",
-        ])
-    );
-}
-
-#[test]
-fn read_then_delete_release_is_caught() {
-    let failed = failing(Flaw::ReadThenDelete);
-    // The delete, sent after the pause, frees the lock a racing client took at the expiry: the
-    // suite races a client that polls hard, so this scenario catches it every time.
-    let always = set(&["release_racing_expiry_keeps_next_holder"]);
-    // The same race after the watchdog's release at the maximum hold time is hit only when a
-    // polling waiter comes in between the GET and the DEL: on a loaded machine, not every run.
-    let sometimes = set(&["auto_renew_stops_at_max_hold"]);
-    assert!(failed.is_superset(&always), "{failed:?} misses {always:?}");
-    let allowed: BTreeSet<String> = always.union(&sometimes).cloned().collect();
-    assert!(
-        failed.is_subset(&allowed),
-        "{failed:?} fails scenarios outside {allowed:?}"
-    );
-}
-
-#[test]
-fn lease_never_renewed_is_caught() {
-    assert_eq!(
-        failing(Flaw::NeverRenewed),
-        set(&[
-            "auto_renew_keeps_lock",
-            "auto_renew_stops_at_max_hold",
-            "extend_after_expiry_not_held",
-            "extend_honours_ttl",
-            "lost_signal_on_revoke",
-            "no_resurrection",
-        ])
-    );
-}
-
-#[test]
-fn spinning_waiter_is_caught() {
-    assert_eq!(
-        failing(Flaw::SpinningWaiter),
-        set(&["waiter_does_not_spin"])
-    );
-}
-
-#[test]
-fn getset_timestamp_lock_is_caught() {
-    assert_eq!(
-        failing(Flaw::GetsetTimestamp),
-        // Its value is a new expiry each attempt: a retry after a lost reply cannot know its
-        // own grant, and waits for it to expire.
-        set(&[
-            "lost_acquire_reply_is_retried_safely",
-            "skewed_clock_cannot_steal"
-        ])
-    );
-}
-
-#[test]
-fn fencing_counter_reset_when_idle_is_caught() {
-    assert_eq!(
-        failing(Flaw::FencingResetsWhenIdle),
-        set(&["fencing_tokens_increase"])
-    );
-}
-
-#[test]
-fn fencing_counter_expiring_after_five_idle_ttls_is_caught() {
-    assert_eq!(
-        failing(Flaw::FencingExpiresAfterFiveTtls),
-        set(&["fencing_tokens_increase"])
-    );
-}
-
-#[test]
-fn early_expiry_is_caught() {
-    let failed = failing(Flaw::EarlyExpiry);
-    // A client polling every millisecond meets the early end in these, every run.
-    let always = set(&[
-        "auto_renew_stops_at_max_hold",
-        "expiry_frees_crashed_holder_after_ttl",
-        "extend_honours_ttl",
-    ]);
-    // These take over with waiting lock() calls, whose backoff can sleep past the 10 % window.
-    let sometimes = set(&["lost_signal_on_expiry", "mutual_exclusion_across_expiry"]);
-    assert!(failed.is_superset(&always), "{failed:?} misses {always:?}");
-    let allowed: BTreeSet<String> = always.union(&sometimes).cloned().collect();
-    assert!(
-        failed.is_subset(&allowed),
-        "{failed:?} fails scenarios outside {allowed:?}"
-    );
-}
-
-#[test]
-fn quick_read_then_delete_release_is_caught() {
-    let failed = failing(Flaw::ReadThenDeleteQuick);
-    // Releases sent 1 to 3 ms before the expiry, with a racer polling every millisecond, put
-    // the 3 ms gap across the expiry.
-    let always = set(&["release_racing_expiry_keeps_next_holder"]);
-    // As for the slow variant: hit when a polling waiter comes in between.
-    let sometimes = set(&["auto_renew_stops_at_max_hold"]);
-    assert!(failed.is_superset(&always), "{failed:?} misses {always:?}");
-    let allowed: BTreeSet<String> = always.union(&sometimes).cloned().collect();
-    assert!(
-        failed.is_subset(&allowed),
-        "{failed:?} fails scenarios outside {allowed:?}"
-    );
-}
-
-#[test]
-fn path_normalising_keys_are_caught() {
-    assert_eq!(failing(Flaw::PathNormalised), set(&["hostile_names"]));
-}
-
-#[test]
-fn polling_while_declaring_notify_is_caught() {
-    assert_eq!(
-        failing(Flaw::PollsDeclaringNotify),
-        // A release just after the waiter's first attempt waits for the next poll too.
-        set(&[
-            "missed_wakeup_hands_over_promptly",
-            "notify_hands_over_promptly"
-        ])
-    );
-}
-
-#[test]
-fn safety_ttl_then_expire_is_caught() {
-    assert_caught(
-        Flaw::SafetyTtlThenExpire,
-        &["cancelled_acquire_leaves_nothing"],
-        // A waiter dropped between its SET NX and its PEXPIRE leaves three TTLs (60 s): hit
-        // when its poll falls in the 20 ms before the drop.
-        &["grant_at_drop_leaves_nothing"],
-    );
-}
-
-#[test]
-fn cancelled_waiter_behind_another_leaving_its_entry_is_caught() {
-    assert_eq!(
-        failing(Flaw::CancelLeavesEntryBehindOthers),
-        set(&["cancelled_wait_leaves_nothing"])
-    );
-}
-
-#[test]
-fn wakeup_missed_before_subscribing_is_caught() {
-    assert_eq!(
-        failing(Flaw::SubscribesAfterFailedAttempt),
-        set(&["missed_wakeup_hands_over_promptly"])
-    );
-}
-
-#[test]
-fn herd_behind_a_declared_queue_is_caught() {
-    assert_eq!(
-        failing(Flaw::HerdDeclaringQueue),
-        set(&["hand_over_without_herd"])
-    );
-}
-
-#[test]
-fn retry_waiting_on_its_own_lost_grant_is_caught() {
-    assert_eq!(
-        failing(Flaw::RetryWaitsOnOwnGrant),
-        set(&["lost_acquire_reply_is_retried_safely"])
-    );
-}
-
-#[test]
-fn lock_granted_to_a_dropped_waiter_is_caught() {
-    assert_eq!(
-        failing(Flaw::GrantedWaiterLeaks),
-        set(&["grant_at_drop_leaves_nothing"])
-    );
-}
-
-#[test]
-fn namespace_left_out_of_keys_is_caught() {
-    assert_eq!(
-        failing(Flaw::NamespaceIgnored),
-        set(&["namespaces_are_independent"])
-    );
 }

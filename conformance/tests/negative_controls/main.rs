@@ -1,0 +1,273 @@
+//! Negative controls: deliberately broken backends that make the classic mistakes. Each must
+//! fail exactly the scenarios named here, which proves the suite catches those mistakes. A
+//! correct backend over the same toy store passes everything, so the store is not the cause.
+//! Waiters poll with lockcore's own `poll_acquire` (as a real polling backend does), so what is
+//! caught is not overstated by an unrealistically tight poll.
+
+mod flawed;
+mod toy;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use conformance::{Status, run_all};
+
+use flawed::{Flaw, FlawedHarness};
+
+/// Runs the whole suite against a backend with `flaw` and returns the failing scenarios.
+fn failing(flaw: Flaw) -> BTreeSet<String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let harness = Arc::new(FlawedHarness::new(flaw));
+    let report = rt.block_on(run_all(harness, false, |_| {}));
+    let mut failed = BTreeSet::new();
+    for r in report.results {
+        match r.status {
+            Status::Fail => {
+                eprintln!(
+                    "{flaw:?} fails {}: {}",
+                    r.scenario,
+                    r.reason.unwrap_or_default()
+                );
+                failed.insert(r.scenario);
+            }
+            Status::Pass | Status::Unsupported => {}
+            Status::Skipped => panic!("{} was skipped", r.scenario),
+        }
+    }
+    failed
+}
+
+fn set(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn correct_toy_backend_passes_everything() {
+    assert_eq!(failing(Flaw::None), set(&[]));
+}
+
+#[test]
+fn setnx_then_expire_is_caught() {
+    assert_caught(
+        Flaw::SetnxThenExpire,
+        &["cancelled_acquire_leaves_nothing"],
+        // A waiter dropped between its SETNX and its EXPIRE: hit when its poll falls in the
+        // 20 ms before the drop.
+        &["grant_at_drop_leaves_nothing"],
+    );
+}
+
+/// `flaw` fails every scenario of `always`, and nothing outside `always` and `sometimes`.
+fn assert_caught(flaw: Flaw, always: &[&str], sometimes: &[&str]) {
+    let failed = failing(flaw);
+    let (always, sometimes) = (set(always), set(sometimes));
+    assert!(failed.is_superset(&always), "{failed:?} misses {always:?}");
+    let allowed: BTreeSet<String> = always.union(&sometimes).cloned().collect();
+    assert!(
+        failed.is_subset(&allowed),
+        "{failed:?} fails scenarios outside {allowed:?}"
+    );
+}
+
+#[test]
+fn fixed_lock_value_is_caught() {
+    assert_eq!(
+        failing(Flaw::FixedValue),
+        set(&[
+            "extend_after_expiry_not_held",
+            // The lost guard's release on drop frees the next holder's lock.
+            "extend_honours_ttl",
+            // A retry after a lost reply cannot tell its own grant from anyone's: it waits.
+            "lost_acquire_reply_is_retried_safely",
+            "lost_signal_on_expiry",
+            "mutual_exclusion_across_expiry",
+            "no_resurrection",
+            "release_racing_expiry_keeps_next_holder",
+            "stale_release_keeps_new_holder",
+        ])
+    );
+}
+
+#[test]
+fn read_then_delete_release_is_caught() {
+    let failed = failing(Flaw::ReadThenDelete);
+    // The delete, sent after the pause, frees the lock a racing client took at the expiry: the
+    // suite races a client that polls hard, so this scenario catches it every time.
+    let always = set(&["release_racing_expiry_keeps_next_holder"]);
+    // The same race after the watchdog's release at the maximum hold time is hit only when a
+    // polling waiter comes in between the GET and the DEL: on a loaded machine, not every run.
+    let sometimes = set(&["auto_renew_stops_at_max_hold"]);
+    assert!(failed.is_superset(&always), "{failed:?} misses {always:?}");
+    let allowed: BTreeSet<String> = always.union(&sometimes).cloned().collect();
+    assert!(
+        failed.is_subset(&allowed),
+        "{failed:?} fails scenarios outside {allowed:?}"
+    );
+}
+
+#[test]
+fn lease_never_renewed_is_caught() {
+    assert_eq!(
+        failing(Flaw::NeverRenewed),
+        set(&[
+            "auto_renew_keeps_lock",
+            "auto_renew_stops_at_max_hold",
+            "extend_after_expiry_not_held",
+            "extend_honours_ttl",
+            "lost_signal_on_revoke",
+            "no_resurrection",
+        ])
+    );
+}
+
+#[test]
+fn spinning_waiter_is_caught() {
+    assert_eq!(
+        failing(Flaw::SpinningWaiter),
+        set(&["waiter_does_not_spin"])
+    );
+}
+
+#[test]
+fn getset_timestamp_lock_is_caught() {
+    assert_eq!(
+        failing(Flaw::GetsetTimestamp),
+        // Its value is a new expiry each attempt: a retry after a lost reply cannot know its
+        // own grant, and waits for it to expire.
+        set(&[
+            "lost_acquire_reply_is_retried_safely",
+            "skewed_clock_cannot_steal"
+        ])
+    );
+}
+
+#[test]
+fn fencing_counter_reset_when_idle_is_caught() {
+    assert_eq!(
+        failing(Flaw::FencingResetsWhenIdle),
+        set(&["fencing_tokens_increase"])
+    );
+}
+
+#[test]
+fn fencing_counter_expiring_after_five_idle_ttls_is_caught() {
+    assert_eq!(
+        failing(Flaw::FencingExpiresAfterFiveTtls),
+        set(&["fencing_tokens_increase"])
+    );
+}
+
+#[test]
+fn early_expiry_is_caught() {
+    let failed = failing(Flaw::EarlyExpiry);
+    // A client polling every millisecond meets the early end in these, every run.
+    let always = set(&[
+        "auto_renew_stops_at_max_hold",
+        "expiry_frees_crashed_holder_after_ttl",
+        "extend_honours_ttl",
+    ]);
+    // These take over with waiting lock() calls, whose backoff can sleep past the 10 % window.
+    let sometimes = set(&["lost_signal_on_expiry", "mutual_exclusion_across_expiry"]);
+    assert!(failed.is_superset(&always), "{failed:?} misses {always:?}");
+    let allowed: BTreeSet<String> = always.union(&sometimes).cloned().collect();
+    assert!(
+        failed.is_subset(&allowed),
+        "{failed:?} fails scenarios outside {allowed:?}"
+    );
+}
+
+#[test]
+fn quick_read_then_delete_release_is_caught() {
+    let failed = failing(Flaw::ReadThenDeleteQuick);
+    // Releases sent 1 to 3 ms before the expiry, with a racer polling every millisecond, put
+    // the 3 ms gap across the expiry.
+    let always = set(&["release_racing_expiry_keeps_next_holder"]);
+    // As for the slow variant: hit when a polling waiter comes in between.
+    let sometimes = set(&["auto_renew_stops_at_max_hold"]);
+    assert!(failed.is_superset(&always), "{failed:?} misses {always:?}");
+    let allowed: BTreeSet<String> = always.union(&sometimes).cloned().collect();
+    assert!(
+        failed.is_subset(&allowed),
+        "{failed:?} fails scenarios outside {allowed:?}"
+    );
+}
+
+#[test]
+fn path_normalising_keys_are_caught() {
+    assert_eq!(failing(Flaw::PathNormalised), set(&["hostile_names"]));
+}
+
+#[test]
+fn polling_while_declaring_notify_is_caught() {
+    assert_eq!(
+        failing(Flaw::PollsDeclaringNotify),
+        // A release just after the waiter's first attempt waits for the next poll too.
+        set(&[
+            "missed_wakeup_hands_over_promptly",
+            "notify_hands_over_promptly"
+        ])
+    );
+}
+
+#[test]
+fn safety_ttl_then_expire_is_caught() {
+    assert_caught(
+        Flaw::SafetyTtlThenExpire,
+        &["cancelled_acquire_leaves_nothing"],
+        // A waiter dropped between its SET NX and its PEXPIRE leaves three TTLs (60 s): hit
+        // when its poll falls in the 20 ms before the drop.
+        &["grant_at_drop_leaves_nothing"],
+    );
+}
+
+#[test]
+fn cancelled_waiter_behind_another_leaving_its_entry_is_caught() {
+    assert_eq!(
+        failing(Flaw::CancelLeavesEntryBehindOthers),
+        set(&["cancelled_wait_leaves_nothing"])
+    );
+}
+
+#[test]
+fn wakeup_missed_before_subscribing_is_caught() {
+    assert_eq!(
+        failing(Flaw::SubscribesAfterFailedAttempt),
+        set(&["missed_wakeup_hands_over_promptly"])
+    );
+}
+
+#[test]
+fn herd_behind_a_declared_queue_is_caught() {
+    assert_eq!(
+        failing(Flaw::HerdDeclaringQueue),
+        set(&["hand_over_without_herd"])
+    );
+}
+
+#[test]
+fn retry_waiting_on_its_own_lost_grant_is_caught() {
+    assert_eq!(
+        failing(Flaw::RetryWaitsOnOwnGrant),
+        set(&["lost_acquire_reply_is_retried_safely"])
+    );
+}
+
+#[test]
+fn lock_granted_to_a_dropped_waiter_is_caught() {
+    assert_eq!(
+        failing(Flaw::GrantedWaiterLeaks),
+        set(&["grant_at_drop_leaves_nothing"])
+    );
+}
+
+#[test]
+fn namespace_left_out_of_keys_is_caught() {
+    assert_eq!(
+        failing(Flaw::NamespaceIgnored),
+        set(&["namespaces_are_independent"])
+    );
+}
