@@ -245,7 +245,7 @@ pub fn all() -> Vec<Scenario> {
         scenario!(
             herd::hand_over_without_herd,
             needs_queue_and_counting,
-            "with 16 clients waiting on a backend that declares a queue (fair), a hand-over costs at most 8 requests of all clients together, not one or more per waiter"
+            "with 16 clients waiting on a backend that declares a queue (fair), a hand-over costs at most 10 requests of all clients together, not one or more per waiter"
         ),
     ]
 }
