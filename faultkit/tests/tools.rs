@@ -126,11 +126,15 @@ async fn proxy_with_a_wire_counts_requests_and_answers_keepalives() {
     all.extend_from_slice(&sync);
     all.extend_from_slice(&get);
     // Split inside a frame: counting follows frames, not reads.
-    s.write_all(&all[..14]).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    s.write_all(&all[14..]).await.unwrap();
+    // The first part's echo shows the proxy read it on its own before the rest is sent.
     let mut echoed = vec![0u8; all.len()];
-    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut echoed))
+    s.write_all(&all[..14]).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut echoed[..14]))
+        .await
+        .expect("the first part passed both ways")
+        .unwrap();
+    s.write_all(&all[14..]).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut echoed[14..]))
         .await
         .expect("passed both ways")
         .unwrap();
