@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use faultkit::{Direction, Pick, Proxy, ProxyMode, ReplyLoss, rewrite_url};
+use faultkit::{Direction, Pick, Proxy, ProxyMode, ReplyLoss, Wire, rewrite_url};
 use lockcore::{Error, Result};
 
 /// Proxies started for clients; they forward as long as this value lives (a harness keeps it,
@@ -63,6 +63,16 @@ impl ClientProxies {
     /// # Errors
     /// As [`ClientProxies::url`].
     pub async fn group(&self, url: &str, delay: Duration) -> Result<(String, ProxyGroup)> {
+        self.group_parsing(url, delay, None).await
+    }
+
+    /// As [`ClientProxies::group`], the proxies parsing `wire` (see [`Proxy::requests`]).
+    async fn group_parsing(
+        &self,
+        url: &str,
+        delay: Duration,
+        wire: Option<Wire>,
+    ) -> Result<(String, ProxyGroup)> {
         let group = ProxyGroup(self.next_group.fetch_add(1, Ordering::Relaxed));
         let ports = loopback_ports(url);
         if ports.is_empty() {
@@ -72,9 +82,13 @@ impl ClientProxies {
         }
         let mut out = url.to_string();
         for port in ports {
-            let proxy = Proxy::start(([127, 0, 0, 1], port).into())
-                .await
-                .map_err(|e| Error::unavailable("starting a reply-delay proxy", e))?;
+            let upstream = ([127, 0, 0, 1], port).into();
+            let started = match wire {
+                Some(w) => Proxy::start_with_wire(upstream, w).await,
+                None => Proxy::start(upstream).await,
+            };
+            let proxy =
+                started.map_err(|e| Error::unavailable("starting a reply-delay proxy", e))?;
             proxy.set_latency(Direction::ToClient, delay);
             out = rewrite_url(&out, port, proxy.port());
             self.proxies
@@ -93,7 +107,9 @@ impl ClientProxies {
     /// # Errors
     /// As [`ClientProxies::url`].
     pub async fn counting(&self, url: &str) -> Result<(String, crate::RequestCount)> {
-        let (url, group) = self.group(url, Duration::ZERO).await?;
+        // ZooKeeper's session pings are keepalives, not work: parsed out of the count.
+        let wire = url.starts_with("zk").then_some(Wire::ZooKeeper);
+        let (url, group) = self.group_parsing(url, Duration::ZERO, wire).await?;
         let proxies = self.of_group(group);
         let count = crate::RequestCount::new(move || proxies.iter().map(|p| p.requests()).sum());
         Ok((url, count))
