@@ -114,14 +114,26 @@ pub fn now_unix_micros() -> u64 {
 /// server started on it a moment later could not bind. A race with another process probing the
 /// same port in between is still possible but rare.
 pub fn free_port() -> Result<u16> {
+    // Never the same port twice in one process: servers started at once would otherwise both
+    // get a port free when asked, the second fail to bind it, and its readiness check reach the
+    // first (two handles, one server).
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..200 {
         let port = fastrand::u16(61_000..65_000);
+        if handed_out.contains(&port) {
+            continue;
+        }
         if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
-            return Ok(l.local_addr()?.port());
+            let port = l.local_addr()?.port();
+            handed_out.push(port);
+            return Ok(port);
         }
     }
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
+    let port = l.local_addr()?.port();
+    handed_out.push(port);
+    Ok(port)
 }
 
 /// Polls `check` every 50 ms until it returns `Ok(true)`, for at most `timeout`. `what` names

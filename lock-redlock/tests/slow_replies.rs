@@ -29,16 +29,9 @@ struct Masters {
 
 impl Masters {
     async fn start() -> Masters {
-        // One after another: started at once, two could pick the same free port before either
-        // binds it, and both handles would reach the one server that won it (one vote twice).
-        let mut servers = Vec::new();
-        for _ in 0..5 {
-            servers.push(
-                RedisServer::start()
-                    .await
-                    .expect("five redis-server processes (Debian package redis-server)"),
-            );
-        }
+        let servers = futures::future::try_join_all((0..5).map(|_| RedisServer::start()))
+            .await
+            .expect("five redis-server processes (Debian package redis-server)");
         let upstream = format!("127.0.0.1:{}", servers[0].port())
             .parse()
             .expect("address");
