@@ -140,20 +140,10 @@ pub(super) async fn notify_hands_over_promptly(ctx: &Ctx) -> Outcome {
             ctx.name(&format!("l{lane}")),
         ));
     }
-    let batch = || async {
-        let runs = lanes.iter().map(|(a, b, name)| async {
-            let mut latencies = Vec::new();
-            for _ in 0..ROUNDS {
-                let took = hand_over_at_random(ctx, a, b, name, &opts).await?;
-                latencies.push(((), took));
-            }
-            Ok::<_, Failure>(latencies)
-        });
-        Ok(futures::future::try_join_all(runs)
-            .await?
-            .into_iter()
-            .flatten()
-            .collect())
+    let batch = || {
+        on_every_lane(&lanes, ROUNDS, |(a, b, name)| async {
+            Ok(((), hand_over_at_random(ctx, a, b, name, &opts).await?))
+        })
     };
     let bound = ctx.bound(Duration::from_millis(200));
     let (_, worst, batches) = worst_within_bound(bound, batch).await?;
@@ -163,6 +153,37 @@ pub(super) async fn notify_hands_over_promptly(ctx: &Ctx) -> Outcome {
         LANES * ROUNDS
     );
     Ok(())
+}
+
+/// A lane of hand-overs: the holder, the waiter and their lock's name.
+type Lane = (Locker, Locker, LockName);
+
+/// Runs `rounds` measured hand-overs (`round`: what it varied and its release-to-acquire) on
+/// every lane side by side; every lane's samples together.
+async fn on_every_lane<'a, T, F, Fut>(
+    lanes: &'a [Lane],
+    rounds: usize,
+    round: F,
+) -> Result<Vec<(T, Duration)>, Failure>
+where
+    F: Fn(&'a Lane) -> Fut,
+    Fut: std::future::Future<Output = Result<(T, Duration), Failure>>,
+{
+    let runs = lanes.iter().map(|lane| {
+        let round = &round;
+        async move {
+            let mut seen = Vec::new();
+            for _ in 0..rounds {
+                seen.push(round(lane).await?);
+            }
+            Ok::<_, Failure>(seen)
+        }
+    });
+    Ok(futures::future::try_join_all(runs)
+        .await?
+        .into_iter()
+        .flatten()
+        .collect())
 }
 
 /// Runs `batch` (hand-overs measured as `(what, release-to-acquire)`) and returns its worst
@@ -286,20 +307,11 @@ pub(super) async fn missed_wakeup_hands_over_promptly(ctx: &Ctx) -> Outcome {
         hand_over_after(&a, &b, &name, &opts, Duration::from_millis(50)).await?;
         lanes.push((a, b, name));
     }
-    let batch = || async {
-        let runs = lanes.iter().map(|(a, b, name)| async {
-            let mut seen = Vec::new();
-            for _ in 0..ROUNDS {
-                let offset = Duration::from_micros(fastrand::u64(0..30_000));
-                seen.push((offset, hand_over_after(a, b, name, &opts, offset).await?));
-            }
-            Ok::<_, Failure>(seen)
-        });
-        Ok(futures::future::try_join_all(runs)
-            .await?
-            .into_iter()
-            .flatten()
-            .collect())
+    let batch = || {
+        on_every_lane(&lanes, ROUNDS, |(a, b, name)| async {
+            let offset = Duration::from_micros(fastrand::u64(0..30_000));
+            Ok((offset, hand_over_after(a, b, name, &opts, offset).await?))
+        })
     };
     let bound = ctx.bound(Duration::from_millis(200));
     let (offset, worst, batches) = worst_within_bound(bound, batch).await?;
