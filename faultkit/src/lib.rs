@@ -43,6 +43,7 @@ mod postgres;
 mod process;
 mod proxy;
 mod redis;
+mod redis_monitor;
 mod util;
 mod wire;
 mod zk;
@@ -56,6 +57,7 @@ pub use postgres::Postgres;
 pub use process::ServerProcess;
 pub use proxy::{Direction, Pick, Proxy, ProxyMode, ReplyLoss, rewrite_url};
 pub use redis::{RedisFailover, RedisServer};
+pub use redis_monitor::RedisMonitor;
 pub use util::{
     Error, Result, TempDir, Timeouts, free_port, now_unix_micros, require_installed, wait_until,
 };

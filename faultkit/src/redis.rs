@@ -130,6 +130,13 @@ impl RedisServer {
     pub async fn cli(&self, args: &[&str]) -> Result<String> {
         cli(self.port, args, self.timeouts.command).await
     }
+
+    /// Starts `MONITOR` on it: every command it runs from then on, with its arguments.
+    ///
+    /// Cancel safety: a dropped start kills `redis-cli`.
+    pub async fn monitor(&self) -> Result<crate::RedisMonitor> {
+        crate::RedisMonitor::start(self.port, self.timeouts.command).await
+    }
 }
 
 /// The master name the sentinels of a [`RedisFailover`] monitor.

@@ -76,6 +76,8 @@ impl RedlockBackend {
             .map(|w| ExpiryWatch::new(w.channel()));
         // Armed before every vote: a release published while it is in flight wakes us.
         let mut armed = subs.0.arm();
+        // The vote a release message woke, decided on while waiting.
+        let mut woken_vote = None;
         loop {
             if let Some(mut at) = next_vote {
                 if let Some(d) = deadline {
@@ -85,28 +87,43 @@ impl RedlockBackend {
                     i = first_of(&mut armed) => Some(i),
                     _ = tokio::time::sleep_until(at) => None,
                 };
-                if let Some(i) = woken_by
-                    && !subs.0.first_to_act(armed.channels[i].last_message())
-                {
-                    // A copy of a release another waiter of this client votes on: sleep on
-                    // towards the same time.
-                    armed.rearm(i);
-                    continue;
+                if let Some(i) = woken_by {
+                    match subs.0.on_wake(armed.channels[i].last_message()) {
+                        Some(vote) => woken_vote = Some(vote),
+                        None => {
+                            // A copy of a release a vote of this client covers: sleep on
+                            // towards the same time.
+                            armed.rearm(i);
+                            continue;
+                        }
+                    }
                 }
                 armed = subs.0.arm();
             }
-            let (split, free_in) = match self.attempt(req, &keys, &token, Undo::Silent).await? {
-                Attempt::Won(a) => {
-                    if let Some(e) = expiry.as_mut() {
-                        e.won();
+            // Dropped untold when the attempt fails or the call is cancelled: a release left to
+            // this vote goes to another waiter.
+            let vote = woken_vote.take().unwrap_or_else(|| subs.0.vote());
+            let (split, free_in, released_meanwhile) =
+                match self.attempt(req, &keys, &token, Undo::Silent).await? {
+                    Attempt::Won(a) => {
+                        vote.won();
+                        if let Some(e) = expiry.as_mut() {
+                            e.won();
+                        }
+                        return Ok(Some(a));
                     }
-                    return Ok(Some(a));
-                }
-                Attempt::Lost { split, free_in } => (split, free_in),
-            };
+                    Attempt::Lost { split, free_in } => (split, free_in, vote.lost()),
+                };
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);
+            }
+            if released_meanwhile && !split {
+                // A release landed on some master after this vote reached it: vote again at
+                // once (a split vote's retry below comes soon anyway).
+                armed = subs.0.arm();
+                next_vote = None;
+                continue;
             }
             next_vote = Some(if split {
                 splits += 1;
@@ -238,7 +255,7 @@ impl RedlockBackend {
                     Arc::new(NameSubs {
                         channel: keys.channel.clone(),
                         waitings: (0..inner.slots.len()).map(|_| OnceLock::new()).collect(),
-                        acted_on: Mutex::default(),
+                        votes: Mutex::default(),
                         joining: (0..inner.slots.len())
                             .map(|_| AtomicBool::new(false))
                             .collect(),

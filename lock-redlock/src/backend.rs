@@ -171,6 +171,12 @@ impl RedlockBackend {
         Keys::new(&self.inner.cfg.namespace, name).lock
     }
 
+    /// The pub/sub channel a release of `name` publishes on, on every master (for operators and
+    /// tests).
+    pub fn release_channel(&self, name: &LockName) -> String {
+        Keys::new(&self.inner.cfg.namespace, name).channel
+    }
+
     /// How many lock names this client keeps release subscriptions for (they linger a few
     /// seconds after the last wait).
     pub fn waited_names(&self) -> usize {

@@ -27,8 +27,10 @@
 //!   attempt that won nothing waits for a notification.
 //! * **Waiting** by notification: a release publishes on each node's release channel; a waiter
 //!   subscribes on every node (lock-redis's pub/sub subscriptions, one connection per node per
-//!   client) and wakes on the first message (a release names itself in its message, the same
-//!   on every master, so the copies from the other masters wake no second vote of that client),
+//!   client) and wakes on the first message. A release names itself in its message, the same
+//!   on every master, so the copies from the other masters wake no second vote of that client
+//!   once a vote won after it; a copy arriving while a vote is in flight makes that vote run
+//!   again if it loses (the release may have reached that master after the vote did),
 //!   or, for one waiter per client (expiry publishes nothing; one waiter, not all, comes back),
 //!   at the moment the holder's keys expire on a majority (from the `PTTL`s the failed attempt
 //!   saw), or at a jittered safety-net poll

@@ -20,9 +20,8 @@ pub(crate) const SUBSCRIPTION_LINGER: Duration = Duration::from_secs(3);
 pub(crate) struct NameSubs {
     pub(crate) channel: String,
     pub(crate) waitings: Vec<OnceLock<Waiting>>,
-    /// The releases (their messages) a waiter of this client has already acted on: one
-    /// release reaches every master, and each copy would wake another waiter into a vote.
-    pub(crate) acted_on: Mutex<VecDeque<Arc<str>>>,
+    /// This client's votes on the name and the releases they cover (see [`NameSubs::on_wake`]).
+    pub(crate) votes: Mutex<Votes>,
     pub(crate) joining: Vec<AtomicBool>,
     pub(crate) users: AtomicUsize,
     pub(crate) idle_since: Mutex<Instant>,
@@ -40,11 +39,76 @@ impl Drop for SubsUse {
 
 pub(crate) type Notified<'a> = Pin<Box<tokio::sync::futures::Notified<'a>>>;
 
-/// How many recent releases a client remembers having acted on, per lock name.
-pub(crate) const ACTED_ON_MEMORY: usize = 16;
+/// How many recent releases a client remembers, per lock name.
+pub(crate) const RELEASE_MEMORY: usize = 16;
+
+/// One client's votes on one lock name: which are in flight, whether a release message arrived
+/// while one was, and the releases a won vote made moot.
+///
+/// One release reaches every master and publishes there, so each of its copies would wake
+/// another waiter into a vote. But a copy is not always news: the copies arrive as the release
+/// lands on each master, and a vote sent before the release reached some master finds the lock
+/// still held there. So a copy is skipped only when a vote of this client covers it: a vote
+/// already won after that release (the lock is ours), or a vote in flight, which votes again at
+/// once if it loses (a copy that arrived meanwhile may come from a master its vote found held).
+#[derive(Debug, Default)]
+pub(crate) struct Votes {
+    in_flight: usize,
+    /// A copy arrived while a vote was in flight and was left to it.
+    pending: bool,
+    /// Recent named releases, and whether a won vote came after them.
+    releases: VecDeque<(Arc<str>, bool)>,
+}
+
+/// A waiter's vote in flight (see [`Votes`]): tell it how the vote ended. Dropped untold (the
+/// call was cancelled, or the vote failed), it hands a copy left to it to another waiter.
+#[must_use]
+pub(crate) struct Vote<'a> {
+    subs: &'a NameSubs,
+    told: bool,
+}
+
+impl Vote<'_> {
+    /// The vote won: every release seen so far is moot for this client.
+    pub(crate) fn won(mut self) {
+        self.told = true;
+        let mut votes = lock_mutex(&self.subs.votes);
+        votes.in_flight -= 1;
+        votes.pending = false;
+        for (_, moot) in votes.releases.iter_mut() {
+            *moot = true;
+        }
+    }
+
+    /// The vote lost: returns whether a release message arrived meanwhile, in which case the
+    /// waiter votes again (its vote may have reached a master before the release did).
+    pub(crate) fn lost(mut self) -> bool {
+        self.told = true;
+        let mut votes = lock_mutex(&self.subs.votes);
+        votes.in_flight -= 1;
+        std::mem::take(&mut votes.pending)
+    }
+}
+
+impl Drop for Vote<'_> {
+    fn drop(&mut self) {
+        if self.told {
+            return;
+        }
+        let mut votes = lock_mutex(&self.subs.votes);
+        votes.in_flight -= 1;
+        if votes.in_flight == 0 && std::mem::take(&mut votes.pending) {
+            drop(votes);
+            // Nobody votes on the copy left to this vote: one other waiter does.
+            if let Some(w) = self.subs.waitings.iter().find_map(OnceLock::get) {
+                w.channel().notify.notify_one();
+            }
+        }
+    }
+}
 
 /// The message a Redlock release publishes on every master: the same on all of them, and
-/// different for every release (see [`NameSubs::first_to_act`]).
+/// different for every release (see [`Votes`]).
 pub(crate) fn release_message() -> String {
     format!("{RELEASE_PREFIX}{:016x}", fastrand::u64(..))
 }
@@ -92,24 +156,43 @@ impl NameSubs {
         Armed { notified, channels }
     }
 
-    /// Whether the waiter woken by `message` should vote: not when a waiter of this client
-    /// already acted on the same release (a copy from another master). A message this client
-    /// cannot attribute (unnamed, or unknown after a reconnection) always counts: skipping a
-    /// release could leave every waiter asleep until its poll. Safe to skip a copy: the waiter
-    /// that acted on it read the message before voting, so its vote came after that release.
-    pub(crate) fn first_to_act(&self, message: Option<Arc<str>>) -> bool {
-        let Some(message) = message.filter(|m| m.starts_with(RELEASE_PREFIX)) else {
-            return true;
-        };
-        let mut acted_on = lock_mutex(&self.acted_on);
-        if acted_on.contains(&message) {
-            return false;
+    /// A vote not caused by a message (the first after subscribing, the holder's expiry, a
+    /// split vote's retry, the safety poll).
+    pub(crate) fn vote(&self) -> Vote<'_> {
+        lock_mutex(&self.votes).in_flight += 1;
+        Vote {
+            subs: self,
+            told: false,
         }
-        if acted_on.len() == ACTED_ON_MEMORY {
-            acted_on.pop_front();
+    }
+
+    /// A waiter woken by `message` (a release's text, `None` when unknown): its vote, or `None`
+    /// when a vote of this client covers the message (see [`Votes`]). Skipping is safe then: a
+    /// vote won after that release, or the vote in flight votes again if it loses.
+    pub(crate) fn on_wake(&self, message: Option<Arc<str>>) -> Option<Vote<'_>> {
+        let message = message.filter(|m| m.starts_with(RELEASE_PREFIX));
+        let mut votes = lock_mutex(&self.votes);
+        if let Some(message) = message {
+            match votes.releases.iter().find(|(m, _)| *m == message) {
+                Some((_, true)) => return None,
+                Some((_, false)) => {}
+                None => {
+                    if votes.releases.len() == RELEASE_MEMORY {
+                        votes.releases.pop_front();
+                    }
+                    votes.releases.push_back((message, false));
+                }
+            }
         }
-        acted_on.push_back(message);
-        true
+        if votes.in_flight > 0 {
+            votes.pending = true;
+            return None;
+        }
+        votes.in_flight += 1;
+        Some(Vote {
+            subs: self,
+            told: false,
+        })
     }
 }
 
