@@ -153,7 +153,7 @@ impl Fault {
                 "a follower cut off from its peers (its client port reachable) while a waiter's \
                  session/watch sits on it; the holder releases through a healthy member: the \
                  waiter gets the lock within the bound of the backend's design (ZooKeeper: \
-                 syncLimit x tick + session timeout; etcd: 3 election timeouts, require-leader) \
+                 syncLimit x tick + session timeout; etcd: 5 election timeouts, require-leader streams) \
                  + slack"
             }
             Fault::CutMemberHolder => {
