@@ -148,6 +148,11 @@ impl ZooKeeper {
                 "-XX:TieredStopAtLevel=1".into(),
                 "-Djava.net.preferIPv4Stack=true".into(),
                 "-Dzookeeper.admin.enableServer=false".into(),
+                // An election that fails (a member cut off, a peer link reset) checks its votes
+                // again after a backoff doubling from 200 ms up to 60 s by default: after a few
+                // cuts the two healthy members of a test could take over a minute to elect
+                // (seen in a full run). Capped at 2 s, an election still never spins.
+                "-Dzookeeper.fastleader.maxNotificationInterval=2000".into(),
                 "-cp".into(),
                 CLASSPATH.into(),
                 "org.apache.zookeeper.server.quorum.QuorumPeerMain".into(),

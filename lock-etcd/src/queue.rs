@@ -169,6 +169,8 @@ impl EtcdBackend {
             let recheck = recheck_every(cell.ttl);
             loop {
                 if let Some(pred) = gone.take() {
+                    // Queued and watching: the predecessor's deletion wakes this waiter.
+                    req.waiting.mark();
                     tokio::select! {
                         w = pred => {
                             if w == Ok(Wake::Deleted) {

@@ -550,6 +550,8 @@ impl Backend for RedisBackend {
                 }
                 Attempt::Held { pttl: p } => pttl = p.or(pttl),
             }
+            // Subscribed and seen held: a release from now on wakes this waiter.
+            req.waiting.mark();
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);

@@ -329,9 +329,12 @@ async fn min_replicas_waits_for_extensions() {
         .expect("primary + replica + 3 sentinels");
     let primary = topo.primary().await.unwrap();
     let replica = 1 - primary;
+    // Long enough for a replica on a loaded machine to acknowledge (200 ms was not, once in a
+    // full run); only the one extension refused below waits it out.
     let url = format!(
-        "{}?min_replicas=1&replica_timeout_ms=200",
-        topo.node_url(primary)
+        "{}?min_replicas=1&replica_timeout_ms={}",
+        topo.node_url(primary),
+        scaled(1.5).as_millis()
     );
     let locker = Locker::new(RedisBackend::connect(&url).await.unwrap());
     let g = locker

@@ -114,6 +114,8 @@ impl RedlockBackend {
                     }
                     Attempt::Lost { split, free_in } => (split, free_in, vote.lost()),
                 };
+            // Subscribed and lost a vote: a release from now on wakes this waiter.
+            req.waiting.mark();
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);

@@ -495,6 +495,7 @@ impl Backend for SqlBackend {
                     if let Some(l) = b.acquire(req, deadline).await? {
                         return Ok(Some(l));
                     }
+                    req.waiting.mark();
                     let now = lockcore::Instant::now();
                     if deadline.is_some_and(|d| now >= d) {
                         return Ok(None);

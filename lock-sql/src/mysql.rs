@@ -500,6 +500,11 @@ impl MyBackend {
                 background: req.background.clone(),
                 armed: true,
             });
+            if !nowait {
+                // The blocking GET_LOCK is on its way: a release from now on reaches it (the
+                // server shows no waiter to ask).
+                req.waiting.mark();
+            }
             let q = sqlx::query(AssertSqlSafe(self.sql.row_acquire.clone()))
                 .bind(req.name.as_str())
                 .bind(&holder)

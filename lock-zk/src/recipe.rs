@@ -203,6 +203,8 @@ impl ZkBackend {
                         continue;
                     }
                     Ok((Some(_), watcher)) => {
+                        // Queued and watching: the predecessor's going wakes this waiter.
+                        req.waiting.mark();
                         let waiting = Waiting::new(&self.inner.stats.waiting);
                         let event = watcher.changed().await;
                         drop(waiting);

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{Capabilities, Holder, LockInfo, LockName, Result};
+use crate::{Capabilities, Holder, LockInfo, LockName, Result, WaitMark};
 
 /// The attribute backends implement [`Backend`] and [`Lease`] with (re-exported so that every
 /// backend names the same version).
@@ -81,6 +81,10 @@ pub struct AcquireRequest {
     /// declare [`Capabilities::inspect`] store [`Holder::encode`] with the lock, in the request
     /// that takes it.
     pub holder: Holder,
+    /// Mark it once the request waits (see [`WaitMark::mark`]): the caller's
+    /// [`Locker::waiting`](crate::Locker::waiting) counts it, which is how tests and operators
+    /// see a waiter in place where the backend keeps no queue to ask.
+    pub waiting: WaitMark,
 }
 
 impl AcquireRequest {
@@ -98,6 +102,7 @@ impl AcquireRequest {
             lost: LostNotifier::new().0,
             background: Background::new(),
             holder: Holder::current(None),
+            waiting: WaitMark::default(),
         }
     }
 
@@ -110,6 +115,12 @@ impl AcquireRequest {
     /// The same request reporting loss to `lost`.
     pub fn with_lost(mut self, lost: LostNotifier) -> Self {
         self.lost = lost;
+        self
+    }
+
+    /// The same request counting its wait with `waiting`.
+    pub fn with_waiting(mut self, waiting: WaitMark) -> Self {
+        self.waiting = waiting;
         self
     }
 
@@ -604,6 +615,7 @@ pub async fn poll_acquire<B: Backend + ?Sized>(
         if let Some(lease) = backend.try_acquire(req).await? {
             return Ok(Some(lease));
         }
+        req.waiting.mark();
         let now = Instant::now();
         if deadline.is_some_and(|d| now >= d) {
             return Ok(None);

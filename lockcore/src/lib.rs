@@ -55,6 +55,7 @@ mod options;
 pub mod registry;
 mod secret;
 pub mod telemetry;
+mod waiting;
 
 pub use backend::OwnerToken;
 pub use capabilities::{Capabilities, MAX_TTL, RenewKind, WaitKind};
@@ -65,6 +66,7 @@ pub use lost::{Ended, LostReason, LostSignal, Risk};
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN};
 pub use options::{AutoRenew, DEFAULT_MAX_HOLD, DEFAULT_TTL, LockOptions};
 pub use secret::Secret;
+pub use waiting::WaitMark;
 
 /// The monotonic clock every deadline of the contract is on (tokio's, so paused test time
 /// applies).

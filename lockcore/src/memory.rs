@@ -367,7 +367,10 @@ impl Backend for MemoryBackend {
                 }
             };
             let wait_until = match wait_until {
-                Ok(wait_until) => wait_until,
+                Ok(wait_until) => {
+                    req.waiting.mark();
+                    wait_until
+                }
                 Err(acquired) => {
                     Link::wait(delay).await;
                     return self.link.reply(&req.name, Some(acquired));

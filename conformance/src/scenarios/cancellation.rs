@@ -25,12 +25,13 @@ pub(super) async fn cancelled_wait_leaves_nothing(ctx: &Ctx) -> Outcome {
     // moment to notice a waiter's connection is gone).
     let wait = opts.clone().wait_forever();
     let mut first = Box::pin(b.lock(&name, &wait));
+    let (only_first, both) = ([&b], [&b, &d]);
     tokio::select! {
         r = &mut first => return Err(format!(
             "the first waiter finished while the lock was held: {:?}",
             r.map(|g| g.name().clone())
         )),
-        settled = settle_waiters(ctx, &c, &name, 1, false) => settled?,
+        settled = settle_waiters(ctx, &c, &name, &only_first) => settled?,
     }
     let mut second = Box::pin(d.lock(&name, &wait));
     tokio::select! {
@@ -42,7 +43,7 @@ pub(super) async fn cancelled_wait_leaves_nothing(ctx: &Ctx) -> Outcome {
             "the second waiter finished while the lock was held: {:?}",
             r.map(|g| g.name().clone())
         )),
-        settled = settle_waiters(ctx, &c, &name, 2, false) => settled?,
+        settled = settle_waiters(ctx, &c, &name, &both) => settled?,
     }
     drop(second);
     d.flush().await;
@@ -143,6 +144,7 @@ pub(super) async fn cancelled_acquire_leaves_nothing(ctx: &Ctx) -> Outcome {
             format!("an acquire of a free lock cancelled after {cut:?}")
         };
         let mut acquire = Box::pin(a.lock(&name, &opts));
+        let waiter = [&a];
         if contended {
             let g = must_try(&h, &name, &opts, "holder").await?;
             tokio::select! {
@@ -152,7 +154,7 @@ pub(super) async fn cancelled_acquire_leaves_nothing(ctx: &Ctx) -> Outcome {
                         r.map(|g| g.name().clone())
                     ));
                 }
-                settled = settle_waiters(ctx, &h, &name, 1, false) => settled?,
+                settled = settle_waiters(ctx, &h, &name, &waiter) => settled?,
             }
             ok_or(g.release().await, "the holder's release")?;
         }
@@ -210,7 +212,7 @@ pub(super) async fn grant_at_drop_leaves_nothing(ctx: &Ctx) -> Outcome {
                     let (waiter, name, opts) = (waiter.clone(), name.clone(), opts.clone());
                     tokio::spawn(async move { waiter.lock(&name, &opts.wait_forever()).await })
                 };
-                settle_waiters(ctx, &holder, &name, 1, false).await?;
+                settle_waiters(ctx, &holder, &name, &[&waiter]).await?;
                 check!(
                     !task.is_finished(),
                     "the waiter returned while the lock was held"

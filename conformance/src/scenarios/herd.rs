@@ -6,7 +6,7 @@ use std::time::Duration;
 use lockcore::{Instant, LockGuard, Locker};
 
 use super::context::{Ctx, Failure, Outcome};
-use super::support::settle_waiters;
+use super::support::settle_queued;
 use crate::harness::RequestCount;
 
 /// Clients waiting while the hand-overs are measured.
@@ -71,7 +71,7 @@ pub(super) async fn hand_over_without_herd(ctx: &Ctx) -> Outcome {
             Ok::<_, lockcore::Error>(c)
         }));
     }
-    settle_waiters(ctx, &holder, &name, WAITERS, true).await?;
+    settle_queued(ctx, &holder, &name, WAITERS).await?;
     let total = |counts: &[RequestCount]| counts.iter().map(RequestCount::get).sum::<u64>();
     let before = total(&counts);
     let started = Instant::now();

@@ -50,25 +50,19 @@ pub(super) async fn must_be_held(
     }
 }
 
-/// Waits until the backend reports at least `n` waiters queued on `name`. Backends that do not
-/// report their queue (pollers, which have none) get a short settle time instead: there is no
-/// event to wait for. With `strict`, such a backend fails instead.
-pub(super) async fn settle_waiters(
+/// Waits until the backend reports at least `n` waiters queued on `name` in its server-side
+/// queue. A backend that does not report its queue fails: the caller needs that queue.
+pub(super) async fn settle_queued(
     ctx: &Ctx,
-    client: &Locker,
+    observer: &Locker,
     name: &LockName,
     n: usize,
-    strict: bool,
 ) -> Outcome {
     let give_up = Instant::now() + ctx.bound(Duration::from_secs(10));
     loop {
-        match client.backend().queued_waiters(name).await {
+        match observer.backend().queued_waiters(name).await {
             Ok(queued) if queued >= n => return Ok(()),
             Ok(_) => {}
-            Err(e) if e.kind() == ErrorKind::Unsupported && !strict => {
-                tokio::time::sleep(ctx.bound(Duration::from_millis(100))).await;
-                return Ok(());
-            }
             Err(e) => {
                 return Err(format!(
                     "Backend::queued_waiters (needed to see waiters enqueued without sleeping): {e}"
@@ -77,6 +71,52 @@ pub(super) async fn settle_waiters(
         }
         if Instant::now() >= give_up {
             return Err(format!("{n} waiters never showed as queued"));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Waits until every client of `waiters` waits on `name` (one `lock` call each): seen in the
+/// backend's queue where it reports one ([`Backend::queued_waiters`], asked through
+/// `observer`), else in the waiters' own count of the calls their backend marked as waiting
+/// ([`Locker::waiting`]: an attempt found the lock held, and a release would now reach them).
+/// Never a sleep: a backend that shows neither fails.
+///
+/// [`Backend::queued_waiters`]: lockcore::backend::Backend::queued_waiters
+pub(super) async fn settle_waiters(
+    ctx: &Ctx,
+    observer: &Locker,
+    name: &LockName,
+    waiters: &[&Locker],
+) -> Outcome {
+    let n = waiters.len();
+    let give_up = Instant::now() + ctx.bound(Duration::from_secs(10));
+    loop {
+        let seen = match observer.backend().queued_waiters(name).await {
+            Ok(queued) => queued,
+            Err(e) if e.kind() == ErrorKind::Unsupported => {
+                let mut marked = 0;
+                for w in waiters {
+                    marked += w
+                        .waiting(name)
+                        .map_err(|e| format!("Locker::waiting: {e}"))?;
+                }
+                marked
+            }
+            Err(e) => {
+                return Err(format!(
+                    "Backend::queued_waiters (needed to see waiters enqueued without sleeping): {e}"
+                ));
+            }
+        };
+        if seen >= n {
+            return Ok(());
+        }
+        if Instant::now() >= give_up {
+            return Err(format!(
+                "{n} waiters never showed as waiting (in the backend's queue, or marked by the \
+                 backend through AcquireRequest::waiting where it keeps no queue)"
+            ));
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use lockcore::{Capabilities, ErrorKind, Instant, LockName, LockOptions, Locker};
 
 use super::context::{Ctx, Failure, Outcome};
-use super::support::{check, must_try, ok_or, settle_waiters};
+use super::support::{check, must_try, ok_or, settle_queued, settle_waiters};
 use crate::harness::Harness;
 
 pub(super) async fn wait_deadline_honoured(ctx: &Ctx) -> Outcome {
@@ -106,7 +106,7 @@ pub(super) async fn wait_succeeds_on_release(ctx: &Ctx) -> Outcome {
         let (b, name, opts) = (b.clone(), name.clone(), opts.clone().wait_forever());
         tokio::spawn(async move { b.lock(&name, &opts).await })
     };
-    settle_waiters(ctx, &b, &name, 1, false).await?;
+    settle_waiters(ctx, &b, &name, &[&b]).await?;
     check!(
         !waiter.is_finished(),
         "the waiter returned while the lock was held"
@@ -232,7 +232,7 @@ async fn hand_over_at_random(
             (r, Instant::now())
         })
     };
-    settle_waiters(ctx, waiter, name, 1, false).await?;
+    settle_waiters(ctx, waiter, name, &[waiter]).await?;
     // Not synchronisation: by 1 s a poller's backoff has grown to near its cap, so polling
     // cannot pass on short early intervals; the random half second after it spreads the
     // release over every phase of any poll interval up to 500 ms.
@@ -273,7 +273,7 @@ pub(super) async fn fifo_order(ctx: &Ctx) -> Outcome {
                 .map_err(|e| format!("waiter {i} release: {e}"))
         }));
         // The next waiter comes only once this one is seen queued.
-        settle_waiters(ctx, &holder, &name, i + 1, true).await?;
+        settle_queued(ctx, &holder, &name, i + 1).await?;
     }
     ok_or(g.release().await, "release")?;
     for t in tasks {

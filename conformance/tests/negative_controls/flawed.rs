@@ -246,6 +246,7 @@ impl Backend for FlawedBackend {
                 for t in [expiry, deadline].into_iter().flatten() {
                     wake = wake.min(t);
                 }
+                req.waiting.mark();
                 tokio::select! {
                     () = released => {}
                     () = tokio::time::sleep_until(wake) => {}
@@ -365,6 +366,7 @@ impl Backend for FlawedBackend {
                 if deadline.is_some_and(|d| now >= d) {
                     return Ok(None);
                 }
+                req.waiting.mark();
                 let wake = now + FIXED_POLL;
                 tokio::time::sleep_until(deadline.map_or(wake, |d| wake.min(d))).await;
             }
@@ -380,6 +382,7 @@ impl Backend for FlawedBackend {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
             }
+            req.waiting.mark();
             tokio::task::yield_now().await;
         }
     }

@@ -167,6 +167,8 @@ impl PgBackend {
                 // A release between the attempt and the mark sent no notification.
                 continue;
             }
+            // Seen held after subscribing and marking: a release from now on wakes this waiter.
+            req.waiting.mark();
             let cap = if rx.is_some() {
                 SAFETY_POLL
             } else {

@@ -45,6 +45,8 @@ impl PgBackend {
                     .bind(&guard_ms)
                     .bind(&holder)
             } else {
+                // The blocking statement is on its way: a release from now on reaches it.
+                req.waiting.mark();
                 let timeout = deadline.map_or("0".to_owned(), |d| {
                     ms(d.saturating_duration_since(Instant::now()))
                 });

@@ -8,6 +8,7 @@ use tokio::runtime::Handle;
 use crate::ErrorKind;
 use crate::backend::{Backend, Background};
 use crate::telemetry::Telemetry;
+use crate::waiting::WaitBoard;
 
 use super::lease::GuardShared;
 
@@ -18,6 +19,8 @@ pub(super) struct LockerInner {
     pub(super) background: Background,
     /// Metric handles and the backend label of spans.
     pub(super) telemetry: Arc<Telemetry>,
+    /// The waiting `lock` calls per name (see `Locker::waiting`).
+    pub(super) waiting: Arc<WaitBoard>,
 }
 
 impl LockerInner {

@@ -26,7 +26,7 @@ use crate::backend::{
 use crate::telemetry::{Outcome, Telemetry};
 use crate::{
     Capabilities, Error, ErrorKind, Holder, IntoLockName, LockInfo, LockName, LockOptions,
-    LostSignal, Result, WithLockError,
+    LostSignal, Result, WaitMark, WithLockError,
 };
 
 pub use self::guard::LockGuard;
@@ -79,6 +79,7 @@ impl Locker {
                 backend,
                 background: Background::on(Handle::current()),
                 runtime: Handle::current(),
+                waiting: Arc::default(),
             }),
         }
     }
@@ -228,6 +229,8 @@ impl Locker {
             .acquire_retrying(&req.request, deadline)
             .instrument(wait_span)
             .await;
+        // Dropped with the request when the call is cancelled.
+        req.request.waiting.clear();
         let outcome = match &result {
             Ok(Some(_)) => Outcome::Acquired,
             Ok(None) => Outcome::Timeout,
@@ -328,6 +331,15 @@ impl Locker {
         self.inner.background.idle().await
     }
 
+    /// How many of this client's [`Locker::lock`] calls on `name` wait now: their backend said
+    /// so ([`AcquireRequest::waiting`]) once an attempt found the lock held and a release or
+    /// expiry would reach them, and they have not returned. For dashboards, and for tests that
+    /// must know a waiter is in place where the backend keeps no queue to ask
+    /// ([`Backend::queued_waiters`]).
+    pub fn waiting(&self, name: impl IntoLockName) -> Result<usize> {
+        Ok(self.inner.waiting.count(&name.into_lock_name()?))
+    }
+
     /// How many background releases and cleanups are still running.
     pub fn pending_releases(&self) -> usize {
         self.inner.background.pending()
@@ -372,8 +384,9 @@ impl Locker {
         options.validate(self.capabilities())?;
         let (notifier, signal) = LostNotifier::new();
         Ok(PendingGuard {
-            request: AcquireRequest::new(name, OwnerToken::random(), options.ttl_value())
+            request: AcquireRequest::new(name.clone(), OwnerToken::random(), options.ttl_value())
                 .with_holder(Holder::current(options.label_value().map(str::to_owned)))
+                .with_waiting(WaitMark::on(self.inner.waiting.clone(), name))
                 .with_lost(notifier)
                 .with_background(self.inner.background.clone()),
             signal,

@@ -639,3 +639,52 @@ async fn invalid_input_is_refused_before_any_io() {
             .is_some()
     );
 }
+
+/// `Locker::waiting` counts a `lock` call from the moment its backend marks it waiting until it
+/// returns: won, timed out, or dropped.
+#[tokio::test]
+async fn waiting_counts_a_lock_call_until_it_returns_or_is_dropped() {
+    let holder = Locker::new(MemoryBackend::connect("waiting_counts"));
+    let waiter = Locker::new(MemoryBackend::connect("waiting_counts"));
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    let held = holder.lock("x", &opts).await.unwrap();
+    assert_eq!(waiter.waiting("x").unwrap(), 0);
+
+    let until_waiting = async |n: usize| {
+        while waiter.waiting("x").unwrap() < n {
+            tokio::task::yield_now().await;
+        }
+    };
+    // Won after a wait.
+    let wait = tokio::spawn({
+        let (waiter, opts) = (waiter.clone(), opts.clone().wait_forever());
+        async move { waiter.lock("x", &opts).await }
+    });
+    until_waiting(1).await;
+    assert_eq!(
+        holder.waiting("x").unwrap(),
+        0,
+        "counted by the waiting client only"
+    );
+    held.release().await.unwrap();
+    let won = wait.await.unwrap().unwrap();
+    assert_eq!(waiter.waiting("x").unwrap(), 0);
+
+    // Dropped while waiting.
+    let dropped = tokio::spawn({
+        let (waiter, opts) = (waiter.clone(), opts.clone().wait_forever());
+        async move { waiter.lock("x", &opts).await }
+    });
+    until_waiting(1).await;
+    dropped.abort();
+    assert!(dropped.await.unwrap_err().is_cancelled());
+    assert_eq!(waiter.waiting("x").unwrap(), 0);
+
+    // Timed out.
+    let timed_out = waiter
+        .lock("x", &opts.clone().wait_timeout(Duration::from_millis(20)))
+        .await;
+    assert_eq!(timed_out.unwrap_err().kind(), ErrorKind::Timeout);
+    assert_eq!(waiter.waiting("x").unwrap(), 0);
+    won.release().await.unwrap();
+}

@@ -1,0 +1,124 @@
+//! Which acquisitions wait: a backend marks its request once the request is waiting (its
+//! attempt found the lock held and a release or expiry will now reach it), and the
+//! [`Locker`](crate::Locker) counts those per lock name until the call returns. Where a backend
+//! keeps no queue a test or an operator can ask, this is how they learn that a waiter is in
+//! place, instead of sleeping and hoping.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::LockName;
+
+/// The waiting calls of one client, per lock name.
+#[derive(Debug, Default)]
+pub(crate) struct WaitBoard {
+    waiting: Mutex<HashMap<LockName, usize>>,
+}
+
+impl WaitBoard {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<LockName, usize>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn count(&self, name: &LockName) -> usize {
+        self.lock().get(name).copied().unwrap_or(0)
+    }
+
+    fn add(&self, name: &LockName) {
+        *self.lock().entry(name.clone()).or_insert(0) += 1;
+    }
+
+    fn remove(&self, name: &LockName) {
+        let mut waiting = self.lock();
+        if let Some(n) = waiting.get_mut(name) {
+            *n -= 1;
+            if *n == 0 {
+                waiting.remove(name);
+            }
+        }
+    }
+}
+
+/// Carried by an [`AcquireRequest`](crate::backend::AcquireRequest): the backend calls
+/// [`WaitMark::mark`] once the request waits, and may call it again (only the first counts).
+/// The mark is cleared when the call ends, however it ends (won, timed out, failed, dropped).
+#[derive(Clone, Debug, Default)]
+pub struct WaitMark {
+    entry: Option<Arc<MarkEntry>>,
+}
+
+#[derive(Debug)]
+struct MarkEntry {
+    board: Arc<WaitBoard>,
+    name: LockName,
+    marked: AtomicBool,
+}
+
+impl WaitMark {
+    /// A mark counted on `board` under `name`.
+    pub(crate) fn on(board: Arc<WaitBoard>, name: LockName) -> Self {
+        WaitMark {
+            entry: Some(Arc::new(MarkEntry {
+                board,
+                name,
+                marked: AtomicBool::new(false),
+            })),
+        }
+    }
+
+    /// The request waits: its attempt found the lock held, and the backend is ready to be
+    /// woken (subscribed, queued, or polling). Call it after the attempt that follows any
+    /// subscription, so that a release from now on reaches the waiter.
+    pub fn mark(&self) {
+        if let Some(e) = &self.entry
+            && !e.marked.swap(true, Ordering::AcqRel)
+        {
+            e.board.add(&e.name);
+        }
+    }
+
+    /// The call ended: no longer counted.
+    pub(crate) fn clear(&self) {
+        if let Some(e) = &self.entry {
+            e.clear();
+        }
+    }
+}
+
+impl MarkEntry {
+    fn clear(&self) {
+        if self.marked.swap(false, Ordering::AcqRel) {
+            self.board.remove(&self.name);
+        }
+    }
+}
+
+impl Drop for MarkEntry {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mark_counts_once_until_cleared_or_dropped() {
+        let board = Arc::new(WaitBoard::default());
+        let name = LockName::new("n").unwrap();
+        let a = WaitMark::on(board.clone(), name.clone());
+        let b = WaitMark::on(board.clone(), name.clone());
+        assert_eq!(board.count(&name), 0);
+        a.mark();
+        a.mark();
+        b.mark();
+        assert_eq!(board.count(&name), 2);
+        a.clear();
+        assert_eq!(board.count(&name), 1);
+        drop(b);
+        assert_eq!(board.count(&name), 0);
+        WaitMark::default().mark();
+    }
+}
