@@ -76,6 +76,28 @@ pub trait Harness: Send + Sync + 'static {
         drop(client);
     }
 
+    /// Whether [`Harness::killed_holder_process`] works; `crash_frees_lock` plays the crash in
+    /// process ([`Harness::crash`]) otherwise.
+    fn can_kill_holder_process(&self) -> bool {
+        false
+    }
+
+    /// Takes `name` with `ttl` in a holder process of its own (its lease renewed, as a
+    /// service's guard is) and kills it with SIGKILL once it holds the lock: no release, no
+    /// goodbye, its connections closed by the kernel. Returns the moment of the kill.
+    ///
+    /// Cancel safety: a dropped call kills the process (if it was started).
+    async fn killed_holder_process(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+    ) -> Result<lockcore::Instant> {
+        let _ = (name, ttl);
+        Err(lockcore::Error::unsupported(
+            "this harness runs no holder processes",
+        ))
+    }
+
     /// Whether [`Harness::revoke`] works; scenarios that need it are unsupported otherwise.
     /// The default is false; harnesses of backends that declare
     /// [`Capabilities::force_release`](lockcore::Capabilities::force_release) say true.

@@ -68,6 +68,10 @@ impl HolderEvent {
     }
 }
 
+/// The environment variable that gives a holder process its lock service URL (see
+/// [`HolderSpec::args`]).
+pub const HOLDER_URL_ENV: &str = "LOCKSMITH_HOLDER_URL";
+
 /// How to run a holder: the program (the `locksmith-holder` binary of the `faults` crate) and
 /// what it should do. [`HolderSpec::args`] gives its command line.
 #[derive(Clone, Debug)]
@@ -115,13 +119,12 @@ impl HolderSpec {
         }
     }
 
-    /// The command line the holder binary takes (after the prefix).
+    /// The command line the holder binary takes (after the prefix). The URL is not on it: the
+    /// holder reads it from [`HOLDER_URL_ENV`], which [`Holder::spawn`] sets.
     pub fn args(&self) -> Vec<String> {
         let mut a = self.prefix.clone();
         a.extend([
-            "--url".to_string(),
-            self.url.clone(),
-            "--name".into(),
+            "--name".to_string(),
             self.name.clone(),
             "--ttl-ms".into(),
             self.ttl.as_millis().to_string(),
@@ -161,6 +164,9 @@ impl Holder {
     pub fn spawn(spec: &HolderSpec) -> Result<Self> {
         let mut child = tokio::process::Command::new(&spec.program)
             .args(spec.args())
+            // Not on the command line, which any user of the machine can read (`ps`): the URL
+            // may carry a password.
+            .env(HOLDER_URL_ENV, &spec.url)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -2,9 +2,12 @@
 //! can SIGKILL, SIGSTOP and resume it.
 //!
 //! ```text
-//! locksmith-holder --url URL --name NAME --ttl-ms MS [--wait-ms MS] [--renew] [--extend]
-//!                  [--resource HOST:PORT] [--work-ms MS] [--id ID]
+//! LOCKSMITH_HOLDER_URL=URL locksmith-holder --name NAME --ttl-ms MS [--wait-ms MS] [--renew]
+//!                  [--extend] [--resource HOST:PORT] [--work-ms MS] [--id ID] [--url URL]
 //! ```
+//!
+//! The URL comes from the environment (`--url` also works by hand): a command line is
+//! readable by every user of the machine, and the URL may carry a password.
 //!
 //! (also `locksmith holder ...`, a hidden subcommand of the CLI.) Prints one JSON line per
 //! event ([`faultkit::HolderEvent`]): `connected`, `acquired` (fencing token, validity), then
@@ -79,8 +82,14 @@ fn parse(args: Vec<String>) -> Args {
             other => fail(format!("unknown argument {other}")),
         }
     }
+    if a.url.is_empty() {
+        a.url = std::env::var(faultkit::HOLDER_URL_ENV).unwrap_or_default();
+    }
     if a.url.is_empty() || a.name.is_empty() {
-        fail("--url and --name are required");
+        fail(format!(
+            "--name and a URL ({} or --url) are required",
+            faultkit::HOLDER_URL_ENV
+        ));
     }
     a
 }

@@ -384,13 +384,18 @@ async fn voters_until_one_winner(
         .expect("a waiter result")
         .expect("lock");
     tokio::time::sleep(scaled(Duration::from_millis(500))).await;
-    let seen = monitor
-        .sync(scaled(Duration::from_secs(10)))
-        .await
-        .expect("MONITOR catches up");
+    let seen = caught_up(monitor).await;
     assert!(won_rx.try_recv().is_err(), "two waiters won");
     drop(winner);
     script_tokens(&monitor.commands_from(asleep)[..seen - asleep])
+}
+
+/// How many commands `monitor` collected once it printed everything the server ran so far.
+async fn caught_up(monitor: &faultkit::RedisMonitor) -> usize {
+    monitor
+        .sync(scaled(Duration::from_secs(10)))
+        .await
+        .expect("MONITOR catches up")
 }
 
 /// The owner token (`ARGV[1]`) of every script in `commands`, with how many scripts sent it.
@@ -419,10 +424,7 @@ async fn one_release_wakes_one_vote_per_client() {
     let n = name("copies");
     let monitor = cluster.masters[0].monitor().await.expect("MONITOR");
     let held = holder.lock(&n, &long()).await.expect("holder locks");
-    let locked = monitor
-        .sync(scaled(Duration::from_secs(10)))
-        .await
-        .expect("MONITOR catches up");
+    let locked = caught_up(&monitor).await;
     let holder_tokens = script_tokens(&monitor.commands_from(0)[..locked]);
     assert_eq!(
         holder_tokens.len(),
@@ -431,10 +433,7 @@ async fn one_release_wakes_one_vote_per_client() {
     );
     let holder_token = holder_tokens.into_keys().next().expect("one token");
     let mut won_rx = queue_waiters(&cluster, &waiters, &n, 4).await;
-    let asleep = monitor
-        .sync(scaled(Duration::from_secs(10)))
-        .await
-        .expect("MONITOR catches up");
+    let asleep = caught_up(&monitor).await;
 
     held.release().await.expect("release");
     let mut voters = voters_until_one_winner(&monitor, &mut won_rx, asleep).await;
@@ -548,10 +547,7 @@ async fn expiry_wakes_one_vote_per_client() {
     }
     let monitor = cluster.masters[0].monitor().await.expect("MONITOR");
     let mut won_rx = queue_waiters(&cluster, &waiters, &n, 4).await;
-    let asleep = monitor
-        .sync(scaled(Duration::from_secs(10)))
-        .await
-        .expect("MONITOR catches up");
+    let asleep = caught_up(&monitor).await;
     let voters = voters_until_one_winner(&monitor, &mut won_rx, asleep).await;
     assert_eq!(
         voters.len(),

@@ -9,7 +9,7 @@ use conformance::{
     ClientProxies, Harness, ProxyGroup, ReplyLoser, RequestCount, url_with_param, url_with_path,
 };
 use locksmith::registry::{HarnessHints, OtherNamespace};
-use locksmith::{LockGuard, Locker, Result, redact_url};
+use locksmith::{ErrorKind, Instant, LockGuard, LockName, Locker, Result, redact_url};
 
 /// A harness holding only a URL (and what one probe learnt), so it works from any runtime.
 pub struct UrlHarness {
@@ -90,6 +90,37 @@ impl Harness for UrlHarness {
 
     fn can_revoke(&self) -> bool {
         self.can_revoke
+    }
+
+    /// Holders are this executable's hidden `holder` subcommand (as in the fault suite); an
+    /// in-process store (`memory://`) has nothing another process could hold.
+    fn can_kill_holder_process(&self) -> bool {
+        !self.url.starts_with("memory:")
+    }
+
+    async fn killed_holder_process(&self, name: &LockName, ttl: Duration) -> Result<Instant> {
+        let program = std::env::current_exe().map_err(|e| {
+            locksmith::Error::backend("finding the locksmith executable for a holder process", e)
+        })?;
+        let mut spec = faultkit::HolderSpec::new(program, &self.url, name.as_str(), ttl);
+        spec.prefix = vec!["holder".into()];
+        spec.renew = true;
+        spec.id = "killed-holder".into();
+        let fail = |what: &str, e: faultkit::Error| {
+            locksmith::Error::new(ErrorKind::Backend, format!("a holder process {what}: {e}"))
+        };
+        // Killed on drop, also when this call is dropped.
+        let mut holder = faultkit::Holder::spawn(&spec).map_err(|e| fail("did not start", e))?;
+        holder
+            .wait_for("acquired", Duration::from_secs(30))
+            .await
+            .map_err(|e| fail("did not take the lock", e))?;
+        let killed = Instant::now();
+        holder
+            .kill()
+            .await
+            .map_err(|e| fail("could not be killed", e))?;
+        Ok(killed)
     }
 
     fn min_scenario_ttl(&self) -> Duration {

@@ -54,6 +54,9 @@ pub(super) async fn expiry_frees_crashed_holder_after_ttl(ctx: &Ctx) -> Outcome 
 }
 
 pub(super) async fn crash_frees_lock(ctx: &Ctx) -> Outcome {
+    if ctx.harness.can_kill_holder_process() {
+        return killed_holder_process_frees_lock(ctx).await;
+    }
     let (a, b) = (ctx.crashable_client().await?, ctx.client().await?);
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_millis(1000));
@@ -76,6 +79,39 @@ pub(super) async fn crash_frees_lock(ctx: &Ctx) -> Outcome {
     check!(
         at <= late,
         "the crashed holder's lock was free only {at:?} after acquiring (TTL {ttl:?})"
+    );
+    ok_or(g2.release().await, "release")
+}
+
+/// `crash_frees_lock` with a real crash: the holder is a process of its own, killed with
+/// SIGKILL while it holds (and renews) the lock (its `acquired` report is the proof). The lock
+/// must free within its TTL of the kill (the last renewal was before it), plus slack; at once
+/// where the server ends the session with the connection (SQL row locks).
+async fn killed_holder_process_frees_lock(ctx: &Ctx) -> Outcome {
+    let b = ctx.client().await?;
+    let name = ctx.name("x");
+    let ttl = ctx.ttl(Duration::from_millis(1000));
+    let opts = ctx.opts(ttl);
+    let killed = ok_or(
+        ctx.harness.killed_holder_process(&name, ttl).await,
+        "a holder process killed while holding",
+    )?;
+    let g2 = ok_or(
+        b.lock(
+            &name,
+            &opts
+                .clone()
+                .wait_timeout(ttl * 2 + ctx.bound(Duration::from_secs(5))),
+        )
+        .await,
+        "lock() after the holder process was killed",
+    )?;
+    let at = g2.acquired_at().saturating_duration_since(killed);
+    let late = ttl + ctx.bound(Duration::from_secs(3));
+    check!(
+        at <= late,
+        "the lock of a holder process killed with SIGKILL was free only {at:?} after the kill \
+         (TTL {ttl:?}, allowed {late:?})"
     );
     ok_or(g2.release().await, "release")
 }
