@@ -21,6 +21,8 @@ declare -A PROVIDES=(
   [curl]=/usr/bin/curl
   [netcat-openbsd]=/usr/bin/nc.openbsd
   [iproute2]=/usr/bin/ss # servers.sh finds leftovers by port with ss
+  # libfaketime: the report's skewed-clock scenario runs a holder process whose clock is ahead.
+  [faketime]=/usr/bin/faketime
   # The redis-py peer of lock-redis's interop tests (redis-py 4.3.4 on bookworm), run with
   # /usr/bin/python3; it also runs Redisson's scripts (Redisson itself is on Maven only).
   [python3-redis]=/usr/lib/python3/dist-packages/redis/lock.py

@@ -97,6 +97,7 @@ declare -A EXPECT=(
   ["lock-redlock/tests/conformance"]=200
   ["lock-sql/tests/faults"]=150
   ["locksmith-cli/tests/run"]=150
+  ["locksmith-cli/tests/report_processes"]=120
   ["lock-redis/tests/faults"]=120
   ["lock-redlock/tests/faults"]=120
   ["lock-etcd/tests/faults"]=120

@@ -44,6 +44,10 @@ pub trait ReplyLoser: Send + Sync {
     fn disarm(&self) -> u64;
 }
 
+/// A holder process that holds a lock (see [`Harness::skewed_holder_process`]): dropping it
+/// kills the process.
+pub type HolderProcess = Box<dyn std::any::Any + Send>;
+
 /// Gives the suite independent clients of one backend instance.
 #[async_trait]
 pub trait Harness: Send + Sync + 'static {
@@ -147,6 +151,31 @@ pub trait Harness: Send + Sync + 'static {
         let _ = ahead;
         Err(lockcore::Error::unsupported(
             "this harness cannot skew a client's clock",
+        ))
+    }
+
+    /// Whether [`Harness::skewed_holder_process`] works: `skewed_clock_cannot_steal` runs its
+    /// skewed client as a process where the harness cannot skew an in-process client.
+    fn can_run_skewed_process(&self) -> bool {
+        false
+    }
+
+    /// Runs a holder process whose wall clock runs `ahead` (libfaketime), asking for `name`
+    /// with `ttl` and waiting at most `wait`. `None` when it did not get the lock in that time;
+    /// otherwise it holds the lock until the returned handle is dropped, which kills it
+    /// (SIGKILL: its lock then frees by its TTL, or with its session).
+    ///
+    /// Cancel safety: a dropped call kills the process.
+    async fn skewed_holder_process(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        ahead: Duration,
+        wait: Duration,
+    ) -> Result<Option<HolderProcess>> {
+        let _ = (name, ttl, ahead, wait);
+        Err(lockcore::Error::unsupported(
+            "this harness runs no holder processes",
         ))
     }
 

@@ -18,14 +18,15 @@ use libtest_mimic::{Arguments, Failed, Trial};
 
 pub use faults::{FaultCell, FaultInfo, FaultMatrix, FaultOutcome};
 pub use harness::{
-    BoxFuture, FnHarness, Harness, ReplyLoser, RequestCount, url_with_param, url_with_path,
+    BoxFuture, FnHarness, Harness, HolderProcess, ReplyLoser, RequestCount, url_with_param,
+    url_with_path,
 };
 pub use measure::{Figures, MEASURE_TIME, ProcessHandover, ServerRequests, measure};
 pub use proxied::{ClientProxies, ProxyGroup};
 pub use report::{Provenance, Report, SCHEMA_VERSION, ScenarioInfo};
 pub use run::{
     BackendReport, Progress, ScenarioResult, Status, TIME_SCALE_ENV, run_all, run_scenario,
-    scenario_timeout, time_scale,
+    run_selected, scenario_timeout, time_scale,
 };
 pub use scenarios::Scenario;
 

@@ -148,6 +148,19 @@ pub async fn run_scenario(
 pub async fn run_all(
     harness: Arc<dyn Harness>,
     measure_it: bool,
+    progress: impl FnMut(Progress<'_>),
+) -> BackendReport {
+    run_selected(harness, measure_it, |_| true, progress).await
+}
+
+/// [`run_all`] for the scenarios whose name `selected` accepts only (the others are left out
+/// of the report).
+///
+/// Cancel safety: as [`run_scenario`].
+pub async fn run_selected(
+    harness: Arc<dyn Harness>,
+    measure_it: bool,
+    selected: impl Fn(&str) -> bool,
     mut progress: impl FnMut(Progress<'_>),
 ) -> BackendReport {
     let label = harness.label();
@@ -162,6 +175,7 @@ pub async fn run_all(
                 capabilities: None,
                 results: scenarios::all()
                     .iter()
+                    .filter(|s| selected(s.name))
                     .map(|s| ScenarioResult {
                         scenario: s.name.to_string(),
                         status: Status::Fail,
@@ -178,7 +192,10 @@ pub async fn run_all(
     let backend = probe.describe();
     let server_version = probe.backend().server_version().await;
     drop(probe);
-    let all = scenarios::all();
+    let all: Vec<_> = scenarios::all()
+        .into_iter()
+        .filter(|s| selected(s.name))
+        .collect();
     let total = all.len();
     let mut results = Vec::with_capacity(total);
     let mut stream = futures::stream::iter(all.into_iter().map(|s| {

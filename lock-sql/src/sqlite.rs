@@ -5,7 +5,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::backend::{AcquireRequest, Acquired, Lease, ReleaseIfCancelled};
+use lockcore::backend::{AcquireRequest, Acquired, Lease, acquire_detached};
 use lockcore::{Error, Instant, LockInfo, LockName, OwnerToken, Result};
 use sqlx::AssertSqlSafe;
 use sqlx::sqlite::{
@@ -166,34 +166,47 @@ impl LiteBackend {
     pub(crate) async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
         let token = req.token.to_hex();
         let holder = req.holder.encode();
-        let lease = |fencing| LiteLease {
-            pool: self.pool.clone(),
-            config: self.config.clone(),
-            sql: self.sql.clone(),
-            name: req.name.clone(),
-            token: req.token,
-            fencing,
+        let lease = {
+            let (pool, config, sql) = (self.pool.clone(), self.config.clone(), self.sql.clone());
+            let (name, token) = (req.name.clone(), req.token);
+            move |fencing| LiteLease {
+                pool,
+                config,
+                sql,
+                name,
+                token,
+                fencing,
+            }
         };
-        // A cancelled caller's attempt may still commit: released in the background then.
-        let in_flight = ReleaseIfCancelled::arm(lease(0), &req.background);
+        let (pool, config, sql) = (self.pool.clone(), self.config.clone(), self.sql.clone());
+        let (name, ttl) = (req.name.clone(), req.ttl);
+        // SQLite's worker thread runs a statement even after its caller is dropped: the attempt
+        // runs detached, and a lease it wins for a caller gone meanwhile is released after it.
+        let attempt = async move {
+            let res = retry_busy(|| {
+                sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql.acquire.clone()))
+                    .bind(name.as_str())
+                    .bind(&token)
+                    .bind(ttl.as_secs_f64())
+                    .bind(&holder)
+                    .fetch_optional(&pool)
+            })
+            .await;
+            match res {
+                Ok(fence) => Ok(fence.map(|f| lease(f as u64))),
+                // Still busy: as good as contention; the poller retries.
+                Err(e) if is_busy(&e) => Ok(None),
+                Err(e) => Err(map_err(&config, "acquiring a lease", e)),
+            }
+        };
         let sent_at = Instant::now();
-        let res = retry_busy(|| {
-            sqlx::query_scalar::<_, i64>(AssertSqlSafe(self.sql.acquire.clone()))
-                .bind(req.name.as_str())
-                .bind(&token)
-                .bind(req.ttl.as_secs_f64())
-                .bind(&holder)
-                .fetch_optional(&self.pool)
-        })
-        .await;
-        in_flight.disarm();
-        let fence = match res {
-            Ok(f) => f,
-            // Still busy: as good as contention; the poller retries.
-            Err(e) if is_busy(&e) => return Ok(None),
-            Err(e) => return Err(map_err(&self.config, "acquiring a lease", e)),
-        };
-        Ok(fence.map(|f| Acquired::new(lease(f as u64), sent_at)))
+        match acquire_detached(&req.background, attempt).await {
+            Some(won) => Ok(won?.map(|l| Acquired::new(l, sent_at))),
+            None => Err(Error::unavailable(
+                "acquiring a lease",
+                "the runtime is shutting down",
+            )),
+        }
     }
 
     /// The row, if held: token, seconds left, metadata (when acquired is the holder's clock:

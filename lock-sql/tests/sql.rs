@@ -573,3 +573,110 @@ async fn mysql_backend_from_an_existing_pool_contends_with_the_url_one() {
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidConfig);
 }
+
+/// An acquisition dropped the moment its statement is on its way leaves nothing held, on every
+/// variant. SQLite's worker thread runs the statement even after the caller is gone; a clean-up
+/// released at the drop could run first, find nothing, and leave the lock held for its TTL (a
+/// full run's `sqlite-lease::grant_at_drop_leaves_nothing` did, once). Each round polls the
+/// attempt once, drops it, waits for the background clean-up, and asks another client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_dropped_after_its_first_poll_leaves_nothing_held() {
+    for (label, url) in variants() {
+        let backend = SqlBackend::connect(&url).await.unwrap();
+        let other = Locker::new(SqlBackend::connect(&url).await.unwrap());
+        for round in 0..20 {
+            let name =
+                LockName::new(format!("dropped-{label}-{round}-{}", fastrand::u32(..))).unwrap();
+            let background = lockcore::backend::Background::new();
+            let req = lockcore::backend::AcquireRequest::new(
+                name.clone(),
+                lockcore::OwnerToken::random(),
+                Duration::from_secs(30),
+            )
+            .with_background(background.clone());
+            let attempt = lockcore::backend::Backend::try_acquire(&backend, &req);
+            // Polled once (the statement goes out), then dropped.
+            let polled = tokio::time::timeout(Duration::ZERO, attempt).await;
+            if let Ok(won) = polled {
+                // Done in one poll: released like any lease.
+                if let Some(a) = won.unwrap() {
+                    a.lease.release().await.unwrap();
+                }
+            }
+            background.idle().await;
+            // Promptly free, not after the 30 s TTL: a row lock frees once the server sees the
+            // dropped statement's connection close, a moment later.
+            let g = other
+                .lock(
+                    &name,
+                    &LockOptions::new()
+                        .ttl(Duration::from_secs(30))
+                        .wait_timeout(Duration::from_secs(3)),
+                )
+                .await
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "{label} round {round}: an acquisition dropped after its first poll \
+                         left the lock held: {e}"
+                    )
+                });
+            g.release().await.unwrap();
+        }
+    }
+}
+
+/// The SQLite race itself, staged: another connection holds the database's write lock while an
+/// acquisition is polled once and dropped, so its statement waits in SQLite's busy handler on
+/// the worker thread; a clean-up started at the drop would wait beside it, and the first to
+/// wake when the write lock goes would win. The clean-up must follow the statement, whatever
+/// the order: the lock is free once the background work is done.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sqlite_acquisition_dropped_while_the_database_is_busy_leaves_nothing_held() {
+    use sqlx::Connection;
+    let dir = std::env::temp_dir().join(format!("lock-sql-busy-{:016x}", fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("locks.db");
+    let url = format!("sqlite://{}", file.display());
+    let backend = SqlBackend::connect(&url).await.unwrap();
+    let other = Locker::new(SqlBackend::connect(&url).await.unwrap());
+    let mut blocker = sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display()))
+        .await
+        .unwrap();
+    for round in 0..10 {
+        let name = LockName::new(format!("busy-{round}")).unwrap();
+        sqlx::raw_sql("BEGIN IMMEDIATE")
+            .execute(&mut blocker)
+            .await
+            .unwrap();
+        let background = lockcore::backend::Background::new();
+        let req = lockcore::backend::AcquireRequest::new(
+            name.clone(),
+            lockcore::OwnerToken::random(),
+            Duration::from_secs(30),
+        )
+        .with_background(background.clone());
+        let attempt = lockcore::backend::Backend::try_acquire(&backend, &req);
+        let polled = tokio::time::timeout(Duration::ZERO, attempt).await;
+        assert!(
+            polled.is_err(),
+            "the attempt finished while the database was locked"
+        );
+        // The fault, not synchronisation: the write lock held a while longer, while the
+        // attempt's statement (and any clean-up) wait for it.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        sqlx::raw_sql("COMMIT").execute(&mut blocker).await.unwrap();
+        background.idle().await;
+        let g = other
+            .try_lock(&name, &LockOptions::new().ttl(Duration::from_secs(30)))
+            .await
+            .unwrap();
+        assert!(
+            g.is_some(),
+            "round {round}: an acquisition dropped while the database was busy left the lock \
+             held (for its 30 s TTL)"
+        );
+        g.unwrap().release().await.unwrap();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -375,6 +375,36 @@ impl<L: Lease> CancelCleanUp for ReleaseLease<L> {
     }
 }
 
+/// Runs an acquisition attempt that cannot be called back once sent (an embedded database's
+/// worker thread runs the statement even when its caller is gone) to completion in
+/// `background`, so that its clean-up follows its outcome: the caller gets the attempt's
+/// result; when the caller was dropped first, a lease the attempt won is released there. A
+/// [`ReleaseIfCancelled`] instead releases at the drop, which can run before the statement does
+/// and find nothing to release, leaving the lock held for its TTL. `None` when the attempt did
+/// not run (the runtime is shutting down).
+///
+/// Cancel safe: a dropped call leaves the attempt to finish and release what it won.
+pub async fn acquire_detached<L, F>(
+    background: &Background,
+    attempt: F,
+) -> Option<Result<Option<L>>>
+where
+    L: Lease,
+    F: std::future::Future<Output = Result<Option<L>>> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    background.spawn(async move {
+        let won = attempt.await;
+        if let Err(Ok(Some(lease))) = tx.send(won) {
+            // The caller is gone: nobody else will use or release this lease.
+            if let Some(release) = ReleaseLease(lease).start() {
+                release.await;
+            }
+        }
+    });
+    rx.await.ok()
+}
+
 /// A successful acquisition: the lease, the moment the request that won it was sent and the TTL
 /// granted, from which the contract computes the validity deadline
 /// (`sent_at + granted_ttl - drift margin`).

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::{
-    ClientProxies, Harness, ProxyGroup, ReplyLoser, RequestCount, url_with_param, url_with_path,
+    ClientProxies, Harness, HolderProcess, ProxyGroup, ReplyLoser, RequestCount, url_with_param,
+    url_with_path,
 };
 use locksmith::registry::{HarnessHints, OtherNamespace};
 use locksmith::{ErrorKind, Instant, LockGuard, LockName, Locker, Result, redact_url};
@@ -43,6 +44,42 @@ fn proxiable(url: &str) -> bool {
     let unproxiable =
         hints(url).is_some_and(|(scheme, h)| h.unproxiable_schemes.contains(&scheme.as_str()));
     !unproxiable && ClientProxies::can_proxy(url)
+}
+
+/// libfaketime's wrapper (Debian package `faketime`).
+const FAKETIME: &str = "/usr/bin/faketime";
+
+/// How long a holder process may take to start, connect and take a free lock.
+const HOLDER_START: Duration = Duration::from_secs(30);
+
+/// A holder process of this executable's hidden `holder` subcommand for `url`, renewing its
+/// lease, started through `wrapper` (a command line it runs under, if any).
+fn holder_spec(
+    url: &str,
+    name: &LockName,
+    ttl: Duration,
+    wrapper: Vec<String>,
+) -> Result<faultkit::HolderSpec> {
+    let exe = std::env::current_exe().map_err(|e| {
+        locksmith::Error::backend("finding the locksmith executable for a holder process", e)
+    })?;
+    let (program, mut prefix) = if wrapper.is_empty() {
+        (exe, Vec::new())
+    } else {
+        let mut prefix = wrapper;
+        prefix.push(exe.to_string_lossy().into_owned());
+        ("/usr/bin/env".into(), prefix)
+    };
+    prefix.push("holder".into());
+    let mut spec = faultkit::HolderSpec::new(program, url, name.as_str(), ttl);
+    spec.prefix = prefix;
+    spec.renew = true;
+    Ok(spec)
+}
+
+/// Maps a holder process's failure to a backend error saying what it did not do.
+fn holder_failed(what: &'static str) -> impl Fn(faultkit::Error) -> locksmith::Error {
+    move |e| locksmith::Error::new(ErrorKind::Backend, format!("a holder process {what}: {e}"))
 }
 
 impl UrlHarness {
@@ -99,28 +136,80 @@ impl Harness for UrlHarness {
     }
 
     async fn killed_holder_process(&self, name: &LockName, ttl: Duration) -> Result<Instant> {
-        let program = std::env::current_exe().map_err(|e| {
-            locksmith::Error::backend("finding the locksmith executable for a holder process", e)
-        })?;
-        let mut spec = faultkit::HolderSpec::new(program, &self.url, name.as_str(), ttl);
-        spec.prefix = vec!["holder".into()];
-        spec.renew = true;
+        let mut spec = holder_spec(&self.url, name, ttl, Vec::new())?;
         spec.id = "killed-holder".into();
-        let fail = |what: &str, e: faultkit::Error| {
-            locksmith::Error::new(ErrorKind::Backend, format!("a holder process {what}: {e}"))
-        };
         // Killed on drop, also when this call is dropped.
-        let mut holder = faultkit::Holder::spawn(&spec).map_err(|e| fail("did not start", e))?;
+        let mut holder = faultkit::Holder::spawn(&spec).map_err(holder_failed("did not start"))?;
         holder
-            .wait_for("acquired", Duration::from_secs(30))
+            .wait_for("acquired", HOLDER_START)
             .await
-            .map_err(|e| fail("did not take the lock", e))?;
+            .map_err(holder_failed("did not take the lock"))?;
         let killed = Instant::now();
         holder
             .kill()
             .await
-            .map_err(|e| fail("could not be killed", e))?;
+            .map_err(holder_failed("could not be killed"))?;
         Ok(killed)
+    }
+
+    /// Where libfaketime is installed (Debian package `faketime`) and holders can run.
+    fn can_run_skewed_process(&self) -> bool {
+        self.can_kill_holder_process() && std::path::Path::new(FAKETIME).exists()
+    }
+
+    async fn skewed_holder_process(
+        &self,
+        name: &LockName,
+        ttl: Duration,
+        ahead: Duration,
+        wait: Duration,
+    ) -> Result<Option<HolderProcess>> {
+        // Only the wall clock: tokio's timers keep to the real monotonic clock.
+        let faketime = vec![
+            "FAKETIME_DONT_FAKE_MONOTONIC=1".to_string(),
+            FAKETIME.into(),
+            "-f".into(),
+            format!("+{}s", ahead.as_secs()),
+        ];
+        let mut spec = holder_spec(&self.url, name, ttl, faketime)?;
+        spec.wait = wait;
+        spec.id = "skewed-holder".into();
+        let mut holder = faultkit::Holder::spawn(&spec).map_err(holder_failed("did not start"))?;
+        let connected = holder
+            .wait_for("connected", HOLDER_START)
+            .await
+            .map_err(holder_failed("did not connect"))?;
+        // Its events carry its wall clock: unless it runs ahead, the scenario proves nothing.
+        let skew = connected.t_us as i128 - faultkit::now_unix_micros() as i128;
+        if skew < (ahead / 2).as_micros() as i128 {
+            return Err(locksmith::Error::new(
+                ErrorKind::Backend,
+                format!(
+                    "libfaketime did not skew the holder process's clock ({skew} us ahead, \
+                     {ahead:?} asked)"
+                ),
+            ));
+        }
+        loop {
+            let event = holder
+                .next(wait + HOLDER_START)
+                .await
+                .map_err(holder_failed("neither took the lock nor timed out"))?;
+            match event.event.as_str() {
+                "acquired" => return Ok(Some(Box::new(holder))),
+                "timeout" => return Ok(None),
+                "error" => {
+                    return Err(locksmith::Error::new(
+                        ErrorKind::Backend,
+                        format!(
+                            "the holder process failed: {}",
+                            event.error.unwrap_or_default()
+                        ),
+                    ));
+                }
+                _ => {}
+            }
+        }
     }
 
     fn min_scenario_ttl(&self) -> Duration {

@@ -104,6 +104,9 @@ struct ReportArgs {
     /// minutes). The URLs are not used by it.
     #[arg(long)]
     faults: bool,
+    /// Run only these scenarios (comma-separated names; the tests use it).
+    #[arg(long, hide = true, value_delimiter = ',')]
+    scenarios: Vec<String>,
     /// Lock service URLs, e.g. memory:// redis://127.0.0.1:6379 "postgres://u:pw@h/db?strategy=lease".
     /// Without any: the two embedded backends, memory:// and a SQLite file in the output
     /// directory (no server needed).
@@ -322,6 +325,7 @@ fn main() -> ExitCode {
                     &a.out,
                     (!a.no_bench).then(bench::Plan::default),
                     a.faults,
+                    &a.scenarios,
                 )
                 .await
             }

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use conformance::{
-    BackendReport, Harness, Progress, Provenance, Report, Status, run_all, scenarios,
+    BackendReport, Harness, Progress, Provenance, Report, Status, run_selected, scenarios,
 };
 
 use crate::bench::{Plan, add_process_figures};
@@ -43,9 +43,23 @@ pub fn embedded_urls(out: &Path) -> Vec<String> {
     vec!["memory://".into(), format!("sqlite://{}", db.display())]
 }
 
-/// Runs the suite against every URL, writes the report, prints its paths. Returns the exit
-/// code: 0 when nothing failed, 1 otherwise, 2 when the report could not be written.
-pub async fn report(urls: &[String], out: &Path, bench: Option<Plan>, with_faults: bool) -> u8 {
+/// Runs the suite (the scenarios named in `only`, or all when it is empty) against every URL,
+/// writes the report, prints its paths. Returns the exit code: 0 when nothing failed, 1
+/// otherwise, 2 when the report could not be written.
+pub async fn report(
+    urls: &[String],
+    out: &Path,
+    bench: Option<Plan>,
+    with_faults: bool,
+    only: &[String],
+) -> u8 {
+    if let Some(unknown) = only
+        .iter()
+        .find(|o| !scenarios::all().iter().any(|s| s.name == o.as_str()))
+    {
+        eprintln!("locksmith: no scenario is named {unknown:?}");
+        return 2;
+    }
     // Early, so that a bad --out fails before the suite runs (and the embedded SQLite file
     // has its directory).
     if let Err(e) = std::fs::create_dir_all(out) {
@@ -64,7 +78,8 @@ pub async fn report(urls: &[String], out: &Path, bench: Option<Plan>, with_fault
         let harness = UrlHarness::probe(label.clone(), url.clone()).await;
         eprintln!("==> {label}: {}", harness.shown_url());
         let harness: Arc<dyn Harness> = Arc::new(harness);
-        let mut result = run_all(harness, bench.is_some(), |p| match p {
+        let selected = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+        let mut result = run_selected(harness, bench.is_some(), selected, |p| match p {
             Progress::Scenario {
                 label,
                 done,

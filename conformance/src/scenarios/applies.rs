@@ -105,7 +105,7 @@ pub(super) fn needs_lost_replies(_: &Capabilities, h: &dyn Harness) -> Result<()
 }
 
 pub(super) fn needs_clock_skew(_: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
-    if h.can_skew_clock() {
+    if h.can_skew_clock() || h.can_run_skewed_process() {
         Ok(())
     } else {
         Err("the harness cannot run a client with a skewed clock")
