@@ -117,6 +117,10 @@ pub async fn holder_main(args: Vec<String>) {
     let guard = match locker.lock(args.name.as_str(), &opts).await {
         Ok(g) => g,
         Err(e) if e.kind() == locksmith::ErrorKind::Timeout => {
+            // The wait's clean-up (a queue entry deleted) runs in the background: finished
+            // before exiting, or the entry stays until its session or lease expires and the
+            // next holder queues behind it.
+            locker.flush().await;
             emit(HolderEvent::now("timeout"));
             std::process::exit(2);
         }

@@ -447,9 +447,16 @@ fn strategy_capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
                 Dialect::MySql => c.notes.push(
                     "mysql lease: one statement per attempt; durability follows innodb_flush_log_at_trx_commit".into(),
                 ),
-                Dialect::Sqlite => c.notes.push(
-                    "sqlite: one host only (a file shared by processes, WAL mode); expiry has millisecond resolution".into(),
-                ),
+                Dialect::Sqlite => {
+                    // SQLite's `julianday('now')` is the calling process's wall clock.
+                    c.expiry_on_client_clock = true;
+                    c.notes.push(
+                        "sqlite: one host only (a file shared by processes, WAL mode); expiry has millisecond resolution".into(),
+                    );
+                    c.notes.push(
+                        "sqlite: expiry is judged on the host's wall clock (the library runs in each client): a clock stepped forward, or a process whose clock runs ahead, frees a live holder's lease early".into(),
+                    );
+                }
             }
         }
     }

@@ -60,6 +60,12 @@ pub struct Capabilities {
     /// A crashed holder's lock is held until its TTL runs out, and not freed before. Backends
     /// whose locks die with the holder's connection free them at once instead.
     pub expiry_after_ttl: bool,
+    /// Expiry is judged on the wall clock of the host the clients run on (an embedded database
+    /// has no server of its own: SQLite's `now` is the calling process's clock). A client
+    /// whose clock runs ahead, or the host's clock stepped forward, frees a live holder's lock
+    /// early: a documented violation, which `skewed_clock_cannot_steal` does not count as a
+    /// pass.
+    pub expiry_on_client_clock: bool,
     /// [`Backend::force_release`](crate::Backend::force_release) works.
     pub force_release: bool,
     /// [`Backend::inspect`](crate::Backend::inspect) works: the backend reports whether a lock
@@ -106,6 +112,7 @@ impl Default for Capabilities {
             extend_sets_ttl: true,
             reentrant: false,
             expiry_after_ttl: true,
+            expiry_on_client_clock: false,
             force_release: false,
             inspect: false,
             min_ttl: Duration::from_millis(1),

@@ -104,7 +104,14 @@ pub(super) fn needs_lost_replies(_: &Capabilities, h: &dyn Harness) -> Result<()
     }
 }
 
-pub(super) fn needs_clock_skew(_: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+pub(super) fn needs_clock_skew(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    if c.expiry_on_client_clock {
+        return Err(
+            "expiry is judged on the clients' host clock (declared): a client whose clock runs \
+             ahead steals a live lease, a documented violation (locksmith-cli's \
+             report_processes test demonstrates it)",
+        );
+    }
     if h.can_skew_clock() || h.can_run_skewed_process() {
         Ok(())
     } else {
