@@ -198,9 +198,18 @@ async fn link(
     let _ = outbound.set_nodelay(true);
     let (ir, iw) = inbound.into_split();
     let (or, ow) = outbound.into_split();
-    let rewrite = rewrite.zip(dialer).and_then(|(f, d)| {
-        let fronts = shared.fronts.get()?.get(d)?.clone();
-        Some((f, shared.real[d].clone(), fronts))
+    // The announcement names the dialler's real peer ports, which its peer may dial back
+    // (ZooKeeper does, when the dialler's id is the lower): rewritten to its fronts, or that
+    // connection would bypass them and no cut could hold it. A dialler not found in /proc
+    // (its socket already closed: ZooKeeper drops the connection it will redial) is looked for
+    // among every member's ports.
+    let rewrite = rewrite.map(|f| {
+        let fronts = shared.fronts.get().cloned().unwrap_or_default();
+        let members: Vec<(Vec<u16>, Vec<u16>)> = (0..shared.real.len())
+            .filter(|m| dialer.is_none_or(|d| d == *m))
+            .filter_map(|m| Some((shared.real[m].clone(), fronts.get(m)?.clone())))
+            .collect();
+        (f, members)
     });
     tokio::join!(
         pump(ir, ow, rx.clone(), blocked, rewrite),
@@ -214,7 +223,7 @@ async fn pump(
     mut w: OwnedWriteHalf,
     mut rx: watch::Receiver<Vec<bool>>,
     blocked: impl Fn(&Vec<bool>) -> bool,
-    mut rewrite: Option<(FirstRead, Vec<u16>, Vec<u16>)>,
+    mut rewrite: Option<(FirstRead, Vec<(Vec<u16>, Vec<u16>)>)>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -222,9 +231,11 @@ async fn pump(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        let rewritten = rewrite
-            .take()
-            .and_then(|(f, real, fronts)| f(&buf[..n], &real, &fronts));
+        let rewritten = rewrite.take().and_then(|(f, members)| {
+            members.iter().find_map(|(real, fronts)| {
+                f(&buf[..n], real, fronts).filter(|out| out.as_slice() != &buf[..n])
+            })
+        });
         let chunk = rewritten.as_deref().unwrap_or(&buf[..n]);
         if rx.wait_for(|c| !blocked(c)).await.is_err() || w.write_all(chunk).await.is_err() {
             return;

@@ -30,7 +30,10 @@ async fn a_zookeeper_member_cut_off_from_its_peers_stops_serving_and_rejoins() {
     // The leader first (the others must elect without it), then a follower.
     let leader = zk.leader().await.unwrap();
     let follower = (leader + 1) % 3;
+    let started = std::time::Instant::now();
+    let step = |what: &str| eprintln!("{:>6.1} s  {what}", started.elapsed().as_secs_f64());
     for cut in [leader, follower] {
+        step(&format!("cutting member {cut}"));
         let port = zk.client_port(cut);
         zk.cut_member(cut).unwrap();
         assert!(zk.is_cut(cut));
@@ -43,6 +46,7 @@ async fn a_zookeeper_member_cut_off_from_its_peers_stops_serving_and_rejoins() {
         )
         .await
         .unwrap();
+        step("the cut member stopped serving");
         assert!(
             faultkit::zk_four_letter(port, "ruok")
                 .await
@@ -61,6 +65,7 @@ async fn a_zookeeper_member_cut_off_from_its_peers_stops_serving_and_rejoins() {
             )
             .await
             .unwrap();
+            step(&format!("member {i} serves"));
         }
         // A member may serve before the new leader answers as one.
         let z = &zk;
@@ -73,6 +78,7 @@ async fn a_zookeeper_member_cut_off_from_its_peers_stops_serving_and_rejoins() {
         .unwrap();
         // The cut member does not come back while cut (it cannot reach a quorum).
         assert!(!zk_serves(port).await);
+        step("a member other than the cut one leads");
         zk.heal_member(cut).unwrap();
         wait_until(
             "the healed member serves again",
