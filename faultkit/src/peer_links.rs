@@ -205,7 +205,7 @@ async fn link(
     // among every member's ports.
     let rewrite = rewrite.map(|f| {
         let fronts = shared.fronts.get().cloned().unwrap_or_default();
-        let members: Vec<(Vec<u16>, Vec<u16>)> = (0..shared.real.len())
+        let members: Vec<MemberPorts> = (0..shared.real.len())
             .filter(|m| dialer.is_none_or(|d| d == *m))
             .filter_map(|m| Some((shared.real[m].clone(), fronts.get(m)?.clone())))
             .collect();
@@ -217,13 +217,16 @@ async fn link(
     );
 }
 
+/// A member's real peer ports and their fronts, in the same order.
+type MemberPorts = (Vec<u16>, Vec<u16>);
+
 /// Copies one direction, holding each chunk while the link is cut.
 async fn pump(
     mut r: OwnedReadHalf,
     mut w: OwnedWriteHalf,
     mut rx: watch::Receiver<Vec<bool>>,
     blocked: impl Fn(&Vec<bool>) -> bool,
-    mut rewrite: Option<(FirstRead, Vec<(Vec<u16>, Vec<u16>)>)>,
+    mut rewrite: Option<(FirstRead, Vec<MemberPorts>)>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
