@@ -112,13 +112,25 @@ async fn skewed_process_cannot_steal(ctx: &Ctx) -> Outcome {
         "a process whose clock runs 60 s ahead took a lock held by another client"
     );
     ok_or(g.release().await, "release")?;
-    let held = ok_or(
+    // Generous: the claim is about who holds, not how fast; a new process on a busy machine
+    // may take seconds to connect and wait.
+    let wait = ctx.bound(Duration::from_secs(10));
+    let Some(held) = ok_or(
         ctx.harness
-            .skewed_holder_process(&name, ttl, AHEAD, ctx.bound(Duration::from_secs(5)))
+            .skewed_holder_process(&name, ttl, AHEAD, wait)
             .await,
         "a holder process whose clock runs 60 s ahead, on a free lock",
     )?
-    .ok_or("a process whose clock runs 60 s ahead did not get a free lock")?;
+    else {
+        let seen = match a.inspect(&name).await {
+            Ok(info) => format!("{info:?}"),
+            Err(e) => format!("unknown ({e})"),
+        };
+        return Err(format!(
+            "a process whose clock runs 60 s ahead did not get a free lock in {wait:?} (the \
+             lock as inspect sees it: {seen})"
+        ));
+    };
     must_be_held(
         &a,
         &name,
