@@ -574,6 +574,28 @@ async fn mysql_backend_from_an_existing_pool_contends_with_the_url_one() {
     assert_eq!(err.kind(), ErrorKind::InvalidConfig);
 }
 
+/// Starts a `try_acquire` of `name` (30 s TTL), polls it once (its statement goes out) and
+/// drops it unless it finished in that poll. Returns the request's background (its clean-up)
+/// and the result if it finished.
+async fn poll_once_then_drop(
+    backend: &SqlBackend,
+    name: &LockName,
+) -> (
+    lockcore::backend::Background,
+    Option<lockcore::Result<Option<lockcore::backend::Acquired>>>,
+) {
+    let background = lockcore::backend::Background::new();
+    let req = lockcore::backend::AcquireRequest::new(
+        name.clone(),
+        lockcore::OwnerToken::random(),
+        Duration::from_secs(30),
+    )
+    .with_background(background.clone());
+    let attempt = lockcore::backend::Backend::try_acquire(backend, &req);
+    let polled = tokio::time::timeout(Duration::ZERO, attempt).await.ok();
+    (background, polled)
+}
+
 /// An acquisition dropped the moment its statement is on its way leaves nothing held, on every
 /// variant. SQLite's worker thread runs the statement even after the caller is gone; a clean-up
 /// released at the drop could run first, find nothing, and leave the lock held for its TTL (a
@@ -587,17 +609,8 @@ async fn an_acquisition_dropped_after_its_first_poll_leaves_nothing_held() {
         for round in 0..20 {
             let name =
                 LockName::new(format!("dropped-{label}-{round}-{}", fastrand::u32(..))).unwrap();
-            let background = lockcore::backend::Background::new();
-            let req = lockcore::backend::AcquireRequest::new(
-                name.clone(),
-                lockcore::OwnerToken::random(),
-                Duration::from_secs(30),
-            )
-            .with_background(background.clone());
-            let attempt = lockcore::backend::Backend::try_acquire(&backend, &req);
-            // Polled once (the statement goes out), then dropped.
-            let polled = tokio::time::timeout(Duration::ZERO, attempt).await;
-            if let Ok(won) = polled {
+            let (background, polled) = poll_once_then_drop(&backend, &name).await;
+            if let Some(won) = polled {
                 // Done in one poll: released like any lease.
                 if let Some(a) = won.unwrap() {
                     a.lease.release().await.unwrap();
@@ -649,17 +662,9 @@ async fn a_sqlite_acquisition_dropped_while_the_database_is_busy_leaves_nothing_
             .execute(&mut blocker)
             .await
             .unwrap();
-        let background = lockcore::backend::Background::new();
-        let req = lockcore::backend::AcquireRequest::new(
-            name.clone(),
-            lockcore::OwnerToken::random(),
-            Duration::from_secs(30),
-        )
-        .with_background(background.clone());
-        let attempt = lockcore::backend::Backend::try_acquire(&backend, &req);
-        let polled = tokio::time::timeout(Duration::ZERO, attempt).await;
+        let (background, polled) = poll_once_then_drop(&backend, &name).await;
         assert!(
-            polled.is_err(),
+            polled.is_none(),
             "the attempt finished while the database was locked"
         );
         // The fault, not synchronisation: the write lock held a while longer, while the

@@ -64,21 +64,45 @@ pub(super) async fn crash_frees_lock(ctx: &Ctx) -> Outcome {
     let g = must_try(&a, &name, &opts, "holder").await?;
     let acquired = g.acquired_at();
     ctx.harness.crash(g, a).await;
+    freed_within_ttl(
+        ctx,
+        &b,
+        &name,
+        ttl,
+        acquired,
+        "the crashed holder's lock",
+        "acquiring",
+    )
+    .await
+}
+
+/// Takes `name` with client `b` once a crashed holder's lock frees, and checks that it freed
+/// within the TTL (plus slack) of `since`.
+async fn freed_within_ttl(
+    ctx: &Ctx,
+    b: &Locker,
+    name: &LockName,
+    ttl: Duration,
+    since: Instant,
+    whose: &str,
+    since_what: &str,
+) -> Outcome {
+    let opts = ctx.opts(ttl);
     let g2 = ok_or(
         b.lock(
-            &name,
+            name,
             &opts
                 .clone()
                 .wait_timeout(ttl * 2 + ctx.bound(Duration::from_secs(5))),
         )
         .await,
-        "lock() after the crash",
+        &format!("lock() after the crash ({whose})"),
     )?;
-    let at = g2.acquired_at().saturating_duration_since(acquired);
+    let at = g2.acquired_at().saturating_duration_since(since);
     let late = ttl + ctx.bound(Duration::from_secs(3));
     check!(
         at <= late,
-        "the crashed holder's lock was free only {at:?} after acquiring (TTL {ttl:?})"
+        "{whose} was free only {at:?} after {since_what} (TTL {ttl:?}, allowed {late:?})"
     );
     ok_or(g2.release().await, "release")
 }
@@ -91,29 +115,20 @@ async fn killed_holder_process_frees_lock(ctx: &Ctx) -> Outcome {
     let b = ctx.client().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_millis(1000));
-    let opts = ctx.opts(ttl);
     let killed = ok_or(
         ctx.harness.killed_holder_process(&name, ttl).await,
         "a holder process killed while holding",
     )?;
-    let g2 = ok_or(
-        b.lock(
-            &name,
-            &opts
-                .clone()
-                .wait_timeout(ttl * 2 + ctx.bound(Duration::from_secs(5))),
-        )
-        .await,
-        "lock() after the holder process was killed",
-    )?;
-    let at = g2.acquired_at().saturating_duration_since(killed);
-    let late = ttl + ctx.bound(Duration::from_secs(3));
-    check!(
-        at <= late,
-        "the lock of a holder process killed with SIGKILL was free only {at:?} after the kill \
-         (TTL {ttl:?}, allowed {late:?})"
-    );
-    ok_or(g2.release().await, "release")
+    freed_within_ttl(
+        ctx,
+        &b,
+        &name,
+        ttl,
+        killed,
+        "the lock of a holder process killed with SIGKILL",
+        "the kill",
+    )
+    .await
 }
 
 /// Takes a lease straight from the backend, bypassing the guard's watchdog and bookkeeping, so
