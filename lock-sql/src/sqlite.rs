@@ -5,7 +5,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::backend::{AcquireRequest, Acquired, Lease, acquire_detached};
+use lockcore::backend::{AcquireRequest, Acquired, CallerGone, Lease, acquire_detached};
 use lockcore::{Error, Instant, LockInfo, LockName, OwnerToken, Result};
 use sqlx::AssertSqlSafe;
 use sqlx::sqlite::{
@@ -41,7 +41,16 @@ fn is_busy(e: &sqlx::Error) -> bool {
 }
 
 /// Runs `op` again while SQLite reports busy, for up to about two seconds.
-async fn retry_busy<T, F, Fut>(mut op: F) -> sqlx::Result<T>
+async fn retry_busy<T, F, Fut>(op: F) -> sqlx::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = sqlx::Result<T>>,
+{
+    retry_busy_while(|| true, op).await
+}
+
+/// [`retry_busy`], retrying only while `wanted` says so.
+async fn retry_busy_while<T, F, Fut>(wanted: impl Fn() -> bool, mut op: F) -> sqlx::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = sqlx::Result<T>>,
@@ -50,7 +59,7 @@ where
     let mut attempt = 0u32;
     loop {
         match op().await {
-            Err(e) if is_busy(&e) && Instant::now() < give_up => {
+            Err(e) if is_busy(&e) && Instant::now() < give_up && wanted() => {
                 attempt += 1;
                 let cap = 2u64 << attempt.min(6);
                 tokio::time::sleep(Duration::from_millis(fastrand::u64(1..=cap))).await;
@@ -182,15 +191,19 @@ impl LiteBackend {
         let (name, ttl) = (req.name.clone(), req.ttl);
         // SQLite's worker thread runs a statement even after its caller is dropped: the attempt
         // runs detached, and a lease it wins for a caller gone meanwhile is released after it.
-        let attempt = async move {
-            let res = retry_busy(|| {
-                sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql.acquire.clone()))
-                    .bind(name.as_str())
-                    .bind(&token)
-                    .bind(ttl.as_secs_f64())
-                    .bind(&holder)
-                    .fetch_optional(&pool)
-            })
+        let attempt = move |gone: CallerGone| async move {
+            // A caller gone retries nothing: its attempt must not take the lock long after.
+            let res = retry_busy_while(
+                || !gone.is_gone(),
+                || {
+                    sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql.acquire.clone()))
+                        .bind(name.as_str())
+                        .bind(&token)
+                        .bind(ttl.as_secs_f64())
+                        .bind(&holder)
+                        .fetch_optional(&pool)
+                },
+            )
             .await;
             match res {
                 Ok(fence) => Ok(fence.map(|f| lease(f as u64))),

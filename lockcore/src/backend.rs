@@ -380,21 +380,30 @@ impl<L: Lease> CancelCleanUp for ReleaseLease<L> {
 /// `background`, so that its clean-up follows its outcome: the caller gets the attempt's
 /// result; when the caller was dropped first, a lease the attempt won is released there. A
 /// [`ReleaseIfCancelled`] instead releases at the drop, which can run before the statement does
-/// and find nothing to release, leaving the lock held for its TTL. `None` when the attempt did
-/// not run (the runtime is shutting down).
+/// and find nothing to release, leaving the lock held for its TTL. The attempt is given a
+/// [`CallerGone`] flag: it should send nothing more (no retry) once the caller is gone, so that
+/// a cancelled attempt does not take the lock long after its caller left. `None` when the
+/// attempt did not run (the runtime is shutting down).
 ///
 /// Cancel safe: a dropped call leaves the attempt to finish and release what it won.
-pub async fn acquire_detached<L, F>(
+pub async fn acquire_detached<L, F, Fut>(
     background: &Background,
     attempt: F,
 ) -> Option<Result<Option<L>>>
 where
     L: Lease,
-    F: std::future::Future<Output = Result<Option<L>>> + Send + 'static,
+    F: FnOnce(CallerGone) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Option<L>>> + Send + 'static,
 {
     let (tx, rx) = tokio::sync::oneshot::channel();
+    let gone = CallerGone(Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    let _mark_gone = MarkGoneOnDrop(gone.clone());
+    let flag = gone.clone();
     background.spawn(async move {
-        let won = attempt.await;
+        if flag.is_gone() {
+            return;
+        }
+        let won = attempt(flag).await;
         if let Err(Ok(Some(lease))) = tx.send(won) {
             // The caller is gone: nobody else will use or release this lease.
             if let Some(release) = ReleaseLease(lease).start() {
@@ -403,6 +412,25 @@ where
         }
     });
     rx.await.ok()
+}
+
+/// Whether the caller of [`acquire_detached`] has gone (its future dropped, or it returned).
+#[derive(Clone, Debug)]
+pub struct CallerGone(Arc<std::sync::atomic::AtomicBool>);
+
+impl CallerGone {
+    /// The caller no longer waits for the attempt: send nothing more.
+    pub fn is_gone(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+struct MarkGoneOnDrop(CallerGone);
+
+impl Drop for MarkGoneOnDrop {
+    fn drop(&mut self) {
+        self.0.0.store(true, std::sync::atomic::Ordering::Release);
+    }
 }
 
 /// A successful acquisition: the lease, the moment the request that won it was sent and the TTL
