@@ -135,11 +135,15 @@ impl PgBackend {
         // Uncontended fast path: a free lock is taken before the listener is set up (its own
         // connection and LISTEN cost round trips, and on a busy machine a first wait's whole
         // deadline: a report's process client once timed out on a free lock).
-        match self.lease_attempt(req, self.conns.bound_by(deadline)).await {
-            Ok((Some(acquired), _)) => return Ok(Some(acquired)),
-            Ok((None, _)) => {}
-            Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
-            Err(e) => return Err(e),
+        // Only while the listener is not up: once it is, the attempt after subscribing is the
+        // first and only one (no extra round trip for a contended wait).
+        if self.wakeups.get().is_none() {
+            match self.lease_attempt(req, self.conns.bound_by(deadline)).await {
+                Ok((Some(acquired), _)) => return Ok(Some(acquired)),
+                Ok((None, _)) => {}
+                Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
+                Err(e) => return Err(e),
+            }
         }
         let wakeups = self.wakeups(self.conns.bound_by(deadline)).await;
         // Subscribed before the first attempt, so a release between an attempt and the sleep
