@@ -411,7 +411,39 @@ where
             }
         }
     });
-    rx.await.ok()
+    let mut outcome = UnclaimedOutcome {
+        rx: Some(rx),
+        background: background.clone(),
+    };
+    let rx = outcome.rx.as_mut().expect("set above");
+    let won = rx.await.ok();
+    outcome.rx = None;
+    won
+}
+
+/// The receiving end of [`acquire_detached`]'s outcome while the caller waits for it. The
+/// attempt's send can land after the caller's last poll and before its drop: the send succeeds,
+/// and the lease it carries would be dropped with the channel, unreleased, holding the lock for
+/// its TTL (a SQLite acquisition polled once and dropped did, under load). Dropped unclaimed, it
+/// closes the channel (a send after that fails, and the attempt releases) and releases a lease
+/// already sent.
+struct UnclaimedOutcome<L: Lease> {
+    rx: Option<tokio::sync::oneshot::Receiver<Result<Option<L>>>>,
+    background: Background,
+}
+
+impl<L: Lease> Drop for UnclaimedOutcome<L> {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else {
+            return;
+        };
+        rx.close();
+        if let Ok(Ok(Some(lease))) = rx.try_recv()
+            && let Some(release) = ReleaseLease(lease).start()
+        {
+            self.background.spawn(release);
+        }
+    }
 }
 
 /// Whether the caller of [`acquire_detached`] has gone (its future dropped, or it returned).
@@ -725,6 +757,83 @@ mod tests {
         guard.disarm();
         assert_eq!(background.pending(), 0);
         assert!(log.lock().unwrap().is_empty());
+    }
+
+    /// A lease that counts its releases.
+    #[derive(Debug)]
+    struct CountedLease(Arc<std::sync::atomic::AtomicUsize>);
+
+    #[async_trait]
+    impl Lease for CountedLease {
+        fn fencing_token(&self) -> Option<u64> {
+            None
+        }
+        async fn extend(&self, ttl: Duration) -> Result<Duration> {
+            Ok(ttl)
+        }
+        async fn release(&self) -> Result<()> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    /// The window between the caller's last poll and its drop: the attempt wins and hands its
+    /// lease over (the send succeeds, the caller is still there), then the caller is dropped
+    /// without having looked. The lease must be released, not dropped with the channel.
+    #[tokio::test]
+    async fn a_lease_sent_to_a_caller_dropped_before_it_looked_is_released() {
+        use std::future::Future;
+        let released = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let background = Background::new();
+        let lease = CountedLease(released.clone());
+        let mut caller = Box::pin(acquire_detached(&background, move |_gone| async move {
+            Ok(Some(lease))
+        }));
+        let waker = std::task::Waker::noop();
+        let polled = caller
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(waker));
+        assert!(polled.is_pending(), "the attempt runs in the background");
+        // The attempt's task runs to its end: its send succeeded, the caller has not looked.
+        background.idle().await;
+        assert_eq!(released.load(std::sync::atomic::Ordering::SeqCst), 0);
+        drop(caller);
+        background.idle().await;
+        assert_eq!(
+            released.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "the lease sent to a caller that was dropped without looking was left held"
+        );
+    }
+
+    /// The other order: the caller is dropped first, the attempt's send fails, and the attempt
+    /// releases what it won, once.
+    #[tokio::test]
+    async fn a_lease_won_after_its_caller_left_is_released_once() {
+        use std::future::Future;
+        let released = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let background = Background::new();
+        let lease = CountedLease(released.clone());
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let (sent, started) = tokio::sync::oneshot::channel::<()>();
+        let mut caller = Box::pin(acquire_detached(&background, move |_gone| async move {
+            let _ = sent.send(());
+            let _ = wait.await;
+            Ok(Some(lease))
+        }));
+        let waker = std::task::Waker::noop();
+        assert!(
+            caller
+                .as_mut()
+                .poll(&mut std::task::Context::from_waker(waker))
+                .is_pending()
+        );
+        // The attempt is on its way (a statement sent), then the caller goes.
+        started.await.unwrap();
+        drop(caller);
+        go.send(()).unwrap();
+        background.idle().await;
+        assert_eq!(released.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     #[test]
