@@ -184,6 +184,9 @@ fn trials_for(target: Target) -> Vec<Trial> {
                         // For scripts/run-tests.sh's table of the slowest tests (libtest-mimic
                         // has no --report-time).
                         println!("test-time:\t{name}\t{:.3}", result.millis as f64 / 1000.0);
+                        if let Some(observed) = &result.observed {
+                            println!("{name}: observed: {observed}");
+                        }
                         match result.status {
                             Status::Pass => Ok(()),
                             _ => Err(Failed::from(result.reason.unwrap_or_default())),

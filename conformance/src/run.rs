@@ -58,6 +58,9 @@ pub struct ScenarioResult {
     pub status: Status,
     /// Why it did not pass.
     pub reason: Option<String>,
+    /// What it measured, where it reports a figure (passed or not).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub observed: Option<String>,
     /// How long it ran, in milliseconds.
     pub millis: u64,
 }
@@ -119,24 +122,27 @@ pub async fn run_scenario(
     scale: f64,
 ) -> ScenarioResult {
     let start = Instant::now();
-    let (status, reason) = match (scenario.applies)(caps, &*harness) {
-        Err(why) => (Status::Unsupported, Some(why.to_string())),
+    let (status, reason, observed) = match (scenario.applies)(caps, &*harness) {
+        Err(why) => (Status::Unsupported, Some(why.to_string()), None),
         Ok(()) => {
             let ctx = Ctx::new(harness, caps.clone(), scenario.name, scale);
-            match tokio::time::timeout(scenario_timeout(scale), (scenario.run)(&ctx)).await {
-                Ok(Ok(())) => (Status::Pass, None),
-                Ok(Err(why)) => (Status::Fail, Some(why)),
-                Err(_) => (
-                    Status::Fail,
-                    Some(format!("hung for {:?}", scenario_timeout(scale))),
-                ),
-            }
+            let (status, reason) =
+                match tokio::time::timeout(scenario_timeout(scale), (scenario.run)(&ctx)).await {
+                    Ok(Ok(())) => (Status::Pass, None),
+                    Ok(Err(why)) => (Status::Fail, Some(why)),
+                    Err(_) => (
+                        Status::Fail,
+                        Some(format!("hung for {:?}", scenario_timeout(scale))),
+                    ),
+                };
+            (status, reason, ctx.observed())
         }
     };
     ScenarioResult {
         scenario: scenario.name.to_string(),
         status,
         reason,
+        observed,
         millis: start.elapsed().as_millis() as u64,
     }
 }
@@ -180,6 +186,7 @@ pub async fn run_selected(
                         scenario: s.name.to_string(),
                         status: Status::Fail,
                         reason: Some(format!("could not connect: {e}")),
+                        observed: None,
                         millis: 0,
                     })
                     .collect(),

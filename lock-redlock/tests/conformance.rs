@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::{ClientProxies, Harness, ReplyLoser, Target, url_with_param};
+use conformance::{ClientProxies, Harness, ReplyLoser, RequestCount, Target, url_with_param};
 use lock_redlock::RedlockBackend;
 use lockcore::{Locker, Result};
 
@@ -53,6 +53,16 @@ impl Harness for RedlockHarness {
         let sep = if url.contains('?') { '&' } else { '?' };
         let url = format!("{url}{sep}node_timeout_ms={timeout}");
         Ok(Locker::new(RedlockBackend::connect(&url).await?))
+    }
+
+    fn can_count_requests(&self) -> bool {
+        true
+    }
+
+    /// Every master through its own counting proxy: the requests to all masters together.
+    async fn client_counting_requests(&self) -> Result<(Locker, RequestCount)> {
+        let (url, count) = self.delayed.counting(&self.url).await?;
+        Ok((Locker::new(RedlockBackend::connect(&url).await?), count))
     }
 
     fn can_lose_replies(&self) -> bool {

@@ -116,7 +116,7 @@ impl Report {
                     None => {
                         let _ = write!(w, "<td class=\"st none\" title=\"not run\">–</td>");
                     }
-                    Some(r) if r.status == Status::Pass => {
+                    Some(r) if r.status == Status::Pass && r.observed.is_none() => {
                         let _ = write!(
                             w,
                             "<td class=\"st pass\">pass<small>{}</small></td>",
@@ -130,9 +130,10 @@ impl Report {
                             "<td class=\"st {cls}\" title=\"{reason}\">{label} \
                              <a href=\"#note-{n}\">[{n}]</a>{ms}</td>",
                             cls = r.status.as_str(),
-                            reason = esc(r.reason.as_deref().unwrap_or("")),
+                            reason =
+                                esc(r.reason.as_deref().or(r.observed.as_deref()).unwrap_or("")),
                             label = status_html(r.status),
-                            ms = if r.status == Status::Fail {
+                            ms = if matches!(r.status, Status::Fail | Status::Pass) {
                                 format!("<small>{}</small>", fmt_ms(r.millis))
                             } else {
                                 String::new()
@@ -147,7 +148,7 @@ impl Report {
         if !notes.is_empty() {
             let _ = writeln!(
                 w,
-                "<h3>Results that did not pass</h3>\n<ol class=\"notes\">"
+                "<h3>Results that did not pass, and figures measured</h3>\n<ol class=\"notes\">"
             );
             for note in &notes {
                 let _ = writeln!(
@@ -160,7 +161,7 @@ impl Report {
                     status_html(note.result.status),
                     esc(&self.backends[note.backend].label),
                     esc(&note.result.scenario),
-                    esc(note.result.reason.as_deref().unwrap_or("(no reason given)"))
+                    esc(&note.text())
                 );
             }
             let _ = writeln!(w, "</ol>");

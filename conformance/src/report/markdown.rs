@@ -73,7 +73,9 @@ impl Report {
             for (col, b) in self.backends.iter().enumerate() {
                 let cell = match find(b, &row.name) {
                     None => "–".to_string(),
-                    Some(r) if r.status == Status::Pass => "pass".to_string(),
+                    Some(r) if r.status == Status::Pass && r.observed.is_none() => {
+                        "pass".to_string()
+                    }
                     Some(r) => {
                         let n = note_number(&notes, col, &r.scenario);
                         format!("{} [{n}]", status_md(r.status))
@@ -84,7 +86,7 @@ impl Report {
             let _ = writeln!(w);
         }
         if !notes.is_empty() {
-            let _ = writeln!(w, "\nResults that did not pass:\n");
+            let _ = writeln!(w, "\nResults that did not pass, and figures measured:\n");
             for note in &notes {
                 let _ = writeln!(
                     w,
@@ -93,7 +95,7 @@ impl Report {
                     md_cell(&self.backends[note.backend].label),
                     md_code(&note.result.scenario),
                     status_md(note.result.status),
-                    md_cell(note.result.reason.as_deref().unwrap_or("(no reason given)"))
+                    md_cell(&note.text())
                 );
             }
         }

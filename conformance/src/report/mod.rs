@@ -144,13 +144,14 @@ impl Report {
         rows
     }
 
-    /// Every result that did not pass, numbered in matrix order (row by row).
+    /// Every result that did not pass or recorded a figure, numbered in matrix order (row by
+    /// row).
     fn notes(&self) -> Vec<Note<'_>> {
         let mut notes = Vec::new();
         for row in self.rows() {
             for (col, b) in self.backends.iter().enumerate() {
                 if let Some(r) = find(b, &row.name)
-                    && r.status != Status::Pass
+                    && (r.status != Status::Pass || r.observed.is_some())
                 {
                     notes.push(Note {
                         number: notes.len() + 1,
@@ -164,11 +165,23 @@ impl Report {
     }
 }
 
-/// A numbered note on a result that did not pass.
+/// A numbered note on a result that did not pass, or that recorded a figure.
 struct Note<'a> {
     number: usize,
     backend: usize,
     result: &'a ScenarioResult,
+}
+
+impl Note<'_> {
+    /// Why it did not pass, and what it measured.
+    fn text(&self) -> String {
+        match (&self.result.reason, &self.result.observed) {
+            (Some(why), Some(seen)) => format!("{why} (measured: {seen})"),
+            (Some(why), None) => why.clone(),
+            (None, Some(seen)) => format!("measured: {seen}"),
+            (None, None) => "(no reason given)".to_string(),
+        }
+    }
 }
 
 fn find<'a>(b: &'a BackendReport, scenario: &str) -> Option<&'a ScenarioResult> {

@@ -14,6 +14,7 @@ fn result(name: &str, status: Status, reason: Option<&str>) -> ScenarioResult {
         scenario: name.to_string(),
         status,
         reason: reason.map(str::to_string),
+        observed: None,
         millis: 12,
     }
 }
@@ -188,6 +189,34 @@ fn markdown_notes_and_escaping() {
         md.contains("| `fifo_fairness` | pass | skipped [3] | – |"),
         "{md}"
     );
+}
+
+/// A pass that measured a figure keeps its pass and gets a note with the figure, in every
+/// rendering; the JSON carries it, and leaves `observed` out where nothing was measured.
+#[test]
+fn a_figure_measured_by_a_passing_scenario_is_noted_beside_its_pass() {
+    let mut r = fake_report();
+    r.backends[0].results[0].observed = Some("15.8 requests per hand-over".to_string());
+    let md = r.to_markdown();
+    let row = md
+        .lines()
+        .find(|l| l.starts_with("| `acquire_release_reacquire`"))
+        .unwrap();
+    assert!(row.contains("| pass [1] |"), "{row}");
+    assert!(
+        md.contains("`acquire_release_reacquire`: pass: measured: 15.8 requests per hand-over"),
+        "{md}"
+    );
+    let html = r.to_html();
+    assert!(html.contains("measured: 15.8 requests per hand-over"));
+    assert!(html.contains("title=\"15.8 requests per hand-over\""));
+    let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+    assert_eq!(
+        v["backends"][0]["results"][0]["observed"],
+        "15.8 requests per hand-over"
+    );
+    assert!(v["backends"][0]["results"][1].get("observed").is_none());
+    assert_eq!(r.failed(), fake_report().failed(), "a figure is no failure");
 }
 
 #[test]

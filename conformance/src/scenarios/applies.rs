@@ -25,18 +25,11 @@ pub(super) fn needs_fair(c: &Capabilities, _: &dyn Harness) -> Result<(), &'stat
     }
 }
 
-pub(super) fn needs_queue_and_counting(
-    c: &Capabilities,
-    h: &dyn Harness,
-) -> Result<(), &'static str> {
-    if !c.fair {
-        Err(
-            "the backend declares no server-side queue (fair): its waiters may all try again on a release (the bench reports its requests per hand-over)",
-        )
-    } else if !h.can_count_requests() {
-        Err("the harness cannot count a client's requests")
-    } else {
+pub(super) fn needs_counting(_: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    if h.can_count_requests() {
         Ok(())
+    } else {
+        Err("the harness cannot count a client's requests (no proxy can stand before this backend)")
     }
 }
 

@@ -32,6 +32,7 @@ pub struct Ctx {
     pub(crate) caps: Capabilities,
     pub(crate) prefix: String,
     pub(crate) scale: f64,
+    observed: std::sync::Mutex<Option<String>>,
 }
 
 impl Ctx {
@@ -42,7 +43,22 @@ impl Ctx {
             caps,
             prefix: format!("lsc-{:08x}-{scenario}-", fastrand::u32(..)),
             scale: scale.max(0.1),
+            observed: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Records what the scenario measured, for the report beside its status (a figure a
+    /// backend is not held to, such as its requests per hand-over without a queue).
+    pub(crate) fn observe(&self, what: String) {
+        *self.observed.lock().unwrap_or_else(|p| p.into_inner()) = Some(what);
+    }
+
+    /// What the scenario recorded with [`Ctx::observe`].
+    pub(crate) fn observed(&self) -> Option<String> {
+        self.observed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// A lock name unique to this run and scenario.

@@ -1,17 +1,21 @@
 //! Herds: a backend that declares a server-side queue (`fair`) hands a lock over with a bounded
 //! number of requests however many clients wait, instead of waking every waiter to try again.
+//! Every other backend whose requests can be counted runs the same hand-overs and reports its
+//! requests per hand-over beside its status, so that a herd shows as a figure in the report.
 
 use std::time::Duration;
 
 use lockcore::{Instant, LockGuard, Locker};
 
 use super::context::{Ctx, Failure, Outcome};
-use super::support::settle_queued;
+use super::support::{settle_queued, settle_waiters};
 use crate::harness::RequestCount;
 
 /// Clients waiting while the hand-overs are measured.
 const WAITERS: usize = 16;
-/// Hand-overs measured, while 16 down to 11 clients wait.
+/// Hand-overs measured, while 16 down to 11 clients wait. Without a queue the waiters left
+/// after these are cancelled: a polling waiter's backoff may be long, and the remaining
+/// hand-overs would measure nothing more.
 const MEASURED: usize = 6;
 /// Requests of all clients together per hand-over: the release, the next waiter's wake-up and
 /// grant, and room for round trips more (a queue read, a watch set on the new predecessor; a
@@ -61,9 +65,11 @@ pub(super) async fn hand_over_without_herd(ctx: &Ctx) -> Outcome {
     // the hand-overs happen one at a time, while the others keep waiting.
     let (granted, mut grants) = tokio::sync::mpsc::unbounded_channel::<(usize, LockGuard)>();
     let mut tasks = Vec::new();
+    let mut waiters = Vec::new();
     for i in 0..WAITERS {
         let (c, count) = counted_client(ctx).await?;
         counts.push(count);
+        waiters.push(c.clone());
         let (name, opts, granted) = (name.clone(), opts.clone(), granted.clone());
         tasks.push(tokio::spawn(async move {
             let g = c.lock(&name, &opts).await?;
@@ -71,7 +77,13 @@ pub(super) async fn hand_over_without_herd(ctx: &Ctx) -> Outcome {
             Ok::<_, lockcore::Error>(c)
         }));
     }
-    settle_queued(ctx, &holder, &name, WAITERS).await?;
+    let queued = ctx.caps.fair;
+    if queued {
+        settle_queued(ctx, &holder, &name, WAITERS).await?;
+    } else {
+        let waiters: Vec<&Locker> = waiters.iter().collect();
+        settle_waiters(ctx, &holder, &name, &waiters).await?;
+    }
     let total = |counts: &[RequestCount]| counts.iter().map(RequestCount::get).sum::<u64>();
     let before = total(&counts);
     let started = Instant::now();
@@ -79,7 +91,8 @@ pub(super) async fn hand_over_without_herd(ctx: &Ctx) -> Outcome {
     let bound = ctx.bound(Duration::from_secs(10));
     let mut order = Vec::new();
     let mut last = None;
-    for n in 0..WAITERS {
+    let hand_overs = if queued { WAITERS } else { MEASURED };
+    for n in 0..hand_overs {
         let (i, g) = ok(
             tokio::time::timeout(bound, grants.recv()).await,
             &format!(
@@ -100,14 +113,31 @@ pub(super) async fn hand_over_without_herd(ctx: &Ctx) -> Outcome {
         }
         ok(g.release().await, "a waiter's release")?;
     }
+    if !queued {
+        // The waiters not served: cancelled (their clean-up runs in their clients' background).
+        for t in &tasks {
+            t.abort();
+        }
+    }
     for t in tasks {
-        ok(ok(t.await, "waiter task")?, "a waiter's lock()")?
-            .flush()
-            .await;
+        match t.await {
+            Ok(served) => ok(served, "a waiter's lock()")?.flush().await,
+            Err(e) if e.is_cancelled() && !queued => {}
+            Err(e) => return Err(format!("waiter task: {e}")),
+        }
+    }
+    for w in &waiters {
+        w.flush().await;
     }
     let (requests, took) = last.expect("MEASURED <= WAITERS");
     let per_hand_over = requests as f64 / MEASURED as f64;
-    if requests > REQUESTS_PER_HAND_OVER * MEASURED as u64 {
+    ctx.observe(format!(
+        "{per_hand_over:.1} requests of all clients per hand-over with {WAITERS} down to {} \
+         clients waiting ({} queue declared)",
+        WAITERS - MEASURED + 1,
+        if queued { "a" } else { "no" }
+    ));
+    if queued && requests > REQUESTS_PER_HAND_OVER * MEASURED as u64 {
         return Err(format!(
             "a queue is declared (fair), but the first {MEASURED} hand-overs with {WAITERS} clients waiting cost {requests} requests of all clients ({per_hand_over:.1} per hand-over, bound {REQUESTS_PER_HAND_OVER}; in {took:?}): waiters woken for nothing (a herd); grant order {order:?}"
         ));
