@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{Capabilities, Holder, LockInfo, LockName, Result, WaitMark};
+use crate::{Capabilities, Holder, LockInfo, LockMode, LockName, Result, WaitMark};
 
 /// The attribute backends implement [`Backend`] and [`Lease`] with (re-exported so that every
 /// backend names the same version).
@@ -85,6 +85,11 @@ pub struct AcquireRequest {
     /// [`Locker::waiting`](crate::Locker::waiting) counts it, which is how tests and operators
     /// see a waiter in place where the backend keeps no queue to ask.
     pub waiting: WaitMark,
+    /// What is asked for: the lock alone, a share, or one of N permits. A backend only sees
+    /// a mode its [`Capabilities`] declare ([`Capabilities::shared`],
+    /// [`Capabilities::permits`]): [`Locker`](crate::Locker) refuses the others before any I/O,
+    /// so a backend that knows nothing of modes is only ever asked for exclusive locks.
+    pub mode: LockMode,
 }
 
 impl AcquireRequest {
@@ -103,7 +108,14 @@ impl AcquireRequest {
             background: Background::new(),
             holder: Holder::current(None),
             waiting: WaitMark::default(),
+            mode: LockMode::Exclusive,
         }
+    }
+
+    /// The same request asking for `mode`.
+    pub fn with_mode(mut self, mode: LockMode) -> Self {
+        self.mode = mode;
+        self
     }
 
     /// The same request with `holder` as its metadata.

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::Support;
+
 /// The longest TTL accepted by the contract; a backend may declare a smaller range
 /// ([`Capabilities::max_ttl`]).
 pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -84,6 +86,12 @@ pub struct Capabilities {
     /// The fixed part of the drift margin.
     #[serde(serialize_with = "ser_duration")]
     pub drift_fixed: Duration,
+    /// Shared acquisitions ([`LockMode::Shared`](crate::LockMode::Shared)): a read-write
+    /// lock's readers together, never beside an exclusive holder, writers not starved.
+    pub shared: Support,
+    /// Semaphore permits ([`LockMode::Permit`](crate::LockMode::Permit)): at most N holders,
+    /// a crashed holder's permit back after its TTL, a disagreement about N refused.
+    pub permits: Support,
     /// Free text for the report: caveats of this backend's guarantees.
     pub notes: Vec<String>,
 }
@@ -119,6 +127,8 @@ impl Default for Capabilities {
             max_ttl: MAX_TTL,
             drift_ppm: 10_000,
             drift_fixed: Duration::from_millis(2),
+            shared: Support::no("not declared by this backend"),
+            permits: Support::no("not declared by this backend"),
             notes: Vec::new(),
         }
     }

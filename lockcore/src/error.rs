@@ -23,6 +23,10 @@ pub enum ErrorKind {
     Unavailable,
     /// The backend answered with an error that fits no other kind.
     Backend,
+    /// The name is held in a way this acquisition cannot join: as a semaphore with another
+    /// permit limit, or as a semaphore by some and a mutex or read-write lock by others. Not
+    /// contention: waiting would not help. Nothing was changed.
+    Conflict,
 }
 
 impl ErrorKind {
@@ -36,6 +40,7 @@ impl ErrorKind {
             ErrorKind::Unsupported => "unsupported",
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Backend => "backend error",
+            ErrorKind::Conflict => "conflict",
         }
     }
 }
@@ -117,6 +122,11 @@ impl Error {
     /// Shorthand for an [`ErrorKind::Backend`] error with its source.
     pub fn backend(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
         Error::new(ErrorKind::Backend, message).with_source(source)
+    }
+
+    /// Shorthand for an [`ErrorKind::Conflict`] error.
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::Conflict, message)
     }
 
     /// Shorthand for an [`ErrorKind::Timeout`] error.
@@ -305,6 +315,7 @@ mod tests {
             ErrorKind::Unsupported,
             ErrorKind::Unavailable,
             ErrorKind::Backend,
+            ErrorKind::Conflict,
         ];
         for k in &all {
             match k {
@@ -314,7 +325,8 @@ mod tests {
                 | ErrorKind::NotHeld
                 | ErrorKind::Unsupported
                 | ErrorKind::Unavailable
-                | ErrorKind::Backend => {}
+                | ErrorKind::Backend
+                | ErrorKind::Conflict => {}
             }
         }
         all

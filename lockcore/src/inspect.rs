@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Error, LockName, Result};
+use crate::{Error, LockMode, LockName, Result};
 
 /// The longest [label](crate::LockOptions::label) accepted, in bytes.
 pub const MAX_LABEL_LEN: usize = 256;
@@ -169,6 +169,38 @@ pub struct LockInfo {
     pub holder: Option<Holder>,
     /// Acquisitions queued waiting for it, where the backend knows (`None` where it does not).
     pub waiters: Option<usize>,
+    /// The mode it is held in, where the backend says (`None` when free).
+    pub mode: Option<LockMode>,
+    /// Every holder, where several hold it at once (shared holders, permits), in grant order;
+    /// the fields above describe the first. Empty for a lock held alone.
+    pub shares: Vec<Share>,
+}
+
+/// One of several holders of a lock (see [`LockInfo::shares`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Share {
+    /// Its fencing token, where the backend gives them.
+    pub fencing_token: Option<u64>,
+    /// Its remaining TTL as the server sees it.
+    pub ttl_left: Option<Duration>,
+    /// Who holds it, where it stored its metadata.
+    pub holder: Option<Holder>,
+}
+
+impl Share {
+    /// A holder's share.
+    pub fn new(
+        fencing_token: Option<u64>,
+        ttl_left: Option<Duration>,
+        holder: Option<Holder>,
+    ) -> Self {
+        Share {
+            fencing_token,
+            ttl_left,
+            holder,
+        }
+    }
 }
 
 impl LockInfo {
@@ -181,6 +213,8 @@ impl LockInfo {
             ttl_left: None,
             holder: None,
             waiters,
+            mode: None,
+            shares: Vec::new(),
         }
     }
 
@@ -215,6 +249,24 @@ impl LockInfo {
         self.waiters = waiters;
         self
     }
+
+    /// Held in `mode`.
+    pub fn with_mode(mut self, mode: Option<LockMode>) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Held by several at once: every share, in grant order. The first one's fields also fill
+    /// the holder fields, for readers that know of one holder only.
+    pub fn with_shares(mut self, shares: Vec<Share>) -> Self {
+        if let Some(first) = shares.first() {
+            self.fencing_token = first.fencing_token;
+            self.ttl_left = first.ttl_left;
+            self.holder = first.holder.clone();
+        }
+        self.shares = shares;
+        self
+    }
 }
 
 impl fmt::Display for LockInfo {
@@ -247,6 +299,29 @@ impl fmt::Display for LockInfo {
         }
         if let Some(w) = self.waiters {
             writeln!(f, "waiters:  {w}")?;
+        }
+        if let Some(m) = self.mode {
+            writeln!(f, "mode:     {m}")?;
+        }
+        if !self.shares.is_empty() {
+            writeln!(f, "holders:  {}", self.shares.len())?;
+        }
+        for (i, s) in self.shares.iter().enumerate() {
+            write!(f, "  {}.", i + 1)?;
+            match &s.holder {
+                Some(h) => write!(f, " host {} pid {}", h.host, h.pid)?,
+                None => write!(f, " holder unknown")?,
+            }
+            if let Some(l) = s.holder.as_ref().and_then(|h| h.label.as_deref()) {
+                write!(f, " label {l:?}")?;
+            }
+            if let Some(t) = s.fencing_token {
+                write!(f, " token {t}")?;
+            }
+            if let Some(t) = s.ttl_left {
+                write!(f, " ttl left {:.3}s", t.as_secs_f64())?;
+            }
+            writeln!(f)?;
         }
         Ok(())
     }

@@ -11,7 +11,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::{AcquireRequest, Acquired, Backend, Lease, LostNotifier, OwnerToken};
-use crate::{Capabilities, Error, LockInfo, LockName, LostReason, Result, WaitKind};
+use crate::{
+    Capabilities, Error, LockInfo, LockMode, LockName, LostReason, Result, Share, Support, WaitKind,
+};
 
 /// A process-local lock service: FIFO waiters woken by notification, TTL expiry, fencing tokens
 /// and lost-lease signals.
@@ -86,12 +88,14 @@ struct Store {
 
 #[derive(Debug, Default)]
 struct Slot {
-    holder: Option<Holder>,
+    /// In grant order: one exclusive holder, or shared holders, or permit holders.
+    holders: Vec<Holder>,
     queue: VecDeque<Waiter>,
 }
 
 #[derive(Debug)]
 struct Holder {
+    mode: LockMode,
     token: OwnerToken,
     expires: Instant,
     lost: LostNotifier,
@@ -103,14 +107,56 @@ struct Holder {
 #[derive(Debug)]
 struct Waiter {
     id: u64,
+    mode: LockMode,
     wake: Arc<Notify>,
 }
 
 impl Slot {
     fn drop_expired(&mut self, now: Instant) {
-        if self.holder.as_ref().is_some_and(|h| h.expires <= now) {
-            self.holder = None;
+        self.holders.retain(|h| h.expires > now);
+    }
+
+    /// The holder with `token`.
+    fn holder_mut(&mut self, token: OwnerToken) -> Option<&mut Holder> {
+        self.holders.iter_mut().find(|h| h.token == token)
+    }
+
+    /// Whether `mode` may join the holders now (leaving the queue aside).
+    fn fits(&self, mode: &LockMode) -> bool {
+        match self.holders.first() {
+            None => true,
+            Some(first) => {
+                first.mode.compatible(mode)
+                    && match mode {
+                        LockMode::Permit { limit } => self.holders.len() < *limit as usize,
+                        _ => true,
+                    }
+            }
         }
+    }
+
+    /// A use of the name that `mode` cannot join, by a holder or a waiter: a semaphore with
+    /// another limit, or a semaphore beside a mutex or read-write lock. Contention between an
+    /// exclusive and a shared acquisition is no conflict.
+    fn conflict(&self, mode: &LockMode) -> Option<Error> {
+        let other = self
+            .holders
+            .iter()
+            .map(|h| h.mode)
+            .chain(self.queue.iter().map(|w| w.mode))
+            .find(|m| match (m, mode) {
+                (LockMode::Permit { limit: a }, LockMode::Permit { limit: b }) => a != b,
+                (LockMode::Permit { .. }, _) | (_, LockMode::Permit { .. }) => true,
+                _ => false,
+            })?;
+        Some(Error::conflict(format!(
+            "the lock is in use as {other}, and this acquisition asks for {mode}"
+        )))
+    }
+
+    /// The earliest expiry among the holders: when a place may free up.
+    fn next_expiry(&self) -> Option<Instant> {
+        self.holders.iter().map(|h| h.expires).min()
     }
 
     fn wake_head(&self) {
@@ -120,7 +166,7 @@ impl Slot {
     }
 
     fn is_unused(&self) -> bool {
-        self.holder.is_none() && self.queue.is_empty()
+        self.holders.is_empty() && self.queue.is_empty()
     }
 }
 
@@ -214,6 +260,8 @@ impl MemoryBackend {
             revoke_detection: true,
             force_release: true,
             inspect: true,
+            shared: Support::Yes,
+            permits: Support::Yes,
             notes: vec!["process-local: excludes tasks of one process only".into()],
             ..Capabilities::default()
         }
@@ -227,20 +275,20 @@ impl MemoryBackend {
             return false;
         };
         slot.drop_expired(Instant::now());
-        let held = match slot.holder.take() {
-            Some(h) => {
-                h.lost.fire(LostReason::RenewalRefused);
-                true
-            }
-            None => false,
-        };
+        let held = !slot.holders.is_empty();
+        for h in slot.holders.drain(..) {
+            h.lost.fire(LostReason::RenewalRefused);
+        }
         slot.wake_head();
         held
     }
 
     fn grant(&self, slot: &mut Slot, req: &AcquireRequest, now: Instant) -> Acquired {
         let fencing = self.store.fencing.fetch_add(1, Ordering::Relaxed) + 1;
-        slot.holder = Some(Holder {
+        // A retry of a grant whose reply was lost replaces its own entry.
+        slot.holders.retain(|h| h.token != req.token);
+        slot.holders.push(Holder {
+            mode: req.mode,
             token: req.token,
             expires: now + req.ttl,
             lost: req.lost.clone(),
@@ -306,15 +354,20 @@ impl Backend for MemoryBackend {
             let mut slots = self.store.lock();
             let slot = slots.entry(req.name.clone()).or_default();
             slot.drop_expired(now);
-            // Waiters are served first: a try_lock does not barge ahead of the queue. A holder
-            // with this request's token is this request's own grant, whose reply was lost: the
-            // retry gets it again.
-            let own = slot.holder.as_ref().is_some_and(|h| h.token == req.token);
-            ((slot.holder.is_none() && slot.queue.is_empty()) || own)
-                .then(|| self.grant(slot, req, now))
+            match slot.conflict(&req.mode) {
+                Some(e) => Err(e),
+                None => {
+                    // Waiters are served first: a try_lock does not barge ahead of the queue. A
+                    // holder with this request's token is this request's own grant, whose reply
+                    // was lost: the retry gets it again.
+                    let own = slot.holder_mut(req.token).is_some();
+                    Ok(((slot.fits(&req.mode) && slot.queue.is_empty()) || own)
+                        .then(|| self.grant(slot, req, now)))
+                }
+            }
         };
         Link::wait(delay).await;
-        self.link.reply(&req.name, granted)
+        self.link.reply(&req.name, granted)?
     }
 
     async fn acquire(
@@ -337,12 +390,18 @@ impl Backend for MemoryBackend {
                 let mut slots = self.store.lock();
                 let slot = slots.entry(req.name.clone()).or_default();
                 slot.drop_expired(now);
+                if !entry.queued
+                    && let Some(e) = slot.conflict(&req.mode)
+                {
+                    return Err(e);
+                }
                 let is_head = slot.queue.front().is_none_or(|w| w.id == entry.id);
                 // This request's own grant whose reply was lost: the retry gets it again.
-                let own = slot.holder.as_ref().is_some_and(|h| h.token == req.token);
-                if (slot.holder.is_none() && is_head) || own {
+                let own = slot.holder_mut(req.token).is_some();
+                if (slot.fits(&req.mode) && is_head) || own {
                     if entry.queued {
-                        slot.queue.pop_front();
+                        let id = entry.id;
+                        slot.queue.retain(|w| w.id != id);
                         entry.queued = false;
                     }
                     let acquired = self.grant(slot, req, now);
@@ -355,11 +414,12 @@ impl Backend for MemoryBackend {
                     if !entry.queued {
                         slot.queue.push_back(Waiter {
                             id: entry.id,
+                            mode: req.mode,
                             wake: wake.clone(),
                         });
                         entry.queued = true;
                     }
-                    let expiry = slot.holder.as_ref().filter(|_| is_head).map(|h| h.expires);
+                    let expiry = slot.next_expiry().filter(|_| is_head);
                     Ok(match (deadline, expiry) {
                         (Some(d), Some(e)) => Some(d.min(e)),
                         (d, e) => d.or(e),
@@ -400,13 +460,28 @@ impl Backend for MemoryBackend {
         };
         slot.drop_expired(now);
         let waiters = Some(slot.queue.len());
-        Ok(match &slot.holder {
-            None => LockInfo::free(name.clone(), waiters),
-            Some(h) => LockInfo::held(name.clone())
+        Ok(match slot.holders.as_slice() {
+            [] => LockInfo::free(name.clone(), waiters),
+            [h] if h.mode == LockMode::Exclusive => LockInfo::held(name.clone())
                 .with_fencing_token(Some(h.fencing))
                 .with_ttl_left(Some(h.expires.saturating_duration_since(now)))
                 .with_holder(Some(h.meta.clone()))
-                .with_waiters(waiters),
+                .with_waiters(waiters)
+                .with_mode(Some(h.mode)),
+            all => LockInfo::held(name.clone())
+                .with_shares(
+                    all.iter()
+                        .map(|h| {
+                            Share::new(
+                                Some(h.fencing),
+                                Some(h.expires.saturating_duration_since(now)),
+                                Some(h.meta.clone()),
+                            )
+                        })
+                        .collect(),
+                )
+                .with_waiters(waiters)
+                .with_mode(Some(all[0].mode)),
         })
     }
 
@@ -438,7 +513,7 @@ impl MemoryLease {
         let mut slots = self.store.lock();
         let slot = slots.get_mut(&self.name).ok_or_else(not_held)?;
         slot.drop_expired(now);
-        if slot.holder.as_ref().is_none_or(|h| h.token != self.token) {
+        if slot.holder_mut(self.token).is_none() {
             return Err(not_held());
         }
         let out = f(slot, now);
@@ -461,8 +536,9 @@ impl Lease for MemoryLease {
 
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
         let delay = self.link.send();
+        let token = self.token;
         let done = self.with_own_slot(|slot, now| {
-            if let Some(h) = slot.holder.as_mut() {
+            if let Some(h) = slot.holder_mut(token) {
                 h.expires = now + ttl;
             }
         });
@@ -472,8 +548,9 @@ impl Lease for MemoryLease {
 
     async fn release(&self) -> Result<()> {
         let delay = self.link.send();
+        let token = self.token;
         let done = self.with_own_slot(|slot, _| {
-            slot.holder = None;
+            slot.holders.retain(|h| h.token != token);
             slot.wake_head();
         });
         Link::wait(delay).await;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::{Capabilities, Error, MAX_TTL, Result};
+use crate::{Capabilities, Error, LockMode, MAX_PERMITS, MAX_TTL, Result};
 
 /// The default lease TTL: 30 seconds, as Redisson's lock watchdog.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
@@ -40,6 +40,7 @@ pub struct LockOptions {
     require_fair: bool,
     reentrant: bool,
     label: Option<String>,
+    mode: LockMode,
 }
 
 impl Default for LockOptions {
@@ -52,6 +53,7 @@ impl Default for LockOptions {
             require_fair: false,
             reentrant: false,
             label: None,
+            mode: LockMode::Exclusive,
         }
     }
 }
@@ -132,7 +134,31 @@ impl LockOptions {
         self
     }
 
-    /// The label of [`LockOptions::label`], if set.
+    /// What the acquisition asks for ([`LockOptions::mode`]).
+    pub fn mode_value(&self) -> LockMode {
+        self.mode
+    }
+
+    /// What to ask for: the lock alone (the default), a share of it, or one of N permits (see
+    /// [`LockMode`]). Checked against the backend's [`Capabilities::shared`] and
+    /// [`Capabilities::permits`] before any request is sent.
+    pub fn mode(mut self, mode: LockMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// A shared acquisition: a read-write lock's reader ([`LockMode::Shared`]).
+    pub fn shared(self) -> Self {
+        self.mode(LockMode::Shared)
+    }
+
+    /// One of `limit` permits of a semaphore ([`LockMode::Permit`]); every client of the name
+    /// must give the same `limit`.
+    pub fn permits(self, limit: u32) -> Self {
+        self.mode(LockMode::Permit { limit })
+    }
+
+    /// The label set with [`LockOptions::label`].
     pub fn label_value(&self) -> Option<&str> {
         self.label.as_deref()
     }
@@ -157,7 +183,7 @@ impl LockOptions {
     /// # Errors
     /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for a TTL of zero, above
     /// [`MAX_TTL`], outside the backend's range, a bad [label](LockOptions::label) or not above the backend's drift margin (the
-    /// guard would be born lost), or a bad renewal policy (including one whose first renewal
+    /// guard would be born lost), a permit limit of 0 or above [`MAX_PERMITS`], or a bad renewal policy (including one whose first renewal
     /// would come after the lease's validity ends);
     /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) for a required feature the backend
     /// lacks.
@@ -202,6 +228,19 @@ impl LockOptions {
         }
         if let Some(label) = &self.label {
             crate::inspect::validate_label(label)?;
+        }
+        if let LockMode::Permit { limit } = self.mode
+            && !(1..=MAX_PERMITS).contains(&limit)
+        {
+            return Err(Error::invalid_config(format!(
+                "a semaphore's permit limit must be 1 to {MAX_PERMITS}, not {limit}"
+            )));
+        }
+        self.mode.supported_by(caps).map_err(Error::unsupported)?;
+        if self.reentrant && self.mode != LockMode::Exclusive {
+            return Err(Error::unsupported(
+                "reentrancy applies to exclusive locks only",
+            ));
         }
         if self.require_fencing && !caps.fencing {
             return Err(Error::unsupported("this backend gives no fencing tokens"));

@@ -61,7 +61,7 @@ pub(super) fn plural(n: usize) -> &'static str {
 }
 
 /// The capability rows: field name and what it means.
-pub(super) const CAPABILITY_ROWS: [(&str, &str); 14] = [
+pub(super) const CAPABILITY_ROWS: [(&str, &str); 16] = [
     ("fencing", "guards carry strictly increasing fencing tokens"),
     ("fair", "waiters served first come, first served"),
     ("wait", "how lock() learns the lock is free"),
@@ -81,6 +81,14 @@ pub(super) const CAPABILITY_ROWS: [(&str, &str); 14] = [
     (
         "inspect",
         "anyone can read who holds a lock (holder metadata, token, TTL left)",
+    ),
+    (
+        "shared",
+        "read-write locks: readers together, never beside a writer (why not, where not)",
+    ),
+    (
+        "permits",
+        "semaphores: at most N holders, each permit a lease (why not, where not)",
     ),
     ("min_ttl", "smallest TTL accepted"),
     ("max_ttl", "largest TTL accepted"),
@@ -107,11 +115,20 @@ pub(super) fn capability_value(c: &Capabilities, cap: &str) -> Vec<String> {
         "expiry_after_ttl" => yn(c.expiry_after_ttl),
         "force_release" => yn(c.force_release),
         "inspect" => yn(c.inspect),
+        "shared" => support(&c.shared),
+        "permits" => support(&c.permits),
         "min_ttl" => vec![fmt_duration(c.min_ttl)],
         "max_ttl" => vec![fmt_duration(c.max_ttl)],
         "notes" => c.notes.clone(),
         _ => vec!["?".to_string()],
     }
+}
+
+fn support(s: &lockcore::Support) -> Vec<String> {
+    vec![match s.why_not() {
+        None => "yes".to_string(),
+        Some(why) => format!("no: {why}"),
+    }]
 }
 
 /// Uncontended p50 as a multiple of the round trip, or `-`.

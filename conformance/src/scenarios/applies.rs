@@ -145,3 +145,29 @@ pub(super) fn needs_inspect(c: &Capabilities, _: &dyn Harness) -> Result<(), &'s
         Ok(())
     }
 }
+
+pub(super) fn needs_permits(c: &Capabilities, _: &dyn Harness) -> Result<(), &'static str> {
+    if c.permits.is_yes() {
+        Ok(())
+    } else {
+        Err("the backend declares no semaphore permits (its capabilities say why)")
+    }
+}
+
+pub(super) fn needs_permit_expiry(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    needs_permits(c, h)?;
+    needs_ttl_expiry(c, h)
+}
+
+pub(super) fn needs_shared(c: &Capabilities, _: &dyn Harness) -> Result<(), &'static str> {
+    if c.shared.is_yes() {
+        Ok(())
+    } else {
+        Err("the backend declares no shared (read-write) locks (its capabilities say why)")
+    }
+}
+
+pub(super) fn needs_shared_fencing(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    needs_shared(c, h)?;
+    needs_fencing(c, h)
+}

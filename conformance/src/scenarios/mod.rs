@@ -15,6 +15,7 @@ mod inspect;
 mod latency;
 mod lost_replies;
 mod names;
+mod primitives;
 mod renewal;
 mod support;
 mod waiting;
@@ -26,8 +27,8 @@ use crate::harness::BoxFuture;
 use self::applies::{
     always, needs_clock_skew, needs_counting, needs_extend_sets_ttl, needs_fair, needs_fencing,
     needs_inspect, needs_lease_loss, needs_lost_detection, needs_lost_replies,
-    needs_native_renewal, needs_notify, needs_other_namespace, needs_reply_delay, needs_revoke,
-    needs_ttl_expiry,
+    needs_native_renewal, needs_notify, needs_other_namespace, needs_permit_expiry, needs_permits,
+    needs_reply_delay, needs_revoke, needs_shared, needs_shared_fencing, needs_ttl_expiry,
 };
 pub use self::context::{Ctx, Failure, Outcome, Scenario};
 use self::waiting::needs_thread_cpu_clock;
@@ -246,6 +247,36 @@ pub fn all() -> Vec<Scenario> {
             herd::hand_over_without_herd,
             needs_counting,
             "with 16 clients waiting on a backend that declares a queue (fair), a hand-over costs at most 10 requests of all clients together, not one or more per waiter; any other backend reports its requests per hand-over"
+        ),
+        scenario!(
+            primitives::permits_never_exceed_the_limit,
+            needs_permits,
+            "a semaphore of 3 permits: 3 holders at once and not a 4th, fencing tokens increasing across permits, and 6 clients looping lock/release never more than 3 at a time"
+        ),
+        scenario!(
+            primitives::permit_limit_disagreement_is_refused,
+            needs_permits,
+            "a client asking for one of 5 permits beside a holder of one of 3 is refused with a conflict (try_lock and lock, at once), not silently split; once the name is free a new limit is accepted"
+        ),
+        scenario!(
+            primitives::crashed_permit_returns_after_its_ttl,
+            needs_permit_expiry,
+            "a crashed holder's permit comes back after its TTL: not before its validity deadline (a permit too many), not later than TTL + 3 s (a leak)"
+        ),
+        scenario!(
+            primitives::readers_share_and_writers_exclude,
+            needs_shared,
+            "read-write lock: two readers hold together, a writer is refused beside them and holds alone, a reader or second writer is refused beside it"
+        ),
+        scenario!(
+            primitives::waiting_writer_is_not_starved,
+            needs_shared,
+            "read-write lock: a reader arriving behind a waiting writer waits too; the writer gets the lock when the first reader leaves, before the later reader"
+        ),
+        scenario!(
+            primitives::fencing_increases_across_modes,
+            needs_shared_fencing,
+            "read-write lock with fencing: every reader and writer gets a token above all earlier ones, across modes"
         ),
     ]
 }

@@ -5,14 +5,16 @@
 //! caught is not overstated by an unrealistically tight poll.
 
 mod flawed;
+mod primitives;
 mod toy;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use conformance::{Status, run_all};
+use conformance::{Status, run_all, run_selected};
 
 use flawed::{Flaw, FlawedHarness};
+use primitives::{PrimitiveFlaw, WrappedHarness};
 
 /// Runs the whole suite against a backend with `flaw` and returns the failing scenarios.
 fn failing(flaw: Flaw) -> BTreeSet<String> {
@@ -269,5 +271,89 @@ fn namespace_left_out_of_keys_is_caught() {
     assert_eq!(
         failing(Flaw::NamespaceIgnored),
         set(&["namespaces_are_independent"])
+    );
+}
+
+/// Runs the primitive scenarios against the memory backend wrapped with `flaw`; the failing ones.
+fn failing_primitives(flaw: PrimitiveFlaw) -> BTreeSet<String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let harness = primitives::shared(WrappedHarness::new(flaw));
+    let report = rt.block_on(run_selected(
+        harness,
+        false,
+        primitives::is_primitive_scenario,
+        |_| {},
+    ));
+    let mut failed = BTreeSet::new();
+    for r in report.results {
+        match r.status {
+            Status::Fail => {
+                eprintln!(
+                    "{flaw:?} fails {}: {}",
+                    r.scenario,
+                    r.reason.unwrap_or_default()
+                );
+                failed.insert(r.scenario);
+            }
+            Status::Pass => {}
+            Status::Unsupported | Status::Skipped => {
+                panic!("{} did not run: {:?}", r.scenario, r.reason)
+            }
+        }
+    }
+    failed
+}
+
+#[test]
+fn primitives_without_a_flaw_pass() {
+    assert_eq!(failing_primitives(PrimitiveFlaw::None), set(&[]));
+}
+
+#[test]
+fn a_permit_too_many_is_caught() {
+    assert_eq!(
+        failing_primitives(PrimitiveFlaw::LimitPlusOne),
+        set(&[
+            "permits_never_exceed_the_limit",
+            // The crashed holder's permit is not missed: a third of two was free.
+            "crashed_permit_returns_after_its_ttl",
+        ])
+    );
+}
+
+#[test]
+fn limits_split_per_client_are_caught() {
+    assert_eq!(
+        failing_primitives(PrimitiveFlaw::LimitSplitPerClient),
+        set(&["permit_limit_disagreement_is_refused"])
+    );
+}
+
+#[test]
+fn writers_sharing_with_readers_are_caught() {
+    let failed = failing_primitives(PrimitiveFlaw::WritersShare);
+    assert!(
+        failed.contains("readers_share_and_writers_exclude"),
+        "{failed:?}"
+    );
+}
+
+#[test]
+fn a_permit_outliving_its_crashed_holder_is_caught() {
+    assert_eq!(
+        failing_primitives(PrimitiveFlaw::PermitOutlivesCrash),
+        set(&["crashed_permit_returns_after_its_ttl"])
+    );
+}
+
+#[test]
+fn readers_starving_a_waiting_writer_are_caught() {
+    assert_eq!(
+        failing_primitives(PrimitiveFlaw::WritersDoNotQueue),
+        set(&["waiting_writer_is_not_starved"])
     );
 }

@@ -387,6 +387,7 @@ impl Locker {
             request: AcquireRequest::new(name.clone(), OwnerToken::random(), options.ttl_value())
                 .with_holder(Holder::current(options.label_value().map(str::to_owned)))
                 .with_waiting(WaitMark::on(self.inner.waiting.clone(), name))
+                .with_mode(options.mode_value())
                 .with_lost(notifier)
                 .with_background(self.inner.background.clone()),
             signal,

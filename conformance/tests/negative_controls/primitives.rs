@@ -1,0 +1,145 @@
+//! Negative controls of the primitives: the memory reference backend behind a wrapper that
+//! makes one classic semaphore or read-write lock mistake. Each must fail the primitive
+//! scenarios named in `main.rs`; the wrapper without a flaw passes them all.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use conformance::Harness;
+use lockcore::backend::{AcquireRequest, Acquired, Backend, Backoff, poll_acquire};
+use lockcore::memory::MemoryBackend;
+use lockcore::{Capabilities, Instant, LockInfo, LockMode, LockName, Locker, Result};
+
+/// The mistake a wrapped backend makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum PrimitiveFlaw {
+    /// None: the memory backend's primitives as they are.
+    None,
+    /// Counts one permit too many (an off-by-one in the limit check).
+    LimitPlusOne,
+    /// Keeps each limit's holders apart (a key per limit): clients that disagree about N share
+    /// nothing, and up to the sum of their limits hold at once.
+    LimitSplitPerClient,
+    /// Takes writers as readers: a writer holds beside readers and other writers.
+    WritersShare,
+    /// Permits without a TTL that ends with the holder (Redisson's plain `RSemaphore`): a
+    /// crashed holder's permit is gone for a long time.
+    PermitOutlivesCrash,
+    /// Writers poll instead of queueing (reader preference): readers arriving after a waiting
+    /// writer join the readers holding, and a stream of them starves the writer.
+    WritersDoNotQueue,
+}
+
+pub(super) struct WrappedHarness {
+    store: String,
+    flaw: PrimitiveFlaw,
+}
+
+impl WrappedHarness {
+    pub(super) fn new(flaw: PrimitiveFlaw) -> Self {
+        WrappedHarness {
+            store: format!("primitive-control-{:016x}", fastrand::u64(..)),
+            flaw,
+        }
+    }
+}
+
+#[async_trait]
+impl Harness for WrappedHarness {
+    fn label(&self) -> String {
+        format!("{:?}", self.flaw)
+    }
+
+    async fn client(&self) -> Result<Locker> {
+        Ok(Locker::new(Wrapped {
+            inner: MemoryBackend::connect(&self.store),
+            flaw: self.flaw,
+        }))
+    }
+}
+
+struct Wrapped {
+    inner: MemoryBackend,
+    flaw: PrimitiveFlaw,
+}
+
+impl fmt::Debug for Wrapped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Wrapped({:?})", self.flaw)
+    }
+}
+
+impl Wrapped {
+    /// The request the flawed backend sends instead of `req`.
+    fn flawed(&self, req: &AcquireRequest) -> Result<AcquireRequest> {
+        let mut out = req.clone();
+        match (self.flaw, req.mode) {
+            (PrimitiveFlaw::LimitPlusOne, LockMode::Permit { limit }) => {
+                out.mode = LockMode::Permit { limit: limit + 1 };
+            }
+            (PrimitiveFlaw::LimitSplitPerClient, LockMode::Permit { limit }) => {
+                out.name = LockName::new(format!("{}#{limit}", req.name.as_str()))?;
+            }
+            (PrimitiveFlaw::WritersShare, LockMode::Exclusive) => out.mode = LockMode::Shared,
+            (PrimitiveFlaw::PermitOutlivesCrash, LockMode::Permit { .. }) => {
+                out.ttl = req.ttl * 60;
+            }
+            _ => {}
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl Backend for Wrapped {
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
+        self.inner.try_acquire(&self.flawed(req)?).await
+    }
+
+    async fn acquire(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Acquired>> {
+        if self.flaw == PrimitiveFlaw::WritersDoNotQueue && req.mode == LockMode::Exclusive {
+            let backoff = Backoff::for_ttl(req.ttl.min(Duration::from_millis(400)));
+            return poll_acquire(self, req, deadline, &backoff).await;
+        }
+        self.inner.acquire(&self.flawed(req)?, deadline).await
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        self.inner.force_release(name).await
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockInfo> {
+        self.inner.inspect(name).await
+    }
+
+    fn describe(&self) -> String {
+        format!("{:?} over {}", self.flaw, self.inner.describe())
+    }
+}
+
+/// The primitive scenarios, by name (the rest of the suite is the toy store's to check).
+pub(super) fn is_primitive_scenario(name: &str) -> bool {
+    [
+        "permits_never_exceed_the_limit",
+        "permit_limit_disagreement_is_refused",
+        "crashed_permit_returns_after_its_ttl",
+        "readers_share_and_writers_exclude",
+        "waiting_writer_is_not_starved",
+        "fencing_increases_across_modes",
+    ]
+    .contains(&name)
+}
+
+pub(super) fn shared(harness: WrappedHarness) -> Arc<dyn Harness> {
+    Arc::new(harness)
+}
