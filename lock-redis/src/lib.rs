@@ -108,6 +108,7 @@ pub mod inspect;
 mod interop;
 pub mod node;
 mod registration;
+mod shares;
 mod subs;
 
 use std::fmt;
@@ -118,7 +119,7 @@ use async_trait::async_trait;
 use lockcore::backend::{
     AcquireRequest, Acquired, Backend, Backoff, Lease, ReleaseIfCancelled, poll_acquire,
 };
-use lockcore::{Capabilities, Error, Instant, LockInfo, LockName, Result, WaitKind};
+use lockcore::{Capabilities, Error, Instant, LockInfo, LockMode, LockName, Result, WaitKind};
 
 use crate::batch::Renewals;
 pub use crate::config::Config;
@@ -126,6 +127,7 @@ use crate::conn::Conn;
 pub use crate::interop::Interop;
 use crate::node::{ExpiryWatch, Keys, Node, NodeAttempt, Replicas};
 pub use crate::registration::REGISTRATION;
+use crate::shares::ShareAttempt;
 
 enum Attempt {
     Won(Acquired),
@@ -280,6 +282,14 @@ impl RedisBackend {
         c.force_release = true;
         c.inspect = true;
         c.min_ttl = Duration::from_millis(1);
+        if cfg.min_replicas > 0 {
+            let why = "min_replicas: shared holders and permits are not yet written with WAIT";
+            c.shared = lockcore::Support::no(why);
+            c.permits = lockcore::Support::no(why);
+        } else {
+            c.shared = lockcore::Support::Yes;
+            c.permits = lockcore::Support::Yes;
+        }
         c.notes = vec![
             "fencing tokens are max(last + 1, server TIME in microseconds): they keep increasing \
              across a restart without persistence and across a failover to a replica that missed \
@@ -364,7 +374,7 @@ impl RedisBackend {
         let mut conn = self.inner.node.conn();
         match self.inner.interop {
             Some(peer) => peer.revoke(&mut conn, &keys).await,
-            None => node::revoke(&mut conn, &keys).await,
+            None => node::revoke_with_shares(&mut conn, &keys).await,
         }
     }
 
@@ -382,14 +392,29 @@ impl RedisBackend {
     /// script may still win on the server: the token's lock is then released in the background
     /// (compare-and-delete: it frees nothing that is not this attempt's), so nothing is left
     /// held until its TTL.
-    async fn attempt(&self, req: &AcquireRequest, keys: &Keys) -> Result<Attempt> {
+    /// `waits`: the attempt belongs to a waiting `lock()`, whose writer marks itself as waiting
+    /// behind shared holders (see [`shares`]); a `try_lock` marks nothing.
+    async fn attempt(&self, req: &AcquireRequest, keys: &Keys, waits: bool) -> Result<Attempt> {
         let in_flight = ReleaseIfCancelled::arm(self.lease(req, keys, None), &req.background);
-        let outcome = if let Some(wait_conn) = &self.inner.wait_conn {
+        let outcome = if req.mode != LockMode::Exclusive {
+            let mut conn = self.inner.node.conn();
+            let sent_at = Instant::now();
+            let token = req.token.to_hex();
+            let holder = req.holder.encode();
+            shares::acquire(&mut conn, keys, &token, &holder, req.ttl, req.mode)
+                .await
+                .map(|attempt| match attempt {
+                    ShareAttempt::Won { fence } => {
+                        Attempt::Won(Acquired::new(self.lease(req, keys, Some(fence)), sent_at))
+                    }
+                    ShareAttempt::Held { wait } => Attempt::Held { pttl: wait },
+                })
+        } else if let Some(wait_conn) = &self.inner.wait_conn {
             self.attempt_with_replicas(req, keys, wait_conn).await
         } else {
             let mut conn = self.inner.node.conn();
             let sent_at = Instant::now();
-            self.run_acquire(&mut conn, req, keys)
+            self.run_acquire(&mut conn, req, keys, waits)
                 .await
                 .map(|attempt| self.outcome(req, keys, attempt, sent_at))
         };
@@ -411,7 +436,15 @@ impl RedisBackend {
                 Some(_) => None,
                 None => Some(fence.unwrap_or(0)),
             },
+            share: req.mode != LockMode::Exclusive,
         }
+    }
+
+    /// How long a writer's mark (see [`shares`]) outlasts the earliest shared holder's
+    /// expiry: past the writer's next attempt, which comes at that expiry, at a release, or
+    /// at the safety poll.
+    fn writer_slack(&self) -> Duration {
+        self.inner.node.config().poll + Duration::from_secs(1)
     }
 
     async fn run_acquire(
@@ -419,6 +452,7 @@ impl RedisBackend {
         conn: &mut Conn,
         req: &AcquireRequest,
         keys: &Keys,
+        waits: bool,
     ) -> Result<NodeAttempt> {
         match self.inner.interop {
             Some(peer) => {
@@ -427,7 +461,15 @@ impl RedisBackend {
             }
             None => {
                 let holder = req.holder.encode();
-                node::acquire(conn, keys, &req.token.to_hex(), &holder, req.ttl, true).await
+                let token = req.token.to_hex();
+                let slack = Some(if waits {
+                    self.writer_slack()
+                } else {
+                    Duration::ZERO
+                });
+                node::acquire_replicated(conn, keys, &token, &holder, req.ttl, true, None, slack)
+                    .await
+                    .map(|(attempt, _)| attempt)
             }
         }
     }
@@ -464,6 +506,7 @@ impl RedisBackend {
             req.ttl,
             true,
             Some(*replicas),
+            None,
         )
         .await;
         let err = match result {
@@ -503,7 +546,7 @@ impl Backend for RedisBackend {
     /// Cancel safety: a dropped attempt may have taken the lock; it then frees after `req.ttl`.
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
         let keys = self.keys(&req.name);
-        match self.attempt(req, &keys).await? {
+        match self.attempt(req, &keys, false).await? {
             Attempt::Won(a) => Ok(Some(a)),
             Attempt::Held { .. } => Ok(None),
         }
@@ -521,7 +564,7 @@ impl Backend for RedisBackend {
     ) -> Result<Option<Acquired>> {
         let keys = self.keys(&req.name);
         // Uncontended fast path: no subscription round trip when the lock is free.
-        let mut pttl = match self.attempt(req, &keys).await? {
+        let mut pttl = match self.attempt(req, &keys, true).await? {
             Attempt::Won(a) => return Ok(Some(a)),
             Attempt::Held { pttl } => pttl,
         };
@@ -543,7 +586,7 @@ impl Backend for RedisBackend {
             tokio::pin!(notified);
             notified.as_mut().enable();
             // Subscribed now: this attempt sees any release that came before the subscription.
-            match self.attempt(req, &keys).await? {
+            match self.attempt(req, &keys, true).await? {
                 Attempt::Won(a) => {
                     expiry.won();
                     return Ok(Some(a));
@@ -585,15 +628,20 @@ impl Backend for RedisBackend {
     /// Cancel safe.
     async fn inspect(&self, name: &LockName) -> Result<LockInfo> {
         let keys = self.inner.node.keys(name);
-        Ok(
-            match inspect::read(&mut self.inner.node.conn(), &keys).await? {
-                None => LockInfo::free(name.clone(), None),
-                Some(v) => LockInfo::held(name.clone())
-                    .with_fencing_token(v.fence)
-                    .with_ttl_left(v.ttl_left)
-                    .with_holder(v.holder),
+        let mut conn = self.inner.node.conn();
+        Ok(match inspect::read(&mut conn, &keys).await? {
+            Some(v) => LockInfo::held(name.clone())
+                .with_fencing_token(v.fence)
+                .with_ttl_left(v.ttl_left)
+                .with_holder(v.holder)
+                .with_mode(Some(LockMode::Exclusive)),
+            None => match shares::inspect(&mut conn, &keys).await? {
+                (Some(mode), all) => LockInfo::held(name.clone())
+                    .with_shares(all)
+                    .with_mode(Some(mode)),
+                (None, _) => LockInfo::free(name.clone(), None),
             },
-        )
+        })
     }
 
     async fn round_trip(&self) -> Result<()> {
@@ -627,6 +675,8 @@ struct RedisLease {
     /// What the lock records as its owner: the owner token (or the peer's form of it).
     token: String,
     fencing: Option<u64>,
+    /// A shared holder's or a permit's lease (see [`shares`]), not the lock key.
+    share: bool,
 }
 
 impl fmt::Debug for RedisLease {
@@ -654,6 +704,11 @@ impl Lease for RedisLease {
     ///
     /// Cancel safety: dropping the future may or may not have extended the lease.
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
+        if self.share {
+            let held =
+                shares::extend(&mut self.inner.node.conn(), &self.keys, &self.token, ttl).await?;
+            return if held { Ok(ttl) } else { Err(not_held()) };
+        }
         if let Some(renewals) = &self.inner.renewals {
             let held = renewals.extend(&self.keys, &self.token, ttl).await?;
             return if held { Ok(ttl) } else { Err(not_held()) };
@@ -699,6 +754,7 @@ impl Lease for RedisLease {
     async fn release(&self) -> Result<()> {
         let mut conn = self.inner.node.conn();
         let held = match self.inner.interop {
+            _ if self.share => shares::release(&mut conn, &self.keys, &self.token).await?,
             Some(peer) => peer.release(&mut conn, &self.keys, &self.token).await?,
             None => node::release(&mut conn, &self.keys, &self.token).await?,
         };

@@ -40,7 +40,9 @@ pub use crate::subs::{Channel, ExpiryWatch, Subscriptions, Waiting};
 ///   the counter restarts from the server clock, which is past every value handed out before
 ///   (values run at most one per acquisition ahead of the clock), as long as the server clocks
 ///   do not step back by more than the time between the last grant and the restart.
-const ACQUIRE_LUA: &str = r"
+macro_rules! acquire_lua {
+    () => {
+        r"
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -57,7 +59,15 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local fence = math.max(tonumber(redis.call('GET', KEYS[3]) or '0') + 1, now)
 redis.call('SET', KEYS[3], string.format('%d', fence))
 return {1, fence}
-";
+"
+    };
+}
+const ACQUIRE_LUA: &str = acquire_lua!();
+
+/// [`ACQUIRE_LUA`] behind the read-write check of [`shares`](crate::shares): KEYS lock,
+/// holder, fence, shares, share info, waiting writer; `ARGV[4]` the writer mark's slack in ms.
+/// Also returns `{-1, 0}` when the name is held as a semaphore (a conflict).
+const ACQUIRE_BESIDE_SHARES_LUA: &str = concat!(crate::shares::writer_check_lua!(), acquire_lua!());
 
 /// Compare-and-delete, then tell the waiters (`ARGV[3]`: `PUBLISH`, or `SPUBLISH` on a cluster;
 /// `ARGV[4]`: the message, which names the release so that a client subscribed on several
@@ -105,10 +115,16 @@ return r
 ";
 
 /// Delete whoever holds it (an administrator's override), and tell the waiters (`ARGV[2]`:
-/// `PUBLISH`, or `SPUBLISH` on a cluster).
+/// `PUBLISH`, or `SPUBLISH` on a cluster). `KEYS[3..]`, where given: the name's shares and its
+/// other keys (see [`shares`](crate::shares)), deleted too; held if either was.
 const REVOKE_LUA: &str = r"
 redis.call('DEL', KEYS[2])
-if redis.call('DEL', KEYS[1]) == 1 then
+local shared = 0
+if KEYS[3] then
+  shared = redis.call('DEL', KEYS[3])
+  redis.call('DEL', KEYS[4], KEYS[5])
+end
+if redis.call('DEL', KEYS[1]) + shared > 0 then
   redis.call(ARGV[2], ARGV[1], 'revoked')
   return 1
 end
@@ -117,6 +133,7 @@ return 0
 
 struct Scripts {
     acquire: Script,
+    acquire_beside_shares: Script,
     release: Script,
     extend: Script,
     extend_many: Script,
@@ -128,6 +145,7 @@ fn scripts() -> &'static Scripts {
     static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
     SCRIPTS.get_or_init(|| Scripts {
         acquire: Script::new(ACQUIRE_LUA),
+        acquire_beside_shares: Script::new(ACQUIRE_BESIDE_SHARES_LUA),
         release: Script::new(RELEASE_LUA),
         extend: Script::new(EXTEND_LUA),
         extend_many: Script::new(EXTEND_MANY_LUA),
@@ -208,7 +226,7 @@ pub async fn acquire(
     fencing: bool,
 ) -> Result<NodeAttempt> {
     Ok(
-        acquire_replicated(conn, keys, token, holder, ttl, fencing, None)
+        acquire_replicated(conn, keys, token, holder, ttl, fencing, None, None)
             .await?
             .0,
     )
@@ -216,7 +234,10 @@ pub async fn acquire(
 
 /// As [`acquire`]; with `replicas`, `WAIT` is pipelined behind the script (still one round
 /// trip) and the number of replicas that acknowledged is returned too. `WAIT` blocks the
-/// connection it runs on: use a connection of its own for it.
+/// connection it runs on: use a connection of its own for it. With `beside_shares` (the
+/// writer mark's slack, see [`shares`](crate::shares)), live shared holders of the name hold
+/// it too (this writer is marked as waiting), and a name held as a semaphore is a
+/// `Conflict`; fencing is then always on.
 ///
 /// Cancel safety: as [`acquire`].
 ///
@@ -231,21 +252,34 @@ pub async fn acquire_replicated(
     ttl: Duration,
     fencing: bool,
     replicas: Option<Replicas>,
+    beside_shares: Option<Duration>,
 ) -> Result<(NodeAttempt, Option<i64>)> {
+    let share_keys = beside_shares.map(|_| crate::shares::ShareKeys::of(keys));
     let mut key_list = vec![keys.lock.as_str(), keys.holder.as_str()];
-    if fencing {
+    let fencing = fencing || beside_shares.is_some();
+    if let Some(sk) = &share_keys {
+        key_list = sk.with(keys).to_vec();
+    } else if fencing {
         key_list.push(&keys.fence);
     }
     let ttl = ttl_ms(ttl).to_string();
-    let ((won, value), acked): ((i64, i64), _) = eval(
-        conn,
-        &scripts().acquire,
-        &key_list,
-        &[token, &ttl, holder],
-        replicas,
-    )
-    .await
-    .map_err(|e| map_err("acquire script failed", e))?;
+    let slack = beside_shares.map(|d| d.as_millis().to_string());
+    let mut args = vec![token, ttl.as_str(), holder];
+    let script = match &slack {
+        Some(slack) => {
+            args.push(slack);
+            &scripts().acquire_beside_shares
+        }
+        None => &scripts().acquire,
+    };
+    let ((won, value), acked): ((i64, i64), _) = eval(conn, script, &key_list, &args, replicas)
+        .await
+        .map_err(|e| map_err("acquire script failed", e))?;
+    if won == -1 {
+        return Err(Error::conflict(
+            "the lock is held as a semaphore, and this acquisition asks for it exclusively",
+        ));
+    }
     if won == 1 {
         if !fencing {
             return Ok((NodeAttempt::Won { fence: None }, acked));
@@ -422,7 +456,7 @@ pub async fn release_announced(
 /// How releases are announced: classic `PUBLISH` on a single node; on a cluster sharded
 /// `SPUBLISH` (Redis 7), which stays on the nodes of the channel's slot (the lock's slot: the
 /// channel carries the same hash tag) instead of being broadcast over the cluster bus.
-fn publish_command(conn: &Conn) -> &'static str {
+pub(crate) fn publish_command(conn: &Conn) -> &'static str {
     match conn {
         Conn::Single(_) => "PUBLISH",
         Conn::Cluster(_) => "SPUBLISH",
@@ -437,12 +471,32 @@ fn publish_command(conn: &Conn) -> &'static str {
 /// # Errors
 /// `Unavailable` or `Backend` when the server fails.
 pub async fn revoke(conn: &mut Conn, keys: &Keys) -> Result<bool> {
-    let n: i64 = scripts()
-        .revoke
-        .key(&keys.lock)
-        .key(&keys.holder)
+    revoke_keys(conn, keys, &[&keys.lock, &keys.holder]).await
+}
+
+/// [`revoke`], and every shared holder or permit of the name (see
+/// [`shares`](crate::shares)) with it.
+///
+/// Cancel safety: as [`revoke`].
+pub(crate) async fn revoke_with_shares(conn: &mut Conn, keys: &Keys) -> Result<bool> {
+    let sk = crate::shares::ShareKeys::of(keys);
+    revoke_keys(
+        conn,
+        keys,
+        &[&keys.lock, &keys.holder, &sk.shares, &sk.info, &sk.writer],
+    )
+    .await
+}
+
+async fn revoke_keys(conn: &mut Conn, keys: &Keys, key_list: &[&str]) -> Result<bool> {
+    let publish = publish_command(conn);
+    let mut inv = scripts().revoke.prepare_invoke();
+    for k in key_list {
+        inv.key(*k);
+    }
+    let n: i64 = inv
         .arg(&keys.channel)
-        .arg(publish_command(conn))
+        .arg(publish)
         .invoke_async(conn)
         .await
         .map_err(|e| map_err("revoke failed", e))?;

@@ -121,6 +121,13 @@ impl Interop {
         c.force_release = true;
         // The peer writes no holder metadata, and inspect reads locksmith's own keys.
         c.inspect = false;
+        let why = format!(
+            "interop={}: the peer's layout is a plain lock key; it has no shared holders or \
+             permits to agree on",
+            self.as_str()
+        );
+        c.shared = lockcore::Support::no(why.clone());
+        c.permits = lockcore::Support::no(why);
         c.notes = vec![
             "asynchronous replication: a failover right after an acquire can lose the lock \
              (no fencing token to reject the old holder's writes in this mode)"

@@ -1,0 +1,376 @@
+//! Shared holders and semaphore permits on one Redis server: leases in a sorted set beside the
+//! exclusive lock key, each scored with its expiry on the server's clock (`TIME`), never the
+//! client's (Redisson's expirable semaphore trusts client clocks; a client whose clock runs
+//! ahead would free live permits).
+//!
+//! Keys, all under the lock's hash tag (one slot on a cluster):
+//! * `…:shares`: sorted set, owner token → expiry (server ms). The key itself expires with the
+//!   longest share, so a name whose holders all crashed leaves nothing behind.
+//! * `…:shareinfo`: hash, `mode` → `shared` or `permit:<limit>` (how the name is used while
+//!   held: a request with another mode or limit is refused, not silently split), and owner
+//!   token → `"<fence> <holder metadata>"`.
+//! * `…:writer`: a writer waiting behind shared holders (its token; PX a little past the
+//!   earliest share's expiry, refreshed at each of its attempts). Shared requests that come
+//!   while it exists wait, so a stream of readers cannot starve a writer.
+//!
+//! Every script reads the server clock once, drops the expired shares first, and publishes on
+//! the lock's release channel when a share is released, as the exclusive release does.
+
+use std::time::Duration;
+
+use lockcore::{Error, Holder, LockMode, Result, Share};
+use redis::Script;
+
+use crate::node::{Conn, Keys, map_err, publish_command, ttl_ms};
+
+/// The server clock in ms as `now` (and in µs as `now_us`), and the expired shares of
+/// `KEYS[4]` (with their `KEYS[5]` entries) gone.
+macro_rules! drop_expired_lua {
+    () => {
+        r"
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = math.floor(now_us / 1000)
+local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+if #gone > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  redis.call('HDEL', KEYS[5], unpack(gone))
+end
+"
+    };
+}
+
+/// The read-write check in front of the exclusive acquire script (`KEYS[4..6]`: shares, share
+/// info, waiting writer; `ARGV[4]`: how long past the earliest share's expiry the writer's mark
+/// lasts, ms; 0 for an attempt that will not wait, which marks nothing). Live shares hold the
+/// name: a shared use gets `{0, ms to the earliest expiry}` and this writer marked as waiting;
+/// a semaphore use is a conflict, `{-1, 0}`. Otherwise the writer's own mark goes, and the
+/// exclusive script runs.
+macro_rules! writer_check_lua {
+    () => {
+        concat!(
+            r"
+if redis.call('EXISTS', KEYS[4]) == 1 then
+",
+            crate::shares::drop_expired_lua!(),
+            r"
+  local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+  if first[2] then
+    if redis.call('HGET', KEYS[5], 'mode') ~= 'shared' then return {-1, 0} end
+    local left = tonumber(first[2]) - now
+    local slack = tonumber(ARGV[4])
+    if slack > 0 then redis.call('SET', KEYS[6], ARGV[1], 'PX', left + slack) end
+    return {0, left}
+  end
+end
+if redis.call('GET', KEYS[6]) == ARGV[1] then redis.call('DEL', KEYS[6]) end
+"
+        )
+    };
+}
+pub(crate) use drop_expired_lua;
+pub(crate) use writer_check_lua;
+
+/// Takes a share for token `ARGV[1]`, TTL `ARGV[2]` ms, metadata `ARGV[3]`, mode `ARGV[4]`
+/// (`shared` or `permit:<limit>`), limit `ARGV[5]` (0 for shared). KEYS: lock, holder (unused
+/// here, kept for one layout), fence, shares, share info, waiting writer. Returns
+/// `{1, fence}`, `{0, ms until a place may free}` or `{-1, 0}` (the name is used in another
+/// way: another mode or limit, or as a mutex by a semaphore request). Idempotent for one
+/// token: a re-sent script whose first copy ran resets the share's TTL and reports its fence.
+const ACQUIRE_SHARE_LUA: &str = concat!(
+    drop_expired_lua!(),
+    r"
+local ttl = tonumber(ARGV[2])
+local function keep_until_last()
+  local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+  redis.call('PEXPIREAT', KEYS[4], last[2])
+  redis.call('PEXPIREAT', KEYS[5], last[2])
+end
+local mine = redis.call('HGET', KEYS[5], ARGV[1])
+if mine and redis.call('ZSCORE', KEYS[4], ARGV[1]) then
+  redis.call('ZADD', KEYS[4], now + ttl, ARGV[1])
+  keep_until_last()
+  return {1, tonumber(string.match(mine, '^%d+'))}
+end
+local n = redis.call('ZCARD', KEYS[4])
+if n > 0 and redis.call('HGET', KEYS[5], 'mode') ~= ARGV[4] then return {-1, 0} end
+local limit = tonumber(ARGV[5])
+if limit > 0 then
+  if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, 0} end
+  if n >= limit then
+    local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+    return {0, tonumber(first[2]) - now}
+  end
+else
+  local w = redis.call('PTTL', KEYS[1])
+  if w ~= -2 then return {0, w} end
+  w = redis.call('PTTL', KEYS[6])
+  if w ~= -2 then return {0, w} end
+end
+local fence = math.max(tonumber(redis.call('GET', KEYS[3]) or '0') + 1, now_us)
+redis.call('SET', KEYS[3], string.format('%d', fence))
+redis.call('ZADD', KEYS[4], now + ttl, ARGV[1])
+redis.call('HSET', KEYS[5], 'mode', ARGV[4], ARGV[1], string.format('%d', fence) .. ' ' .. ARGV[3])
+keep_until_last()
+return {1, fence}
+"
+);
+
+/// Resets the share of token `ARGV[1]` to `ARGV[2]` ms from now if it is live. KEYS as
+/// [`ACQUIRE_SHARE_LUA`]'s. Returns 1 or 0.
+const EXTEND_SHARE_LUA: &str = concat!(
+    drop_expired_lua!(),
+    r"
+if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
+local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+redis.call('PEXPIREAT', KEYS[4], last[2])
+redis.call('PEXPIREAT', KEYS[5], last[2])
+return 1
+"
+);
+
+/// Removes the share of token `ARGV[1]` if it is live and tells the waiters (`ARGV[2]`:
+/// channel, `ARGV[3]`: `PUBLISH` or `SPUBLISH`). Returns 1 or 0.
+const RELEASE_SHARE_LUA: &str = concat!(
+    drop_expired_lua!(),
+    r"
+if redis.call('ZREM', KEYS[4], ARGV[1]) == 0 then return 0 end
+redis.call('HDEL', KEYS[5], ARGV[1])
+if redis.call('ZCARD', KEYS[4]) == 0 then redis.call('DEL', KEYS[4], KEYS[5]) end
+redis.call(ARGV[3], ARGV[2], 'released')
+return 1
+"
+);
+
+/// Every live share: `{mode or false, {token, ms left, fence and metadata}...}` flattened.
+const INSPECT_SHARES_LUA: &str = concat!(
+    drop_expired_lua!(),
+    r"
+local all = redis.call('ZRANGE', KEYS[4], 0, -1, 'WITHSCORES')
+local out = {redis.call('HGET', KEYS[5], 'mode') or ''}
+for i = 1, #all, 2 do
+  table.insert(out, tonumber(all[i + 1]) - now)
+  table.insert(out, redis.call('HGET', KEYS[5], all[i]) or '')
+end
+return out
+"
+);
+
+struct Scripts {
+    acquire: Script,
+    extend: Script,
+    release: Script,
+    inspect: Script,
+}
+
+fn scripts() -> &'static Scripts {
+    static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
+    SCRIPTS.get_or_init(|| Scripts {
+        acquire: Script::new(ACQUIRE_SHARE_LUA),
+        extend: Script::new(EXTEND_SHARE_LUA),
+        release: Script::new(RELEASE_SHARE_LUA),
+        inspect: Script::new(INSPECT_SHARES_LUA),
+    })
+}
+
+/// The share keys beside a lock's keys (same hash tag).
+#[derive(Clone, Debug)]
+pub(crate) struct ShareKeys {
+    pub(crate) shares: String,
+    pub(crate) info: String,
+    pub(crate) writer: String,
+}
+
+impl ShareKeys {
+    pub(crate) fn of(keys: &Keys) -> ShareKeys {
+        let base = keys.lock.strip_suffix(":lock").unwrap_or(&keys.lock);
+        ShareKeys {
+            shares: format!("{base}:shares"),
+            info: format!("{base}:shareinfo"),
+            writer: format!("{base}:writer"),
+        }
+    }
+
+    /// The six keys of the share scripts and of the exclusive script behind the writer check.
+    pub(crate) fn with<'a>(&'a self, keys: &'a Keys) -> [&'a str; 6] {
+        [
+            &keys.lock,
+            &keys.holder,
+            &keys.fence,
+            &self.shares,
+            &self.info,
+            &self.writer,
+        ]
+    }
+}
+
+/// How a share is recorded in the share info's `mode` field.
+fn mode_field(mode: LockMode) -> (String, u32) {
+    match mode {
+        LockMode::Permit { limit } => (format!("permit:{limit}"), limit),
+        _ => ("shared".to_owned(), 0),
+    }
+}
+
+/// What one share attempt reported.
+pub(crate) enum ShareAttempt {
+    Won { fence: u64 },
+    Held { wait: Option<Duration> },
+}
+
+fn conflict(mode: LockMode) -> Error {
+    Error::conflict(format!(
+        "the lock is in use in another way (another mode or permit limit, or as a mutex), and \
+         this acquisition asks for {mode}"
+    ))
+}
+
+/// One share attempt (one script, one round trip).
+///
+/// Cancel safety: a dropped call may have taken the share; it then frees after `ttl`.
+pub(crate) async fn acquire(
+    conn: &mut Conn,
+    keys: &Keys,
+    token: &str,
+    holder: &str,
+    ttl: Duration,
+    mode: LockMode,
+) -> Result<ShareAttempt> {
+    let share_keys = ShareKeys::of(keys);
+    let (mode_str, limit) = mode_field(mode);
+    let mut inv = scripts().acquire.prepare_invoke();
+    for k in share_keys.with(keys) {
+        inv.key(k);
+    }
+    inv.arg(token)
+        .arg(ttl_ms(ttl))
+        .arg(holder)
+        .arg(&mode_str)
+        .arg(limit);
+    let (won, value): (i64, i64) = inv
+        .invoke_async(conn)
+        .await
+        .map_err(|e| map_err("share acquire script failed", e))?;
+    match won {
+        1 => Ok(ShareAttempt::Won {
+            fence: u64::try_from(value).map_err(|_| {
+                Error::new(lockcore::ErrorKind::Backend, "negative fencing counter")
+            })?,
+        }),
+        0 => Ok(ShareAttempt::Held {
+            wait: u64::try_from(value).ok().map(Duration::from_millis),
+        }),
+        _ => Err(conflict(mode)),
+    }
+}
+
+/// Compare-and-extend of a share: whether `token` still held it.
+///
+/// Cancel safety: dropping the future may or may not have extended the share.
+pub(crate) async fn extend(
+    conn: &mut Conn,
+    keys: &Keys,
+    token: &str,
+    ttl: Duration,
+) -> Result<bool> {
+    let share_keys = ShareKeys::of(keys);
+    let mut inv = scripts().extend.prepare_invoke();
+    for k in share_keys.with(keys) {
+        inv.key(k);
+    }
+    let n: i64 = inv
+        .arg(token)
+        .arg(ttl_ms(ttl))
+        .invoke_async(conn)
+        .await
+        .map_err(|e| map_err("share extend script failed", e))?;
+    Ok(n == 1)
+}
+
+/// Compare-and-remove of a share, waking the waiters: whether `token` still held it.
+///
+/// Cancel safety: dropping the future may leave the share held until its TTL runs out.
+pub(crate) async fn release(conn: &mut Conn, keys: &Keys, token: &str) -> Result<bool> {
+    let share_keys = ShareKeys::of(keys);
+    let publish = publish_command(conn);
+    let mut inv = scripts().release.prepare_invoke();
+    for k in share_keys.with(keys) {
+        inv.key(k);
+    }
+    let n: i64 = inv
+        .arg(token)
+        .arg(&keys.channel)
+        .arg(publish)
+        .invoke_async(conn)
+        .await
+        .map_err(|e| map_err("share release script failed", e))?;
+    Ok(n == 1)
+}
+
+/// Every live share of the name, in grant order, and the mode they hold it in.
+///
+/// Cancel safe (drops expired shares only).
+pub(crate) async fn inspect(
+    conn: &mut Conn,
+    keys: &Keys,
+) -> Result<(Option<LockMode>, Vec<Share>)> {
+    let share_keys = ShareKeys::of(keys);
+    let mut inv = scripts().inspect.prepare_invoke();
+    for k in share_keys.with(keys) {
+        inv.key(k);
+    }
+    let raw: Vec<redis::Value> = inv
+        .invoke_async(conn)
+        .await
+        .map_err(|e| map_err("share inspect script failed", e))?;
+    let mut items = raw.into_iter();
+    let mode_str: String = items
+        .next()
+        .map(|v| redis::from_redis_value(v).unwrap_or_default())
+        .unwrap_or_default();
+    let mode = parse_mode(&mode_str);
+    let mut shares = Vec::new();
+    while let (Some(left), Some(entry)) = (items.next(), items.next()) {
+        let left: i64 = redis::from_redis_value(left).unwrap_or(0);
+        let entry: String = redis::from_redis_value(entry).unwrap_or_default();
+        let (fence, meta) = entry.split_once(' ').unwrap_or((&entry, ""));
+        shares.push(Share::new(
+            fence.parse().ok(),
+            u64::try_from(left).ok().map(Duration::from_millis),
+            Holder::decode(meta),
+        ));
+    }
+    Ok((mode.filter(|_| !shares.is_empty()), shares))
+}
+
+fn parse_mode(s: &str) -> Option<LockMode> {
+    match s.strip_prefix("permit:") {
+        Some(limit) => limit.parse().ok().map(|limit| LockMode::Permit { limit }),
+        None => (s == "shared").then_some(LockMode::Shared),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_round_trip_through_the_share_info() {
+        for mode in [LockMode::Shared, LockMode::Permit { limit: 7 }] {
+            assert_eq!(parse_mode(&mode_field(mode).0), Some(mode));
+        }
+        assert_eq!(parse_mode(""), None);
+        assert_eq!(parse_mode("permit:x"), None);
+    }
+
+    #[test]
+    fn share_keys_keep_the_lock_hash_tag() {
+        let keys = Keys::new("ns", &lockcore::LockName::new("a/b").unwrap());
+        let s = ShareKeys::of(&keys);
+        let tag = format!("{{{}}}", keys.tag);
+        for k in [&s.shares, &s.info, &s.writer] {
+            assert!(k.contains(&tag), "{k}");
+        }
+    }
+}
