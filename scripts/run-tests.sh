@@ -98,6 +98,7 @@ declare -A EXPECT=(
   ["lock-sql/tests/faults"]=150
   ["locksmith-cli/tests/run"]=150
   ["locksmith-cli/tests/report_processes"]=120
+  ["locksmith-cli/tests/primitives"]=20
   ["lock-redis/tests/faults"]=120
   ["lock-redlock/tests/faults"]=120
   ["lock-etcd/tests/faults"]=120

@@ -179,6 +179,8 @@ impl EtcdBackend {
 
     pub(crate) fn capabilities_for() -> Capabilities {
         let mut c = Capabilities::default();
+        c.shared = lockcore::Support::no("not yet implemented in lock-etcd");
+        c.permits = lockcore::Support::no("not yet implemented in lock-etcd");
         c.fencing = true;
         c.fair = true;
         c.wait = WaitKind::Notify;

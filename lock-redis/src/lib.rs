@@ -125,7 +125,7 @@ use crate::batch::Renewals;
 pub use crate::config::Config;
 use crate::conn::Conn;
 pub use crate::interop::Interop;
-use crate::node::{ExpiryWatch, Keys, Node, NodeAttempt, Replicas};
+use crate::node::{AcquireWith, ExpiryWatch, Keys, Node, NodeAttempt, Replicas};
 pub use crate::registration::REGISTRATION;
 use crate::shares::ShareAttempt;
 
@@ -467,7 +467,12 @@ impl RedisBackend {
                 } else {
                     Duration::ZERO
                 });
-                node::acquire_replicated(conn, keys, &token, &holder, req.ttl, true, None, slack)
+                let with = AcquireWith {
+                    fencing: true,
+                    replicas: None,
+                    beside_shares: slack,
+                };
+                node::acquire_replicated(conn, keys, &token, &holder, req.ttl, with)
                     .await
                     .map(|(attempt, _)| attempt)
             }
@@ -504,9 +509,13 @@ impl RedisBackend {
             &token,
             &req.holder.encode(),
             req.ttl,
-            true,
-            Some(*replicas),
-            None,
+            AcquireWith {
+                fencing: true,
+                replicas: Some(*replicas),
+                // Readers of clients without min_replicas hold the name too (this client
+                // takes no shares itself: no writer mark needed to stop its own readers).
+                beside_shares: Some(Duration::ZERO),
+            },
         )
         .await;
         let err = match result {

@@ -225,11 +225,25 @@ pub async fn acquire(
     ttl: Duration,
     fencing: bool,
 ) -> Result<NodeAttempt> {
-    Ok(
-        acquire_replicated(conn, keys, token, holder, ttl, fencing, None, None)
-            .await?
-            .0,
-    )
+    let with = AcquireWith {
+        fencing,
+        ..AcquireWith::default()
+    };
+    Ok(acquire_replicated(conn, keys, token, holder, ttl, with)
+        .await?
+        .0)
+}
+
+/// What an acquire script does besides taking the lock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AcquireWith {
+    /// Advance the fencing counter in the same script.
+    pub fencing: bool,
+    /// Pipeline `WAIT` behind the script.
+    pub replicas: Option<Replicas>,
+    /// Respect shared holders (see [`shares`](crate::shares)), marking this writer as waiting
+    /// for this slack past the earliest share's expiry (zero: no mark).
+    pub beside_shares: Option<Duration>,
 }
 
 /// As [`acquire`]; with `replicas`, `WAIT` is pipelined behind the script (still one round
@@ -250,10 +264,13 @@ pub async fn acquire_replicated(
     token: &str,
     holder: &str,
     ttl: Duration,
-    fencing: bool,
-    replicas: Option<Replicas>,
-    beside_shares: Option<Duration>,
+    with: AcquireWith,
 ) -> Result<(NodeAttempt, Option<i64>)> {
+    let AcquireWith {
+        fencing,
+        replicas,
+        beside_shares,
+    } = with;
     let share_keys = beside_shares.map(|_| crate::shares::ShareKeys::of(keys));
     let mut key_list = vec![keys.lock.as_str(), keys.holder.as_str()];
     let fencing = fencing || beside_shares.is_some();

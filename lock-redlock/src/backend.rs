@@ -194,6 +194,14 @@ pub(crate) fn capabilities(cfg: &Parsed) -> Capabilities {
     c.expiry_after_ttl = true;
     c.force_release = true;
     c.inspect = true;
+    c.permits = lockcore::Support::no(
+        "a majority of independent masters does not keep a count: each master counts its own \
+         permits, so a permit won on one majority can be won again on another after a master \
+         restarts without persistence (DistributedLock refuses semaphores on Redlock too)",
+    );
+    c.shared = lockcore::Support::no(
+        "not yet: readers and a waiting writer's mark would each need a majority of masters",
+    );
     // Below this the per-node timeouts and the drift margin leave no validity.
     c.min_ttl = Duration::from_millis(10);
     c.drift_ppm = 10_000;

@@ -392,6 +392,8 @@ fn capabilities(config: &Parsed) -> Capabilities {
 
 fn strategy_capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
     let mut c = Capabilities::default();
+    c.shared = lockcore::Support::no("not yet implemented in lock-sql");
+    c.permits = lockcore::Support::no("not yet implemented in lock-sql");
     c.fencing = true;
     c.reentrant = false;
     // Row locks: the holder's session is found on the server at the moment of revoking

@@ -89,7 +89,7 @@ pub async fn unlock(url: &str, name: &str, force: bool, timeout: Duration) -> u8
 
 /// The `--json` form: one object, times as Unix milliseconds and seconds.
 fn to_json(info: &LockInfo) -> String {
-    let holder = info.holder.as_ref().map(|h| {
+    let holder = |h: &locksmith::Holder| {
         serde_json::json!({
             "host": h.host,
             "pid": h.pid,
@@ -97,13 +97,27 @@ fn to_json(info: &LockInfo) -> String {
             "acquired_at_unix_ms": h.acquired_at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
             "acquired_at_clock": h.clock.as_str(),
         })
-    });
+    };
+    // Every holder where several hold it (shared, permits); the fields above are the first's.
+    let holders: Vec<_> = info
+        .shares
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "fencing_token": s.fencing_token,
+                "ttl_left_secs": s.ttl_left.map(|t| t.as_secs_f64()),
+                "holder": s.holder.as_ref().map(holder),
+            })
+        })
+        .collect();
     serde_json::json!({
         "name": info.name.as_str(),
         "held": info.held,
+        "mode": info.mode.map(|m| m.to_string()),
         "fencing_token": info.fencing_token,
         "ttl_left_secs": info.ttl_left.map(|t| t.as_secs_f64()),
-        "holder": holder,
+        "holder": info.holder.as_ref().map(holder),
+        "holders": holders,
         "waiters": info.waiters,
     })
     .to_string()

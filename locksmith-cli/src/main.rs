@@ -186,6 +186,15 @@ struct RunArgs {
     /// bytes, no control characters; readable by anyone who can read the lock).
     #[arg(long)]
     label: Option<String>,
+    /// Take one of N permits of a semaphore instead of the lock: at most N copies of the
+    /// command run at once across hosts. Every user of the name must give the same N; another
+    /// N is refused while the name is held (exit 78).
+    #[arg(long, value_name = "N", conflicts_with = "shared")]
+    permits: Option<u32>,
+    /// Take the lock shared, as a reader: the command runs beside other `--shared` holders,
+    /// never beside a plain `run` (a writer) of the same name; a waiting writer goes first.
+    #[arg(long)]
+    shared: bool,
     /// The lock's name.
     name: String,
     /// The command and its arguments, after `--`.
@@ -194,6 +203,15 @@ struct RunArgs {
 }
 
 impl RunArgs {
+    /// What the run takes: the lock alone, a share (`--shared`) or a permit (`--permits N`).
+    fn mode(&self) -> locksmith::LockMode {
+        match (self.permits, self.shared) {
+            (Some(limit), _) => locksmith::LockMode::Permit { limit },
+            (None, true) => locksmith::LockMode::Shared,
+            (None, false) => locksmith::LockMode::Exclusive,
+        }
+    }
+
     /// The effective wait: `--nonblock` is `--wait 0`.
     fn wait(&self) -> Wait {
         if self.nonblock {
@@ -229,12 +247,20 @@ Exit codes:
   70                  the lock was lost while the command ran; it was terminated
   124                 --max-hold was reached; the command was terminated
   69                  the lock service could not be reached (see --connect-timeout) or failed
-  78                  bad URL, lock name, TTL or option
+  78                  bad URL, lock name, TTL or option; --permits N while the name is held
+                      with another N, or as a plain lock (a conflict); a backend that cannot
+                      give --permits or --shared
   126 / 127           the command could not be executed / was not found
   2                   usage error
 
 Example (cron, the password not in argv):
-  LOCKSMITH_URL=redis://:pw@127.0.0.1:6379 locksmith run -n -q nightly-backup -- /usr/local/bin/backup.sh";
+  LOCKSMITH_URL=redis://:pw@127.0.0.1:6379 locksmith run -n -q nightly-backup -- /usr/local/bin/backup.sh
+
+At most 3 crawlers at once across hosts, each permit a lease as above:
+  locksmith run --permits 3 crawler-slots -- ./crawl.sh
+Readers together, a writer alone (a waiting writer goes before later readers):
+  locksmith run --shared config -- ./read-config.sh
+  locksmith run config -- ./write-config.sh";
 
 #[derive(Args, Debug)]
 struct BenchArgs {

@@ -75,7 +75,8 @@ pub async fn run(args: RunArgs) -> u8 {
 async fn acquire(locker: &Locker, args: &RunArgs) -> locksmith::Result<Option<LockGuard>> {
     let mut opts = LockOptions::new()
         .ttl(args.ttl)
-        .auto_renew(AutoRenew::until(lock_hold(args)));
+        .auto_renew(AutoRenew::until(lock_hold(args)))
+        .mode(args.mode());
     if let Some(label) = &args.label {
         opts = opts.label(label.as_str());
     }
@@ -248,7 +249,10 @@ async fn release(guard: LockGuard, locker: &Locker, name: &str) {
 fn fail(e: &Error) -> u8 {
     eprintln!("locksmith: {e:#}");
     match e.kind() {
-        ErrorKind::InvalidConfig | ErrorKind::InvalidName | ErrorKind::Unsupported => exit::CONFIG,
+        ErrorKind::InvalidConfig
+        | ErrorKind::InvalidName
+        | ErrorKind::Unsupported
+        | ErrorKind::Conflict => exit::CONFIG,
         _ => exit::UNAVAILABLE,
     }
 }

@@ -1,0 +1,256 @@
+//! Black-box checks of `locksmith run --permits N` and `locksmith run --shared`, as users run
+//! them: 6 separate `locksmith` processes looping on one name against a real server, while a
+//! killer SIGKILLs some of them mid-command. Each command logs when it starts and ends (wall
+//! clock, ns); a killed one ends with its `locksmith` (the guard's parent-death signal), taken
+//! here as the kill plus 100 ms, far below what a correct backend keeps the killed holder's
+//! lease (two thirds of the TTL at least). The log must never show more than N commands at
+//! once, nor a plain `run` beside any other.
+
+use std::io::Write;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use conformance::require_env;
+
+const PROCESSES: usize = 6;
+const LIMIT: usize = 3;
+
+/// What one `locksmith run` did: its command's start and end (ns since the epoch).
+#[derive(Clone, Copy, Debug)]
+struct Interval {
+    start: u128,
+    end: u128,
+    writer: bool,
+}
+
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+fn scale() -> f64 {
+    conformance::time_scale()
+}
+
+/// Runs the 6 loops for `run_for` with `mode(i)` the arguments of process `i`, killing one
+/// running `locksmith` every 700 ms or so; the commands' intervals and how many were killed.
+fn run_loops(
+    url: &str,
+    name: &str,
+    mode: impl Fn(usize) -> Vec<&'static str> + Sync,
+    run_for: Duration,
+) -> (Vec<Interval>, usize) {
+    let dir = std::env::temp_dir().join(format!(
+        "locksmith-primitives-{}-{:08x}",
+        std::process::id(),
+        fastrand::u32(..)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("log");
+    let running: Arc<Mutex<Vec<(u64, Child)>>> = Arc::default();
+    let kills: Arc<Mutex<Vec<(u64, u128)>>> = Arc::default();
+    let deadline = Instant::now() + run_for;
+    std::thread::scope(|s| {
+        for i in 0..PROCESSES {
+            let (running, log, mode) = (running.clone(), log.clone(), &mode);
+            s.spawn(move || {
+                let mut n = 0u64;
+                while Instant::now() < deadline {
+                    let id = (i as u64) << 32 | n;
+                    n += 1;
+                    let writer = u8::from(!mode(i).contains(&"--shared") && !mode(i).contains(&"--permits"));
+                    // Start and end lines, each one short append (atomic on a local file).
+                    let script = format!(
+                        "echo \"s {id} {writer} $(date +%s%N)\" >> {log}; sleep 0.0$(( RANDOM % 9 + 1 )); echo \"e {id} {writer} $(date +%s%N)\" >> {log}",
+                        log = log.display()
+                    );
+                    let child = Command::new(env!("CARGO_BIN_EXE_locksmith"))
+                        .arg("run")
+                        .args(["--ttl", "2s", "--quiet"])
+                        .args(mode(i))
+                        .arg(name)
+                        .args(["--", "bash", "-c", &script])
+                        .env("LOCKSMITH_URL", url)
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::piped())
+                        .spawn()
+                        .expect("spawning locksmith");
+                    running.lock().unwrap().push((id, child));
+                    // Wait for this child without holding the lock: poll its status.
+                    loop {
+                        let mut all = running.lock().unwrap();
+                        let Some(pos) = all.iter().position(|(c, _)| *c == id) else {
+                            break; // the killer took it
+                        };
+                        if let Some(status) = all[pos].1.try_wait().unwrap() {
+                            let (_, child) = all.remove(pos);
+                            drop(all);
+                            let out = child.wait_with_output().unwrap();
+                            let code = status.code();
+                            // 0: ran; 78 would be a refused option; anything else is a failure
+                            // of locksmith itself.
+                            assert_eq!(
+                                code,
+                                Some(0),
+                                "locksmith run {:?} exited {status}: {}",
+                                mode(i),
+                                String::from_utf8_lossy(&out.stderr)
+                            );
+                            break;
+                        }
+                        drop(all);
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+            });
+        }
+        let (running, kills) = (running.clone(), kills.clone());
+        s.spawn(move || {
+            while Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(500 + fastrand::u64(0..400)));
+                let mut all = running.lock().unwrap();
+                if all.is_empty() {
+                    continue;
+                }
+                let pos = fastrand::usize(0..all.len());
+                let (id, mut child) = all.remove(pos);
+                drop(all);
+                let at = now_ns();
+                child.kill().unwrap();
+                let _ = child.wait();
+                kills.lock().unwrap().push((id, at));
+            }
+        });
+    });
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let kills = kills.lock().unwrap().clone();
+    let mut starts = std::collections::HashMap::new();
+    let mut ends = std::collections::HashMap::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        let [kind, id, writer, t] = f[..] else {
+            panic!("a torn log line {line:?}");
+        };
+        let (id, t): (u64, u128) = (id.parse().unwrap(), t.parse().unwrap());
+        match kind {
+            "s" => {
+                starts.insert(id, (t, writer == "1"));
+            }
+            _ => {
+                ends.insert(id, t);
+            }
+        }
+    }
+    let mut intervals = Vec::new();
+    for (id, (start, writer)) in &starts {
+        let end = match ends.get(id) {
+            Some(e) => *e,
+            None => match kills.iter().find(|(k, _)| k == id) {
+                Some((_, at)) => at + 100_000_000,
+                None => panic!("command {id} started and neither ended nor was killed"),
+            },
+        };
+        intervals.push(Interval {
+            start: *start,
+            end,
+            writer: *writer,
+        });
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    (intervals, kills.len())
+}
+
+/// The most commands at once, and the most at once beside a writer (a writer and anyone).
+fn overlaps(intervals: &[Interval]) -> (usize, usize) {
+    let mut events: Vec<(u128, i32, bool)> = Vec::new();
+    for i in intervals {
+        events.push((i.start, 1, i.writer));
+        events.push((i.end, -1, i.writer));
+    }
+    // Ends before starts at the same instant.
+    events.sort_by_key(|&(t, d, _)| (t, d));
+    let (mut all, mut writers, mut most, mut beside_writer) = (0i32, 0i32, 0, 0);
+    for (_, d, w) in events {
+        all += d;
+        if w {
+            writers += d;
+        }
+        most = most.max(all as usize);
+        if writers > 0 {
+            beside_writer = beside_writer.max(all as usize);
+        }
+    }
+    (most, beside_writer)
+}
+
+fn redis_url() -> Option<String> {
+    require_env("LOCK_TEST_REDIS_URL")
+}
+
+#[test]
+fn permits_hold_across_processes_and_kills() {
+    let Some(url) = redis_url() else { return };
+    let name = format!("cli-permits-{:08x}", fastrand::u32(..));
+    let run_for = Duration::from_secs(8).mul_f64(scale());
+    let limit = LIMIT.to_string();
+    let limit: &'static str = Box::leak(limit.into_boxed_str());
+    let (intervals, killed) = run_loops(&url, &name, |_| vec!["--permits", limit], run_for);
+    let (most, _) = overlaps(&intervals);
+    writeln!(
+        std::io::stderr(),
+        "permits: {} commands ran, {killed} locksmith processes killed, at most {most} at once",
+        intervals.len()
+    )
+    .unwrap();
+    assert!(
+        killed > 0,
+        "no process was killed: the test proves less than it claims"
+    );
+    assert!(
+        most <= LIMIT,
+        "{most} commands ran at once under --permits {LIMIT}"
+    );
+    assert!(
+        most >= 2,
+        "never more than one command at once: --permits {LIMIT} gave nothing beyond a mutex"
+    );
+}
+
+#[test]
+fn shared_readers_never_run_beside_a_writer_across_processes_and_kills() {
+    let Some(url) = redis_url() else { return };
+    let name = format!("cli-shared-{:08x}", fastrand::u32(..));
+    let run_for = Duration::from_secs(8).mul_f64(scale());
+    // Four readers, two writers.
+    let (intervals, killed) = run_loops(
+        &url,
+        &name,
+        |i| if i < 4 { vec!["--shared"] } else { vec![] },
+        run_for,
+    );
+    let (most, beside_writer) = overlaps(&intervals);
+    let writers = intervals.iter().filter(|i| i.writer).count();
+    writeln!(
+        std::io::stderr(),
+        "shared: {} commands ran ({writers} writers), {killed} killed, at most {most} at once, \
+         {beside_writer} at once with a writer",
+        intervals.len()
+    )
+    .unwrap();
+    assert!(
+        killed > 0,
+        "no process was killed: the test proves less than it claims"
+    );
+    assert!(writers > 0, "no writer ever ran: the writers starved");
+    assert_eq!(
+        beside_writer,
+        1,
+        "a writer ran beside {} other commands",
+        beside_writer - 1
+    );
+    assert!(most >= 2, "readers never ran together");
+}
