@@ -45,12 +45,14 @@
 pub mod backend;
 mod capabilities;
 pub mod config;
+mod election;
 mod error;
 pub mod inspect;
 mod locker;
 mod lost;
 pub mod memory;
 mod mode;
+mod multi;
 mod name;
 mod options;
 pub mod registry;
@@ -60,11 +62,13 @@ mod waiting;
 
 pub use backend::OwnerToken;
 pub use capabilities::{Capabilities, MAX_TTL, RenewKind, WaitKind};
+pub use election::{Leader, LeaderWatch, Leadership};
 pub use error::{Error, ErrorKind, Result, WithLockError};
 pub use inspect::{AcquiredClock, Holder, LockInfo, Share};
 pub use locker::{LockGuard, Locker};
 pub use lost::{Ended, LostReason, LostSignal, Risk};
 pub use mode::{LockMode, MAX_PERMITS, Support};
+pub use multi::MultiGuard;
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN};
 pub use options::{AutoRenew, DEFAULT_MAX_HOLD, DEFAULT_TTL, LockOptions};
 pub use secret::Secret;

@@ -8,12 +8,14 @@ mod applies;
 mod basics;
 mod cancellation;
 mod context;
+mod election;
 mod expiry;
 mod fencing;
 mod herd;
 mod inspect;
 mod latency;
 mod lost_replies;
+mod multi;
 mod names;
 mod primitives;
 mod renewal;
@@ -277,6 +279,36 @@ pub fn all() -> Vec<Scenario> {
             primitives::fencing_increases_across_modes,
             needs_shared_fencing,
             "read-write lock with fencing: every reader and writer gets a token above all earlier ones, across modes"
+        ),
+        scenario!(
+            multi::multi_lock_is_all_or_nothing,
+            always,
+            "a multi-lock with one busy member: try_lock_all returns None and lock_all times out, the free members left free; once free the set is taken whole, and its release frees every member"
+        ),
+        scenario!(
+            multi::multi_locks_in_opposite_orders_never_deadlock,
+            always,
+            "two clients taking the same two names in opposite orders, 10 rounds each at once: every round completes (canonical order, no deadlock)"
+        ),
+        scenario!(
+            multi::cancelled_multi_lock_leaves_nothing,
+            always,
+            "a lock_all dropped while waiting for its second member leaves the first free within 3 s (TTL 30 s): no partial set left behind"
+        ),
+        scenario!(
+            multi::multi_lock_lost_when_any_member_is_lost,
+            needs_revoke,
+            "one member of a held set revoked behind its holder: the set's one lost signal fires, naming it, within a TTL"
+        ),
+        scenario!(
+            election::one_leader_at_a_time,
+            needs_inspect,
+            "three candidates campaigning 4 rounds each: never two leaders, terms increasing, an observer reads the leader's value and term, a watch sees the leadership change hands"
+        ),
+        scenario!(
+            election::old_leader_lost_before_new_leader,
+            always,
+            "a leader whose renewals stop is deposed when its lease runs out: its lost signal fires before the next candidate is elected"
         ),
     ]
 }

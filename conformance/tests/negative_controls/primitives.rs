@@ -30,6 +30,9 @@ pub(super) enum PrimitiveFlaw {
     /// Writers poll instead of queueing (reader preference): readers arriving after a waiting
     /// writer join the readers holding, and a stream of them starves the writer.
     WritersDoNotQueue,
+    /// Exclusive leases end on the server at half their TTL: a leader whose renewals stopped is
+    /// replaced before its own validity deadline, so before its lost signal (two leaders).
+    LeaseEndsEarly,
 }
 
 pub(super) struct WrappedHarness {
@@ -57,6 +60,15 @@ impl Harness for WrappedHarness {
             inner: MemoryBackend::connect(&self.store),
             flaw: self.flaw,
         }))
+    }
+
+    fn can_revoke(&self) -> bool {
+        true
+    }
+
+    async fn revoke(&self, name: &LockName) -> Result<()> {
+        MemoryBackend::connect(&self.store).force_release_now(name);
+        Ok(())
     }
 }
 
@@ -86,6 +98,7 @@ impl Wrapped {
             (PrimitiveFlaw::PermitOutlivesCrash, LockMode::Permit { .. }) => {
                 out.ttl = req.ttl * 60;
             }
+            (PrimitiveFlaw::LeaseEndsEarly, LockMode::Exclusive) => out.ttl = req.ttl / 2,
             _ => {}
         }
         Ok(out)
@@ -136,6 +149,12 @@ pub(super) fn is_primitive_scenario(name: &str) -> bool {
         "readers_share_and_writers_exclude",
         "waiting_writer_is_not_starved",
         "fencing_increases_across_modes",
+        "multi_lock_is_all_or_nothing",
+        "multi_locks_in_opposite_orders_never_deadlock",
+        "cancelled_multi_lock_leaves_nothing",
+        "multi_lock_lost_when_any_member_is_lost",
+        "one_leader_at_a_time",
+        "old_leader_lost_before_new_leader",
     ]
     .contains(&name)
 }

@@ -1,0 +1,174 @@
+//! Multi-locks ([`Locker::lock_all`](lockcore::Locker::lock_all)): all or nothing, in one
+//! canonical order (two clients taking the same names in opposite orders never deadlock),
+//! nothing left held after a failure or a cancellation, one lost signal for the set.
+
+use std::time::Duration;
+
+use lockcore::{ErrorKind, Instant, LockName, Locker};
+
+use super::context::{Ctx, Outcome};
+use super::support::{check, must_be_held, must_try, ok_or, settle_waiters};
+
+/// Each of `names` is free: another client takes and gives it back.
+async fn all_free(client: &Locker, names: &[&LockName], ctx: &Ctx, when: &str) -> Outcome {
+    let opts = ctx.opts(ctx.ttl(Duration::from_secs(30)));
+    for name in names {
+        let g = must_try(client, name, &opts, &format!("{when}: {}", name.as_str())).await?;
+        ok_or(g.release().await, "release")?;
+    }
+    Ok(())
+}
+
+/// A set with one busy member: try_lock_all returns `None` and lock_all times out, each
+/// leaving the free members free; once the member is free the set is taken whole, and its
+/// release frees every member.
+pub(super) async fn multi_lock_is_all_or_nothing(ctx: &Ctx) -> Outcome {
+    let (a, other, observer) = (
+        ctx.client().await?,
+        ctx.client().await?,
+        ctx.client().await?,
+    );
+    let (x, y, z) = (ctx.name("x"), ctx.name("y"), ctx.name("z"));
+    let opts = ctx.opts(ctx.ttl(Duration::from_secs(30)));
+    let busy = must_try(&other, &y, &opts, "the holder of the middle name").await?;
+    let set = [z.clone(), y.clone(), x.clone()];
+    match a.try_lock_all(set.clone(), &opts).await {
+        Ok(None) => {}
+        Ok(Some(_)) => {
+            return Err("try_lock_all took a set with a member held by another client".into());
+        }
+        Err(e) => {
+            return Err(format!(
+                "try_lock_all on a busy set: expected Ok(None), got {e}"
+            ));
+        }
+    }
+    all_free(
+        &observer,
+        &[&x, &z],
+        ctx,
+        "after try_lock_all found a member busy",
+    )
+    .await?;
+    let short = opts
+        .clone()
+        .wait_timeout(ctx.bound(Duration::from_millis(300)));
+    match a.lock_all(set.clone(), &short).await {
+        Err(e) if e.kind() == ErrorKind::Timeout => {}
+        Ok(_) => return Err("lock_all took a set with a member held by another client".into()),
+        Err(e) => return Err(format!("lock_all on a busy set: expected Timeout, got {e}")),
+    }
+    all_free(&observer, &[&x, &z], ctx, "after lock_all timed out").await?;
+    ok_or(busy.release().await, "the holder's release")?;
+    let all = ok_or(a.lock_all(set, &opts).await, "lock_all on a free set")?;
+    for name in [&x, &y, &z] {
+        must_be_held(&observer, name, &opts, "a member while the set is held").await?;
+    }
+    if ctx.caps.fencing {
+        check!(
+            all.fencing_tokens().iter().all(Option::is_some),
+            "a member of the set has no fencing token: {:?}",
+            all.fencing_tokens()
+        );
+    }
+    ok_or(all.release().await, "releasing the set")?;
+    all_free(&observer, &[&x, &y, &z], ctx, "after the set's release").await
+}
+
+/// Two clients take the same two names in opposite orders, over and over, at once: every
+/// round completes (a client taking them in the order given would deadlock with the other
+/// until a deadline).
+pub(super) async fn multi_locks_in_opposite_orders_never_deadlock(ctx: &Ctx) -> Outcome {
+    let (p, q) = (ctx.name("p"), ctx.name("q"));
+    let opts = ctx
+        .opts(ctx.ttl(Duration::from_secs(30)))
+        .wait_timeout(ctx.bound(Duration::from_secs(10)));
+    let mut tasks = Vec::new();
+    for order in [[p.clone(), q.clone()], [q.clone(), p.clone()]] {
+        let client = ctx.client().await?;
+        let opts = opts.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                let set = client.lock_all(order.clone(), &opts).await?;
+                tokio::task::yield_now().await;
+                set.release().await?;
+            }
+            Ok::<_, lockcore::Error>(())
+        }));
+    }
+    for t in tasks {
+        ok_or(
+            ok_or(t.await, "a client's loop")?,
+            "a multi-lock round (a deadlock shows as a timeout)",
+        )?;
+    }
+    Ok(())
+}
+
+/// A lock_all dropped while it waits for its second member leaves its first member free: the
+/// partial set is released at the drop, not held until its TTL.
+pub(super) async fn cancelled_multi_lock_leaves_nothing(ctx: &Ctx) -> Outcome {
+    let (a, other, observer) = (
+        ctx.client().await?,
+        ctx.client().await?,
+        ctx.client().await?,
+    );
+    let (x, y) = (ctx.name("x"), ctx.name("y"));
+    let opts = ctx.opts(ctx.ttl(Duration::from_secs(30))).wait_forever();
+    let busy = must_try(&other, &y, &opts, "the holder of the second name").await?;
+    let waiter = {
+        let (a, opts, set) = (a.clone(), opts.clone(), [x.clone(), y.clone()]);
+        tokio::spawn(async move { a.lock_all(set, &opts).await.map(drop) })
+    };
+    // Waiting on the second name means the first is taken.
+    settle_waiters(ctx, &observer, &y, &[&a]).await?;
+    must_be_held(&observer, &x, &opts, "the first name while the set waits").await?;
+    waiter.abort();
+    let _ = waiter.await;
+    a.flush().await;
+    let bound = ctx.bound(Duration::from_secs(3));
+    let give_up = Instant::now() + bound;
+    loop {
+        match observer.try_lock(&x, &opts).await {
+            Ok(Some(g)) => {
+                ok_or(g.release().await, "release")?;
+                break;
+            }
+            Ok(None) if Instant::now() < give_up => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Ok(None) => {
+                return Err(format!(
+                    "the first name of a cancelled lock_all was still held {bound:?} after the cancel (TTL 30 s): a partial set left behind"
+                ));
+            }
+            Err(e) => return Err(format!("try_lock: {e}")),
+        }
+    }
+    ok_or(busy.release().await, "release")
+}
+
+/// One member of a held set taken away behind its holder (an operator's force release): the
+/// set's one lost signal fires, naming that member, within a TTL.
+pub(super) async fn multi_lock_lost_when_any_member_is_lost(ctx: &Ctx) -> Outcome {
+    let a = ctx.client().await?;
+    let (x, y) = (ctx.name("x"), ctx.name("y"));
+    let ttl = ctx.ttl(Duration::from_secs(3));
+    let opts = ctx
+        .opts(ttl)
+        .auto_renew(lockcore::AutoRenew::until(Duration::from_secs(600)));
+    let set = ok_or(a.lock_all([x.clone(), y.clone()], &opts).await, "lock_all")?;
+    ok_or(ctx.harness.revoke(&y).await, "revoking one member")?;
+    let bound = ttl + ctx.bound(Duration::from_secs(2));
+    let (which, _) = tokio::time::timeout(bound, set.lost()).await.map_err(|_| {
+        format!("the set's lost signal did not fire within {bound:?} of one member's revocation")
+    })?;
+    check!(
+        which == y,
+        "the set's lost signal named {:?}, not the revoked {:?}",
+        which.as_str(),
+        y.as_str()
+    );
+    let _ = set.release().await;
+    Ok(())
+}

@@ -1,0 +1,169 @@
+//! Leader election on one name, over the backend's own lock: the leader holds the name's lock,
+//! its value (the candidate's address, say) is the lock's holder label, its term the lock's
+//! fencing token. So every backend elects with the qualities of its locks: the old leader's
+//! lease runs out (and its lost signal fires, at its validity deadline) before the server frees
+//! the name for the next one, and a store can refuse a deposed leader's writes by term.
+
+use std::time::Duration;
+
+use crate::{
+    Error, Holder, IntoLockName, LockGuard, LockName, LockOptions, Locker, LostSignal, Result,
+};
+
+/// This client's leadership of a name, from [`Locker::campaign`]. Dropped without
+/// [`Leadership::resign`], it resigns in the background.
+#[must_use = "dropping a Leadership resigns at once"]
+#[derive(Debug)]
+pub struct Leadership {
+    guard: LockGuard,
+    value: String,
+}
+
+impl Leadership {
+    /// The term: the lock's fencing token, above every earlier leader's (where the backend
+    /// gives fencing tokens).
+    pub fn term(&self) -> Option<u64> {
+        self.guard.fencing_token()
+    }
+
+    /// The value this leader campaigned with.
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+
+    /// Fires when the leadership is lost (its lease lost or run out): stop acting as leader.
+    pub fn lost(&self) -> LostSignal {
+        self.guard.lost()
+    }
+
+    /// Whether this client is surely still the leader (its lease valid, not known lost).
+    pub fn is_leader(&self) -> bool {
+        self.guard.is_valid()
+    }
+
+    /// The lock behind the leadership.
+    pub fn guard(&self) -> &LockGuard {
+        &self.guard
+    }
+
+    /// Steps down: the next candidate can be elected at once.
+    ///
+    /// Cancel safety: as [`LockGuard::release`].
+    ///
+    /// # Errors
+    /// As [`LockGuard::release`].
+    pub async fn resign(self) -> Result<()> {
+        self.guard.release().await
+    }
+}
+
+/// The leader of a name as any client sees it ([`Locker::leader`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Leader {
+    /// The value it campaigned with (`None` when its holder metadata is missing).
+    pub value: Option<String>,
+    /// Its term, where the backend gives fencing tokens.
+    pub term: Option<u64>,
+    /// Who it is: host, process id, when elected.
+    pub holder: Option<Holder>,
+}
+
+/// Watches a name's leader by reading it every `every` ([`Locker::watch_leader`]).
+#[derive(Debug)]
+pub struct LeaderWatch {
+    locker: Locker,
+    name: LockName,
+    every: Duration,
+    last: Option<Option<Leader>>,
+}
+
+impl LeaderWatch {
+    /// The next change of leader (a new term or value, or the name becoming free): the first
+    /// call returns the current state. Changes closer together than `every` show as one: the
+    /// term numbers then jump.
+    ///
+    /// Cancel safe.
+    ///
+    /// # Errors
+    /// As [`Locker::leader`].
+    pub async fn changed(&mut self) -> Result<Option<Leader>> {
+        loop {
+            let now = self.locker.leader(self.name.clone()).await?;
+            let same = self
+                .last
+                .as_ref()
+                .is_some_and(|last| key(last) == key(&now));
+            if !same {
+                self.last = Some(now.clone());
+                return Ok(now);
+            }
+            tokio::time::sleep(self.every).await;
+        }
+    }
+}
+
+fn key(l: &Option<Leader>) -> Option<(Option<u64>, Option<&str>)> {
+    l.as_ref().map(|l| (l.term, l.value.as_deref()))
+}
+
+impl Locker {
+    /// Campaigns for the leadership of `name` with `value` (the candidate's address, at most
+    /// 256 bytes, no control characters: it is stored as the lock's holder label, readable by
+    /// every client): waits as [`Locker::lock`] does (the options' wait timeout, TTL and
+    /// renewal apply; the leadership is renewed while it is held), and returns once elected.
+    ///
+    /// Cancel safety: as [`Locker::lock`]; a candidate dropped while waiting leaves nothing.
+    ///
+    /// # Errors
+    /// As [`Locker::lock`]; `InvalidConfig` for a bad value, before any I/O.
+    pub async fn campaign(
+        &self,
+        name: impl IntoLockName,
+        value: &str,
+        options: &LockOptions,
+    ) -> Result<Leadership> {
+        let options = options.clone().label(value);
+        let guard = self.lock(name, &options).await?;
+        Ok(Leadership {
+            guard,
+            value: value.to_owned(),
+        })
+    }
+
+    /// The current leader of `name` (`None` when there is none), read from the lock's holder
+    /// metadata. Reads only.
+    ///
+    /// Cancel safe.
+    ///
+    /// # Errors
+    /// As [`Locker::inspect`] (`Unsupported` where the backend cannot inspect its locks).
+    pub async fn leader(&self, name: impl IntoLockName) -> Result<Option<Leader>> {
+        let info = self.inspect(name).await?;
+        Ok(info.held.then(|| Leader {
+            value: info.holder.as_ref().and_then(|h| h.label.clone()),
+            term: info.fencing_token,
+            holder: info.holder,
+        }))
+    }
+
+    /// A watch of `name`'s leader, read every `every` (at least 10 ms).
+    ///
+    /// # Errors
+    /// `InvalidName`, or `Unsupported` where the backend cannot inspect its locks.
+    pub fn watch_leader(&self, name: impl IntoLockName, every: Duration) -> Result<LeaderWatch> {
+        let name = name.into_lock_name()?;
+        if !self.capabilities().inspect {
+            return Err(Error::unsupported(format!(
+                "{} cannot read who holds a lock, so it cannot show the leader",
+                self.describe()
+            )));
+        }
+        Ok(LeaderWatch {
+            locker: self.clone(),
+            name,
+            every: every.max(Duration::from_millis(10)),
+            last: None,
+        })
+    }
+}
