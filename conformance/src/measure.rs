@@ -25,6 +25,12 @@ pub struct Figures {
     /// acquire + release without the library), median, microseconds, measured interleaved
     /// with the uncontended pairs by the same client; `None` where the backend has none.
     pub bare_cycle_p50_us: Option<f64>,
+    /// Uncontended shared (read-write lock reader) try_lock + release, median, microseconds,
+    /// measured interleaved with the exclusive pairs; `None` where the backend gives none.
+    pub shared_p50_us: Option<f64>,
+    /// Uncontended semaphore permit (one of 3) try_lock + release, median, microseconds,
+    /// interleaved likewise; `None` where the backend gives none.
+    pub permit_p50_us: Option<f64>,
     /// How many uncontended samples.
     pub samples: usize,
     /// Acquisitions per second with `holders` clients looping lock/release on one name.
@@ -47,6 +53,20 @@ pub struct Figures {
 }
 
 impl Figures {
+    /// A shared acquisition's uncontended p50 as a multiple of an exclusive one's.
+    pub fn shared_ratio(&self) -> Option<f64> {
+        self.shared_p50_us
+            .filter(|_| self.uncontended_p50_us > 0.0)
+            .map(|s| s / self.uncontended_p50_us)
+    }
+
+    /// A permit's uncontended p50 as a multiple of an exclusive acquisition's.
+    pub fn permit_ratio(&self) -> Option<f64> {
+        self.permit_p50_us
+            .filter(|_| self.uncontended_p50_us > 0.0)
+            .map(|p| p / self.uncontended_p50_us)
+    }
+
     /// The uncontended p50 as a multiple of the bare primitive's, where it has one.
     pub fn bare_ratio(&self) -> Option<f64> {
         self.bare_cycle_p50_us
@@ -141,9 +161,16 @@ pub async fn measure(harness: &dyn Harness) -> lockcore::Result<Figures> {
     let has_round_trip = backend.round_trip().await.is_ok();
     let bare_name = LockName::new(format!("{name}-bare"))?;
     let has_bare = backend.bare_cycle(&bare_name).await.is_ok();
+    let caps = client.capabilities().clone();
+    let shared_name = LockName::new(format!("{name}-shared"))?;
+    let permit_name = LockName::new(format!("{name}-permit"))?;
+    let shared_opts = caps.shared.is_yes().then(|| opts.clone().shared());
+    let permit_opts = caps.permits.is_yes().then(|| opts.clone().permits(3));
     let mut samples = Vec::with_capacity(2000);
     let mut round_trips = Vec::with_capacity(2000);
     let mut bare_cycles = Vec::with_capacity(2000);
+    let mut shared_cycles = Vec::with_capacity(2000);
+    let mut permit_cycles = Vec::with_capacity(2000);
     let until = Instant::now() + MEASURE_TIME;
     while samples.len() < 2000 && Instant::now() < until {
         // Interleaved, so that machine noise hits both alike.
@@ -163,6 +190,25 @@ pub async fn measure(harness: &dyn Harness) -> lockcore::Result<Figures> {
         })?;
         g.release().await?;
         samples.push(start.elapsed());
+        for (mode_opts, mode_name, cycles) in [
+            (&shared_opts, &shared_name, &mut shared_cycles),
+            (&permit_opts, &permit_name, &mut permit_cycles),
+        ] {
+            if let Some(mode_opts) = mode_opts {
+                let start = Instant::now();
+                let g = client
+                    .try_lock(mode_name, mode_opts)
+                    .await?
+                    .ok_or_else(|| {
+                        lockcore::Error::new(
+                            lockcore::ErrorKind::Backend,
+                            "benchmark lock was held",
+                        )
+                    })?;
+                g.release().await?;
+                cycles.push(start.elapsed());
+            }
+        }
     }
     let (p50, p99) = (
         percentile(&mut samples, 0.5),
@@ -171,6 +217,10 @@ pub async fn measure(harness: &dyn Harness) -> lockcore::Result<Figures> {
     let round_trip_p50 =
         has_round_trip.then(|| percentile(&mut round_trips, 0.5).as_secs_f64() * 1e6);
     let bare_cycle_p50 = has_bare.then(|| percentile(&mut bare_cycles, 0.5).as_secs_f64() * 1e6);
+    let shared_p50 = (!shared_cycles.is_empty())
+        .then(|| percentile(&mut shared_cycles, 0.5).as_secs_f64() * 1e6);
+    let permit_p50 = (!permit_cycles.is_empty())
+        .then(|| percentile(&mut permit_cycles, 0.5).as_secs_f64() * 1e6);
 
     const HOLDERS: usize = 4;
     let count = Arc::new(AtomicU64::new(0));
@@ -202,6 +252,8 @@ pub async fn measure(harness: &dyn Harness) -> lockcore::Result<Figures> {
         uncontended_p99_us: p99.as_secs_f64() * 1e6,
         round_trip_p50_us: round_trip_p50,
         bare_cycle_p50_us: bare_cycle_p50,
+        shared_p50_us: shared_p50,
+        permit_p50_us: permit_p50,
         samples: samples.len(),
         handover_per_sec: handovers as f64 / secs,
         holders: HOLDERS,

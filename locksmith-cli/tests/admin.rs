@@ -234,3 +234,75 @@ fn status_and_unlock_refuse_bad_input() {
         .unwrap();
     assert_eq!(code(&no_url), 2);
 }
+
+/// Two `locksmith run --shared` processes hold one name: `status` lists both (their pids, the
+/// mode), `--json` gives `mode` and `holders`; a plain `run -n` of the name is refused as busy
+/// while they hold it, and `--permits` on it is a conflict (exit 78).
+#[test]
+fn status_lists_every_shared_holder() {
+    let url = server_url("LOCK_TEST_REDIS_URL");
+    let dir = TempDir::new("shared-status");
+    let name = unique("shared");
+    let mut holders = Vec::new();
+    for i in 0..2 {
+        let held = dir.path(&format!("held-{i}"));
+        let child = Command::new(env!("CARGO_BIN_EXE_locksmith"))
+            .args([
+                "run",
+                "--shared",
+                "--ttl",
+                "5s",
+                "--label",
+                &format!("reader {i}"),
+                &name,
+            ])
+            .args([
+                "--",
+                "sh",
+                "-c",
+                &format!("echo > {}; exec sleep 300", held.display()),
+            ])
+            .env("LOCKSMITH_URL", &url)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_file(&held, bound(30.0));
+        holders.push(child);
+    }
+    let (c, info) = status_json(&url, &name);
+    assert_eq!(c, 0, "held by readers: {info}");
+    assert_eq!(info["mode"], "shared", "{info}");
+    let listed = info["holders"].as_array().expect("a holders array");
+    assert_eq!(listed.len(), 2, "{info}");
+    let mut pids: Vec<u64> = listed
+        .iter()
+        .map(|h| h["holder"]["pid"].as_u64().unwrap())
+        .collect();
+    pids.sort_unstable();
+    let mut want: Vec<u64> = holders.iter().map(|c| u64::from(c.id())).collect();
+    want.sort_unstable();
+    assert_eq!(pids, want, "{info}");
+    let text = locksmith(&url, &["status", &name]);
+    for want in ["mode:     shared", "holders:  2", "reader 0", "reader 1"] {
+        assert!(
+            stdout(&text).contains(want),
+            "{want:?} missing: {}",
+            stdout(&text)
+        );
+    }
+    let writer = locksmith(&url, &["run", "-n", &name, "--", "true"]);
+    assert_eq!(code(&writer), 75, "a writer beside readers: {writer:?}");
+    let permit = locksmith(&url, &["run", "-n", "--permits", "2", &name, "--", "true"]);
+    assert_eq!(
+        code(&permit),
+        78,
+        "a semaphore use of a read-write lock: {permit:?}"
+    );
+    assert!(stderr(&permit).contains("conflict"), "{}", stderr(&permit));
+    for h in holders {
+        send(h.id(), rustix::process::Signal::TERM);
+        let out = wait_output(h, bound(30.0));
+        assert_eq!(code(&out), 128 + 15, "{}", stderr(&out));
+    }
+}

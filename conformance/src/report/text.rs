@@ -190,7 +190,9 @@ pub(super) fn fmt_duration(d: Duration) -> String {
 }
 
 /// What the figures columns mean.
-pub(super) const FIGURES_LEGEND: &str = "Uncontended: `try_lock` + `release` by one client, one after the other. \
+pub(super) const FIGURES_LEGEND: &str = "Uncontended: `try_lock` + `release` by one client, one after the other; shared and permit: \
+the same for a reader of a read-write lock and for one of 3 permits, interleaved with the \
+exclusive pairs, as a multiple of an exclusive pair. \
 Bare: the backend's own lock primitive without the library (`Backend::bare_cycle`), and round \
 trip: its cheapest request (`PING`, `SELECT 1`, `exists`), both measured interleaved with the \
 uncontended pairs by the same client. Hand-over: clients looping `lock` + `release` on one \
@@ -202,9 +204,11 @@ counter divided by hand-overs, with many waiters spread over several processes (
 as a large number). Loopback servers on a shared machine: compare ratios, not absolute numbers.";
 
 /// The figures table's columns after the backend.
-pub(super) const FIGURE_COLUMNS: [&str; 12] = [
+pub(super) const FIGURE_COLUMNS: [&str; 14] = [
     "uncontended p50 (µs)",
     "uncontended p99 (µs)",
+    "shared p50 / exclusive",
+    "permit p50 / exclusive",
     "bare p50 (µs)",
     "p50 / bare",
     "round trip p50 (µs)",
@@ -240,6 +244,8 @@ pub(super) fn figure_cells(f: &Figures) -> Vec<String> {
     vec![
         fmt_us(f.uncontended_p50_us),
         fmt_us(f.uncontended_p99_us),
+        f.shared_ratio().map_or("-".into(), |r| format!("{r:.2}x")),
+        f.permit_ratio().map_or("-".into(), |r| format!("{r:.2}x")),
         f.bare_cycle_p50_us.map_or("-".into(), fmt_us),
         f.bare_ratio().map_or("-".into(), |r| format!("{r:.2}x")),
         f.round_trip_p50_us.map_or("-".into(), fmt_us),
