@@ -440,9 +440,9 @@ impl RedisBackend {
         }
     }
 
-    /// How long a writer's mark (see [`shares`]) outlasts the earliest shared holder's
-    /// expiry: past the writer's next attempt, which comes at that expiry, at a release, or
-    /// at the safety poll.
+    /// How long a writer's mark (see [`shares`]) lasts: past the writer's next attempt, which
+    /// comes at a release, at the earliest shared holder's expiry, or at the safety poll (at
+    /// most `poll_ms` away), whichever is first.
     fn writer_slack(&self) -> Duration {
         self.inner.node.config().poll + Duration::from_secs(1)
     }

@@ -65,7 +65,7 @@ return {1, fence}
 const ACQUIRE_LUA: &str = acquire_lua!();
 
 /// [`ACQUIRE_LUA`] behind the read-write check of [`shares`](crate::shares): KEYS lock,
-/// holder, fence, shares, share info, waiting writer; `ARGV[4]` the writer mark's slack in ms.
+/// holder, fence, shares, share info, waiting writer; `ARGV[4]` how long the writer's mark lasts, ms.
 /// Also returns `{-1, 0}` when the name is held as a semaphore (a conflict).
 const ACQUIRE_BESIDE_SHARES_LUA: &str = concat!(crate::shares::writer_check_lua!(), acquire_lua!());
 
@@ -242,7 +242,7 @@ pub struct AcquireWith {
     /// Pipeline `WAIT` behind the script.
     pub replicas: Option<Replicas>,
     /// Respect shared holders (see [`shares`](crate::shares)), marking this writer as waiting
-    /// for this slack past the earliest share's expiry (zero: no mark).
+    /// for this long (zero: no mark).
     pub beside_shares: Option<Duration>,
 }
 
@@ -250,7 +250,7 @@ pub struct AcquireWith {
 /// trip) and the number of replicas that acknowledged is returned too. `WAIT` blocks the
 /// connection it runs on: use a connection of its own for it. With `beside_shares` (the
 /// writer mark's slack, see [`shares`](crate::shares)), live shared holders of the name hold
-/// it too (this writer is marked as waiting), and a name held as a semaphore is a
+/// it too (this writer is marked as waiting for that long), and a name held as a semaphore is a
 /// `Conflict`; fencing is then always on.
 ///
 /// Cancel safety: as [`acquire`].

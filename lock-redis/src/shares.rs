@@ -10,8 +10,9 @@
 //!   held: a request with another mode or limit is refused, not silently split), and owner
 //!   token → `"<fence> <holder metadata>"`.
 //! * `…:writer`: a writer waiting behind shared holders (its token; PX a little past the
-//!   earliest share's expiry, refreshed at each of its attempts). Shared requests that come
-//!   while it exists wait, so a stream of readers cannot starve a writer.
+//!   writer's next attempt, which refreshes it). Shared requests that come while it exists
+//!   wait, so a stream of readers cannot starve a writer; a writer that gives up stops
+//!   holding them back within that PX.
 //!
 //! Every script reads the server clock once, drops the expired shares first, and publishes on
 //! the lock's release channel when a share is released, as the exclusive release does.
@@ -41,11 +42,12 @@ end
 }
 
 /// The read-write check in front of the exclusive acquire script (`KEYS[4..6]`: shares, share
-/// info, waiting writer; `ARGV[4]`: how long past the earliest share's expiry the writer's mark
-/// lasts, ms; 0 for an attempt that will not wait, which marks nothing). Live shares hold the
+/// info, waiting writer; `ARGV[4]`: how long the writer's mark lasts, ms, past the writer's next
+/// attempt; 0 for an attempt that will not wait, which marks nothing). Live shares hold the
 /// name: a shared use gets `{0, ms to the earliest expiry}` and this writer marked as waiting;
 /// a semaphore use is a conflict, `{-1, 0}`. Otherwise the writer's own mark goes, and the
-/// exclusive script runs.
+/// exclusive script runs. The mark is short (not the readers' TTL) so that a writer that gives
+/// up or is cancelled holds later readers back for that long at most.
 macro_rules! writer_check_lua {
     () => {
         concat!(
@@ -58,8 +60,8 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
   if first[2] then
     if redis.call('HGET', KEYS[5], 'mode') ~= 'shared' then return {-1, 0} end
     local left = tonumber(first[2]) - now
-    local slack = tonumber(ARGV[4])
-    if slack > 0 then redis.call('SET', KEYS[6], ARGV[1], 'PX', left + slack) end
+    local mark = tonumber(ARGV[4])
+    if mark > 0 then redis.call('SET', KEYS[6], ARGV[1], 'PX', mark) end
     return {0, left}
   end
 end

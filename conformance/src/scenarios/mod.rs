@@ -276,6 +276,11 @@ pub fn all() -> Vec<Scenario> {
             "read-write lock: a reader arriving behind a waiting writer waits too; the writer gets the lock when the first reader leaves, before the later reader"
         ),
         scenario!(
+            primitives::writer_that_gave_up_frees_readers,
+            needs_shared,
+            "read-write lock: a writer whose wait behind a reader timed out holds later readers back for 3 s at most, not for the readers' TTL (30 s)"
+        ),
+        scenario!(
             primitives::fencing_increases_across_modes,
             needs_shared_fencing,
             "read-write lock with fencing: every reader and writer gets a token above all earlier ones, across modes"

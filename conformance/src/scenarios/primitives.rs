@@ -332,3 +332,35 @@ pub(super) async fn fencing_increases_across_modes(ctx: &Ctx) -> Outcome {
     );
     ok_or(r3.release().await, "release")
 }
+
+/// Read-write: a writer that gives up waiting behind a reader (its wait timed out) holds later
+/// readers back for a short while at most, never for the readers' TTL.
+pub(super) async fn writer_that_gave_up_frees_readers(ctx: &Ctx) -> Outcome {
+    let (r1, r2, w) = (
+        ctx.client().await?,
+        ctx.client().await?,
+        ctx.client().await?,
+    );
+    let name = ctx.name("rw");
+    let ttl = ctx.ttl(Duration::from_secs(30));
+    let read = ctx.opts(ttl).shared();
+    let g1 = must_try(&r1, &name, &read, "the first reader").await?;
+    let write = ctx
+        .opts(ttl)
+        .wait_timeout(ctx.bound(Duration::from_millis(300)));
+    match w.lock(&name, &write).await {
+        Err(e) if e.kind() == ErrorKind::Timeout => {}
+        Ok(_) => return Err("a writer got the lock beside a reader".into()),
+        Err(e) => return Err(format!("the writer's lock(): expected Timeout, got {e}")),
+    }
+    w.flush().await;
+    let gave_up = Instant::now();
+    let bound = ctx.bound(Duration::from_secs(3));
+    let g2 = race_for(&r2, &name, &read, gave_up, gave_up + bound)
+        .await
+        .map_err(|e| {
+            format!("a reader after the writer gave up (TTL {ttl:?}, bound {bound:?}): {e}")
+        })?;
+    ok_or(g2.release().await, "release")?;
+    ok_or(g1.release().await, "release")
+}

@@ -148,6 +148,7 @@ pub(super) fn is_primitive_scenario(name: &str) -> bool {
         "crashed_permit_returns_after_its_ttl",
         "readers_share_and_writers_exclude",
         "waiting_writer_is_not_starved",
+        "writer_that_gave_up_frees_readers",
         "fencing_increases_across_modes",
         "multi_lock_is_all_or_nothing",
         "multi_locks_in_opposite_orders_never_deadlock",
