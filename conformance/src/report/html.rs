@@ -8,8 +8,8 @@ use crate::run::Status;
 
 use super::charts::{Series, log_bar_chart};
 use super::text::{
-    CAPABILITY_ROWS, FIGURE_COLUMNS, FIGURES_LEGEND, capability_value, describe, figure_cells,
-    fmt_ms, note_number, plural,
+    CAPABILITY_ROWS, FIGURE_COLUMNS, FIGURES_LEGEND, PRIMITIVE_ROWS, capability_value, describe,
+    figure_cells, fmt_ms, note_number, plural, primitive_value,
 };
 use super::{Report, count, find};
 
@@ -166,6 +166,42 @@ impl Report {
             }
             let _ = writeln!(w, "</ol>");
         }
+
+        // Primitives, beside the scenario matrix.
+        let _ = writeln!(
+            w,
+            "<h2>Primitives</h2>\n<p class=\"legend\">What each backend gives beyond the mutex, \
+             and why not where it does not.</p>\n<div class=\"scroll\"><table class=\"caps\">\n\
+             <thead><tr><th class=\"left\">primitive</th>"
+        );
+        for b in &self.backends {
+            let _ = write!(w, "<th>{}</th>", esc(&b.label));
+        }
+        let _ = writeln!(w, "</tr></thead>\n<tbody>");
+        for (row, what) in PRIMITIVE_ROWS {
+            let _ = write!(
+                w,
+                "<tr><th class=\"left\" scope=\"row\">{}<div class=\"sum\">{}</div></th>",
+                esc(row),
+                esc(what)
+            );
+            for b in &self.backends {
+                let v = b
+                    .capabilities
+                    .as_ref()
+                    .map_or("?".to_string(), |c| primitive_value(c, row));
+                let cls = if v == "yes" {
+                    "yes"
+                } else if v.starts_with("no") {
+                    "no"
+                } else {
+                    "val"
+                };
+                let _ = write!(w, "<td class=\"{cls}\">{}</td>", esc(&v));
+            }
+            let _ = writeln!(w, "</tr>");
+        }
+        let _ = writeln!(w, "</tbody></table></div>");
 
         // Capabilities.
         let _ = writeln!(

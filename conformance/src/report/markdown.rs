@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 use crate::run::Status;
 
 use super::text::{
-    CAPABILITY_ROWS, FIGURE_COLUMNS, FIGURES_LEGEND, capability_value, describe, figure_cells,
-    note_number, plural,
+    CAPABILITY_ROWS, FIGURE_COLUMNS, FIGURES_LEGEND, PRIMITIVE_ROWS, capability_value, describe,
+    figure_cells, note_number, plural, primitive_value,
 };
 use super::{Report, count, find};
 
@@ -136,6 +136,24 @@ impl Report {
             }
             let _ = writeln!(w);
             let _ = what;
+        }
+
+        let _ = writeln!(w, "\n## Primitives\n");
+        let _ = write!(w, "| primitive |");
+        for b in &self.backends {
+            let _ = write!(w, " {} |", md_cell(&b.label));
+        }
+        let _ = writeln!(w, "\n|---|{}", "---|".repeat(self.backends.len()));
+        for (row, what) in PRIMITIVE_ROWS {
+            let _ = write!(w, "| {row} ({}) |", md_cell(what));
+            for b in &self.backends {
+                let v = b
+                    .capabilities
+                    .as_ref()
+                    .map_or("?".to_string(), |c| primitive_value(c, row));
+                let _ = write!(w, " {} |", md_cell(&v));
+            }
+            let _ = writeln!(w);
         }
 
         let _ = writeln!(w, "\n## Figures\n");

@@ -219,6 +219,36 @@ fn a_figure_measured_by_a_passing_scenario_is_noted_beside_its_pass() {
     assert_eq!(r.failed(), fake_report().failed(), "a figure is no failure");
 }
 
+/// The primitives matrix: a row per primitive, a cell per backend, a reason for every "no".
+#[test]
+fn primitives_matrix_gives_a_reason_for_every_no() {
+    let mut r = fake_report();
+    if let Some(c) = r.backends[0].capabilities.as_mut() {
+        c.shared = lockcore::Support::Yes;
+        c.permits = lockcore::Support::no("a majority does not keep a count");
+    }
+    let md = r.to_markdown();
+    let row = |name: &str| {
+        md.lines()
+            .find(|l| l.starts_with(&format!("| {name} (")))
+            .unwrap_or_else(|| panic!("no {name} row: {md}"))
+            .to_string()
+    };
+    assert!(row("read-write lock").contains("| yes |"), "{md}");
+    assert!(
+        row("semaphore").contains("no: a majority does not keep a count"),
+        "{md}"
+    );
+    assert!(
+        row("semaphore").contains("no: not declared by this backend"),
+        "{md}"
+    );
+    assert!(row("mutex").matches("| yes").count() >= 2, "{md}");
+    let html = r.to_html();
+    assert!(html.contains("<h2>Primitives</h2>"));
+    assert!(html.contains("no: a majority does not keep a count"));
+}
+
 #[test]
 fn json_round_trips_statuses() {
     let json = fake_report().to_json();

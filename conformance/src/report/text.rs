@@ -124,6 +124,43 @@ pub(super) fn capability_value(c: &Capabilities, cap: &str) -> Vec<String> {
     }
 }
 
+/// The primitives-by-backend rows: the primitive and what it is.
+pub(super) const PRIMITIVE_ROWS: [(&str, &str); 5] = [
+    ("mutex", "one holder at a time"),
+    (
+        "read-write lock",
+        "readers together, a writer alone (LockMode::Shared)",
+    ),
+    (
+        "semaphore",
+        "at most N holders, each permit a lease (LockMode::Permit)",
+    ),
+    (
+        "multi-lock",
+        "several names all or nothing (Locker::lock_all), in canonical order",
+    ),
+    (
+        "leader election",
+        "campaign / leader / watch_leader (Locker::campaign), the term a fencing token",
+    ),
+];
+
+/// Whether a backend with `c` gives the primitive of `row`, and why not.
+pub(super) fn primitive_value(c: &Capabilities, row: &str) -> String {
+    match row {
+        "mutex" => "yes".into(),
+        "read-write lock" => support(&c.shared).join(""),
+        "semaphore" => support(&c.permits).join(""),
+        "multi-lock" => "yes: one acquisition per name, in canonical order".into(),
+        "leader election" if !c.inspect => {
+            "campaign yes; leader() no: the backend cannot read who holds a lock".into()
+        }
+        "leader election" if !c.fencing => "yes, without terms (no fencing tokens)".into(),
+        "leader election" => "yes".into(),
+        _ => "?".into(),
+    }
+}
+
 fn support(s: &lockcore::Support) -> Vec<String> {
     vec![match s.why_not() {
         None => "yes".to_string(),
