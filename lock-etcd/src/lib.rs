@@ -66,6 +66,28 @@
 //!   acquiring put. `inspect` reads the queue (holder first, waiters behind) in one request and
 //!   the holder lease's time to live in a second.
 //!
+//! # Shared holders and permits
+//!
+//! Readers ([`LockMode::Shared`](lockcore::LockMode::Shared)) and semaphore permits
+//! ([`LockMode::Permit`](lockcore::LockMode::Permit)) queue in the same directory, one key
+//! each, with its own lease (TTL, renewal, lost signal as above) and its create revision as
+//! fencing token (one counter across modes). The mode is a suffix of the key's name
+//! (`:shared`, `:permit-<limit>`; none for exclusive, whose keys are named as before), so the
+//! keys-only reads of the queue show it at no cost. By the keys ahead of it, as etcd's
+//! `recipes.RWMutex` and a counting semaphore over the mutex's queue: an exclusive key holds
+//! when none is ahead; a shared key when no exclusive one is (so a waiting writer holds up the
+//! readers behind it, and readers cannot starve writers); a permit key when fewer than `limit`
+//! are. A waiter waits only for the deletions that can let it in (a reader for the last writer
+//! ahead, a permit for as many of the keys ahead as it is places over the limit, counted on the
+//! client's watch), then looks once: one release wakes one waiter. A shared or permit
+//! `try_lock` that may join the holders puts its key only if no key was created since it looked
+//! (two transactions). A request that finds a semaphore with another limit ahead of it, or a
+//! semaphore beside a mutex or read-write lock, fails at once with
+//! [`ErrorKind::Conflict`](lockcore::ErrorKind::Conflict) (a waiting one withdraws its key
+//! first). An etcd `concurrency.Mutex` sees readers and permit holders as holders (it waits for
+//! every key ahead: safe), and its key reads as exclusive here (a permit request beside it is a
+//! conflict).
+//!
 //! # Interoperating with other lock clients
 //!
 //! etcd's own `concurrency.Mutex` (Go; `etcdctl lock`, and the etcd `v3lock` service's `Lock`
@@ -96,6 +118,7 @@ mod keeper;
 mod lease;
 mod members;
 mod metrics;
+mod modes;
 mod pool;
 mod queue;
 mod registration;
