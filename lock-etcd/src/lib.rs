@@ -63,8 +63,8 @@
 //! * Fencing token: the key's create revision, which increases across holders, restarts and
 //!   leader changes.
 //! * Holder metadata ([`lockcore::Holder`]): the value of each contender's key, written by the
-//!   acquiring put. `inspect` reads the queue (holder first, waiters behind) in one request and
-//!   the holder lease's time to live in a second.
+//!   acquiring put. `inspect` reads the queue (holders first, waiters behind) in one request and
+//!   each holder lease's time to live in a second round trip.
 //!
 //! # Shared holders and permits
 //!
@@ -175,7 +175,8 @@ impl Backend for EtcdBackend {
         EtcdBackend::force_release(self, name).await.map(|n| n > 0)
     }
 
-    /// The queue in one read; the holder's key value is its metadata.
+    /// The queue in one read, then each holder's lease; a holder's key value is its metadata,
+    /// its name's suffix its mode.
     ///
     /// Cancel safe.
     async fn inspect(&self, name: &LockName) -> Result<LockInfo> {
@@ -197,7 +198,7 @@ impl Backend for EtcdBackend {
         self.bare_put_delete(name).await
     }
 
-    /// The keys under the lock's prefix behind the holder's (one read).
+    /// The keys under the lock's prefix that do not hold (one keys-only read).
     ///
     /// Cancel safe.
     async fn queued_waiters(&self, name: &LockName) -> Result<usize> {

@@ -614,8 +614,8 @@ async fn from_client_shares_the_applications_client() {
 }
 
 /// Permits hand over without a herd: with two of two permits held and three permit waiters
-/// queued on one client, each release lets in the first waiter only, at one wake-up and one
-/// look at the queue each (the others count the deletion on the watch and stay put); inspect
+/// queued on one client, each release (in any order) lets in the first waiter only, at one
+/// wake-up and one look at the queue each (the others count the deletion on the watch and stay put); inspect
 /// shows both permit holders, their mode and the waiters.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_release_wakes_only_the_waiter_it_lets_in() {
@@ -660,7 +660,9 @@ async fn a_permit_release_wakes_only_the_waiter_it_lets_in() {
 
     let before = backend.stats();
     let mut handed = Vec::new();
-    for (i, g) in held.into_iter().enumerate() {
+    // Released last holder first: a permit waiter must not wait on one particular holder (the
+    // first in line would then sit out the other's release until its re-check timer).
+    for (i, g) in held.into_iter().rev().enumerate() {
         g.release().await.unwrap();
         let (first, g) = rx.recv().await.unwrap();
         assert_eq!(first, i, "FIFO: the first waiter in line gets the permit");
