@@ -141,7 +141,9 @@ impl Backend for EtcdBackend {
         &self.inner.capabilities
     }
 
-    /// One transaction: put this acquisition's key only if the lock has no key at all.
+    /// One transaction: put this acquisition's key only if the lock has no key at all. A shared
+    /// or permit request that finds holders it may join puts its key in a second one, only if
+    /// no key was created since it looked.
     ///
     /// Cancel safety: a dropped attempt revokes its lease in the background (which removes a
     /// key that may have landed); at worst the key dies with the lease after the TTL.
@@ -149,7 +151,9 @@ impl Backend for EtcdBackend {
         self.run(req, false).await
     }
 
-    /// Queues (one transaction) and waits for the predecessor's deletion on the client's watch.
+    /// Queues (one transaction) and waits on the client's watch for the deletions that let it
+    /// in (an exclusive waiter's predecessor's; see the crate docs for shares and permits). A
+    /// request whose mode conflicts with a key ahead withdraws its key and fails at once.
     ///
     /// Cancel safety: a dropped or timed-out wait deletes its queue key in the background
     /// (covered by [`lockcore::Locker::flush`]); at worst the key dies with its lease.
