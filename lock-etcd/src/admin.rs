@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
 use lockcore::{Error, ErrorKind, Instant, LockName, Result};
 
 use crate::backend::EtcdBackend;
+use crate::modes::holders;
 
 /// The TTL of the lease `bare_cycle` uses.
 pub(crate) const BARE_TTL_SECS: i64 = 60;
@@ -80,18 +81,28 @@ impl EtcdBackend {
         Ok(())
     }
 
-    /// The count of `Backend::queued_waiters`.
+    /// The count of `Backend::queued_waiters`: the keys that do not hold (behind the holder,
+    /// or behind the shared or permit holders), from one keys-only read of the queue.
     pub(crate) async fn count_waiters(&self, name: &LockName) -> Result<usize> {
         let dir = self.dir(name);
         let resp = self
-            .call("counting the lock's queue", |mut c| {
+            .call("reading the lock's queue", |mut c| {
                 let dir = dir.clone();
                 async move {
-                    c.get(dir, Some(GetOptions::new().with_prefix().with_count_only()))
-                        .await
+                    c.get(
+                        dir,
+                        Some(
+                            GetOptions::new()
+                                .with_prefix()
+                                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                                .with_keys_only(),
+                        ),
+                    )
+                    .await
                 }
             })
             .await?;
-        Ok(usize::try_from(resp.count()).unwrap_or(0).saturating_sub(1))
+        let keys: Vec<_> = resp.kvs().iter().map(|kv| kv.key()).collect();
+        Ok(holders(&keys).into_iter().filter(|holds| !holds).count())
     }
 }

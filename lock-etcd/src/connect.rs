@@ -179,8 +179,10 @@ impl EtcdBackend {
 
     pub(crate) fn capabilities_for() -> Capabilities {
         let mut c = Capabilities::default();
-        c.shared = lockcore::Support::no("not yet implemented in lock-etcd");
-        c.permits = lockcore::Support::no("not yet implemented in lock-etcd");
+        // Both in the lock's one queue (see the crate docs): each share or permit is a key of
+        // its own, with its own lease, fencing token and lost signal.
+        c.shared = lockcore::Support::Yes;
+        c.permits = lockcore::Support::Yes;
         c.fencing = true;
         c.fair = true;
         c.wait = WaitKind::Notify;
@@ -211,6 +213,7 @@ impl EtcdBackend {
             "lost signal: the lock key deleted behind the holder or its lease's keep-alive refused (renewal refused), the lease run out unrenewed (validity expired), or, after an extend to another TTL whose outcome is unknown, no keep-alive acknowledged for the lease the key may have moved to before it may expire (connection lost)".into(),
             "waiters: the watch and requests require a leader (a member cut off from the quorum cancels the watch); a waiter re-checks the queue at least once per lease TTL (1 to 10 s) even when its watch is silent; a queued waiter's lease is kept alive through outages (FIFO place kept while it lives)".into(),
             "fencing token = the lock key's create revision; FIFO by create revision; one release wakes one waiter (one synced watch per client)".into(),
+            "shared holders and permits are keys of the one queue, their mode a suffix of the key name: a reader holds when no exclusive key is ahead of it (a waiting writer holds up later readers), a permit when fewer than its limit of keys are ahead; a waiter waits for the deletions that let it in (one look at the queue per hand-over); another limit, or a semaphore beside a mutex or read-write lock, is refused as a conflict; an etcd concurrency.Mutex key counts as exclusive".into(),
             "extend with the TTL acquired with is one keep-alive; another TTL (longer or shorter) moves the key to a new lease granted that TTL (one grant, one owner-checked transaction keeping the create revision; the old lease is revoked in the background)".into(),
         ];
         c

@@ -1,20 +1,21 @@
-//! `inspect`: the lock's queue in one read (holder first), then the holder lease's TTL.
+//! `inspect`: the lock's queue in one read (holders first), then each holder lease's TTL.
 //!
-//! The holder's metadata is the value of its key ([`Holder::encode`], written by the acquire
-//! transaction's put: no extra request), the fencing token its create revision, the waiters the
-//! keys behind it.
+//! A holder's metadata is the value of its key ([`Holder::encode`], written by the acquire
+//! transaction's put: no extra request), the fencing token its create revision, the mode its
+//! key name's suffix; the waiters are the keys that do not hold.
 
 use std::time::Duration;
 
 use etcd_client::{GetOptions, SortOrder, SortTarget};
-use lockcore::{Holder, LockInfo, LockName, Result};
+use lockcore::{Holder, LockInfo, LockMode, LockName, Result, Share};
 
 use crate::backend::EtcdBackend;
+use crate::modes::{holders, mode_of};
 
 impl EtcdBackend {
-    /// See [`Backend::inspect`](lockcore::backend::Backend::inspect). Two reads when held (the
-    /// queue, the holder lease's time to live), one when free. The TTL left is in whole seconds
-    /// (etcd's lease granularity).
+    /// See [`Backend::inspect`](lockcore::backend::Backend::inspect). One read when free; when
+    /// held, one more per holder (its lease's time to live), sent together. The TTL left is in
+    /// whole seconds (etcd's lease granularity).
     pub(crate) async fn inspect_lock(&self, name: &LockName) -> Result<LockInfo> {
         let dir = self.dir(name);
         let resp = self
@@ -33,26 +34,61 @@ impl EtcdBackend {
                 }
             })
             .await?;
-        let Some(head) = resp.kvs().first() else {
+        let kvs = resp.kvs();
+        let Some(head) = kvs.first() else {
             return Ok(LockInfo::free(name.clone(), Some(0)));
         };
-        let waiters = resp.kvs().len() - 1;
-        let lease = head.lease();
-        let ttl_left = if lease == 0 {
-            None
-        } else {
-            let ttl = self
-                .call("reading the holder's lease", |mut c| async move {
-                    c.lease_time_to_live(lease, None).await
-                })
-                .await?;
-            // -1: the lease expired between the two reads.
-            u64::try_from(ttl.ttl()).ok().map(Duration::from_secs)
-        };
-        Ok(LockInfo::held(name.clone())
-            .with_fencing_token(u64::try_from(head.create_revision()).ok())
-            .with_ttl_left(ttl_left)
-            .with_holder(head.value_str().ok().and_then(Holder::decode))
-            .with_waiters(Some(waiters)))
+        let holds = holders(&kvs.iter().map(|kv| kv.key()).collect::<Vec<_>>());
+        let held: Vec<_> = kvs.iter().zip(&holds).filter(|(_, h)| **h).collect();
+        let waiters = kvs.len() - held.len();
+        // The lease reads go out together: a semaphore's holders are read in one round trip.
+        let ttls: Vec<_> = held
+            .iter()
+            .map(|(kv, _)| {
+                let (backend, lease) = (self.clone(), kv.lease());
+                tokio::spawn(async move { backend.ttl_left(lease).await })
+            })
+            .collect();
+        let mut shares = Vec::with_capacity(held.len());
+        for ((kv, _), ttl) in held.iter().zip(ttls) {
+            let ttl_left = ttl.await.map_err(|e| {
+                lockcore::Error::new(
+                    lockcore::ErrorKind::Backend,
+                    format!("reading a holder's lease: {e}"),
+                )
+            })??;
+            shares.push(Share::new(
+                u64::try_from(kv.create_revision()).ok(),
+                ttl_left,
+                kv.value_str().ok().and_then(Holder::decode),
+            ));
+        }
+        let info = LockInfo::held(name.clone()).with_waiters(Some(waiters));
+        match mode_of(head.key()) {
+            LockMode::Exclusive => {
+                let first = shares.first();
+                Ok(info
+                    .with_fencing_token(first.and_then(|s| s.fencing_token))
+                    .with_ttl_left(first.and_then(|s| s.ttl_left))
+                    .with_holder(first.and_then(|s| s.holder.clone()))
+                    .with_mode(Some(LockMode::Exclusive)))
+            }
+            mode => Ok(info.with_shares(shares).with_mode(Some(mode))),
+        }
+    }
+
+    /// The time to live of lease `lease` (none for a key without one, or a lease that expired
+    /// since the queue was read).
+    async fn ttl_left(&self, lease: i64) -> Result<Option<Duration>> {
+        if lease == 0 {
+            return Ok(None);
+        }
+        let ttl = self
+            .call("reading a holder's lease", |mut c| async move {
+                c.lease_time_to_live(lease, None).await
+            })
+            .await?;
+        // -1: the lease expired between the two reads.
+        Ok(u64::try_from(ttl.ttl()).ok().map(Duration::from_secs))
     }
 }

@@ -63,8 +63,30 @@
 //! * Fencing token: the key's create revision, which increases across holders, restarts and
 //!   leader changes.
 //! * Holder metadata ([`lockcore::Holder`]): the value of each contender's key, written by the
-//!   acquiring put. `inspect` reads the queue (holder first, waiters behind) in one request and
-//!   the holder lease's time to live in a second.
+//!   acquiring put. `inspect` reads the queue (holders first, waiters behind) in one request and
+//!   each holder lease's time to live in a second round trip.
+//!
+//! # Shared holders and permits
+//!
+//! Readers ([`LockMode::Shared`](lockcore::LockMode::Shared)) and semaphore permits
+//! ([`LockMode::Permit`](lockcore::LockMode::Permit)) queue in the same directory, one key
+//! each, with its own lease (TTL, renewal, lost signal as above) and its create revision as
+//! fencing token (one counter across modes). The mode is a suffix of the key's name
+//! (`:shared`, `:permit-<limit>`; none for exclusive, whose keys are named as before), so the
+//! keys-only reads of the queue show it at no cost. By the keys ahead of it, as etcd's
+//! `recipes.RWMutex` and a counting semaphore over the mutex's queue: an exclusive key holds
+//! when none is ahead; a shared key when no exclusive one is (so a waiting writer holds up the
+//! readers behind it, and readers cannot starve writers); a permit key when fewer than `limit`
+//! are. A waiter waits only for the deletions that can let it in (a reader for the last writer
+//! ahead, a permit for as many of the keys ahead as it is places over the limit, counted on the
+//! client's watch), then looks once: one release wakes one waiter. A shared or permit
+//! `try_lock` that may join the holders puts its key only if no key was created since it looked
+//! (two transactions). A request that finds a semaphore with another limit ahead of it, or a
+//! semaphore beside a mutex or read-write lock, fails at once with
+//! [`ErrorKind::Conflict`](lockcore::ErrorKind::Conflict) (a waiting one withdraws its key
+//! first). An etcd `concurrency.Mutex` sees readers and permit holders as holders (it waits for
+//! every key ahead: safe), and its key reads as exclusive here (a permit request beside it is a
+//! conflict).
 //!
 //! # Interoperating with other lock clients
 //!
@@ -96,6 +118,7 @@ mod keeper;
 mod lease;
 mod members;
 mod metrics;
+mod modes;
 mod pool;
 mod queue;
 mod registration;
@@ -118,7 +141,9 @@ impl Backend for EtcdBackend {
         &self.inner.capabilities
     }
 
-    /// One transaction: put this acquisition's key only if the lock has no key at all.
+    /// One transaction: put this acquisition's key only if the lock has no key at all. A shared
+    /// or permit request that finds holders it may join puts its key in a second one, only if
+    /// no key was created since it looked.
     ///
     /// Cancel safety: a dropped attempt revokes its lease in the background (which removes a
     /// key that may have landed); at worst the key dies with the lease after the TTL.
@@ -126,7 +151,9 @@ impl Backend for EtcdBackend {
         self.run(req, false).await
     }
 
-    /// Queues (one transaction) and waits for the predecessor's deletion on the client's watch.
+    /// Queues (one transaction) and waits on the client's watch for the deletions that let it
+    /// in (an exclusive waiter's predecessor's; see the crate docs for shares and permits). A
+    /// request whose mode conflicts with a key ahead withdraws its key and fails at once.
     ///
     /// Cancel safety: a dropped or timed-out wait deletes its queue key in the background
     /// (covered by [`lockcore::Locker::flush`]); at worst the key dies with its lease.
@@ -152,7 +179,8 @@ impl Backend for EtcdBackend {
         EtcdBackend::force_release(self, name).await.map(|n| n > 0)
     }
 
-    /// The queue in one read; the holder's key value is its metadata.
+    /// The queue in one read, then each holder's lease; a holder's key value is its metadata,
+    /// its name's suffix its mode.
     ///
     /// Cancel safe.
     async fn inspect(&self, name: &LockName) -> Result<LockInfo> {
@@ -174,7 +202,7 @@ impl Backend for EtcdBackend {
         self.bare_put_delete(name).await
     }
 
-    /// The keys under the lock's prefix behind the holder's (one read).
+    /// The keys under the lock's prefix that do not hold (one keys-only read).
     ///
     /// Cancel safe.
     async fn queued_waiters(&self, name: &LockName) -> Result<usize> {

@@ -11,12 +11,13 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 use lockcore::backend::{AcquireRequest, Acquired, CancelCleanUp, CleanUpIfCancelled, CleanUpTask};
-use lockcore::{Error, ErrorKind, Instant, Result};
+use lockcore::{Error, ErrorKind, Instant, LockMode, Result};
 
 use crate::backend::{EtcdBackend, ttl_secs};
 use crate::errors::lease_not_found;
 use crate::keeper::{LeaseCell, Renewal};
-use crate::watch::Wake;
+use crate::modes::{Next, conflict, deletions, key_suffix, next};
+use crate::watch::{Dispatch, Floor, Wake};
 
 /// How long a waiter waits on its watch before it re-checks the queue anyway, at most: a watch
 /// can be silent (a member cut off from the quorum, before require-leader cancels it), and the
@@ -27,8 +28,10 @@ pub(crate) const RECHECK_MAX: Duration = Duration::from_secs(10);
 
 impl EtcdBackend {
     /// The recipe. `wait == false`: one transaction that puts the key only if the lock's
-    /// directory is empty. Otherwise queue and wait without deadline (the caller bounds it by
-    /// dropping the future; the queue clean-up then deletes the key in the background).
+    /// directory is empty (a shared or permit try that finds holders it may join puts its key
+    /// in a second one, only if no key came since it looked). Otherwise queue and wait without
+    /// deadline (the caller bounds it by dropping the future; the queue clean-up then deletes
+    /// the key in the background).
     pub(crate) async fn run(&self, req: &AcquireRequest, wait: bool) -> Result<Option<Acquired>> {
         let secs = ttl_secs(req.ttl);
         let dir = self.dir(&req.name);
@@ -44,14 +47,16 @@ impl EtcdBackend {
         let dispatch = &self.inner.dispatch;
         // The keys of this acquisition's attempts start so (see below).
         let own_prefix = format!("{dir}{}-", req.token.to_hex());
+        let exclusive = req.mode == LockMode::Exclusive;
+        let suffix = key_suffix(&req.mode);
         'enqueue: loop {
             // Each attempt puts a key of its own name: the owner token (the same for a retried
-            // acquisition) and this client's attempt number. The clean-up of an abandoned
-            // attempt, still running, can then never meet the key of a later attempt (a re-put
-            // of the same name would keep the old create revision, so that comparing it would
-            // not tell the two apart).
+            // acquisition) and this client's attempt number, then the mode's suffix (none for
+            // an exclusive one). The clean-up of an abandoned attempt, still running, can then
+            // never meet the key of a later attempt (a re-put of the same name would keep the
+            // old create revision, so that comparing it would not tell the two apart).
             let attempt = self.inner.stats.attempts.fetch_add(1, Ordering::Relaxed);
-            let key = format!("{dir}{}-{attempt:x}", req.token.to_hex());
+            let key = format!("{dir}{}-{attempt:x}{suffix}", req.token.to_hex());
             queued.key = key.clone();
             let (cell, fresh) = self.lease_for(secs).await?;
             queued.state = QueueState::Sending(cell.clone());
@@ -77,12 +82,19 @@ impl EtcdBackend {
                 Txn::new()
                     .when([empty])
                     .and_then([put.clone()])
-                    .or_else([put, TxnOp::get(dir.as_str(), Some(queue))])
+                    .or_else([put.clone(), TxnOp::get(dir.as_str(), Some(queue))])
             } else {
+                // An exclusive try needs the first key only (its mode tells a conflict); a
+                // shared or permit try looks at every key it would queue behind.
+                let queue = if exclusive {
+                    queue.with_limit(1)
+                } else {
+                    queue
+                };
                 Txn::new()
                     .when([empty])
-                    .and_then([put])
-                    .or_else([TxnOp::get(dir.as_str(), Some(queue.with_limit(1)))])
+                    .and_then([put.clone()])
+                    .or_else([TxnOp::get(dir.as_str(), Some(queue))])
             };
             let resp = match self.txn("acquiring the lock", txn).await {
                 Ok(r) => r,
@@ -95,12 +107,18 @@ impl EtcdBackend {
             };
             // Our key's create revision: the transaction's own (the key name is new), as the
             // queue listing sent behind the put also shows.
-            let mut revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            let listed_at = resp.header().map(|h| h.revision()).unwrap_or(0);
+            let mut revision = listed_at;
+            let mut listing = Vec::new();
             for op in resp.op_responses() {
-                if let TxnOpResponse::Get(get) = op
-                    && let Some(own) = get.kvs().iter().find(|kv| kv.key() == key.as_bytes())
-                {
-                    revision = own.create_revision();
+                if let TxnOpResponse::Get(get) = op {
+                    for kv in get.kvs() {
+                        if kv.key() == key.as_bytes() {
+                            revision = kv.create_revision();
+                        } else {
+                            listing.push((kv.key().to_vec(), kv.create_revision()));
+                        }
+                    }
                 }
             }
             if resp.succeeded() || wait {
@@ -108,6 +126,37 @@ impl EtcdBackend {
             } else {
                 queued.state = QueueState::Idle;
             }
+            // The keys ahead of ours (of a try, which put none: every key listed).
+            let ahead: Vec<(&[u8], i64)> = listing
+                .iter()
+                .filter(|(_, created)| !wait || *created < revision)
+                .map(|(k, created)| (k.as_slice(), *created))
+                .collect();
+            if let Some(e) = conflict(&req.mode, ahead.iter().map(|(k, _)| *k)) {
+                if wait {
+                    // Refused: take our key out at once, so that it is not in the way of the
+                    // name's users (a failed delete is left to the clean-up and the lease).
+                    let txn = Txn::new()
+                        .when([Compare::create_revision(
+                            key.as_str(),
+                            CompareOp::Equal,
+                            revision,
+                        )])
+                        .and_then([TxnOp::delete(key.as_str(), None)]);
+                    if self.txn("withdrawing a refused key", txn).await.is_ok() {
+                        queued.state = QueueState::Idle;
+                        self.pool_put(secs, cell);
+                    }
+                } else {
+                    self.pool_put(secs, cell);
+                }
+                return Err(e);
+            }
+            let step = if resp.succeeded() {
+                Next::Hold
+            } else {
+                next(&req.mode, &ahead)
+            };
             // The lease's TTL counts from the keep-alive sent with the transaction, or for a
             // new lease from its grant's send (the lease expires one TTL after the grant, not
             // after this transaction: counting from here would overstate the validity by the
@@ -136,44 +185,67 @@ impl EtcdBackend {
                     }
                 },
             };
-            if resp.succeeded() {
-                queued.disarm();
-                let lease = self.hold(req, cell, key, revision, floor);
-                return Ok(Some(
-                    Acquired::new(lease, lease_sent).with_granted_ttl(granted),
-                ));
-            }
-            if !wait {
-                drop(floor);
-                self.pool_put(secs, cell);
-                return Ok(None);
-            }
+            let (keys, needed) = match step {
+                Next::Hold if resp.succeeded() || wait => {
+                    queued.disarm();
+                    let lease = self.hold(req, cell, key, revision, floor);
+                    return Ok(Some(
+                        Acquired::new(lease, lease_sent).with_granted_ttl(granted),
+                    ));
+                }
+                Next::Hold => {
+                    // A shared or permit try that may join the holders it saw: put the key if
+                    // no key was created since (one may only have left), else look again.
+                    queued.state = QueueState::Sending(cell.clone());
+                    let unchanged =
+                        Compare::create_revision(dir.as_str(), CompareOp::Less, listed_at + 1)
+                            .with_prefix();
+                    let txn = Txn::new().when([unchanged]).and_then([put]);
+                    let resp = match self.txn("joining the lock's holders", txn).await {
+                        Ok(r) => r,
+                        Err(e) if lease_not_found(&e) => {
+                            queued.state = QueueState::Idle;
+                            continue 'enqueue;
+                        }
+                        Err(e) => return Err(e),
+                    };
+                    if !resp.succeeded() {
+                        queued.state = QueueState::Idle;
+                        drop(floor);
+                        self.pool_put(secs, cell);
+                        continue 'enqueue;
+                    }
+                    let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+                    queued.disarm();
+                    let lease = self.hold(req, cell, key, revision, floor);
+                    return Ok(Some(
+                        Acquired::new(lease, lease_sent).with_granted_ttl(granted),
+                    ));
+                }
+                Next::Wait { .. } if !wait => {
+                    drop(floor);
+                    self.pool_put(secs, cell);
+                    return Ok(None);
+                }
+                Next::Wait { keys, needed } => (keys, needed),
+            };
             // Queued: keep the queue key alive while waiting.
             self.inner.keeper.keep(cell.clone(), None);
             let mut own = Some(dispatch.deleted(key.as_bytes(), revision, &floor));
-            let mut gone = None;
-            for op in resp.op_responses() {
-                if let TxnOpResponse::Get(get) = op
-                    && let Some(pred) = get
-                        .kvs()
-                        .iter()
-                        .filter(|kv| kv.create_revision() < revision && kv.key() != key.as_bytes())
-                        .max_by_key(|kv| kv.create_revision())
-                    // An earlier attempt of ours ahead: the re-check deletes it (see there).
-                    && !pred.key().starts_with(own_prefix.as_bytes())
-                {
-                    gone = Some(dispatch.deleted(pred.key(), pred.create_revision(), &floor));
-                }
-            }
+            // An earlier attempt of ours ahead: the re-check deletes it (see there).
+            let mut gone = (!keys
+                .iter()
+                .any(|(k, _)| k.starts_with(own_prefix.as_bytes())))
+            .then(|| subscribe(dispatch, &keys, needed, &floor));
             drop(floor);
             let recheck = recheck_every(cell.ttl);
             loop {
-                if let Some(pred) = gone.take() {
-                    // Queued and watching: the predecessor's deletion wakes this waiter.
+                if let Some((subs, needed)) = gone.take() {
+                    // Queued and watching: the deletions ahead that let us in wake this waiter.
                     req.waiting.mark();
                     tokio::select! {
-                        w = pred => {
-                            if w == Ok(Wake::Deleted) {
+                        w = deletions(subs, needed) => {
+                            if w == Wake::Deleted {
                                 self.inner.stats.wakeups.fetch_add(1, Ordering::Relaxed);
                             }
                         }
@@ -200,9 +272,16 @@ impl EtcdBackend {
                 let ahead = GetOptions::new()
                     .with_prefix()
                     .with_max_create_revision(revision - 1)
-                    .with_sort(SortTarget::Create, SortOrder::Descend)
-                    .with_limit(1)
                     .with_keys_only();
+                // An exclusive waiter needs its predecessor only; a shared or permit one every
+                // key ahead (the writers among them, or how many).
+                let ahead = if exclusive {
+                    ahead
+                        .with_sort(SortTarget::Create, SortOrder::Descend)
+                        .with_limit(1)
+                } else {
+                    ahead.with_sort(SortTarget::Create, SortOrder::Ascend)
+                };
                 let txn = Txn::new()
                     .when([Compare::create_revision(
                         key.as_str(),
@@ -228,36 +307,42 @@ impl EtcdBackend {
                     // The subscription fired (a resync): subscribe again.
                     own = Some(dispatch.deleted(key.as_bytes(), revision, &floor));
                 }
-                let mut ahead = None;
+                let mut listing = Vec::new();
                 for op in resp.op_responses() {
                     if let TxnOpResponse::Get(get) = op {
-                        ahead = get
-                            .kvs()
-                            .first()
-                            .map(|kv| (kv.key().to_vec(), kv.create_revision()));
+                        listing.extend(
+                            get.kvs()
+                                .iter()
+                                .map(|kv| (kv.key().to_vec(), kv.create_revision())),
+                        );
                     }
                 }
-                match ahead {
-                    Some((pred, created)) if pred.starts_with(own_prefix.as_bytes()) => {
+                let ahead: Vec<(&[u8], i64)> =
+                    listing.iter().map(|(k, c)| (k.as_slice(), *c)).collect();
+                match next(&req.mode, &ahead) {
+                    Next::Wait { keys, needed } => {
+                        let mine: Vec<_> = keys
+                            .iter()
+                            .filter(|(k, _)| k.starts_with(own_prefix.as_bytes()))
+                            .collect();
+                        if mine.is_empty() {
+                            gone = Some(subscribe(dispatch, &keys, needed, &floor));
+                            drop(floor);
+                            continue;
+                        }
                         drop(floor);
                         // An earlier attempt of this same acquisition (the contract retries an
                         // attempt that failed `Unavailable` with the same token), whose
                         // clean-up failed or has not run yet: ours to delete, not to wait for
                         // until its lease expires. Then look again at once.
-                        let txn = Txn::new()
-                            .when([Compare::create_revision(
-                                pred.as_slice(),
-                                CompareOp::Equal,
-                                created,
-                            )])
-                            .and_then([TxnOp::delete(pred.as_slice(), None)]);
-                        self.txn("deleting an abandoned attempt's key", txn).await?;
+                        for (pred, created) in mine {
+                            let txn = Txn::new()
+                                .when([Compare::create_revision(*pred, CompareOp::Equal, *created)])
+                                .and_then([TxnOp::delete(*pred, None)]);
+                            self.txn("deleting an abandoned attempt's key", txn).await?;
+                        }
                     }
-                    Some((pred, created)) => {
-                        gone = Some(dispatch.deleted(&pred, created, &floor));
-                        drop(floor);
-                    }
-                    None => {
+                    Next::Hold => {
                         let (lease_sent, granted) = match renewal {
                             Ok(Ok(Renewal::Alive { sent, ttl })) => (sent.min(sent_at), ttl),
                             // No answer to the keep-alive: count from the last one answered.
@@ -273,6 +358,21 @@ impl EtcdBackend {
             }
         }
     }
+}
+
+/// Subscribes to the deletion of each of `keys` (key, create revision) on the client's watch:
+/// what [`deletions`] waits on for `needed` of them.
+fn subscribe(
+    dispatch: &Dispatch,
+    keys: &[(&[u8], i64)],
+    needed: usize,
+    floor: &Floor,
+) -> (Vec<tokio::sync::oneshot::Receiver<Wake>>, usize) {
+    let subs = keys
+        .iter()
+        .map(|(k, created)| dispatch.deleted(k, *created, floor))
+        .collect();
+    (subs, needed)
 }
 
 /// Where an acquisition stands, for the clean-up when it ends without the lock.

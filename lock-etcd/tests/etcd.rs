@@ -612,3 +612,139 @@ async fn from_client_shares_the_applications_client() {
         assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{bad:?}: {err}");
     }
 }
+
+/// Permits hand over without a herd: with two of two permits held and three permit waiters
+/// queued on one client, each release (in any order) lets in the first waiter only, at one
+/// wake-up and one look at the queue each (the others count the deletion on the watch and stay put); inspect
+/// shows both permit holders, their mode and the waiters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_release_wakes_only_the_waiter_it_lets_in() {
+    let Some(url) = url() else { return };
+    let backend = EtcdBackend::connect(&url).await.unwrap();
+    let waiters = Locker::new(backend.clone());
+    let holders = [
+        Locker::new(EtcdBackend::connect(&url).await.unwrap()),
+        Locker::new(EtcdBackend::connect(&url).await.unwrap()),
+    ];
+    let name = unique("sem-herd");
+    let opts = LockOptions::new().ttl(Duration::from_secs(30)).permits(2);
+    let mut held = Vec::new();
+    for h in &holders {
+        held.push(
+            h.try_lock(&name, &opts)
+                .await
+                .unwrap()
+                .expect("a free permit"),
+        );
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for i in 0..3 {
+        let (w, n, o, tx) = (waiters.clone(), name.clone(), opts.clone(), tx.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = w.lock(&n, &o).await.unwrap();
+            tx.send((i, g)).unwrap();
+        }));
+        // Queue them in order: each waiter's key is in place before the next one starts.
+        until_queued(&backend, &name, i + 3).await;
+    }
+    let lock_name = LockName::new(name.clone()).unwrap();
+    let info = waiters.inspect(&lock_name).await.unwrap();
+    assert_eq!(info.mode, Some(lockcore::LockMode::Permit { limit: 2 }));
+    let tokens: Vec<_> = info.shares.iter().map(|s| s.fencing_token).collect();
+    let held_tokens: Vec<_> = held.iter().map(|g| g.fencing_token()).collect();
+    assert_eq!(tokens, held_tokens, "every permit holder, in grant order");
+    assert!(info.shares.iter().all(|s| s.ttl_left.is_some()));
+    assert_eq!(info.waiters, Some(3));
+    assert_eq!(backend.queued_waiters(&lock_name).await.unwrap(), 3);
+
+    let before = backend.stats();
+    let mut handed = Vec::new();
+    // Released last holder first: a permit waiter must not wait on one particular holder (the
+    // first in line would then sit out the other's release until its re-check timer).
+    for (i, g) in held.into_iter().rev().enumerate() {
+        g.release().await.unwrap();
+        let (first, g) = rx.recv().await.unwrap();
+        assert_eq!(first, i, "FIFO: the first waiter in line gets the permit");
+        handed.push(g);
+    }
+    // A herd would have sent a look at the queue per waiter per release, the first release's
+    // before the second hand-over was done.
+    let after = backend.stats();
+    assert_eq!(after.wakeups - before.wakeups, 2, "{before:?} -> {after:?}");
+    assert_eq!(
+        after.rechecks - before.rechecks,
+        2,
+        "{before:?} -> {after:?}"
+    );
+    assert!(rx.try_recv().is_err(), "a third permit was handed out");
+    for g in handed {
+        g.release().await.unwrap();
+    }
+    let (_, g) = rx.recv().await.unwrap();
+    g.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// Readers' keys carry their mode in their name (an etcd `concurrency.Mutex` sees them as keys
+/// ahead of it), inspect shows each reader; a writer queued behind them is the one waiter, and
+/// holding alone it shows as exclusive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_every_reader_then_the_writer() {
+    let Some(url) = url() else { return };
+    let admin = EtcdBackend::connect(&url).await.unwrap();
+    let clients = [
+        Locker::new(EtcdBackend::connect(&url).await.unwrap()),
+        Locker::new(EtcdBackend::connect(&url).await.unwrap()),
+        Locker::new(EtcdBackend::connect(&url).await.unwrap()),
+    ];
+    let name = unique("rw-inspect");
+    let lock_name = LockName::new(name.clone()).unwrap();
+    let write = LockOptions::new().ttl(Duration::from_secs(30));
+    let read = write.clone().shared();
+    let r1 = clients[0]
+        .try_lock(&name, &read)
+        .await
+        .unwrap()
+        .expect("free");
+    let r2 = clients[1]
+        .try_lock(&name, &read)
+        .await
+        .unwrap()
+        .expect("shared");
+    let writer = {
+        let (w, name, write) = (clients[2].clone(), name.clone(), write.clone());
+        tokio::spawn(async move { w.lock(&name, &write).await.unwrap() })
+    };
+    until_queued(&admin, &name, 3).await;
+    let keys = queue(&admin, &name).await;
+    assert!(keys[0].0.ends_with(":shared") && keys[1].0.ends_with(":shared"));
+    assert!(
+        !keys[2].0.contains(':'),
+        "an exclusive key is named as before"
+    );
+    let info = Locker::new(admin.clone())
+        .inspect(&lock_name)
+        .await
+        .unwrap();
+    assert!(info.held);
+    assert_eq!(info.mode, Some(lockcore::LockMode::Shared));
+    let tokens: Vec<_> = info.shares.iter().map(|s| s.fencing_token).collect();
+    assert_eq!(tokens, [r1.fencing_token(), r2.fencing_token()]);
+    assert_eq!(info.waiters, Some(1));
+    assert_eq!(admin.queued_waiters(&lock_name).await.unwrap(), 1);
+    r1.release().await.unwrap();
+    r2.release().await.unwrap();
+    let w = writer.await.unwrap();
+    let info = Locker::new(admin.clone())
+        .inspect(&lock_name)
+        .await
+        .unwrap();
+    assert_eq!(info.mode, Some(lockcore::LockMode::Exclusive));
+    assert!(info.shares.is_empty());
+    assert_eq!(info.fencing_token, w.fencing_token());
+    assert_eq!(info.waiters, Some(0));
+    w.release().await.unwrap();
+}
