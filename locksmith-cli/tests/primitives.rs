@@ -1,5 +1,6 @@
 //! Black-box checks of `locksmith run --permits N` and `locksmith run --shared`, as users run
-//! them: 6 separate `locksmith` processes looping on one name against a real server, while a
+//! them: 6 separate `locksmith` processes looping on one name against a real server (Redis,
+//! then etcd: the backends that give both), while a
 //! killer SIGKILLs some of them mid-command. Each command logs when it starts and ends (wall
 //! clock, ns); a killed one ends with its `locksmith` (the guard's parent-death signal), taken
 //! here as the kill plus 100 ms, far below what a correct backend keeps the killed holder's
@@ -187,70 +188,87 @@ fn overlaps(intervals: &[Interval]) -> (usize, usize) {
     (most, beside_writer)
 }
 
-fn redis_url() -> Option<String> {
-    require_env("LOCK_TEST_REDIS_URL")
+/// The servers whose backends give permits and shared locks (scripts/servers.sh).
+fn urls() -> Option<Vec<(&'static str, String)>> {
+    let mut all = Vec::new();
+    for (label, var) in [
+        ("redis", "LOCK_TEST_REDIS_URL"),
+        ("etcd", "LOCK_TEST_ETCD_URL"),
+    ] {
+        all.push((label, require_env(var)?));
+    }
+    Some(all)
 }
 
 #[test]
 fn permits_hold_across_processes_and_kills() {
-    let Some(url) = redis_url() else { return };
-    let name = format!("cli-permits-{:08x}", fastrand::u32(..));
-    let run_for = Duration::from_secs(8).mul_f64(scale());
-    let limit = LIMIT.to_string();
-    let limit: &'static str = Box::leak(limit.into_boxed_str());
-    let (intervals, killed) = run_loops(&url, &name, |_| vec!["--permits", limit], run_for);
-    let (most, _) = overlaps(&intervals);
-    writeln!(
-        std::io::stderr(),
-        "permits: {} commands ran, {killed} locksmith processes killed, at most {most} at once",
-        intervals.len()
-    )
-    .unwrap();
-    assert!(
-        killed > 0,
-        "no process was killed: the test proves less than it claims"
-    );
-    assert!(
-        most <= LIMIT,
-        "{most} commands ran at once under --permits {LIMIT}"
-    );
-    assert!(
-        most >= 2,
-        "never more than one command at once: --permits {LIMIT} gave nothing beyond a mutex"
-    );
+    let Some(urls) = urls() else { return };
+    for (label, url) in urls {
+        let name = format!("cli-permits-{:08x}", fastrand::u32(..));
+        let run_for = Duration::from_secs(6).mul_f64(scale());
+        let limit = LIMIT.to_string();
+        let limit: &'static str = Box::leak(limit.into_boxed_str());
+        let (intervals, killed) = run_loops(&url, &name, |_| vec!["--permits", limit], run_for);
+        let (most, _) = overlaps(&intervals);
+        writeln!(
+            std::io::stderr(),
+            "{label} permits: {} commands ran, {killed} locksmith processes killed, at most \
+             {most} at once",
+            intervals.len()
+        )
+        .unwrap();
+        assert!(
+            killed > 0,
+            "{label}: no process was killed: the test proves less than it claims"
+        );
+        assert!(
+            most <= LIMIT,
+            "{label}: {most} commands ran at once under --permits {LIMIT}"
+        );
+        assert!(
+            most >= 2,
+            "{label}: never more than one command at once: --permits {LIMIT} gave nothing \
+             beyond a mutex"
+        );
+    }
 }
 
 #[test]
 fn shared_readers_never_run_beside_a_writer_across_processes_and_kills() {
-    let Some(url) = redis_url() else { return };
-    let name = format!("cli-shared-{:08x}", fastrand::u32(..));
-    let run_for = Duration::from_secs(8).mul_f64(scale());
-    // Four readers, two writers.
-    let (intervals, killed) = run_loops(
-        &url,
-        &name,
-        |i| if i < 4 { vec!["--shared"] } else { vec![] },
-        run_for,
-    );
-    let (most, beside_writer) = overlaps(&intervals);
-    let writers = intervals.iter().filter(|i| i.writer).count();
-    writeln!(
-        std::io::stderr(),
-        "shared: {} commands ran ({writers} writers), {killed} killed, at most {most} at once, \
-         {beside_writer} at once with a writer",
-        intervals.len()
-    )
-    .unwrap();
-    assert!(
-        killed > 0,
-        "no process was killed: the test proves less than it claims"
-    );
-    assert!(writers > 0, "no writer ever ran: the writers starved");
-    assert_eq!(
-        beside_writer,
-        1,
-        "a writer ran beside {} other commands",
-        beside_writer - 1
-    );
-    assert!(most >= 2, "readers never ran together");
+    let Some(urls) = urls() else { return };
+    for (label, url) in urls {
+        let name = format!("cli-shared-{:08x}", fastrand::u32(..));
+        let run_for = Duration::from_secs(6).mul_f64(scale());
+        // Four readers, two writers.
+        let (intervals, killed) = run_loops(
+            &url,
+            &name,
+            |i| if i < 4 { vec!["--shared"] } else { vec![] },
+            run_for,
+        );
+        let (most, beside_writer) = overlaps(&intervals);
+        let writers = intervals.iter().filter(|i| i.writer).count();
+        writeln!(
+            std::io::stderr(),
+            "{label} shared: {} commands ran ({writers} writers), {killed} killed, at most \
+             {most} at once, {beside_writer} at once with a writer",
+            intervals.len()
+        )
+        .unwrap();
+        assert!(
+            killed > 0,
+            "{label}: no process was killed: the test proves less than it claims"
+        );
+        assert!(
+            writers > 0,
+            "{label}: no writer ever ran: the writers starved"
+        );
+        assert_eq!(
+            beside_writer,
+            1,
+            "{label}: a writer ran beside {} other commands",
+            beside_writer - 1
+        );
+        assert!(most >= 2, "{label}: readers never ran together");
+    }
 }
