@@ -282,14 +282,9 @@ impl RedisBackend {
         c.force_release = true;
         c.inspect = true;
         c.min_ttl = Duration::from_millis(1);
-        if cfg.min_replicas > 0 {
-            let why = "min_replicas: shared holders and permits are not yet written with WAIT";
-            c.shared = lockcore::Support::no(why);
-            c.permits = lockcore::Support::no(why);
-        } else {
-            c.shared = lockcore::Support::Yes;
-            c.permits = lockcore::Support::Yes;
-        }
+        // With min_replicas, shares are acknowledged by replicas as exclusive locks are.
+        c.shared = lockcore::Support::Yes;
+        c.permits = lockcore::Support::Yes;
         c.notes = vec![
             "fencing tokens are max(last + 1, server TIME in microseconds): they keep increasing \
              across a restart without persistence and across a failover to a replica that missed \
@@ -397,20 +392,27 @@ impl RedisBackend {
     async fn attempt(&self, req: &AcquireRequest, keys: &Keys, waits: bool) -> Result<Attempt> {
         let in_flight = ReleaseIfCancelled::arm(self.lease(req, keys, None), &req.background);
         let outcome = if req.mode != LockMode::Exclusive {
-            let mut conn = self.inner.node.conn();
+            // WAIT blocks its connection: with min_replicas, shares go through the WAIT one.
+            let (mut conn, replicas) = match &self.inner.wait_conn {
+                Some((conn, replicas)) => (conn.clone(), Some(*replicas)),
+                None => (self.inner.node.conn(), None),
+            };
             let sent_at = Instant::now();
             let token = req.token.to_hex();
             let holder = req.holder.encode();
-            shares::acquire(&mut conn, keys, &token, &holder, req.ttl, req.mode)
-                .await
-                .map(|attempt| match attempt {
-                    ShareAttempt::Won { fence } => {
-                        Attempt::Won(Acquired::new(self.lease(req, keys, Some(fence)), sent_at))
-                    }
-                    ShareAttempt::Held { wait } => Attempt::Held { pttl: wait },
-                })
+            shares::acquire(
+                &mut conn, keys, &token, &holder, req.ttl, req.mode, replicas,
+            )
+            .await
+            .map(|attempt| match attempt {
+                ShareAttempt::Won { fence } => {
+                    Attempt::Won(Acquired::new(self.lease(req, keys, Some(fence)), sent_at))
+                }
+                ShareAttempt::Held { wait } => Attempt::Held { pttl: wait },
+            })
         } else if let Some(wait_conn) = &self.inner.wait_conn {
-            self.attempt_with_replicas(req, keys, wait_conn).await
+            self.attempt_with_replicas(req, keys, wait_conn, waits)
+                .await
         } else {
             let mut conn = self.inner.node.conn();
             let sent_at = Instant::now();
@@ -499,6 +501,7 @@ impl RedisBackend {
         req: &AcquireRequest,
         keys: &Keys,
         (conn, replicas): &(Conn, Replicas),
+        waits: bool,
     ) -> Result<Attempt> {
         let sent_at = Instant::now();
         let token = req.token.to_hex();
@@ -512,9 +515,12 @@ impl RedisBackend {
             AcquireWith {
                 fencing: true,
                 replicas: Some(*replicas),
-                // Readers of clients without min_replicas hold the name too (this client
-                // takes no shares itself: no writer mark needed to stop its own readers).
-                beside_shares: Some(Duration::ZERO),
+                // Shared holders hold the name too; a waiting writer marks itself.
+                beside_shares: Some(if waits {
+                    self.writer_slack()
+                } else {
+                    Duration::ZERO
+                }),
             },
         )
         .await;
@@ -714,8 +720,11 @@ impl Lease for RedisLease {
     /// Cancel safety: dropping the future may or may not have extended the lease.
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
         if self.share {
-            let held =
-                shares::extend(&mut self.inner.node.conn(), &self.keys, &self.token, ttl).await?;
+            let (mut conn, replicas) = match &self.inner.wait_conn {
+                Some((conn, replicas)) => (conn.clone(), Some(*replicas)),
+                None => (self.inner.node.conn(), None),
+            };
+            let held = shares::extend(&mut conn, &self.keys, &self.token, ttl, replicas).await?;
             return if held { Ok(ttl) } else { Err(not_held()) };
         }
         if let Some(renewals) = &self.inner.renewals {

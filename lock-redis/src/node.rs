@@ -326,7 +326,7 @@ pub struct Replicas {
 /// Runs `script` on `conn`; with `replicas`, as one pipeline `EVALSHA ...; WAIT n t` (one round
 /// trip; on a cluster the pipeline goes to the master of the keys' slot, which `WAIT` must
 /// reach), loading the script once on `NOSCRIPT`.
-async fn eval<T: redis::FromRedisValue>(
+pub(crate) async fn eval<T: redis::FromRedisValue>(
     conn: &mut Conn,
     script: &Script,
     keys: &[&str],

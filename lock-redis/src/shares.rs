@@ -22,7 +22,7 @@ use std::time::Duration;
 use lockcore::{Error, Holder, LockMode, Result, Share};
 use redis::Script;
 
-use crate::node::{Conn, Keys, map_err, publish_command, ttl_ms};
+use crate::node::{Conn, Keys, Replicas, eval, map_err, publish_command, ttl_ms};
 
 /// The server clock in ms as `now` (and in µs as `now_us`), and the expired shares of
 /// `KEYS[4]` (with their `KEYS[5]` entries) gone.
@@ -228,7 +228,22 @@ fn conflict(mode: LockMode) -> Error {
     ))
 }
 
-/// One share attempt (one script, one round trip).
+/// The acknowledgement `WAIT` asked for and did not get: the write may be lost in a failover.
+fn under_replicated(what: &str, acked: Option<i64>, r: &Replicas) -> Error {
+    Error::new(
+        lockcore::ErrorKind::Unavailable,
+        format!(
+            "only {} of {} replicas acknowledged the {what} within {:?}",
+            acked.unwrap_or(0),
+            r.count,
+            r.timeout
+        ),
+    )
+}
+
+/// One share attempt (one script, one round trip; with `replicas`, `WAIT` pipelined behind
+/// it, on a connection of its own: a share that too few replicas acknowledged is released
+/// and reported `Unavailable`, as an exclusive acquisition is).
 ///
 /// Cancel safety: a dropped call may have taken the share; it then frees after `ttl`.
 pub(crate) async fn acquire(
@@ -238,22 +253,30 @@ pub(crate) async fn acquire(
     holder: &str,
     ttl: Duration,
     mode: LockMode,
+    replicas: Option<Replicas>,
 ) -> Result<ShareAttempt> {
     let share_keys = ShareKeys::of(keys);
     let (mode_str, limit) = mode_field(mode);
-    let mut inv = scripts().acquire.prepare_invoke();
-    for k in share_keys.with(keys) {
-        inv.key(k);
+    let ttl = ttl_ms(ttl).to_string();
+    let limit = limit.to_string();
+    let ((won, value), acked): ((i64, i64), _) = eval(
+        conn,
+        &scripts().acquire,
+        &share_keys.with(keys),
+        &[token, &ttl, holder, &mode_str, &limit],
+        replicas,
+    )
+    .await
+    .map_err(|e| map_err("share acquire script failed", e))?;
+    if let Some(r) = replicas
+        && won == 1
+        && acked.unwrap_or(0) < i64::from(r.count)
+    {
+        if let Err(e) = release(conn, keys, token).await {
+            tracing::warn!(error = %e, "could not release an under-replicated share; it frees after its ttl");
+        }
+        return Err(under_replicated("share", acked, &r));
     }
-    inv.arg(token)
-        .arg(ttl_ms(ttl))
-        .arg(holder)
-        .arg(&mode_str)
-        .arg(limit);
-    let (won, value): (i64, i64) = inv
-        .invoke_async(conn)
-        .await
-        .map_err(|e| map_err("share acquire script failed", e))?;
     match won {
         1 => Ok(ShareAttempt::Won {
             fence: u64::try_from(value).map_err(|_| {
@@ -267,7 +290,9 @@ pub(crate) async fn acquire(
     }
 }
 
-/// Compare-and-extend of a share: whether `token` still held it.
+/// Compare-and-extend of a share: whether `token` still held it. With `replicas`, an
+/// extension too few replicas acknowledged is `Unavailable` (a promoted replica would end the
+/// share early).
 ///
 /// Cancel safety: dropping the future may or may not have extended the share.
 pub(crate) async fn extend(
@@ -275,18 +300,25 @@ pub(crate) async fn extend(
     keys: &Keys,
     token: &str,
     ttl: Duration,
+    replicas: Option<Replicas>,
 ) -> Result<bool> {
     let share_keys = ShareKeys::of(keys);
-    let mut inv = scripts().extend.prepare_invoke();
-    for k in share_keys.with(keys) {
-        inv.key(k);
+    let ttl = ttl_ms(ttl).to_string();
+    let (n, acked): (i64, _) = eval(
+        conn,
+        &scripts().extend,
+        &share_keys.with(keys),
+        &[token, &ttl],
+        replicas,
+    )
+    .await
+    .map_err(|e| map_err("share extend script failed", e))?;
+    if let Some(r) = replicas
+        && n == 1
+        && acked.unwrap_or(0) < i64::from(r.count)
+    {
+        return Err(under_replicated("share's extension", acked, &r));
     }
-    let n: i64 = inv
-        .arg(token)
-        .arg(ttl_ms(ttl))
-        .invoke_async(conn)
-        .await
-        .map_err(|e| map_err("share extend script failed", e))?;
     Ok(n == 1)
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use conformance::require_env;
 use lock_redis::RedisBackend;
 use lockcore::backend::Backend;
-use lockcore::{ErrorKind, Instant, LockName, LockOptions, Locker};
+use lockcore::{ErrorKind, Instant, LockMode, LockName, LockOptions, Locker};
 
 fn unique(prefix: &str) -> String {
     format!("{prefix}-{:016x}", fastrand::u64(..))
@@ -293,6 +293,18 @@ async fn min_replicas_unavailable(url: &str) {
         .unwrap()
         .expect("the under-replicated lock was released");
     g.release().await.unwrap();
+    // A share and a permit too: refused, and released (one permit of one is free after).
+    for mode in [LockMode::Shared, LockMode::Permit { limit: 1 }] {
+        let o = opts(Duration::from_secs(30)).mode(mode);
+        let e = strict.try_lock(&name, &o).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{mode}: {e}");
+        let g = plain
+            .try_lock(&name, &o)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("the under-replicated {mode} was left held"));
+        g.release().await.unwrap();
+    }
 }
 
 async fn hash_tags_are_ours(url: &str) {
