@@ -816,7 +816,7 @@ impl MyBackend {
                 let (sql, name, token, holder) =
                     (sql.clone(), name.clone(), token.clone(), holder.clone());
                 async move {
-                    in_tx(c, |c| {
+                    let outcome = in_tx(c, |c| {
                         Box::pin(async move {
                             sqlx::query(AssertSqlSafe(sql.share_lock_row.clone()))
                                 .bind(&name)
@@ -885,7 +885,14 @@ impl MyBackend {
                             Ok(Ok(Some(fence)))
                         })
                     })
-                    .await
+                    .await;
+                    match outcome {
+                        // ER_LOCK_DEADLOCK: InnoDB rolled this attempt back to break a cycle
+                        // of lock waits (duplicate-key inserts of a new name can make one):
+                        // nothing was taken; as good as contention.
+                        Err(e) if error_number(&e) == Some(1213) => Ok(Ok(None)),
+                        other => other,
+                    }
                 }
                 .boxed()
             })
