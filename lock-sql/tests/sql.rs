@@ -838,3 +838,41 @@ async fn an_older_lock_table_gets_the_share_columns() {
         g.release().await.unwrap();
     }
 }
+
+/// A share's renewal counts for writers too (the lease row's `shares_until` follows it): a
+/// reader extended past its first TTL still keeps a writer out after that TTL has run out,
+/// and an extend after a revoke is refused.
+#[tokio::test]
+async fn an_extended_share_keeps_writers_out_past_its_first_ttl() {
+    for (label, url) in variants() {
+        if label.contains("row-lock") {
+            continue;
+        }
+        let (a, w) = (client(&url).await, client(&url).await);
+        let name = LockName::new(unique("ext")).unwrap();
+        let ttl = Duration::from_millis(800);
+        let read = LockOptions::new().ttl(ttl).no_auto_renew().shared();
+        let r = a.try_lock(&name, &read).await.unwrap().expect(label);
+        r.extend(Duration::from_secs(30)).await.unwrap();
+        let info = w.inspect(&name).await.unwrap();
+        assert!(
+            info.ttl_left.is_some_and(|t| t > Duration::from_secs(20)),
+            "{label}: {info:?}"
+        );
+        // The first TTL runs out: the time passing is what is tested.
+        tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+        let write = LockOptions::new().ttl(Duration::from_secs(10));
+        assert!(
+            w.try_lock(&name, &write).await.unwrap().is_none(),
+            "{label}: a writer beside a reader extended past its first TTL"
+        );
+        assert!(w.force_release(&name).await.unwrap(), "{label}");
+        let err = r.extend(Duration::from_secs(30)).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotHeld, "{label}: {err}");
+        let g = w.try_lock(&name, &write).await.unwrap().expect(label);
+        g.release().await.unwrap();
+        drop(r);
+        a.flush().await;
+        w.flush().await;
+    }
+}

@@ -349,9 +349,14 @@ impl PgBackend {
                  INSERT INTO {s} (name, token, mode, expires_at, fence, holder) \
                  SELECT $1, $2, $4, n.until, f.fence, $5 FROM n, f RETURNING fence"
             ),
+            // The lease row is locked first, as every statement touching shares does: a
+            // release or revoke (row, then shares) and an extend (share, then row) would
+            // otherwise wait for each other.
             share_extend: format!(
-                "WITH e AS (UPDATE {s} SET expires_at = clock_timestamp() + $3::float8 * interval '1 microsecond' \
-                   WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp() \
+                "WITH l AS MATERIALIZED (SELECT 1 FROM {t} WHERE name = $1 FOR UPDATE), \
+                 e AS (UPDATE {s} SET expires_at = clock_timestamp() + $3::float8 * interval '1 microsecond' \
+                   WHERE EXISTS (SELECT 1 FROM l) AND name = $1 AND token = $2 \
+                     AND expires_at > clock_timestamp() \
                    RETURNING expires_at), \
                  u AS (UPDATE {t} SET shares_until = greatest(shares_until, (SELECT expires_at FROM e)) \
                    WHERE name = $1 AND EXISTS (SELECT 1 FROM e)) \
