@@ -125,7 +125,7 @@
 mod config;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod conns;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod inspect;
 mod interop;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]

@@ -485,6 +485,9 @@ impl Lease for LiteLease {
 /// One exclusive attempt: the lease's fence if taken. When not: whether live shares hold the
 /// name, and a conflict if they are permits (a semaphore is not a mutex); a waiting writer
 /// they hold back marks itself (see [`crate::shares`]).
+///
+/// Cancel safety: run detached (see [`LiteBackend::attempt`]); dropped, it may have taken the
+/// lease.
 async fn exclusive_attempt(
     pool: &SqlitePool,
     sql: &Sql,
@@ -524,6 +527,9 @@ async fn exclusive_attempt(
 
 /// One share attempt, in a transaction holding the write lock (see [`crate::shares`]): the
 /// share's fence if taken.
+///
+/// Cancel safety: run detached (see [`LiteBackend::attempt`]); dropped, the transaction is
+/// rolled back.
 async fn share_attempt(
     c: &mut SqliteConnection,
     sql: Arc<Sql>,
