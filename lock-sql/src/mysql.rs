@@ -37,6 +37,12 @@ type MyConns = Conns<MySqlConnectOptions, MyMeta>;
 const META_COLUMNS: &str =
     "holder_meta TEXT CHARACTER SET utf8mb4 NULL, acquired_at DATETIME(6) NULL";
 
+/// What a failed exclusive lease attempt reports (as its `LAST_INSERT_ID`) when live readers
+/// hold the name, or permits (a semaphore is not a mutex: a conflict). Fences never come near
+/// these.
+const HELD_BY_READERS: u64 = 1 << 62;
+const HELD_BY_PERMITS: u64 = (1 << 62) + 1;
+
 /// The shares' columns of the lease row (see [`crate::shares`]).
 const SHARE_COLUMNS: &str = "shares_until DATETIME(6) NULL, writer_until DATETIME(6) NULL";
 
@@ -92,11 +98,6 @@ struct Sql {
     row_unlock: String,
     holder: String,
     lease_acquire: String,
-    /// After a failed exclusive attempt: marks a waiting writer held back by shares.
-    mark_writer: String,
-    /// After a failed exclusive attempt: whether live shares hold the name (a row) and are
-    /// permits.
-    probe_shares: String,
     share_lock_row: String,
     share_row: String,
     share_expired: String,
@@ -227,26 +228,27 @@ impl MyBackend {
             // One statement per attempt, idempotent for the same token. Assignments run left
             // to right and see earlier ones: owner is decided first, the rest follow only if it
             // is ours. LAST_INSERT_ID reports the outcome in the OK packet: 1 for a new row
-            // (from VALUES), the new fence if taken over or retaken, 0 if someone else holds it.
+            // (from VALUES), the new fence if taken over or retaken, 0 if someone else holds it,
+            // [`HELD_BY_READERS`] or [`HELD_BY_PERMITS`] if live shares hold it (the fence
+            // column unchanged: LEAST(.., 0) adds nothing). A waiting writer held back by
+            // readers marks itself (`writer_until`, the last two parameters, µs; 0 from
+            // try_lock). The name comes again as the fifth (MariaDB takes no VALUES() in a
+            // subquery).
             lease_acquire: format!(
                 "INSERT INTO {t} (name, owner, fence, expires_at, holder_meta, acquired_at) \
-                 VALUES (?, ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, \
-                   UTC_TIMESTAMP(6)) \
+                 VALUES (?, ?, LAST_INSERT_ID(1), {now} + INTERVAL ? MICROSECOND, ?, {now}) \
                  ON DUPLICATE KEY UPDATE \
                    owner = IF({expired} OR owner = VALUES(owner), VALUES(owner), owner), \
-                   fence = IF(owner = VALUES(owner), LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)), \
+                   fence = IF(owner = VALUES(owner), LAST_INSERT_ID(fence + 1), \
+                     fence + LEAST(0, LAST_INSERT_ID(IF(shares_until > {now}, \
+                       IF(EXISTS (SELECT 1 FROM {st} WHERE name = ? \
+                         AND mode <> 'shared' AND expires_at > {now}), \
+                         {HELD_BY_PERMITS}, {HELD_BY_READERS}), 0)))), \
                    expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at), \
                    holder_meta = IF(owner = VALUES(owner), VALUES(holder_meta), holder_meta), \
                    acquired_at = IF(owner = VALUES(owner), VALUES(acquired_at), acquired_at), \
-                   writer_until = IF(owner = VALUES(owner), NULL, writer_until)"
-            ),
-            mark_writer: format!(
-                "UPDATE {t} SET writer_until = {now} + INTERVAL ? MICROSECOND \
-                 WHERE name = ? AND shares_until > {now}"
-            ),
-            probe_shares: format!(
-                "SELECT EXISTS (SELECT 1 FROM {st} WHERE name = ? AND mode <> 'shared' \
-                   AND expires_at > {now}) FROM {t} WHERE name = ? AND shares_until > {now}"
+                   writer_until = IF(owner = VALUES(owner), NULL, \
+                     IF(? > 0 AND shares_until > {now}, {now} + INTERVAL ? MICROSECOND, writer_until))"
             ),
             // A no-op update: the row locked exclusively at once (a shared lock taken by a
             // duplicate-key insert and upgraded afterwards deadlocks two such transactions).
@@ -726,7 +728,7 @@ impl MyBackend {
             return self.share_attempt(req, bound).await;
         }
         let token = req.token.to_hex();
-        let sql = self.sql.clone();
+        let sql = self.sql.lease_acquire.clone();
         let name = req.name.as_str().to_owned();
         let ttl = req.ttl.as_micros() as u64;
         let holder = req.holder.encode();
@@ -734,51 +736,33 @@ impl MyBackend {
         // A cancelled caller's attempt may still commit: released in the background then.
         let in_flight = ReleaseIfCancelled::arm(lease(0), &req.background);
         let sent_at = Instant::now();
-        let mark = crate::shares::WRITER_MARK.as_micros() as u64;
+        let mark = if waits {
+            crate::shares::WRITER_MARK.as_micros() as u64
+        } else {
+            0
+        };
         let reply = self
             .conns
             .run(bound, "acquiring a lease", move |c| {
-                let (sql, name, token, holder) =
-                    (sql.clone(), name.clone(), token.clone(), holder.clone());
-                async move {
-                    let id = sqlx::query(AssertSqlSafe(sql.lease_acquire.clone()))
-                        .bind(&name)
-                        .bind(&token)
-                        .bind(ttl)
-                        .bind(&holder)
-                        .execute(&mut *c)
-                        .await?
-                        .last_insert_id();
-                    if id > 0 {
-                        return Ok(Ok(id));
-                    }
-                    // Not taken: held by shares? Permits refuse a mutex; a waiting writer behind
-                    // readers marks itself.
-                    let permits: Option<i64> =
-                        sqlx::query_scalar(AssertSqlSafe(sql.probe_shares.clone()))
-                            .bind(&name)
-                            .bind(&name)
-                            .fetch_optional(&mut *c)
-                            .await?;
-                    match permits {
-                        Some(1) => Ok(Err(crate::shares::conflict(LockMode::Exclusive))),
-                        Some(_) if waits => {
-                            sqlx::query(AssertSqlSafe(sql.mark_writer.clone()))
-                                .bind(mark)
-                                .bind(&name)
-                                .execute(&mut *c)
-                                .await?;
-                            Ok(Ok(0))
-                        }
-                        _ => Ok(Ok(0)),
-                    }
-                }
-                .boxed()
+                sqlx::query(AssertSqlSafe(sql.clone()))
+                    .bind(name.clone())
+                    .bind(token.clone())
+                    .bind(ttl)
+                    .bind(holder.clone())
+                    .bind(name.clone())
+                    .bind(mark)
+                    .bind(mark)
+                    .execute(c)
+                    .map(|r| r.map(|r| r.last_insert_id()))
+                    .boxed()
             })
             .await;
         in_flight.disarm();
-        let id = reply??;
-        Ok((id > 0).then(|| Acquired::new(lease(id), sent_at)))
+        match reply? {
+            HELD_BY_PERMITS => Err(crate::shares::conflict(LockMode::Exclusive)),
+            0 | HELD_BY_READERS => Ok(None),
+            id => Ok(Some(Acquired::new(lease(id), sent_at))),
+        }
     }
 
     fn lease(&self, req: &AcquireRequest, fencing: u64) -> MyLease {
