@@ -105,18 +105,35 @@
 //! caller's token. PostgreSQL waiters announce themselves on the row and are woken by
 //! `LISTEN/NOTIFY` (sent only when a waiter announced itself, with a capped poll as a safety
 //! net); MySQL and SQLite waiters poll with backoff and jitter.
+//!
+//! *Shared holders and permits* (lease only: [`LockMode::Shared`](lockcore::LockMode) and
+//! [`LockMode::Permit`](lockcore::LockMode)): each holder is a row of `<table>_shares` (name,
+//! owner token, mode `shared` or `permit:<limit>`, `expires_at` on the database clock, fencing
+//! token, holder metadata), created beside the lock table on connect (the table name cut to
+//! 56 characters first). A share is taken in one transaction that locks the name's lease row:
+//! it drops the name's expired shares, checks the rules (no exclusive holder; for a reader, no
+//! waiting writer; fewer than `limit` permits; every holder in the same mode and limit, else
+//! `Conflict`) and takes the next value of the row's fencing counter, one counter across modes.
+//! The lease row carries `shares_until` (the latest expiry of the live shares), which the
+//! exclusive acquire's single statement checks, and `writer_until`, set by a waiting
+//! `lock()` of a writer held back by readers (a few seconds, renewed at each attempt): readers
+//! that come meanwhile wait, so a stream of readers cannot starve a writer. A released share
+//! wakes waiters as an exclusive release does; `inspect` lists every live share; a revoke
+//! deletes them all. Row-lock holds session locks, exclusive only.
 #![deny(missing_docs)]
 
 mod config;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod conns;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod inspect;
 mod interop;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod registration;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod rowlock;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod shares;
 mod sql_errors;
 
 #[cfg(feature = "mysql")]
@@ -392,8 +409,6 @@ fn capabilities(config: &Parsed) -> Capabilities {
 
 fn strategy_capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
     let mut c = Capabilities::default();
-    c.shared = lockcore::Support::no("not yet implemented in lock-sql");
-    c.permits = lockcore::Support::no("not yet implemented in lock-sql");
     c.fencing = true;
     c.reentrant = false;
     // Row locks: the holder's session is found on the server at the moment of revoking
@@ -404,6 +419,20 @@ fn strategy_capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
     c.inspect = true;
     match strategy {
         Strategy::RowLock => {
+            // A holder is a server session lock, which these keep one of per name: MariaDB's
+            // GET_LOCK is exclusive only; PostgreSQL's pg_advisory_lock_shared could give
+            // readers (a possible later mode), but not a count of permits.
+            let why = if dialect == Dialect::Postgres {
+                "row-lock: a session advisory lock; shared holders (pg_advisory_lock_shared) are not yet implemented; use strategy=lease"
+            } else {
+                "row-lock: MariaDB's GET_LOCK is exclusive only; use strategy=lease"
+            };
+            c.shared = lockcore::Support::no(why);
+            c.permits = lockcore::Support::no(if dialect == Dialect::Postgres {
+                "row-lock: an advisory lock has no count of holders; use strategy=lease"
+            } else {
+                why
+            });
             // The server's lock queue: waiters sleep in the server and are woken by it.
             c.wait = lockcore::WaitKind::Notify;
             c.renew = lockcore::RenewKind::Native;
@@ -432,6 +461,9 @@ fn strategy_capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
             }
         }
         Strategy::Lease => {
+            // Shares are rows of `<table>_shares` beside the lease row (see `shares`).
+            c.shared = lockcore::Support::Yes;
+            c.permits = lockcore::Support::Yes;
             c.wait = if dialect == Dialect::Postgres {
                 lockcore::WaitKind::Notify
             } else {
@@ -478,7 +510,7 @@ impl Backend for SqlBackend {
             #[cfg(feature = "mysql")]
             Inner::My(b) => b.try_acquire(req).await,
             #[cfg(feature = "sqlite")]
-            Inner::Lite(b) => b.try_acquire(req).await,
+            Inner::Lite(b) => b.attempt(req, false).await,
         }
     }
 
@@ -497,34 +529,11 @@ impl Backend for SqlBackend {
             // MySQL leases poll with backoff and full jitter, every attempt bounded by the
             // deadline.
             #[cfg(feature = "mysql")]
-            Inner::My(b) => {
-                let backoff = lockcore::backend::Backoff::for_ttl(req.ttl);
-                let mut attempt = 0u32;
-                loop {
-                    if let Some(l) = b.acquire(req, deadline).await? {
-                        return Ok(Some(l));
-                    }
-                    req.waiting.mark();
-                    let now = lockcore::Instant::now();
-                    if deadline.is_some_and(|d| now >= d) {
-                        return Ok(None);
-                    }
-                    let wake = now + backoff.delay(attempt);
-                    tokio::time::sleep_until(deadline.map_or(wake, |d| wake.min(d))).await;
-                    attempt = attempt.saturating_add(1);
-                }
-            }
-            // SQLite leases poll with backoff and full jitter.
-            #[allow(unreachable_patterns)]
-            _ => {
-                lockcore::backend::poll_acquire(
-                    self,
-                    req,
-                    deadline,
-                    &lockcore::backend::Backoff::for_ttl(req.ttl),
-                )
-                .await
-            }
+            Inner::My(b) => poll(req, deadline, || b.acquire(req, deadline)).await,
+            // SQLite leases poll with backoff and full jitter; the attempts of a waiting
+            // lock() (a writer marks itself waiting behind readers).
+            #[cfg(feature = "sqlite")]
+            Inner::Lite(b) => poll(req, deadline, || b.attempt(req, true)).await,
         }
     }
 
@@ -613,6 +622,37 @@ impl Backend for SqlBackend {
                 self.config.redacted, self.config.strategy, self.config.table
             ),
         }
+    }
+}
+
+/// Polls `attempt` with backoff and full jitter until it wins or `deadline` passes (leases of
+/// MySQL and SQLite).
+///
+/// Cancel safety: as `attempt`'s.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+async fn poll<F, Fut>(
+    req: &AcquireRequest,
+    deadline: Option<lockcore::Instant>,
+    mut attempt: F,
+) -> Result<Option<Acquired>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<Acquired>>>,
+{
+    let backoff = lockcore::backend::Backoff::for_ttl(req.ttl);
+    let mut n = 0u32;
+    loop {
+        if let Some(l) = attempt().await? {
+            return Ok(Some(l));
+        }
+        req.waiting.mark();
+        let now = lockcore::Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            return Ok(None);
+        }
+        let wake = now + backoff.delay(n);
+        tokio::time::sleep_until(deadline.map_or(wake, |d| wake.min(d))).await;
+        n = n.saturating_add(1);
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use lockcore::backend::{AcquireRequest, Acquired, Background, Lease, ReleaseIfCancelled};
-use lockcore::{Error, Instant, LockInfo, LockName, OwnerToken, Result};
+use lockcore::{Error, Instant, LockInfo, LockMode, LockName, OwnerToken, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError};
 use sqlx::{AssertSqlSafe, Connection};
 
@@ -17,6 +17,7 @@ use crate::config::{Parsed, Strategy};
 use crate::conns::{Checked, Conns, is_conn_err};
 use crate::rowlock::guard_timeout;
 use crate::rowlock::{Holding, Queues, RowLease};
+use crate::shares::Verdict;
 use crate::sql_errors::map_err;
 
 /// The longest single server-side wait; a longer wait is queued again after it, so a waiter
@@ -36,39 +37,59 @@ type MyConns = Conns<MySqlConnectOptions, MyMeta>;
 const META_COLUMNS: &str =
     "holder_meta TEXT CHARACTER SET utf8mb4 NULL, acquired_at DATETIME(6) NULL";
 
-/// Adds the holder-metadata columns to a table created before they existed. Probed first:
-/// an `ALTER TABLE` (even one with nothing to do) waits for the metadata lock that row-lock
-/// waiters keep on the table while they wait. Two clients adding them at once: the second
-/// finds them there (ER_DUP_FIELDNAME), which is as good.
-async fn add_meta_columns(conns: &MyConns, table: &str) -> Result<()> {
+/// What a failed exclusive lease attempt reports (as its `LAST_INSERT_ID`) when live readers
+/// hold the name, or permits (a semaphore is not a mutex: a conflict). Fences never come near
+/// these.
+const HELD_BY_READERS: u64 = 1 << 62;
+const HELD_BY_PERMITS: u64 = (1 << 62) + 1;
+
+/// The shares' columns of the lease row (see [`crate::shares`]).
+const SHARE_COLUMNS: &str = "shares_until DATETIME(6) NULL, writer_until DATETIME(6) NULL";
+
+/// Adds columns (`columns`, the first named `first`) to a table created before they existed:
+/// the holder's metadata, the shares'. Probed first: an `ALTER TABLE` (even one with nothing
+/// to do) waits for the metadata lock that row-lock waiters keep on the table while they wait.
+/// Two clients adding them at once: the second finds them there (ER_DUP_FIELDNAME), which is
+/// as good.
+async fn add_columns(conns: &MyConns, table: &str, first: &str, columns: &str) -> Result<()> {
     let t = table.to_owned();
+    let first = first.to_owned();
     let present: i64 = conns
-        .run(conns.bound(), "probing the lock table's columns", move |c| {
-            sqlx::query_scalar(
-                "SELECT COUNT(*) FROM information_schema.COLUMNS \
-                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = 'holder_meta'",
-            )
-            .bind(t.clone())
-            .fetch_one(c)
-            .boxed()
-        })
+        .run(
+            conns.bound(),
+            "probing the lock table's columns",
+            move |c| {
+                sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+                )
+                .bind(t.clone())
+                .bind(first.clone())
+                .fetch_one(c)
+                .boxed()
+            },
+        )
         .await?;
     if present > 0 {
         return Ok(());
     }
-    let alter = format!("ALTER TABLE {table} ADD COLUMN ({META_COLUMNS})");
+    let alter = format!("ALTER TABLE {table} ADD COLUMN ({columns})");
     conns
-        .run(conns.bound(), "adding the holder columns", move |c| {
-            let alter = alter.clone();
-            async move {
-                match sqlx::raw_sql(AssertSqlSafe(alter)).execute(c).await {
-                    // ER_DUP_FIELDNAME: added meanwhile by another client.
-                    Err(e) if error_number(&e) == Some(1060) => Ok(()),
-                    r => r.map(|_| ()),
+        .run(
+            conns.bound(),
+            "adding columns to the lock table",
+            move |c| {
+                let alter = alter.clone();
+                async move {
+                    match sqlx::raw_sql(AssertSqlSafe(alter)).execute(c).await {
+                        // ER_DUP_FIELDNAME: added meanwhile by another client.
+                        Err(e) if error_number(&e) == Some(1060) => Ok(()),
+                        r => r.map(|_| ()),
+                    }
                 }
-            }
-            .boxed()
-        })
+                .boxed()
+            },
+        )
         .await
 }
 
@@ -77,6 +98,19 @@ struct Sql {
     row_unlock: String,
     holder: String,
     lease_acquire: String,
+    share_lock_row: String,
+    share_row: String,
+    share_expired: String,
+    share_live: String,
+    share_insert: String,
+    share_take: String,
+    share_extend: String,
+    share_raise: String,
+    /// Deletes one share (`?2`), or every share (`?2` NULL: a revoke).
+    share_delete: String,
+    /// `shares_until` from the shares left, NULL once none is.
+    share_recount: String,
+    share_inspect: String,
     lease_extend: String,
     lease_release: String,
     revoke_lease: String,
@@ -143,7 +177,26 @@ impl MyBackend {
                     .boxed()
             })
             .await?;
-        add_meta_columns(&conns, t).await?;
+        add_columns(&conns, t, "holder_meta", META_COLUMNS).await?;
+        let st = crate::shares::table(t);
+        if config.strategy == Strategy::Lease {
+            add_columns(&conns, t, "shares_until", SHARE_COLUMNS).await?;
+            let ddl = format!(
+                "CREATE TABLE IF NOT EXISTS {st} (name VARBINARY(320) NOT NULL, \
+                   token VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, \
+                   mode VARCHAR(32) CHARACTER SET ascii NOT NULL, expires_at DATETIME(6) NOT NULL, \
+                   fence BIGINT UNSIGNED NOT NULL, holder TEXT CHARACTER SET utf8mb4 NULL, \
+                   PRIMARY KEY (name, token)) ENGINE=InnoDB"
+            );
+            conns
+                .run(conns.bound(), "creating the shares table", move |c| {
+                    sqlx::raw_sql(AssertSqlSafe(ddl.clone()))
+                        .execute(c)
+                        .map(|r| r.map(|_| ()))
+                        .boxed()
+                })
+                .await?;
+        }
         // The user lock of a name: per database and table, hashed to fit GET_LOCK's 64
         // characters.
         // Under interop=get_lock, the exact name (as the peers call GET_LOCK); the statements
@@ -154,7 +207,10 @@ impl MyBackend {
         } else {
             format!("SHA1(CONCAT(CAST(DATABASE() AS BINARY), _binary'.{t}.', CAST(? AS BINARY)))")
         };
-        let expired = "owner IS NULL OR expires_at <= UTC_TIMESTAMP(6)";
+        // Live shares hold the name as an exclusive holder does (see `crate::shares`).
+        let expired = "(owner IS NULL OR expires_at <= UTC_TIMESTAMP(6)) \
+                       AND (shares_until IS NULL OR shares_until <= UTC_TIMESTAMP(6))";
+        let now = "UTC_TIMESTAMP(6)";
         let sql = Sql {
             // GET_LOCK first (a WHERE of the insert's source); holding it, the counter row is
             // bumped and committed with the statement (autocommit), so the token is durable
@@ -172,17 +228,73 @@ impl MyBackend {
             // One statement per attempt, idempotent for the same token. Assignments run left
             // to right and see earlier ones: owner is decided first, the rest follow only if it
             // is ours. LAST_INSERT_ID reports the outcome in the OK packet: 1 for a new row
-            // (from VALUES), the new fence if taken over or retaken, 0 if someone else holds it.
+            // (from VALUES), the new fence if taken over or retaken, 0 if someone else holds it,
+            // [`HELD_BY_READERS`] or [`HELD_BY_PERMITS`] if live shares hold it (the fence
+            // column unchanged: LEAST(.., 0) adds nothing). A waiting writer held back by
+            // readers marks itself (`writer_until`, the last two parameters, µs; 0 from
+            // try_lock). The name comes again as the fifth (MariaDB takes no VALUES() in a
+            // subquery).
             lease_acquire: format!(
                 "INSERT INTO {t} (name, owner, fence, expires_at, holder_meta, acquired_at) \
-                 VALUES (?, ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, \
-                   UTC_TIMESTAMP(6)) \
+                 VALUES (?, ?, LAST_INSERT_ID(1), {now} + INTERVAL ? MICROSECOND, ?, {now}) \
                  ON DUPLICATE KEY UPDATE \
                    owner = IF({expired} OR owner = VALUES(owner), VALUES(owner), owner), \
-                   fence = IF(owner = VALUES(owner), LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)), \
+                   fence = IF(owner = VALUES(owner), LAST_INSERT_ID(fence + 1), \
+                     fence + LEAST(0, LAST_INSERT_ID(IF(shares_until > {now}, \
+                       IF(EXISTS (SELECT 1 FROM {st} WHERE name = ? \
+                         AND mode <> 'shared' AND expires_at > {now}), \
+                         {HELD_BY_PERMITS}, {HELD_BY_READERS}), 0)))), \
                    expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at), \
                    holder_meta = IF(owner = VALUES(owner), VALUES(holder_meta), holder_meta), \
-                   acquired_at = IF(owner = VALUES(owner), VALUES(acquired_at), acquired_at)"
+                   acquired_at = IF(owner = VALUES(owner), VALUES(acquired_at), acquired_at), \
+                   writer_until = IF(owner = VALUES(owner), NULL, \
+                     IF(? > 0 AND shares_until > {now}, {now} + INTERVAL ? MICROSECOND, writer_until))"
+            ),
+            // A no-op update: the row locked exclusively at once (a shared lock taken by a
+            // duplicate-key insert and upgraded afterwards deadlocks two such transactions).
+            share_lock_row: format!(
+                "INSERT INTO {t} (name) VALUES (?) ON DUPLICATE KEY UPDATE name = name"
+            ),
+            share_row: format!(
+                "SELECT IF(owner IS NOT NULL AND expires_at > {now}, \
+                     TIMESTAMPDIFF(MICROSECOND, {now}, expires_at), NULL), \
+                   IF(writer_until > {now}, TIMESTAMPDIFF(MICROSECOND, {now}, writer_until), NULL), \
+                   fence FROM {t} WHERE name = ? FOR UPDATE"
+            ),
+            share_expired: format!("DELETE FROM {st} WHERE name = ? AND expires_at <= {now}"),
+            share_live: format!(
+                "SELECT token, mode, TIMESTAMPDIFF(MICROSECOND, {now}, expires_at), fence \
+                 FROM {st} WHERE name = ?"
+            ),
+            share_insert: format!(
+                "INSERT INTO {st} (name, token, mode, expires_at, fence, holder) \
+                 VALUES (?, ?, ?, {now} + INTERVAL ? MICROSECOND, ?, ?)"
+            ),
+            // One counter across modes: the share's fence is the row's next.
+            share_take: format!(
+                "UPDATE {t} SET fence = ?, shares_until = GREATEST(COALESCE(shares_until, \
+                   '1970-01-01 00:00:01'), (SELECT expires_at FROM {st} WHERE name = ? AND token = ?)) \
+                 WHERE name = ?"
+            ),
+            share_extend: format!(
+                "UPDATE {st} SET expires_at = {now} + INTERVAL ? MICROSECOND \
+                 WHERE name = ? AND token = ? AND expires_at > {now}"
+            ),
+            share_raise: format!(
+                "UPDATE {t} SET shares_until = GREATEST(COALESCE(shares_until, \
+                   '1970-01-01 00:00:01'), (SELECT expires_at FROM {st} WHERE name = ? AND token = ?)) \
+                 WHERE name = ?"
+            ),
+            share_delete: format!(
+                "DELETE FROM {st} WHERE name = ? AND (? IS NULL OR token = ?) AND expires_at > {now}"
+            ),
+            share_recount: format!(
+                "UPDATE {t} SET shares_until = (SELECT max(expires_at) FROM {st} \
+                   WHERE name = ? AND expires_at > {now}) WHERE name = ?"
+            ),
+            share_inspect: format!(
+                "SELECT mode, fence, TIMESTAMPDIFF(MICROSECOND, {now}, expires_at), holder \
+                 FROM {st} WHERE name = ? AND expires_at > {now} ORDER BY fence"
             ),
             lease_extend: format!(
                 "UPDATE {t} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
@@ -319,7 +431,7 @@ impl MyBackend {
         self.check_name(&req.name)?;
         match self.config.strategy {
             Strategy::RowLock => self.row_acquire(req, None, true).await,
-            Strategy::Lease => self.lease_attempt(req, self.conns.bound()).await,
+            Strategy::Lease => self.lease_attempt(req, self.conns.bound(), false).await,
         }
     }
 
@@ -335,7 +447,10 @@ impl MyBackend {
                 self.row_acquire(req, deadline, nowait).await
             }
             // Leases poll: lib.rs drives lockcore's poller for them.
-            Strategy::Lease => match self.lease_attempt(req, self.conns.bound_by(deadline)).await {
+            Strategy::Lease => match self
+                .lease_attempt(req, self.conns.bound_by(deadline), true)
+                .await
+            {
                 Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => Ok(None),
                 r => r,
             },
@@ -363,19 +478,47 @@ impl MyBackend {
             })
             .await?;
         if held == 0 {
+            if !row_lock {
+                let (n, sql) = (name.as_str().to_owned(), self.sql.share_inspect.clone());
+                let rows: Vec<(String, u64, i64, Option<String>)> = self
+                    .conns
+                    .run(self.conns.bound(), "inspecting shares", move |c| {
+                        sqlx::query_as(AssertSqlSafe(sql.clone()))
+                            .bind(n.clone())
+                            .fetch_all(c)
+                            .boxed()
+                    })
+                    .await?;
+                let rows = rows
+                    .into_iter()
+                    .map(|(m, f, us, h)| (m, f as i64, us as f64 / 1e6, h))
+                    .collect();
+                if let Some(info) = crate::shares::info(name, rows) {
+                    return Ok(info);
+                }
+            }
             return Ok(LockInfo::free(name.clone(), None));
         }
-        Ok(crate::inspect::held(
+        let info = crate::inspect::held(
             name,
             fence.and_then(|f| i64::try_from(f).ok()),
             remaining_us.map(|us| us as f64 / 1e6),
             holder.as_deref(),
             acquired_us.map(|us| us as f64 / 1e3),
-        ))
+        );
+        Ok(if row_lock {
+            info
+        } else {
+            info.with_mode(Some(LockMode::Exclusive))
+        })
     }
 
     pub(crate) async fn revoke(&self, name: &LockName) -> Result<bool> {
         self.check_name(name)?;
+        let shares = match self.config.strategy {
+            Strategy::Lease => release_shares(&self.conns, &self.sql, name, None).await?,
+            Strategy::RowLock => 0,
+        };
         let name = name.as_str().to_owned();
         match self.config.strategy {
             Strategy::Lease => {
@@ -390,7 +533,7 @@ impl MyBackend {
                             .boxed()
                     })
                     .await?;
-                Ok(n > 0)
+                Ok(n > 0 || shares > 0)
             }
             Strategy::RowLock => {
                 // The holder as the server knows it now (not a connection id recorded earlier,
@@ -570,26 +713,34 @@ impl MyBackend {
 
     // ---- lease ----
 
+    /// One attempt. `waits`: it belongs to a waiting `lock()`, whose writer marks itself as
+    /// waiting behind shared holders (a `try_lock` marks nothing).
+    ///
+    /// Cancel safety: a lease or share won by an attempt whose caller is gone is released in
+    /// the background.
     async fn lease_attempt(
         &self,
         req: &AcquireRequest,
         bound: Instant,
+        waits: bool,
     ) -> Result<Option<Acquired>> {
+        if req.mode != LockMode::Exclusive {
+            return self.share_attempt(req, bound).await;
+        }
         let token = req.token.to_hex();
         let sql = self.sql.lease_acquire.clone();
         let name = req.name.as_str().to_owned();
         let ttl = req.ttl.as_micros() as u64;
         let holder = req.holder.encode();
-        let lease = |fencing| MyLease {
-            conns: self.conns.clone(),
-            sql: self.sql.clone(),
-            name: req.name.clone(),
-            token: req.token,
-            fencing,
-        };
+        let lease = |fencing| self.lease(req, fencing);
         // A cancelled caller's attempt may still commit: released in the background then.
         let in_flight = ReleaseIfCancelled::arm(lease(0), &req.background);
         let sent_at = Instant::now();
+        let mark = if waits {
+            crate::shares::WRITER_MARK.as_micros() as u64
+        } else {
+            0
+        };
         let reply = self
             .conns
             .run(bound, "acquiring a lease", move |c| {
@@ -598,14 +749,141 @@ impl MyBackend {
                     .bind(token.clone())
                     .bind(ttl)
                     .bind(holder.clone())
+                    .bind(name.clone())
+                    .bind(mark)
+                    .bind(mark)
                     .execute(c)
                     .map(|r| r.map(|r| r.last_insert_id()))
                     .boxed()
             })
             .await;
         in_flight.disarm();
-        let id = reply?;
-        Ok((id > 0).then(|| Acquired::new(lease(id), sent_at)))
+        match reply? {
+            HELD_BY_PERMITS => Err(crate::shares::conflict(LockMode::Exclusive)),
+            0 | HELD_BY_READERS => Ok(None),
+            id => Ok(Some(Acquired::new(lease(id), sent_at))),
+        }
+    }
+
+    fn lease(&self, req: &AcquireRequest, fencing: u64) -> MyLease {
+        MyLease {
+            conns: self.conns.clone(),
+            sql: self.sql.clone(),
+            name: req.name.clone(),
+            token: req.token,
+            fencing,
+            share: req.mode != LockMode::Exclusive,
+        }
+    }
+
+    /// One share attempt: a transaction on the name's lease row, locked (see
+    /// [`crate::shares`]).
+    ///
+    /// Cancel safety: a share won by an attempt whose caller is gone is released in the
+    /// background.
+    async fn share_attempt(
+        &self,
+        req: &AcquireRequest,
+        bound: Instant,
+    ) -> Result<Option<Acquired>> {
+        let sql = self.sql.clone();
+        let name = req.name.as_str().to_owned();
+        let token = req.token.to_hex();
+        let holder = req.holder.encode();
+        let mode = req.mode;
+        let ttl = req.ttl.as_micros() as u64;
+        let in_flight = ReleaseIfCancelled::arm(self.lease(req, 0), &req.background);
+        let sent_at = Instant::now();
+        let reply = self
+            .conns
+            .run(bound, "acquiring a share", move |c| {
+                let (sql, name, token, holder) =
+                    (sql.clone(), name.clone(), token.clone(), holder.clone());
+                async move {
+                    let outcome = in_tx(c, |c| {
+                        Box::pin(async move {
+                            sqlx::query(AssertSqlSafe(sql.share_lock_row.clone()))
+                                .bind(&name)
+                                .execute(&mut *c)
+                                .await?;
+                            let (exclusive_us, writer_us, fence): (Option<i64>, Option<i64>, u64) =
+                                sqlx::query_as(AssertSqlSafe(sql.share_row.clone()))
+                                    .bind(&name)
+                                    .fetch_one(&mut *c)
+                                    .await?;
+                            sqlx::query(AssertSqlSafe(sql.share_expired.clone()))
+                                .bind(&name)
+                                .execute(&mut *c)
+                                .await?;
+                            let rows: Vec<(String, String, i64, u64)> =
+                                sqlx::query_as(AssertSqlSafe(sql.share_live.clone()))
+                                    .bind(&name)
+                                    .fetch_all(&mut *c)
+                                    .await?;
+                            let secs = |us: i64| us as f64 / 1e6;
+                            let seen = crate::shares::Seen {
+                                exclusive_left: exclusive_us.map(secs),
+                                writer_left: writer_us.map(secs),
+                                mine: rows.iter().find(|r| r.0 == token).map(|r| r.3 as i64),
+                                live: rows.into_iter().map(|r| (r.1, secs(r.2))).collect(),
+                            };
+                            let fence = match crate::shares::decide(mode, &seen) {
+                                Err(e) => return Ok(Err(e)),
+                                Ok(Verdict::Wait(_)) => return Ok(Ok(None)),
+                                Ok(Verdict::Mine(fence)) => {
+                                    sqlx::query(AssertSqlSafe(sql.share_extend.clone()))
+                                        .bind(ttl)
+                                        .bind(&name)
+                                        .bind(&token)
+                                        .execute(&mut *c)
+                                        .await?;
+                                    fence as u64
+                                }
+                                Ok(Verdict::Take) => {
+                                    let fence = fence + 1;
+                                    sqlx::query(AssertSqlSafe(sql.share_insert.clone()))
+                                        .bind(&name)
+                                        .bind(&token)
+                                        .bind(crate::shares::mode_str(mode))
+                                        .bind(ttl)
+                                        .bind(fence)
+                                        .bind(&holder)
+                                        .execute(&mut *c)
+                                        .await?;
+                                    sqlx::query(AssertSqlSafe(sql.share_take.clone()))
+                                        .bind(fence)
+                                        .bind(&name)
+                                        .bind(&token)
+                                        .bind(&name)
+                                        .execute(&mut *c)
+                                        .await?;
+                                    return Ok(Ok(Some(fence)));
+                                }
+                            };
+                            sqlx::query(AssertSqlSafe(sql.share_raise.clone()))
+                                .bind(&name)
+                                .bind(&token)
+                                .bind(&name)
+                                .execute(&mut *c)
+                                .await?;
+                            Ok(Ok(Some(fence)))
+                        })
+                    })
+                    .await;
+                    match outcome {
+                        // ER_LOCK_DEADLOCK: InnoDB rolled this attempt back to break a cycle
+                        // of lock waits (duplicate-key inserts of a new name can make one):
+                        // nothing was taken; as good as contention.
+                        Err(e) if error_number(&e) == Some(1213) => Ok(Ok(None)),
+                        other => other,
+                    }
+                }
+                .boxed()
+            })
+            .await;
+        in_flight.disarm();
+        let fence = reply??;
+        Ok(fence.map(|f| Acquired::new(self.lease(req, f), sent_at)))
     }
 }
 
@@ -707,6 +985,8 @@ struct MyLease {
     name: LockName,
     token: OwnerToken,
     fencing: u64,
+    /// A shared holder's or a permit's lease (a row of the shares table), not the lock row.
+    share: bool,
 }
 
 impl fmt::Debug for MyLease {
@@ -751,13 +1031,135 @@ impl Lease for MyLease {
     }
 
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
+        if self.share {
+            let (sql, name, token) = (
+                self.sql.clone(),
+                self.name.as_str().to_owned(),
+                self.token.to_hex(),
+            );
+            let us = ttl.as_micros() as u64;
+            let n = self
+                .conns
+                .run(self.conns.bound(), "extending a share", move |c| {
+                    let (sql, name, token) = (sql.clone(), name.clone(), token.clone());
+                    async move {
+                        in_tx(c, |c| {
+                            Box::pin(async move {
+                                sqlx::query(AssertSqlSafe(sql.share_lock_row.clone()))
+                                    .bind(&name)
+                                    .execute(&mut *c)
+                                    .await?;
+                                let n = sqlx::query(AssertSqlSafe(sql.share_extend.clone()))
+                                    .bind(us)
+                                    .bind(&name)
+                                    .bind(&token)
+                                    .execute(&mut *c)
+                                    .await?
+                                    .rows_affected();
+                                if n > 0 {
+                                    sqlx::query(AssertSqlSafe(sql.share_raise.clone()))
+                                        .bind(&name)
+                                        .bind(&token)
+                                        .bind(&name)
+                                        .execute(&mut *c)
+                                        .await?;
+                                }
+                                Ok(n)
+                            })
+                        })
+                        .await
+                    }
+                    .boxed()
+                })
+                .await?;
+            crate::sql_errors::owner_checked(n)?;
+            return Ok(ttl);
+        }
         self.update(&self.sql.lease_extend, Some(ttl), "extending a lease")
             .await?;
         Ok(ttl)
     }
 
     async fn release(&self) -> Result<()> {
+        if self.share {
+            let token = Some(self.token.to_hex());
+            let n = release_shares(&self.conns, &self.sql, &self.name, token).await?;
+            return crate::sql_errors::owner_checked(n);
+        }
         self.update(&self.sql.lease_release, None, "releasing a lease")
             .await
     }
+}
+
+/// Runs `body` in a READ COMMITTED transaction (each statement reads what was committed before
+/// it: after the lease row is locked, what the transactions before committed), committed after
+/// `body` (a wait or a refusal too: nothing it did is wrong to keep, and the row lock must not
+/// outlive the call), rolled back after an error. Never left to sqlx's rollback on drop, which
+/// is only sent with the connection's next statement: an idle connection would keep the row
+/// locked until then. A dropped call's connection is closed (see [`Conns::run`]).
+async fn in_tx<'c, T>(
+    c: &'c mut MySqlConnection,
+    body: impl for<'t> FnOnce(
+        &'t mut MySqlConnection,
+    ) -> futures::future::BoxFuture<'t, sqlx::Result<T>>,
+) -> sqlx::Result<T> {
+    sqlx::raw_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .execute(&mut *c)
+        .await?;
+    let mut tx = c.begin().await?;
+    match body(&mut tx).await {
+        Ok(v) => {
+            tx.commit().await?;
+            Ok(v)
+        }
+        Err(e) => {
+            let _ = tx.rollback().await;
+            Err(e)
+        }
+    }
+}
+
+/// Deletes the share of `token`, or every live share of `name` (`None`: a revoke), and
+/// recounts `shares_until`, in a transaction on the locked lease row. Returns how many went.
+///
+/// Cancel safety: dropping the future may or may not have released them.
+async fn release_shares(
+    conns: &MyConns,
+    sql: &Arc<Sql>,
+    name: &LockName,
+    token: Option<String>,
+) -> Result<u64> {
+    let (sql, name) = (sql.clone(), name.as_str().to_owned());
+    conns
+        .run(conns.bound(), "releasing shares", move |c| {
+            let (sql, name, token) = (sql.clone(), name.clone(), token.clone());
+            async move {
+                in_tx(c, |c| {
+                    Box::pin(async move {
+                        sqlx::query(AssertSqlSafe(sql.share_lock_row.clone()))
+                            .bind(&name)
+                            .execute(&mut *c)
+                            .await?;
+                        let gone = sqlx::query(AssertSqlSafe(sql.share_delete.clone()))
+                            .bind(&name)
+                            .bind(&token)
+                            .bind(&token)
+                            .execute(&mut *c)
+                            .await?
+                            .rows_affected();
+                        if gone > 0 {
+                            sqlx::query(AssertSqlSafe(sql.share_recount.clone()))
+                                .bind(&name)
+                                .bind(&name)
+                                .execute(&mut *c)
+                                .await?;
+                        }
+                        Ok(gone)
+                    })
+                })
+                .await
+            }
+            .boxed()
+        })
+        .await
 }

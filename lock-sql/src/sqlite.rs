@@ -6,13 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::backend::{AcquireRequest, Acquired, CallerGone, Lease, acquire_detached};
-use lockcore::{Error, Instant, LockInfo, LockName, OwnerToken, Result};
+use lockcore::{Error, Instant, LockInfo, LockMode, LockName, OwnerToken, Result};
 use sqlx::AssertSqlSafe;
+use sqlx::sqlite::SqliteConnection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
 use crate::config::Parsed;
+use crate::shares::Verdict;
 use crate::sql_errors::map_err;
 
 /// Unix time in seconds (millisecond resolution) on the database's clock.
@@ -20,10 +22,28 @@ const NOW: &str = "((julianday('now') - 2440587.5) * 86400.0)";
 
 struct Sql {
     acquire: String,
+    /// After a failed exclusive attempt: whether live shares hold the name (a row) and are
+    /// permits; then `mark_writer` marks a waiting writer held back by readers (see
+    /// [`crate::shares`]).
+    probe_shares: String,
+    mark_writer: String,
     extend: String,
     release: String,
     revoke: String,
     inspect: String,
+    share_new_row: String,
+    share_row: String,
+    share_expired: String,
+    share_live: String,
+    share_take: String,
+    share_insert: String,
+    share_extend: String,
+    share_raise: String,
+    /// Deletes one share (`?2`), or every share (`?2` NULL: a revoke).
+    share_delete: String,
+    /// `shares_until` from the shares left, NULL once none is.
+    share_recount: String,
+    share_inspect: String,
 }
 
 pub(crate) struct LiteBackend {
@@ -69,11 +89,12 @@ where
     }
 }
 
-/// Adds the `holder` column (the holder's metadata) to a table created before it existed. Two
-/// clients may race to add it: the loser's "duplicate column" is the outcome it wanted.
-async fn add_holder_column(config: &Parsed, pool: &SqlitePool) -> Result<()> {
+/// Adds column `column` (declared `decl`) to a table created before it existed: the holder's
+/// metadata, the shares' columns. Two clients may race to add it: the loser's "duplicate
+/// column" is the outcome it wanted.
+async fn add_column(config: &Parsed, pool: &SqlitePool, column: &str, decl: &str) -> Result<()> {
     let t = &config.table;
-    let probe = format!("SELECT count(*) FROM pragma_table_info('{t}') WHERE name = 'holder'");
+    let probe = format!("SELECT count(*) FROM pragma_table_info('{t}') WHERE name = '{column}'");
     let present: i64 =
         retry_busy(|| sqlx::query_scalar(AssertSqlSafe(probe.clone())).fetch_one(pool))
             .await
@@ -81,12 +102,28 @@ async fn add_holder_column(config: &Parsed, pool: &SqlitePool) -> Result<()> {
     if present > 0 {
         return Ok(());
     }
-    let alter = format!("ALTER TABLE {t} ADD COLUMN holder TEXT");
+    let alter = format!("ALTER TABLE {t} ADD COLUMN {column} {decl}");
     match retry_busy(|| sqlx::raw_sql(AssertSqlSafe(alter.clone())).execute(pool)).await {
         Ok(_) => Ok(()),
         Err(e) if e.to_string().contains("duplicate column") => Ok(()),
-        Err(e) => Err(map_err(config, "adding the holder column", e)),
+        Err(e) => Err(map_err(config, &format!("adding the {column} column"), e)),
     }
+}
+
+/// Runs `body` in a `BEGIN IMMEDIATE` transaction: the database's write lock is taken first,
+/// so what `body` reads is what the last writer committed and nothing changes under it.
+/// Committed after `body` (a wait or a refusal too: nothing it did is wrong to keep), rolled
+/// back after an error or a drop (sqlx's SQLite worker rolls back at once).
+async fn in_tx<T>(
+    pool: &SqlitePool,
+    body: impl for<'c> FnOnce(
+        &'c mut SqliteConnection,
+    ) -> futures::future::BoxFuture<'c, sqlx::Result<T>>,
+) -> sqlx::Result<T> {
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    let v = body(&mut tx).await?;
+    tx.commit().await?;
+    Ok(v)
 }
 
 impl LiteBackend {
@@ -121,15 +158,34 @@ impl LiteBackend {
         retry_busy(|| sqlx::raw_sql(AssertSqlSafe(ddl.clone())).execute(&pool))
             .await
             .map_err(|e| map_err(config, "creating the lock table", e))?;
-        add_holder_column(config, &pool).await?;
+        add_column(config, &pool, "holder", "TEXT").await?;
+        add_column(config, &pool, "shares_until", "REAL").await?;
+        add_column(config, &pool, "writer_until", "REAL").await?;
+        let st = crate::shares::table(t);
+        let ddl = format!(
+            "CREATE TABLE IF NOT EXISTS {st} (name TEXT NOT NULL, token TEXT NOT NULL, \
+               mode TEXT NOT NULL, expires_at REAL NOT NULL, fence INTEGER NOT NULL, \
+               holder TEXT, PRIMARY KEY (name, token))"
+        );
+        retry_busy(|| sqlx::raw_sql(AssertSqlSafe(ddl.clone())).execute(&pool))
+            .await
+            .map_err(|e| map_err(config, "creating the shares table", e))?;
         let sql = Sql {
             acquire: format!(
                 "INSERT INTO {t} (name, owner, fence, expires_at, holder) \
                  VALUES (?1, ?2, 1, {NOW} + ?3, ?4) \
                  ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, fence = fence + 1, \
-                   expires_at = excluded.expires_at, holder = excluded.holder \
-                 WHERE owner IS NULL OR expires_at <= {NOW} \
+                   expires_at = excluded.expires_at, holder = excluded.holder, writer_until = NULL \
+                 WHERE (owner IS NULL OR expires_at <= {NOW}) \
+                   AND (shares_until IS NULL OR shares_until <= {NOW}) \
                  RETURNING fence"
+            ),
+            probe_shares: format!(
+                "SELECT EXISTS (SELECT 1 FROM {st} WHERE name = ?1 AND mode <> 'shared' \
+                   AND expires_at > {NOW}) FROM {t} WHERE name = ?1 AND shares_until > {NOW}"
+            ),
+            mark_writer: format!(
+                "UPDATE {t} SET writer_until = {NOW} + ?2 WHERE name = ?1 AND shares_until > {NOW}"
             ),
             extend: format!(
                 "UPDATE {t} SET expires_at = {NOW} + ?3 \
@@ -146,6 +202,47 @@ impl LiteBackend {
             inspect: format!(
                 "SELECT fence, expires_at - {NOW}, holder FROM {t} \
                  WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {NOW}"
+            ),
+            share_new_row: format!(
+                "INSERT INTO {t} (name) VALUES (?1) ON CONFLICT (name) DO NOTHING"
+            ),
+            share_row: format!(
+                "SELECT CASE WHEN owner IS NOT NULL AND expires_at > {NOW} THEN expires_at - {NOW} END, \
+                   CASE WHEN writer_until > {NOW} THEN writer_until - {NOW} END \
+                 FROM {t} WHERE name = ?1"
+            ),
+            share_expired: format!("DELETE FROM {st} WHERE name = ?1 AND expires_at <= {NOW}"),
+            share_live: format!(
+                "SELECT token, mode, expires_at - {NOW}, fence FROM {st} WHERE name = ?1"
+            ),
+            // One counter across modes: the share's fence is the row's next.
+            share_take: format!(
+                "UPDATE {t} SET fence = fence + 1, \
+                   shares_until = max(coalesce(shares_until, 0), {NOW} + ?2) \
+                 WHERE name = ?1 RETURNING fence, {NOW} + ?2"
+            ),
+            share_insert: format!(
+                "INSERT INTO {st} (name, token, mode, expires_at, fence, holder) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
+            ),
+            share_extend: format!(
+                "UPDATE {st} SET expires_at = {NOW} + ?3 \
+                 WHERE name = ?1 AND token = ?2 AND expires_at > {NOW} RETURNING expires_at"
+            ),
+            share_raise: format!(
+                "UPDATE {t} SET shares_until = max(coalesce(shares_until, 0), ?2) WHERE name = ?1"
+            ),
+            share_delete: format!(
+                "DELETE FROM {st} WHERE name = ?1 AND (?2 IS NULL OR token = ?2) \
+                   AND expires_at > {NOW}"
+            ),
+            share_recount: format!(
+                "UPDATE {t} SET shares_until = (SELECT max(expires_at) FROM {st} \
+                   WHERE name = ?1 AND expires_at > {NOW}) WHERE name = ?1"
+            ),
+            share_inspect: format!(
+                "SELECT mode, fence, expires_at - {NOW}, holder FROM {st} \
+                 WHERE name = ?1 AND expires_at > {NOW} ORDER BY fence"
             ),
         };
         Ok(LiteBackend {
@@ -172,9 +269,19 @@ impl LiteBackend {
             .map_err(|e| map_err(&self.config, "SELECT 1", e))
     }
 
-    pub(crate) async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
+    /// One attempt. `waits`: it belongs to a waiting `lock()`, whose writer marks itself as
+    /// waiting behind shared holders (a `try_lock` marks nothing).
+    ///
+    /// Cancel safety: the attempt runs detached; a lease or share it wins for a caller gone
+    /// meanwhile is released after it.
+    pub(crate) async fn attempt(
+        &self,
+        req: &AcquireRequest,
+        waits: bool,
+    ) -> Result<Option<Acquired>> {
         let token = req.token.to_hex();
         let holder = req.holder.encode();
+        let share = req.mode != LockMode::Exclusive;
         let lease = {
             let (pool, config, sql) = (self.pool.clone(), self.config.clone(), self.sql.clone());
             let (name, token) = (req.name.clone(), req.token);
@@ -185,28 +292,37 @@ impl LiteBackend {
                 name,
                 token,
                 fencing,
+                share,
             }
         };
         let (pool, config, sql) = (self.pool.clone(), self.config.clone(), self.sql.clone());
-        let (name, ttl) = (req.name.clone(), req.ttl);
+        let (name, ttl, mode) = (req.name.clone(), req.ttl, req.mode);
         // SQLite's worker thread runs a statement even after its caller is dropped: the attempt
         // runs detached, and a lease it wins for a caller gone meanwhile is released after it.
         let attempt = move |gone: CallerGone| async move {
             // A caller gone retries nothing: its attempt must not take the lock long after.
-            let res = retry_busy_while(
-                || !gone.is_gone(),
-                || {
-                    sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql.acquire.clone()))
-                        .bind(name.as_str())
-                        .bind(&token)
-                        .bind(ttl.as_secs_f64())
-                        .bind(&holder)
-                        .fetch_optional(&pool)
-                },
-            )
-            .await;
+            let res = if share {
+                retry_busy_while(
+                    || !gone.is_gone(),
+                    || {
+                        let (sql, name, token, holder) =
+                            (sql.clone(), name.clone(), token.clone(), holder.clone());
+                        in_tx(&pool, move |c| {
+                            Box::pin(share_attempt(c, sql, name, token, holder, ttl, mode))
+                        })
+                    },
+                )
+                .await
+            } else {
+                retry_busy_while(
+                    || !gone.is_gone(),
+                    || exclusive_attempt(&pool, &sql, &name, &token, &holder, ttl, waits),
+                )
+                .await
+            };
             match res {
-                Ok(fence) => Ok(fence.map(|f| lease(f as u64))),
+                Ok(Ok(fence)) => Ok(fence.map(|f| lease(f as u64))),
+                Ok(Err(e)) => Err(e),
                 // Still busy: as good as contention; the poller retries.
                 Err(e) if is_busy(&e) => Ok(None),
                 Err(e) => Err(map_err(&config, "acquiring a lease", e)),
@@ -234,12 +350,24 @@ impl LiteBackend {
         })
         .await
         .map_err(|e| map_err(&self.config, "inspecting a lease", e))?;
-        Ok(match row {
-            None => LockInfo::free(name.clone(), None),
-            Some((fence, left, holder)) => {
-                crate::inspect::held(name, Some(fence), Some(left), holder.as_deref(), None)
-            }
+        if let Some((fence, left, holder)) = row {
+            return Ok(crate::inspect::held(
+                name,
+                Some(fence),
+                Some(left),
+                holder.as_deref(),
+                None,
+            )
+            .with_mode(Some(LockMode::Exclusive)));
+        }
+        let shares: Vec<(String, i64, f64, Option<String>)> = retry_busy(|| {
+            sqlx::query_as(AssertSqlSafe(self.sql.share_inspect.clone()))
+                .bind(name.as_str())
+                .fetch_all(&self.pool)
         })
+        .await
+        .map_err(|e| map_err(&self.config, "inspecting shares", e))?;
+        Ok(crate::shares::info(name, shares).unwrap_or_else(|| LockInfo::free(name.clone(), None)))
     }
 
     pub(crate) async fn revoke(&self, name: &LockName) -> Result<bool> {
@@ -250,7 +378,10 @@ impl LiteBackend {
         })
         .await
         .map_err(|e| map_err(&self.config, "revoking a lease", e))?;
-        Ok(r.rows_affected() > 0)
+        let shares = release_shares(&self.pool, &self.sql, name, None)
+            .await
+            .map_err(|e| map_err(&self.config, "revoking shares", e))?;
+        Ok(r.rows_affected() > 0 || shares > 0)
     }
 }
 
@@ -261,6 +392,8 @@ struct LiteLease {
     name: LockName,
     token: OwnerToken,
     fencing: u64,
+    /// A shared holder's or a permit's lease (a row of the shares table), not the lock row.
+    share: bool,
 }
 
 impl fmt::Debug for LiteLease {
@@ -300,13 +433,204 @@ impl Lease for LiteLease {
     }
 
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
+        if self.share {
+            let held = retry_busy(|| {
+                let (sql, name, token) = (
+                    self.sql.clone(),
+                    self.name.as_str().to_owned(),
+                    self.token.to_hex(),
+                );
+                in_tx(&self.pool, move |c| {
+                    Box::pin(async move {
+                        let until: Option<f64> =
+                            sqlx::query_scalar(AssertSqlSafe(sql.share_extend.clone()))
+                                .bind(&name)
+                                .bind(&token)
+                                .bind(ttl.as_secs_f64())
+                                .fetch_optional(&mut *c)
+                                .await?;
+                        if let Some(until) = until {
+                            sqlx::query(AssertSqlSafe(sql.share_raise.clone()))
+                                .bind(&name)
+                                .bind(until)
+                                .execute(&mut *c)
+                                .await?;
+                        }
+                        Ok(u64::from(until.is_some()))
+                    })
+                })
+            })
+            .await
+            .map_err(|e| map_err(&self.config, "extending a share", e))?;
+            crate::sql_errors::owner_checked(held)?;
+            return Ok(ttl);
+        }
         self.update(&self.sql.extend, Some(ttl), "extending a lease")
             .await?;
         Ok(ttl)
     }
 
     async fn release(&self) -> Result<()> {
+        if self.share {
+            let n = release_shares(&self.pool, &self.sql, &self.name, Some(self.token.to_hex()))
+                .await
+                .map_err(|e| map_err(&self.config, "releasing a share", e))?;
+            return crate::sql_errors::owner_checked(n);
+        }
         self.update(&self.sql.release, None, "releasing a lease")
             .await
     }
+}
+
+/// One exclusive attempt: the lease's fence if taken. When not: whether live shares hold the
+/// name, and a conflict if they are permits (a semaphore is not a mutex); a waiting writer
+/// they hold back marks itself (see [`crate::shares`]).
+///
+/// Cancel safety: run detached (see [`LiteBackend::attempt`]); dropped, it may have taken the
+/// lease.
+async fn exclusive_attempt(
+    pool: &SqlitePool,
+    sql: &Sql,
+    name: &LockName,
+    token: &str,
+    holder: &str,
+    ttl: Duration,
+    waits: bool,
+) -> sqlx::Result<Result<Option<i64>>> {
+    let fence: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql.acquire.clone()))
+        .bind(name.as_str())
+        .bind(token)
+        .bind(ttl.as_secs_f64())
+        .bind(holder)
+        .fetch_optional(pool)
+        .await?;
+    if fence.is_some() {
+        return Ok(Ok(fence));
+    }
+    let permits: Option<bool> = sqlx::query_scalar(AssertSqlSafe(sql.probe_shares.clone()))
+        .bind(name.as_str())
+        .fetch_optional(pool)
+        .await?;
+    match permits {
+        Some(true) => Ok(Err(crate::shares::conflict(LockMode::Exclusive))),
+        Some(false) if waits => {
+            sqlx::query(AssertSqlSafe(sql.mark_writer.clone()))
+                .bind(name.as_str())
+                .bind(crate::shares::WRITER_MARK.as_secs_f64())
+                .execute(pool)
+                .await?;
+            Ok(Ok(None))
+        }
+        _ => Ok(Ok(None)),
+    }
+}
+
+/// One share attempt, in a transaction holding the write lock (see [`crate::shares`]): the
+/// share's fence if taken.
+///
+/// Cancel safety: run detached (see [`LiteBackend::attempt`]); dropped, the transaction is
+/// rolled back.
+async fn share_attempt(
+    c: &mut SqliteConnection,
+    sql: Arc<Sql>,
+    name: LockName,
+    token: String,
+    holder: String,
+    ttl: Duration,
+    mode: LockMode,
+) -> sqlx::Result<Result<Option<i64>>> {
+    let name = name.as_str();
+    sqlx::query(AssertSqlSafe(sql.share_new_row.clone()))
+        .bind(name)
+        .execute(&mut *c)
+        .await?;
+    let (exclusive_left, writer_left): (Option<f64>, Option<f64>) =
+        sqlx::query_as(AssertSqlSafe(sql.share_row.clone()))
+            .bind(name)
+            .fetch_one(&mut *c)
+            .await?;
+    sqlx::query(AssertSqlSafe(sql.share_expired.clone()))
+        .bind(name)
+        .execute(&mut *c)
+        .await?;
+    let rows: Vec<(String, String, f64, i64)> =
+        sqlx::query_as(AssertSqlSafe(sql.share_live.clone()))
+            .bind(name)
+            .fetch_all(&mut *c)
+            .await?;
+    let seen = crate::shares::Seen {
+        exclusive_left,
+        writer_left,
+        mine: rows.iter().find(|r| r.0 == token).map(|r| r.3),
+        live: rows.into_iter().map(|r| (r.1, r.2)).collect(),
+    };
+    let fence = match crate::shares::decide(mode, &seen) {
+        Err(e) => return Ok(Err(e)),
+        Ok(Verdict::Wait(_)) => return Ok(Ok(None)),
+        Ok(Verdict::Mine(fence)) => {
+            let until: Option<f64> = sqlx::query_scalar(AssertSqlSafe(sql.share_extend.clone()))
+                .bind(name)
+                .bind(&token)
+                .bind(ttl.as_secs_f64())
+                .fetch_optional(&mut *c)
+                .await?;
+            sqlx::query(AssertSqlSafe(sql.share_raise.clone()))
+                .bind(name)
+                .bind(until)
+                .execute(&mut *c)
+                .await?;
+            fence
+        }
+        Ok(Verdict::Take) => {
+            let (fence, until): (i64, f64) = sqlx::query_as(AssertSqlSafe(sql.share_take.clone()))
+                .bind(name)
+                .bind(ttl.as_secs_f64())
+                .fetch_one(&mut *c)
+                .await?;
+            sqlx::query(AssertSqlSafe(sql.share_insert.clone()))
+                .bind(name)
+                .bind(&token)
+                .bind(crate::shares::mode_str(mode))
+                .bind(until)
+                .bind(fence)
+                .bind(&holder)
+                .execute(&mut *c)
+                .await?;
+            fence
+        }
+    };
+    Ok(Ok(Some(fence)))
+}
+
+/// Deletes the share of `token`, or every live share of `name` (`None`: a revoke), and
+/// recounts `shares_until`, in one transaction. Returns how many went.
+///
+/// Cancel safety: dropping the future may or may not have released them.
+async fn release_shares(
+    pool: &SqlitePool,
+    sql: &Arc<Sql>,
+    name: &LockName,
+    token: Option<String>,
+) -> sqlx::Result<u64> {
+    retry_busy(|| {
+        let (sql, name, token) = (sql.clone(), name.as_str().to_owned(), token.clone());
+        in_tx(pool, move |c| {
+            Box::pin(async move {
+                let gone = sqlx::query(AssertSqlSafe(sql.share_delete.clone()))
+                    .bind(&name)
+                    .bind(&token)
+                    .execute(&mut *c)
+                    .await?
+                    .rows_affected();
+                if gone > 0 {
+                    sqlx::query(AssertSqlSafe(sql.share_recount.clone()))
+                        .bind(&name)
+                        .execute(&mut *c)
+                        .await?;
+                }
+                Ok(gone)
+            })
+        })
+    })
+    .await
 }

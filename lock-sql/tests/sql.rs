@@ -697,3 +697,182 @@ async fn a_sqlite_acquisition_dropped_while_the_database_is_busy_leaves_nothing_
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Shares on every lease variant: `inspect` lists each reader (token, metadata) in the shared
+/// mode and an exclusive holder in the exclusive one; a mutex asked of a semaphore is a
+/// conflict; a revoke frees the readers.
+#[tokio::test]
+async fn shares_show_in_inspect_and_go_with_a_revoke() {
+    for (label, url) in variants() {
+        if label.contains("row-lock") {
+            continue;
+        }
+        let (a, b, w) = (client(&url).await, client(&url).await, client(&url).await);
+        let name = LockName::new(unique("rw")).unwrap();
+        let read = LockOptions::new()
+            .ttl(Duration::from_secs(30))
+            .label("reader")
+            .shared();
+        let r1 = a.try_lock(&name, &read).await.unwrap().expect(label);
+        let r2 = b.try_lock(&name, &read).await.unwrap().expect(label);
+        let info = w.inspect(&name).await.unwrap();
+        assert!(info.held, "{label}");
+        assert_eq!(info.mode, Some(lockcore::LockMode::Shared), "{label}");
+        let tokens: Vec<_> = info.shares.iter().map(|s| s.fencing_token).collect();
+        assert_eq!(
+            tokens,
+            vec![r1.fencing_token(), r2.fencing_token()],
+            "{label}"
+        );
+        for s in &info.shares {
+            let holder = s.holder.as_ref().expect(label);
+            assert_eq!(holder.label.as_deref(), Some("reader"), "{label}");
+            assert!(
+                s.ttl_left.is_some_and(|t| t > Duration::from_secs(20)),
+                "{label}"
+            );
+        }
+        assert!(w.force_release(&name).await.unwrap(), "{label}");
+        let g = w
+            .try_lock(&name, &LockOptions::new())
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{label}: a writer after the readers were revoked"));
+        let info = a.inspect(&name).await.unwrap();
+        assert_eq!(info.mode, Some(lockcore::LockMode::Exclusive), "{label}");
+        assert_eq!(info.fencing_token, g.fencing_token(), "{label}");
+        g.release().await.unwrap();
+        // The revoked readers learn it at their next renewal or release.
+        assert!(r1.release().await.is_err(), "{label}");
+        drop(r2);
+
+        let sem = LockName::new(unique("sem")).unwrap();
+        let permit = LockOptions::new().ttl(Duration::from_secs(30)).permits(2);
+        let p = a.try_lock(&sem, &permit).await.unwrap().expect(label);
+        let err = w.try_lock(&sem, &LockOptions::new()).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Conflict, "{label}: {err}");
+        let err = w
+            .lock(&sem, &LockOptions::new().wait_timeout(WAIT))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Conflict, "{label}: {err}");
+        p.release().await.unwrap();
+        let g = w.try_lock(&sem, &LockOptions::new()).await.unwrap();
+        assert!(g.is_some(), "{label}: a mutex once no permit is held");
+        drop(g);
+        for c in [a, b, w] {
+            c.flush().await;
+        }
+    }
+}
+
+/// A lock table made before shares existed gets their columns and table on connect, and
+/// readers and writers then work on it.
+#[tokio::test]
+async fn an_older_lock_table_gets_the_share_columns() {
+    let t = "locksmith_old_shape";
+    for (label, url) in variants() {
+        if label.contains("row-lock") {
+            continue;
+        }
+        let (drop_old, create_old) = if label.starts_with("pg") {
+            (
+                format!("DROP TABLE IF EXISTS {t}, {t}_shares"),
+                format!(
+                    "CREATE TABLE {t} (name TEXT PRIMARY KEY, owner TEXT, \
+                       fence BIGINT NOT NULL DEFAULT 0, \
+                       expires_at TIMESTAMPTZ NOT NULL DEFAULT 'epoch')"
+                ),
+            )
+        } else if label.starts_with("mysql") {
+            (
+                format!("DROP TABLE IF EXISTS {t}, {t}_shares"),
+                format!(
+                    "CREATE TABLE {t} (name VARBINARY(320) NOT NULL PRIMARY KEY, \
+                       owner CHAR(32) NULL, fence BIGINT UNSIGNED NOT NULL DEFAULT 0, \
+                       expires_at DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:01', \
+                       holder BIGINT UNSIGNED NULL) ENGINE=InnoDB"
+                ),
+            )
+        } else {
+            (
+                format!("DROP TABLE IF EXISTS {t}; DROP TABLE IF EXISTS {t}_shares"),
+                format!(
+                    "CREATE TABLE {t} (name TEXT NOT NULL PRIMARY KEY, owner TEXT, \
+                       fence INTEGER NOT NULL DEFAULT 0, expires_at REAL NOT NULL DEFAULT 0)"
+                ),
+            )
+        };
+        let plain = url.split('?').next().unwrap().to_owned();
+        let ddl = format!("{drop_old}; {create_old}");
+        if label.starts_with("pg") {
+            let pool = sqlx::PgPool::connect(&plain).await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+                .execute(&pool)
+                .await
+                .unwrap();
+        } else if label.starts_with("mysql") {
+            let pool = sqlx::MySqlPool::connect(&plain).await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+                .execute(&pool)
+                .await
+                .unwrap();
+        } else {
+            let pool = sqlx::SqlitePool::connect(&plain).await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        let url = with_params(&url, &format!("table={t}"));
+        let (a, b) = (client(&url).await, client(&url).await);
+        let opts = LockOptions::new().ttl(Duration::from_secs(30));
+        let r = a.try_lock("old", &opts.clone().shared()).await.unwrap();
+        let r = r.unwrap_or_else(|| panic!("{label}: a reader on the older table"));
+        assert!(b.try_lock("old", &opts).await.unwrap().is_none(), "{label}");
+        let read_token = r.fencing_token();
+        r.release().await.unwrap();
+        let g = b.try_lock("old", &opts).await.unwrap();
+        let g = g.unwrap_or_else(|| panic!("{label}: a writer once the reader left"));
+        assert!(g.fencing_token() > read_token, "{label}");
+        g.release().await.unwrap();
+    }
+}
+
+/// A share's renewal counts for writers too (the lease row's `shares_until` follows it): a
+/// reader extended past its first TTL still keeps a writer out after that TTL has run out,
+/// and an extend after a revoke is refused.
+#[tokio::test]
+async fn an_extended_share_keeps_writers_out_past_its_first_ttl() {
+    for (label, url) in variants() {
+        if label.contains("row-lock") {
+            continue;
+        }
+        let (a, w) = (client(&url).await, client(&url).await);
+        let name = LockName::new(unique("ext")).unwrap();
+        let ttl = Duration::from_millis(800);
+        let read = LockOptions::new().ttl(ttl).no_auto_renew().shared();
+        let r = a.try_lock(&name, &read).await.unwrap().expect(label);
+        r.extend(Duration::from_secs(30)).await.unwrap();
+        let info = w.inspect(&name).await.unwrap();
+        assert!(
+            info.ttl_left.is_some_and(|t| t > Duration::from_secs(20)),
+            "{label}: {info:?}"
+        );
+        // The first TTL runs out: the time passing is what is tested.
+        tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+        let write = LockOptions::new().ttl(Duration::from_secs(10));
+        assert!(
+            w.try_lock(&name, &write).await.unwrap().is_none(),
+            "{label}: a writer beside a reader extended past its first TTL"
+        );
+        assert!(w.force_release(&name).await.unwrap(), "{label}");
+        let err = r.extend(Duration::from_secs(30)).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotHeld, "{label}: {err}");
+        let g = w.try_lock(&name, &write).await.unwrap().expect(label);
+        g.release().await.unwrap();
+        drop(r);
+        a.flush().await;
+        w.flush().await;
+    }
+}

@@ -4,29 +4,36 @@
 use super::*;
 
 impl PgBackend {
-    /// One attempt: the lease, or the current holder's remaining time if the database knows it.
+    /// One attempt: the lease (or share), or the current holder's remaining time if the
+    /// database knows it. `waits`: the attempt belongs to a waiting `lock()`, whose writer
+    /// marks itself as waiting behind shared holders (a `try_lock` marks nothing).
+    ///
+    /// Cancel safety: a share or lease won by an attempt whose caller is gone is released in
+    /// the background.
     pub(super) async fn lease_attempt(
         &self,
         req: &AcquireRequest,
         bound: Instant,
+        waits: bool,
     ) -> Result<(Option<Acquired>, Option<Duration>)> {
+        if req.mode != LockMode::Exclusive {
+            return self.share_attempt(req, bound).await;
+        }
         let token = req.token.to_hex();
         let holder = req.holder.encode();
         let sql = self.sql.lease_acquire.clone();
         let name = req.name.as_str().to_owned();
         let ttl = req.ttl.as_micros() as f64;
-        let lease = |fencing| PgLease {
-            conns: self.conns.clone(),
-            sql: self.sql.clone(),
-            table: self.config.table.clone(),
-            name: req.name.clone(),
-            token: req.token,
-            fencing,
+        let mark = if waits {
+            crate::shares::WRITER_MARK.as_micros() as f64
+        } else {
+            0.0
         };
+        let lease = |fencing| self.lease(req, fencing);
         // A cancelled caller's attempt may still commit: released in the background then.
         let in_flight = ReleaseIfCancelled::arm(lease(0), &req.background);
         let sent_at = Instant::now();
-        let reply: Result<(Option<i64>, Option<f64>)> = self
+        let reply: Result<(Option<i64>, Option<f64>, Option<bool>)> = self
             .conns
             .run(bound, "acquiring a lease", move |c| {
                 sqlx::query_as(AssertSqlSafe(sql.clone()))
@@ -34,12 +41,16 @@ impl PgBackend {
                     .bind(token.clone())
                     .bind(ttl)
                     .bind(holder.clone())
+                    .bind(mark)
                     .fetch_one(c)
                     .boxed()
             })
             .await;
         in_flight.disarm();
-        let (fence, remaining) = reply?;
+        let (fence, remaining, permits) = reply?;
+        if permits == Some(true) {
+            return Err(crate::shares::conflict(req.mode));
+        }
         match fence {
             Some(f) => Ok((Some(Acquired::new(lease(f as u64), sent_at)), None)),
             None => Ok((
@@ -49,6 +60,102 @@ impl PgBackend {
                     .map(|r| Duration::from_secs_f64(r.min(1e6))),
             )),
         }
+    }
+
+    fn lease(&self, req: &AcquireRequest, fencing: u64) -> PgLease {
+        PgLease {
+            conns: self.conns.clone(),
+            sql: self.sql.clone(),
+            table: self.config.table.clone(),
+            name: req.name.clone(),
+            token: req.token,
+            fencing,
+            share: req.mode != LockMode::Exclusive,
+        }
+    }
+
+    /// One share attempt: a transaction on the name's lease row, locked (see
+    /// [`crate::shares`]).
+    ///
+    /// Cancel safety: a share won by an attempt whose caller is gone is released in the
+    /// background.
+    async fn share_attempt(
+        &self,
+        req: &AcquireRequest,
+        bound: Instant,
+    ) -> Result<(Option<Acquired>, Option<Duration>)> {
+        let sql = self.sql.clone();
+        let name = req.name.as_str().to_owned();
+        let token = req.token.to_hex();
+        let holder = req.holder.encode();
+        let mode = req.mode;
+        let ttl = req.ttl.as_micros() as f64;
+        let in_flight = ReleaseIfCancelled::arm(self.lease(req, 0), &req.background);
+        let sent_at = Instant::now();
+        let reply = self
+            .conns
+            .run(bound, "acquiring a share", move |c| {
+                let (sql, name, token, holder) =
+                    (sql.clone(), name.clone(), token.clone(), holder.clone());
+                async move {
+                    let mut tx = c.begin().await?;
+                    let outcome = async {
+                        let (exclusive_left, writer_left): (Option<f64>, Option<f64>) =
+                            sqlx::query_as(AssertSqlSafe(sql.share_lock_row.clone()))
+                                .bind(&name)
+                                .fetch_one(&mut *tx)
+                                .await?;
+                        let rows: Vec<(String, String, f64, i64)> =
+                            sqlx::query_as(AssertSqlSafe(sql.share_live.clone()))
+                                .bind(&name)
+                                .fetch_all(&mut *tx)
+                                .await?;
+                        let seen = crate::shares::Seen {
+                            exclusive_left,
+                            writer_left,
+                            mine: rows.iter().find(|r| r.0 == token).map(|r| r.3),
+                            live: rows.into_iter().map(|r| (r.1, r.2)).collect(),
+                        };
+                        let verdict = match crate::shares::decide(mode, &seen) {
+                            Ok(v) => v,
+                            Err(e) => return Ok(Err(e)),
+                        };
+                        let fence = match verdict {
+                            Verdict::Wait(left) => return Ok(Ok((None, left))),
+                            Verdict::Mine(fence) => {
+                                sqlx::query(AssertSqlSafe(sql.share_extend.clone()))
+                                    .bind(&name)
+                                    .bind(&token)
+                                    .bind(ttl)
+                                    .execute(&mut *tx)
+                                    .await?;
+                                fence
+                            }
+                            Verdict::Take => {
+                                sqlx::query_scalar(AssertSqlSafe(sql.share_take.clone()))
+                                    .bind(&name)
+                                    .bind(&token)
+                                    .bind(ttl)
+                                    .bind(crate::shares::mode_str(mode))
+                                    .bind(&holder)
+                                    .fetch_one(&mut *tx)
+                                    .await?
+                            }
+                        };
+                        Ok(Ok((Some(fence), None)))
+                    }
+                    .await;
+                    finish(tx, outcome).await
+                }
+                .boxed()
+            })
+            .await;
+        in_flight.disarm();
+        let (fence, wait) = reply??;
+        Ok((
+            fence.map(|f| Acquired::new(self.lease(req, f as u64), sent_at)),
+            wait,
+        ))
     }
 
     /// The release notifications, started on first use; while LISTEN fails (the database is
@@ -138,7 +245,10 @@ impl PgBackend {
         // Only while the listener is not up: once it is, the attempt after subscribing is the
         // first and only one (no extra round trip for a contended wait).
         if self.wakeups.get().is_none() {
-            match self.lease_attempt(req, self.conns.bound_by(deadline)).await {
+            match self
+                .lease_attempt(req, self.conns.bound_by(deadline), true)
+                .await
+            {
                 Ok((Some(acquired), _)) => return Ok(Some(acquired)),
                 Ok((None, _)) => {}
                 Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
@@ -154,7 +264,7 @@ impl PgBackend {
         let mut marked_until: Option<Instant> = None;
         loop {
             let bound = self.conns.bound_by(deadline);
-            let (acquired, remaining) = match self.lease_attempt(req, bound).await {
+            let (acquired, remaining) = match self.lease_attempt(req, bound, true).await {
                 Ok(r) => r,
                 Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
                 Err(e) => return Err(e),
@@ -220,6 +330,8 @@ struct PgLease {
     name: LockName,
     token: OwnerToken,
     fencing: u64,
+    /// A shared holder's or a permit's lease (a row of the shares table), not the lock row.
+    share: bool,
 }
 
 impl fmt::Debug for PgLease {
@@ -239,6 +351,25 @@ impl Lease for PgLease {
     }
 
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
+        if self.share {
+            let sql = self.sql.share_extend.clone();
+            let name = self.name.as_str().to_owned();
+            let token = self.token.to_hex();
+            let us = ttl.as_micros() as f64;
+            let n: i64 = self
+                .conns
+                .run(self.conns.bound(), "extending a share", move |c| {
+                    sqlx::query_scalar(AssertSqlSafe(sql.clone()))
+                        .bind(name.clone())
+                        .bind(token.clone())
+                        .bind(us)
+                        .fetch_one(c)
+                        .boxed()
+                })
+                .await?;
+            crate::sql_errors::owner_checked(n as u64)?;
+            return Ok(ttl);
+        }
         let sql = self.sql.lease_extend.clone();
         let name = self.name.as_str().to_owned();
         let token = self.token.to_hex();
@@ -260,6 +391,11 @@ impl Lease for PgLease {
     }
 
     async fn release(&self) -> Result<()> {
+        if self.share {
+            let token = Some(self.token.to_hex());
+            let n = release_shares(&self.conns, &self.sql, &self.name, token, &self.table).await?;
+            return crate::sql_errors::owner_checked(n);
+        }
         let sql = self.sql.lease_release.clone();
         let name = self.name.as_str().to_owned();
         let token = self.token.to_hex();
@@ -276,5 +412,64 @@ impl Lease for PgLease {
             })
             .await?;
         crate::sql_errors::owner_checked(n as u64)
+    }
+}
+
+/// Deletes the share of `token`, or every live share of `name` (`None`: a revoke), in a
+/// transaction on the locked lease row, and wakes the waiters. Returns how many went.
+///
+/// Cancel safety: dropping the future may or may not have released them.
+pub(super) async fn release_shares(
+    conns: &PgConns,
+    sql: &Arc<Sql>,
+    name: &LockName,
+    token: Option<String>,
+    table: &str,
+) -> Result<u64> {
+    let (sql, name, table) = (sql.clone(), name.as_str().to_owned(), table.to_owned());
+    conns
+        .run(conns.bound(), "releasing shares", move |c| {
+            let (sql, name, token, table) =
+                (sql.clone(), name.clone(), token.clone(), table.clone());
+            async move {
+                let mut tx = c.begin().await?;
+                let outcome = async {
+                    sqlx::query(AssertSqlSafe(sql.share_lock_row.clone()))
+                        .bind(&name)
+                        .execute(&mut *tx)
+                        .await?;
+                    let n: i64 = sqlx::query_scalar(AssertSqlSafe(sql.share_release.clone()))
+                        .bind(&name)
+                        .bind(&token)
+                        .bind(&table)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    Ok(n.max(0) as u64)
+                }
+                .await;
+                finish(tx, outcome).await
+            }
+            .boxed()
+        })
+        .await
+}
+
+/// Ends a transaction: committed after `outcome` (a wait or a refusal commits too: nothing it
+/// did is wrong to keep, and the row lock must not outlive the call), rolled back after an
+/// error. Never left to sqlx's rollback on drop, which is only sent with the connection's next
+/// statement: an idle connection would keep the row locked until then.
+async fn finish<T>(
+    tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    outcome: sqlx::Result<T>,
+) -> sqlx::Result<T> {
+    match outcome {
+        Ok(v) => {
+            tx.commit().await?;
+            Ok(v)
+        }
+        Err(e) => {
+            let _ = tx.rollback().await;
+            Err(e)
+        }
     }
 }

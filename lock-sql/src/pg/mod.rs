@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use lockcore::backend::{AcquireRequest, Acquired, Lease, ReleaseIfCancelled};
-use lockcore::{Error, Instant, LockInfo, LockName, OwnerToken, Result};
+use lockcore::{Error, Instant, LockInfo, LockMode, LockName, OwnerToken, Result};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection};
 use tokio::sync::{OnceCell, broadcast, oneshot};
@@ -17,6 +17,7 @@ use crate::config::{Parsed, Strategy};
 use crate::conns::{Checked, Conns, is_conn_err};
 use crate::rowlock::guard_timeout;
 use crate::rowlock::{Holding, Queues, RowLease};
+use crate::shares::Verdict;
 use crate::sql_errors::{db_code, map_err};
 
 mod lease;
@@ -45,6 +46,16 @@ struct Sql {
     lease_release: String,
     lease_wait_mark: String,
     revoke_lease: String,
+    /// Shares (see [`crate::shares`]): the lease row created if missing and locked, read.
+    share_lock_row: String,
+    /// The name's live shares (the expired ones deleted).
+    share_live: String,
+    share_take: String,
+    share_extend: String,
+    /// Deletes one share (`$2`), or every share (`$2` NULL: a revoke), with the row locked.
+    share_release: String,
+    /// Every live share, for `inspect`.
+    share_inspect: String,
     /// Held or free, token, TTL left, metadata and waiters of one name (per strategy).
     inspect: String,
 }
@@ -108,6 +119,7 @@ impl PgBackend {
         let conns = Conns::new(opts.clone(), config, setup);
         let t = &config.table;
         let old_seq = format!("{}_fseq", &t[..t.len().min(57)]);
+        let s = crate::shares::table(t);
         // One implicit transaction; the advisory lock serialises concurrent first connects
         // (CREATE ... IF NOT EXISTS can still collide on the catalog otherwise). Nothing takes a
         // table lock when the table is already as it should be: row-lock waiters keep a ROW
@@ -127,6 +139,14 @@ impl PgBackend {
                    AND attname = 'holder' AND NOT attisdropped) THEN \
                  ALTER TABLE {t} ADD COLUMN holder TEXT, ADD COLUMN acquired_at TIMESTAMPTZ; \
                END IF; \
+               IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{t}'::regclass \
+                   AND attname = 'shares_until' AND NOT attisdropped) THEN \
+                 ALTER TABLE {t} ADD COLUMN shares_until TIMESTAMPTZ, \
+                   ADD COLUMN writer_until TIMESTAMPTZ; \
+               END IF; \
+               CREATE TABLE IF NOT EXISTS {s} (name TEXT NOT NULL, token TEXT NOT NULL, \
+                 mode TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, fence BIGINT NOT NULL, \
+                 holder TEXT, PRIMARY KEY (name, token)); \
                IF to_regclass('{old_seq}') IS NOT NULL THEN \
                UPDATE {t} SET fence = (SELECT last_value FROM {old_seq}) \
                  WHERE fence < (SELECT last_value FROM {old_seq}); \
@@ -257,12 +277,20 @@ impl PgBackend {
             // Read first: the upsert runs only when the row is free (or already ours: a retry of
             // an attempt whose answer was lost), so a failed attempt writes and locks nothing.
             // The second column is the current holder's remaining time, for the waiter's sleep.
+            // Live shares hold the name too (`shares_until`, checked again on the locked row by
+            // the upsert's WHERE); a waiting writer they hold back marks itself
+            // (`writer_until`, `$5` µs from now; 0 from try_lock) so later readers wait. The
+            // third column: the shares are permits (a semaphore is not a mutex: a conflict).
             lease_acquire: format!(
                 "WITH cur AS MATERIALIZED (\
-                   SELECT owner, EXTRACT(EPOCH FROM (expires_at - clock_timestamp()))::float8 AS remaining \
+                   SELECT owner, EXTRACT(EPOCH FROM (expires_at - clock_timestamp()))::float8 AS remaining, \
+                     EXTRACT(EPOCH FROM (shares_until - clock_timestamp()))::float8 AS shares_left \
                    FROM {t} WHERE name = $1), \
-                 busy AS MATERIALIZED (SELECT remaining FROM cur \
-                   WHERE owner IS NOT NULL AND owner <> $2 AND remaining > 0), \
+                 busy AS MATERIALIZED (SELECT CASE WHEN shares_left > 0 THEN shares_left \
+                     ELSE remaining END AS remaining, shares_left > 0 AS by_shares FROM cur \
+                   WHERE (owner IS NOT NULL AND owner <> $2 AND remaining > 0) OR shares_left > 0), \
+                 mark AS (UPDATE {t} SET writer_until = clock_timestamp() + $5::float8 * interval '1 microsecond' \
+                   WHERE name = $1 AND $5::float8 > 0 AND EXISTS (SELECT 1 FROM busy WHERE by_shares)), \
                  won AS (\
                    INSERT INTO {t} AS l (name, owner, fence, expires_at, holder, acquired_at) \
                    SELECT $1, $2, 1, clock_timestamp() + $3::float8 * interval '1 microsecond', \
@@ -270,10 +298,13 @@ impl PgBackend {
                    WHERE NOT EXISTS (SELECT 1 FROM busy) \
                    ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, fence = l.fence + 1, \
                      expires_at = EXCLUDED.expires_at, holder = EXCLUDED.holder, \
-                     acquired_at = EXCLUDED.acquired_at \
-                   WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp() OR l.owner = EXCLUDED.owner \
+                     acquired_at = EXCLUDED.acquired_at, writer_until = NULL \
+                   WHERE (l.owner IS NULL OR l.expires_at <= clock_timestamp() OR l.owner = EXCLUDED.owner) \
+                     AND (l.shares_until IS NULL OR l.shares_until <= clock_timestamp()) \
                    RETURNING l.fence) \
-                 SELECT (SELECT fence FROM won) AS fence, (SELECT remaining FROM busy) AS remaining"
+                 SELECT (SELECT fence FROM won) AS fence, (SELECT remaining FROM busy) AS remaining, \
+                   (SELECT EXISTS (SELECT 1 FROM {s} WHERE name = $1 AND mode <> 'shared' \
+                      AND expires_at > clock_timestamp()) FROM busy WHERE by_shares) AS permits"
             ),
             lease_extend: format!(
                 "UPDATE {t} SET expires_at = clock_timestamp() + $3::float8 * interval '1 microsecond' \
@@ -293,6 +324,60 @@ impl PgBackend {
                    clock_timestamp() + $2::float8 * interval '1 microsecond') WHERE name = $1"
             ),
             inspect,
+            // Locks the row (created if missing): every change to the name's shares and to
+            // `shares_until` happens under it, and the statements after it read what the
+            // transactions before committed.
+            share_lock_row: format!(
+                "INSERT INTO {t} AS l (name) VALUES ($1) \
+                 ON CONFLICT (name) DO UPDATE SET name = l.name \
+                 RETURNING CASE WHEN l.owner IS NOT NULL AND l.expires_at > clock_timestamp() \
+                     THEN EXTRACT(EPOCH FROM (l.expires_at - clock_timestamp()))::float8 END, \
+                   CASE WHEN l.writer_until > clock_timestamp() \
+                     THEN EXTRACT(EPOCH FROM (l.writer_until - clock_timestamp()))::float8 END"
+            ),
+            share_live: format!(
+                "WITH gone AS (DELETE FROM {s} WHERE name = $1 AND expires_at <= clock_timestamp()) \
+                 SELECT token, mode, EXTRACT(EPOCH FROM (expires_at - clock_timestamp()))::float8, \
+                   fence FROM {s} WHERE name = $1 AND expires_at > clock_timestamp()"
+            ),
+            // One counter across modes: the share's fence is the row's next.
+            share_take: format!(
+                "WITH n AS MATERIALIZED (SELECT clock_timestamp() + $3::float8 * interval '1 microsecond' AS until), \
+                 f AS (UPDATE {t} SET fence = fence + 1, \
+                   shares_until = greatest(shares_until, (SELECT until FROM n)) \
+                   WHERE name = $1 RETURNING fence) \
+                 INSERT INTO {s} (name, token, mode, expires_at, fence, holder) \
+                 SELECT $1, $2, $4, n.until, f.fence, $5 FROM n, f RETURNING fence"
+            ),
+            // The lease row is locked first, as every statement touching shares does: a
+            // release or revoke (row, then shares) and an extend (share, then row) would
+            // otherwise wait for each other.
+            share_extend: format!(
+                "WITH l AS MATERIALIZED (SELECT 1 FROM {t} WHERE name = $1 FOR UPDATE), \
+                 e AS (UPDATE {s} SET expires_at = clock_timestamp() + $3::float8 * interval '1 microsecond' \
+                   WHERE EXISTS (SELECT 1 FROM l) AND name = $1 AND token = $2 \
+                     AND expires_at > clock_timestamp() \
+                   RETURNING expires_at), \
+                 u AS (UPDATE {t} SET shares_until = greatest(shares_until, (SELECT expires_at FROM e)) \
+                   WHERE name = $1 AND EXISTS (SELECT 1 FROM e)) \
+                 SELECT count(*) FROM e"
+            ),
+            // `shares_until` from the shares left (NULL once none is); waiters hear of it as
+            // of an exclusive release.
+            share_release: format!(
+                "WITH d AS (DELETE FROM {s} WHERE name = $1 AND ($2::text IS NULL OR token = $2) \
+                   AND expires_at > clock_timestamp() RETURNING name), \
+                 u AS (UPDATE {t} SET shares_until = (SELECT max(expires_at) FROM {s} \
+                     WHERE name = $1 AND $2::text IS NOT NULL AND token <> $2 \
+                     AND expires_at > clock_timestamp()) \
+                   WHERE name = $1 AND EXISTS (SELECT 1 FROM d) RETURNING wait_until), \
+                 n AS (SELECT pg_notify($3, $1) FROM u WHERE wait_until > clock_timestamp()) \
+                 SELECT (SELECT count(*) FROM d) + 0 * (SELECT count(*) FROM n)"
+            ),
+            share_inspect: format!(
+                "SELECT mode, fence, EXTRACT(EPOCH FROM (expires_at - clock_timestamp()))::float8, \
+                   holder FROM {s} WHERE name = $1 AND expires_at > clock_timestamp() ORDER BY fence"
+            ),
             revoke_lease: format!(
                 "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = 'epoch' \
                    WHERE name = $1 AND owner IS NOT NULL AND expires_at > clock_timestamp() \
@@ -396,7 +481,7 @@ impl PgBackend {
     pub(crate) async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
         match self.config.strategy {
             Strategy::RowLock => self.row_acquire(req, None, true).await,
-            Strategy::Lease => Ok(self.lease_attempt(req, self.conns.bound()).await?.0),
+            Strategy::Lease => Ok(self.lease_attempt(req, self.conns.bound(), false).await?.0),
         }
     }
 
@@ -460,17 +545,48 @@ impl PgBackend {
             })
             .await?;
         let waiters = waiting.map(|w| w.max(0) as usize);
+        let lease = self.config.strategy == Strategy::Lease;
         if !held {
+            if lease && let Some(info) = self.inspect_shares(name).await? {
+                return Ok(info);
+            }
             return Ok(LockInfo::free(name.clone(), waiters));
         }
-        Ok(
-            crate::inspect::held(name, fence, remaining, holder.as_deref(), acquired_ms)
-                .with_waiters(waiters),
-        )
+        let info = crate::inspect::held(name, fence, remaining, holder.as_deref(), acquired_ms)
+            .with_waiters(waiters);
+        Ok(if lease {
+            info.with_mode(Some(LockMode::Exclusive))
+        } else {
+            info
+        })
+    }
+
+    /// The live shares of a name (lease strategy), if any.
+    ///
+    /// Cancel safe.
+    async fn inspect_shares(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let (n, sql) = (name.as_str().to_owned(), self.sql.share_inspect.clone());
+        let rows: Vec<(String, i64, f64, Option<String>)> = self
+            .conns
+            .run(self.conns.bound(), "inspecting shares", move |c| {
+                sqlx::query_as(AssertSqlSafe(sql.clone()))
+                    .bind(n.clone())
+                    .fetch_all(c)
+                    .boxed()
+            })
+            .await?;
+        Ok(crate::shares::info(name, rows))
     }
 
     pub(crate) async fn revoke(&self, name: &LockName) -> Result<bool> {
         let param = self.row_param(name);
+        let shares = match self.config.strategy {
+            Strategy::Lease => {
+                lease::release_shares(&self.conns, &self.sql, name, None, &self.config.table)
+                    .await?
+            }
+            Strategy::RowLock => 0,
+        };
         let name = name.as_str().to_owned();
         let table = self.config.table.clone();
         match self.config.strategy {
@@ -486,7 +602,7 @@ impl PgBackend {
                             .boxed()
                     })
                     .await?;
-                Ok(n > 0)
+                Ok(n > 0 || shares > 0)
             }
             Strategy::RowLock => {
                 let name = param;

@@ -1,0 +1,191 @@
+//! Shared holders and semaphore permits of the lease strategy, common to every dialect: how a
+//! share's mode is stored, what one attempt decides from what it read under the lease row's
+//! lock, and how the live shares read back for `inspect`.
+//!
+//! Every dialect keeps the shares in `<table>_shares` (name, token, mode, expires_at, fence,
+//! holder) and two columns on the lease row: `shares_until`, the latest expiry of the name's
+//! live shares (the exclusive acquire's one statement checks it instead of the shares table),
+//! and `writer_until`, set by a waiting exclusive acquisition that found live shares (shared
+//! requests that come while it lasts wait: a stream of readers cannot starve a writer).
+
+use std::time::Duration;
+
+use lockcore::{Error, Holder, LockInfo, LockMode, LockName, Result, Share};
+
+/// How long a waiting writer's mark outlasts its attempt: past its next attempt, which comes
+/// within a poll (at most 1 s, `Backoff::for_ttl`) or PostgreSQL's safety poll, with room for
+/// a slow statement on a loaded machine. A writer that gives up leaves readers waiting at most
+/// this long.
+pub(crate) const WRITER_MARK: Duration = Duration::from_secs(3);
+
+/// The shares table beside lock table `t`: `<t>_shares`, `t` cut to fit PostgreSQL's 63-byte
+/// identifiers (a longer name would be cut by the server, into the lock table's own).
+pub(crate) fn table(t: &str) -> String {
+    format!("{}_shares", &t[..t.len().min(56)])
+}
+
+/// The `mode` column of a share: `shared` or `permit:<limit>`.
+pub(crate) fn mode_str(mode: LockMode) -> String {
+    match mode {
+        LockMode::Permit { limit } => format!("permit:{limit}"),
+        _ => "shared".to_owned(),
+    }
+}
+
+/// The mode a `mode` column names.
+pub(crate) fn parse_mode(s: &str) -> Option<LockMode> {
+    match s.strip_prefix("permit:") {
+        Some(limit) => limit.parse().ok().map(|limit| LockMode::Permit { limit }),
+        None => (s == "shared").then_some(LockMode::Shared),
+    }
+}
+
+/// The refusal of a request whose use of the name disagrees with its holders'.
+pub(crate) fn conflict(mode: LockMode) -> Error {
+    Error::conflict(format!(
+        "the lock is in use in another way (another mode or permit limit, or as a mutex), and \
+         this acquisition asks for {mode}"
+    ))
+}
+
+/// What a share attempt read with the lease row locked (times in seconds from now on the
+/// database clock; only live entries).
+#[derive(Debug, Default)]
+pub(crate) struct Seen {
+    /// The exclusive holder's time left, if the name is held exclusively.
+    pub(crate) exclusive_left: Option<f64>,
+    /// A waiting writer's mark's time left.
+    pub(crate) writer_left: Option<f64>,
+    /// The live shares: mode and time left.
+    pub(crate) live: Vec<(String, f64)>,
+    /// This token's live share's fence (a retried attempt whose first try committed).
+    pub(crate) mine: Option<i64>,
+}
+
+/// What a share attempt does.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Verdict {
+    /// Insert the share (with the next fence).
+    Take,
+    /// Already ours (a retried attempt): reset its expiry and hand back its fence.
+    Mine(i64),
+    /// Held: try again, after about this long if known.
+    Wait(Option<Duration>),
+}
+
+fn secs(s: f64) -> Option<Duration> {
+    (s.is_finite() && s > 0.0).then(|| Duration::from_secs_f64(s.min(1e6)))
+}
+
+/// The rules, as lockcore's memory backend has them: another mode or limit among the live
+/// shares is a conflict, and so is a permit beside an exclusive holder (a semaphore is never a
+/// mutex); a reader waits for an exclusive holder and for a waiting writer; a permit waits
+/// while `limit` are held.
+pub(crate) fn decide(mode: LockMode, seen: &Seen) -> Result<Verdict> {
+    if let Some(fence) = seen.mine {
+        return Ok(Verdict::Mine(fence));
+    }
+    let wanted = mode_str(mode);
+    if seen.live.iter().any(|(m, _)| *m != wanted) {
+        return Err(conflict(mode));
+    }
+    let earliest = seen.live.iter().map(|(_, l)| *l).reduce(f64::min);
+    match mode {
+        LockMode::Permit { limit } => {
+            if seen.exclusive_left.is_some() {
+                return Err(conflict(mode));
+            }
+            if seen.live.len() >= limit as usize {
+                return Ok(Verdict::Wait(earliest.and_then(secs)));
+            }
+        }
+        _ => {
+            if let Some(left) = seen.exclusive_left.or(seen.writer_left) {
+                return Ok(Verdict::Wait(secs(left)));
+            }
+        }
+    }
+    Ok(Verdict::Take)
+}
+
+/// A held name's [`LockInfo`] from its live shares: (mode, fence, seconds left, metadata), in
+/// grant order. `None` when there are none.
+pub(crate) fn info(
+    name: &LockName,
+    shares: Vec<(String, i64, f64, Option<String>)>,
+) -> Option<LockInfo> {
+    let mode = parse_mode(&shares.first()?.0)?;
+    let all = shares
+        .into_iter()
+        .map(|(_, fence, left, holder)| {
+            Share::new(
+                u64::try_from(fence).ok(),
+                secs(left),
+                holder.as_deref().and_then(Holder::decode),
+            )
+        })
+        .collect();
+    Some(
+        LockInfo::held(name.clone())
+            .with_shares(all)
+            .with_mode(Some(mode)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_round_trip_through_the_mode_column() {
+        for mode in [LockMode::Shared, LockMode::Permit { limit: 7 }] {
+            assert_eq!(parse_mode(&mode_str(mode)), Some(mode));
+        }
+        assert_eq!(parse_mode(""), None);
+        assert_eq!(parse_mode("permit:x"), None);
+    }
+
+    #[test]
+    fn readers_wait_for_writers_and_permits_for_a_place() {
+        let p2 = LockMode::Permit { limit: 2 };
+        let shared = |n| vec![("shared".to_owned(), 5.0); n];
+        let permits = |n| vec![("permit:2".to_owned(), 5.0); n];
+        let seen = |live, exclusive_left, writer_left| Seen {
+            exclusive_left,
+            writer_left,
+            live,
+            mine: None,
+        };
+        let d = |mode, s: Seen| decide(mode, &s).map_err(|e| e.kind());
+        assert_eq!(
+            d(LockMode::Shared, seen(shared(3), None, None)),
+            Ok(Verdict::Take)
+        );
+        assert!(matches!(
+            d(LockMode::Shared, seen(shared(1), None, Some(2.0))),
+            Ok(Verdict::Wait(Some(_)))
+        ));
+        assert!(matches!(
+            d(LockMode::Shared, seen(vec![], Some(2.0), None)),
+            Ok(Verdict::Wait(Some(_)))
+        ));
+        assert_eq!(d(p2, seen(permits(1), None, None)), Ok(Verdict::Take));
+        assert!(matches!(
+            d(p2, seen(permits(2), None, None)),
+            Ok(Verdict::Wait(_))
+        ));
+        // A writer's mark does not hold permits back: it waits for readers only.
+        assert_eq!(d(p2, seen(vec![], None, Some(2.0))), Ok(Verdict::Take));
+        let conflict = Err(lockcore::ErrorKind::Conflict);
+        assert_eq!(
+            d(LockMode::Permit { limit: 3 }, seen(permits(1), None, None)),
+            conflict
+        );
+        assert_eq!(d(LockMode::Shared, seen(permits(1), None, None)), conflict);
+        assert_eq!(d(p2, seen(shared(1), None, None)), conflict);
+        assert_eq!(d(p2, seen(vec![], Some(1.0), None)), conflict);
+        let mut retried = seen(permits(2), None, None);
+        retried.mine = Some(9);
+        assert_eq!(decide(p2, &retried).ok(), Some(Verdict::Mine(9)));
+    }
+}
