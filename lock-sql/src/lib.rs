@@ -109,8 +109,8 @@
 //! *Shared holders and permits* (lease only: [`LockMode::Shared`](lockcore::LockMode) and
 //! [`LockMode::Permit`](lockcore::LockMode)): each holder is a row of `<table>_shares` (name,
 //! owner token, mode `shared` or `permit:<limit>`, `expires_at` on the database clock, fencing
-//! token, holder metadata), created beside the lock table on connect (the table name cut to
-//! 56 characters first). A share is taken in one transaction that locks the name's lease row:
+//! token, holder metadata), created beside the lock table on connect (a lock table name over
+//! 56 characters is cut and given a hash of the whole, to fit PostgreSQL's identifiers). A share is taken in one transaction that locks the name's lease row:
 //! it drops the name's expired shares, checks the rules (no exclusive holder; for a reader, no
 //! waiting writer; fewer than `limit` permits; every holder in the same mode and limit, else
 //! `Conflict`) and takes the next value of the row's fencing counter, one counter across modes.

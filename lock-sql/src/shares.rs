@@ -18,10 +18,25 @@ use lockcore::{Error, Holder, LockInfo, LockMode, LockName, Result, Share};
 /// this long.
 pub(crate) const WRITER_MARK: Duration = Duration::from_secs(3);
 
-/// The shares table beside lock table `t`: `<t>_shares`, `t` cut to fit PostgreSQL's 63-byte
-/// identifiers (a longer name would be cut by the server, into the lock table's own).
+/// The shares table beside lock table `t`: `<t>_shares`. A `t` too long for PostgreSQL's
+/// 63-byte identifiers once suffixed (the server would cut it) is cut to 47 characters and
+/// given 8 hex digits of a hash of the whole name, so that two long lock tables with one
+/// prefix never share a shares table.
 pub(crate) fn table(t: &str) -> String {
-    format!("{}_shares", &t[..t.len().min(56)])
+    if t.len() <= 56 {
+        return format!("{t}_shares");
+    }
+    // FNV-1a: stable across builds and platforms, which the table name must be.
+    let hash = t.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    let cut = t
+        .char_indices()
+        .map(|(i, _)| i)
+        .take_while(|&i| i <= 47)
+        .last()
+        .unwrap_or(0);
+    format!("{}_{:08x}_shares", &t[..cut], hash as u32)
 }
 
 /// The `mode` column of a share: `shared` or `permit:<limit>`.
@@ -134,6 +149,18 @@ pub(crate) fn info(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn long_lock_tables_get_shares_tables_of_their_own() {
+        assert_eq!(table("locks"), "locks_shares");
+        let a = table(&format!("{}a", "t".repeat(60)));
+        let b = table(&format!("{}b", "t".repeat(60)));
+        assert_ne!(a, b);
+        for t in [a, b] {
+            assert!(t.len() <= 63, "{t}");
+            assert!(t.ends_with("_shares"), "{t}");
+        }
+    }
     use super::*;
 
     #[test]
