@@ -168,10 +168,15 @@ impl ZkBackend {
         interop: Interop,
     ) -> Capabilities {
         let mut c = Capabilities::default();
-        let not_yet = "not yet implemented in lock-zk (Curator's read-write lock and semaphore \
-                       layouts are the plan)";
-        c.shared = lockcore::Support::no(not_yet);
-        c.permits = lockcore::Support::no(not_yet);
+        // Readers are named as Curator's (`__READ__`) or kazoo's (`__rlock__`) read-write lock
+        // names them; permits have a name in locksmith's own layout only.
+        c.shared = lockcore::Support::Yes;
+        c.permits = match interop {
+            Interop::Kazoo => lockcore::Support::no(
+                "interop=kazoo names nodes as kazoo's locks do, and kazoo has no semaphore in a lock node (its Semaphore keeps leases in a directory of its own): use the default layout for permits",
+            ),
+            _ => lockcore::Support::Yes,
+        };
         c.fencing = true;
         c.fair = true;
         c.wait = WaitKind::Notify;
