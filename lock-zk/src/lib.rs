@@ -43,7 +43,8 @@
 //! predecessor only (one release wakes one waiter). When the predecessor was the only node
 //! ahead, its deletion makes the waiter the holder without listing again. A contender is every
 //! child that Curator, go-zookeeper or kazoo treats as one, whoever made it: a name ending in
-//! `lock-`, `__lock__` or `__rlock__` and the 10-digit sequence, ordered by that sequence
+//! `lock-`, `__lock__`, `__rlock__`, `__READ__` or `__WRIT__` (or locksmith's permit marker,
+//! see [below](#shared-holders-and-permits)) and the 10-digit sequence, ordered by that sequence
 //! (the lock node's one counter, shared by all its sequential children). A child with none of
 //! these markers is made by no lock client and is not a contender.
 //!
@@ -206,7 +207,8 @@ impl Backend for ZkBackend {
     }
 
     /// One attempt: list the children (a held lock costs this one read); if free, create a
-    /// contender node and keep it only if it is the lowest.
+    /// contender node and keep it only if it holds (the lowest for a writer, no writer lower
+    /// for a reader, fewer than the limit lower for a permit).
     ///
     /// Cancel safety: a dropped attempt deletes its node in the background (found by owner
     /// token if the create was still in flight).
@@ -214,7 +216,9 @@ impl Backend for ZkBackend {
         self.run(req, false, None).await
     }
 
-    /// Queues behind the current holder and waits on a watch of the immediate predecessor;
+    /// Queues behind the current holders and waits on a watch of what it waits for (the
+    /// immediate predecessor for a writer, the last lower writer for a reader, the `limit`
+    /// nodes before it for a permit);
     /// after a session expiry, queues again on the new session.
     ///
     /// Cancel safety: a dropped or timed-out wait deletes its node in the background.

@@ -1,7 +1,10 @@
-//! The lock recipe (Curator's protected-mode lock): an EPHEMERAL_SEQUENTIAL contender node
-//! named by the owner token, the lowest sequence holds, a waiter watches its immediate
-//! predecessor; a create whose reply was lost is found again by the owner token; an acquisition
-//! that ends without the lock deletes its node (in the background when the call is dropped).
+//! The lock recipe (Curator's protected-mode lock, its read-write lock's readers, permits): an
+//! EPHEMERAL_SEQUENTIAL contender node named by the owner token and the mode; a writer holds
+//! at the lowest sequence and watches its immediate predecessor, a reader holds with no writer
+//! lower and watches the last lower one, a permit holds with fewer than its limit lower and
+//! watches the `limit` nodes before it (see `contenders::standing`); a create whose reply was
+//! lost is found again by the owner token; an acquisition that ends without the lock deletes
+//! its node (in the background when the call is dropped).
 
 use std::sync::Arc;
 
