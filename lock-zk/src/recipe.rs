@@ -220,11 +220,13 @@ impl ZkBackend {
                 )
                 .await;
                 let mut watchers = Vec::with_capacity(replies.len());
-                let mut look_again = false;
+                // A node gone or a lost reply: list again. Only forged nodes skipped: the
+                // listing in hand still serves.
+                let (mut relist, mut forged, mut pause) = (false, false, false);
                 for ((reply, &i), predecessor) in replies.into_iter().zip(&targets).zip(&watched) {
                     match reply {
                         // Gone before the watch was set: look again.
-                        Ok((None, _)) => look_again = true,
+                        Ok((None, _)) => relist = true,
                         Ok((Some(stat), _))
                             if contenders::cannot_hold(
                                 &q[i].1,
@@ -242,19 +244,21 @@ impl ZkBackend {
                                 foreign.clear();
                             }
                             foreign.insert(predecessor.clone());
-                            listed = Some(Ok(children.clone()));
-                            look_again = true;
+                            forged = true;
                         }
                         Ok((Some(_), watcher)) => watchers.push((i, watcher)),
-                        Err(e) if is_retryable(&e) => {
-                            tokio::time::sleep(RETRY_PAUSE).await;
-                            look_again = true;
-                        }
+                        Err(e) if is_retryable(&e) => (relist, pause) = (true, true),
                         Err(e) if is_session_end(&e) => return Ok(Attempt::SessionEnded),
                         Err(e) => return Err(map_err(format!("watching {predecessor}"), e)),
                     }
                 }
-                if look_again {
+                if pause {
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                if relist || forged {
+                    if !relist {
+                        listed = Some(Ok(children));
+                    }
                     continue;
                 }
                 // Queued and watching: the going of a node it waits for wakes this waiter.
