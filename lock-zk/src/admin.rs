@@ -8,6 +8,7 @@ use lockcore::{Error, IntoLockName, Result};
 use zookeeper_client as zk;
 
 use crate::backend::{ZkBackend, queue};
+use crate::contenders::{self, Role};
 use crate::errors::{map_err, retry};
 
 impl ZkBackend {
@@ -109,14 +110,18 @@ impl ZkBackend {
         }
     }
 
-    /// The count of `Backend::queued_waiters`.
+    /// The count of `Backend::queued_waiters`: the contenders that do not hold yet.
     pub(crate) async fn count_waiters(&self, name: &lockcore::LockName) -> Result<usize> {
         let client = self.live_session(None).await?.client.clone();
         let parent = self.parent_path(name);
         match retry(|| client.list_children(&parent)).await {
             Ok(children) => {
                 let foreign = self.foreign();
-                Ok(queue(&children, &parent, &foreign).len().saturating_sub(1))
+                let roles: Vec<Role> = queue(&children, &parent, &foreign)
+                    .iter()
+                    .map(|(_, c)| contenders::role(c))
+                    .collect();
+                Ok(roles.len() - contenders::holders(&roles))
             }
             Err(zk::Error::NoNode) => Ok(0),
             Err(e) => Err(map_err(format!("listing {parent}"), e)),

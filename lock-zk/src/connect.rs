@@ -168,10 +168,15 @@ impl ZkBackend {
         interop: Interop,
     ) -> Capabilities {
         let mut c = Capabilities::default();
-        let not_yet = "not yet implemented in lock-zk (Curator's read-write lock and semaphore \
-                       layouts are the plan)";
-        c.shared = lockcore::Support::no(not_yet);
-        c.permits = lockcore::Support::no(not_yet);
+        // Readers are named as Curator's (`__READ__`) or kazoo's (`__rlock__`) read-write lock
+        // names them; permits have a name in locksmith's own layout only.
+        c.shared = lockcore::Support::Yes;
+        c.permits = match interop {
+            Interop::Kazoo => lockcore::Support::no(
+                "interop=kazoo names nodes as kazoo's locks do, and kazoo has no semaphore in a lock node (its Semaphore keeps leases in a directory of its own): use the default layout for permits",
+            ),
+            _ => lockcore::Support::Yes,
+        };
         c.fencing = true;
         c.fair = true;
         c.wait = WaitKind::Notify;
@@ -220,7 +225,8 @@ impl ZkBackend {
                 "no credentials: nodes are world-writable, any client of the ensemble can delete a holder's node (use ?digest=user:password)".into()
             },
             "plain TCP only: TLS is not wired (the zookeeper-client crate has it behind its tls feature)".into(),
-            "fencing token = creation zxid of the holder's node; FIFO by sequence number; one release wakes one waiter".into(),
+            "fencing token = creation zxid of the holder's node (one counter across exclusive, shared and permit holders); FIFO by sequence number; one release wakes one waiter (a permit's release at most `limit`, the waiters right behind it)".into(),
+            "shared holders in Curator's InterProcessReadWriteLock layout (__READ__ readers; kazoo's __rlock__ with interop=kazoo): a waiting writer queues later readers; permits as __PERMIT__<limit>- nodes; another use of a held name (another limit, a permit beside a lock) is a Conflict".into(),
             match interop {
                 Interop::Kazoo => "interop=kazoo: nodes named as kazoo's Lock names them (kazoo waits for them); Curator and go-zookeeper clients must not use these lock nodes (they do not order kazoo's names by sequence)".into(),
                 _ => "Curator's protected-mode node names: Curator's InterProcessMutex and go-zookeeper's Lock on the same node exclude locksmith and are excluded; kazoo needs interop=kazoo or extra_lock_patterns=[\"-lock-\"]".into(),

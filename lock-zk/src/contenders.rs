@@ -10,12 +10,22 @@
 //!   (`__rlock__` for a reader); a contender is a child matching `(__lock__|__rlock__)\d{10}$`
 //!   (a plain `Lock` only `__lock__`, unless given `extra_lock_patterns`), sorted by sequence.
 //!
+//! * Curator's `InterProcessReadWriteLock`: `_c_<uuid>-__READ__<seq>` (reader) and
+//!   `_c_<uuid>-__WRIT__<seq>` (writer), sorted by the text after either marker.
+//! * locksmith's semaphore permits: `_c_<token>-__PERMIT__<limit>-<seq>` (no other client makes
+//!   them; the limit is in the name so that one listing shows every holder's limit).
+//!
+//! Each contender has a [`Role`]: a writer holds when it is the lowest of all, a reader when no
+//! writer is lower, a permit when fewer than its limit are lower.
+//!
 //! The sequence is the server's 10-digit counter of the lock node, shared by every sequential
 //! child whoever made it: ordering every recipe's nodes by it is the one order all of them agree
 //! on (Curator's text order of 10 digits is the numeric order), which makes a mixed queue fair.
 //! A child with none of these markers right before its sequence is made by no lock client, so
 //! nobody holds a lock through it: it is not a contender (Curator sorts such a child by its whole
 //! name, and waits on it only if that text sorts before its own sequence).
+
+use lockcore::LockMode;
 
 /// The ZooKeeper lock client whose node names locksmith uses (`interop` in the URL or config).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
@@ -41,14 +51,21 @@ impl Interop {
         }
     }
 
-    /// The name of this client's node before the sequence the server appends: the owner token
-    /// (32 hex digits) comes first in both layouts, so a create whose reply was lost is found
-    /// again by it (Curator's protection mode).
-    pub(crate) fn node_prefix(self, owner_hex: &str) -> String {
-        match self {
-            Interop::Curator => format!("_c_{owner_hex}-{CURATOR_MARK}"),
-            Interop::Kazoo => format!("{owner_hex}{KAZOO_MARK}"),
-        }
+    /// The name of this client's node before the sequence the server appends, for an
+    /// acquisition in `mode`: the owner token (32 hex digits) comes first in every layout, so a
+    /// create whose reply was lost is found again by it (Curator's protection mode). `None`
+    /// where the layout has no name for the mode (permits under kazoo's).
+    pub(crate) fn node_prefix(self, owner_hex: &str, mode: LockMode) -> Option<String> {
+        Some(match (self, mode) {
+            (Interop::Curator, LockMode::Exclusive) => format!("_c_{owner_hex}-{CURATOR_MARK}"),
+            (Interop::Curator, LockMode::Shared) => format!("_c_{owner_hex}-{CURATOR_READ_MARK}"),
+            (Interop::Curator, LockMode::Permit { limit }) => {
+                format!("_c_{owner_hex}-{PERMIT_MARK}{limit}-")
+            }
+            (Interop::Kazoo, LockMode::Exclusive) => format!("{owner_hex}{KAZOO_MARK}"),
+            (Interop::Kazoo, LockMode::Shared) => format!("{owner_hex}{KAZOO_READ_MARK}"),
+            (Interop::Kazoo, LockMode::Permit { .. }) => return None,
+        })
     }
 }
 
@@ -58,8 +75,46 @@ const CURATOR_MARK: &str = "lock-";
 const KAZOO_MARK: &str = "__lock__";
 /// kazoo's `ReadLock._NODE_NAME`: a reader holds against writers, and locksmith is a writer.
 const KAZOO_READ_MARK: &str = "__rlock__";
+/// Curator's `InterProcessReadWriteLock` reader (`READ_LOCK_NAME`).
+const CURATOR_READ_MARK: &str = "__READ__";
+/// Curator's `InterProcessReadWriteLock` writer (`WRITE_LOCK_NAME`).
+const CURATOR_WRITE_MARK: &str = "__WRIT__";
+/// locksmith's permits: `__PERMIT__<limit>-` before the sequence.
+const PERMIT_MARK: &str = "__PERMIT__";
 /// Digits of a server-assigned sequence number (`%010d`).
 const SEQ_LEN: usize = 10;
+
+/// How a contender holds: what it waits for, and what it lets hold beside it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Holds alone, once it is the lowest contender: locksmith's exclusive lock, Curator's
+    /// mutex and read-write writer, go-zookeeper's and kazoo's locks.
+    Writer,
+    /// Holds once no writer is lower, beside other readers: locksmith's shared lock, Curator's
+    /// and kazoo's readers.
+    Reader,
+    /// Holds once fewer than `limit` contenders are lower: one of `limit` permits.
+    Permit(u32),
+}
+
+impl Role {
+    /// The mode a holder in this role has.
+    pub(crate) fn mode(self) -> LockMode {
+        match self {
+            Role::Writer => LockMode::Exclusive,
+            Role::Reader => LockMode::Shared,
+            Role::Permit(limit) => LockMode::Permit { limit },
+        }
+    }
+
+    fn of(mode: LockMode) -> Role {
+        match mode {
+            LockMode::Exclusive => Role::Writer,
+            LockMode::Shared => Role::Reader,
+            LockMode::Permit { limit } => Role::Permit(limit),
+        }
+    }
+}
 
 /// Which recipe's rule makes a child a contender.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,21 +125,101 @@ pub(crate) enum Shape {
     Kazoo,
 }
 
-/// `(sequence, shape)` of a contender's node name; `None` for a child no lock client makes.
-pub(crate) fn parse(name: &str) -> Option<(i64, Shape)> {
+/// `(sequence, shape, role)` of a contender's node name; `None` for a child no lock client
+/// makes.
+pub(crate) fn parse(name: &str) -> Option<(i64, Shape, Role)> {
     let cut = name.len().checked_sub(SEQ_LEN)?;
     let (head, seq) = (name.get(..cut)?, &name[cut..]);
     if !seq.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let shape = if head.ends_with(CURATOR_MARK) {
-        Shape::Curator
-    } else if head.ends_with(KAZOO_MARK) || head.ends_with(KAZOO_READ_MARK) {
-        Shape::Kazoo
+    let (shape, role) = if head.ends_with(CURATOR_MARK) || head.ends_with(CURATOR_WRITE_MARK) {
+        (Shape::Curator, Role::Writer)
+    } else if head.ends_with(CURATOR_READ_MARK) {
+        (Shape::Curator, Role::Reader)
+    } else if head.ends_with(KAZOO_MARK) {
+        (Shape::Kazoo, Role::Writer)
+    } else if head.ends_with(KAZOO_READ_MARK) {
+        (Shape::Kazoo, Role::Reader)
     } else {
-        return None;
+        let limit = head.strip_suffix('-')?.rsplit_once(PERMIT_MARK)?.1;
+        if limit.is_empty() || !limit.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        (Shape::Curator, Role::Permit(limit.parse().ok()?))
     };
-    Some((seq.parse().ok()?, shape))
+    Some((seq.parse().ok()?, shape, role))
+}
+
+/// The role of a contender's node name (one [`queue`] returned).
+pub(crate) fn role(name: &str) -> Role {
+    parse(name).map_or(Role::Writer, |(_, _, r)| r)
+}
+
+/// Where an acquisition stands in the queue (see [`standing`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Standing {
+    /// The name is used another way: a semaphore with another limit, or a semaphore beside a
+    /// mutex or read-write lock (see [`LockMode`]).
+    Conflict(String),
+    /// It holds.
+    Holds,
+    /// It waits for one of these contenders (indexes into `ahead`) to leave: the immediate
+    /// predecessor for a writer, the last writer ahead for a reader, the `limit` nearest for a
+    /// permit. Any of them leaving may let it hold; none of the others can.
+    Waits(Vec<usize>),
+}
+
+/// Where an acquisition in `mode` stands behind the contenders `ahead` (in queue order). A
+/// conflict is judged against those ahead only (holders and waiters alike): a contender of
+/// another use that came later sees this one and refuses itself, so the earlier use keeps the
+/// name.
+pub(crate) fn standing(ahead: &[Role], mode: LockMode) -> Standing {
+    let me = Role::of(mode);
+    let clash = ahead.iter().find(|other| match (other, me) {
+        (Role::Permit(a), Role::Permit(b)) => *a != b,
+        (Role::Permit(_), _) | (_, Role::Permit(_)) => true,
+        _ => false,
+    });
+    if let Some(other) = clash {
+        return Standing::Conflict(format!(
+            "the lock is in use as {}, and this acquisition asks for {mode}",
+            other.mode()
+        ));
+    }
+    match me {
+        Role::Writer if ahead.is_empty() => Standing::Holds,
+        Role::Writer => Standing::Waits(vec![ahead.len() - 1]),
+        Role::Reader => match ahead.iter().rposition(|r| *r == Role::Writer) {
+            None => Standing::Holds,
+            Some(i) => Standing::Waits(vec![i]),
+        },
+        Role::Permit(limit) => {
+            let limit = limit as usize;
+            if ahead.len() < limit {
+                Standing::Holds
+            } else {
+                // Fewer than `limit` ahead means one of the `limit` nearest left: ahead of those
+                // the places only shift, so a waiter watching them misses no release (watching
+                // one node only would: a permit freed beside it would not wake it).
+                Standing::Waits((ahead.len() - limit..ahead.len()).collect())
+            }
+        }
+    }
+}
+
+/// How many of the contenders (in queue order) hold: a prefix of the queue, since every role
+/// holds only when what is ahead of it lets it.
+pub(crate) fn holders(roles: &[Role]) -> usize {
+    roles
+        .iter()
+        .enumerate()
+        .take_while(|(i, role)| match role {
+            Role::Writer => *i == 0,
+            Role::Reader => !roles[..*i].contains(&Role::Writer),
+            Role::Permit(limit) => *i < *limit as usize,
+        })
+        .count()
 }
 
 /// The contenders among `children` in queue order (by sequence), leaving out those `skip`
@@ -92,7 +227,7 @@ pub(crate) fn parse(name: &str) -> Option<(i64, Shape)> {
 pub(crate) fn queue(children: &[String], skip: impl Fn(&str) -> bool) -> Vec<(i64, &str)> {
     let mut q: Vec<(i64, &str)> = children
         .iter()
-        .filter_map(|c| parse(c).map(|(s, _)| (s, c.as_str())))
+        .filter_map(|c| parse(c).map(|(s, _, _)| (s, c.as_str())))
         .filter(|(_, c)| !skip(c))
         .collect();
     q.sort_unstable();
@@ -114,7 +249,7 @@ pub(crate) fn cannot_hold(name: &str, ephemeral_owner: i64, czxid: i64, ours: Op
     if ours.is_some_and(|ours| czxid > ours) {
         return true;
     }
-    ephemeral_owner == 0 && matches!(parse(name), Some((_, Shape::Curator)))
+    ephemeral_owner == 0 && matches!(parse(name), Some((_, Shape::Curator, _)))
 }
 
 #[cfg(test)]
@@ -143,18 +278,98 @@ mod tests {
         assert_eq!(q, [2, 4, 5, 7, 9, 10]);
         let q = queue(&kids, |c| c == "lock-0000000007");
         assert_eq!(q.len(), 5);
-        assert_eq!(parse(&kids[3]), Some((4, Shape::Kazoo)));
-        assert_eq!(parse(&kids[0]), Some((10, Shape::Curator)));
+        assert_eq!(parse(&kids[3]), Some((4, Shape::Kazoo, Role::Writer)));
+        assert_eq!(parse(&kids[4]), Some((5, Shape::Kazoo, Role::Reader)));
+        assert_eq!(parse(&kids[0]), Some((10, Shape::Curator, Role::Writer)));
     }
 
     #[test]
     fn own_names_are_contenders_of_their_shape() {
         let t = "0123456789abcdef0123456789abcdef";
-        let curator = format!("{}0000000001", Interop::Curator.node_prefix(t));
-        let kazoo = format!("{}0000000001", Interop::Kazoo.node_prefix(t));
+        let name = |interop: Interop, mode| {
+            interop
+                .node_prefix(t, mode)
+                .map(|p| format!("{p}0000000001"))
+        };
+        let curator = name(Interop::Curator, LockMode::Exclusive).unwrap();
+        let kazoo = name(Interop::Kazoo, LockMode::Exclusive).unwrap();
         assert_eq!(curator, format!("_c_{t}-lock-0000000001"));
-        assert_eq!(parse(&curator), Some((1, Shape::Curator)));
-        assert_eq!(parse(&kazoo), Some((1, Shape::Kazoo)));
+        assert_eq!(parse(&curator), Some((1, Shape::Curator, Role::Writer)));
+        assert_eq!(parse(&kazoo), Some((1, Shape::Kazoo, Role::Writer)));
+        let reader = name(Interop::Curator, LockMode::Shared).unwrap();
+        assert_eq!(reader, format!("_c_{t}-__READ__0000000001"));
+        assert_eq!(parse(&reader), Some((1, Shape::Curator, Role::Reader)));
+        let kazoo_reader = name(Interop::Kazoo, LockMode::Shared).unwrap();
+        assert_eq!(kazoo_reader, format!("{t}__rlock__0000000001"));
+        assert_eq!(parse(&kazoo_reader), Some((1, Shape::Kazoo, Role::Reader)));
+        let permit = name(Interop::Curator, LockMode::Permit { limit: 12 }).unwrap();
+        assert_eq!(permit, format!("_c_{t}-__PERMIT__12-0000000001"));
+        assert_eq!(parse(&permit), Some((1, Shape::Curator, Role::Permit(12))));
+        assert_eq!(name(Interop::Kazoo, LockMode::Permit { limit: 12 }), None);
+    }
+
+    #[test]
+    fn curator_read_write_names_and_malformed_permits() {
+        assert_eq!(
+            parse("_c_5e2b-__WRIT__0000000003"),
+            Some((3, Shape::Curator, Role::Writer))
+        );
+        assert_eq!(
+            parse("_c_5e2b-__READ__0000000004"),
+            Some((4, Shape::Curator, Role::Reader))
+        );
+        for bad in [
+            "_c_x-__PERMIT__-0000000001",
+            "_c_x-__PERMIT__3x-0000000001",
+            "_c_x-__PERMIT__3_0000000001",
+            "_c_x-__PERMIT__99999999999-0000000001",
+        ] {
+            assert_eq!(parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn writers_wait_for_all_readers_for_writers_permits_for_a_place() {
+        use Role::{Permit, Reader, Writer};
+        let ex = LockMode::Exclusive;
+        let sh = LockMode::Shared;
+        let p2 = LockMode::Permit { limit: 2 };
+        assert_eq!(standing(&[], ex), Standing::Holds);
+        assert_eq!(standing(&[Reader, Reader], ex), Standing::Waits(vec![1]));
+        assert_eq!(standing(&[Reader, Reader], sh), Standing::Holds);
+        // A waiting writer queues later readers; the reader waits for the last writer ahead.
+        assert_eq!(
+            standing(&[Reader, Writer, Reader, Writer, Reader], sh),
+            Standing::Waits(vec![3])
+        );
+        assert_eq!(standing(&[Permit(2)], p2), Standing::Holds);
+        // Behind a full semaphore: the `limit` nearest, so any release wakes the first waiter.
+        assert_eq!(
+            standing(&[Permit(2), Permit(2), Permit(2)], p2),
+            Standing::Waits(vec![1, 2])
+        );
+        for (ahead, mode) in [
+            (vec![Permit(3)], p2),
+            (vec![Reader], p2),
+            (vec![Writer], p2),
+            (vec![Permit(2)], sh),
+            (vec![Permit(2)], ex),
+        ] {
+            assert!(
+                matches!(standing(&ahead, mode), Standing::Conflict(_)),
+                "{ahead:?} {mode}"
+            );
+        }
+    }
+
+    #[test]
+    fn holders_are_the_prefix_that_may_hold() {
+        use Role::{Permit, Reader, Writer};
+        assert_eq!(holders(&[]), 0);
+        assert_eq!(holders(&[Writer, Reader, Writer]), 1);
+        assert_eq!(holders(&[Reader, Reader, Writer, Reader]), 2);
+        assert_eq!(holders(&[Permit(2), Permit(2), Permit(2)]), 2);
+        assert_eq!(holders(&[Permit(5), Permit(5)]), 2);
     }
 
     #[test]

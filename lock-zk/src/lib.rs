@@ -1,5 +1,5 @@
-//! locksmith backend for Apache ZooKeeper (`zk://`): the Curator `InterProcessMutex` recipe,
-//! written against [`zookeeper_client`] so that fencing, cancellation and the lost signal follow
+//! locksmith backend for Apache ZooKeeper (`zk://`): the Curator `InterProcessMutex` recipe
+//! (with its read-write lock's readers, and semaphore permits), written against [`zookeeper_client`] so that fencing, cancellation and the lost signal follow
 //! the locksmith contract.
 //!
 //! # URL
@@ -43,7 +43,8 @@
 //! predecessor only (one release wakes one waiter). When the predecessor was the only node
 //! ahead, its deletion makes the waiter the holder without listing again. A contender is every
 //! child that Curator, go-zookeeper or kazoo treats as one, whoever made it: a name ending in
-//! `lock-`, `__lock__` or `__rlock__` and the 10-digit sequence, ordered by that sequence
+//! `lock-`, `__lock__`, `__rlock__`, `__READ__` or `__WRIT__` (or locksmith's permit marker,
+//! see [below](#shared-holders-and-permits)) and the 10-digit sequence, ordered by that sequence
 //! (the lock node's one counter, shared by all its sequential children). A child with none of
 //! these markers is made by no lock client and is not a contender.
 //!
@@ -73,6 +74,42 @@
 //!   the TTL is enforced by lockcore's validity watchdog, and `extend` sends a `sync` (to reach
 //!   the leader) followed by one `exists` of the node, in one round trip.
 //!
+//! # Shared holders and permits
+//!
+//! Both are contender nodes in the same lock node, in the one queue ordered by sequence, with
+//! the owner token, cancellation, renewal (the session), the lost signal and the fencing token
+//! (the creation zxid, one counter across every mode) of the exclusive lock:
+//!
+//! * **Shared** ([`LockMode::Shared`](lockcore::LockMode)), Curator's
+//!   `InterProcessReadWriteLock` layout: a reader's node is `_c_<owner-token>-__READ__<seq>`
+//!   (`<owner-token>__rlock__<seq>` with `interop=kazoo`, kazoo's `ReadLock` name). A reader
+//!   holds when no writer's node is lower and watches the last lower writer's node; a writer (a
+//!   locksmith exclusive node, Curator's `__WRIT__`, any mutex node above) holds when it is the
+//!   lowest node of any kind and watches its predecessor. So a waiting writer queues the readers
+//!   that come after it (no writer starves), and locksmith's exclusive and shared locks on one
+//!   name exclude each other.
+//! * **Permits** ([`LockMode::Permit`](lockcore::LockMode)): a permit's node is
+//!   `_c_<owner-token>-__PERMIT__<limit>-<seq>` (the limit in the name: one listing shows every
+//!   holder's limit). It holds when fewer than `limit` nodes are lower; otherwise it watches the
+//!   `limit` nodes right before it (a release frees a place for the first waiter whichever
+//!   holder leaves, and wakes at most the `limit` waiters right behind the node that left, never
+//!   the whole queue). Not available with `interop=kazoo` (kazoo has no semaphore of this
+//!   layout).
+//! * A node of another use ahead in the queue, a permit of another limit or a permit beside a
+//!   reader or writer, makes the acquisition fail with
+//!   [`ErrorKind::Conflict`](lockcore::ErrorKind) at once (its node is deleted); the earlier
+//!   use keeps the name. `inspect` lists every holder (each with its node's data, creation
+//!   time and zxid), and a waiter is every node that does not hold yet.
+//! * Other clients: Curator's read-write readers and writers and locksmith's readers exclude
+//!   each other both ways, but Curator's read-write lock sorts locksmith's exclusive nodes
+//!   (`-lock-`) after its own and does not wait for them, and Curator's `InterProcessMutex` does
+//!   not see `__READ__` nodes: on a name shared with Curator's read-write lock, take the lock
+//!   only in shared mode from locksmith. With `interop=kazoo`, kazoo's `ReadLock`, `WriteLock`
+//!   and `Lock` exclude locksmith's readers and writers as kazoo's own. Curator's and kazoo's
+//!   semaphores use other layouts and do not see locksmith's permits. locksmith releases
+//!   before these modes existed do not see readers or permits: upgrade every client of a name
+//!   before using them on it.
+//!
 //! # Interoperating with other lock clients
 //!
 //! A lock `name` is the node `<chroot>/<namespace>/<name>` (names of `[A-Za-z0-9_-]` are not
@@ -90,7 +127,7 @@
 //!   zxid of its node; Curator has none) and renewal (the ZooKeeper session, on both sides).
 //!   Curator lacks fencing tokens and locksmith's lost signal (a Curator holder learns a loss
 //!   from its connection-state listener). Curator's `InterProcessReadWriteLock` and
-//!   semaphores use other markers and cannot share a node with locksmith.
+//!   semaphores: see [Shared holders and permits](#shared-holders-and-permits).
 //! * **go-zookeeper** `zk.NewLock(conn, "/locksmith/NAME", acl)`: the same node names as
 //!   Curator's protected mode, every child a contender ordered by its sequence (go-zookeeper
 //!   `lock.go`, `parseSeq`); what holds and what it lacks as for Curator. Tested with Debian's
@@ -170,7 +207,8 @@ impl Backend for ZkBackend {
     }
 
     /// One attempt: list the children (a held lock costs this one read); if free, create a
-    /// contender node and keep it only if it is the lowest.
+    /// contender node and keep it only if it holds (the lowest for a writer, no writer lower
+    /// for a reader, fewer than the limit lower for a permit).
     ///
     /// Cancel safety: a dropped attempt deletes its node in the background (found by owner
     /// token if the create was still in flight).
@@ -178,7 +216,9 @@ impl Backend for ZkBackend {
         self.run(req, false, None).await
     }
 
-    /// Queues behind the current holder and waits on a watch of the immediate predecessor;
+    /// Queues behind the current holders and waits on a watch of what it waits for (the
+    /// immediate predecessor for a writer, the last lower writer for a reader, the `limit`
+    /// nodes before it for a permit);
     /// after a session expiry, queues again on the new session.
     ///
     /// Cancel safety: a dropped or timed-out wait deletes its node in the background.
@@ -225,14 +265,16 @@ impl Backend for ZkBackend {
         self.packets_received().await
     }
 
-    /// The head contender's node: its data (the holder's metadata), creation time and zxid.
+    /// Every holder's node (the head's for a writer; each reader's or permit's): its data
+    /// (the holder's metadata), creation time and zxid.
     ///
     /// Cancel safe.
     async fn inspect(&self, name: &lockcore::LockName) -> Result<lockcore::LockInfo> {
         self.inspect_lock(name).await
     }
 
-    /// The contender nodes behind the head of the queue (one listing).
+    /// The contender nodes that do not hold yet (one listing): behind a writer, behind the
+    /// first writer after readers, or past the limit of a semaphore.
     ///
     /// Cancel safe.
     async fn queued_waiters(&self, name: &lockcore::LockName) -> Result<usize> {

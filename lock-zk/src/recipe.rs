@@ -1,18 +1,21 @@
-//! The lock recipe (Curator's protected-mode lock): an EPHEMERAL_SEQUENTIAL contender node
-//! named by the owner token, the lowest sequence holds, a waiter watches its immediate
-//! predecessor; a create whose reply was lost is found again by the owner token; an acquisition
-//! that ends without the lock deletes its node (in the background when the call is dropped).
+//! The lock recipe (Curator's protected-mode lock, its read-write lock's readers, permits): an
+//! EPHEMERAL_SEQUENTIAL contender node named by the owner token and the mode; a writer holds
+//! at the lowest sequence and watches its immediate predecessor, a reader holds with no writer
+//! lower and watches the last lower one, a permit holds with fewer than its limit lower and
+//! watches the `limit` nodes before it (see `contenders::standing`); a create whose reply was
+//! lost is found again by the owner token; an acquisition that ends without the lock deletes
+//! its node (in the background when the call is dropped).
 
 use std::sync::Arc;
 
 use lockcore::backend::{
     AcquireRequest, Acquired, Background, CancelCleanUp, CleanUpIfCancelled, CleanUpTask,
 };
-use lockcore::{Instant, Result};
+use lockcore::{Error, Instant, Result};
 use zookeeper_client as zk;
 
 use crate::backend::{MAX_FOREIGN, ZkBackend, queue};
-use crate::contenders;
+use crate::contenders::{self, Role, Standing};
 use crate::errors::{RETRY_PAUSE, ZkResult, is_retryable, is_session_end, map_err, retry};
 use crate::lease::ZkLease;
 use crate::session::Session;
@@ -52,12 +55,21 @@ impl ZkBackend {
     ) -> Result<Attempt> {
         let parent = self.parent_path(&req.name);
         let client = &session.client;
-        let owner = req.token.to_hex();
+        let interop = self.inner.config.interop;
+        let name_prefix = interop
+            .node_prefix(&req.token.to_hex(), req.mode)
+            .ok_or_else(|| {
+                Error::unsupported(format!(
+                    "interop={} has no node name for {}",
+                    interop.as_str(),
+                    req.mode
+                ))
+            })?;
         let mut contender = CleanUpIfCancelled::arm(
             ContenderCleanUp {
                 client: client.clone(),
                 parent: parent.clone(),
-                name_prefix: self.inner.config.interop.node_prefix(&owner),
+                name_prefix,
                 state: ContenderState::Creating,
             },
             &req.background,
@@ -67,10 +79,23 @@ impl ZkBackend {
         if !wait && !self.recent_wins().contains(&parent) {
             match client.list_children(&parent).await {
                 Ok(children) => {
-                    let foreign = self.foreign();
-                    if !queue(&children, &parent, &foreign).is_empty() {
-                        contender.disarm();
-                        return Ok(Attempt::Busy);
+                    let ahead: Vec<Role> = {
+                        let foreign = self.foreign();
+                        queue(&children, &parent, &foreign)
+                            .iter()
+                            .map(|(_, n)| contenders::role(n))
+                            .collect()
+                    };
+                    match contenders::standing(&ahead, req.mode) {
+                        Standing::Holds => {}
+                        Standing::Conflict(why) => {
+                            contender.disarm();
+                            return Err(Error::conflict(why));
+                        }
+                        Standing::Waits(_) => {
+                            contender.disarm();
+                            return Ok(Attempt::Busy);
+                        }
                     }
                 }
                 Err(zk::Error::NoNode) => {}
@@ -158,84 +183,123 @@ impl ZkBackend {
                     .iter()
                     .position(|(_, n)| *n == node_name)
                     .expect("own node is in the queue");
-                if pos == 0 {
-                    let czxid = match &mine {
-                        Some((_, Some(czxid))) => *czxid,
-                        // Recovered after a lost reply: read its creation zxid.
-                        _ => match retry(|| client.check_stat(&path)).await {
-                            Ok(Some(stat)) => stat.czxid,
-                            Ok(None) => continue,
-                            Err(e) if is_session_end(&e) => return Ok(Attempt::SessionEnded),
-                            Err(e) => return Err(map_err(format!("reading {path}"), e)),
-                        },
-                    };
-                    contender.disarm();
-                    return Ok(Attempt::Won(self.won(session, req, path, czxid, sent_at)));
-                }
+                let ahead: Vec<Role> = q[..pos].iter().map(|(_, n)| contenders::role(n)).collect();
+                let targets = match contenders::standing(&ahead, req.mode) {
+                    // The guard deletes the node.
+                    Standing::Conflict(why) => return Err(Error::conflict(why)),
+                    Standing::Holds => {
+                        let czxid = match &mine {
+                            Some((_, Some(czxid))) => *czxid,
+                            // Recovered after a lost reply: read its creation zxid.
+                            _ => match retry(|| client.check_stat(&path)).await {
+                                Ok(Some(stat)) => stat.czxid,
+                                Ok(None) => continue,
+                                Err(e) if is_session_end(&e) => {
+                                    return Ok(Attempt::SessionEnded);
+                                }
+                                Err(e) => return Err(map_err(format!("reading {path}"), e)),
+                            },
+                        };
+                        contender.disarm();
+                        return Ok(Attempt::Won(self.won(session, req, path, czxid, sent_at)));
+                    }
+                    Standing::Waits(targets) => targets,
+                };
                 if !wait {
                     // The guard deletes the node (sent at once, retried in the background).
                     self.note_outcome(&parent, false);
                     return Ok(Attempt::Busy);
                 }
-                let only_one_ahead = pos == 1;
-                let predecessor = format!("{parent}/{}", q[pos - 1].1);
-                match client.check_and_watch_stat(&predecessor).await {
-                    // Gone before the watch was set: look again.
-                    Ok((None, _)) => {}
-                    Ok((Some(stat), _))
-                        if contenders::cannot_hold(
-                            &q[pos - 1].1,
-                            stat.ephemeral_owner,
-                            stat.czxid,
-                            mine.as_ref().and_then(|(_, czxid)| *czxid),
-                        ) =>
-                    {
-                        // Not a contender: someone made a node with a contender's name (see
-                        // `cannot_hold`). Never wait on it (it would never go away).
-                        tracing::warn!(path = %predecessor, "ignoring a forged node with a contender's name");
-                        bump(&self.inner.stats.foreign_ignored);
-                        let mut foreign = self.foreign();
-                        if foreign.len() >= MAX_FOREIGN {
-                            foreign.clear();
+                // Every watch is sent before any reply is awaited: one round trip for all.
+                let watched: Vec<String> = targets
+                    .iter()
+                    .map(|&i| format!("{parent}/{}", q[i].1))
+                    .collect();
+                let replies = futures::future::join_all(
+                    watched.iter().map(|p| client.check_and_watch_stat(p)),
+                )
+                .await;
+                let mut watchers = Vec::with_capacity(replies.len());
+                // A node gone or a lost reply: list again. Only forged nodes skipped: the
+                // listing in hand still serves.
+                let (mut relist, mut forged, mut pause) = (false, false, false);
+                for ((reply, &i), predecessor) in replies.into_iter().zip(&targets).zip(&watched) {
+                    match reply {
+                        // Gone before the watch was set: look again.
+                        Ok((None, _)) => relist = true,
+                        Ok((Some(stat), _))
+                            if contenders::cannot_hold(
+                                &q[i].1,
+                                stat.ephemeral_owner,
+                                stat.czxid,
+                                mine.as_ref().and_then(|(_, czxid)| *czxid),
+                            ) =>
+                        {
+                            // Not a contender: someone made a node with a contender's name (see
+                            // `cannot_hold`). Never wait on it (it would never go away).
+                            tracing::warn!(path = %predecessor, "ignoring a forged node with a contender's name");
+                            bump(&self.inner.stats.foreign_ignored);
+                            let mut foreign = self.foreign();
+                            if foreign.len() >= MAX_FOREIGN {
+                                foreign.clear();
+                            }
+                            foreign.insert(predecessor.clone());
+                            forged = true;
                         }
-                        foreign.insert(predecessor);
+                        Ok((Some(_), watcher)) => watchers.push((i, watcher)),
+                        Err(e) if is_retryable(&e) => (relist, pause) = (true, true),
+                        Err(e) if is_session_end(&e) => return Ok(Attempt::SessionEnded),
+                        Err(e) => return Err(map_err(format!("watching {predecessor}"), e)),
+                    }
+                }
+                if pause {
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                if relist || forged {
+                    if !relist {
                         listed = Some(Ok(children));
-                        continue;
                     }
-                    Ok((Some(_), watcher)) => {
-                        // Queued and watching: the predecessor's going wakes this waiter.
-                        req.waiting.mark();
-                        let waiting = Waiting::new(&self.inner.stats.waiting);
-                        let event = watcher.changed().await;
-                        drop(waiting);
-                        bump(&self.inner.stats.watch_wakeups);
-                        match event.event_type {
-                            zk::EventType::NodeDeleted if only_one_ahead => {
-                                // Nothing else was ahead, and nodes created later sort after
-                                // ours: the lock is ours without listing again. The TTL counts
-                                // from now (the server keeps the node for the session, so no
-                                // server-side clock runs on it).
-                                if let Some((_, Some(czxid))) = mine {
-                                    contender.disarm();
-                                    return Ok(Attempt::Won(self.won(
-                                        session,
-                                        req,
-                                        path,
-                                        czxid,
-                                        Instant::now(),
-                                    )));
-                                }
-                            }
-                            zk::EventType::Session if event.session_state.is_terminated() => {
-                                return Ok(Attempt::SessionEnded);
-                            }
-                            // Another event (a reconnection, a data change): look again.
-                            _ => {}
+                    continue;
+                }
+                // Queued and watching: the going of a node it waits for wakes this waiter.
+                req.waiting.mark();
+                let waiting = Waiting::new(&self.inner.stats.waiting);
+                let (gone, event) = futures::future::select_all(
+                    watchers
+                        .into_iter()
+                        .map(|(i, w)| Box::pin(async move { (i, w.changed().await) })),
+                )
+                .await
+                .0;
+                drop(waiting);
+                bump(&self.inner.stats.watch_wakeups);
+                match event.event_type {
+                    zk::EventType::NodeDeleted => {
+                        // Nodes created later sort after ours, and fewer ahead never makes a
+                        // contender wait longer: when the queue without the node gone lets it
+                        // hold, the lock is ours without listing again. The TTL counts from
+                        // now (the server keeps the node for the session, so no server-side
+                        // clock runs on it).
+                        let mut rest = ahead;
+                        rest.remove(gone);
+                        if contenders::standing(&rest, req.mode) == Standing::Holds
+                            && let Some((_, Some(czxid))) = mine
+                        {
+                            contender.disarm();
+                            return Ok(Attempt::Won(self.won(
+                                session,
+                                req,
+                                path,
+                                czxid,
+                                Instant::now(),
+                            )));
                         }
                     }
-                    Err(e) if is_retryable(&e) => tokio::time::sleep(RETRY_PAUSE).await,
-                    Err(e) if is_session_end(&e) => return Ok(Attempt::SessionEnded),
-                    Err(e) => return Err(map_err(format!("watching {predecessor}"), e)),
+                    zk::EventType::Session if event.session_state.is_terminated() => {
+                        return Ok(Attempt::SessionEnded);
+                    }
+                    // Another event (a reconnection, a data change): look again.
+                    _ => {}
                 }
             }
         }

@@ -1,7 +1,9 @@
 //! locksmith and the ZooKeeper lock clients users already run, on one lock node, as real
 //! processes: Curator's `InterProcessMutex` (Java, compiled here against Debian's Curator jars)
 //! and kazoo's `Lock` (Python, Debian's python3-kazoo). Each direction (the peer holds and
-//! locksmith waits; locksmith holds and the peer waits) and a contention loop with no overlap.
+//! locksmith waits; locksmith holds and the peer waits) and a contention loop with no overlap;
+//! locksmith's readers beside Curator's `InterProcessReadWriteLock` and kazoo's `ReadLock` /
+//! `WriteLock` (readers share, writers of either side wait for them and are waited for).
 //! Needs `LOCK_TEST_ZK_URL`; a missing peer program fails (never skips).
 //! go-zookeeper's `Lock` (Go, Debian's golang-github-samuel-go-zookeeper-dev, built here) makes
 //! the same node names as Curator's protected mode and orders every child by its sequence.
@@ -318,6 +320,81 @@ async fn contention_loop(
     check_windows(&[ours, theirs].concat(), &["locksmith", "the peer"], 1).unwrap();
 }
 
+/// Read-write interop: the peer's reader holds beside locksmith's, a writer of either side is
+/// refused beside them; the peer's writer queues behind locksmith's reader and holds only after
+/// it left; locksmith's reader queues behind the peer's writer and holds only after it left.
+async fn readers_and_writers_across_clients(
+    url: &str,
+    interop: &str,
+    mut peer: impl FnMut(&str, &str) -> PeerProcess,
+) {
+    let backend = ZkBackend::connect(&format!("{url}?interop={interop}"))
+        .await
+        .unwrap();
+    let locker = Locker::new(backend.clone());
+    let name = unique("interop-rw");
+    let path = backend.lock_path(name.as_str()).unwrap();
+    let read = opts().shared();
+    let ours = locker.try_lock(&name, &read).await.unwrap().expect("free");
+    let mut reader = peer(&path, "read");
+    held(&mut reader, scaled(60)).await;
+    assert!(
+        locker.try_lock(&name, &opts()).await.unwrap().is_none(),
+        "locksmith's writer took the lock beside two readers"
+    );
+    reader.send("").await.unwrap();
+    reader.expect("RELEASED", scaled(20)).await.unwrap();
+    reader.wait(scaled(20)).await.unwrap();
+
+    let mut writer = peer(&path, "write");
+    let client = backend.client();
+    assert!(
+        eventually(scaled(60), || async {
+            client
+                .list_children(&path)
+                .await
+                .is_ok_and(|c| c.len() == 2)
+        })
+        .await,
+        "the peer's writer did not queue behind locksmith's reader"
+    );
+    let released = now_unix_micros();
+    ours.release().await.unwrap();
+    let writer_held = held(&mut writer, scaled(20)).await;
+    assert!(
+        writer_held > released,
+        "the peer's writer held at {writer_held} µs, before locksmith's reader left at {released} µs"
+    );
+    assert!(
+        locker.try_lock(&name, &read).await.unwrap().is_none(),
+        "locksmith's reader took the lock beside the peer's writer"
+    );
+    let waiter = {
+        let (locker, name, read) = (locker.clone(), name.clone(), read.clone());
+        tokio::spawn(async move {
+            let g = locker.lock(&name, &read).await.unwrap();
+            (g, now_unix_micros())
+        })
+    };
+    assert!(
+        eventually(scaled(20), || async { backend.stats().waiting == 1 }).await,
+        "locksmith's reader did not wait on a watch behind the peer's writer"
+    );
+    writer.send("").await.unwrap();
+    let writer_left =
+        unix_micros_at(&writer.expect("RELEASED", scaled(20)).await.unwrap(), 1).unwrap();
+    let (guard, won_at) = tokio::time::timeout(scaled(20), waiter)
+        .await
+        .expect("locksmith's reader was not woken by the peer writer's release")
+        .unwrap();
+    assert!(
+        won_at > writer_left,
+        "locksmith's reader held at {won_at} µs, before the peer's writer left at {writer_left} µs"
+    );
+    guard.release().await.unwrap();
+    writer.wait(scaled(20)).await.unwrap();
+}
+
 // ---------------------------------------------------------------------------------- Curator
 
 /// The issue-23 defect: `locksmith run` started while Curator held the path ran at once.
@@ -359,7 +436,27 @@ async fn gozk_and_locksmith_contend_without_overlap() {
     contention_loop(&url, "curator", |p, ms| gozk(&url, p, &["loop", ms])).await;
 }
 
+/// Curator's `InterProcessReadWriteLock` (`__READ__` / `__WRIT__`) and locksmith's readers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_read_write_lock_and_locksmith_readers() {
+    let Some(url) = url() else { return };
+    readers_and_writers_across_clients(&url, "curator", |p, role| {
+        curator(&url, p, &[&format!("hold-{role}")])
+    })
+    .await;
+}
+
 // ------------------------------------------------------------------------------------ kazoo
+
+/// kazoo's `ReadLock` and `WriteLock` and locksmith's readers with `interop=kazoo`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kazoo_read_write_locks_and_locksmith_readers() {
+    let Some(url) = url() else { return };
+    readers_and_writers_across_clients(&url, "kazoo", |p, role| {
+        kazoo(&url, p, &["hold", &format!("--{role}")])
+    })
+    .await;
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kazoo_holds_locksmith_waits() {

@@ -811,3 +811,166 @@ async fn from_client_uses_the_applications_session() {
         assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{bad:?}: {err}");
     }
 }
+
+/// How many acquisitions of `name` queue without holding, as the backend counts them.
+async fn waiters(locker: &Locker, name: &str) -> usize {
+    let name = lockcore::LockName::new(name).unwrap();
+    locker.backend().queued_waiters(&name).await.unwrap()
+}
+
+/// Whether `n` acquisitions of `name` come to queue (polled: a queued waiter sends no event).
+async fn queued(locker: &Locker, name: &str, n: usize) -> bool {
+    eventually(Duration::from_secs(10), || async move {
+        waiters(locker, name).await == n
+    })
+    .await
+}
+
+/// A permit freed by a holder other than the one nearest the head still admits the first
+/// waiter at once: a waiter watching only the node `limit` places before it would sleep on,
+/// with a permit free, until that particular holder left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_freed_out_of_order_admits_the_waiter() {
+    let Some(url) = url() else { return };
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(Locker::new(ZkBackend::connect(&url).await.unwrap()));
+    }
+    let name = unique("sem-order");
+    let two = opts().permits(2);
+    let first = clients[0].try_lock(name.as_str(), &two).await.unwrap();
+    let second = clients[1].try_lock(name.as_str(), &two).await.unwrap();
+    let (first, second) = (first.expect("a permit"), second.expect("a permit"));
+    let waiter = {
+        let (c, name, two) = (clients[2].clone(), name.clone(), two.clone());
+        tokio::spawn(async move { c.lock(name.as_str(), &two).await })
+    };
+    assert!(
+        queued(&clients[0], &name, 1).await,
+        "the third client never queued"
+    );
+    // The second holder (not the head) leaves; the first keeps its permit.
+    second.release().await.unwrap();
+    let third = tokio::time::timeout(
+        Duration::from_secs(10).mul_f64(conformance::time_scale()),
+        waiter,
+    )
+    .await
+    .expect("the waiter was not admitted while a permit was free")
+    .unwrap()
+    .unwrap();
+    let info = clients[0].inspect(name.as_str()).await.unwrap();
+    assert_eq!(info.mode, Some(lockcore::LockMode::Permit { limit: 2 }));
+    assert_eq!(info.shares.len(), 2, "{info:?}");
+    assert_eq!(info.waiters, Some(0));
+    let tokens: Vec<_> = info.shares.iter().map(|s| s.fencing_token).collect();
+    assert_eq!(tokens, [first.fencing_token(), third.fencing_token()]);
+    first.release().await.unwrap();
+    third.release().await.unwrap();
+}
+
+/// inspect lists every reader holding, with its token and metadata; the writer waiting behind
+/// them and the reader queued behind the writer are the waiters; a dropped waiter's node goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_lists_every_reader_and_counts_the_queue() {
+    let Some(url) = url() else { return };
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(Locker::new(ZkBackend::connect(&url).await.unwrap()));
+    }
+    let name = unique("rw-inspect");
+    let read = opts().shared().label("reader");
+    let r1 = clients[0].try_lock(name.as_str(), &read).await.unwrap();
+    let r2 = clients[1].try_lock(name.as_str(), &read).await.unwrap();
+    let (r1, r2) = (r1.expect("a share"), r2.expect("a share"));
+    let writer = {
+        let (c, name) = (clients[2].clone(), name.clone());
+        tokio::spawn(async move { c.lock(name.as_str(), &opts()).await })
+    };
+    assert!(queued(&clients[0], &name, 1).await);
+    let reader = {
+        let (c, name, read) = (clients[3].clone(), name.clone(), read.clone());
+        tokio::spawn(async move { c.lock(name.as_str(), &read).await })
+    };
+    assert!(queued(&clients[0], &name, 2).await);
+    let info = clients[0].inspect(name.as_str()).await.unwrap();
+    assert!(info.held);
+    assert_eq!(info.mode, Some(lockcore::LockMode::Shared));
+    assert_eq!(info.waiters, Some(2));
+    let tokens: Vec<_> = info.shares.iter().map(|s| s.fencing_token).collect();
+    assert_eq!(tokens, [r1.fencing_token(), r2.fencing_token()]);
+    for share in &info.shares {
+        let holder = share.holder.as_ref().expect("each reader's metadata");
+        assert_eq!(holder.label.as_deref(), Some("reader"));
+    }
+    // The queued reader gives up: its node goes, and the writer is still first in line.
+    reader.abort();
+    assert!(
+        queued(&clients[0], &name, 1).await,
+        "a dropped waiter's node stayed"
+    );
+    r1.release().await.unwrap();
+    r2.release().await.unwrap();
+    let w = writer.await.unwrap().unwrap();
+    let info = clients[0].inspect(name.as_str()).await.unwrap();
+    assert_eq!(info.mode, Some(lockcore::LockMode::Exclusive));
+    assert_eq!(info.fencing_token, w.fencing_token());
+    assert!(info.shares.is_empty());
+    w.release().await.unwrap();
+}
+
+/// A name held one way refuses another at once (not as contention): permits beside a reader
+/// or a writer, a reader or writer beside permits.
+#[tokio::test]
+async fn another_use_of_a_held_name_is_a_conflict() {
+    let Some(url) = url() else { return };
+    let a = Locker::new(ZkBackend::connect(&url).await.unwrap());
+    let b = Locker::new(ZkBackend::connect(&url).await.unwrap());
+    let name = unique("uses");
+    let reader = a.try_lock(name.as_str(), &opts().shared()).await.unwrap();
+    let err = b.lock(name.as_str(), &opts().permits(2)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+    reader.expect("a share").release().await.unwrap();
+    let permit = a.try_lock(name.as_str(), &opts().permits(2)).await.unwrap();
+    for mode in [opts(), opts().shared()] {
+        let err = b.lock(name.as_str(), &mode).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+        let err = b.try_lock(name.as_str(), &mode).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+    }
+    // The refused acquisitions left no node behind.
+    assert_eq!(waiters(&a, &name).await, 0);
+    permit.expect("a permit").release().await.unwrap();
+}
+
+/// With `interop=kazoo` a reader's node has kazoo's `ReadLock` name, and permits (which kazoo's
+/// layout cannot name) are refused before any I/O.
+#[tokio::test]
+async fn kazoo_layout_names_readers_and_refuses_permits() {
+    let Some(url) = url() else { return };
+    let backend = ZkBackend::connect(&format!("{url}?interop=kazoo"))
+        .await
+        .unwrap();
+    assert!(backend.capabilities().shared.is_yes());
+    assert!(!backend.capabilities().permits.is_yes());
+    let locker = Locker::new(backend.clone());
+    let name = unique("kazoo-rw");
+    let g = locker
+        .try_lock(name.as_str(), &opts().shared())
+        .await
+        .unwrap()
+        .expect("a share");
+    let kids = backend
+        .client()
+        .list_children(&backend.lock_path(name.as_str()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(kids.len(), 1);
+    assert!(kids[0].contains("__rlock__"), "{kids:?}");
+    g.release().await.unwrap();
+    let err = locker
+        .try_lock(name.as_str(), &opts().permits(2))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+}

@@ -2,7 +2,8 @@
 // at test time against Debian's Curator jars. Its lines on stdout, times in microseconds of the
 // system clock (the same clock the test reads):
 //
-//   CuratorPeer <connect string> <lock path> hold
+//   CuratorPeer <connect string> <lock path> hold|hold-read|hold-write
+//       (hold-read and hold-write: InterProcessReadWriteLock's read and write locks)
 //       HELD <t>      once acquire() returned (t taken inside the critical section)
 //       (waits for a line on stdin)
 //       RELEASED <t>  t taken before release() was called
@@ -15,6 +16,7 @@ import java.time.Instant;
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
+import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
 import org.apache.curator.retry.RetryOneTime;
 
 public class CuratorPeer {
@@ -27,8 +29,15 @@ public class CuratorPeer {
         CuratorFramework client = CuratorFrameworkFactory.newClient(args[0], 10_000, 10_000, new RetryOneTime(100));
         client.start();
         client.blockUntilConnected();
-        InterProcessMutex mutex = new InterProcessMutex(client, args[1]);
-        if (args[2].equals("hold")) {
+        InterProcessMutex mutex;
+        if (args[2].equals("hold-read")) {
+            mutex = new InterProcessReadWriteLock(client, args[1]).readLock();
+        } else if (args[2].equals("hold-write")) {
+            mutex = new InterProcessReadWriteLock(client, args[1]).writeLock();
+        } else {
+            mutex = new InterProcessMutex(client, args[1]);
+        }
+        if (args[2].startsWith("hold")) {
             mutex.acquire();
             System.out.println("HELD " + nowMicros());
             System.out.flush();

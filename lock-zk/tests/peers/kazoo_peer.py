@@ -11,6 +11,7 @@ the test reads):
       DONE <count>
 
 --persistent acquires with ephemeral=False (a persistent node: a live holder all the same).
+--read / --write use kazoo's ReadLock / WriteLock instead of Lock.
 """
 import sys
 import time
@@ -29,10 +30,15 @@ def main():
     patterns = []
     ephemeral = True
     millis = None
+    recipe = "Lock"
     i = 0
     while i < len(rest):
         if rest[i] == "--persistent":
             ephemeral = False
+        elif rest[i] == "--read":
+            recipe = "ReadLock"
+        elif rest[i] == "--write":
+            recipe = "WriteLock"
         elif rest[i] == "--extra-lock-pattern":
             i += 1
             patterns.append(rest[i])
@@ -41,7 +47,7 @@ def main():
         i += 1
     zk = KazooClient(hosts=hosts, timeout=10.0)
     zk.start(timeout=30)
-    lock = zk.Lock(path, "kazoo-peer", extra_lock_patterns=patterns)
+    lock = getattr(zk, recipe)(path, "kazoo-peer", extra_lock_patterns=patterns)
     if mode == "hold":
         lock.acquire(ephemeral=ephemeral)
         print("HELD", now_us(), flush=True)
