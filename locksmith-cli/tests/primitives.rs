@@ -1,6 +1,6 @@
 //! Black-box checks of `locksmith run --permits N` and `locksmith run --shared`, as users run
-//! them: 6 separate `locksmith` processes looping on one name against a real server (Redis,
-//! then etcd: the backends that give both), while a
+//! them: 6 separate `locksmith` processes looping on one name against each real server whose
+//! backend gives both, while a
 //! killer SIGKILLs some of them mid-command. Each command logs when it starts and ends (wall
 //! clock, ns); a killed one ends with its `locksmith` (the guard's parent-death signal), taken
 //! here as the kill plus 100 ms, far below what a correct backend keeps the killed holder's
@@ -188,14 +188,37 @@ fn overlaps(intervals: &[Interval]) -> (usize, usize) {
     (most, beside_writer)
 }
 
-/// The servers whose backends give permits and shared locks (scripts/servers.sh).
+/// The servers whose backends give permits and shared locks (scripts/servers.sh), with the
+/// parameter that picks the backend's kind that does: the SQL lease strategy, and a short
+/// ZooKeeper session (a killed holder's node goes with its session, whatever the TTL).
 fn urls() -> Option<Vec<(&'static str, String)>> {
     let mut all = Vec::new();
-    for (label, var) in [
-        ("redis", "LOCK_TEST_REDIS_URL"),
-        ("etcd", "LOCK_TEST_ETCD_URL"),
+    for (label, var, param) in [
+        ("redis", "LOCK_TEST_REDIS_URL", None),
+        ("etcd", "LOCK_TEST_ETCD_URL", None),
+        (
+            "zk",
+            "LOCK_TEST_ZK_URL",
+            Some(("session_timeout_ms", "2000")),
+        ),
+        (
+            "postgres-lease",
+            "LOCK_TEST_POSTGRES_URL",
+            Some(("strategy", "lease")),
+        ),
+        (
+            "mysql-lease",
+            "LOCK_TEST_MYSQL_URL",
+            Some(("strategy", "lease")),
+        ),
+        ("sqlite", "LOCK_TEST_SQLITE_URL", None),
     ] {
-        all.push((label, require_env(var)?));
+        let url = require_env(var)?;
+        let url = match param {
+            Some((key, value)) => conformance::url_with_param(&url, key, value),
+            None => url,
+        };
+        all.push((label, url));
     }
     Some(all)
 }
@@ -205,7 +228,7 @@ fn permits_hold_across_processes_and_kills() {
     let Some(urls) = urls() else { return };
     for (label, url) in urls {
         let name = format!("cli-permits-{:08x}", fastrand::u32(..));
-        let run_for = Duration::from_secs(6).mul_f64(scale());
+        let run_for = Duration::from_secs(4).mul_f64(scale());
         let limit = LIMIT.to_string();
         let limit: &'static str = Box::leak(limit.into_boxed_str());
         let (intervals, killed) = run_loops(&url, &name, |_| vec!["--permits", limit], run_for);
@@ -238,7 +261,7 @@ fn shared_readers_never_run_beside_a_writer_across_processes_and_kills() {
     let Some(urls) = urls() else { return };
     for (label, url) in urls {
         let name = format!("cli-shared-{:08x}", fastrand::u32(..));
-        let run_for = Duration::from_secs(6).mul_f64(scale());
+        let run_for = Duration::from_secs(4).mul_f64(scale());
         // Four readers, two writers.
         let (intervals, killed) = run_loops(
             &url,
