@@ -167,7 +167,7 @@ impl MyBackend {
             "CREATE TABLE IF NOT EXISTS {t} (name VARBINARY(320) NOT NULL PRIMARY KEY, \
                owner CHAR(32) NULL, fence BIGINT UNSIGNED NOT NULL DEFAULT 0, \
                expires_at DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:01', \
-               holder BIGINT UNSIGNED NULL, {META_COLUMNS}) ENGINE=InnoDB"
+               holder BIGINT UNSIGNED NULL, {META_COLUMNS}, {SHARE_COLUMNS}) ENGINE=InnoDB"
         );
         conns
             .run(conns.bound(), "creating the lock table", move |c| {
@@ -178,9 +178,12 @@ impl MyBackend {
             })
             .await?;
         add_columns(&conns, t, "holder_meta", META_COLUMNS).await?;
+        // Every strategy's clients add them (to a table of an older release): an ALTER TABLE
+        // run later by a lease client would queue behind row-lock holders' metadata locks, and
+        // every statement on the table behind it.
+        add_columns(&conns, t, "shares_until", SHARE_COLUMNS).await?;
         let st = crate::shares::table(t);
         if config.strategy == Strategy::Lease {
-            add_columns(&conns, t, "shares_until", SHARE_COLUMNS).await?;
             let ddl = format!(
                 "CREATE TABLE IF NOT EXISTS {st} (name VARBINARY(320) NOT NULL, \
                    token VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, \

@@ -278,7 +278,7 @@ pub fn all() -> Vec<Scenario> {
         scenario!(
             primitives::writer_that_gave_up_frees_readers,
             needs_shared,
-            "read-write lock: a writer whose wait behind a reader timed out holds later readers back for 3 s at most, not for the readers' TTL (30 s)"
+            "read-write lock: a writer whose wait behind a reader timed out holds later readers back for 6 s at most, not for the readers' TTL (30 s)"
         ),
         scenario!(
             primitives::fencing_increases_across_modes,

@@ -334,7 +334,8 @@ pub(super) async fn fencing_increases_across_modes(ctx: &Ctx) -> Outcome {
 }
 
 /// Read-write: a writer that gives up waiting behind a reader (its wait timed out) holds later
-/// readers back for a short while at most, never for the readers' TTL.
+/// readers back for a short while at most (a writer's mark lasts a few seconds past its last
+/// attempt: 2 s on Redis, 3 s on the SQL leases; 6 s allowed), never for the readers' TTL.
 pub(super) async fn writer_that_gave_up_frees_readers(ctx: &Ctx) -> Outcome {
     let (r1, r2, w) = (
         ctx.client().await?,
@@ -355,7 +356,7 @@ pub(super) async fn writer_that_gave_up_frees_readers(ctx: &Ctx) -> Outcome {
     }
     w.flush().await;
     let gave_up = Instant::now();
-    let bound = ctx.bound(Duration::from_secs(3));
+    let bound = ctx.bound(Duration::from_secs(6));
     let g2 = race_for(&r2, &name, &read, gave_up, gave_up + bound)
         .await
         .map_err(|e| {
