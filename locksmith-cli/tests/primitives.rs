@@ -1,16 +1,17 @@
 //! Black-box checks of `locksmith run --permits N` and `locksmith run --shared`, as users run
 //! them: 6 separate `locksmith` processes looping on one name against each real server whose
-//! backend gives both, while a
-//! killer SIGKILLs some of them mid-command. Each command logs when it starts and ends (wall
+//! backend gives both; each loop's second `locksmith` is SIGKILLed mid-command (once the
+//! command says on its stdout that it started). Each command logs when it starts and ends (wall
 //! clock, ns); a killed one ends with its `locksmith` (the guard's parent-death signal), taken
 //! here as the kill plus 100 ms, far below what a correct backend keeps the killed holder's
 //! lease (two thirds of the TTL at least). The log must never show more than N commands at
 //! once, nor a plain `run` beside any other.
 
 use std::io::Write;
-use std::process::{Child, Command, Stdio};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use conformance::require_env;
@@ -37,8 +38,9 @@ fn scale() -> f64 {
     conformance::time_scale()
 }
 
-/// Runs the 6 loops for `run_for` with `mode(i)` the arguments of process `i`, killing one
-/// running `locksmith` every 700 ms or so; the commands' intervals and how many were killed.
+/// Runs the 6 loops for `run_for` with `mode(i)` the arguments of process `i`; each loop's
+/// second `locksmith` is killed with SIGKILL once its command has started (the command tells
+/// on its stdout). The commands' intervals and how many were killed.
 fn run_loops(
     url: &str,
     name: &str,
@@ -52,26 +54,27 @@ fn run_loops(
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join("log");
-    let running: Arc<Mutex<Vec<(u64, Child)>>> = Arc::default();
-    let kills: Arc<Mutex<Vec<(u64, u128)>>> = Arc::default();
+    let kills: Mutex<Vec<(u64, u128)>> = Mutex::default();
     let (unreachable, spawned) = (AtomicUsize::new(0), AtomicUsize::new(0));
     let deadline = Instant::now() + run_for;
     std::thread::scope(|s| {
         for i in 0..PROCESSES {
-            let (running, log, mode, unreachable, spawned) =
-                (running.clone(), log.clone(), &mode, &unreachable, &spawned);
+            let (log, mode, unreachable, spawned, kills) =
+                (&log, &mode, &unreachable, &spawned, &kills);
             s.spawn(move || {
                 let mut n = 0u64;
                 while Instant::now() < deadline {
                     let id = (i as u64) << 32 | n;
+                    let kill = n == 1;
                     n += 1;
                     let writer = u8::from(!mode(i).contains(&"--shared") && !mode(i).contains(&"--permits"));
-                    // Start and end lines, each one short append (atomic on a local file).
+                    // Start and end lines, each one short append (atomic on a local file); the
+                    // start also goes to stdout, where a loop that kills this run waits for it.
                     let script = format!(
-                        "echo \"s {id} {writer} $(date +%s%N)\" >> {log}; sleep 0.0$(( RANDOM % 9 + 1 )); echo \"e {id} {writer} $(date +%s%N)\" >> {log}",
+                        "echo \"s {id} {writer} $(date +%s%N)\" >> {log}; echo started; sleep 0.0$(( RANDOM % 9 + 1 )); echo \"e {id} {writer} $(date +%s%N)\" >> {log}",
                         log = log.display()
                     );
-                    let child = Command::new(env!("CARGO_BIN_EXE_locksmith"))
+                    let mut child = Command::new(env!("CARGO_BIN_EXE_locksmith"))
                         .arg("run")
                         .args(["--ttl", "2s", "--quiet"])
                         .args(mode(i))
@@ -79,66 +82,49 @@ fn run_loops(
                         .args(["--", "bash", "-c", &script])
                         .env("LOCKSMITH_URL", url)
                         .stdin(Stdio::null())
-                        .stdout(Stdio::null())
+                        .stdout(Stdio::piped())
                         .stderr(Stdio::piped())
                         .spawn()
                         .expect("spawning locksmith");
                     spawned.fetch_add(1, Ordering::Relaxed);
-                    running.lock().unwrap().push((id, child));
-                    // Wait for this child without holding the lock: poll its status.
-                    loop {
-                        let mut all = running.lock().unwrap();
-                        let Some(pos) = all.iter().position(|(c, _)| *c == id) else {
-                            break; // the killer took it
-                        };
-                        if let Some(status) = all[pos].1.try_wait().unwrap() {
-                            let (_, child) = all.remove(pos);
-                            drop(all);
-                            let out = child.wait_with_output().unwrap();
-                            let code = status.code();
-                            // 0: ran. 69: the service could not be reached in time (a short
-                            // ZooKeeper session allows 2/5 of it to connect, which a loaded
-                            // machine can miss): counted, and bounded below. Anything else (78,
-                            // a refused option) is a failure of locksmith itself.
-                            if code == Some(69) {
-                                unreachable.fetch_add(1, Ordering::Relaxed);
-                                break;
-                            }
-                            assert_eq!(
-                                code,
-                                Some(0),
-                                "locksmith run {:?} exited {status}: {}",
-                                mode(i),
-                                String::from_utf8_lossy(&out.stderr)
-                            );
-                            break;
+                    if kill {
+                        let mut started = String::new();
+                        let stdout = child.stdout.take().expect("piped");
+                        let read = BufReader::new(stdout).read_line(&mut started).unwrap();
+                        if read > 0 {
+                            let at = now_ns();
+                            child.kill().unwrap();
+                            let _ = child.wait();
+                            kills.lock().unwrap().push((id, at));
+                            continue;
                         }
-                        drop(all);
-                        std::thread::sleep(Duration::from_millis(5));
+                        // Ended before its command started (the service unreachable): judged
+                        // as any other run below.
                     }
+                    let out = child.wait_with_output().unwrap();
+                    let code = out.status.code();
+                    // 0: ran. 69: the service could not be reached in time (a short ZooKeeper
+                    // session allows 2/5 of it to connect, which a loaded machine can miss):
+                    // counted, and bounded below. Anything else (78, a refused option) is a
+                    // failure of locksmith itself.
+                    if code == Some(69) {
+                        unreachable.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    assert_eq!(
+                        code,
+                        Some(0),
+                        "locksmith run {:?} exited {}: {}",
+                        mode(i),
+                        out.status,
+                        String::from_utf8_lossy(&out.stderr)
+                    );
                 }
             });
         }
-        let (running, kills) = (running.clone(), kills.clone());
-        s.spawn(move || {
-            while Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(500 + fastrand::u64(0..400)));
-                let mut all = running.lock().unwrap();
-                if all.is_empty() {
-                    continue;
-                }
-                let pos = fastrand::usize(0..all.len());
-                let (id, mut child) = all.remove(pos);
-                drop(all);
-                let at = now_ns();
-                child.kill().unwrap();
-                let _ = child.wait();
-                kills.lock().unwrap().push((id, at));
-            }
-        });
     });
     let text = std::fs::read_to_string(&log).unwrap_or_default();
-    let kills = kills.lock().unwrap().clone();
+    let kills = kills.into_inner().unwrap();
     let mut starts = std::collections::HashMap::new();
     let mut ends = std::collections::HashMap::new();
     for line in text.lines() {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use lockcore::{ErrorKind, Instant, LockName, Locker};
 
 use super::context::{Ctx, Outcome};
-use super::support::{check, must_be_held, must_try, ok_or, settle_waiters};
+use super::support::{check, must_be_held, must_try, ok_or, race_for, settle_waiters};
 
 /// Each of `names` is free: another client takes and gives it back.
 async fn all_free(client: &Locker, names: &[&LockName], ctx: &Ctx, when: &str) -> Outcome {
@@ -127,24 +127,15 @@ pub(super) async fn cancelled_multi_lock_leaves_nothing(ctx: &Ctx) -> Outcome {
     let _ = waiter.await;
     a.flush().await;
     let bound = ctx.bound(Duration::from_secs(3));
-    let give_up = Instant::now() + bound;
-    loop {
-        match observer.try_lock(&x, &opts).await {
-            Ok(Some(g)) => {
-                ok_or(g.release().await, "release")?;
-                break;
-            }
-            Ok(None) if Instant::now() < give_up => {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Ok(None) => {
-                return Err(format!(
-                    "the first name of a cancelled lock_all was still held {bound:?} after the cancel (TTL 30 s): a partial set left behind"
-                ));
-            }
-            Err(e) => return Err(format!("try_lock: {e}")),
-        }
-    }
+    let cancelled = Instant::now();
+    let g = race_for(&observer, &x, &opts, cancelled, cancelled + bound)
+        .await
+        .map_err(|e| {
+            format!(
+                "the first name of a cancelled lock_all was still held {bound:?} after the cancel (TTL 30 s): a partial set left behind: {e}"
+            )
+        })?;
+    ok_or(g.release().await, "release")?;
     ok_or(busy.release().await, "release")
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lockcore::{ErrorKind, Instant, LockGuard};
+use lockcore::{ErrorKind, Instant, LockGuard, LockName, LockOptions, Locker};
 
 use super::context::{Ctx, Outcome};
 use super::support::{check, must_be_held, must_try, ok_or, race_for, settle_waiters};
@@ -77,7 +77,9 @@ pub(super) async fn permits_never_exceed_the_limit(ctx: &Ctx) -> Outcome {
                 let now = active.fetch_add(1, Ordering::SeqCst) + 1;
                 most.fetch_max(now, Ordering::SeqCst);
                 // Work of varying length, so that the holders' overlaps vary.
-                tokio::time::sleep(Duration::from_millis(fastrand::u64(0..8))).await;
+                for _ in 0..fastrand::usize(0..8) {
+                    tokio::task::yield_now().await;
+                }
                 active.fetch_sub(1, Ordering::SeqCst);
                 g.release().await?;
             }
@@ -241,15 +243,7 @@ pub(super) async fn waiting_writer_is_not_starved(ctx: &Ctx) -> Outcome {
     let ttl = ctx.ttl(Duration::from_secs(30));
     let (read, write) = (ctx.opts(ttl).shared(), ctx.opts(ttl));
     let g1 = must_try(&r1, &name, &read, "the first reader").await?;
-    let (got_write, mut writes) = tokio::sync::mpsc::unbounded_channel::<LockGuard>();
-    let writer = {
-        let (w, name, write) = (w.clone(), name.clone(), write.clone());
-        tokio::spawn(async move {
-            let g = w.lock(&name, &write).await?;
-            let _ = got_write.send(g);
-            Ok::<_, lockcore::Error>(())
-        })
-    };
+    let (writer, mut writes) = spawn_lock(&w, &name, &write);
     settle_waiters(ctx, &r1, &name, &[&w]).await?;
     // A reader arriving now must not join the first: that is how a stream of readers starves
     // a writer.
@@ -260,28 +254,23 @@ pub(super) async fn waiting_writer_is_not_starved(ctx: &Ctx) -> Outcome {
         "a reader arriving behind a waiting writer",
     )
     .await?;
-    let (got_read, mut reads) = tokio::sync::mpsc::unbounded_channel::<LockGuard>();
-    let reader = {
-        let (r2, name, read) = (r2.clone(), name.clone(), read.clone());
-        tokio::spawn(async move {
-            let g = r2.lock(&name, &read).await?;
-            let _ = got_read.send(g);
-            Ok::<_, lockcore::Error>(())
-        })
-    };
+    let (reader, mut reads) = spawn_lock(&r2, &name, &read);
     settle_waiters(ctx, &r1, &name, &[&w, &r2]).await?;
     ok_or(g1.release().await, "the first reader's release")?;
     let bound = ctx.bound(Duration::from_secs(10));
-    let gw = tokio::select! {
-        g = writes.recv() => g.ok_or("the writer's lock() ended without the lock")?,
-        g = reads.recv() => {
-            let _ = g;
-            return Err("the reader that came after the waiting writer got the lock first: readers starve writers".into());
+    let first = tokio::time::timeout(bound, async {
+        tokio::select! {
+            g = writes.recv() => Ok(g),
+            _ = reads.recv() => Err(()),
         }
-        _ = tokio::time::sleep(bound) => {
-            return Err(format!("the waiting writer did not get the lock within {bound:?} of the reader's release"));
-        }
-    };
+    })
+    .await
+    .map_err(|_| {
+        format!("the waiting writer did not get the lock within {bound:?} of the reader's release")
+    })?;
+    let gw = first
+        .map_err(|()| "the reader that came after the waiting writer got the lock first: readers starve writers")?
+        .ok_or("the writer's lock() ended without the lock")?;
     must_be_held(&r1, &name, &read, "a reader while the writer holds").await?;
     ok_or(gw.release().await, "the writer's release")?;
     let gr = tokio::time::timeout(bound, reads.recv())
@@ -364,4 +353,23 @@ pub(super) async fn writer_that_gave_up_frees_readers(ctx: &Ctx) -> Outcome {
         })?;
     ok_or(g2.release().await, "release")?;
     ok_or(g1.release().await, "release")
+}
+
+/// `client.lock(name, opts)` in a task of its own: the task, and where its guard arrives.
+fn spawn_lock(
+    client: &Locker,
+    name: &LockName,
+    opts: &LockOptions,
+) -> (
+    tokio::task::JoinHandle<lockcore::Result<()>>,
+    tokio::sync::mpsc::UnboundedReceiver<LockGuard>,
+) {
+    let (granted, grants) = tokio::sync::mpsc::unbounded_channel();
+    let (client, name, opts) = (client.clone(), name.clone(), opts.clone());
+    let task = tokio::spawn(async move {
+        let g = client.lock(&name, &opts).await?;
+        let _ = granted.send(g);
+        Ok(())
+    });
+    (task, grants)
 }
