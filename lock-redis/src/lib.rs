@@ -117,7 +117,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::backend::{
-    AcquireRequest, Acquired, Backend, Backoff, Lease, ReleaseIfCancelled, poll_acquire,
+    AcquireRequest, Acquired, Backend, Backoff, Lease, ReleaseIfCancelled, poll_attempts,
 };
 use lockcore::{Capabilities, Error, Instant, LockInfo, LockMode, LockName, Result, WaitKind};
 
@@ -590,7 +590,15 @@ impl Backend for RedisBackend {
             Ok(w) => w,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot subscribe to release notifications; polling instead");
-                return poll_acquire(self, req, deadline, &Backoff::for_ttl(req.ttl)).await;
+                // The attempts of a waiting lock(): a writer marks itself behind readers.
+                let backoff = Backoff::for_ttl(req.ttl);
+                return poll_attempts(req, deadline, &backoff, || async {
+                    Ok(match self.attempt(req, &keys, true).await? {
+                        Attempt::Won(a) => Some(a),
+                        Attempt::Held { .. } => None,
+                    })
+                })
+                .await;
             }
         };
         let poll = self.inner.node.config().poll;

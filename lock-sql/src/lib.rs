@@ -149,6 +149,8 @@ use std::fmt;
 use std::time::Duration;
 
 use lockcore::backend::{AcquireRequest, Acquired, Backend};
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+use lockcore::backend::{Backoff, poll_attempts};
 use lockcore::{Capabilities, Error, LockInfo, LockName, Result};
 
 pub use config::{Config, DEFAULT_TABLE, Strategy, validate_table};
@@ -519,6 +521,8 @@ impl Backend for SqlBackend {
         req: &AcquireRequest,
         deadline: Option<lockcore::Instant>,
     ) -> Result<Option<Acquired>> {
+        #[cfg(any(feature = "mysql", feature = "sqlite"))]
+        let backoff = Backoff::for_ttl(req.ttl);
         match &self.inner {
             #[cfg(feature = "postgres")]
             Inner::Pg(b) => b.acquire(req, deadline).await,
@@ -529,11 +533,13 @@ impl Backend for SqlBackend {
             // MySQL leases poll with backoff and full jitter, every attempt bounded by the
             // deadline.
             #[cfg(feature = "mysql")]
-            Inner::My(b) => poll(req, deadline, || b.acquire(req, deadline)).await,
+            Inner::My(b) => {
+                poll_attempts(req, deadline, &backoff, || b.acquire(req, deadline)).await
+            }
             // SQLite leases poll with backoff and full jitter; the attempts of a waiting
             // lock() (a writer marks itself waiting behind readers).
             #[cfg(feature = "sqlite")]
-            Inner::Lite(b) => poll(req, deadline, || b.attempt(req, true)).await,
+            Inner::Lite(b) => poll_attempts(req, deadline, &backoff, || b.attempt(req, true)).await,
         }
     }
 
@@ -625,34 +631,27 @@ impl Backend for SqlBackend {
     }
 }
 
-/// Polls `attempt` with backoff and full jitter until it wins or `deadline` passes (leases of
-/// MySQL and SQLite).
+/// Runs an acquisition attempt to its end in `background` ([`lockcore::backend::acquire_detached`]):
+/// a statement sent cannot be called back, and a server runs it even when its client closed the
+/// connection, so a cancelled caller's attempt may still win, after any release sent at the drop
+/// on another connection. Detached, a lease it won for a caller gone is released after it.
 ///
-/// Cancel safety: as `attempt`'s.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-async fn poll<F, Fut>(
-    req: &AcquireRequest,
-    deadline: Option<lockcore::Instant>,
-    mut attempt: F,
-) -> Result<Option<Acquired>>
+/// Cancel safe: what a dropped call's attempt wins is released.
+pub(crate) async fn run_detached<T, F, Fut>(
+    background: &lockcore::backend::Background,
+    attempt: F,
+) -> Result<T>
 where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Option<Acquired>>>,
+    T: lockcore::backend::AttemptOutcome,
+    F: FnOnce(lockcore::backend::CallerGone) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<T>> + Send + 'static,
 {
-    let backoff = lockcore::backend::Backoff::for_ttl(req.ttl);
-    let mut n = 0u32;
-    loop {
-        if let Some(l) = attempt().await? {
-            return Ok(Some(l));
-        }
-        req.waiting.mark();
-        let now = lockcore::Instant::now();
-        if deadline.is_some_and(|d| now >= d) {
-            return Ok(None);
-        }
-        let wake = now + backoff.delay(n);
-        tokio::time::sleep_until(deadline.map_or(wake, |d| wake.min(d))).await;
-        n = n.saturating_add(1);
+    match lockcore::backend::acquire_detached(background, attempt).await {
+        Some(won) => won,
+        None => Err(lockcore::Error::unavailable(
+            "acquiring a lock",
+            "the runtime is shutting down",
+        )),
     }
 }
 

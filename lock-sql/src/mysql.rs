@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use lockcore::backend::{AcquireRequest, Acquired, Background, Lease, ReleaseIfCancelled};
+use lockcore::backend::{AcquireRequest, Acquired, Background, Lease};
 use lockcore::{Error, Instant, LockInfo, LockMode, LockName, OwnerToken, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError};
 use sqlx::{AssertSqlSafe, Connection};
@@ -735,37 +735,40 @@ impl MyBackend {
         let name = req.name.as_str().to_owned();
         let ttl = req.ttl.as_micros() as u64;
         let holder = req.holder.encode();
-        let lease = |fencing| self.lease(req, fencing);
-        // A cancelled caller's attempt may still commit: released in the background then.
-        let in_flight = ReleaseIfCancelled::arm(lease(0), &req.background);
-        let sent_at = Instant::now();
+        let lease = self.lease(req, 0);
+        let conns = self.conns.clone();
         let mark = if waits {
             crate::shares::WRITER_MARK.as_micros() as u64
         } else {
             0
         };
-        let reply = self
-            .conns
-            .run(bound, "acquiring a lease", move |c| {
-                sqlx::query(AssertSqlSafe(sql.clone()))
-                    .bind(name.clone())
-                    .bind(token.clone())
-                    .bind(ttl)
-                    .bind(holder.clone())
-                    .bind(name.clone())
-                    .bind(mark)
-                    .bind(mark)
-                    .execute(c)
-                    .map(|r| r.map(|r| r.last_insert_id()))
-                    .boxed()
-            })
-            .await;
-        in_flight.disarm();
-        match reply? {
-            HELD_BY_PERMITS => Err(crate::shares::conflict(LockMode::Exclusive)),
-            0 | HELD_BY_READERS => Ok(None),
-            id => Ok(Some(Acquired::new(lease(id), sent_at))),
-        }
+        let sent_at = Instant::now();
+        // A cancelled caller's statement may still commit, after a release sent on another
+        // connection at the drop: it runs detached, and what it won is released after it.
+        let attempt = move |_gone| async move {
+            let reply = conns
+                .run(bound, "acquiring a lease", move |c| {
+                    sqlx::query(AssertSqlSafe(sql.clone()))
+                        .bind(name.clone())
+                        .bind(token.clone())
+                        .bind(ttl)
+                        .bind(holder.clone())
+                        .bind(name.clone())
+                        .bind(mark)
+                        .bind(mark)
+                        .execute(c)
+                        .map(|r| r.map(|r| r.last_insert_id()))
+                        .boxed()
+                })
+                .await;
+            match reply? {
+                HELD_BY_PERMITS => Err(crate::shares::conflict(LockMode::Exclusive)),
+                0 | HELD_BY_READERS => Ok(None),
+                id => Ok(Some(lease.with_fencing(id))),
+            }
+        };
+        let won = crate::run_detached(&req.background, attempt).await?;
+        Ok(won.map(|l| Acquired::new(l, sent_at)))
     }
 
     fn lease(&self, req: &AcquireRequest, fencing: u64) -> MyLease {
@@ -795,98 +798,104 @@ impl MyBackend {
         let holder = req.holder.encode();
         let mode = req.mode;
         let ttl = req.ttl.as_micros() as u64;
-        let in_flight = ReleaseIfCancelled::arm(self.lease(req, 0), &req.background);
+        let lease = self.lease(req, 0);
+        let conns = self.conns.clone();
         let sent_at = Instant::now();
-        let reply = self
-            .conns
-            .run(bound, "acquiring a share", move |c| {
-                let (sql, name, token, holder) =
-                    (sql.clone(), name.clone(), token.clone(), holder.clone());
-                async move {
-                    let outcome = in_tx(c, |c| {
-                        Box::pin(async move {
-                            sqlx::query(AssertSqlSafe(sql.share_lock_row.clone()))
-                                .bind(&name)
-                                .execute(&mut *c)
-                                .await?;
-                            let (exclusive_us, writer_us, fence): (Option<i64>, Option<i64>, u64) =
-                                sqlx::query_as(AssertSqlSafe(sql.share_row.clone()))
+        // Detached, as an exclusive attempt (see `lease_attempt`).
+        let attempt = move |_gone| async move {
+            let reply = conns
+                .run(bound, "acquiring a share", move |c| {
+                    let (sql, name, token, holder) =
+                        (sql.clone(), name.clone(), token.clone(), holder.clone());
+                    async move {
+                        let outcome = in_tx(c, |c| {
+                            Box::pin(async move {
+                                sqlx::query(AssertSqlSafe(sql.share_lock_row.clone()))
+                                    .bind(&name)
+                                    .execute(&mut *c)
+                                    .await?;
+                                let (exclusive_us, writer_us, fence): (
+                                    Option<i64>,
+                                    Option<i64>,
+                                    u64,
+                                ) = sqlx::query_as(AssertSqlSafe(sql.share_row.clone()))
                                     .bind(&name)
                                     .fetch_one(&mut *c)
                                     .await?;
-                            sqlx::query(AssertSqlSafe(sql.share_expired.clone()))
-                                .bind(&name)
-                                .execute(&mut *c)
-                                .await?;
-                            let rows: Vec<(String, String, i64, u64)> =
-                                sqlx::query_as(AssertSqlSafe(sql.share_live.clone()))
+                                sqlx::query(AssertSqlSafe(sql.share_expired.clone()))
                                     .bind(&name)
-                                    .fetch_all(&mut *c)
+                                    .execute(&mut *c)
                                     .await?;
-                            let secs = |us: i64| us as f64 / 1e6;
-                            let seen = crate::shares::Seen {
-                                exclusive_left: exclusive_us.map(secs),
-                                writer_left: writer_us.map(secs),
-                                mine: rows.iter().find(|r| r.0 == token).map(|r| r.3 as i64),
-                                live: rows.into_iter().map(|r| (r.1, secs(r.2))).collect(),
-                            };
-                            let fence = match crate::shares::decide(mode, &seen) {
-                                Err(e) => return Ok(Err(e)),
-                                Ok(Verdict::Wait(_)) => return Ok(Ok(None)),
-                                Ok(Verdict::Mine(fence)) => {
-                                    sqlx::query(AssertSqlSafe(sql.share_extend.clone()))
-                                        .bind(ttl)
+                                let rows: Vec<(String, String, i64, u64)> =
+                                    sqlx::query_as(AssertSqlSafe(sql.share_live.clone()))
                                         .bind(&name)
-                                        .bind(&token)
-                                        .execute(&mut *c)
+                                        .fetch_all(&mut *c)
                                         .await?;
-                                    fence as u64
-                                }
-                                Ok(Verdict::Take) => {
-                                    let fence = fence + 1;
-                                    sqlx::query(AssertSqlSafe(sql.share_insert.clone()))
-                                        .bind(&name)
-                                        .bind(&token)
-                                        .bind(crate::shares::mode_str(mode))
-                                        .bind(ttl)
-                                        .bind(fence)
-                                        .bind(&holder)
-                                        .execute(&mut *c)
-                                        .await?;
-                                    sqlx::query(AssertSqlSafe(sql.share_take.clone()))
-                                        .bind(fence)
-                                        .bind(&name)
-                                        .bind(&token)
-                                        .bind(&name)
-                                        .execute(&mut *c)
-                                        .await?;
-                                    return Ok(Ok(Some(fence)));
-                                }
-                            };
-                            sqlx::query(AssertSqlSafe(sql.share_raise.clone()))
-                                .bind(&name)
-                                .bind(&token)
-                                .bind(&name)
-                                .execute(&mut *c)
-                                .await?;
-                            Ok(Ok(Some(fence)))
+                                let secs = |us: i64| us as f64 / 1e6;
+                                let seen = crate::shares::Seen {
+                                    exclusive_left: exclusive_us.map(secs),
+                                    writer_left: writer_us.map(secs),
+                                    mine: rows.iter().find(|r| r.0 == token).map(|r| r.3 as i64),
+                                    live: rows.into_iter().map(|r| (r.1, secs(r.2))).collect(),
+                                };
+                                let fence = match crate::shares::decide(mode, &seen) {
+                                    Err(e) => return Ok(Err(e)),
+                                    Ok(Verdict::Wait(_)) => return Ok(Ok(None)),
+                                    Ok(Verdict::Mine(fence)) => {
+                                        sqlx::query(AssertSqlSafe(sql.share_extend.clone()))
+                                            .bind(ttl)
+                                            .bind(&name)
+                                            .bind(&token)
+                                            .execute(&mut *c)
+                                            .await?;
+                                        fence as u64
+                                    }
+                                    Ok(Verdict::Take) => {
+                                        let fence = fence + 1;
+                                        sqlx::query(AssertSqlSafe(sql.share_insert.clone()))
+                                            .bind(&name)
+                                            .bind(&token)
+                                            .bind(crate::shares::mode_str(mode))
+                                            .bind(ttl)
+                                            .bind(fence)
+                                            .bind(&holder)
+                                            .execute(&mut *c)
+                                            .await?;
+                                        sqlx::query(AssertSqlSafe(sql.share_take.clone()))
+                                            .bind(fence)
+                                            .bind(&name)
+                                            .bind(&token)
+                                            .bind(&name)
+                                            .execute(&mut *c)
+                                            .await?;
+                                        return Ok(Ok(Some(fence)));
+                                    }
+                                };
+                                sqlx::query(AssertSqlSafe(sql.share_raise.clone()))
+                                    .bind(&name)
+                                    .bind(&token)
+                                    .bind(&name)
+                                    .execute(&mut *c)
+                                    .await?;
+                                Ok(Ok(Some(fence)))
+                            })
                         })
-                    })
-                    .await;
-                    match outcome {
-                        // ER_LOCK_DEADLOCK: InnoDB rolled this attempt back to break a cycle
-                        // of lock waits (duplicate-key inserts of a new name can make one):
-                        // nothing was taken; as good as contention.
-                        Err(e) if error_number(&e) == Some(1213) => Ok(Ok(None)),
-                        other => other,
+                        .await;
+                        match outcome {
+                            // ER_LOCK_DEADLOCK: InnoDB rolled this attempt back to break a cycle
+                            // of lock waits (duplicate-key inserts of a new name can make one):
+                            // nothing was taken; as good as contention.
+                            Err(e) if error_number(&e) == Some(1213) => Ok(Ok(None)),
+                            other => other,
+                        }
                     }
-                }
-                .boxed()
-            })
-            .await;
-        in_flight.disarm();
-        let fence = reply??;
-        Ok(fence.map(|f| Acquired::new(self.lease(req, f), sent_at)))
+                    .boxed()
+                })
+                .await;
+            Ok(reply??.map(|f| lease.with_fencing(f)))
+        };
+        let won = crate::run_detached(&req.background, attempt).await?;
+        Ok(won.map(|l| Acquired::new(l, sent_at)))
     }
 }
 
@@ -982,6 +991,7 @@ impl Holding for MyHolding {
     }
 }
 
+#[derive(Clone)]
 struct MyLease {
     conns: Arc<MyConns>,
     sql: Arc<Sql>,
@@ -1003,6 +1013,11 @@ impl fmt::Debug for MyLease {
 }
 
 impl MyLease {
+    /// This lease with the fencing token it was won with.
+    fn with_fencing(self, fencing: u64) -> Self {
+        MyLease { fencing, ..self }
+    }
+
     async fn update(&self, sql: &str, ttl: Option<Duration>, what: &str) -> Result<()> {
         let sql = sql.to_owned();
         let name = self.name.as_str().to_owned();

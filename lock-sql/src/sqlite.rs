@@ -5,7 +5,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::backend::{AcquireRequest, Acquired, CallerGone, Lease, acquire_detached};
+use lockcore::backend::{AcquireRequest, Acquired, CallerGone, Lease};
 use lockcore::{Error, Instant, LockInfo, LockMode, LockName, OwnerToken, Result};
 use sqlx::AssertSqlSafe;
 use sqlx::sqlite::SqliteConnection;
@@ -329,13 +329,8 @@ impl LiteBackend {
             }
         };
         let sent_at = Instant::now();
-        match acquire_detached(&req.background, attempt).await {
-            Some(won) => Ok(won?.map(|l| Acquired::new(l, sent_at))),
-            None => Err(Error::unavailable(
-                "acquiring a lease",
-                "the runtime is shutting down",
-            )),
-        }
+        let won = crate::run_detached(&req.background, attempt).await?;
+        Ok(won.map(|l| Acquired::new(l, sent_at)))
     }
 
     /// The row, if held: token, seconds left, metadata (when acquired is the holder's clock:

@@ -398,14 +398,11 @@ impl<L: Lease> CancelCleanUp for ReleaseLease<L> {
 /// attempt did not run (the runtime is shutting down).
 ///
 /// Cancel safe: a dropped call leaves the attempt to finish and release what it won.
-pub async fn acquire_detached<L, F, Fut>(
-    background: &Background,
-    attempt: F,
-) -> Option<Result<Option<L>>>
+pub async fn acquire_detached<T, F, Fut>(background: &Background, attempt: F) -> Option<Result<T>>
 where
-    L: Lease,
+    T: AttemptOutcome,
     F: FnOnce(CallerGone) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = Result<Option<L>>> + Send + 'static,
+    Fut: std::future::Future<Output = Result<T>> + Send + 'static,
 {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let gone = CallerGone(Arc::new(std::sync::atomic::AtomicBool::new(false)));
@@ -416,7 +413,9 @@ where
             return;
         }
         let won = attempt(flag).await;
-        if let Err(Ok(Some(lease))) = tx.send(won) {
+        if let Err(Ok(outcome)) = tx.send(won)
+            && let Some(lease) = outcome.into_lease()
+        {
             // The caller is gone: nobody else will use or release this lease.
             if let Some(release) = ReleaseLease(lease).start() {
                 release.await;
@@ -439,22 +438,47 @@ where
 /// its TTL (a SQLite acquisition polled once and dropped did, under load). Dropped unclaimed, it
 /// closes the channel (a send after that fails, and the attempt releases) and releases a lease
 /// already sent.
-struct UnclaimedOutcome<L: Lease> {
-    rx: Option<tokio::sync::oneshot::Receiver<Result<Option<L>>>>,
+struct UnclaimedOutcome<T: AttemptOutcome> {
+    rx: Option<tokio::sync::oneshot::Receiver<Result<T>>>,
     background: Background,
 }
 
-impl<L: Lease> Drop for UnclaimedOutcome<L> {
+impl<T: AttemptOutcome> Drop for UnclaimedOutcome<T> {
     fn drop(&mut self) {
         let Some(mut rx) = self.rx.take() else {
             return;
         };
         rx.close();
-        if let Ok(Ok(Some(lease))) = rx.try_recv()
+        if let Ok(Ok(outcome)) = rx.try_recv()
+            && let Some(lease) = outcome.into_lease()
             && let Some(release) = ReleaseLease(lease).start()
         {
             self.background.spawn(release);
         }
+    }
+}
+
+/// What an attempt run by [`acquire_detached`] returns: the lease it may have won, with
+/// whatever else its caller wants to know (how long the holder has left, say). A lease nobody
+/// claims is released.
+pub trait AttemptOutcome: Send + 'static {
+    /// The lease won, if any.
+    type Lease: Lease;
+    /// The lease, for release when the caller is gone.
+    fn into_lease(self) -> Option<Self::Lease>;
+}
+
+impl<L: Lease> AttemptOutcome for Option<L> {
+    type Lease = L;
+    fn into_lease(self) -> Option<L> {
+        self
+    }
+}
+
+impl<L: Lease, X: Send + 'static> AttemptOutcome for (Option<L>, X) {
+    type Lease = L;
+    fn into_lease(self) -> Option<L> {
+        self.0
     }
 }
 
@@ -712,9 +736,27 @@ pub async fn poll_acquire<B: Backend + ?Sized>(
     deadline: Option<Instant>,
     backoff: &Backoff,
 ) -> Result<Option<Acquired>> {
+    poll_attempts(req, deadline, backoff, || backend.try_acquire(req)).await
+}
+
+/// [`poll_acquire`] with an attempt of the backend's choosing: the attempt of a waiting
+/// `lock()` may differ from a `try_lock`'s (a writer marks itself as waiting behind shared
+/// holders, which a `try_lock` must not). Marks `req` waiting after each attempt that lost.
+///
+/// Cancel safe as far as `attempt` is.
+pub async fn poll_attempts<F, Fut>(
+    req: &AcquireRequest,
+    deadline: Option<Instant>,
+    backoff: &Backoff,
+    mut try_once: F,
+) -> Result<Option<Acquired>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<Acquired>>>,
+{
     let mut attempt = 0u32;
     loop {
-        if let Some(lease) = backend.try_acquire(req).await? {
+        if let Some(lease) = try_once().await? {
             return Ok(Some(lease));
         }
         req.waiting.mark();
@@ -841,6 +883,35 @@ mod tests {
                 .is_pending()
         );
         // The attempt is on its way (a statement sent), then the caller goes.
+        started.await.unwrap();
+        drop(caller);
+        go.send(()).unwrap();
+        background.idle().await;
+        assert_eq!(released.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    /// An outcome carrying more than the lease (a SQL attempt's "holder has this long left")
+    /// is released the same way when its caller is gone.
+    #[tokio::test]
+    async fn a_lease_with_a_hint_won_after_its_caller_left_is_released() {
+        use std::future::Future;
+        let released = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let background = Background::new();
+        let lease = CountedLease(released.clone());
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let (sent, started) = tokio::sync::oneshot::channel::<()>();
+        let mut caller = Box::pin(acquire_detached(&background, move |_gone| async move {
+            let _ = sent.send(());
+            let _ = wait.await;
+            Ok((Some(lease), Some(Duration::from_secs(1))))
+        }));
+        let waker = std::task::Waker::noop();
+        assert!(
+            caller
+                .as_mut()
+                .poll(&mut std::task::Context::from_waker(waker))
+                .is_pending()
+        );
         started.await.unwrap();
         drop(caller);
         go.send(()).unwrap();

@@ -29,37 +29,41 @@ impl PgBackend {
         } else {
             0.0
         };
-        let lease = |fencing| self.lease(req, fencing);
-        // A cancelled caller's attempt may still commit: released in the background then.
-        let in_flight = ReleaseIfCancelled::arm(lease(0), &req.background);
+        let lease = self.lease(req, 0);
+        let conns = self.conns.clone();
+        let mode = req.mode;
         let sent_at = Instant::now();
-        let reply: Result<(Option<i64>, Option<f64>, Option<bool>)> = self
-            .conns
-            .run(bound, "acquiring a lease", move |c| {
-                sqlx::query_as(AssertSqlSafe(sql.clone()))
-                    .bind(name.clone())
-                    .bind(token.clone())
-                    .bind(ttl)
-                    .bind(holder.clone())
-                    .bind(mark)
-                    .fetch_one(c)
-                    .boxed()
+        // A cancelled caller's statement may still commit, after a release sent on another
+        // connection at the drop: it runs detached, and what it won is released after it.
+        let attempt = move |_gone| async move {
+            let reply: Result<(Option<i64>, Option<f64>, Option<bool>)> = conns
+                .run(bound, "acquiring a lease", move |c| {
+                    sqlx::query_as(AssertSqlSafe(sql.clone()))
+                        .bind(name.clone())
+                        .bind(token.clone())
+                        .bind(ttl)
+                        .bind(holder.clone())
+                        .bind(mark)
+                        .fetch_one(c)
+                        .boxed()
+                })
+                .await;
+            let (fence, remaining, permits) = reply?;
+            if permits == Some(true) {
+                return Err(crate::shares::conflict(mode));
+            }
+            Ok(match fence {
+                Some(f) => (Some(lease.with_fencing(f as u64)), None),
+                None => (
+                    None,
+                    remaining
+                        .filter(|r| r.is_finite() && *r > 0.0)
+                        .map(|r| Duration::from_secs_f64(r.min(1e6))),
+                ),
             })
-            .await;
-        in_flight.disarm();
-        let (fence, remaining, permits) = reply?;
-        if permits == Some(true) {
-            return Err(crate::shares::conflict(req.mode));
-        }
-        match fence {
-            Some(f) => Ok((Some(Acquired::new(lease(f as u64), sent_at)), None)),
-            None => Ok((
-                None,
-                remaining
-                    .filter(|r| r.is_finite() && *r > 0.0)
-                    .map(|r| Duration::from_secs_f64(r.min(1e6))),
-            )),
-        }
+        };
+        let (won, left) = crate::run_detached(&req.background, attempt).await?;
+        Ok((won.map(|l| Acquired::new(l, sent_at)), left))
     }
 
     fn lease(&self, req: &AcquireRequest, fencing: u64) -> PgLease {
@@ -90,72 +94,73 @@ impl PgBackend {
         let holder = req.holder.encode();
         let mode = req.mode;
         let ttl = req.ttl.as_micros() as f64;
-        let in_flight = ReleaseIfCancelled::arm(self.lease(req, 0), &req.background);
+        let lease = self.lease(req, 0);
+        let conns = self.conns.clone();
         let sent_at = Instant::now();
-        let reply = self
-            .conns
-            .run(bound, "acquiring a share", move |c| {
-                let (sql, name, token, holder) =
-                    (sql.clone(), name.clone(), token.clone(), holder.clone());
-                async move {
-                    let mut tx = c.begin().await?;
-                    let outcome = async {
-                        let (exclusive_left, writer_left): (Option<f64>, Option<f64>) =
-                            sqlx::query_as(AssertSqlSafe(sql.share_lock_row.clone()))
-                                .bind(&name)
-                                .fetch_one(&mut *tx)
-                                .await?;
-                        let rows: Vec<(String, String, f64, i64)> =
-                            sqlx::query_as(AssertSqlSafe(sql.share_live.clone()))
-                                .bind(&name)
-                                .fetch_all(&mut *tx)
-                                .await?;
-                        let seen = crate::shares::Seen {
-                            exclusive_left,
-                            writer_left,
-                            mine: rows.iter().find(|r| r.0 == token).map(|r| r.3),
-                            live: rows.into_iter().map(|r| (r.1, r.2)).collect(),
-                        };
-                        let verdict = match crate::shares::decide(mode, &seen) {
-                            Ok(v) => v,
-                            Err(e) => return Ok(Err(e)),
-                        };
-                        let fence = match verdict {
-                            Verdict::Wait(left) => return Ok(Ok((None, left))),
-                            Verdict::Mine(fence) => {
-                                sqlx::query(AssertSqlSafe(sql.share_extend.clone()))
+        // Detached, as an exclusive attempt (see `lease_attempt`).
+        let attempt = move |_gone| async move {
+            let reply = conns
+                .run(bound, "acquiring a share", move |c| {
+                    let (sql, name, token, holder) =
+                        (sql.clone(), name.clone(), token.clone(), holder.clone());
+                    async move {
+                        let mut tx = c.begin().await?;
+                        let outcome = async {
+                            let (exclusive_left, writer_left): (Option<f64>, Option<f64>) =
+                                sqlx::query_as(AssertSqlSafe(sql.share_lock_row.clone()))
                                     .bind(&name)
-                                    .bind(&token)
-                                    .bind(ttl)
-                                    .execute(&mut *tx)
-                                    .await?;
-                                fence
-                            }
-                            Verdict::Take => {
-                                sqlx::query_scalar(AssertSqlSafe(sql.share_take.clone()))
-                                    .bind(&name)
-                                    .bind(&token)
-                                    .bind(ttl)
-                                    .bind(crate::shares::mode_str(mode))
-                                    .bind(&holder)
                                     .fetch_one(&mut *tx)
-                                    .await?
-                            }
-                        };
-                        Ok(Ok((Some(fence), None)))
+                                    .await?;
+                            let rows: Vec<(String, String, f64, i64)> =
+                                sqlx::query_as(AssertSqlSafe(sql.share_live.clone()))
+                                    .bind(&name)
+                                    .fetch_all(&mut *tx)
+                                    .await?;
+                            let seen = crate::shares::Seen {
+                                exclusive_left,
+                                writer_left,
+                                mine: rows.iter().find(|r| r.0 == token).map(|r| r.3),
+                                live: rows.into_iter().map(|r| (r.1, r.2)).collect(),
+                            };
+                            let verdict = match crate::shares::decide(mode, &seen) {
+                                Ok(v) => v,
+                                Err(e) => return Ok(Err(e)),
+                            };
+                            let fence = match verdict {
+                                Verdict::Wait(left) => return Ok(Ok((None, left))),
+                                Verdict::Mine(fence) => {
+                                    sqlx::query(AssertSqlSafe(sql.share_extend.clone()))
+                                        .bind(&name)
+                                        .bind(&token)
+                                        .bind(ttl)
+                                        .execute(&mut *tx)
+                                        .await?;
+                                    fence
+                                }
+                                Verdict::Take => {
+                                    sqlx::query_scalar(AssertSqlSafe(sql.share_take.clone()))
+                                        .bind(&name)
+                                        .bind(&token)
+                                        .bind(ttl)
+                                        .bind(crate::shares::mode_str(mode))
+                                        .bind(&holder)
+                                        .fetch_one(&mut *tx)
+                                        .await?
+                                }
+                            };
+                            Ok(Ok((Some(fence), None)))
+                        }
+                        .await;
+                        finish(tx, outcome).await
                     }
-                    .await;
-                    finish(tx, outcome).await
-                }
-                .boxed()
-            })
-            .await;
-        in_flight.disarm();
-        let (fence, wait) = reply??;
-        Ok((
-            fence.map(|f| Acquired::new(self.lease(req, f as u64), sent_at)),
-            wait,
-        ))
+                    .boxed()
+                })
+                .await;
+            let (fence, wait) = reply??;
+            Ok((fence.map(|f| lease.with_fencing(f as u64)), wait))
+        };
+        let (won, wait) = crate::run_detached(&req.background, attempt).await?;
+        Ok((won.map(|l| Acquired::new(l, sent_at)), wait))
     }
 
     /// The release notifications, started on first use; while LISTEN fails (the database is
@@ -323,6 +328,7 @@ impl PgBackend {
     }
 }
 
+#[derive(Clone)]
 struct PgLease {
     conns: Arc<PgConns>,
     sql: Arc<Sql>,
@@ -341,6 +347,13 @@ impl fmt::Debug for PgLease {
             .field("token", &self.token)
             .field("fencing", &self.fencing)
             .finish()
+    }
+}
+
+impl PgLease {
+    /// This lease with the fencing token it was won with.
+    fn with_fencing(self, fencing: u64) -> Self {
+        PgLease { fencing, ..self }
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use lockcore::backend::{AcquireRequest, Acquired, Lease, ReleaseIfCancelled};
+use lockcore::backend::{AcquireRequest, Acquired, Lease};
 use lockcore::{Error, Instant, LockInfo, LockMode, LockName, OwnerToken, Result};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection};
