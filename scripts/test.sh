@@ -98,6 +98,13 @@ no_protobuf_build_step() {
   echo "no crate generates protobuf code at build time"
 }
 
+# The build and the tests' throw-away data take about 5 GB: say so up front when the disk has
+# less (a full disk fails the build with "No space left on device" minutes later).
+free_gb=$(df -Pk . | awk 'NR == 2 { print int($4 / 1048576) }')
+echo "==> disk: ${free_gb} GB free here"
+if ((free_gb < 6)); then
+  echo "==> WARNING: under 6 GB free; the build and the tests need about 5 GB" >&2
+fi
 phase install bash scripts/install-servers.sh
 phase fmt cargo fmt --all --check
 phase noprotoc no_protobuf_build_step

@@ -98,6 +98,30 @@ pub struct HolderSpec {
     pub extend: bool,
     /// The writer id the holder gives the resource.
     pub id: String,
+    /// Run with the wall clock this far ahead (libfaketime preloaded; the monotonic clock stays
+    /// true). See [`libfaketime`].
+    pub clock_ahead: Option<Duration>,
+}
+
+/// libfaketime's preload library (Debian package `libfaketime`), if installed. A holder whose
+/// clock runs ahead preloads it directly, not through the `faketime` wrapper: both keep a named
+/// semaphore and shared memory in /dev/shm named by the process id, which a killed process
+/// leaves behind, and a later process given the same pid fails on them (`sem_open: File
+/// exists`); a [`Holder`] removes its own when it is killed or dropped.
+pub fn libfaketime() -> Option<PathBuf> {
+    std::fs::read_dir("/usr/lib")
+        .ok()?
+        .filter_map(|d| d.ok())
+        .map(|d| d.path().join("faketime/libfaketime.so.1"))
+        .find(|p| p.exists())
+}
+
+/// The files libfaketime keeps for process `pid`.
+fn faketime_files(pid: u32) -> [PathBuf; 2] {
+    [
+        PathBuf::from(format!("/dev/shm/sem.faketime_sem_{pid}")),
+        PathBuf::from(format!("/dev/shm/faketime_shm_{pid}")),
+    ]
 }
 
 impl HolderSpec {
@@ -116,6 +140,7 @@ impl HolderSpec {
             work: Duration::from_millis(100),
             extend: false,
             id: "holder".into(),
+            clock_ahead: None,
         }
     }
 
@@ -157,12 +182,32 @@ pub struct Holder {
     events: mpsc::UnboundedReceiver<HolderEvent>,
     history: Vec<HolderEvent>,
     id: String,
+    /// Files the process keeps that a kill leaves behind (libfaketime's).
+    leaves_behind: Vec<PathBuf>,
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        self.remove_leftovers();
+    }
 }
 
 impl Holder {
     /// Starts the holder described by `spec`. Must be called inside a tokio runtime.
     pub fn spawn(spec: &HolderSpec) -> Result<Self> {
-        let mut child = tokio::process::Command::new(&spec.program)
+        let mut command = tokio::process::Command::new(&spec.program);
+        if let Some(ahead) = spec.clock_ahead {
+            let lib = libfaketime().ok_or_else(|| {
+                Error::msg("libfaketime is not installed (Debian package libfaketime)")
+            })?;
+            command
+                .env("LD_PRELOAD", lib)
+                .env("FAKETIME", format!("+{}s", ahead.as_secs()))
+                // Only the wall clock: tokio's timers keep to the real monotonic clock.
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        let mut child = command
             .args(spec.args())
             // Not on the command line, which any user of the machine can read (`ps`): the URL
             // may carry a password.
@@ -188,12 +233,24 @@ impl Holder {
                 }
             }
         });
+        let leaves_behind = match (spec.clock_ahead, child.id()) {
+            (Some(_), Some(pid)) => faketime_files(pid).to_vec(),
+            _ => Vec::new(),
+        };
         Ok(Holder {
             child,
             events,
             history: Vec::new(),
             id: spec.id.clone(),
+            leaves_behind,
         })
+    }
+
+    /// Removes what the process leaves behind when killed (it is gone, or going: SIGKILL sent).
+    fn remove_leftovers(&mut self) {
+        for p in self.leaves_behind.drain(..) {
+            let _ = std::fs::remove_file(p);
+        }
     }
 
     /// The writer id it gives the resource.
@@ -272,6 +329,7 @@ impl Holder {
     pub async fn kill(&mut self) -> Result<()> {
         self.signal(Signal::KILL)?;
         let _ = self.child.wait().await;
+        self.remove_leftovers();
         Ok(())
     }
 

@@ -50,7 +50,7 @@ mod zk;
 
 pub use etcd::Etcd;
 pub use fence::{FenceStats, FencedResource};
-pub use holder::{HOLDER_URL_ENV, Holder, HolderEvent, HolderSpec};
+pub use holder::{HOLDER_URL_ENV, Holder, HolderEvent, HolderSpec, libfaketime};
 pub use mariadb::MariaDb;
 pub use peer::{PeerCommand, PeerProcess, Window, check_windows, unix_micros, unix_micros_at};
 pub use postgres::Postgres;

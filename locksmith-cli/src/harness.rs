@@ -46,33 +46,17 @@ fn proxiable(url: &str) -> bool {
     !unproxiable && ClientProxies::can_proxy(url)
 }
 
-/// libfaketime's wrapper (Debian package `faketime`).
-const FAKETIME: &str = "/usr/bin/faketime";
-
 /// How long a holder process may take to start, connect and take a free lock.
 const HOLDER_START: Duration = Duration::from_secs(30);
 
 /// A holder process of this executable's hidden `holder` subcommand for `url`, renewing its
-/// lease, started through `wrapper` (a command line it runs under, if any).
-fn holder_spec(
-    url: &str,
-    name: &LockName,
-    ttl: Duration,
-    wrapper: Vec<String>,
-) -> Result<faultkit::HolderSpec> {
+/// lease.
+fn holder_spec(url: &str, name: &LockName, ttl: Duration) -> Result<faultkit::HolderSpec> {
     let exe = std::env::current_exe().map_err(|e| {
         locksmith::Error::backend("finding the locksmith executable for a holder process", e)
     })?;
-    let (program, mut prefix) = if wrapper.is_empty() {
-        (exe, Vec::new())
-    } else {
-        let mut prefix = wrapper;
-        prefix.push(exe.to_string_lossy().into_owned());
-        ("/usr/bin/env".into(), prefix)
-    };
-    prefix.push("holder".into());
-    let mut spec = faultkit::HolderSpec::new(program, url, name.as_str(), ttl);
-    spec.prefix = prefix;
+    let mut spec = faultkit::HolderSpec::new(exe, url, name.as_str(), ttl);
+    spec.prefix = vec!["holder".into()];
     spec.renew = true;
     Ok(spec)
 }
@@ -136,7 +120,7 @@ impl Harness for UrlHarness {
     }
 
     async fn killed_holder_process(&self, name: &LockName, ttl: Duration) -> Result<Instant> {
-        let mut spec = holder_spec(&self.url, name, ttl, Vec::new())?;
+        let mut spec = holder_spec(&self.url, name, ttl)?;
         spec.id = "killed-holder".into();
         // Killed on drop, also when this call is dropped.
         let mut holder = faultkit::Holder::spawn(&spec).map_err(holder_failed("did not start"))?;
@@ -154,7 +138,7 @@ impl Harness for UrlHarness {
 
     /// Where libfaketime is installed (Debian package `faketime`) and holders can run.
     fn can_run_skewed_process(&self) -> bool {
-        self.can_kill_holder_process() && std::path::Path::new(FAKETIME).exists()
+        self.can_kill_holder_process() && faultkit::libfaketime().is_some()
     }
 
     async fn skewed_holder_process(
@@ -165,13 +149,8 @@ impl Harness for UrlHarness {
         wait: Duration,
     ) -> Result<Option<HolderProcess>> {
         // Only the wall clock: tokio's timers keep to the real monotonic clock.
-        let faketime = vec![
-            "FAKETIME_DONT_FAKE_MONOTONIC=1".to_string(),
-            FAKETIME.into(),
-            "-f".into(),
-            format!("+{}s", ahead.as_secs()),
-        ];
-        let mut spec = holder_spec(&self.url, name, ttl, faketime)?;
+        let mut spec = holder_spec(&self.url, name, ttl)?;
+        spec.clock_ahead = Some(ahead);
         spec.wait = wait;
         spec.id = "skewed-holder".into();
         let mut holder = faultkit::Holder::spawn(&spec).map_err(holder_failed("did not start"))?;
