@@ -864,36 +864,28 @@ mod tests {
     /// releases what it won, once.
     #[tokio::test]
     async fn a_lease_won_after_its_caller_left_is_released_once() {
-        use std::future::Future;
-        let released = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let background = Background::new();
-        let lease = CountedLease(released.clone());
-        let (go, wait) = tokio::sync::oneshot::channel::<()>();
-        let (sent, started) = tokio::sync::oneshot::channel::<()>();
-        let mut caller = Box::pin(acquire_detached(&background, move |_gone| async move {
-            let _ = sent.send(());
-            let _ = wait.await;
-            Ok(Some(lease))
-        }));
-        let waker = std::task::Waker::noop();
-        assert!(
-            caller
-                .as_mut()
-                .poll(&mut std::task::Context::from_waker(waker))
-                .is_pending()
+        assert_eq!(
+            releases_of_an_outcome_won_after_its_caller_left(Some).await,
+            1
         );
-        // The attempt is on its way (a statement sent), then the caller goes.
-        started.await.unwrap();
-        drop(caller);
-        go.send(()).unwrap();
-        background.idle().await;
-        assert_eq!(released.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     /// An outcome carrying more than the lease (a SQL attempt's "holder has this long left")
     /// is released the same way when its caller is gone.
     #[tokio::test]
     async fn a_lease_with_a_hint_won_after_its_caller_left_is_released() {
+        let with_hint = |lease| (Some(lease), Some(Duration::from_secs(1)));
+        assert_eq!(
+            releases_of_an_outcome_won_after_its_caller_left(with_hint).await,
+            1
+        );
+    }
+
+    /// Runs an attempt that returns `outcome(lease)` once its caller is gone (the attempt is
+    /// on its way, a statement sent, then the caller drops); the releases of the lease.
+    async fn releases_of_an_outcome_won_after_its_caller_left<T: AttemptOutcome>(
+        outcome: impl FnOnce(CountedLease) -> T + Send + 'static,
+    ) -> usize {
         use std::future::Future;
         let released = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let background = Background::new();
@@ -903,7 +895,7 @@ mod tests {
         let mut caller = Box::pin(acquire_detached(&background, move |_gone| async move {
             let _ = sent.send(());
             let _ = wait.await;
-            Ok((Some(lease), Some(Duration::from_secs(1))))
+            Ok(outcome(lease))
         }));
         let waker = std::task::Waker::noop();
         assert!(
@@ -916,7 +908,7 @@ mod tests {
         drop(caller);
         go.send(()).unwrap();
         background.idle().await;
-        assert_eq!(released.load(std::sync::atomic::Ordering::SeqCst), 1);
+        released.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     #[test]
