@@ -146,7 +146,7 @@ pub const MEASURE_TIME: Duration = Duration::from_secs(2);
 pub async fn measure(harness: &dyn Harness) -> lockcore::Result<Figures> {
     let name = LockName::new(format!("lsbench-{:08x}", fastrand::u32(..)))?;
     // Without renewal (on by default), as the published figures were measured: acquire and
-    // release only, no watchdog task per guard.
+    // release only, nothing for the watchdog to keep.
     let opts = LockOptions::new()
         .ttl(Duration::from_secs(10).max(harness.min_scenario_ttl()))
         .wait_timeout(Duration::from_secs(30))

@@ -676,8 +676,8 @@ async fn try_lock_on_a_held_lock_is_one_read() {
 
 /// Holding leases costs no request and no task of this backend per lease: an uncontended
 /// `lock()` is one round trip of two pipelined requests (create + list), with no watch or
-/// `exists` on the holder's node, and the only task per lease is lockcore's validity watchdog.
-/// (Before: 3 requests and 2 tasks per lease.)
+/// `exists` on the holder's node, and no task per lease (lockcore's watchdog is one task per
+/// client, started by the warm-up). (Before: 3 requests and 2 tasks per lease.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_leases_cost_no_extra_request_or_task() {
     const LEASES: usize = 20;
@@ -712,7 +712,7 @@ async fn held_leases_cost_no_extra_request_or_task() {
     let extra_tasks = metrics.num_alive_tasks() - tasks;
     assert!(
         extra_tasks <= LEASES,
-        "{extra_tasks} tasks for {LEASES} leases (lockcore's watchdog is one per lease)"
+        "{extra_tasks} tasks for {LEASES} leases"
     );
     assert_eq!(backend.stats().held, LEASES as u64);
     for g in guards {

@@ -1,5 +1,6 @@
 //! Memory per held lease on the in-memory backend: the contract's own cost (guard, shared
-//! state, and with auto-renewal the watchdog task), without any client library.
+//! state, and with auto-renewal the lease's record in its client's watchdog), without any
+//! client library.
 //!
 //! `cargo run --release -p lockcore --example lease_memory -- [N] [norenew]` holds N leases
 //! (default 100,000; TTL 30 s, auto-renewed unless `norenew`) and prints the growth of this

@@ -152,8 +152,8 @@ impl LostNotifier {
         *self.0.tx.borrow()
     }
 
-    /// Resolves when every signal is gone (the guard and its watchdog ended): backends use it to
-    /// stop watching a lease nobody listens to any more.
+    /// Resolves when every signal is gone (the guard and every clone of its signal): backends
+    /// use it to stop watching a lease nobody listens to any more.
     ///
     /// Cancel safe.
     pub async fn closed(&self) {

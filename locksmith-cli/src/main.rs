@@ -12,6 +12,7 @@ mod bench;
 mod duration;
 mod group;
 mod harness;
+mod renew_bench;
 mod report_cmd;
 mod run_cmd;
 
@@ -77,6 +78,9 @@ enum Command {
     /// Internal: one process of `bench`'s multi-process runs.
     #[command(name = "__bench-worker", hide = true)]
     BenchWorker(BenchWorkerArgs),
+    /// Internal: the process holding the leases of `bench --renewals`.
+    #[command(name = "__renew-worker", hide = true)]
+    RenewWorker(RenewWorkerArgs),
     /// The fault suite's holder process (`report --faults` runs it): takes a lock and reports
     /// it as JSON lines until killed.
     #[command(hide = true)]
@@ -283,6 +287,18 @@ struct BenchArgs {
     /// How long the fairness run lasts.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     fair_secs: Duration,
+    /// Instead of the figures above: the cost of holding this many auto-renewed leases on one
+    /// client (distinct names), measured from outside the worker process that holds them: its
+    /// RSS and CPU share over --renewal-window, and on Redis the renewals the server applied.
+    #[arg(long, value_name = "LEASES")]
+    renewals: Option<usize>,
+    /// The TTL of the --renewals leases (renewed every third of it).
+    #[arg(long, default_value = "30s", value_parser = parse_duration, requires = "renewals")]
+    renewal_ttl: Duration,
+    /// How long --renewals measures, after the leases are taken and one renewal interval has
+    /// passed.
+    #[arg(long, default_value = "20s", value_parser = parse_duration, requires = "renewals")]
+    renewal_window: Duration,
     /// Lock service URLs. Without any: memory:// and a SQLite file in target/conformance.
     urls: Vec<String>,
 }
@@ -298,6 +314,17 @@ impl BenchArgs {
             fair_secs: self.fair_secs,
         }
     }
+}
+
+/// `__renew-worker`: the process of `bench --renewals` (internal).
+#[derive(Args, Debug)]
+struct RenewWorkerArgs {
+    /// Leases to take and hold on one client.
+    #[arg(long)]
+    leases: usize,
+    /// Their TTL in milliseconds.
+    #[arg(long)]
+    ttl_ms: u64,
 }
 
 /// `__bench-worker`: one process of `bench`'s multi-process runs (internal).
@@ -380,9 +407,24 @@ fn main() -> ExitCode {
                     eprintln!("locksmith: cannot create target/conformance: {e}");
                     return 2;
                 }
+                if let Some(leases) = a.renewals {
+                    let plan = renew_bench::RenewPlan {
+                        leases,
+                        ttl: a.renewal_ttl,
+                        window: a.renewal_window,
+                    };
+                    let mut code = 0;
+                    for url in &urls {
+                        code = code.max(renew_bench::bench(url, plan).await);
+                    }
+                    return code;
+                }
                 bench::bench(&urls, a.plan()).await
             }
             Command::BenchWorker(a) => bench::worker(&a.name, a.clients, a.millis).await,
+            Command::RenewWorker(a) => {
+                renew_bench::worker(a.leases, Duration::from_millis(a.ttl_ms)).await
+            }
         }
     });
     // Let background tasks (releases) end with the runtime before exiting.

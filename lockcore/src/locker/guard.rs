@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::backend::{AcquireRequest, Acquired, Backend, OwnerToken};
@@ -14,7 +13,6 @@ use crate::{Error, LockName, LockOptions, LostSignal, RenewKind, Result};
 
 use super::inner::LockerInner;
 use super::lease::GuardShared;
-use super::watchdog::watchdog;
 
 /// A held lock. Release it with [`LockGuard::release`] to learn the outcome; dropping it hands
 /// the release to a background task of the [`Locker`] (never blocking, and not immediate: the
@@ -39,7 +37,6 @@ pub struct LockGuard {
     acquired_at: Instant,
     shared: Arc<GuardShared>,
     signal: LostSignal,
-    watchdog: Option<JoinHandle<()>>,
     locker: Arc<LockerInner>,
     finished: bool,
 }
@@ -57,7 +54,7 @@ impl fmt::Debug for LockGuard {
 
 impl LockGuard {
     /// A guard for a lease just acquired: sets its validity, hooks the lost signal's telemetry
-    /// and spawns the watchdog where one is needed.
+    /// and hands the lease to the locker's watchdog where it needs one.
     pub(super) fn start(
         locker: &Arc<LockerInner>,
         request: AcquireRequest,
@@ -85,6 +82,18 @@ impl LockGuard {
                 }
             }));
         }
+        // The lost signal notices a passed deadline by itself, and a TTL backend's server frees
+        // the lock by itself: the watchdog is needed only to renew, or to release a
+        // session-bound lease at its deadline. Not watching the others keeps the watchdog's
+        // wake-ups off the uncontended path.
+        let renew = options.auto_renew_value();
+        let needs_watchdog =
+            renew.is_some() || !caps.expiry_after_ttl || caps.renew == RenewKind::Native;
+        let watch = needs_watchdog.then(|| {
+            locker
+                .watchdog
+                .reserve(&locker.runtime, &locker.backend, &locker.background)
+        });
         let shared = Arc::new(GuardShared {
             name: request.name.clone(),
             telemetry,
@@ -95,28 +104,22 @@ impl LockGuard {
             release_started: AtomicBool::new(false),
             extending: tokio::sync::Mutex::new(()),
             hold_deadline,
+            watch,
+            renewal: Default::default(),
         });
         shared
             .validity
             .set_until(shared.deadline(acquired.sent_at, granted, caps));
         let validity = shared.validity.clone();
-        // The lost signal notices a passed deadline by itself, and a TTL backend's server frees
-        // the lock by itself: a watchdog task is needed only to renew, or to release a
-        // session-bound lease at its deadline. Not spawning one keeps a worker wake-up off the
-        // uncontended path.
-        let needs_watchdog = options.auto_renew_value().is_some()
-            || !caps.expiry_after_ttl
-            || caps.renew == RenewKind::Native;
-        let watchdog = needs_watchdog.then(|| {
-            locker.runtime.spawn(watchdog(
+        if let Some(watch) = &shared.watch {
+            let interval = renew.map(|r| ttl.mul_f64(r.fraction()));
+            watch.start(
                 shared.clone(),
-                locker.clone(),
-                signal.clone(),
                 ttl,
-                acquired.sent_at,
-                options.auto_renew_value().cloned(),
-            ))
-        });
+                interval,
+                interval.map(|i| acquired.sent_at + i),
+            );
+        }
         let signal = signal.with_validity(validity);
         LockGuard {
             name: request.name,
@@ -126,7 +129,6 @@ impl LockGuard {
             acquired_at: acquired.sent_at,
             shared,
             signal,
-            watchdog,
             locker: locker.clone(),
             finished: false,
         }
@@ -167,6 +169,13 @@ impl LockGuard {
     /// Whether the lease is still within its validity and not known lost.
     pub fn is_valid(&self) -> bool {
         !self.signal.is_lost() && Instant::now() < self.valid_until()
+    }
+
+    /// The loss reported through the lease's notifier (by the backend or the watchdog), not
+    /// what the signal computes from the deadline: what the watchdog's tests look at.
+    #[cfg(test)]
+    pub(super) fn reported(&self) -> Option<crate::LostReason> {
+        self.shared.notifier.reason()
     }
 
     /// The lost signal: fires when the lease is known lost.
@@ -236,9 +245,7 @@ impl LockGuard {
     }
 
     fn stop_watchdog(&mut self) {
-        if let Some(w) = self.watchdog.take() {
-            w.abort();
-        }
+        self.shared.stop_watch();
     }
 }
 

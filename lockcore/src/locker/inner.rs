@@ -11,6 +11,7 @@ use crate::telemetry::Telemetry;
 use crate::waiting::WaitBoard;
 
 use super::lease::GuardShared;
+use super::watchdog::Watchdog;
 
 pub(super) struct LockerInner {
     pub(super) backend: Arc<dyn Backend>,
@@ -21,18 +22,25 @@ pub(super) struct LockerInner {
     pub(super) telemetry: Arc<Telemetry>,
     /// The waiting `lock` calls per name (see `Locker::waiting`).
     pub(super) waiting: Arc<WaitBoard>,
+    /// Renews this client's leases and watches their deadlines: one task for all of them.
+    pub(super) watchdog: Watchdog,
 }
 
 impl LockerInner {
     /// Hands a release to a background task: never blocks, and runs to completion as long as the
     /// runtime does.
     pub(super) fn release_in_background(self: &Arc<Self>, shared: Arc<GuardShared>) {
-        self.background.spawn(async move {
-            if let Err(e) = shared.release_traced().await
-                && e.kind() != ErrorKind::NotHeld
-            {
-                tracing::warn!(error = %format!("{e:#}"), "background release failed; the lock frees after its ttl");
-            }
-        });
+        release_in_background(&self.background, shared);
     }
+}
+
+/// Hands a lease's release to `background` (a dropped guard's, or one whose validity ran out).
+pub(super) fn release_in_background(background: &Background, shared: Arc<GuardShared>) {
+    background.spawn(async move {
+        if let Err(e) = shared.release_traced().await
+            && e.kind() != ErrorKind::NotHeld
+        {
+            tracing::warn!(error = %format!("{e:#}"), "background release failed; the lock frees after its ttl");
+        }
+    });
 }

@@ -13,6 +13,8 @@ use crate::lost::Validity;
 use crate::telemetry::Telemetry;
 use crate::{Capabilities, Error, ErrorKind, LockName, LostReason, Result};
 
+use super::watchdog::{RenewSlot, WatchRef};
+
 pub(super) struct GuardShared {
     pub(super) name: LockName,
     pub(super) telemetry: Arc<Telemetry>,
@@ -26,6 +28,11 @@ pub(super) struct GuardShared {
     pub(super) extending: tokio::sync::Mutex<()>,
     /// Acquired at plus the maximum hold time, when auto-renewal is on.
     pub(super) hold_deadline: Option<Instant>,
+    /// The lease's watch by the locker's watchdog, where it needs one (renewal, or the release
+    /// of a session-bound lease at its deadline).
+    pub(super) watch: Option<WatchRef>,
+    /// Whether the watchdog has a renewal of it in flight (aborted when the guard ends).
+    pub(super) renewal: std::sync::Mutex<RenewSlot>,
 }
 
 impl GuardShared {
@@ -64,7 +71,10 @@ impl GuardShared {
             auto,
             outcome = tracing::field::Empty,
         );
-        let result = self.extend_inner(ttl, caps).instrument(span.clone()).await;
+        let result = self
+            .extend_inner(ttl, caps, auto)
+            .instrument(span.clone())
+            .await;
         let outcome = match &result {
             Ok(_) => "renewed",
             Err(e) if e.kind() == ErrorKind::NotHeld => "refused",
@@ -79,6 +89,7 @@ impl GuardShared {
         &self,
         ttl: Duration,
         caps: &Capabilities,
+        auto: bool,
     ) -> Result<Duration> {
         let _one_at_a_time = self.extending.lock().await;
         if self.release_started.load(Ordering::Acquire) {
@@ -90,10 +101,17 @@ impl GuardShared {
         // holder cannot tell from a lost reply or a dropped future: believe the shorter validity
         // from the send on, so that an unconfirmed extend never leaves the holder trusting more
         // than the server may grant (a second holder otherwise, faults' lost_extend_reply).
-        self.validity.shorten_to(self.deadline(sent, ttl, caps));
+        if self.validity.shorten_to(self.deadline(sent, ttl, caps)) && !auto {
+            self.rearm();
+        }
         match self.lease.extend(ttl).await {
             Ok(granted) => {
-                if !self.validity.renew_to(self.deadline(sent, granted, caps)) {
+                let renewed = self.validity.renew_to(self.deadline(sent, granted, caps));
+                if !auto {
+                    // The watchdog looks again (its own renewals it follows itself).
+                    self.rearm();
+                }
+                if !renewed {
                     self.notifier.fire(self.validity.expiry_reason());
                     return Err(Error::not_held(
                         "the validity deadline passed before the extend was confirmed; the lease counts as lost",
@@ -149,6 +167,13 @@ impl GuardShared {
             },
         );
         result
+    }
+
+    /// Tells the watchdog that a holder's extend moved the deadline (maybe earlier).
+    fn rearm(&self) {
+        if let Some(watch) = &self.watch {
+            watch.rearm();
+        }
     }
 
     pub(super) fn end_by_holder(&self) {

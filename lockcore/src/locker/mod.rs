@@ -3,7 +3,8 @@
 //!
 //! This file is the [`Locker`]; its pieces live apart and never use it: `inner` (what a
 //! locker's clones and its guards share), `lease` (a held lease's state: validity, extend,
-//! release), `watchdog` (renewal and the deadline), `guard` ([`LockGuard`]). The primitives
+//! release), `watchdog` (renewal and the deadline: one task per locker for all its leases),
+//! `guard` ([`LockGuard`]). The primitives
 //! built on its locks (`crate::multi`, `crate::election`) use it from outside.
 
 mod guard;
@@ -81,6 +82,7 @@ impl Locker {
                 background: Background::on(Handle::current()),
                 runtime: Handle::current(),
                 waiting: Arc::default(),
+                watchdog: Default::default(),
             }),
         }
     }

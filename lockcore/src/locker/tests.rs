@@ -688,3 +688,240 @@ async fn waiting_counts_a_lock_call_until_it_returns_or_is_dropped() {
     assert_eq!(waiter.waiting("x").unwrap(), 0);
     won.release().await.unwrap();
 }
+
+/// Issue 24: the watchdog of a client is one task with a timer heap, not a task per lease.
+/// 2,000 auto-renewed leases on one client are renewed (another client finds every one held
+/// after more than three TTLs) by at most one task more than none.
+#[tokio::test(start_paused = true)]
+async fn many_leases_are_renewed_by_one_task() {
+    let a = Locker::new(MemoryBackend::connect("many_leases"));
+    let b = Locker::new(MemoryBackend::connect("many_leases"));
+    let opts = LockOptions::new().ttl(3 * SEC);
+    let tasks_before = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
+    let mut guards = Vec::new();
+    for i in 0..2000 {
+        guards.push(a.try_lock(format!("l{i}"), &opts).await.unwrap().unwrap());
+    }
+    let tasks = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+        - tasks_before;
+    assert!(tasks <= 1, "{tasks} tasks keep 2,000 leases");
+    tokio::time::sleep(10 * SEC).await;
+    assert_eq!(a.inner.watchdog.watched(), 2000);
+    for g in &guards {
+        assert!(g.is_valid(), "{:?} lost", g.name());
+    }
+    for i in (0..2000).step_by(97) {
+        let name = format!("l{i}");
+        assert!(b.try_lock(&*name, &opts).await.unwrap().is_none(), "{name}");
+    }
+}
+
+/// Polls (real time, with a deadline) until `locker`'s watchdog watches `n` leases.
+async fn until_watched(locker: &Locker, n: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while locker.inner.watchdog.watched() != n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} leases watched, expected {n}",
+            locker.inner.watchdog.watched()
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A released, dropped or abandoned guard's record leaves the watchdog (no leak), and a lease
+/// that needs no watching (not renewed, on a backend whose server ends it at its TTL) never
+/// gets one.
+#[tokio::test]
+async fn an_ended_guards_record_is_removed() {
+    let a = Locker::new(MemoryBackend::connect("records_removed"));
+    let opts = LockOptions::new();
+    let mut guards = Vec::new();
+    for i in 0..100 {
+        guards.push(a.try_lock(format!("r{i}"), &opts).await.unwrap().unwrap());
+    }
+    until_watched(&a, 100).await;
+    guards.truncate(40);
+    until_watched(&a, 40).await;
+    for g in guards.drain(30..) {
+        g.release().await.unwrap();
+    }
+    until_watched(&a, 30).await;
+    for g in guards.drain(20..) {
+        g.abandon();
+    }
+    until_watched(&a, 20).await;
+    drop(guards);
+    until_watched(&a, 0).await;
+    let unwatched = a
+        .try_lock("unrenewed", &LockOptions::new().no_auto_renew())
+        .await
+        .unwrap()
+        .unwrap();
+    let renewed = a.try_lock("renewed", &opts).await.unwrap().unwrap();
+    until_watched(&a, 1).await;
+    drop((unwatched, renewed));
+    until_watched(&a, 0).await;
+    a.flush().await;
+}
+
+/// A client whose leases on `slow` take `delay` to extend (the others are as fast as memory).
+#[derive(Debug)]
+struct SlowRenewals {
+    inner: MemoryBackend,
+    slow: &'static str,
+    delay: Duration,
+}
+
+#[derive(Debug)]
+struct SlowLease(crate::backend::BoxLease, Duration);
+
+#[crate::backend::async_trait]
+impl crate::backend::Lease for SlowLease {
+    fn fencing_token(&self) -> Option<u64> {
+        self.0.fencing_token()
+    }
+    async fn extend(&self, ttl: Duration) -> Result<Duration> {
+        tokio::time::sleep(self.1).await;
+        self.0.extend(ttl).await
+    }
+    async fn release(&self) -> Result<()> {
+        self.0.release().await
+    }
+}
+
+impl SlowRenewals {
+    fn wrap(&self, req: &AcquireRequest, acquired: Option<Acquired>) -> Option<Acquired> {
+        acquired.map(|a| {
+            if req.name.as_str() == self.slow {
+                Acquired {
+                    lease: Box::new(SlowLease(a.lease, self.delay)),
+                    ..a
+                }
+            } else {
+                a
+            }
+        })
+    }
+}
+
+#[crate::backend::async_trait]
+impl Backend for SlowRenewals {
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
+        let acquired = self.inner.try_acquire(req).await?;
+        Ok(self.wrap(req, acquired))
+    }
+    async fn acquire(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Acquired>> {
+        let acquired = self.inner.acquire(req, deadline).await?;
+        Ok(self.wrap(req, acquired))
+    }
+    fn describe(&self) -> String {
+        "slow renewals".into()
+    }
+}
+
+/// Renewals go out concurrently: one lease whose renewal takes 2.5 s (past its validity: it is
+/// lost at its deadline, not before) holds back none of the others, whose validity never drops
+/// below what a renewal every third of the TTL leaves (a one-at-a-time watchdog would let it
+/// fall to 0.5 s, and lose them).
+#[tokio::test(start_paused = true)]
+async fn a_slow_renewal_does_not_delay_the_others() {
+    let a = Locker::new(SlowRenewals {
+        inner: MemoryBackend::connect("slow_renewal"),
+        slow: "slow",
+        delay: Duration::from_millis(2500),
+    });
+    let opts = LockOptions::new().ttl(3 * SEC);
+    let slow = a.try_lock("slow", &opts).await.unwrap().unwrap();
+    let mut fast = Vec::new();
+    for i in 0..50 {
+        fast.push(a.try_lock(format!("f{i}"), &opts).await.unwrap().unwrap());
+    }
+    let slow_deadline = slow.valid_until();
+    let start = Instant::now();
+    let mut least_left = 3 * SEC;
+    while Instant::now() < start + 8 * SEC {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for g in &fast {
+            least_left = least_left.min(g.valid_until().saturating_duration_since(Instant::now()));
+        }
+        if Instant::now() < slow_deadline {
+            assert_eq!(slow.reported(), None, "the slow lease was given up early");
+        }
+    }
+    assert!(
+        least_left >= Duration::from_millis(1800),
+        "a fast lease was left with {least_left:?} of validity"
+    );
+    assert!(fast.iter().all(LockGuard::is_valid));
+    assert_eq!(slow.reported(), Some(LostReason::ValidityExpired));
+    assert_eq!(slow.lost().lost_at(), Some(slow_deadline));
+}
+
+/// When renewals fail, the watchdog reports every lease lost at its validity deadline: not
+/// before (it is still the holder's) and not after (another holder may be granted it then).
+#[tokio::test(start_paused = true)]
+async fn lost_is_reported_at_the_deadline_when_renewals_fail() {
+    let backend = MemoryBackend::connect("renewals_fail");
+    let a = Locker::new(backend.clone());
+    let opts = LockOptions::new().ttl(3 * SEC);
+    let mut guards = Vec::new();
+    for i in 0..200 {
+        guards.push(a.try_lock(format!("x{i}"), &opts).await.unwrap().unwrap());
+    }
+    // Every reply from now on comes after the validity deadline.
+    backend.set_reply_delay(10 * SEC);
+    let deadline = guards.iter().map(LockGuard::valid_until).max().unwrap();
+    assert!(guards.iter().all(|g| g.valid_until() == deadline));
+    tokio::time::sleep_until(deadline - Duration::from_millis(1)).await;
+    assert!(guards.iter().all(|g| g.reported().is_none()), "early");
+    tokio::time::sleep_until(deadline + Duration::from_millis(1)).await;
+    for g in &guards {
+        assert_eq!(g.reported(), Some(LostReason::ValidityExpired));
+        assert_eq!(g.lost().lost_at(), Some(deadline));
+    }
+    // Every record went with its loss.
+    let until_empty = async {
+        while a.inner.watchdog.watched() != 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::time::timeout(SEC, until_empty)
+        .await
+        .expect("lost leases are still watched");
+}
+
+/// A guard released while its renewal is in flight: the renewal is abandoned with it, so its
+/// late answer (refused: the lock is gone) is no loss.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_in_flight_ends_with_its_guard() {
+    let a = Locker::new(SlowRenewals {
+        inner: MemoryBackend::connect("renewal_in_flight"),
+        slow: "x",
+        delay: Duration::from_millis(500),
+    });
+    let g = a
+        .try_lock("x", &LockOptions::new().ttl(3 * SEC))
+        .await
+        .unwrap()
+        .unwrap();
+    let lost = g.lost();
+    // The first renewal goes out at 1 s and answers at 1.5 s.
+    tokio::time::sleep_until(g.acquired_at() + Duration::from_millis(1200)).await;
+    g.release().await.unwrap();
+    tokio::time::sleep(5 * SEC).await;
+    assert_eq!(lost.reason(), None);
+    assert_eq!(lost.ended().await, crate::Ended::Released);
+    assert_eq!(a.inner.watchdog.watched(), 0);
+}

@@ -1,89 +1,460 @@
-//! The watchdog: renews a lease (when asked) up to the maximum hold time, fires the lost
-//! signal at the validity deadline and releases a lease whose validity ran out.
+//! The watchdog: one task per [`Locker`](super::Locker) (client) that renews its leases (when
+//! asked) up to their maximum hold time, fires a lease's lost signal at its validity deadline
+//! and releases a lease whose validity ran out.
+//!
+//! A task and two timers per lease cost about a kilobyte each before any client library (issue
+//! 24: 100,000 auto-renewed leases on one client took 217 MiB). Here a lease is a compact record
+//! in one map, and one timer heap holds, per lease, the next instant it needs looking at: its
+//! next renewal or its validity deadline, whichever comes first. Renewals that fall due are
+//! issued concurrently (at most [`MAX_IN_FLIGHT`] at once), so one slow renewal does not hold
+//! the others back; each is cut off at its lease's validity deadline, as before.
+//!
+//! What a lease goes through is the same as when it had a task of its own: the first renewal one
+//! renewal interval after the acquisition's send, the next one interval after each success, a
+//! quarter interval after a failure (never past the deadline); the last one asks for what is
+//! left of the maximum hold; a refused renewal or a loss the backend reported ends the watch; the
+//! validity deadline passing fires the lost signal and releases the lease. Releasing, dropping or
+//! abandoning the guard ends its watch at once (a renewal in flight is aborted) and removes its
+//! record.
 
-use std::sync::Arc;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use futures::future::{AbortHandle, Abortable};
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::runtime::Handle;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::backend::Backend;
-use crate::{AutoRenew, ErrorKind, LostSignal};
+use crate::backend::{Backend, Background};
+use crate::{ErrorKind, Result};
 
-use super::inner::LockerInner;
+use super::inner::release_in_background;
 use super::lease::GuardShared;
 
-/// Keeps one lease: renews it (when asked) until the maximum hold time, fires the lost signal
-/// when the validity deadline passes or a renewal is refused, and releases a lease whose validity
-/// ran out (so that session-bound backends honour the TTL too, and the lock frees at the maximum
-/// hold time whatever the TTL).
-pub(super) async fn watchdog(
+/// Renewals in flight at once per client. Beyond it, due renewals wait their turn in order
+/// (their validity deadlines still watched): it bounds the memory and the burst a client puts
+/// on its server when many leases fall due together, while leaving room for far more renewals
+/// per round trip than a client issues (100,000 leases with a 30 s TTL are 10,000 renewals a
+/// second: at this cap a round trip may take 400 ms before they fall behind).
+pub(super) const MAX_IN_FLIGHT: usize = 4096;
+
+/// A client's watchdog: started with its first watched lease, ended when the client and every
+/// guard of it are gone.
+#[derive(Default)]
+pub(super) struct Watchdog {
+    tx: OnceLock<mpsc::UnboundedSender<Command>>,
+    next_id: AtomicU64,
+    /// Leases watched now (records in the task's map), for the tests.
+    watched: Arc<AtomicUsize>,
+}
+
+impl Watchdog {
+    /// A new watch for a lease, before its record is handed over with [`WatchRef::start`]:
+    /// starts the task if this is the client's first.
+    pub(super) fn reserve(
+        &self,
+        runtime: &Handle,
+        backend: &Arc<dyn Backend>,
+        background: &Background,
+    ) -> WatchRef {
+        let tx = self.tx.get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            runtime.spawn(run(
+                backend.clone(),
+                background.clone(),
+                self.watched.clone(),
+                rx,
+            ));
+            tx
+        });
+        WatchRef {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            tx: tx.clone(),
+        }
+    }
+
+    /// How many leases are watched now.
+    #[cfg(test)]
+    pub(super) fn watched(&self) -> usize {
+        self.watched.load(Ordering::Acquire)
+    }
+}
+
+/// A guard's handle on its watch (kept in its [`GuardShared`]).
+pub(super) struct WatchRef {
+    id: u64,
+    tx: mpsc::UnboundedSender<Command>,
+}
+
+impl WatchRef {
+    /// Hands the lease over: watched from now on, renewed every `interval` (first at
+    /// `first_renewal`) when given.
+    pub(super) fn start(
+        &self,
+        shared: Arc<GuardShared>,
+        ttl: Duration,
+        interval: Option<Duration>,
+        first_renewal: Option<Instant>,
+    ) {
+        // A send fails only once the runtime is gone, with the task: nothing left to watch.
+        let _ = self.tx.send(Command::Watch(
+            self.id,
+            Entry {
+                shared,
+                ttl,
+                interval,
+                next_renew: first_renewal,
+                seq: 0,
+                state: State::Idle,
+            },
+        ));
+    }
+
+    /// The validity deadline moved other than by the watchdog's own renewal (a holder's extend,
+    /// which may shorten it): look at the lease again.
+    pub(super) fn rearm(&self) {
+        let _ = self.tx.send(Command::Rearm(self.id));
+    }
+
+    /// Ends the watch: the record goes. (Never blocks: a drop calls it.)
+    fn forget(&self) {
+        let _ = self.tx.send(Command::Forget(self.id));
+    }
+}
+
+/// Whether a renewal of the lease is in flight, so that the guard's end can abort it at once
+/// (the task would otherwise act on its reply after the release).
+#[derive(Default)]
+pub(super) enum RenewSlot {
+    #[default]
+    Idle,
+    Renewing(AbortHandle),
+    /// The guard ended its watch: no renewal starts any more.
+    Stopped,
+}
+
+impl GuardShared {
+    /// Ends this lease's watch, if it has one: aborts a renewal in flight and removes its
+    /// record. Idempotent.
+    pub(super) fn stop_watch(&self) {
+        let Some(watch) = &self.watch else { return };
+        let mut slot = self.renewal.lock().unwrap_or_else(|e| e.into_inner());
+        match std::mem::replace(&mut *slot, RenewSlot::Stopped) {
+            RenewSlot::Stopped => return,
+            RenewSlot::Renewing(abort) => abort.abort(),
+            RenewSlot::Idle => {}
+        }
+        drop(slot);
+        watch.forget();
+    }
+}
+
+enum Command {
+    Watch(u64, Entry),
+    Rearm(u64),
+    Forget(u64),
+}
+
+/// One watched lease: about 70 bytes in the map, plus its item in the timer heap.
+struct Entry {
     shared: Arc<GuardShared>,
-    locker: Arc<LockerInner>,
-    signal: LostSignal,
     ttl: Duration,
-    acquired_at: Instant,
-    renew: Option<AutoRenew>,
+    /// `None`: not renewed (watched for the deadline only).
+    interval: Option<Duration>,
+    next_renew: Option<Instant>,
+    /// Bumped whenever the lease is scheduled anew: heap items with another are stale.
+    seq: u32,
+    state: State,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum State {
+    Idle,
+    /// Due, waiting for a free renewal slot (its deadline still in the heap).
+    Queued,
+    /// A renewal in flight (nothing in the heap: the renewal is cut off at the deadline).
+    Renewing,
+}
+
+/// How a renewal ended.
+enum Renewed {
+    Ok {
+        asked: Duration,
+    },
+    Refused,
+    Failed {
+        error: crate::Error,
+        valid_until: Instant,
+    },
+    /// The validity deadline passed first.
+    TimedOut,
+    /// The guard ended meanwhile.
+    Aborted,
+}
+
+type RenewalFuture = Pin<Box<dyn Future<Output = (u64, Renewed)> + Send>>;
+
+struct Scheduler {
+    backend: Arc<dyn Backend>,
+    background: Background,
+    entries: HashMap<u64, Entry>,
+    /// (when, lease id, its seq then), earliest first.
+    heap: BinaryHeap<Reverse<(Instant, u64, u32)>>,
+    /// Due leases waiting for a free renewal slot, in the order they fell due.
+    queued: VecDeque<u64>,
+    renewing: FuturesUnordered<RenewalFuture>,
+    watched: Arc<AtomicUsize>,
+}
+
+async fn run(
+    backend: Arc<dyn Backend>,
+    background: Background,
+    watched: Arc<AtomicUsize>,
+    mut rx: mpsc::UnboundedReceiver<Command>,
 ) {
-    let caps = locker.backend.capabilities();
-    let interval = renew.as_ref().map(|r| ttl.mul_f64(r.fraction()));
-    let mut next_renew = interval.map(|i| acquired_at + i);
+    let mut s = Scheduler {
+        backend,
+        background,
+        entries: HashMap::new(),
+        heap: BinaryHeap::new(),
+        queued: VecDeque::new(),
+        renewing: FuturesUnordered::new(),
+        watched,
+    };
+    // One timer for the whole client, moved to the earliest item of the heap.
+    let sleep = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(sleep);
+    let mut armed: Option<Instant> = None;
     loop {
-        let moved = shared.validity.moved.notified();
-        let valid_until = shared.valid_until();
+        // Commands first (cheap, and a forgotten lease must not be renewed), then whatever is
+        // due, then queued renewals into freed slots.
+        while let Ok(cmd) = rx.try_recv() {
+            s.command(cmd);
+        }
+        s.fire_due();
+        s.start_queued();
+        s.watched.store(s.entries.len(), Ordering::Release);
+        let wake = s.heap.peek().map(|Reverse((at, _, _))| *at);
+        if let Some(at) = wake
+            && armed != Some(at)
+        {
+            sleep.as_mut().reset(at);
+            armed = Some(at);
+        }
         tokio::select! {
-            // An extend moved the deadline (maybe earlier): re-arm.
-            _ = moved => continue,
-            _ = tokio::time::sleep_until(valid_until) => {
-                // A manual extend may have moved the deadline while we slept.
-                if shared.valid_until() > Instant::now() {
-                    continue;
-                }
-                shared.notifier.fire(shared.validity.expiry_reason());
-                if shared.begin_release() {
-                    locker.release_in_background(shared.clone());
-                }
-                return;
+            cmd = rx.recv() => match cmd {
+                Some(cmd) => s.command(cmd),
+                // Every client handle and guard is gone: nothing is left to watch.
+                None => return,
+            },
+            Some((id, renewed)) = s.renewing.next(), if !s.renewing.is_empty() => {
+                s.renewed(id, renewed);
             }
-            _ = signal.reported() => return,
-            _ = sleep_until_opt(next_renew) => {
-                let (Some(hold_deadline), Some(interval)) = (shared.hold_deadline, interval) else {
-                    return;
-                };
-                let remaining_hold = hold_deadline.saturating_duration_since(Instant::now());
-                // The last renewal asks the server for what is left of the hold, so that the
-                // lock frees there even if the release at the deadline is lost.
-                let new_ttl = ttl.min(remaining_hold);
-                if new_ttl < caps.min_ttl.max(Duration::from_millis(1)) {
-                    shared.validity.renewal_ended_by_hold();
-                    next_renew = None;
-                    continue;
-                }
-                match tokio::time::timeout_at(valid_until, shared.extend(new_ttl, caps, true)).await {
-                    Ok(Ok(_granted)) => {
-                        next_renew = (new_ttl == ttl).then(|| Instant::now() + interval);
-                        if next_renew.is_none() {
-                            // The last renewal: the lease ends where the hold does.
-                            shared.validity.renewal_ended_by_hold();
-                        }
-                    }
-                    Ok(Err(e)) if e.kind() == ErrorKind::NotHeld => return,
-                    Ok(Err(e)) => {
-                        tracing::warn!(error = %format!("{e:#}"), "lease renewal failed; retrying before the validity deadline");
-                        next_renew = Some((Instant::now() + interval / 4).min(valid_until));
-                    }
-                    Err(_elapsed) => {
-                        // Loop again: the validity branch fires the signal and releases.
-                        next_renew = None;
-                    }
-                }
-            }
+            () = &mut sleep, if wake.is_some() => armed = None,
         }
     }
 }
 
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
+impl Scheduler {
+    fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Watch(id, entry) => {
+                self.entries.insert(id, entry);
+                self.look_at(id, Instant::now());
+            }
+            Command::Rearm(id) => {
+                if self
+                    .entries
+                    .get(&id)
+                    .is_some_and(|e| e.state != State::Renewing)
+                {
+                    self.look_at(id, Instant::now());
+                }
+            }
+            Command::Forget(id) => {
+                self.entries.remove(&id);
+            }
+        }
+    }
+
+    /// Puts `id` in the heap at `at`, making its earlier items stale.
+    fn schedule(&mut self, id: u64, at: Instant) {
+        if let Some(e) = self.entries.get_mut(&id) {
+            e.seq = e.seq.wrapping_add(1);
+            self.heap.push(Reverse((at, id, e.seq)));
+        }
+    }
+
+    fn fire_due(&mut self) {
+        let now = Instant::now();
+        while let Some(Reverse((at, id, seq))) = self.heap.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.heap.pop();
+            if self.entries.get(&id).is_some_and(|e| e.seq == seq) {
+                self.look_at(id, now);
+            }
+        }
+    }
+
+    /// What the lease's own task did when it woke: end the watch on a reported loss, fire the
+    /// signal and release at a passed deadline, renew when due, else sleep until the next of
+    /// the two.
+    fn look_at(&mut self, id: u64, now: Instant) {
+        let Some(e) = self.entries.get(&id) else {
+            return;
+        };
+        if e.shared.notifier.is_fired() {
+            // Lost (reported by the backend, or a refused renewal): nothing left to do.
+            self.entries.remove(&id);
+            return;
+        }
+        let valid_until = e.shared.valid_until();
+        if now >= valid_until {
+            let shared = e.shared.clone();
+            self.entries.remove(&id);
+            shared.notifier.fire(shared.validity.expiry_reason());
+            if shared.begin_release() {
+                release_in_background(&self.background, shared);
+            }
+            return;
+        }
+        match (e.state, e.next_renew) {
+            (State::Renewing, _) => {}
+            (State::Queued, _) => self.schedule(id, valid_until),
+            (State::Idle, Some(at)) if at <= now => {
+                if self.renewing.len() < MAX_IN_FLIGHT {
+                    self.start_renewal(id, now);
+                } else {
+                    self.set_state(id, State::Queued);
+                    self.queued.push_back(id);
+                    self.schedule(id, valid_until);
+                }
+            }
+            (State::Idle, next) => {
+                self.schedule(id, next.map_or(valid_until, |r| r.min(valid_until)));
+            }
+        }
+    }
+
+    fn set_state(&mut self, id: u64, state: State) {
+        if let Some(e) = self.entries.get_mut(&id) {
+            e.state = state;
+        }
+    }
+
+    fn start_queued(&mut self) {
+        while self.renewing.len() < MAX_IN_FLIGHT
+            && let Some(id) = self.queued.pop_front()
+        {
+            if self
+                .entries
+                .get(&id)
+                .is_some_and(|e| e.state == State::Queued)
+            {
+                self.set_state(id, State::Idle);
+                self.look_at(id, Instant::now());
+            }
+        }
+    }
+
+    /// The lease's next renewal, due now (or the end of its renewals at the maximum hold).
+    fn start_renewal(&mut self, id: u64, now: Instant) {
+        let min_ttl = self.backend.capabilities().min_ttl;
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        let valid_until = e.shared.valid_until();
+        let Some(hold_deadline) = e.shared.hold_deadline.filter(|_| e.interval.is_some()) else {
+            e.next_renew = None;
+            self.schedule(id, valid_until);
+            return;
+        };
+        // The last renewal asks the server for what is left of the hold, so that the lock frees
+        // there even if the release at the deadline is lost.
+        let asked = e.ttl.min(hold_deadline.saturating_duration_since(now));
+        if asked < min_ttl.max(Duration::from_millis(1)) {
+            e.shared.validity.renewal_ended_by_hold();
+            e.next_renew = None;
+            self.schedule(id, valid_until);
+            return;
+        }
+        let (abort, registration) = AbortHandle::new_pair();
+        {
+            let mut slot = e.shared.renewal.lock().unwrap_or_else(|e| e.into_inner());
+            if matches!(*slot, RenewSlot::Stopped) {
+                drop(slot);
+                self.entries.remove(&id);
+                return;
+            }
+            *slot = RenewSlot::Renewing(abort);
+        }
+        e.state = State::Renewing;
+        // Its heap items are stale from now: the renewal itself is cut off at the deadline.
+        e.seq = e.seq.wrapping_add(1);
+        let (shared, backend) = (e.shared.clone(), self.backend.clone());
+        self.renewing.push(Box::pin(async move {
+            let caps = backend.capabilities();
+            let extend = tokio::time::timeout_at(valid_until, shared.extend(asked, caps, true));
+            let renewed = match Abortable::new(extend, registration).await {
+                Err(_aborted) => Renewed::Aborted,
+                Ok(Err(_elapsed)) => Renewed::TimedOut,
+                Ok(Ok(result)) => classify(result, asked, valid_until),
+            };
+            (id, renewed)
+        }));
+    }
+
+    fn renewed(&mut self, id: u64, renewed: Renewed) {
+        let now = Instant::now();
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        {
+            let mut slot = e.shared.renewal.lock().unwrap_or_else(|e| e.into_inner());
+            if matches!(*slot, RenewSlot::Stopped) {
+                drop(slot);
+                self.entries.remove(&id);
+                return;
+            }
+            *slot = RenewSlot::Idle;
+        }
+        e.state = State::Idle;
+        match renewed {
+            Renewed::Ok { asked } => {
+                e.next_renew = e.interval.filter(|_| asked == e.ttl).map(|i| now + i);
+                if e.next_renew.is_none() {
+                    // The last renewal: the lease ends where the hold does.
+                    e.shared.validity.renewal_ended_by_hold();
+                }
+            }
+            Renewed::Refused | Renewed::Aborted => {
+                self.entries.remove(&id);
+                return;
+            }
+            Renewed::Failed { error, valid_until } => {
+                tracing::warn!(error = %format!("{error:#}"), "lease renewal failed; retrying before the validity deadline");
+                let quarter = e.interval.map_or(Duration::ZERO, |i| i / 4);
+                e.next_renew = Some((now + quarter).min(valid_until));
+            }
+            // The deadline check below fires the signal and releases.
+            Renewed::TimedOut => e.next_renew = None,
+        }
+        self.look_at(id, now);
+    }
+}
+
+fn classify(result: Result<Duration>, asked: Duration, valid_until: Instant) -> Renewed {
+    match result {
+        Ok(_granted) => Renewed::Ok { asked },
+        Err(e) if e.kind() == ErrorKind::NotHeld => Renewed::Refused,
+        Err(error) => Renewed::Failed { error, valid_until },
     }
 }
