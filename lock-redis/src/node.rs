@@ -22,7 +22,7 @@ pub use crate::conn::Conn;
 use crate::conn::{Factory, PubSubOpener};
 pub use crate::error::map_err;
 pub use crate::subs::RELEASED;
-pub use crate::subs::{Channel, ExpiryWatch, Subscriptions, Waiting};
+pub use crate::subs::{Channel, ExpiryWatch, QueuedWake, Subscriptions, Waiting};
 
 /// Takes the lock for token `ARGV[1]` with TTL `ARGV[2]` ms, atomically. Returns `{1, fence}`
 /// (`{1, 0}` without a counter key `KEYS[3]`) or `{0, pttl of the holder}`.
@@ -116,20 +116,27 @@ return r
 
 /// Delete whoever holds it (an administrator's override), and tell the waiters (`ARGV[2]`:
 /// `PUBLISH`, or `SPUBLISH` on a cluster). `KEYS[3..]`, where given: the name's shares and its
-/// other keys (see [`shares`](crate::shares)), deleted too; held if either was.
-const REVOKE_LUA: &str = r"
+/// other keys (see [`shares`](crate::shares)), deleted too; held if either was. `KEYS[6..7]`,
+/// where given: the waiters' queue (see [`queue`](crate::queue)), whose head is told.
+const REVOKE_LUA: &str = concat!(
+    r"
 redis.call('DEL', KEYS[2])
 local shared = 0
 if KEYS[3] then
   shared = redis.call('DEL', KEYS[3])
   redis.call('DEL', KEYS[4], KEYS[5])
 end
-if redis.call('DEL', KEYS[1]) + shared > 0 then
+if redis.call('DEL', KEYS[1]) + shared == 0 then return 0 end
+if not KEYS[6] then
   redis.call(ARGV[2], ARGV[1], 'revoked')
   return 1
 end
-return 0
-";
+",
+    crate::queue::announce_lua!("KEYS[6]", "KEYS[7]", "ARGV[2]", "ARGV[1]", "'revoked'"),
+    r"
+return 1
+"
+);
 
 struct Scripts {
     acquire: Script,
@@ -244,6 +251,10 @@ pub struct AcquireWith {
     /// Respect shared holders (see [`shares`](crate::shares)), marking this writer as waiting
     /// for this long (zero: no mark).
     pub beside_shares: Option<Duration>,
+    /// Respect the name's queue of exclusive waiters (only with `beside_shares`): a free lock
+    /// goes to the queue's head only (or to anyone while it is empty), and a loser joins it
+    /// with an entry of this TTL (zero: a `try_lock`, which does not join).
+    pub queue: Option<Duration>,
 }
 
 /// As [`acquire`]; with `replicas`, `WAIT` is pipelined behind the script (still one round
@@ -266,11 +277,27 @@ pub async fn acquire_replicated(
     ttl: Duration,
     with: AcquireWith,
 ) -> Result<(NodeAttempt, Option<i64>)> {
+    let (attempt, acked, _) = acquire_queued(conn, keys, token, holder, ttl, with).await?;
+    Ok((attempt, acked))
+}
+
+/// [`acquire_replicated`], also returning the position in the waiters' queue after the
+/// attempt (0: the head; `None`: not queued), with [`AcquireWith::queue`].
+pub(crate) async fn acquire_queued(
+    conn: &mut Conn,
+    keys: &Keys,
+    token: &str,
+    holder: &str,
+    ttl: Duration,
+    with: AcquireWith,
+) -> Result<(NodeAttempt, Option<i64>, Option<u64>)> {
     let AcquireWith {
         fencing,
         replicas,
         beside_shares,
+        queue,
     } = with;
+    let queue = queue.filter(|_| beside_shares.is_some());
     let share_keys = beside_shares.map(|_| crate::shares::ShareKeys::of(keys));
     let mut key_list = vec![keys.lock.as_str(), keys.holder.as_str()];
     let fencing = fencing || beside_shares.is_some();
@@ -281,17 +308,33 @@ pub async fn acquire_replicated(
     }
     let ttl = ttl_ms(ttl).to_string();
     let slack = beside_shares.map(|d| d.as_millis().to_string());
+    let entry = queue.map(|d| d.as_millis().to_string());
     let mut args = vec![token, ttl.as_str(), holder];
-    let script = match &slack {
-        Some(slack) => {
+    let script = match (&slack, &entry) {
+        (Some(slack), Some(entry)) => {
+            args.push(slack);
+            args.push(entry);
+            crate::queue::acquire_script()
+        }
+        (Some(slack), None) => {
             args.push(slack);
             &scripts().acquire_beside_shares
         }
-        None => &scripts().acquire,
+        _ => &scripts().acquire,
     };
-    let ((won, value), acked): ((i64, i64), _) = eval(conn, script, &key_list, &args, replicas)
+    let (reply, acked): (Vec<i64>, _) = eval(conn, script, &key_list, &args, replicas)
         .await
         .map_err(|e| map_err("acquire script failed", e))?;
+    let (won, value) = match reply[..] {
+        [won, value, ..] => (won, value),
+        _ => {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                "the acquire script's reply is malformed",
+            ));
+        }
+    };
+    let position = reply.get(2).and_then(|p| u64::try_from(*p).ok());
     if won == -1 {
         return Err(Error::conflict(
             "the lock is held as a semaphore, and this acquisition asks for it exclusively",
@@ -299,18 +342,20 @@ pub async fn acquire_replicated(
     }
     if won == 1 {
         if !fencing {
-            return Ok((NodeAttempt::Won { fence: None }, acked));
+            return Ok((NodeAttempt::Won { fence: None }, acked, None));
         }
         let fence = u64::try_from(value)
             .map_err(|_| Error::new(lockcore::ErrorKind::Backend, "negative fencing counter"))?;
-        return Ok((NodeAttempt::Won { fence: Some(fence) }, acked));
+        return Ok((NodeAttempt::Won { fence: Some(fence) }, acked, None));
     }
-    // PTTL: -1 (no expiry, not ours) or -2 (gone) give no useful wake-up time.
+    // PTTL: -1 (no expiry, not ours), -2 (gone) or -3 (free, another waiter's turn) give no
+    // useful wake-up time.
     Ok((
         NodeAttempt::Held {
             pttl: u64::try_from(value).ok().map(Duration::from_millis),
         },
         acked,
+        position,
     ))
 }
 
@@ -500,7 +545,15 @@ pub(crate) async fn revoke_with_shares(conn: &mut Conn, keys: &Keys) -> Result<b
     revoke_keys(
         conn,
         keys,
-        &[&keys.lock, &keys.holder, &sk.shares, &sk.info, &sk.writer],
+        &[
+            &keys.lock,
+            &keys.holder,
+            &sk.shares,
+            &sk.info,
+            &sk.writer,
+            &sk.queue,
+            &sk.queue_exp,
+        ],
     )
     .await
 }

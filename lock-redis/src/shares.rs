@@ -13,6 +13,9 @@
 //!   writer's next attempt, which refreshes it). Shared requests that come while it exists
 //!   wait, so a stream of readers cannot starve a writer; a writer that gives up stops
 //!   holding them back within that PX.
+//! * `…:queue`, `…:queuexp`: the exclusive waiters' queue (see [`queue`](crate::queue)),
+//!   passed to every share script so that a share release wakes the queue's head (a writer
+//!   waiting behind the readers), not a waiter that is not next.
 //!
 //! Every script reads the server clock once, drops the expired shares first, and publishes on
 //! the lock's release channel when a share is released, as the exclusive release does.
@@ -140,7 +143,9 @@ const RELEASE_SHARE_LUA: &str = concat!(
 if redis.call('ZREM', KEYS[4], ARGV[1]) == 0 then return 0 end
 redis.call('HDEL', KEYS[5], ARGV[1])
 if redis.call('ZCARD', KEYS[4]) == 0 then redis.call('DEL', KEYS[4], KEYS[5]) end
-redis.call(ARGV[3], ARGV[2], 'released')
+",
+    crate::queue::announce_lua!("KEYS[7]", "KEYS[8]", "ARGV[3]", "ARGV[2]", "'released'"),
+    r"
 return 1
 "
 );
@@ -182,6 +187,10 @@ pub(crate) struct ShareKeys {
     pub(crate) shares: String,
     pub(crate) info: String,
     pub(crate) writer: String,
+    /// The exclusive waiters' queue: owner token → arrival (server µs).
+    pub(crate) queue: String,
+    /// The same waiters: owner token → when the entry expires (server ms).
+    pub(crate) queue_exp: String,
 }
 
 impl ShareKeys {
@@ -191,11 +200,14 @@ impl ShareKeys {
             shares: format!("{base}:shares"),
             info: format!("{base}:shareinfo"),
             writer: format!("{base}:writer"),
+            queue: format!("{base}:queue"),
+            queue_exp: format!("{base}:queuexp"),
         }
     }
 
-    /// The six keys of the share scripts and of the exclusive script behind the writer check.
-    pub(crate) fn with<'a>(&'a self, keys: &'a Keys) -> [&'a str; 6] {
+    /// The eight keys of the share scripts and of the exclusive script behind the writer check
+    /// (the queue's two last).
+    pub(crate) fn with<'a>(&'a self, keys: &'a Keys) -> [&'a str; 8] {
         [
             &keys.lock,
             &keys.holder,
@@ -203,6 +215,8 @@ impl ShareKeys {
             &self.shares,
             &self.info,
             &self.writer,
+            &self.queue,
+            &self.queue_exp,
         ]
     }
 }
@@ -403,7 +417,7 @@ mod tests {
         let keys = Keys::new("ns", &lockcore::LockName::new("a/b").unwrap());
         let s = ShareKeys::of(&keys);
         let tag = format!("{{{}}}", keys.tag);
-        for k in [&s.shares, &s.info, &s.writer] {
+        for k in [&s.shares, &s.info, &s.writer, &s.queue, &s.queue_exp] {
             assert!(k.contains(&tag), "{k}");
         }
     }
