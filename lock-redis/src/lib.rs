@@ -24,14 +24,23 @@
 //!   `"<owner token> <metadata>"`, set by the acquire script beside the lock key with the same
 //!   TTL; extend, release and revoke treat the two together. [`Locker::inspect`](lockcore::Locker::inspect)
 //!   reads the owner, its `PTTL`, the metadata and the fencing counter in one read-only script
-//!   ([`inspect`]); Redis keeps no queue, so waiters are not reported.
+//!   ([`inspect`]); the queued waiters are counted by [`Backend::queued_waiters`].
+//! * **Queue** (exclusive waiters, not under `interop=`): `<namespace>:{<escaped name>}:queue`
+//!   and `:queuexp`, two sorted sets of owner tokens (arrival order; expiry of the entry on the
+//!   server's `TIME`, a little past the waiter's next attempt). The acquire script gives a free
+//!   lock only to the queue's live head (anyone while it is empty: a `try_lock` is refused
+//!   while waiters queue), and a waiting `lock()` that loses joins or refreshes its entry in
+//!   the same script. A release publishes `q:<head token>`: only the head acts, so a hand-over
+//!   costs the release and one attempt however many clients wait (see `queue` in the source).
 //! * **Waiting** (`lock()`): one attempt; if held, subscribe to the lock's channel, attempt again
 //!   (so a release between the first attempt and the subscription is not missed), then sleep
-//!   until a release message, the holder's `PTTL` (expiry publishes nothing), the safety-net
-//!   poll (`poll_ms`, jittered) or the deadline, whichever comes first; only one waiter per
-//!   client and name sleeps until the `PTTL` (no herd at expiry). Each client has one
-//!   RESP3 pub/sub connection (opened on the first wait, resubscribing after reconnects) shared by
-//!   all its waiters; waiters of one name share one subscription and are woken one at a time.
+//!   until a release message naming this waiter as the queue's head (shares: any release
+//!   message), the holder's `PTTL` (expiry publishes nothing; only the queue's head, or for
+//!   shares one waiter per client and name, sleeps until it: no herd at expiry), the
+//!   safety-net poll (`poll_ms`, jittered; it also keeps the queue entry alive) or the
+//!   deadline, whichever comes first. Each client has one RESP3 pub/sub connection (opened on
+//!   the first wait, resubscribing after reconnects) shared by all its waiters; waiters of one
+//!   name share one subscription.
 //!
 //! # URL
 //!
@@ -418,8 +427,9 @@ impl RedisBackend {
             let sent_at = Instant::now();
             let token = req.token.to_hex();
             let holder = req.holder.encode();
+            let entry = self.queue_entry(waits);
             shares::acquire(
-                &mut conn, keys, &token, &holder, req.ttl, req.mode, replicas,
+                &mut conn, keys, &token, &holder, req.ttl, req.mode, replicas, entry,
             )
             .await
             .map(|attempt| match attempt {
@@ -533,7 +543,8 @@ impl RedisBackend {
     }
 
     /// Whether `req` waits in the name's server-side queue: exclusive requests on locksmith's
-    /// own layout (a peer's layout under `interop=` has no queue; shares do not queue).
+    /// own layout (a peer's layout under `interop=` has no queue; shares are counted as queued
+    /// waiters but take no place in the order).
     fn queues(&self, req: &AcquireRequest) -> bool {
         self.inner.interop.is_none() && req.mode == LockMode::Exclusive
     }
@@ -638,9 +649,9 @@ impl Backend for RedisBackend {
         let keys = self.keys(&req.name);
         let queued = self.queues(req);
         let token = req.token.to_hex();
-        // Armed before the first attempt, which may queue this waiter; disarmed when it wins
-        // (the winning script took it out of the queue).
-        let in_queue = queued.then(|| {
+        // Armed before the first attempt, which may queue this waiter (or count a waiting
+        // share); disarmed when it wins (the winning script took it out of the queue).
+        let in_queue = self.inner.interop.is_none().then(|| {
             let leave = queue::Leave {
                 conn: self.attempt_conn(),
                 keys: keys.clone(),
@@ -757,7 +768,7 @@ impl Backend for RedisBackend {
     }
 
     /// One read-only script: the owner, its PTTL, the metadata beside it, the fencing counter.
-    /// Redis keeps no queue: the waiters are unknown.
+    /// The queue is read by [`Backend::queued_waiters`], not here.
     ///
     /// Cancel safe.
     async fn inspect(&self, name: &LockName) -> Result<LockInfo> {

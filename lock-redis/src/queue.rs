@@ -26,7 +26,9 @@
 //!
 //! Shared holders and permits do not queue: readers are kept from starving a writer by the
 //! writer mark of [`shares`](crate::shares), and may get in ahead of queued writers while the
-//! lock is free of writers (FIFO holds among exclusive waiters).
+//! lock is free of writers (FIFO holds among exclusive waiters). A waiting share request is
+//! only counted: it keeps an entry in `…:queuexp` (none in `…:queue`), so that
+//! [`Backend::queued_waiters`](lockcore::backend::Backend::queued_waiters) sees every waiter.
 
 use std::time::Duration;
 
@@ -169,13 +171,13 @@ return 1
 
 /// A waiter leaves the queue (KEYS: lock, queue, queue expiries, shares; ARGV: token, channel,
 /// `PUBLISH` or `SPUBLISH`). When it was the head of a lock nobody holds, the next head is
-/// told (a release may have named the leaver). Returns whether it was queued.
+/// told (a release may have named the leaver). Returns whether it was queued (or counted).
 const LEAVE_LUA: &str = concat!(
     r"
+local counted = redis.call('ZREM', KEYS[3], ARGV[1])
 local rank = redis.call('ZRANK', KEYS[2], ARGV[1])
-if not rank then return 0 end
+if not rank then return counted end
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
 if rank == 0 and redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[4]) == 0 then
 ",
     prune_queue_lua!("KEYS[2]", "KEYS[3]"),
@@ -282,8 +284,8 @@ pub(crate) async fn count(conn: &mut Conn, keys: &Keys) -> Result<usize> {
     Ok(usize::try_from(n).unwrap_or(0))
 }
 
-/// A queued waiter's way out when its `lock()` ends without the lock (dropped, timed out,
-/// failed): armed in a [`CleanUpIfCancelled`](lockcore::backend::CleanUpIfCancelled) before
+/// A waiter's way out of the queue (or its count) when its `lock()` ends without the lock
+/// (dropped, timed out, failed): armed in a [`CleanUpIfCancelled`](lockcore::backend::CleanUpIfCancelled) before
 /// its first attempt, disarmed when it wins (the winning script took it out of the queue).
 /// Sent on the connection its attempts use, so it reaches the server after an attempt still
 /// in flight at the drop (which may have queued it again).

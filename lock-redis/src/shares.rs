@@ -77,8 +77,11 @@ pub(crate) use drop_expired_lua;
 pub(crate) use writer_check_lua;
 
 /// Takes a share for token `ARGV[1]`, TTL `ARGV[2]` ms, metadata `ARGV[3]`, mode `ARGV[4]`
-/// (`shared` or `permit:<limit>`), limit `ARGV[5]` (0 for shared). KEYS: lock, holder (unused
-/// here, kept for one layout), fence, shares, share info, waiting writer. Returns
+/// (`shared` or `permit:<limit>`), limit `ARGV[5]` (0 for shared), `ARGV[6]` the TTL ms of a
+/// waiter's entry (0: a `try_lock`). KEYS: lock, holder (unused here, kept for one layout),
+/// fence, shares, share info, waiting writer, queue, queue expiries. A waiting request that
+/// does not win records itself in the queue's expiries only (counted as a queued waiter, see
+/// [`queue`](crate::queue), without a place in the exclusive waiters' order). Returns
 /// `{1, fence}`, `{0, ms until a place may free}` or `{-1, 0}` (the name is used in another
 /// way: another mode or limit, or as a mutex by a semaphore request). Idempotent for one
 /// token: a re-sent script whose first copy ran resets the share's TTL and reports its fence.
@@ -86,6 +89,16 @@ const ACQUIRE_SHARE_LUA: &str = concat!(
     drop_expired_lua!(),
     r"
 local ttl = tonumber(ARGV[2])
+local function waits(left)
+  local qttl = tonumber(ARGV[6])
+  if qttl > 0 then
+    redis.call('ZADD', KEYS[8], now + qttl, ARGV[1])
+    local last = redis.call('ZRANGE', KEYS[8], -1, -1, 'WITHSCORES')
+    redis.call('PEXPIREAT', KEYS[8], last[2])
+  end
+  return {0, left}
+end
+redis.call('ZREM', KEYS[8], ARGV[1])
 local function keep_until_last()
   local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
   redis.call('PEXPIREAT', KEYS[4], last[2])
@@ -104,13 +117,13 @@ if limit > 0 then
   if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, 0} end
   if n >= limit then
     local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-    return {0, tonumber(first[2]) - now}
+    return waits(tonumber(first[2]) - now)
   end
 else
   local w = redis.call('PTTL', KEYS[1])
-  if w ~= -2 then return {0, w} end
+  if w ~= -2 then return waits(w) end
   w = redis.call('PTTL', KEYS[6])
-  if w ~= -2 then return {0, w} end
+  if w ~= -2 then return waits(w) end
 end
 local fence = math.max(tonumber(redis.call('GET', KEYS[3]) or '0') + 1, now_us)
 redis.call('SET', KEYS[3], string.format('%d', fence))
@@ -257,7 +270,8 @@ fn under_replicated(what: &str, acked: Option<i64>, r: &Replicas) -> Error {
 
 /// One share attempt (one script, one round trip; with `replicas`, `WAIT` pipelined behind
 /// it, on a connection of its own: a share that too few replicas acknowledged is released
-/// and reported `Unavailable`, as an exclusive acquisition is).
+/// and reported `Unavailable`, as an exclusive acquisition is). With a non-zero `entry`, a
+/// waiting request that loses is counted among the queued waiters for that long.
 ///
 /// Cancel safety: a dropped call may have taken the share; it then frees after `ttl`.
 pub(crate) async fn acquire(
@@ -268,16 +282,18 @@ pub(crate) async fn acquire(
     ttl: Duration,
     mode: LockMode,
     replicas: Option<Replicas>,
+    entry: Duration,
 ) -> Result<ShareAttempt> {
     let share_keys = ShareKeys::of(keys);
     let (mode_str, limit) = mode_field(mode);
     let ttl = ttl_ms(ttl).to_string();
     let limit = limit.to_string();
+    let entry = entry.as_millis().to_string();
     let ((won, value), acked): ((i64, i64), _) = eval(
         conn,
         &scripts().acquire,
         &share_keys.with(keys),
-        &[token, &ttl, holder, &mode_str, &limit],
+        &[token, &ttl, holder, &mode_str, &limit, &entry],
         replicas,
     )
     .await
