@@ -42,13 +42,14 @@ use crate::shares::ShareKeys;
 /// What a message naming the queue's head starts with (`q:<owner token>`).
 pub const HEAD_PREFIX: &str = "q:";
 
-/// Drops the expired entries of the queue `$q` / `$qexp` (by the server's clock, `qnow`, ms).
+/// Drops the expired entries of the queue `$q` / `$qexp` (by the server's clock, `qnow`, ms;
+/// `qt` and `qnow` must be declared `local` before).
 macro_rules! prune_queue_lua {
     ($q:literal, $qexp:literal) => {
         concat!(
             r"
-local qt = redis.call('TIME')
-local qnow = tonumber(qt[1]) * 1000 + math.floor(tonumber(qt[2]) / 1000)
+qt = redis.call('TIME')
+qnow = tonumber(qt[1]) * 1000 + math.floor(tonumber(qt[2]) / 1000)
 local stale = redis.call('ZRANGEBYSCORE', ",
             $qexp,
             r", '-inf', qnow)
@@ -68,14 +69,22 @@ pub(crate) use prune_queue_lua;
 
 /// Tells the waiters that the lock may be free: `q:<head>` when the queue `$q` has a live head
 /// (only that waiter acts), else `$plain`; `$cmd` (`PUBLISH` or `SPUBLISH`) on channel `$chan`.
+/// Without waiters (no `$qexp` key) it costs one `EXISTS` more than a plain publish.
 macro_rules! announce_lua {
     ($q:literal, $qexp:literal, $cmd:literal, $chan:literal, $plain:literal) => {
         concat!(
+            r"
+local head, qt, qnow = nil, nil, nil
+if redis.call('EXISTS', ",
+            $qexp,
+            r") == 1 then
+",
             crate::queue::prune_queue_lua!($q, $qexp),
             r"
-local head = redis.call('ZRANGE', ",
+  head = redis.call('ZRANGE', ",
             $q,
             r", 0, 0)[1]
+end
 if head then
   redis.call(",
             $cmd,
@@ -103,11 +112,21 @@ pub(crate) use announce_lua;
 /// which never joins the queue). Returns `{1, fence, 0}`, `{0, pttl or -3, position}`
 /// (position in the queue, 0 the head, -1 not queued) or `{-1, 0, -1}` (held as a semaphore).
 const ACQUIRE_QUEUED_LUA: &str = concat!(
-    prune_queue_lua!("KEYS[7]", "KEYS[8]"),
     r"
 local qttl = tonumber(ARGV[5])
+local qt, qnow = nil, nil
+local queue_live = redis.call('EXISTS', KEYS[8]) == 1
+if queue_live then
+",
+    prune_queue_lua!("KEYS[7]", "KEYS[8]"),
+    r"
+end
 local function in_line()
   if qttl > 0 then
+    if not qt then
+      qt = redis.call('TIME')
+      qnow = tonumber(qt[1]) * 1000 + math.floor(tonumber(qt[2]) / 1000)
+    end
     if not redis.call('ZSCORE', KEYS[7], ARGV[1]) then
       redis.call('ZADD', KEYS[7], qt[1] * 1000000 + qt[2], ARGV[1])
     end
@@ -119,7 +138,9 @@ local function in_line()
   return redis.call('ZRANK', KEYS[7], ARGV[1]) or -1
 end
 local function out_of_line()
-  if redis.call('ZREM', KEYS[7], ARGV[1]) == 1 then redis.call('ZREM', KEYS[8], ARGV[1]) end
+  if queue_live and redis.call('ZREM', KEYS[7], ARGV[1]) == 1 then
+    redis.call('ZREM', KEYS[8], ARGV[1])
+  end
 end
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
@@ -143,12 +164,14 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
 end
 if redis.call('GET', KEYS[6]) == ARGV[1] then redis.call('DEL', KEYS[6]) end
 if holder then return {0, redis.call('PTTL', KEYS[1]), in_line()} end
-local head = redis.call('ZRANGE', KEYS[7], 0, 0)[1]
-if head and head ~= ARGV[1] then return {0, -3, in_line()} end
+if queue_live then
+  local head = redis.call('ZRANGE', KEYS[7], 0, 0)[1]
+  if head and head ~= ARGV[1] then return {0, -3, in_line()} end
+  out_of_line()
+end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[2], ARGV[1] .. ' ' .. ARGV[3], 'PX', ARGV[2])
-out_of_line()
-local t = redis.call('TIME')
+local t = qt or redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local fence = math.max(tonumber(redis.call('GET', KEYS[3]) or '0') + 1, now_us)
 redis.call('SET', KEYS[3], string.format('%d', fence))
@@ -179,6 +202,7 @@ local rank = redis.call('ZRANK', KEYS[2], ARGV[1])
 if not rank then return counted end
 redis.call('ZREM', KEYS[2], ARGV[1])
 if rank == 0 and redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[4]) == 0 then
+  local qt, qnow
 ",
     prune_queue_lua!("KEYS[2]", "KEYS[3]"),
     r"
