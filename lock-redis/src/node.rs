@@ -69,18 +69,6 @@ const ACQUIRE_LUA: &str = acquire_lua!();
 /// Also returns `{-1, 0}` when the name is held as a semaphore (a conflict).
 const ACQUIRE_BESIDE_SHARES_LUA: &str = concat!(crate::shares::writer_check_lua!(), acquire_lua!());
 
-/// Compare-and-delete, then tell the waiters (`ARGV[3]`: `PUBLISH`, or `SPUBLISH` on a cluster;
-/// `ARGV[4]`: the message, which names the release so that a client subscribed on several
-/// servers can tell one release's copies apart).
-const RELEASE_LUA: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1], KEYS[2])
-  redis.call(ARGV[3], ARGV[2], ARGV[4])
-  return 1
-end
-return 0
-";
-
 /// The bare compare-and-delete (no notification), for [`bare_cycle`].
 const COMPARE_AND_DELETE_LUA: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -141,7 +129,6 @@ return 1
 struct Scripts {
     acquire: Script,
     acquire_beside_shares: Script,
-    release: Script,
     extend: Script,
     extend_many: Script,
     revoke: Script,
@@ -153,7 +140,6 @@ fn scripts() -> &'static Scripts {
     SCRIPTS.get_or_init(|| Scripts {
         acquire: Script::new(ACQUIRE_LUA),
         acquire_beside_shares: Script::new(ACQUIRE_BESIDE_SHARES_LUA),
-        release: Script::new(RELEASE_LUA),
         extend: Script::new(EXTEND_LUA),
         extend_many: Script::new(EXTEND_MANY_LUA),
         revoke: Script::new(REVOKE_LUA),
@@ -489,7 +475,9 @@ pub async fn release(conn: &mut Conn, keys: &Keys, token: &str) -> Result<bool> 
 }
 
 /// [`release`], publishing `message` instead of [`RELEASED`]: a client that sends one release
-/// to several servers (Redlock) names it, so its waiters act once on the copies.
+/// to several servers (Redlock) names it, so its waiters act once on the copies. The releaser
+/// leaves the server's queue of waiters, and when a waiter is queued the message is followed
+/// by ` q:<its owner token>` (see [`acquire_waiting`]).
 ///
 /// Cancel safety: as [`release`].
 ///
@@ -501,18 +489,53 @@ pub async fn release_announced(
     token: &str,
     message: &str,
 ) -> Result<bool> {
-    let n: i64 = scripts()
-        .release
-        .key(&keys.lock)
-        .key(&keys.holder)
-        .arg(token)
-        .arg(&keys.channel)
-        .arg(publish_command(conn))
-        .arg(message)
-        .invoke_async(conn)
-        .await
-        .map_err(|e| map_err("release script failed", e))?;
-    Ok(n == 1)
+    crate::queue::release_named(conn, keys, token, message).await
+}
+
+/// [`acquire`] without a fencing counter for a waiting `lock()` (Redlock's votes on each
+/// master): a waiter that finds the lock held joins the master's queue of waiters (or refreshes
+/// its entry there, TTL `entry`, on the server's clock), and a win takes it out. The queue
+/// grants nothing: it only decides whom a release wakes ([`release_announced`] names the
+/// queue's head after its message, ` q:<owner token>`; a waiter registered with
+/// [`Waiting::queued`] is woken by a message naming it, and no other is).
+///
+/// Cancel safety: as [`acquire`]; an entry left behind expires after `entry`.
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the server fails.
+pub async fn acquire_waiting(
+    conn: &mut Conn,
+    keys: &Keys,
+    token: &str,
+    holder: &str,
+    ttl: Duration,
+    entry: Duration,
+) -> Result<NodeAttempt> {
+    let (won, value) = crate::queue::acquire_waiting(conn, keys, token, holder, ttl, entry).await?;
+    Ok(if won {
+        NodeAttempt::Won { fence: None }
+    } else {
+        NodeAttempt::Held {
+            pttl: u64::try_from(value).ok().map(Duration::from_millis),
+        }
+    })
+}
+
+/// Takes `token` out of the queue of waiters of `keys` (see [`acquire_waiting`]), waking the
+/// next waiter when it was the head of a free lock. Returns whether it was queued.
+///
+/// Cancel safety: dropping the future may leave the entry until its TTL runs out.
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the server fails.
+pub async fn leave_queue(conn: &mut Conn, keys: &Keys, token: &str) -> Result<bool> {
+    crate::queue::leave(conn, keys, token).await
+}
+
+/// How long a waiter's queue entry should last past each of its attempts when it polls every
+/// `poll` at the latest (see [`acquire_waiting`]).
+pub fn queue_entry_ttl(poll: Duration) -> Duration {
+    crate::queue::entry_ttl(poll)
 }
 
 /// How releases are announced: classic `PUBLISH` on a single node; on a cluster sharded

@@ -213,6 +213,69 @@ return 1
 "
 );
 
+/// Compare-and-delete that takes the releaser out of the queue and announces the release as
+/// `ARGV[4]`, followed by ` q:<head>` when the queue has a live head (KEYS: lock, holder,
+/// queue, queue expiries; ARGV: token, channel, `PUBLISH` or `SPUBLISH`, message): the release
+/// of [`crate::node::release_announced`], which Redlock sends to each master with one message
+/// per release.
+const RELEASE_NAMED_LUA: &str = concat!(
+    r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+local head, qt, qnow = nil, nil, nil
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+",
+    prune_queue_lua!("KEYS[3]", "KEYS[4]"),
+    r"
+  head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+end
+if head then
+  redis.call(ARGV[3], ARGV[2], ARGV[4] .. ' q:' .. head)
+else
+  redis.call(ARGV[3], ARGV[2], ARGV[4])
+end
+return 1
+"
+);
+
+/// The acquire of one master of a Redlock (no fencing counter; KEYS: lock, holder, queue,
+/// queue expiries; ARGV: token, TTL ms, holder metadata, queue entry TTL ms): as the plain
+/// acquire script, and a waiter that loses joins (or refreshes its entry in) the master's
+/// queue, which only decides whom a release wakes (see [`crate::node::acquire_waiting`]).
+/// Returns `{1, 0}` or `{0, pttl}`.
+const ACQUIRE_WAITING_LUA: &str = r"
+local holder = redis.call('GET', KEYS[1])
+local function out_of_line()
+  if redis.call('EXISTS', KEYS[4]) == 1 and redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
+    redis.call('ZREM', KEYS[4], ARGV[1])
+  end
+end
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  out_of_line()
+  return {1, 0}
+end
+if holder then
+  local qt = redis.call('TIME')
+  local qnow = tonumber(qt[1]) * 1000 + math.floor(tonumber(qt[2]) / 1000)
+  if not redis.call('ZSCORE', KEYS[3], ARGV[1]) then
+    redis.call('ZADD', KEYS[3], qt[1] * 1000000 + qt[2], ARGV[1])
+  end
+  redis.call('ZADD', KEYS[4], qnow + tonumber(ARGV[4]), ARGV[1])
+  local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+  redis.call('PEXPIREAT', KEYS[3], last[2])
+  redis.call('PEXPIREAT', KEYS[4], last[2])
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[2], ARGV[1] .. ' ' .. ARGV[3], 'PX', ARGV[2])
+out_of_line()
+return {1, 0}
+";
+
 /// The live entries of the queue (KEYS: queue, queue expiries), by the server's clock.
 const COUNT_LUA: &str = r"
 local t = redis.call('TIME')
@@ -222,7 +285,9 @@ return redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
 
 struct Scripts {
     acquire: Script,
+    acquire_waiting: Script,
     release: Script,
+    release_named: Script,
     leave: Script,
     count: Script,
 }
@@ -231,7 +296,9 @@ fn scripts() -> &'static Scripts {
     static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
     SCRIPTS.get_or_init(|| Scripts {
         acquire: Script::new(ACQUIRE_QUEUED_LUA),
+        acquire_waiting: Script::new(ACQUIRE_WAITING_LUA),
         release: Script::new(RELEASE_QUEUED_LUA),
+        release_named: Script::new(RELEASE_NAMED_LUA),
         leave: Script::new(LEAVE_LUA),
         count: Script::new(COUNT_LUA),
     })
@@ -291,6 +358,56 @@ pub(crate) async fn leave(conn: &mut Conn, keys: &Keys, token: &str) -> Result<b
         .await
         .map_err(|e| map_err("leaving the waiters' queue failed", e))?;
     Ok(n == 1)
+}
+
+/// See [`crate::node::release_announced`].
+pub(crate) async fn release_named(
+    conn: &mut Conn,
+    keys: &Keys,
+    token: &str,
+    message: &str,
+) -> Result<bool> {
+    let sk = ShareKeys::of(keys);
+    let n: i64 = scripts()
+        .release_named
+        .key(&keys.lock)
+        .key(&keys.holder)
+        .key(&sk.queue)
+        .key(&sk.queue_exp)
+        .arg(token)
+        .arg(&keys.channel)
+        .arg(publish_command(conn))
+        .arg(message)
+        .invoke_async(conn)
+        .await
+        .map_err(|e| map_err("release script failed", e))?;
+    Ok(n == 1)
+}
+
+/// See [`crate::node::acquire_waiting`]: `(won, pttl)`.
+pub(crate) async fn acquire_waiting(
+    conn: &mut Conn,
+    keys: &Keys,
+    token: &str,
+    holder: &str,
+    ttl: Duration,
+    entry: Duration,
+) -> Result<(bool, i64)> {
+    let sk = ShareKeys::of(keys);
+    let (won, pttl): (i64, i64) = scripts()
+        .acquire_waiting
+        .key(&keys.lock)
+        .key(&keys.holder)
+        .key(&sk.queue)
+        .key(&sk.queue_exp)
+        .arg(token)
+        .arg(crate::node::ttl_ms(ttl))
+        .arg(holder)
+        .arg(entry.as_millis() as u64)
+        .invoke_async(conn)
+        .await
+        .map_err(|e| map_err("acquire script failed", e))?;
+    Ok((won == 1, pttl))
 }
 
 /// The live entries in the queue of `keys`.

@@ -222,9 +222,7 @@ impl Registry {
         }) else {
             return;
         };
-        // Kept only when it names its release: the plain `released` of a single-node release
-        // tells nothing apart, and costs no allocation on that path.
-        let message = if wake_all {
+        let raw: Option<&str> = if wake_all {
             None
         } else {
             push.data.get(1).and_then(|v| match v {
@@ -232,25 +230,30 @@ impl Registry {
                 Value::SimpleString(s) => Some(s.as_str()),
                 _ => None,
             })
-        }
-        .filter(|m| *m != RELEASED)
-        .map(Arc::from);
+        };
+        // A release that names the queue's head: `q:<token>` (a single node), or
+        // `<release> q:<token>` (a Redlock master, whose release names itself too).
+        let (release, head) = match raw {
+            Some(m) => match m.strip_prefix(crate::queue::HEAD_PREFIX) {
+                Some(head) => (None, Some(head)),
+                None => match m.split_once(" q:") {
+                    Some((release, head)) => (Some(release), Some(head)),
+                    None => (Some(m), None),
+                },
+            },
+            None => (None, None),
+        };
+        // Kept only when it names its release: the plain `released` of a single-node release
+        // tells nothing apart, and costs no allocation on that path.
+        let message = release.filter(|m| *m != RELEASED).map(Arc::from);
         let channels = self.lock();
         if let Some(entry) = channels.get(name) {
-            if let Some(head) = message
-                .as_deref()
-                .and_then(|m: &str| m.strip_prefix(crate::queue::HEAD_PREFIX))
-            {
-                // Only the queue's head acts on it (no herd): the other queued waiters, here
-                // and in every other client, sleep on. One waiter outside the queue (a reader)
-                // is woken as by any release.
-                entry.channel.wake_queued(head);
-                entry.channel.set_last_message(None);
-                entry.channel.notify.notify_one();
-                return;
-            }
             entry.channel.set_last_message(message);
-            if wake_all {
+            if let Some(head) = head {
+                // Only the queue's head acts on it (no herd): every other waiter, here and in
+                // every other client, sleeps on.
+                entry.channel.wake_queued(&head);
+            } else if wake_all {
                 entry.channel.notify.notify_waiters();
                 entry.channel.wake_all_queued();
             } else {
