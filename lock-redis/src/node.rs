@@ -492,12 +492,14 @@ pub async fn release_announced(
     crate::queue::release_named(conn, keys, token, message).await
 }
 
-/// [`acquire`] without a fencing counter for a waiting `lock()` (Redlock's votes on each
-/// master): a waiter that finds the lock held joins the master's queue of waiters (or refreshes
-/// its entry there, TTL `entry`, on the server's clock), and a win takes it out. The queue
-/// grants nothing: it only decides whom a release wakes ([`release_announced`] names the
-/// queue's head after its message, ` q:<owner token>`; a waiter registered with
-/// [`Waiting::queued`] is woken by a message naming it, and no other is).
+/// [`acquire`] without a fencing counter, with the server's queue of waiters (Redlock's votes
+/// on each master): a waiting request (`entry` non-zero) that loses joins the queue (or
+/// refreshes its entry there, TTL `entry`, on the server's clock), and a win takes it out.
+/// While the queue has live waiters a free lock goes only to one of them, in any order (so a
+/// request that did not wait, `entry` zero, or a client that just released cannot barge past
+/// them); the queue also decides whom a release wakes ([`release_announced`] names the queue's
+/// head after its message, ` q:<owner token>`; a waiter registered with [`Waiting::queued`] is
+/// woken by a message naming it, and no other is).
 ///
 /// Cancel safety: as [`acquire`]; an entry left behind expires after `entry`.
 ///

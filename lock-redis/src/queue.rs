@@ -241,14 +241,36 @@ return 1
 );
 
 /// The acquire of one master of a Redlock (no fencing counter; KEYS: lock, holder, queue,
-/// queue expiries; ARGV: token, TTL ms, holder metadata, queue entry TTL ms): as the plain
-/// acquire script, and a waiter that loses joins (or refreshes its entry in) the master's
-/// queue, which only decides whom a release wakes (see [`crate::node::acquire_waiting`]).
-/// Returns `{1, 0}` or `{0, pttl}`.
-const ACQUIRE_WAITING_LUA: &str = r"
+/// queue expiries; ARGV: token, TTL ms, holder metadata, queue entry TTL ms, 0 for a
+/// `try_lock`): as the plain acquire script, except that while the master's queue has live
+/// waiters a free lock goes only to one of them (any of them: the masters' queues may order
+/// them differently, and a vote must be able to win a majority; a newcomer, like the client
+/// that just released, cannot barge past them), and a waiting request that loses joins (or
+/// refreshes its entry in) the queue, which also decides whom a release wakes (see
+/// [`crate::node::acquire_waiting`]). Returns `{1, 0}` or `{0, pttl, or -3 when free but
+/// queued for}`.
+const ACQUIRE_WAITING_LUA: &str = concat!(
+    r"
 local holder = redis.call('GET', KEYS[1])
+local queue_live = redis.call('EXISTS', KEYS[4]) == 1
+local qt, qnow = nil, nil
+local function in_line()
+  if tonumber(ARGV[4]) > 0 then
+    if not qt then
+      qt = redis.call('TIME')
+      qnow = tonumber(qt[1]) * 1000 + math.floor(tonumber(qt[2]) / 1000)
+    end
+    if not redis.call('ZSCORE', KEYS[3], ARGV[1]) then
+      redis.call('ZADD', KEYS[3], qt[1] * 1000000 + qt[2], ARGV[1])
+    end
+    redis.call('ZADD', KEYS[4], qnow + tonumber(ARGV[4]), ARGV[1])
+    local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+    redis.call('PEXPIREAT', KEYS[3], last[2])
+    redis.call('PEXPIREAT', KEYS[4], last[2])
+  end
+end
 local function out_of_line()
-  if redis.call('EXISTS', KEYS[4]) == 1 and redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
+  if queue_live and redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
     redis.call('ZREM', KEYS[4], ARGV[1])
   end
 end
@@ -259,22 +281,24 @@ if holder == ARGV[1] then
   return {1, 0}
 end
 if holder then
-  local qt = redis.call('TIME')
-  local qnow = tonumber(qt[1]) * 1000 + math.floor(tonumber(qt[2]) / 1000)
-  if not redis.call('ZSCORE', KEYS[3], ARGV[1]) then
-    redis.call('ZADD', KEYS[3], qt[1] * 1000000 + qt[2], ARGV[1])
-  end
-  redis.call('ZADD', KEYS[4], qnow + tonumber(ARGV[4]), ARGV[1])
-  local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
-  redis.call('PEXPIREAT', KEYS[3], last[2])
-  redis.call('PEXPIREAT', KEYS[4], last[2])
+  in_line()
   return {0, redis.call('PTTL', KEYS[1])}
+end
+if queue_live then
+",
+    prune_queue_lua!("KEYS[3]", "KEYS[4]"),
+    r"
+  if redis.call('ZCARD', KEYS[3]) > 0 and not redis.call('ZSCORE', KEYS[3], ARGV[1]) then
+    in_line()
+    return {0, -3}
+  end
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[2], ARGV[1] .. ' ' .. ARGV[3], 'PX', ARGV[2])
 out_of_line()
 return {1, 0}
-";
+"
+);
 
 /// The live entries of the queue (KEYS: queue, queue expiries), by the server's clock.
 const COUNT_LUA: &str = r"

@@ -201,20 +201,20 @@ impl RedlockBackend {
         );
         let holder: Arc<str> = req.holder.encode().into();
         // A waiting lock() (undone silently) joins each master's queue of waiters when it
-        // loses there, so that a release wakes it only when it is next (see `wait_for`).
-        let entry = (undo == Undo::Silent).then(|| node::queue_entry_ttl(inner.cfg.poll));
+        // loses there, so that a release wakes it only when it is next (see `wait_for`); a
+        // try_lock joins nothing, and neither takes a master's free lock past its queue.
+        let entry = if undo == Undo::Silent {
+            node::queue_entry_ttl(inner.cfg.poll)
+        } else {
+            Duration::ZERO
+        };
         let sent_at = Instant::now();
         let mut pending = {
             let (keys, token) = (keys.clone(), token.clone());
             inner.per_node(inner.cfg.node_timeout(ttl), move |mut c| {
                 let (keys, token, holder) = (keys.clone(), token.clone(), holder.clone());
                 async move {
-                    match entry {
-                        Some(entry) => {
-                            node::acquire_waiting(&mut c, &keys, &token, &holder, ttl, entry).await
-                        }
-                        None => node::acquire(&mut c, &keys, &token, &holder, ttl, false).await,
-                    }
+                    node::acquire_waiting(&mut c, &keys, &token, &holder, ttl, entry).await
                 }
             })
         };
