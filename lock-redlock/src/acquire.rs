@@ -61,16 +61,28 @@ impl RedlockBackend {
             },
             &req.background,
         );
-        let split = match self.attempt(req, &keys, &token, Undo::Silent).await? {
-            Attempt::Won(a) => {
-                in_queue.disarm();
-                return Ok(Some(a));
+        // A busy name's subscriptions linger from an earlier wait of this client: its first
+        // vote can then be the loop's, with this waiter's wake-ups registered before it, and
+        // not a vote before subscribing plus one after (the second, by a client that has just
+        // released, would be a second chance to barge past the waiter its release woke).
+        let lingering = lock_mutex(&self.inner.waits)
+            .get(&keys.channel)
+            .is_some_and(|e| e.waitings.iter().all(|w| w.get().is_some()));
+        let split = if lingering {
+            false
+        } else {
+            let split = match self.attempt(req, &keys, &token, Undo::Silent).await? {
+                Attempt::Won(a) => {
+                    in_queue.disarm();
+                    return Ok(Some(a));
+                }
+                Attempt::Lost { split, .. } => split,
+            };
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
             }
-            Attempt::Lost { split, .. } => split,
+            split
         };
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Ok(None);
-        }
         let subs = self.subscribe(&keys, req.ttl).await;
         let poll = self.inner.cfg.poll;
         // When to vote again without a release message; `None`: at once. A split vote first
@@ -108,23 +120,23 @@ impl RedlockBackend {
                 if let Some(d) = deadline {
                     at = at.min(d);
                 }
-                let woken_by = tokio::select! {
-                    i = first_of(&mut armed) => Some((Some(i), armed.channels[i])),
-                    i = first_head(&heads) => Some((None, heads[i].1)),
-                    _ = tokio::time::sleep_until(at) => None,
-                };
-                if let Some((armed_i, channel)) = woken_by {
-                    match subs.0.on_wake(channel.last_message()) {
-                        Some(vote) => woken_vote = Some(vote),
-                        None => {
-                            // A copy of a release a vote of this client covers: sleep on
-                            // towards the same time.
-                            if let Some(i) = armed_i {
+                tokio::select! {
+                    i = first_of(&mut armed) => {
+                        match subs.0.on_wake(armed.channels[i].last_message()) {
+                            Some(vote) => woken_vote = Some(vote),
+                            None => {
+                                // A copy of a release a vote of this client covers: sleep on
+                                // towards the same time.
                                 armed.rearm(i);
+                                continue;
                             }
-                            continue;
                         }
                     }
+                    // Named as the head of a master's queue: this waiter is the one that
+                    // release woke (copies from other masters left as permits make a lost vote
+                    // run again, the release may have reached those after it).
+                    _ = first_head(&heads) => {}
+                    _ = tokio::time::sleep_until(at) => {}
                 }
                 armed = subs.0.arm();
             }
