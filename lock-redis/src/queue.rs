@@ -213,19 +213,24 @@ return 1
 "
 );
 
-/// Compare-and-delete that takes the releaser out of the queue and announces the release as
+/// Compare-and-delete that takes the releaser out of the queue (also on a master that refused
+/// its vote, where a vote that reached it before the previous holder's release left an entry)
+/// and announces the release as
 /// `ARGV[4]`, followed by ` q:<head>` when the queue has a live head (KEYS: lock, holder,
 /// queue, queue expiries; ARGV: token, channel, `PUBLISH` or `SPUBLISH`, message): the release
 /// of [`crate::node::release_announced`], which Redlock sends to each master with one message
 /// per release.
 const RELEASE_NAMED_LUA: &str = concat!(
     r"
+local queued = redis.call('EXISTS', KEYS[4]) == 1
+if queued then
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2])
 local head, qt, qnow = nil, nil, nil
-if redis.call('EXISTS', KEYS[4]) == 1 then
-  redis.call('ZREM', KEYS[3], ARGV[1])
-  redis.call('ZREM', KEYS[4], ARGV[1])
+if queued then
 ",
     prune_queue_lua!("KEYS[3]", "KEYS[4]"),
     r"

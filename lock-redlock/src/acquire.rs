@@ -111,7 +111,7 @@ impl RedlockBackend {
             .waitings
             .iter()
             .filter_map(OnceLock::get)
-            .map(|w| (w.queued(&token), w.channel()))
+            .map(|w| w.queued(&token))
             .collect();
         // The vote a release message woke, decided on while waiting.
         let mut woken_vote = None;
@@ -386,14 +386,12 @@ impl RedlockBackend {
     }
 }
 
-/// Waits for the first of `heads` to be woken (forever when empty); returns its index.
-async fn first_head(heads: &[(lock_redis::node::QueuedWake, &lock_redis::node::Channel)]) -> usize {
+/// Waits until one of `heads` is woken (forever when empty).
+async fn first_head(heads: &[lock_redis::node::QueuedWake]) {
     if heads.is_empty() {
         return std::future::pending().await;
     }
-    futures::future::select_all(heads.iter().map(|(h, _)| Box::pin(h.notify().notified())))
-        .await
-        .1
+    futures::future::select_all(heads.iter().map(|h| Box::pin(h.notify().notified()))).await;
 }
 
 /// Takes a waiter out of every master's queue when its `lock()` ends without the lock
