@@ -427,20 +427,22 @@ impl RedisBackend {
             let sent_at = Instant::now();
             let token = req.token.to_hex();
             let holder = req.holder.encode();
-            let entry = self.queue_entry(waits);
-            shares::acquire(
-                &mut conn, keys, &token, &holder, req.ttl, req.mode, replicas, entry,
-            )
-            .await
-            .map(|attempt| match attempt {
-                ShareAttempt::Won { fence } => {
-                    Attempt::Won(Acquired::new(self.lease(req, keys, Some(fence)), sent_at))
-                }
-                ShareAttempt::Held { wait } => Attempt::Held {
-                    pttl: wait,
-                    head: false,
-                },
-            })
+            let ask = shares::ShareAsk {
+                ttl: req.ttl,
+                mode: req.mode,
+                entry: self.queue_entry(waits),
+            };
+            shares::acquire(&mut conn, keys, &token, &holder, ask, replicas)
+                .await
+                .map(|attempt| match attempt {
+                    ShareAttempt::Won { fence } => {
+                        Attempt::Won(Acquired::new(self.lease(req, keys, Some(fence)), sent_at))
+                    }
+                    ShareAttempt::Held { wait } => Attempt::Held {
+                        pttl: wait,
+                        head: false,
+                    },
+                })
         } else if let Some(wait_conn) = &self.inner.wait_conn {
             self.attempt_with_replicas(req, keys, wait_conn, waits)
                 .await

@@ -268,22 +268,31 @@ fn under_replicated(what: &str, acked: Option<i64>, r: &Replicas) -> Error {
     )
 }
 
+/// What a share attempt asks for.
+pub(crate) struct ShareAsk {
+    /// The share's TTL.
+    pub(crate) ttl: Duration,
+    /// Shared, or one of N permits.
+    pub(crate) mode: LockMode,
+    /// A waiting request that loses is counted among the queued waiters for this long (zero:
+    /// a `try_lock`, not counted).
+    pub(crate) entry: Duration,
+}
+
 /// One share attempt (one script, one round trip; with `replicas`, `WAIT` pipelined behind
 /// it, on a connection of its own: a share that too few replicas acknowledged is released
-/// and reported `Unavailable`, as an exclusive acquisition is). With a non-zero `entry`, a
-/// waiting request that loses is counted among the queued waiters for that long.
+/// and reported `Unavailable`, as an exclusive acquisition is).
 ///
-/// Cancel safety: a dropped call may have taken the share; it then frees after `ttl`.
+/// Cancel safety: a dropped call may have taken the share; it then frees after `ask.ttl`.
 pub(crate) async fn acquire(
     conn: &mut Conn,
     keys: &Keys,
     token: &str,
     holder: &str,
-    ttl: Duration,
-    mode: LockMode,
+    ask: ShareAsk,
     replicas: Option<Replicas>,
-    entry: Duration,
 ) -> Result<ShareAttempt> {
+    let ShareAsk { ttl, mode, entry } = ask;
     let share_keys = ShareKeys::of(keys);
     let (mode_str, limit) = mode_field(mode);
     let ttl = ttl_ms(ttl).to_string();

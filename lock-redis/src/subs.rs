@@ -252,7 +252,7 @@ impl Registry {
             if let Some(head) = head {
                 // Only the queue's head acts on it (no herd): every other waiter, here and in
                 // every other client, sleeps on.
-                entry.channel.wake_queued(&head);
+                entry.channel.wake_queued(head);
             } else if wake_all {
                 entry.channel.notify.notify_waiters();
                 entry.channel.wake_all_queued();
