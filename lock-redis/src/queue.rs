@@ -9,9 +9,12 @@
 //!   waiter's every attempt refreshes its entry to a little past its next attempt
 //!   ([`entry_ttl`]); an entry whose waiter crashed expires on the **server's clock** and is
 //!   pruned by the next script that reads the queue. (Redisson's `RedissonFairLock` keeps the
-//!   same two structures but scores them with the calling client's `System.currentTimeMillis`,
-//!   so a client whose clock runs ahead prunes live waiters, and one running behind keeps dead
-//!   ones for as long as it is off; here no client clock is ever compared.) Both keys expire
+//!   order in a list and the timeouts in a sorted set too, but computes the timeouts and the
+//!   "now" that prunes them from the calling client's `System.currentTimeMillis()` (script
+//!   arguments), so a client whose clock runs ahead prunes live waiters, and one running
+//!   behind keeps dead ones for as long as it is off; here no client clock is ever compared.
+//!   Redisson also gives every waiting thread a channel of its own, a `SUBSCRIBE` and an
+//!   `UNSUBSCRIBE` per wait; here a client's waiters share one subscription per name.) Both keys expire
 //!   with their latest entry, so a name whose waiters all crashed leaves nothing behind.
 //!
 //! The acquire script grants a free lock only to the queue's live head, or to anyone when the
