@@ -24,14 +24,23 @@
 //!   `"<owner token> <metadata>"`, set by the acquire script beside the lock key with the same
 //!   TTL; extend, release and revoke treat the two together. [`Locker::inspect`](lockcore::Locker::inspect)
 //!   reads the owner, its `PTTL`, the metadata and the fencing counter in one read-only script
-//!   ([`inspect`]); Redis keeps no queue, so waiters are not reported.
+//!   ([`inspect`]); the queued waiters are counted by [`Backend::queued_waiters`].
+//! * **Queue** (exclusive waiters, not under `interop=`): `<namespace>:{<escaped name>}:queue`
+//!   and `:queuexp`, two sorted sets of owner tokens (arrival order; expiry of the entry on the
+//!   server's `TIME`, a little past the waiter's next attempt). The acquire script gives a free
+//!   lock only to the queue's live head (anyone while it is empty: a `try_lock` is refused
+//!   while waiters queue), and a waiting `lock()` that loses joins or refreshes its entry in
+//!   the same script. A release publishes `q:<head token>`: only the head acts, so a hand-over
+//!   costs the release and one attempt however many clients wait (see `queue` in the source).
 //! * **Waiting** (`lock()`): one attempt; if held, subscribe to the lock's channel, attempt again
 //!   (so a release between the first attempt and the subscription is not missed), then sleep
-//!   until a release message, the holder's `PTTL` (expiry publishes nothing), the safety-net
-//!   poll (`poll_ms`, jittered) or the deadline, whichever comes first; only one waiter per
-//!   client and name sleeps until the `PTTL` (no herd at expiry). Each client has one
-//!   RESP3 pub/sub connection (opened on the first wait, resubscribing after reconnects) shared by
-//!   all its waiters; waiters of one name share one subscription and are woken one at a time.
+//!   until a release message naming this waiter as the queue's head (shares: any release
+//!   message), the holder's `PTTL` (expiry publishes nothing; only the queue's head, or for
+//!   shares one waiter per client and name, sleeps until it: no herd at expiry), the
+//!   safety-net poll (`poll_ms`, jittered; it also keeps the queue entry alive) or the
+//!   deadline, whichever comes first. Each client has one RESP3 pub/sub connection (opened on
+//!   the first wait, resubscribing after reconnects) shared by all its waiters; waiters of one
+//!   name share one subscription.
 //!
 //! # URL
 //!
@@ -107,6 +116,7 @@ mod error;
 pub mod inspect;
 mod interop;
 pub mod node;
+mod queue;
 mod registration;
 mod shares;
 mod subs;
@@ -117,7 +127,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::backend::{
-    AcquireRequest, Acquired, Backend, Backoff, Lease, ReleaseIfCancelled, poll_attempts,
+    AcquireRequest, Acquired, Backend, Backoff, CleanUpIfCancelled, Lease, ReleaseIfCancelled,
+    poll_attempts,
 };
 use lockcore::{Capabilities, Error, Instant, LockInfo, LockMode, LockName, Result, WaitKind};
 
@@ -131,7 +142,11 @@ use crate::shares::ShareAttempt;
 
 enum Attempt {
     Won(Acquired),
-    Held { pttl: Option<Duration> },
+    Held {
+        pttl: Option<Duration>,
+        /// This waiter is the head of the name's queue (see [`queue`]).
+        head: bool,
+    },
 }
 
 struct Inner {
@@ -274,7 +289,9 @@ impl RedisBackend {
     fn capabilities_for(cfg: &Config) -> Capabilities {
         let mut c = Capabilities::default();
         c.fencing = true;
-        c.fair = false;
+        // Exclusive waiters queue on the server (see `queue`); under interop= the peer's
+        // layout has no queue, and the interop capabilities say not fair.
+        c.fair = true;
         c.wait = WaitKind::Notify;
         c.lost_detection = false;
         c.reentrant = false;
@@ -300,9 +317,19 @@ impl RedisBackend {
              renewal (within ttl/3 by default, plus a round trip) or when its validity ends \
              (two holders in that window; fencing tokens keep increasing)"
                 .into(),
-            "not fair: a release wakes one local waiter per client, and any client may win".into(),
-            "lease expiry publishes nothing: waiters also wake at the holder's PTTL, and poll \
-             every poll_ms as a safety net for lost messages"
+            "fair among exclusive waiters: a server-side queue per name (two sorted sets beside \
+             the lock key, entries expiring on the server's clock poll_ms + 2 s after their \
+             waiter's last attempt); a free lock goes to the queue's head only, a release names \
+             the head and wakes no one else (a hand-over costs the release and one attempt), a \
+             try_lock is refused while waiters queue; readers and permits do not queue (a \
+             waiting writer's mark keeps readers from starving it); a crashed head holds a free \
+             lock up until its entry expires and the next waiter's safety poll; a failover to a \
+             replica that missed queue writes may reorder waiters (each re-joins at its next \
+             attempt)"
+                .into(),
+            "lease expiry publishes nothing: the queue's head (shares: one waiter per client) \
+             also wakes at the holder's PTTL, and every waiter polls every poll_ms as a safety \
+             net for lost messages (the poll also keeps its queue entry alive)"
                 .into(),
             "lost leases are detected by the contract (renewal refused, validity deadline), not \
              by the backend"
@@ -400,16 +427,22 @@ impl RedisBackend {
             let sent_at = Instant::now();
             let token = req.token.to_hex();
             let holder = req.holder.encode();
-            shares::acquire(
-                &mut conn, keys, &token, &holder, req.ttl, req.mode, replicas,
-            )
-            .await
-            .map(|attempt| match attempt {
-                ShareAttempt::Won { fence } => {
-                    Attempt::Won(Acquired::new(self.lease(req, keys, Some(fence)), sent_at))
-                }
-                ShareAttempt::Held { wait } => Attempt::Held { pttl: wait },
-            })
+            let ask = shares::ShareAsk {
+                ttl: req.ttl,
+                mode: req.mode,
+                entry: self.queue_entry(waits),
+            };
+            shares::acquire(&mut conn, keys, &token, &holder, ask, replicas)
+                .await
+                .map(|attempt| match attempt {
+                    ShareAttempt::Won { fence } => {
+                        Attempt::Won(Acquired::new(self.lease(req, keys, Some(fence)), sent_at))
+                    }
+                    ShareAttempt::Held { wait } => Attempt::Held {
+                        pttl: wait,
+                        head: false,
+                    },
+                })
         } else if let Some(wait_conn) = &self.inner.wait_conn {
             self.attempt_with_replicas(req, keys, wait_conn, waits)
                 .await
@@ -455,12 +488,13 @@ impl RedisBackend {
         req: &AcquireRequest,
         keys: &Keys,
         waits: bool,
-    ) -> Result<NodeAttempt> {
+    ) -> Result<(NodeAttempt, Option<u64>)> {
         match self.inner.interop {
-            Some(peer) => {
+            Some(peer) => Ok((
                 peer.acquire(conn, keys, &peer.owner(&req.token), req.ttl)
-                    .await
-            }
+                    .await?,
+                None,
+            )),
             None => {
                 let holder = req.holder.encode();
                 let token = req.token.to_hex();
@@ -473,10 +507,11 @@ impl RedisBackend {
                     fencing: true,
                     replicas: None,
                     beside_shares: slack,
+                    queue: Some(self.queue_entry(waits)),
                 };
-                node::acquire_replicated(conn, keys, &token, &holder, req.ttl, with)
+                node::acquire_queued(conn, keys, &token, &holder, req.ttl, with)
                     .await
-                    .map(|(attempt, _)| attempt)
+                    .map(|(attempt, _, position)| (attempt, position))
             }
         }
     }
@@ -485,14 +520,43 @@ impl RedisBackend {
         &self,
         req: &AcquireRequest,
         keys: &Keys,
-        attempt: NodeAttempt,
+        (attempt, position): (NodeAttempt, Option<u64>),
         sent_at: Instant,
     ) -> Attempt {
         match attempt {
             NodeAttempt::Won { fence } => {
                 Attempt::Won(Acquired::new(self.lease(req, keys, fence), sent_at))
             }
-            NodeAttempt::Held { pttl } => Attempt::Held { pttl },
+            NodeAttempt::Held { pttl } => Attempt::Held {
+                pttl,
+                head: position == Some(0),
+            },
+        }
+    }
+
+    /// The TTL of a queue entry for an attempt (see [`queue`]): a waiting `lock()` joins the
+    /// queue, a `try_lock` (zero) does not.
+    fn queue_entry(&self, waits: bool) -> Duration {
+        if waits {
+            queue::entry_ttl(self.inner.node.config().poll)
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// Whether `req` waits in the name's server-side queue: exclusive requests on locksmith's
+    /// own layout (a peer's layout under `interop=` has no queue; shares are counted as queued
+    /// waiters but take no place in the order).
+    fn queues(&self, req: &AcquireRequest) -> bool {
+        self.inner.interop.is_none() && req.mode == LockMode::Exclusive
+    }
+
+    /// The connection the exclusive attempts of this client go through (the `WAIT` one with
+    /// `min_replicas`): a waiter leaves the queue on it, behind its last attempt.
+    fn attempt_conn(&self) -> Conn {
+        match &self.inner.wait_conn {
+            Some((conn, _)) => conn.clone(),
+            None => self.inner.node.conn(),
         }
     }
 
@@ -506,7 +570,7 @@ impl RedisBackend {
         let sent_at = Instant::now();
         let token = req.token.to_hex();
         // Script and WAIT pipelined: one round trip, no client-side serialisation.
-        let result = node::acquire_replicated(
+        let result = node::acquire_queued(
             &mut conn.clone(),
             keys,
             &token,
@@ -521,17 +585,18 @@ impl RedisBackend {
                 } else {
                     Duration::ZERO
                 }),
+                queue: Some(self.queue_entry(waits)),
             },
         )
         .await;
         let err = match result {
-            Ok((attempt @ NodeAttempt::Held { .. }, _)) => {
-                return Ok(self.outcome(req, keys, attempt, sent_at));
+            Ok((attempt @ NodeAttempt::Held { .. }, _, position)) => {
+                return Ok(self.outcome(req, keys, (attempt, position), sent_at));
             }
-            Ok((attempt, Some(n))) if n >= i64::from(replicas.count) => {
-                return Ok(self.outcome(req, keys, attempt, sent_at));
+            Ok((attempt, Some(n), position)) if n >= i64::from(replicas.count) => {
+                return Ok(self.outcome(req, keys, (attempt, position), sent_at));
             }
-            Ok((_, acked)) => Error::new(
+            Ok((_, acked, _)) => Error::new(
                 lockcore::ErrorKind::Unavailable,
                 format!(
                     "only {} of {} replicas acknowledged the lock within {:?}; released it",
@@ -543,7 +608,7 @@ impl RedisBackend {
             // Whether the script ran is unknown: release in case it did (owner-checked).
             Err(e) => e,
         };
-        if let Err(e) = node::release(&mut self.inner.node.conn(), keys, &token).await {
+        if let Err(e) = queue::release(&mut self.inner.node.conn(), keys, &token).await {
             tracing::warn!(error = %e, "could not release an under-replicated lock; it frees after its ttl");
         }
         Err(err)
@@ -567,21 +632,45 @@ impl Backend for RedisBackend {
         }
     }
 
-    /// Waits by notification (see the crate docs).
+    /// Waits by notification (see the crate docs): exclusive waiters in the name's server-side
+    /// queue (see [`queue`]), woken only when a release names them as its head; shares (and
+    /// every waiter under `interop=`) woken one per client by any release.
     ///
     /// Cancel safety: dropping the future unregisters the waiter (the last waiter of a name
-    /// unsubscribes in the background); a lock won by an attempt in flight at the drop is
-    /// released in the background.
+    /// unsubscribes in the background) and takes it out of the queue in the background (on
+    /// the connection of its attempts, so after an attempt still in flight; the next head is
+    /// told if it was the head of a free lock); a lock won by an attempt in flight at the drop
+    /// is released in the background. A waiter that times out or fails leaves the queue the
+    /// same way. A crashed waiter's entry expires on the server's clock within
+    /// `poll_ms + 2 s` of its last attempt.
     async fn acquire(
         &self,
         req: &AcquireRequest,
         deadline: Option<Instant>,
     ) -> Result<Option<Acquired>> {
         let keys = self.keys(&req.name);
+        let queued = self.queues(req);
+        let token = req.token.to_hex();
+        // Armed before the first attempt, which may queue this waiter (or count a waiting
+        // share); disarmed when it wins (the winning script took it out of the queue).
+        let in_queue = self.inner.interop.is_none().then(|| {
+            let leave = queue::Leave {
+                conn: self.attempt_conn(),
+                keys: keys.clone(),
+                token: token.clone(),
+            };
+            CleanUpIfCancelled::arm(leave, &req.background)
+        });
+        let won = |a, in_queue: Option<CleanUpIfCancelled<queue::Leave>>| {
+            if let Some(q) = in_queue {
+                q.disarm();
+            }
+            Ok(Some(a))
+        };
         // Uncontended fast path: no subscription round trip when the lock is free.
         let mut pttl = match self.attempt(req, &keys, true).await? {
-            Attempt::Won(a) => return Ok(Some(a)),
-            Attempt::Held { pttl } => pttl,
+            Attempt::Won(a) => return won(a, in_queue),
+            Attempt::Held { pttl, .. } => pttl,
         };
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(None);
@@ -590,17 +679,25 @@ impl Backend for RedisBackend {
             Ok(w) => w,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot subscribe to release notifications; polling instead");
-                // The attempts of a waiting lock(): a writer marks itself behind readers.
+                // The attempts of a waiting lock(): a writer marks itself behind readers, and
+                // each attempt keeps its queue entry alive (the backoff stays below its TTL).
                 let backoff = Backoff::for_ttl(req.ttl);
-                return poll_attempts(req, deadline, &backoff, || async {
+                let got = poll_attempts(req, deadline, &backoff, || async {
                     Ok(match self.attempt(req, &keys, true).await? {
                         Attempt::Won(a) => Some(a),
                         Attempt::Held { .. } => None,
                     })
                 })
-                .await;
+                .await?;
+                return match got {
+                    Some(a) => won(a, in_queue),
+                    None => Ok(None),
+                };
             }
         };
+        // Registered before the next attempt: a release naming this waiter as the queue's head
+        // while the attempt is in flight is kept for it.
+        let head_wake = queued.then(|| waiting.queued(&token));
         let poll = self.inner.node.config().poll;
         let mut expiry = ExpiryWatch::new(waiting.channel());
         loop {
@@ -609,36 +706,63 @@ impl Backend for RedisBackend {
             tokio::pin!(notified);
             notified.as_mut().enable();
             // Subscribed now: this attempt sees any release that came before the subscription.
-            match self.attempt(req, &keys, true).await? {
+            let head = match self.attempt(req, &keys, true).await? {
                 Attempt::Won(a) => {
                     expiry.won();
-                    return Ok(Some(a));
+                    return won(a, in_queue);
                 }
-                Attempt::Held { pttl: p } => pttl = p.or(pttl),
-            }
+                Attempt::Held { pttl: p, head } => {
+                    pttl = p.or(pttl);
+                    head
+                }
+            };
             // Subscribed and seen held: a release from now on wakes this waiter.
             req.waiting.mark();
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);
             }
+            // The safety net: lost messages, a crashed head's entry expired (nothing announces
+            // it), and, for a queued waiter, its entry kept alive.
             let safety = poll / 2 + poll.mul_f64(fastrand::f64() / 2.0);
             let mut wake = now + safety;
+            // Expiry publishes nothing: one waiter comes back when the holder's lease runs out,
+            // not all of them (no herd at expiry): the queue's head, or without a queue one
+            // waiter per client.
+            let watches_expiry = if queued { head } else { expiry.claim() };
             if let Some(p) = pttl.take()
-                && expiry.claim()
+                && watches_expiry
             {
-                // Expiry publishes nothing: one waiter per client comes back when the holder's
-                // lease runs out (not all of them: no herd at expiry).
                 wake = wake.min(now + p + Duration::from_millis(fastrand::u64(1..=5)));
             }
             if let Some(d) = deadline {
                 wake = wake.min(d);
             }
+            let woken = async {
+                match &head_wake {
+                    // Only a release naming this waiter (it is the head): the others sleep on.
+                    Some(h) => h.notify().notified().await,
+                    None => notified.as_mut().await,
+                }
+            };
             tokio::select! {
-                _ = &mut notified => {}
+                _ = woken => {}
                 _ = tokio::time::sleep_until(wake) => {}
             }
         }
+    }
+
+    /// How many exclusive waiters are in the server-side queue of `name` (live entries, by
+    /// the server's clock); unsupported under `interop=` (no queue).
+    ///
+    /// Cancel safe.
+    async fn queued_waiters(&self, name: &LockName) -> Result<usize> {
+        if self.inner.interop.is_some() {
+            return Err(Error::unsupported(
+                "no waiters' queue under interop= (the peer's layout has none)",
+            ));
+        }
+        queue::count(&mut self.inner.node.conn(), &self.inner.node.keys(name)).await
     }
 
     async fn force_release(&self, name: &LockName) -> Result<bool> {
@@ -646,7 +770,7 @@ impl Backend for RedisBackend {
     }
 
     /// One read-only script: the owner, its PTTL, the metadata beside it, the fencing counter.
-    /// Redis keeps no queue: the waiters are unknown.
+    /// The queue is read by [`Backend::queued_waiters`], not here.
     ///
     /// Cancel safe.
     async fn inspect(&self, name: &LockName) -> Result<LockInfo> {
@@ -782,7 +906,7 @@ impl Lease for RedisLease {
         let held = match self.inner.interop {
             _ if self.share => shares::release(&mut conn, &self.keys, &self.token).await?,
             Some(peer) => peer.release(&mut conn, &self.keys, &self.token).await?,
-            None => node::release(&mut conn, &self.keys, &self.token).await?,
+            None => queue::release(&mut conn, &self.keys, &self.token).await?,
         };
         if held { Ok(()) } else { Err(not_held()) }
     }

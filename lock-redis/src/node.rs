@@ -22,7 +22,7 @@ pub use crate::conn::Conn;
 use crate::conn::{Factory, PubSubOpener};
 pub use crate::error::map_err;
 pub use crate::subs::RELEASED;
-pub use crate::subs::{Channel, ExpiryWatch, Subscriptions, Waiting};
+pub use crate::subs::{Channel, ExpiryWatch, QueuedWake, Subscriptions, Waiting};
 
 /// Takes the lock for token `ARGV[1]` with TTL `ARGV[2]` ms, atomically. Returns `{1, fence}`
 /// (`{1, 0}` without a counter key `KEYS[3]`) or `{0, pttl of the holder}`.
@@ -69,18 +69,6 @@ const ACQUIRE_LUA: &str = acquire_lua!();
 /// Also returns `{-1, 0}` when the name is held as a semaphore (a conflict).
 const ACQUIRE_BESIDE_SHARES_LUA: &str = concat!(crate::shares::writer_check_lua!(), acquire_lua!());
 
-/// Compare-and-delete, then tell the waiters (`ARGV[3]`: `PUBLISH`, or `SPUBLISH` on a cluster;
-/// `ARGV[4]`: the message, which names the release so that a client subscribed on several
-/// servers can tell one release's copies apart).
-const RELEASE_LUA: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1], KEYS[2])
-  redis.call(ARGV[3], ARGV[2], ARGV[4])
-  return 1
-end
-return 0
-";
-
 /// The bare compare-and-delete (no notification), for [`bare_cycle`].
 const COMPARE_AND_DELETE_LUA: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -116,25 +104,31 @@ return r
 
 /// Delete whoever holds it (an administrator's override), and tell the waiters (`ARGV[2]`:
 /// `PUBLISH`, or `SPUBLISH` on a cluster). `KEYS[3..]`, where given: the name's shares and its
-/// other keys (see [`shares`](crate::shares)), deleted too; held if either was.
-const REVOKE_LUA: &str = r"
+/// other keys (see [`shares`](crate::shares)), deleted too; held if either was. `KEYS[6..7]`,
+/// where given: the waiters' queue (see [`queue`](crate::queue)), whose head is told.
+const REVOKE_LUA: &str = concat!(
+    r"
 redis.call('DEL', KEYS[2])
 local shared = 0
 if KEYS[3] then
   shared = redis.call('DEL', KEYS[3])
   redis.call('DEL', KEYS[4], KEYS[5])
 end
-if redis.call('DEL', KEYS[1]) + shared > 0 then
+if redis.call('DEL', KEYS[1]) + shared == 0 then return 0 end
+if not KEYS[6] then
   redis.call(ARGV[2], ARGV[1], 'revoked')
   return 1
 end
-return 0
-";
+",
+    crate::queue::announce_lua!("KEYS[6]", "KEYS[7]", "ARGV[2]", "ARGV[1]", "'revoked'"),
+    r"
+return 1
+"
+);
 
 struct Scripts {
     acquire: Script,
     acquire_beside_shares: Script,
-    release: Script,
     extend: Script,
     extend_many: Script,
     revoke: Script,
@@ -146,7 +140,6 @@ fn scripts() -> &'static Scripts {
     SCRIPTS.get_or_init(|| Scripts {
         acquire: Script::new(ACQUIRE_LUA),
         acquire_beside_shares: Script::new(ACQUIRE_BESIDE_SHARES_LUA),
-        release: Script::new(RELEASE_LUA),
         extend: Script::new(EXTEND_LUA),
         extend_many: Script::new(EXTEND_MANY_LUA),
         revoke: Script::new(REVOKE_LUA),
@@ -244,6 +237,10 @@ pub struct AcquireWith {
     /// Respect shared holders (see [`shares`](crate::shares)), marking this writer as waiting
     /// for this long (zero: no mark).
     pub beside_shares: Option<Duration>,
+    /// Respect the name's queue of exclusive waiters (only with `beside_shares`): a free lock
+    /// goes to the queue's head only (or to anyone while it is empty), and a loser joins it
+    /// with an entry of this TTL (zero: a `try_lock`, which does not join).
+    pub queue: Option<Duration>,
 }
 
 /// As [`acquire`]; with `replicas`, `WAIT` is pipelined behind the script (still one round
@@ -266,11 +263,27 @@ pub async fn acquire_replicated(
     ttl: Duration,
     with: AcquireWith,
 ) -> Result<(NodeAttempt, Option<i64>)> {
+    let (attempt, acked, _) = acquire_queued(conn, keys, token, holder, ttl, with).await?;
+    Ok((attempt, acked))
+}
+
+/// [`acquire_replicated`], also returning the position in the waiters' queue after the
+/// attempt (0: the head; `None`: not queued), with [`AcquireWith::queue`].
+pub(crate) async fn acquire_queued(
+    conn: &mut Conn,
+    keys: &Keys,
+    token: &str,
+    holder: &str,
+    ttl: Duration,
+    with: AcquireWith,
+) -> Result<(NodeAttempt, Option<i64>, Option<u64>)> {
     let AcquireWith {
         fencing,
         replicas,
         beside_shares,
+        queue,
     } = with;
+    let queue = queue.filter(|_| beside_shares.is_some());
     let share_keys = beside_shares.map(|_| crate::shares::ShareKeys::of(keys));
     let mut key_list = vec![keys.lock.as_str(), keys.holder.as_str()];
     let fencing = fencing || beside_shares.is_some();
@@ -281,17 +294,33 @@ pub async fn acquire_replicated(
     }
     let ttl = ttl_ms(ttl).to_string();
     let slack = beside_shares.map(|d| d.as_millis().to_string());
+    let entry = queue.map(|d| d.as_millis().to_string());
     let mut args = vec![token, ttl.as_str(), holder];
-    let script = match &slack {
-        Some(slack) => {
+    let script = match (&slack, &entry) {
+        (Some(slack), Some(entry)) => {
+            args.push(slack);
+            args.push(entry);
+            crate::queue::acquire_script()
+        }
+        (Some(slack), None) => {
             args.push(slack);
             &scripts().acquire_beside_shares
         }
-        None => &scripts().acquire,
+        _ => &scripts().acquire,
     };
-    let ((won, value), acked): ((i64, i64), _) = eval(conn, script, &key_list, &args, replicas)
+    let (reply, acked): (Vec<i64>, _) = eval(conn, script, &key_list, &args, replicas)
         .await
         .map_err(|e| map_err("acquire script failed", e))?;
+    let (won, value) = match reply[..] {
+        [won, value, ..] => (won, value),
+        _ => {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                "the acquire script's reply is malformed",
+            ));
+        }
+    };
+    let position = reply.get(2).and_then(|p| u64::try_from(*p).ok());
     if won == -1 {
         return Err(Error::conflict(
             "the lock is held as a semaphore, and this acquisition asks for it exclusively",
@@ -299,18 +328,20 @@ pub async fn acquire_replicated(
     }
     if won == 1 {
         if !fencing {
-            return Ok((NodeAttempt::Won { fence: None }, acked));
+            return Ok((NodeAttempt::Won { fence: None }, acked, None));
         }
         let fence = u64::try_from(value)
             .map_err(|_| Error::new(lockcore::ErrorKind::Backend, "negative fencing counter"))?;
-        return Ok((NodeAttempt::Won { fence: Some(fence) }, acked));
+        return Ok((NodeAttempt::Won { fence: Some(fence) }, acked, None));
     }
-    // PTTL: -1 (no expiry, not ours) or -2 (gone) give no useful wake-up time.
+    // PTTL: -1 (no expiry, not ours), -2 (gone) or -3 (free, another waiter's turn) give no
+    // useful wake-up time.
     Ok((
         NodeAttempt::Held {
             pttl: u64::try_from(value).ok().map(Duration::from_millis),
         },
         acked,
+        position,
     ))
 }
 
@@ -444,7 +475,9 @@ pub async fn release(conn: &mut Conn, keys: &Keys, token: &str) -> Result<bool> 
 }
 
 /// [`release`], publishing `message` instead of [`RELEASED`]: a client that sends one release
-/// to several servers (Redlock) names it, so its waiters act once on the copies.
+/// to several servers (Redlock) names it, so its waiters act once on the copies. The releaser
+/// leaves the server's queue of waiters, and when a waiter is queued the message is followed
+/// by ` q:<its owner token>` (see [`acquire_waiting`]).
 ///
 /// Cancel safety: as [`release`].
 ///
@@ -456,18 +489,55 @@ pub async fn release_announced(
     token: &str,
     message: &str,
 ) -> Result<bool> {
-    let n: i64 = scripts()
-        .release
-        .key(&keys.lock)
-        .key(&keys.holder)
-        .arg(token)
-        .arg(&keys.channel)
-        .arg(publish_command(conn))
-        .arg(message)
-        .invoke_async(conn)
-        .await
-        .map_err(|e| map_err("release script failed", e))?;
-    Ok(n == 1)
+    crate::queue::release_named(conn, keys, token, message).await
+}
+
+/// [`acquire`] without a fencing counter, with the server's queue of waiters (Redlock's votes
+/// on each master): a waiting request (`entry` non-zero) that loses joins the queue (or
+/// refreshes its entry there, TTL `entry`, on the server's clock), and a win takes it out.
+/// While the queue has live waiters a free lock goes only to one of them, in any order (so a
+/// request that did not wait, `entry` zero, or a client that just released cannot barge past
+/// them); the queue also decides whom a release wakes ([`release_announced`] names the queue's
+/// head after its message, ` q:<owner token>`; a waiter registered with [`Waiting::queued`] is
+/// woken by a message naming it, and no other is).
+///
+/// Cancel safety: as [`acquire`]; an entry left behind expires after `entry`.
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the server fails.
+pub async fn acquire_waiting(
+    conn: &mut Conn,
+    keys: &Keys,
+    token: &str,
+    holder: &str,
+    ttl: Duration,
+    entry: Duration,
+) -> Result<NodeAttempt> {
+    let (won, value) = crate::queue::acquire_waiting(conn, keys, token, holder, ttl, entry).await?;
+    Ok(if won {
+        NodeAttempt::Won { fence: None }
+    } else {
+        NodeAttempt::Held {
+            pttl: u64::try_from(value).ok().map(Duration::from_millis),
+        }
+    })
+}
+
+/// Takes `token` out of the queue of waiters of `keys` (see [`acquire_waiting`]), waking the
+/// next waiter when it was the head of a free lock. Returns whether it was queued.
+///
+/// Cancel safety: dropping the future may leave the entry until its TTL runs out.
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the server fails.
+pub async fn leave_queue(conn: &mut Conn, keys: &Keys, token: &str) -> Result<bool> {
+    crate::queue::leave(conn, keys, token).await
+}
+
+/// How long a waiter's queue entry should last past each of its attempts when it polls every
+/// `poll` at the latest (see [`acquire_waiting`]).
+pub fn queue_entry_ttl(poll: Duration) -> Duration {
+    crate::queue::entry_ttl(poll)
 }
 
 /// How releases are announced: classic `PUBLISH` on a single node; on a cluster sharded
@@ -500,7 +570,15 @@ pub(crate) async fn revoke_with_shares(conn: &mut Conn, keys: &Keys) -> Result<b
     revoke_keys(
         conn,
         keys,
-        &[&keys.lock, &keys.holder, &sk.shares, &sk.info, &sk.writer],
+        &[
+            &keys.lock,
+            &keys.holder,
+            &sk.shares,
+            &sk.info,
+            &sk.writer,
+            &sk.queue,
+            &sk.queue_exp,
+        ],
     )
     .await
 }

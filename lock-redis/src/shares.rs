@@ -13,6 +13,9 @@
 //!   writer's next attempt, which refreshes it). Shared requests that come while it exists
 //!   wait, so a stream of readers cannot starve a writer; a writer that gives up stops
 //!   holding them back within that PX.
+//! * `…:queue`, `…:queuexp`: the exclusive waiters' queue (see [`queue`](crate::queue)),
+//!   passed to every share script so that a share release wakes the queue's head (a writer
+//!   waiting behind the readers), not a waiter that is not next.
 //!
 //! Every script reads the server clock once, drops the expired shares first, and publishes on
 //! the lock's release channel when a share is released, as the exclusive release does.
@@ -74,8 +77,11 @@ pub(crate) use drop_expired_lua;
 pub(crate) use writer_check_lua;
 
 /// Takes a share for token `ARGV[1]`, TTL `ARGV[2]` ms, metadata `ARGV[3]`, mode `ARGV[4]`
-/// (`shared` or `permit:<limit>`), limit `ARGV[5]` (0 for shared). KEYS: lock, holder (unused
-/// here, kept for one layout), fence, shares, share info, waiting writer. Returns
+/// (`shared` or `permit:<limit>`), limit `ARGV[5]` (0 for shared), `ARGV[6]` the TTL ms of a
+/// waiter's entry (0: a `try_lock`). KEYS: lock, holder (unused here, kept for one layout),
+/// fence, shares, share info, waiting writer, queue, queue expiries. A waiting request that
+/// does not win records itself in the queue's expiries only (counted as a queued waiter, see
+/// [`queue`](crate::queue), without a place in the exclusive waiters' order). Returns
 /// `{1, fence}`, `{0, ms until a place may free}` or `{-1, 0}` (the name is used in another
 /// way: another mode or limit, or as a mutex by a semaphore request). Idempotent for one
 /// token: a re-sent script whose first copy ran resets the share's TTL and reports its fence.
@@ -83,6 +89,16 @@ const ACQUIRE_SHARE_LUA: &str = concat!(
     drop_expired_lua!(),
     r"
 local ttl = tonumber(ARGV[2])
+local function waits(left)
+  local qttl = tonumber(ARGV[6])
+  if qttl > 0 then
+    redis.call('ZADD', KEYS[8], now + qttl, ARGV[1])
+    local last = redis.call('ZRANGE', KEYS[8], -1, -1, 'WITHSCORES')
+    redis.call('PEXPIREAT', KEYS[8], last[2])
+  end
+  return {0, left}
+end
+redis.call('ZREM', KEYS[8], ARGV[1])
 local function keep_until_last()
   local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
   redis.call('PEXPIREAT', KEYS[4], last[2])
@@ -101,13 +117,13 @@ if limit > 0 then
   if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, 0} end
   if n >= limit then
     local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-    return {0, tonumber(first[2]) - now}
+    return waits(tonumber(first[2]) - now)
   end
 else
   local w = redis.call('PTTL', KEYS[1])
-  if w ~= -2 then return {0, w} end
+  if w ~= -2 then return waits(w) end
   w = redis.call('PTTL', KEYS[6])
-  if w ~= -2 then return {0, w} end
+  if w ~= -2 then return waits(w) end
 end
 local fence = math.max(tonumber(redis.call('GET', KEYS[3]) or '0') + 1, now_us)
 redis.call('SET', KEYS[3], string.format('%d', fence))
@@ -140,7 +156,9 @@ const RELEASE_SHARE_LUA: &str = concat!(
 if redis.call('ZREM', KEYS[4], ARGV[1]) == 0 then return 0 end
 redis.call('HDEL', KEYS[5], ARGV[1])
 if redis.call('ZCARD', KEYS[4]) == 0 then redis.call('DEL', KEYS[4], KEYS[5]) end
-redis.call(ARGV[3], ARGV[2], 'released')
+",
+    crate::queue::announce_lua!("KEYS[7]", "KEYS[8]", "ARGV[3]", "ARGV[2]", "'released'"),
+    r"
 return 1
 "
 );
@@ -182,6 +200,10 @@ pub(crate) struct ShareKeys {
     pub(crate) shares: String,
     pub(crate) info: String,
     pub(crate) writer: String,
+    /// The exclusive waiters' queue: owner token → arrival (server µs).
+    pub(crate) queue: String,
+    /// The same waiters: owner token → when the entry expires (server ms).
+    pub(crate) queue_exp: String,
 }
 
 impl ShareKeys {
@@ -191,11 +213,14 @@ impl ShareKeys {
             shares: format!("{base}:shares"),
             info: format!("{base}:shareinfo"),
             writer: format!("{base}:writer"),
+            queue: format!("{base}:queue"),
+            queue_exp: format!("{base}:queuexp"),
         }
     }
 
-    /// The six keys of the share scripts and of the exclusive script behind the writer check.
-    pub(crate) fn with<'a>(&'a self, keys: &'a Keys) -> [&'a str; 6] {
+    /// The eight keys of the share scripts and of the exclusive script behind the writer check
+    /// (the queue's two last).
+    pub(crate) fn with<'a>(&'a self, keys: &'a Keys) -> [&'a str; 8] {
         [
             &keys.lock,
             &keys.holder,
@@ -203,6 +228,8 @@ impl ShareKeys {
             &self.shares,
             &self.info,
             &self.writer,
+            &self.queue,
+            &self.queue_exp,
         ]
     }
 }
@@ -241,29 +268,41 @@ fn under_replicated(what: &str, acked: Option<i64>, r: &Replicas) -> Error {
     )
 }
 
+/// What a share attempt asks for.
+pub(crate) struct ShareAsk {
+    /// The share's TTL.
+    pub(crate) ttl: Duration,
+    /// Shared, or one of N permits.
+    pub(crate) mode: LockMode,
+    /// A waiting request that loses is counted among the queued waiters for this long (zero:
+    /// a `try_lock`, not counted).
+    pub(crate) entry: Duration,
+}
+
 /// One share attempt (one script, one round trip; with `replicas`, `WAIT` pipelined behind
 /// it, on a connection of its own: a share that too few replicas acknowledged is released
 /// and reported `Unavailable`, as an exclusive acquisition is).
 ///
-/// Cancel safety: a dropped call may have taken the share; it then frees after `ttl`.
+/// Cancel safety: a dropped call may have taken the share; it then frees after `ask.ttl`.
 pub(crate) async fn acquire(
     conn: &mut Conn,
     keys: &Keys,
     token: &str,
     holder: &str,
-    ttl: Duration,
-    mode: LockMode,
+    ask: ShareAsk,
     replicas: Option<Replicas>,
 ) -> Result<ShareAttempt> {
+    let ShareAsk { ttl, mode, entry } = ask;
     let share_keys = ShareKeys::of(keys);
     let (mode_str, limit) = mode_field(mode);
     let ttl = ttl_ms(ttl).to_string();
     let limit = limit.to_string();
+    let entry = entry.as_millis().to_string();
     let ((won, value), acked): ((i64, i64), _) = eval(
         conn,
         &scripts().acquire,
         &share_keys.with(keys),
-        &[token, &ttl, holder, &mode_str, &limit],
+        &[token, &ttl, holder, &mode_str, &limit, &entry],
         replicas,
     )
     .await
@@ -403,7 +442,7 @@ mod tests {
         let keys = Keys::new("ns", &lockcore::LockName::new("a/b").unwrap());
         let s = ShareKeys::of(&keys);
         let tag = format!("{{{}}}", keys.tag);
-        for k in [&s.shares, &s.info, &s.writer] {
+        for k in [&s.shares, &s.info, &s.writer, &s.queue, &s.queue_exp] {
             assert!(k.contains(&tag), "{k}");
         }
     }

@@ -31,9 +31,50 @@ pub struct Channel {
     /// woken; `None` after an unnamed message or a resubscription (what was published meanwhile
     /// is unknown).
     last_message: Mutex<Option<Arc<str>>>,
+    /// The waiters of this client that are in the name's server-side queue, by owner token
+    /// (see [`crate::queue`]): a release names the queue's head (`q:<token>`), and only that
+    /// waiter is woken, not one per client.
+    queued: Mutex<HashMap<String, Arc<Notify>>>,
 }
 
 impl Channel {
+    fn register_queued(self: &Arc<Self>, token: &str) -> QueuedWake {
+        let notify = Arc::new(Notify::new());
+        self.queued
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(token.to_owned(), notify.clone());
+        QueuedWake {
+            channel: self.clone(),
+            token: token.to_owned(),
+            notify,
+        }
+    }
+
+    /// Wakes the queued waiter `token` if it is this client's.
+    fn wake_queued(&self, token: &str) {
+        if let Some(n) = self
+            .queued
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(token)
+        {
+            n.notify_one();
+        }
+    }
+
+    /// Wakes every queued waiter of this client (messages may have been lost).
+    fn wake_all_queued(&self) {
+        for n in self
+            .queued
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            n.notify_one();
+        }
+    }
+
     /// The text of the last named release message on this channel (see
     /// [`crate::node::release_announced`]), or `None` when unknown (nothing received yet, an
     /// unnamed message, or messages may have been lost to a reconnection). A waiter woken by a message reads it to
@@ -104,6 +145,36 @@ impl Drop for ExpiryWatch<'_> {
     }
 }
 
+/// A queued waiter's registration on its [`Channel`] (see [`Channel::queued`]).
+pub struct QueuedWake {
+    channel: Arc<Channel>,
+    token: String,
+    notify: Arc<Notify>,
+}
+
+impl QueuedWake {
+    /// Woken when a message names this waiter as the queue's head, or after a resubscription.
+    pub fn notify(&self) -> &Notify {
+        &self.notify
+    }
+}
+
+impl Drop for QueuedWake {
+    fn drop(&mut self) {
+        let mut queued = self
+            .channel
+            .queued
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if queued
+            .get(&self.token)
+            .is_some_and(|n| Arc::ptr_eq(n, &self.notify))
+        {
+            queued.remove(&self.token);
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Entry {
     channel: Arc<Channel>,
@@ -131,6 +202,7 @@ impl Registry {
         for entry in self.lock().values() {
             entry.channel.set_last_message(None);
             entry.channel.notify.notify_waiters();
+            entry.channel.wake_all_queued();
         }
     }
 
@@ -150,9 +222,7 @@ impl Registry {
         }) else {
             return;
         };
-        // Kept only when it names its release: the plain `released` of a single-node release
-        // tells nothing apart, and costs no allocation on that path.
-        let message = if wake_all {
+        let raw: Option<&str> = if wake_all {
             None
         } else {
             push.data.get(1).and_then(|v| match v {
@@ -160,14 +230,32 @@ impl Registry {
                 Value::SimpleString(s) => Some(s.as_str()),
                 _ => None,
             })
-        }
-        .filter(|m| *m != RELEASED)
-        .map(Arc::from);
+        };
+        // A release that names the queue's head: `q:<token>` (a single node), or
+        // `<release> q:<token>` (a Redlock master, whose release names itself too).
+        let (release, head) = match raw {
+            Some(m) => match m.strip_prefix(crate::queue::HEAD_PREFIX) {
+                Some(head) => (None, Some(head)),
+                None => match m.split_once(" q:") {
+                    Some((release, head)) => (Some(release), Some(head)),
+                    None => (Some(m), None),
+                },
+            },
+            None => (None, None),
+        };
+        // Kept only when it names its release: the plain `released` of a single-node release
+        // tells nothing apart, and costs no allocation on that path.
+        let message = release.filter(|m| *m != RELEASED).map(Arc::from);
         let channels = self.lock();
         if let Some(entry) = channels.get(name) {
             entry.channel.set_last_message(message);
-            if wake_all {
+            if let Some(head) = head {
+                // Only the queue's head acts on it (no herd): every other waiter, here and in
+                // every other client, sleeps on.
+                entry.channel.wake_queued(head);
+            } else if wake_all {
                 entry.channel.notify.notify_waiters();
+                entry.channel.wake_all_queued();
             } else {
                 entry.channel.notify.notify_one();
             }
@@ -312,6 +400,14 @@ impl Waiting {
     /// The channel's waiters, whose [`Channel::notify`] a release message wakes.
     pub fn channel(&self) -> &Channel {
         &self.channel
+    }
+
+    /// Registers this waiter as queued with `token` in the name's server-side queue (see
+    /// [`crate::queue`]): a message naming it as the queue's head wakes the returned
+    /// [`QueuedWake`] (a wake-up that comes before the waiter waits is kept for it), and no
+    /// other. Dropping it unregisters.
+    pub fn queued(&self, token: &str) -> QueuedWake {
+        self.channel.register_queued(token)
     }
 }
 

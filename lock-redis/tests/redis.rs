@@ -728,3 +728,161 @@ async fn batched_extends_are_owner_checked_per_lock() {
         }
     }
 }
+
+/// The live entries of the waiters' queue of `name` and the server's clock, read on the server:
+/// `(expiry scores in ms, TIME in ms)`.
+async fn queue_expiries(
+    raw: &mut redis::aio::MultiplexedConnection,
+    backend: &RedisBackend,
+    name: &LockName,
+) -> (Vec<f64>, f64) {
+    let key = backend.lock_key(name).replace(":lock", ":queuexp");
+    let entries: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(&key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(raw)
+        .await
+        .unwrap();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(raw).await.unwrap();
+    let now = (secs * 1000 + micros / 1000) as f64;
+    (entries.into_iter().map(|(_, s)| s).collect(), now)
+}
+
+/// A waiter whose process dies while it is queued (its runtime shut down: no clean-up runs)
+/// leaves an entry that expires by its own TTL on the server's clock (`poll_ms + 2 s` past its
+/// last attempt, scored from the server's `TIME`, not the client's), and holds the lock back
+/// meanwhile (FIFO: the head's turn, a `try_lock` is refused); then the next waiter gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_waiters_entry_expires_on_the_server_clock_then_the_next_waiter_wins() {
+    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
+        return;
+    };
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    let holder = Locker::new(backend.clone());
+    let name = LockName::new(unique("queue-crash")).unwrap();
+    let ttl = Duration::from_secs(30);
+    let mut raw = raw_nodes(&url).await.remove(0);
+    let g = holder.try_lock(&name, &opts(ttl)).await.unwrap().unwrap();
+
+    // The doomed waiter: its own runtime on its own thread, shut down once it is queued.
+    let dead_url = with_query(&url, "poll_ms=3000");
+    let (queued_tx, queued_rx) = std::sync::mpsc::channel::<()>();
+    let (crash_tx, crash_rx) = std::sync::mpsc::channel::<()>();
+    let dead = {
+        let name = name.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            let locker =
+                rt.block_on(async { Locker::new(RedisBackend::connect(&dead_url).await.unwrap()) });
+            rt.spawn(async move { locker.lock(&name, &opts(ttl)).await });
+            queued_tx.send(()).unwrap();
+            crash_rx.recv().unwrap();
+            // Every task dropped, clean-up spawned after this never runs: a crash as far as
+            // the server can tell.
+            rt.shutdown_background();
+        })
+    };
+    queued_rx.recv().unwrap();
+    eventually("the doomed waiter is queued", || async {
+        backend.queued_waiters(&name).await.unwrap() == 1
+    })
+    .await;
+    let (scores, now) = queue_expiries(&mut raw, &backend, &name).await;
+    assert_eq!(scores.len(), 1);
+    let left = scores[0] - now;
+    assert!(
+        left > 0.0 && left <= 5_000.0 + 50.0,
+        "the entry expires {left} ms from the server's now; expected within poll_ms + 2 s"
+    );
+    crash_tx.send(()).unwrap();
+    dead.join().unwrap();
+
+    let next_url = with_query(&url, "poll_ms=200");
+    let next = Locker::new(RedisBackend::connect(&next_url).await.unwrap());
+    let task = {
+        let (next, name) = (next.clone(), name.clone());
+        tokio::spawn(async move { next.lock(&name, &opts(ttl)).await })
+    };
+    eventually("the next waiter is queued behind it", || async {
+        backend.queued_waiters(&name).await.unwrap() == 2
+    })
+    .await;
+    let released = Instant::now();
+    g.release().await.unwrap();
+    // The dead head's turn: nobody else, not even a try_lock, takes the free lock.
+    let other = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    assert!(other.try_lock(&name, &opts(ttl)).await.unwrap().is_none());
+    let g2 = tokio::time::timeout(Duration::from_secs(20), task)
+        .await
+        .expect("the next waiter never got the lock after the dead head's entry expired")
+        .unwrap()
+        .unwrap();
+    let took = released.elapsed();
+    assert!(
+        took < Duration::from_secs(15),
+        "{took:?} after the release: more than the dead entry's TTL and a safety poll"
+    );
+    assert_eq!(backend.queued_waiters(&name).await.unwrap(), 0);
+    g2.release().await.unwrap();
+}
+
+/// A waiter that times out or is dropped while queued leaves the queue at once (in the
+/// background: `flush` waits for it), and when it was the head of a free lock, the next waiter
+/// is told: the hand-over does not wait for the leaver's entry to expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_head_leaves_the_queue_and_the_next_waiter_is_told() {
+    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
+        return;
+    };
+    // A safety poll of 10 s: a hand-over within a few seconds can only come from a message.
+    let url = with_query(&url, "poll_ms=10000");
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    let holder = Locker::new(backend.clone());
+    let name = LockName::new(unique("queue-cancel")).unwrap();
+    let ttl = Duration::from_secs(30);
+    let g = holder.try_lock(&name, &opts(ttl)).await.unwrap().unwrap();
+    let first = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let head = {
+        let (first, name) = (first.clone(), name.clone());
+        tokio::spawn(async move { first.lock(&name, &opts(ttl)).await })
+    };
+    eventually("the first waiter is queued", || async {
+        backend.queued_waiters(&name).await.unwrap() == 1
+    })
+    .await;
+    let second = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let next = {
+        let (second, name) = (second.clone(), name.clone());
+        tokio::spawn(async move { second.lock(&name, &opts(ttl)).await })
+    };
+    eventually("the second waiter is queued", || async {
+        backend.queued_waiters(&name).await.unwrap() == 2
+    })
+    .await;
+    // A third waiter that gives up: it leaves the queue when its wait times out.
+    let third = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let short = opts(ttl).wait_timeout(Duration::from_millis(300));
+    assert!(third.lock(&name, &short).await.is_err());
+    third.flush().await;
+    assert_eq!(backend.queued_waiters(&name).await.unwrap(), 2);
+    // The release names the first waiter, which is dropped before (or while) it acts.
+    g.release().await.unwrap();
+    head.abort();
+    let _ = head.await;
+    first.flush().await;
+    let released = Instant::now();
+    let g2 = tokio::time::timeout(Duration::from_secs(8), next)
+        .await
+        .expect("the second waiter was not told that the head left")
+        .unwrap()
+        .unwrap();
+    assert!(released.elapsed() < Duration::from_secs(5));
+    assert_eq!(backend.queued_waiters(&name).await.unwrap(), 0);
+    g2.release().await.unwrap();
+}

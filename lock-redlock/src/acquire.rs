@@ -49,13 +49,40 @@ impl RedlockBackend {
         let keys = Arc::new(Keys::new(&self.inner.cfg.namespace, &req.name));
         let token: Arc<str> = req.token.to_hex().into();
         let mut splits = 0u32;
-        let split = match self.attempt(req, &keys, &token, Undo::Silent).await? {
-            Attempt::Won(a) => return Ok(Some(a)),
-            Attempt::Lost { split, .. } => split,
+        // Armed before the first attempt, which may queue this waiter on the masters;
+        // disarmed when it wins (each winning script took it out of its master's queue; an
+        // entry left on a master that voted against it expires by its TTL).
+        let in_queue = CleanUpIfCancelled::arm(
+            LeaveEverywhere {
+                inner: self.inner.clone(),
+                keys: keys.clone(),
+                token: token.clone(),
+                ttl: req.ttl,
+            },
+            &req.background,
+        );
+        // A busy name's subscriptions linger from an earlier wait of this client: its first
+        // vote can then be the loop's, with this waiter's wake-ups registered before it, and
+        // not a vote before subscribing plus one after (the second, by a client that has just
+        // released, would be a second chance to barge past the waiter its release woke).
+        let lingering = lock_mutex(&self.inner.waits)
+            .get(&keys.channel)
+            .is_some_and(|e| e.waitings.iter().all(|w| w.get().is_some()));
+        let split = if lingering {
+            false
+        } else {
+            let split = match self.attempt(req, &keys, &token, Undo::Silent).await? {
+                Attempt::Won(a) => {
+                    in_queue.disarm();
+                    return Ok(Some(a));
+                }
+                Attempt::Lost { split, .. } => split,
+            };
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+            split
         };
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Ok(None);
-        }
         let subs = self.subscribe(&keys, req.ttl).await;
         let poll = self.inner.cfg.poll;
         // When to vote again without a release message; `None`: at once. A split vote first
@@ -76,6 +103,16 @@ impl RedlockBackend {
             .map(|w| ExpiryWatch::new(w.channel()));
         // Armed before every vote: a release published while it is in flight wakes us.
         let mut armed = subs.0.arm();
+        // A release names the head of each master's queue of waiters: this waiter is woken by
+        // a release naming it (kept for it if it comes while a vote is in flight), and by no
+        // other, so a release wakes about one waiter of all clients, not one per client.
+        let heads: Vec<_> = subs
+            .0
+            .waitings
+            .iter()
+            .filter_map(OnceLock::get)
+            .map(|w| w.queued(&token))
+            .collect();
         // The vote a release message woke, decided on while waiting.
         let mut woken_vote = None;
         loop {
@@ -83,20 +120,23 @@ impl RedlockBackend {
                 if let Some(d) = deadline {
                     at = at.min(d);
                 }
-                let woken_by = tokio::select! {
-                    i = first_of(&mut armed) => Some(i),
-                    _ = tokio::time::sleep_until(at) => None,
-                };
-                if let Some(i) = woken_by {
-                    match subs.0.on_wake(armed.channels[i].last_message()) {
-                        Some(vote) => woken_vote = Some(vote),
-                        None => {
-                            // A copy of a release a vote of this client covers: sleep on
-                            // towards the same time.
-                            armed.rearm(i);
-                            continue;
+                tokio::select! {
+                    i = first_of(&mut armed) => {
+                        match subs.0.on_wake(armed.channels[i].last_message()) {
+                            Some(vote) => woken_vote = Some(vote),
+                            None => {
+                                // A copy of a release a vote of this client covers: sleep on
+                                // towards the same time.
+                                armed.rearm(i);
+                                continue;
+                            }
                         }
                     }
+                    // Named as the head of a master's queue: this waiter is the one that
+                    // release woke (copies from other masters left as permits make a lost vote
+                    // run again, the release may have reached those after it).
+                    _ = first_head(&heads) => {}
+                    _ = tokio::time::sleep_until(at) => {}
                 }
                 armed = subs.0.arm();
             }
@@ -106,6 +146,7 @@ impl RedlockBackend {
             let (split, free_in, released_meanwhile) =
                 match self.attempt(req, &keys, &token, Undo::Silent).await? {
                     Attempt::Won(a) => {
+                        in_queue.disarm();
                         vote.won();
                         if let Some(e) = expiry.as_mut() {
                             e.won();
@@ -171,12 +212,22 @@ impl RedlockBackend {
             &req.background,
         );
         let holder: Arc<str> = req.holder.encode().into();
+        // A waiting lock() (undone silently) joins each master's queue of waiters when it
+        // loses there, so that a release wakes it only when it is next (see `wait_for`); a
+        // try_lock joins nothing, and neither takes a master's free lock past its queue.
+        let entry = if undo == Undo::Silent {
+            node::queue_entry_ttl(inner.cfg.poll)
+        } else {
+            Duration::ZERO
+        };
         let sent_at = Instant::now();
         let mut pending = {
             let (keys, token) = (keys.clone(), token.clone());
             inner.per_node(inner.cfg.node_timeout(ttl), move |mut c| {
                 let (keys, token, holder) = (keys.clone(), token.clone(), holder.clone());
-                async move { node::acquire(&mut c, &keys, &token, &holder, ttl, false).await }
+                async move {
+                    node::acquire_waiting(&mut c, &keys, &token, &holder, ttl, entry).await
+                }
             })
         };
         let mut others = vec![false; n];
@@ -332,6 +383,47 @@ impl RedlockBackend {
             max: Backoff::for_ttl(ttl).max,
         };
         Duration::from_millis(1) + backoff.delay(splits.saturating_sub(1))
+    }
+}
+
+/// Waits until one of `heads` is woken (forever when empty).
+async fn first_head(heads: &[lock_redis::node::QueuedWake]) {
+    if heads.is_empty() {
+        return std::future::pending().await;
+    }
+    futures::future::select_all(heads.iter().map(|h| Box::pin(h.notify().notified()))).await;
+}
+
+/// Takes a waiter out of every master's queue when its `lock()` ends without the lock
+/// (dropped, timed out, failed): armed in a [`CleanUpIfCancelled`] before its first vote.
+/// A master where it was the head of a free lock wakes the next waiter.
+pub(crate) struct LeaveEverywhere {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) keys: Arc<Keys>,
+    pub(crate) token: Arc<str>,
+    pub(crate) ttl: Duration,
+}
+
+impl CancelCleanUp for LeaveEverywhere {
+    fn start(self) -> Option<CleanUpTask> {
+        let LeaveEverywhere {
+            inner,
+            keys,
+            token,
+            ttl,
+        } = self;
+        let timeout = inner.cfg.node_timeout(ttl) * 4;
+        let mut pending = inner.per_node(timeout, move |mut c| {
+            let (keys, token) = (keys.clone(), token.clone());
+            async move { node::leave_queue(&mut c, &keys, &token).await }
+        });
+        Some(Box::pin(async move {
+            while let Some((_, r)) = pending.next().await {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "leaving a master's queue failed; the entry expires by its TTL");
+                }
+            }
+        }))
     }
 }
 

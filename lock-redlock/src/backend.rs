@@ -231,8 +231,10 @@ pub(crate) fn capabilities(cfg: &Parsed) -> Capabilities {
                 None => "a tenth of the TTL, 50 ms..1 s".into(),
             }
         ),
-        "not fair: split votes retry after a random, growing delay; waiters wake on the first \
-         release message of any master, at the holder's expiry, or at a jittered safety poll"
+        "not fair: split votes retry after a random, growing delay; a release wakes only the \
+         waiter at the head of each master's queue of waiters (queues expire on the masters' \
+         clocks and decide whom to wake, not who wins), and waiters also vote at the holder's \
+         expiry (one per client) and at a jittered safety poll"
             .into(),
     ];
     c

@@ -27,7 +27,14 @@
 //!   attempt that won nothing waits for a notification.
 //! * **Waiting** by notification: a release publishes on each node's release channel; a waiter
 //!   subscribes on every node (lock-redis's pub/sub subscriptions, one connection per node per
-//!   client) and wakes on the first message. A release names itself in its message, the same
+//!   client) and wakes on the first message that concerns it. Each master keeps a queue of the
+//!   waiters whose vote it refused (`…:queue` / `…:queuexp` beside the lock key, entries
+//!   refreshed by every vote and expiring on that master's clock `poll_ms + 2 s` after it), and
+//!   a release's message names the head of that master's queue (`<release> q:<token>`): only
+//!   that waiter wakes, not one waiter per client, so a hand-over costs the release and about
+//!   one vote however many clients wait. The queues grant nothing (masters may disagree about
+//!   the head; the first vote to win a majority wins: not fair); a dropped or timed-out wait
+//!   leaves every master's queue in the background. A release names itself in its message, the same
 //!   on every master, so the copies from the other masters wake no second vote of that client
 //!   once a vote won after it; a copy arriving while a vote is in flight makes that vote run
 //!   again if it loses (the release may have reached that master after the vote did),
