@@ -61,6 +61,10 @@ struct Sql {
 }
 
 pub(crate) struct PgBackend {
+    /// `row_try` without the fencing counter (the caller wants no token).
+    row_try_unfenced: String,
+    /// `row_wait` without the fencing counter.
+    row_wait_unfenced: String,
     config: Parsed,
     conns: Arc<PgConns>,
     sql: Arc<Sql>,
@@ -226,32 +230,34 @@ impl PgBackend {
                  FROM (SELECT 1) one LEFT JOIN {t} r ON r.name = $1"
             ),
         };
-        // Under interop=sqlx nothing is counted (a sqlx holder bumps no counter): the statement
-        // answers 0 when the lock was taken, no row when it was not.
+        // Without a fencing token (the caller said it needs none), and under interop=sqlx (a
+        // sqlx holder bumps no counter): the advisory lock and the server-side guard only,
+        // nothing written, so no commit and no WAL flush. The statement answers 0 when the lock
+        // was taken, no row when it was not; the holder parameter is bound as in the counted
+        // form, nothing stores it.
+        let uncounted = |from: &str, cond: &str, holder: &str| {
+            format!("SELECT 0::int8 FROM {from} WHERE {cond} AND ({holder}::text IS NULL OR true)")
+        };
+        let try_cond = format!("CASE WHEN got THEN {} IS NOT NULL END", set_guard("$2"));
+        let wait_cond = format!("{} IS NOT NULL", set_guard("$2"));
+        let try_head =
+            format!("WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock({key}) AS got)");
+        let wait_head = format!(
+            "WITH s AS MATERIALIZED (SELECT set_config('lock_timeout', $3, true) AS t), \
+             l AS MATERIALIZED (SELECT pg_advisory_lock({key}) IS NULL AS x FROM s)"
+        );
         let taken = |from: &str, cond: &str, holder: &str| {
             if interop {
-                // The holder parameter is bound on every statement; nothing stores it here.
-                format!(
-                    "SELECT 0::int8 FROM {from} WHERE {cond} AND ({holder}::text IS NULL OR true)"
-                )
+                uncounted(from, cond, holder)
             } else {
                 fence_upsert(from, cond, holder)
             }
         };
         let sql = Sql {
-            row_try: format!(
-                "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock({key}) AS got) {}",
-                taken(
-                    "l",
-                    &format!("CASE WHEN got THEN {} IS NOT NULL END", set_guard("$2")),
-                    "$3"
-                )
-            ),
-            row_wait: format!(
-                "WITH s AS MATERIALIZED (SELECT set_config('lock_timeout', $3, true) AS t), \
-                 l AS MATERIALIZED (SELECT pg_advisory_lock({key}) IS NULL AS x FROM s) {}",
-                taken("l", &format!("{} IS NOT NULL", set_guard("$2")), "$4")
-            ),
+            row_try_unfenced: format!("{try_head} {}", uncounted("l", &try_cond, "$3")),
+            row_wait_unfenced: format!("{wait_head} {}", uncounted("l", &wait_cond, "$4")),
+            row_try: format!("{try_head} {}", taken("l", &try_cond, "$3")),
+            row_wait: format!("{wait_head} {}", taken("l", &wait_cond, "$4")),
             row_unlock: format!(
                 "SELECT pg_advisory_unlock({key}) FROM (SELECT {}) g",
                 set_guard("'0'")
