@@ -115,9 +115,18 @@
 //! a fencing counter and `expires_at` computed on the database clock. It is taken over only once
 //! expired, in one statement that writes only when it takes (PostgreSQL reads first; MySQL's
 //! upsert leaves a held row unchanged); release and extend only touch the row carrying the
-//! caller's token. PostgreSQL waiters announce themselves on the row and are woken by
-//! `LISTEN/NOTIFY` (sent only when a waiter announced itself, with a capped poll as a safety
-//! net); MySQL and SQLite waiters poll with backoff and jitter.
+//! caller's token. PostgreSQL's exclusive waiters queue on the server: a row each in
+//! `<table>_waits` (name, the waiter's owner token, when it entered and when the entry expires,
+//! both on the database clock), entered or renewed by the waiter's own attempts. A freed lock
+//! goes to the queue's head only (first come, first served: `fair`), and a release's
+//! `NOTIFY` names only the head (its token as the payload), so a hand-over costs the release,
+//! the head's attempt and a few safety polls however many wait (the others poll every 2 s).
+//! An entry expires 6 s after its waiter's last attempt: a waiter whose wait ended (deadline,
+//! cancelled `lock()`) removes its entry in the background and names the next head; a crashed
+//! one leaves nothing past those 6 s, during which, if it was the head, the freed lock waits.
+//! Shared and permit waiters announce themselves on the row instead and are woken by a
+//! `NOTIFY` of the name (sent only when one announced itself), with a capped poll as a safety
+//! net; MySQL and SQLite waiters poll with backoff and jitter.
 //!
 //! *Shared holders and permits* (lease only: [`LockMode::Shared`](lockcore::LockMode) and
 //! [`LockMode::Permit`](lockcore::LockMode)): each holder is a row of `<table>_shares` (name,
@@ -469,6 +478,9 @@ fn strategy_capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
                 c.notes.push(
                     "postgres row-lock: needs PostgreSQL 11+; the idle guard needs 14+ (idle_session_timeout); tested on 15".into(),
                 );
+                c.notes.push(
+                    "postgres row-lock: the token's commit (a WAL flush) is most of an acquisition's cost; LockOptions::no_fencing() skips it (no token, nothing written: about the bare advisory lock's cost)".into(),
+                );
             } else {
                 c.notes.push(
                     "mysql row-lock: tested on MariaDB 10.11 only (GET_LOCK, fractional timeouts); MySQL untested; the idle guard is wait_timeout (whole seconds); waits over 5 s are re-queued".into(),
@@ -478,9 +490,6 @@ fn strategy_capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
         Strategy::Lease => {
             // Shares are rows of `<table>_shares` beside the lease row (see `shares`).
             c.shared = lockcore::Support::Yes;
-                c.notes.push(
-                    "postgres row-lock: the token's commit (a WAL flush) is most of an acquisition's cost; LockOptions::no_fencing() skips it (no token, nothing written: about the bare advisory lock's cost)".into(),
-                );
             c.permits = lockcore::Support::Yes;
             c.wait = if dialect == Dialect::Postgres {
                 lockcore::WaitKind::Notify
@@ -490,12 +499,20 @@ fn strategy_capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
             c.renew = lockcore::RenewKind::Emulated;
             c.lost_detection = false;
             c.expiry_after_ttl = true;
+            // PostgreSQL: exclusive waiters queue in `<table>_waits`, served first come, first
+            // served (the queue's head takes a freed lock; nobody else may).
+            c.fair = dialect == Dialect::Postgres;
             c.min_ttl = Duration::from_millis(10);
             c.notes = vec!["lease: expiry is judged on the database clock".into()];
             match dialect {
-                Dialect::Postgres => c.notes.push(
-                    "postgres lease: commits are synchronous (synchronous_commit=on) so a taken lease and its token survive a crash".into(),
-                ),
+                Dialect::Postgres => {
+                    c.notes.push(
+                        "postgres lease: commits are synchronous (synchronous_commit=on) so a taken lease and its token survive a crash".into(),
+                    );
+                    c.notes.push(
+                        "postgres lease: exclusive waiters queue on the server (FIFO, entries expire 6 s after their waiter's last attempt); a release notifies only the queue's head, the others poll every 2 s; a crashed waiter at the head holds a freed lock back until its entry expires".into(),
+                    );
+                }
                 Dialect::MySql => c.notes.push(
                     "mysql lease: one statement per attempt; durability follows innodb_flush_log_at_trx_commit".into(),
                 ),
