@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// An exclusive attempt's answer: the won lease's fence, the holder's remaining seconds, whether
+/// permits hold the name, whether a queued waiter is ahead, and the `lazy` commit's count.
+type AttemptRow = (Option<i64>, Option<f64>, Option<bool>, bool, i64);
+
 impl PgBackend {
     /// One attempt: the lease (or share), or the current holder's remaining time if the
     /// database knows it and no queued waiter is ahead of this one, and whether one is. `waits`: the attempt
@@ -41,7 +45,7 @@ impl PgBackend {
         // A cancelled caller's statement may still commit, after a release sent on another
         // connection at the drop: it runs detached, and what it won is released after it.
         let attempt = move |_gone| async move {
-            let reply: Result<(Option<i64>, Option<f64>, Option<bool>, bool, i64)> = conns
+            let reply: Result<AttemptRow> = conns
                 .run(bound, "acquiring a lease", move |c| {
                     sqlx::query_as(AssertSqlSafe(sql.clone()))
                         .bind(name.clone())
