@@ -12,7 +12,8 @@ impl PgBackend {
     /// database knows it and no queued waiter is ahead of this one, and whether one is. `waits`: the attempt
     /// belongs to a waiting `lock()`, whose writer marks itself as waiting behind shared
     /// holders (a `try_lock` marks nothing); `queue`: an exclusive attempt that loses enters
-    /// the waiters' queue (or renews its entry there).
+    /// the waiters' queue (or renews its entry there); `in_flight`, its wait's lock held until
+    /// the (detached) attempt is done, so that the wait's clean-up removes its entry after it.
     ///
     /// Cancel safety: a share or lease won by an attempt whose caller is gone is released in
     /// the background.
@@ -22,6 +23,7 @@ impl PgBackend {
         bound: Instant,
         waits: bool,
         queue: bool,
+        in_flight: Option<&Arc<tokio::sync::Mutex<()>>>,
     ) -> Result<(Option<Acquired>, Option<Duration>, bool)> {
         if req.mode != LockMode::Exclusive {
             let (won, left) = self.share_attempt(req, bound).await?;
@@ -42,9 +44,16 @@ impl PgBackend {
         let conns = self.conns.clone();
         let mode = req.mode;
         let sent_at = Instant::now();
+        let turn = match in_flight {
+            Some(m) => Some(m.clone().lock_owned().await),
+            None => None,
+        };
         // A cancelled caller's statement may still commit, after a release sent on another
         // connection at the drop: it runs detached, and what it won is released after it.
         let attempt = move |_gone| async move {
+            // Held until this attempt is answered: a queue entry it makes is there before the
+            // wait's clean-up looks.
+            let _turn = turn;
             let reply: Result<AttemptRow> = conns
                 .run(bound, "acquiring a lease", move |c| {
                     sqlx::query_as(AssertSqlSafe(sql.clone()))
@@ -269,7 +278,7 @@ impl PgBackend {
         // first and only one (no extra round trip for a contended wait).
         if self.wakeups.get().is_none() {
             match self
-                .lease_attempt(req, self.conns.bound_by(deadline), true, false)
+                .lease_attempt(req, self.conns.bound_by(deadline), true, false, None)
                 .await
             {
                 Ok((Some(acquired), _, _)) => return Ok(Some(acquired)),
@@ -288,8 +297,10 @@ impl PgBackend {
         // it itself. A shared or permit waiter's entry (made with its mark) goes in the
         // background whichever way its wait ends.
         let queued = req.mode == LockMode::Exclusive;
+        let in_flight = Arc::new(tokio::sync::Mutex::new(()));
         let dequeue = CleanUpIfCancelled::arm(
             Dequeue {
+                in_flight: in_flight.clone(),
                 conns: self.conns.clone(),
                 sql: self.sql.clone(),
                 table: self.config.table.clone(),
@@ -305,12 +316,14 @@ impl PgBackend {
         let mut entered = false;
         loop {
             let bound = self.conns.bound_by(deadline);
-            let (acquired, remaining, behind) =
-                match self.lease_attempt(req, bound, true, queued).await {
-                    Ok(r) => r,
-                    Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
-                    Err(e) => return Err(e),
-                };
+            let (acquired, remaining, behind) = match self
+                .lease_attempt(req, bound, true, queued, Some(&in_flight))
+                .await
+            {
+                Ok(r) => r,
+                Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
+                Err(e) => return Err(e),
+            };
             if acquired.is_some() {
                 if queued {
                     dequeue.disarm();
@@ -386,6 +399,9 @@ impl PgBackend {
 /// queue entry removed, and the next waiter named if the lock is free (this one may have been
 /// woken as the head and gone).
 struct Dequeue {
+    /// Locked by each attempt until it is answered: a cancelled wait's attempt runs on
+    /// detached and may still enter the queue, so the removal waits for it.
+    in_flight: Arc<tokio::sync::Mutex<()>>,
     conns: Arc<PgConns>,
     sql: Arc<Sql>,
     table: String,
@@ -397,12 +413,14 @@ impl CancelCleanUp for Dequeue {
     fn start(self) -> Option<CleanUpTask> {
         Some(Box::pin(async move {
             let Dequeue {
+                in_flight,
                 conns,
                 sql,
                 table,
                 name,
                 token,
             } = self;
+            let _after = in_flight.lock_owned().await;
             let stmt = sql.lease_dequeue.clone();
             let done: Result<i64> = conns
                 .run(conns.bound(), "leaving the lease queue", move |c| {

@@ -596,7 +596,7 @@ impl PgBackend {
         match self.config.strategy {
             Strategy::RowLock => self.row_acquire(req, None, true).await,
             Strategy::Lease => Ok(self
-                .lease_attempt(req, self.conns.bound(), false, false)
+                .lease_attempt(req, self.conns.bound(), false, false, None)
                 .await?
                 .0),
         }
