@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use lockcore::{Instant, LockName, LockOptions};
+use lockcore::{Fencing, Instant, LockName, LockOptions};
 use serde::Serialize;
 
 use crate::harness::Harness;
@@ -144,13 +144,22 @@ pub const MEASURE_TIME: Duration = Duration::from_secs(2);
 /// Cancel safety: dropping the future stops the measurement; its clients' locks are released
 /// in the background (or expire after their TTL).
 pub async fn measure(harness: &dyn Harness) -> lockcore::Result<Figures> {
+    measure_with(harness, Fencing::IfAvailable).await
+}
+
+/// [`measure`] with the acquisitions asking for a fencing token as `fencing` says
+/// ([`Fencing::NotWanted`]: what a holder that fences nothing pays where tokens cost extra).
+///
+/// Cancel safety: as [`measure`].
+pub async fn measure_with(harness: &dyn Harness, fencing: Fencing) -> lockcore::Result<Figures> {
     let name = LockName::new(format!("lsbench-{:08x}", fastrand::u32(..)))?;
     // Without renewal (on by default), as the published figures were measured: acquire and
     // release only, nothing for the watchdog to keep.
     let opts = LockOptions::new()
         .ttl(Duration::from_secs(10).max(harness.min_scenario_ttl()))
         .wait_timeout(Duration::from_secs(30))
-        .no_auto_renew();
+        .no_auto_renew()
+        .fencing(fencing);
     let client = harness.client().await?;
     for _ in 0..20 {
         if let Some(g) = client.try_lock(&name, &opts).await? {

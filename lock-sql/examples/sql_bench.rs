@@ -9,6 +9,10 @@
 //!    each one client looping on one name for SECS (default 10) seconds: first the bare
 //!    primitive, then `lock()` + release; with the server's request count per hand-over
 //!    (`pg_stat_database` transactions, MariaDB `Questions`).
+//!
+//! `SQL_BENCH_FENCING=off` in the environment: the acquisitions ask for no fencing token
+//! ([`LockOptions::no_fencing`]), which PostgreSQL's row lock answers without writing its
+//! counter; otherwise they take the default options (a token).
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -33,7 +37,13 @@ fn show(what: &str, mut v: Vec<Duration>) -> Duration {
 }
 
 fn opts() -> LockOptions {
-    LockOptions::new().ttl(Duration::from_secs(30))
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    // The workers inherit the environment, so all of the run asks alike.
+    if std::env::var("SQL_BENCH_FENCING").is_ok_and(|v| v == "off") {
+        opts.no_fencing()
+    } else {
+        opts
+    }
 }
 
 /// A worker process: waits for "go" on stdin, loops until the end, prints its count.
@@ -130,7 +140,11 @@ async fn main() -> lockcore::Result<()> {
     let secs: f64 = args.get(3).map_or(10.0, |s| s.parse().expect("SECS"));
     const N: usize = 1000;
     let backend = SqlBackend::connect(&url).await?;
-    println!("{}", backend.describe());
+    println!(
+        "{} (fencing {:?})",
+        backend.describe(),
+        opts().fencing_value()
+    );
     let locker = Locker::new(SqlBackend::connect(&url).await?);
     let name = format!("bench-{}", std::process::id());
     let bare_name = LockName::new(format!("bench-bare-{}", std::process::id()))?;

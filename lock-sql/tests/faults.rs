@@ -456,7 +456,8 @@ async fn pg_failed_lease_attempt_is_not_a_write() {
 }
 
 /// A PostgreSQL lease release sends `NOTIFY` only when a waiter announced itself (regression:
-/// every release notified, serialising commits on the notification queue).
+/// every release notified, serialising commits on the notification queue), and to an exclusive
+/// waiter only: the queue's head, named by its token.
 #[tokio::test]
 async fn pg_release_notifies_only_when_someone_waits() {
     let Some(pg) = conformance::require_env("LOCK_TEST_POSTGRES_URL") else {
@@ -491,28 +492,33 @@ async fn pg_release_notifies_only_when_someone_waits() {
         let opts = opts.clone();
         tokio::spawn(async move { b.lock(name.as_str(), &opts).await })
     };
-    // Until the waiter has announced itself on the row.
+    // Until the waiter is in the queue (an exclusive waiter's announcement): its token.
     let pool = sqlx::PgPool::connect(&pg).await.unwrap();
     let t0 = std::time::Instant::now();
-    while !sqlx::query_scalar::<_, bool>(
-        "SELECT wait_until > clock_timestamp() FROM locksmith_locks WHERE name = $1",
-    )
-    .bind(&name)
-    .fetch_one(&pool)
-    .await
-    .unwrap()
-    {
+    let token = loop {
+        let queued: Option<String> = sqlx::query_scalar(
+            "SELECT waiter FROM locksmith_locks_waits WHERE name = $1 \
+             AND expires > clock_timestamp()",
+        )
+        .bind(&name)
+        .fetch_optional(&pool)
+        .await
+        .unwrap();
+        if let Some(token) = queued {
+            break token;
+        }
         assert!(
             t0.elapsed() < scaled(Duration::from_secs(10)),
             "the waiter never announced itself"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    };
     g.release().await.unwrap();
+    let called = format!("\u{1}{token}");
     tokio::time::timeout(scaled(Duration::from_secs(5)), async {
         loop {
             let n = listener.recv().await.unwrap();
-            if n.payload() == name {
+            if n.payload() == called {
                 return;
             }
         }

@@ -881,3 +881,171 @@ async fn an_extended_share_keeps_writers_out_past_its_first_ttl() {
         w.flush().await;
     }
 }
+
+/// The PostgreSQL URL with `params`, or `None` (skipped) when no server is configured.
+fn pg_url(params: &str) -> Option<String> {
+    conformance::require_env("LOCK_TEST_POSTGRES_URL").map(|pg| with_params(&pg, params))
+}
+
+/// Polls `queued_waiters` until it reports `n`, within a scaled bound.
+async fn until_queued(locker: &Locker, name: &str, n: usize) {
+    let name = LockName::new(name).unwrap();
+    let bound = Duration::from_secs(10).mul_f64(conformance::time_scale());
+    let deadline = tokio::time::Instant::now() + bound;
+    loop {
+        let seen = locker.backend().queued_waiters(&name).await.unwrap();
+        if seen == n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{seen} waiters queued after {bound:?}, expected {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// PostgreSQL row lock without a fencing token: no token, and the lock row's counter is not
+/// bumped (nothing written: inspect still shows the last token taken), so the next holder that
+/// asks gets exactly the next token.
+#[tokio::test]
+async fn pg_row_lock_without_fencing_bumps_no_counter() {
+    let Some(url) = pg_url("strategy=row-lock") else {
+        return;
+    };
+    let (a, b) = (client(&url).await, client(&url).await);
+    let name = unique("nofence");
+    let fenced = LockOptions::new().require_fencing(true).wait_timeout(WAIT);
+    let g = a.lock(name.as_str(), &fenced).await.unwrap();
+    let first = g.fencing_token().expect("a token asked for");
+    g.release().await.unwrap();
+    for round in 0..3 {
+        let g = a
+            .lock(name.as_str(), &fenced.clone().no_fencing())
+            .await
+            .unwrap();
+        assert_eq!(g.fencing_token(), None, "round {round}");
+        // Held (the advisory lock) and excluding, with the counter as the first holder left it.
+        assert!(
+            b.try_lock(name.as_str(), &fenced).await.unwrap().is_none(),
+            "round {round}: a lock held without a token did not exclude"
+        );
+        let info = b.inspect(name.as_str()).await.unwrap();
+        assert!(info.held, "round {round}");
+        assert_eq!(info.fencing_token, Some(first), "round {round}");
+        g.release().await.unwrap();
+    }
+    let g = b.lock(name.as_str(), &fenced).await.unwrap();
+    assert_eq!(g.fencing_token(), Some(first + 1));
+    g.release().await.unwrap();
+}
+
+/// PostgreSQL lease: a waiter whose `lock()` is dropped, or times out, leaves no queue entry
+/// (removed in the background, which `flush` waits for), and the lock goes to the next waiter.
+#[tokio::test]
+async fn pg_lease_waiter_that_leaves_takes_its_queue_entry() {
+    let Some(url) = pg_url("strategy=lease") else {
+        return;
+    };
+    let (holder, w1, w2) = (client(&url).await, client(&url).await, client(&url).await);
+    let name = unique("queue");
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    let g = holder
+        .try_lock(name.as_str(), &opts)
+        .await
+        .unwrap()
+        .unwrap();
+    let dropped = tokio::spawn({
+        let (w1, name, opts) = (w1.clone(), name.clone(), opts.clone());
+        async move { w1.lock(name.as_str(), &opts).await }
+    });
+    until_queued(&holder, &name, 1).await;
+    let next = tokio::spawn({
+        let (w2, name, opts) = (w2.clone(), name.clone(), opts.clone());
+        async move { w2.lock(name.as_str(), &opts).await }
+    });
+    until_queued(&holder, &name, 2).await;
+    // The head goes: its entry with it; the second is now the head.
+    dropped.abort();
+    assert!(dropped.await.unwrap_err().is_cancelled());
+    w1.flush().await;
+    until_queued(&holder, &name, 1).await;
+    // A wait that times out leaves too.
+    let short = opts.clone().wait_timeout(Duration::from_millis(300));
+    let err = w1.lock(name.as_str(), &short).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout);
+    w1.flush().await;
+    until_queued(&holder, &name, 1).await;
+    // The release names the head, which takes the lock at once (well before its 2 s poll).
+    let released = tokio::time::Instant::now();
+    g.release().await.unwrap();
+    let g2 = tokio::time::timeout(WAIT, next)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let took = released.elapsed();
+    assert!(
+        took < Duration::from_millis(1500).mul_f64(conformance::time_scale()),
+        "the queue's head took {took:?} to get a released lock"
+    );
+    until_queued(&holder, &name, 0).await;
+    g2.release().await.unwrap();
+}
+
+/// PostgreSQL lease: an entry left by a crashed waiter (nobody removes it) holds a freed lock
+/// back from the waiters behind it only until the entry expires, on the server's clock.
+#[tokio::test]
+async fn pg_lease_crashed_waiters_entry_expires_on_its_own() {
+    let Some(url) = pg_url("strategy=lease") else {
+        return;
+    };
+    let base = url.split('?').next().unwrap().to_owned();
+    let pool = sqlx::PgPool::connect(&base).await.unwrap();
+    let (holder, waiter) = (client(&url).await, client(&url).await);
+    let name = unique("crashed");
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    // Creates the tables.
+    let g = holder
+        .try_lock(name.as_str(), &opts)
+        .await
+        .unwrap()
+        .unwrap();
+    // A waiter that crashed at the head of the queue: an entry expiring in 1 s.
+    sqlx::query(
+        "INSERT INTO locksmith_locks_waits (name, waiter, mode, enqueued, expires) \
+         VALUES ($1, 'crashed', 'x', clock_timestamp(), clock_timestamp() + interval '1 second')",
+    )
+    .bind(&name)
+    .execute(&pool)
+    .await
+    .unwrap();
+    g.release().await.unwrap();
+    // Free, but the queue has a live head: a try_lock does not jump it.
+    assert!(
+        holder
+            .try_lock(name.as_str(), &opts)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let started = tokio::time::Instant::now();
+    let g = waiter
+        .lock(name.as_str(), &opts.clone().wait_timeout(WAIT))
+        .await
+        .unwrap();
+    // The entry's second, then at most a safety poll (2 s), with room for a loaded machine.
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(6).mul_f64(conformance::time_scale()),
+        "a crashed waiter's entry held the lock back {took:?}"
+    );
+    g.release().await.unwrap();
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM locksmith_locks_waits WHERE name = $1")
+            .bind(&name)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(left, 0, "the expired entry was not cleared");
+}

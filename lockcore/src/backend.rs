@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{Capabilities, Holder, LockInfo, LockMode, LockName, Result, WaitMark};
+use crate::{Capabilities, Fencing, Holder, LockInfo, LockMode, LockName, Result, WaitMark};
 
 /// The attribute backends implement [`Backend`] and [`Lease`] with (re-exported so that every
 /// backend names the same version).
@@ -90,6 +90,12 @@ pub struct AcquireRequest {
     /// [`Capabilities::permits`]): [`Locker`](crate::Locker) refuses the others before any I/O,
     /// so a backend that knows nothing of modes is only ever asked for exclusive locks.
     pub mode: LockMode,
+    /// Whether the caller wants a fencing token ([`LockOptions::fencing`](crate::LockOptions::fencing)).
+    /// A backend declaring [`Capabilities::fencing`] gives one unless this is
+    /// [`Fencing::NotWanted`]; then it may skip whatever only the token costs (and return
+    /// `None` from [`Lease::fencing_token`]), but never the lock's exclusion, and a later
+    /// acquisition's token must still be above every token given before.
+    pub fencing: Fencing,
 }
 
 impl AcquireRequest {
@@ -109,7 +115,14 @@ impl AcquireRequest {
             holder: Holder::current(None),
             waiting: WaitMark::default(),
             mode: LockMode::Exclusive,
+            fencing: Fencing::IfAvailable,
         }
+    }
+
+    /// The same request asking for a fencing token as `fencing` says.
+    pub fn with_fencing(mut self, fencing: Fencing) -> Self {
+        self.fencing = fencing;
+        self
     }
 
     /// The same request asking for `mode`.

@@ -112,6 +112,8 @@ impl Locker {
     /// 256 bytes, no control characters: it is stored as the lock's holder label, readable by
     /// every client): waits as [`Locker::lock`] does (the options' wait timeout, TTL and
     /// renewal apply; the leadership is renewed while it is held), and returns once elected.
+    /// A campaign asks for a fencing token even under
+    /// [`LockOptions::no_fencing`](crate::LockOptions::no_fencing): it is the term.
     ///
     /// Cancel safety: as [`Locker::lock`]; a candidate dropped while waiting leaves nothing.
     ///
@@ -123,7 +125,13 @@ impl Locker {
         value: &str,
         options: &LockOptions,
     ) -> Result<Leadership> {
-        let options = options.clone().label(value);
+        // A leader's term is its token, and observers read its value from the metadata that
+        // a backend may store only with a token (PostgreSQL's row lock): a campaign never
+        // skips it, whatever the options say.
+        let mut options = options.clone().label(value);
+        if !options.fencing_value().wanted() {
+            options = options.fencing(crate::Fencing::IfAvailable);
+        }
         let guard = self.lock(name, &options).await?;
         Ok(Leadership {
             guard,

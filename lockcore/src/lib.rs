@@ -70,7 +70,7 @@ pub use lost::{Ended, LostReason, LostSignal, Risk};
 pub use mode::{LockMode, MAX_PERMITS, Support};
 pub use multi::MultiGuard;
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN};
-pub use options::{AutoRenew, DEFAULT_MAX_HOLD, DEFAULT_TTL, LockOptions};
+pub use options::{AutoRenew, DEFAULT_MAX_HOLD, DEFAULT_TTL, Fencing, LockOptions};
 pub use secret::Secret;
 pub use waiting::WaitMark;
 

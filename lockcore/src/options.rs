@@ -36,7 +36,7 @@ pub struct LockOptions {
     wait: Option<Duration>,
     /// `None`: no renewal ([`LockOptions::no_auto_renew`]).
     auto_renew: Option<AutoRenew>,
-    require_fencing: bool,
+    fencing: Fencing,
     require_fair: bool,
     reentrant: bool,
     label: Option<String>,
@@ -49,7 +49,7 @@ impl Default for LockOptions {
             ttl: DEFAULT_TTL,
             wait: None,
             auto_renew: Some(AutoRenew::until(DEFAULT_MAX_HOLD)),
-            require_fencing: false,
+            fencing: Fencing::IfAvailable,
             require_fair: false,
             reentrant: false,
             label: None,
@@ -102,10 +102,34 @@ impl LockOptions {
     }
 
     /// Refuse with [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) unless the backend
-    /// gives fencing tokens.
+    /// gives fencing tokens (`true`: [`Fencing::Required`]); `false` asks for the default,
+    /// [`Fencing::IfAvailable`].
     pub fn require_fencing(mut self, yes: bool) -> Self {
-        self.require_fencing = yes;
+        self.fencing = if yes {
+            Fencing::Required
+        } else {
+            Fencing::IfAvailable
+        };
         self
+    }
+
+    /// Whether the guard needs a fencing token (see [`Fencing`]; the default is
+    /// [`Fencing::IfAvailable`]).
+    pub fn fencing(mut self, fencing: Fencing) -> Self {
+        self.fencing = fencing;
+        self
+    }
+
+    /// No fencing token is wanted ([`Fencing::NotWanted`]): a backend whose tokens cost a
+    /// durable write per acquisition (PostgreSQL's row lock) may skip it, and the guard's
+    /// [`fencing_token`](crate::LockGuard::fencing_token) may then be `None`.
+    pub fn no_fencing(self) -> Self {
+        self.fencing(Fencing::NotWanted)
+    }
+
+    /// Whether a fencing token is asked for ([`LockOptions::fencing`]).
+    pub fn fencing_value(&self) -> Fencing {
+        self.fencing
     }
 
     /// Refuse with [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) unless waiters are
@@ -242,7 +266,7 @@ impl LockOptions {
                 "reentrancy applies to exclusive locks only",
             ));
         }
-        if self.require_fencing && !caps.fencing {
+        if self.fencing == Fencing::Required && !caps.fencing {
             return Err(Error::unsupported("this backend gives no fencing tokens"));
         }
         if self.require_fair && !caps.fair {
@@ -254,6 +278,40 @@ impl LockOptions {
             return Err(Error::unsupported("this backend's locks are not reentrant"));
         }
         Ok(())
+    }
+}
+
+/// Whether an acquisition wants a fencing token ([`LockOptions::fencing`]), carried to the
+/// backend in [`AcquireRequest::fencing`](crate::backend::AcquireRequest::fencing).
+///
+/// A fencing token makes a paused or partitioned holder's late write harmless (the storage
+/// refuses a token lower than one it has seen), but on some backends it costs a durable write
+/// per acquisition: PostgreSQL's row lock otherwise takes a session advisory lock and writes
+/// nothing, and commits (with a WAL flush) its counter only for a token. Every other backend
+/// here makes its token in the same request as the lock and gives one either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Fencing {
+    /// The default: a token wherever the backend gives them
+    /// ([`Capabilities::fencing`]), none elsewhere. Durable where the backend's tokens are
+    /// (on PostgreSQL's row lock this is the committed counter, and its cost).
+    #[default]
+    IfAvailable,
+    /// A token, or [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) from a backend
+    /// without them, before any I/O.
+    Required,
+    /// No token is needed: the holder writes to nothing that checks tokens. A backend may then
+    /// skip what only the token costs, and the guard may carry none
+    /// ([`LockGuard::fencing_token`](crate::LockGuard::fencing_token) `None`); mutual
+    /// exclusion, expiry and the lost signal are unchanged. Tokens of later acquisitions that
+    /// ask for them still only grow.
+    NotWanted,
+}
+
+impl Fencing {
+    /// Whether the backend must make a token (it should, and may skip the work otherwise).
+    pub fn wanted(self) -> bool {
+        self != Fencing::NotWanted
     }
 }
 
@@ -350,6 +408,37 @@ mod tests {
                 .unwrap_err()
                 .kind(),
             ErrorKind::InvalidConfig
+        );
+    }
+
+    #[test]
+    fn fencing_is_asked_for_by_default_and_can_be_declined() {
+        assert_eq!(LockOptions::new().fencing_value(), Fencing::IfAvailable);
+        assert!(Fencing::IfAvailable.wanted() && Fencing::Required.wanted());
+        assert!(!LockOptions::new().no_fencing().fencing_value().wanted());
+        assert_eq!(
+            LockOptions::new().require_fencing(true).fencing_value(),
+            Fencing::Required
+        );
+        assert_eq!(
+            LockOptions::new()
+                .require_fencing(true)
+                .require_fencing(false)
+                .fencing_value(),
+            Fencing::IfAvailable
+        );
+        // Declining a token is fine on a backend without them; requiring one is not.
+        let none = Capabilities::default();
+        assert!(LockOptions::new().no_fencing().validate(&none).is_ok());
+        let fenced = Capabilities {
+            fencing: true,
+            ..Capabilities::default()
+        };
+        assert!(
+            LockOptions::new()
+                .fencing(Fencing::Required)
+                .validate(&fenced)
+                .is_ok()
         );
     }
 }

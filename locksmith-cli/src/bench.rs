@@ -12,7 +12,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use conformance::{Figures, ProcessHandover, ServerRequests};
-use locksmith::{ErrorKind, LockName, LockOptions, Locker};
+use locksmith::{ErrorKind, Fencing, LockName, LockOptions, Locker};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
@@ -20,6 +20,8 @@ use crate::harness::{UrlHarness, labels};
 
 /// The environment variable that hands a worker its URL.
 const WORKER_URL_ENV: &str = "LOCKSMITH_BENCH_URL";
+/// Set (to `off`) when the workers' acquisitions ask for no fencing token.
+const WORKER_FENCING_ENV: &str = "LOCKSMITH_BENCH_FENCING";
 
 /// What the multi-process measurements use.
 #[derive(Clone, Copy, Debug)]
@@ -36,6 +38,8 @@ pub struct Plan {
     pub fair_processes: usize,
     /// How long the fairness run lasts.
     pub fair_secs: Duration,
+    /// Whether every acquisition (in-process and in the workers) asks for a fencing token.
+    pub fencing: Fencing,
 }
 
 impl Default for Plan {
@@ -47,6 +51,7 @@ impl Default for Plan {
             waiter_processes: 10,
             fair_processes: 8,
             fair_secs: Duration::from_secs(10),
+            fencing: Fencing::IfAvailable,
         }
     }
 }
@@ -72,7 +77,7 @@ pub async fn add_process_figures(url: &str, label: &str, figures: &mut Figures, 
         plan.waiter_processes,
         plan.secs.as_secs_f64()
     );
-    match processes(url, plan.processes, plan.secs).await {
+    match processes(url, plan.processes, plan.secs, plan.fencing).await {
         Ok(p) => figures.processes = Some(p),
         Err(e) => eprintln!("[bench] {label}: process hand-over failed: {e}"),
     }
@@ -82,7 +87,7 @@ pub async fn add_process_figures(url: &str, label: &str, figures: &mut Figures, 
             plan.fair_processes,
             plan.fair_secs.as_secs_f64()
         );
-        match processes(url, plan.fair_processes, plan.fair_secs).await {
+        match processes(url, plan.fair_processes, plan.fair_secs, plan.fencing).await {
             Ok(p) => figures.fairness = Some(p),
             Err(e) => eprintln!("[bench] {label}: fairness run failed: {e}"),
         }
@@ -94,8 +99,13 @@ pub async fn add_process_figures(url: &str, label: &str, figures: &mut Figures, 
 }
 
 /// `processes` processes with one client each contend for `secs`.
-async fn processes(url: &str, processes: usize, secs: Duration) -> Result<ProcessHandover, String> {
-    let run = contend(url, processes, 1, secs, None).await?;
+async fn processes(
+    url: &str,
+    processes: usize,
+    secs: Duration,
+    fencing: Fencing,
+) -> Result<ProcessHandover, String> {
+    let run = contend(url, processes, 1, secs, None, fencing).await?;
     let per_process: Vec<u64> = run.counts.iter().map(|c| c.iter().sum()).collect();
     let total: u64 = per_process.iter().sum();
     Ok(ProcessHandover {
@@ -117,6 +127,7 @@ async fn server_requests(url: &str, plan: Plan) -> Result<ServerRequests, String
         per_process,
         plan.secs,
         Some(&probe),
+        plan.fencing,
     )
     .await?;
     probe.flush().await;
@@ -175,6 +186,7 @@ async fn contend(
     clients: usize,
     secs: Duration,
     counter: Option<&Locker>,
+    fencing: Fencing,
 ) -> Result<Contended, String> {
     let name = format!("lsbench-procs-{:08x}", fastrand::u32(..));
     let exe = std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?;
@@ -186,6 +198,10 @@ async fn contend(
             .args(["--millis", &secs.as_millis().to_string()])
             .arg(&name)
             .env(WORKER_URL_ENV, url)
+            .env(
+                WORKER_FENCING_ENV,
+                if fencing.wanted() { "default" } else { "off" },
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
@@ -280,6 +296,11 @@ async fn worker_inner(name: &str, clients: usize, millis: u64) -> locksmith::Res
         .ttl(Duration::from_secs(10))
         .wait_forever()
         .no_auto_renew();
+    let opts = if std::env::var(WORKER_FENCING_ENV).is_ok_and(|v| v == "off") {
+        opts.no_fencing()
+    } else {
+        opts
+    };
     let tasks: Vec<_> = lockers
         .iter()
         .map(|locker| {
@@ -325,7 +346,7 @@ pub async fn bench(urls: &[String], plan: Plan) -> u8 {
             "[bench] {label}: {} (in-process figures, about 4 s)",
             harness.shown_url()
         );
-        match conformance::measure(&harness).await {
+        match conformance::measure_with(&harness, plan.fencing).await {
             Ok(mut f) => {
                 add_process_figures(url, &label, &mut f, plan).await;
                 rows.push((label, f));

@@ -299,6 +299,11 @@ struct BenchArgs {
     /// passed.
     #[arg(long, default_value = "20s", value_parser = parse_duration, requires = "renewals")]
     renewal_window: Duration,
+    /// Every acquisition asks for no fencing token (`LockOptions::no_fencing`): what a holder
+    /// that fences nothing pays (PostgreSQL's row lock then writes nothing). Without it, the
+    /// default options: a token wherever the backend gives them.
+    #[arg(long)]
+    no_fencing: bool,
     /// Lock service URLs. Without any: memory:// and a SQLite file in target/conformance.
     urls: Vec<String>,
 }
@@ -312,6 +317,11 @@ impl BenchArgs {
             waiter_processes: self.waiter_processes.max(1),
             fair_processes: self.fair_processes,
             fair_secs: self.fair_secs,
+            fencing: if self.no_fencing {
+                locksmith::Fencing::NotWanted
+            } else {
+                locksmith::Fencing::IfAvailable
+            },
         }
     }
 }

@@ -168,7 +168,10 @@
 //!   paused holder resumes still "holding" it until it checks. Check [`LockGuard::lost`] or
 //!   [`LockGuard::is_valid`] before acting, and pass [`LockGuard::fencing_token`] to the storage
 //!   you write: **fencing** is what makes the resumed holder's late write harmless (the storage
-//!   refuses a token lower than one it has seen). Redlock has no fencing tokens.
+//!   refuses a token lower than one it has seen). Redlock has no fencing tokens. The default
+//!   options give a token wherever the backend has them; [`LockOptions::no_fencing`] says the
+//!   holder fences nothing, which the PostgreSQL row lock answers without committing its
+//!   counter (most of its acquisition's cost), with a guard that has no token; see [`Fencing`].
 //! * **Holder crash**: TTL backends free the lock after the holder's TTL; session-bound ones
 //!   (SQL row-lock, ZooKeeper) when the connection or session ends.
 //! * **Server restart**: Redis without persistence forgets every lock at once (another client

@@ -12,7 +12,7 @@ use super::support::{check, must_be_held, must_try, ok_or};
 pub(super) async fn acquire_release_reacquire(ctx: &Ctx) -> Outcome {
     let a = ctx.client().await?;
     let name = ctx.name("x");
-    let opts = ctx.opts(ctx.ttl(Duration::from_secs(10)));
+    let opts = ctx.fenced_opts(ctx.ttl(Duration::from_secs(10)));
     for round in 0..3 {
         let g = must_try(&a, &name, &opts, &format!("round {round}")).await?;
         check!(
@@ -110,7 +110,7 @@ pub(super) async fn mutual_exclusion_under_contention(ctx: &Ctx) -> Outcome {
     const ROUNDS: usize = 5;
     let name = ctx.name("x");
     let opts = ctx
-        .opts(ctx.ttl(Duration::from_secs(20)))
+        .fenced_opts(ctx.ttl(Duration::from_secs(20)))
         .wait_timeout(ctx.bound(Duration::from_secs(120)));
     let detector = Arc::new(OverlapDetector::default());
     let mut tasks = Vec::new();

@@ -106,4 +106,11 @@ impl Ctx {
             .wait_timeout(self.bound(Duration::from_secs(30)))
             .no_auto_renew()
     }
+
+    /// [`Ctx::opts`] asking for a fencing token where the backend declares them
+    /// (`Fencing::Required`): a scenario that checks tokens asks for them, whatever the
+    /// default gives (a backend may skip a token nobody asked for).
+    pub(super) fn fenced_opts(&self, ttl: Duration) -> LockOptions {
+        self.opts(ttl).require_fencing(self.caps.fencing)
+    }
 }

@@ -18,7 +18,7 @@ use super::support::{check, ok_or};
 pub(super) async fn one_leader_at_a_time(ctx: &Ctx) -> Outcome {
     let name = ctx.name("leader");
     let opts = ctx
-        .opts(ctx.ttl(Duration::from_secs(30)))
+        .fenced_opts(ctx.ttl(Duration::from_secs(30)))
         .wait_timeout(ctx.bound(Duration::from_secs(20)));
     let observer = ctx.client().await?;
     let leaders = Arc::new(AtomicUsize::new(0));

@@ -1,5 +1,8 @@
-//! Fencing tokens: strictly increasing across holders, takeovers and idle periods.
+//! Fencing tokens: strictly increasing across holders, takeovers and idle periods; holders
+//! that ask for none still exclude each other.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::context::{Ctx, Outcome};
@@ -9,7 +12,7 @@ pub(super) async fn fencing_tokens_increase(ctx: &Ctx) -> Outcome {
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_millis(600));
     let opts = ctx
-        .opts(ttl)
+        .fenced_opts(ttl)
         .wait_timeout(ttl * 3 + ctx.bound(Duration::from_secs(5)));
     let mut tokens = Vec::new();
     for round in 0..3 {
@@ -41,7 +44,7 @@ pub(super) async fn fencing_tokens_increase(ctx: &Ctx) -> Outcome {
     // shows a counter kept for any few TTLs (the short TTL keeps this cheap).
     let idle_name = ctx.name("idle");
     let short = ctx.bound(Duration::from_millis(10)).max(ctx.caps.min_ttl);
-    let short_opts = ctx.opts(short);
+    let short_opts = ctx.fenced_opts(short);
     let mut idle_tokens = Vec::new();
     for idle in [
         short * 3,
@@ -66,5 +69,80 @@ pub(super) async fn fencing_tokens_increase(ctx: &Ctx) -> Outcome {
         idle_tokens.windows(2).all(|w| w[0] < w[1]),
         "fencing tokens are not strictly increasing across idle periods of 3 and up to 100 TTLs of {short:?}: {idle_tokens:?}"
     );
+    Ok(())
+}
+
+/// Holders that ask for no fencing token (`LockOptions::no_fencing`, which lets a backend skip
+/// the token's cost) still exclude each other, and a token asked for after them is above every
+/// token given before them.
+pub(super) async fn no_fencing_still_excludes(ctx: &Ctx) -> Outcome {
+    const CLIENTS: usize = 2;
+    const TASKS: usize = 3;
+    const ROUNDS: usize = 4;
+    let name = ctx.name("x");
+    let ttl = ctx.ttl(Duration::from_secs(20));
+    let fenced = ctx.fenced_opts(ttl);
+    let unfenced = ctx
+        .opts(ttl)
+        .no_fencing()
+        .wait_timeout(ctx.bound(Duration::from_secs(60)));
+    let c = ctx.client().await?;
+    let g = ok_or(c.lock(&name, &fenced).await, "lock() asking for a token")?;
+    let before = g.fencing_token();
+    ok_or(g.release().await, "release")?;
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let client = ctx.client().await?;
+        for _ in 0..TASKS {
+            let (client, name, opts, inside, overlaps) = (
+                client.clone(),
+                name.clone(),
+                unfenced.clone(),
+                inside.clone(),
+                overlaps.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let g = client
+                        .lock(&name, &opts)
+                        .await
+                        .map_err(|e| format!("lock() without a token: {e}"))?;
+                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    g.release().await.map_err(|e| format!("release: {e}"))?;
+                }
+                Ok::<_, String>(())
+            }));
+        }
+    }
+    for t in tasks {
+        ok_or(t.await, "task")??;
+    }
+    let overlaps = overlaps.load(Ordering::SeqCst);
+    check!(
+        overlaps == 0,
+        "{overlaps} times two holders without fencing tokens were inside the critical section at once"
+    );
+    let g = ok_or(
+        c.lock(&name, &fenced).await,
+        "lock() asking for a token again",
+    )?;
+    let after = g.fencing_token();
+    ok_or(g.release().await, "release")?;
+    if ctx.caps.fencing {
+        let (b, a) = (
+            before.ok_or("no fencing token")?,
+            after.ok_or("no fencing token")?,
+        );
+        check!(
+            a > b,
+            "the token asked for after holders without tokens ({a}) is not above the one before them ({b})"
+        );
+    }
     Ok(())
 }

@@ -24,8 +24,11 @@ pub(super) async fn inspect_reports_holder(ctx: &Ctx) -> Outcome {
     })?;
 
     let label = format!("conformance {}", name.as_str());
+    // The token is checked: asked for (and on PostgreSQL's row lock the metadata is stored
+    // with it).
     let opts = LockOptions::new()
         .ttl(ttl)
+        .require_fencing(ctx.caps.fencing)
         .auto_renew(AutoRenew::until(ttl * 50))
         .label(label.as_str());
     let before = SystemTime::now();

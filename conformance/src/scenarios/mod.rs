@@ -136,6 +136,11 @@ pub fn all() -> Vec<Scenario> {
             "fencing tokens strictly increase across holders, expiry takeover and idle periods included"
         ),
         scenario!(
+            fencing::no_fencing_still_excludes,
+            always,
+            "holders that ask for no fencing token still exclude each other, and a token asked for after them is above the one before"
+        ),
+        scenario!(
             renewal::auto_renew_keeps_lock,
             always,
             "auto-renewal keeps the lock past several TTLs"

@@ -29,7 +29,7 @@ pub(super) async fn multi_lock_is_all_or_nothing(ctx: &Ctx) -> Outcome {
         ctx.client().await?,
     );
     let (x, y, z) = (ctx.name("x"), ctx.name("y"), ctx.name("z"));
-    let opts = ctx.opts(ctx.ttl(Duration::from_secs(30)));
+    let opts = ctx.fenced_opts(ctx.ttl(Duration::from_secs(30)));
     let busy = must_try(&other, &y, &opts, "the holder of the middle name").await?;
     let set = [z.clone(), y.clone(), x.clone()];
     match a.try_lock_all(set.clone(), &opts).await {

@@ -164,7 +164,7 @@ pub(super) async fn namespaces_are_independent(ctx: &Ctx) -> Outcome {
     };
     let (o, o2) = (other().await?, other().await?);
     let name = ctx.name("x");
-    let opts = ctx.opts(ctx.ttl(Duration::from_secs(10)));
+    let opts = ctx.fenced_opts(ctx.ttl(Duration::from_secs(10)));
     let ga = must_try(&a, &name, &opts, "the holder in the first namespace").await?;
     let go = match o.try_lock(&name, &opts).await {
         Ok(Some(g)) => g,

@@ -215,7 +215,7 @@ pub(super) async fn readers_share_and_writers_exclude(ctx: &Ctx) -> Outcome {
     );
     let name = ctx.name("rw");
     let ttl = ctx.ttl(Duration::from_secs(30));
-    let (read, write) = (ctx.opts(ttl).shared(), ctx.opts(ttl));
+    let (read, write) = (ctx.fenced_opts(ttl).shared(), ctx.fenced_opts(ttl));
     let g1 = must_try(&r1, &name, &read, "the first reader").await?;
     let g2 = must_try(&r2, &name, &read, "a second reader beside the first").await?;
     must_be_held(&w, &name, &write, "a writer with two readers holding").await?;

@@ -3,10 +3,17 @@
 
 use super::*;
 
+/// An exclusive attempt's answer: the won lease's fence, the holder's remaining seconds, whether
+/// permits hold the name, whether a queued waiter is ahead, and the `lazy` commit's count.
+type AttemptRow = (Option<i64>, Option<f64>, Option<bool>, bool, i64);
+
 impl PgBackend {
     /// One attempt: the lease (or share), or the current holder's remaining time if the
-    /// database knows it. `waits`: the attempt belongs to a waiting `lock()`, whose writer
-    /// marks itself as waiting behind shared holders (a `try_lock` marks nothing).
+    /// database knows it and no queued waiter is ahead of this one, and whether one is. `waits`: the attempt
+    /// belongs to a waiting `lock()`, whose writer marks itself as waiting behind shared
+    /// holders (a `try_lock` marks nothing); `queue`: an exclusive attempt that loses enters
+    /// the waiters' queue (or renews its entry there); `in_flight`, its wait's lock held until
+    /// the (detached) attempt is done, so that the wait's clean-up removes its entry after it.
     ///
     /// Cancel safety: a share or lease won by an attempt whose caller is gone is released in
     /// the background.
@@ -15,9 +22,12 @@ impl PgBackend {
         req: &AcquireRequest,
         bound: Instant,
         waits: bool,
-    ) -> Result<(Option<Acquired>, Option<Duration>)> {
+        queue: bool,
+        in_flight: Option<&Arc<tokio::sync::Mutex<()>>>,
+    ) -> Result<(Option<Acquired>, Option<Duration>, bool)> {
         if req.mode != LockMode::Exclusive {
-            return self.share_attempt(req, bound).await;
+            let (won, left) = self.share_attempt(req, bound).await?;
+            return Ok((won, left, false));
         }
         let token = req.token.to_hex();
         let holder = req.holder.encode();
@@ -29,14 +39,22 @@ impl PgBackend {
         } else {
             0.0
         };
+        let entry_ttl = QUEUE_ENTRY_TTL.as_micros() as f64;
         let lease = self.lease(req, 0);
         let conns = self.conns.clone();
         let mode = req.mode;
         let sent_at = Instant::now();
+        let turn = match in_flight {
+            Some(m) => Some(m.clone().lock_owned().await),
+            None => None,
+        };
         // A cancelled caller's statement may still commit, after a release sent on another
         // connection at the drop: it runs detached, and what it won is released after it.
         let attempt = move |_gone| async move {
-            let reply: Result<(Option<i64>, Option<f64>, Option<bool>)> = conns
+            // Held until this attempt is answered: a queue entry it makes is there before the
+            // wait's clean-up looks.
+            let _turn = turn;
+            let reply: Result<AttemptRow> = conns
                 .run(bound, "acquiring a lease", move |c| {
                     sqlx::query_as(AssertSqlSafe(sql.clone()))
                         .bind(name.clone())
@@ -44,26 +62,32 @@ impl PgBackend {
                         .bind(ttl)
                         .bind(holder.clone())
                         .bind(mark)
+                        .bind(queue)
+                        .bind(entry_ttl)
                         .fetch_one(c)
                         .boxed()
                 })
                 .await;
-            let (fence, remaining, permits) = reply?;
+            let (fence, remaining, permits, behind, _lazy) = reply?;
             if permits == Some(true) {
                 return Err(crate::shares::conflict(mode));
             }
             Ok(match fence {
-                Some(f) => (Some(lease.with_fencing(f as u64)), None),
+                Some(f) => (Some(lease.with_fencing(f as u64)), (None, false)),
+                // Behind another waiter: the holder's expiry is the head's to act on.
                 None => (
                     None,
-                    remaining
-                        .filter(|r| r.is_finite() && *r > 0.0)
-                        .map(|r| Duration::from_secs_f64(r.min(1e6))),
+                    (
+                        remaining
+                            .filter(|r| !behind && r.is_finite() && *r > 0.0)
+                            .map(|r| Duration::from_secs_f64(r.min(1e6))),
+                        behind,
+                    ),
                 ),
             })
         };
-        let (won, left) = crate::run_detached(&req.background, attempt).await?;
-        Ok((won.map(|l| Acquired::new(l, sent_at)), left))
+        let (won, (left, behind)) = crate::run_detached(&req.background, attempt).await?;
+        Ok((won.map(|l| Acquired::new(l, sent_at)), left, behind))
     }
 
     fn lease(&self, req: &AcquireRequest, fencing: u64) -> PgLease {
@@ -214,7 +238,8 @@ impl PgBackend {
         Ok(Wakeups { tx, _stop: stop })
     }
 
-    /// Announces a waiter on `name` until `until` (releases then notify).
+    /// Announces a shared or permit waiter on `name` until `until` (releases then notify the
+    /// name), with a queue entry as long (counted by `queued_waiters`).
     pub(super) async fn mark_waiting(
         &self,
         req: &AcquireRequest,
@@ -223,12 +248,14 @@ impl PgBackend {
     ) -> Result<()> {
         let sql = self.sql.lease_wait_mark.clone();
         let name = req.name.as_str().to_owned();
+        let token = req.token.to_hex();
         let us = until.as_micros() as f64;
         self.conns
             .run(bound, "announcing a lease waiter", move |c| {
                 sqlx::query(AssertSqlSafe(sql.clone()))
                     .bind(name.clone())
                     .bind(us)
+                    .bind(token.clone())
                     .execute(c)
                     .map(|r| r.map(|_| ()))
                     .boxed()
@@ -251,11 +278,11 @@ impl PgBackend {
         // first and only one (no extra round trip for a contended wait).
         if self.wakeups.get().is_none() {
             match self
-                .lease_attempt(req, self.conns.bound_by(deadline), true)
+                .lease_attempt(req, self.conns.bound_by(deadline), true, false, None)
                 .await
             {
-                Ok((Some(acquired), _)) => return Ok(Some(acquired)),
-                Ok((None, _)) => {}
+                Ok((Some(acquired), _, _)) => return Ok(Some(acquired)),
+                Ok((None, _, _)) => {}
                 Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
                 Err(e) => return Err(e),
             }
@@ -264,24 +291,60 @@ impl PgBackend {
         // Subscribed before the first attempt, so a release between an attempt and the sleep
         // is not missed.
         let mut rx = wakeups.as_ref().map(|w| w.tx.subscribe());
+        // Exclusive waiters queue on the server (FIFO): a release notifies the head alone, by
+        // its token. The entry is removed when this wait ends without the lock (a deadline, an
+        // error, a dropped future), in the background; an exclusive attempt that wins removes
+        // it itself. A shared or permit waiter's entry (made with its mark) goes in the
+        // background whichever way its wait ends.
+        let queued = req.mode == LockMode::Exclusive;
+        let in_flight = Arc::new(tokio::sync::Mutex::new(()));
+        let dequeue = CleanUpIfCancelled::arm(
+            Dequeue {
+                in_flight: in_flight.clone(),
+                conns: self.conns.clone(),
+                sql: self.sql.clone(),
+                table: self.config.table.clone(),
+                name: req.name.as_str().to_owned(),
+                token: req.token.to_hex(),
+            },
+            &req.background,
+        );
+        let called = format!("{WAITER_PREFIX}{}", req.token.to_hex());
         let backoff = lockcore::backend::Backoff::for_ttl(req.ttl);
         let mut attempt = 0u32;
         let mut marked_until: Option<Instant> = None;
+        let mut entered = false;
         loop {
             let bound = self.conns.bound_by(deadline);
-            let (acquired, remaining) = match self.lease_attempt(req, bound, true).await {
+            let (acquired, remaining, behind) = match self
+                .lease_attempt(req, bound, true, queued, Some(&in_flight))
+                .await
+            {
                 Ok(r) => r,
                 Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
                 Err(e) => return Err(e),
             };
             if acquired.is_some() {
+                if queued {
+                    dequeue.disarm();
+                }
                 return Ok(acquired);
             }
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);
             }
-            if rx.is_some() && marked_until.is_none_or(|m| m <= now + SAFETY_POLL) {
+            // An attempt that entered the queue counted every entry as ahead of it; waiters
+            // entering at once would each wait for the others, and a release that came before
+            // the entry named nobody: look again, now in the queue (the head then takes a
+            // free lock).
+            if queued && !entered {
+                entered = true;
+                continue;
+            }
+            // Shared and permit waiters announce themselves (releases then notify the name);
+            // an exclusive waiter's queue entry is its announcement.
+            if !queued && rx.is_some() && marked_until.is_none_or(|m| m <= now + SAFETY_POLL) {
                 let horizon = deadline.map_or(WAIT_MARK, |d| (d - now).min(WAIT_MARK))
                     + Duration::from_secs(1);
                 match self
@@ -297,7 +360,11 @@ impl PgBackend {
             }
             // Seen held after subscribing and marking: a release from now on wakes this waiter.
             req.waiting.mark();
-            let cap = if rx.is_some() {
+            // Behind another waiter: only a safety net (the head is told); the head itself
+            // polls as before, since a release racing its entry may have named nobody.
+            let cap = if rx.is_some() && queued && behind {
+                QUEUE_POLL
+            } else if rx.is_some() {
                 SAFETY_POLL
             } else {
                 backoff.delay(attempt)
@@ -312,7 +379,7 @@ impl PgBackend {
                 Some(rx) => loop {
                     tokio::select! {
                         m = rx.recv() => match m {
-                            Ok(Some(n)) if &*n == req.name.as_str() => break,
+                            Ok(Some(n)) if &*n == req.name.as_str() || *n == *called => break,
                             Ok(Some(_)) => continue,
                             Ok(None) | Err(broadcast::error::RecvError::Lagged(_)) => break,
                             Err(broadcast::error::RecvError::Closed) => {
@@ -325,6 +392,50 @@ impl PgBackend {
                 },
             }
         }
+    }
+}
+
+/// The clean-up of a queued exclusive lease waiter whose wait ended without the lock: its
+/// queue entry removed, and the next waiter named if the lock is free (this one may have been
+/// woken as the head and gone).
+struct Dequeue {
+    /// Locked by each attempt until it is answered: a cancelled wait's attempt runs on
+    /// detached and may still enter the queue, so the removal waits for it.
+    in_flight: Arc<tokio::sync::Mutex<()>>,
+    conns: Arc<PgConns>,
+    sql: Arc<Sql>,
+    table: String,
+    name: String,
+    token: String,
+}
+
+impl CancelCleanUp for Dequeue {
+    fn start(self) -> Option<CleanUpTask> {
+        Some(Box::pin(async move {
+            let Dequeue {
+                in_flight,
+                conns,
+                sql,
+                table,
+                name,
+                token,
+            } = self;
+            let _after = in_flight.lock_owned().await;
+            let stmt = sql.lease_dequeue.clone();
+            let done: Result<i64> = conns
+                .run(conns.bound(), "leaving the lease queue", move |c| {
+                    sqlx::query_scalar(AssertSqlSafe(stmt.clone()))
+                        .bind(name.clone())
+                        .bind(token.clone())
+                        .bind(table.clone())
+                        .fetch_one(c)
+                        .boxed()
+                })
+                .await;
+            if let Err(e) = done {
+                tracing::debug!(error = %e, "removing a lease waiter's queue entry failed; it expires on its own");
+            }
+        }))
     }
 }
 

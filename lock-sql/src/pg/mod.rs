@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use lockcore::backend::{AcquireRequest, Acquired, Lease};
+use lockcore::backend::{
+    AcquireRequest, Acquired, CancelCleanUp, CleanUpIfCancelled, CleanUpTask, Lease,
+};
 use lockcore::{Error, Instant, LockInfo, LockMode, LockName, OwnerToken, Result};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection};
@@ -32,10 +34,37 @@ const SAFETY_POLL: Duration = Duration::from_millis(500);
 /// How far ahead a lease waiter announces itself (it announces again when that passes).
 const WAIT_MARK: Duration = Duration::from_secs(30);
 
+/// The longest a queued exclusive lease waiter sleeps without a notification: a release names
+/// only the queue's head, so the others' polls are a safety net (a lost NOTIFY, a head that
+/// died), each a request; every poll also renews the waiter's queue entry.
+const QUEUE_POLL: Duration = Duration::from_secs(2);
+
+/// How long a queue entry lives past its waiter's last attempt (judged on the server's clock):
+/// long enough for the polls in between on a loaded machine, and the longest a crashed
+/// waiter at the head of the queue keeps a freed lock from the next (a cancelled one removes
+/// its entry at once).
+const QUEUE_ENTRY_TTL: Duration = Duration::from_secs(6);
+
+/// A NOTIFY payload naming one queued waiter (its owner token after this byte), not a lock
+/// name: no lock name starts with it (names have no control characters).
+const WAITER_PREFIX: char = '\u{1}';
+
+/// The queue of exclusive lease waiters beside lock table `t` (`<t>_waits`; within
+/// PostgreSQL's 63 bytes as the shares table is).
+pub(crate) fn queue_table(t: &str) -> String {
+    let shares = crate::shares::table(t);
+    let stem = shares.strip_suffix("_shares").unwrap_or(&shares);
+    format!("{stem}_waits")
+}
+
 type PgConns = Conns<PgConnectOptions, ()>;
 
 struct Sql {
     row_try: String,
+    /// `row_try` without the fencing counter (the caller wants no token).
+    row_try_unfenced: String,
+    /// `row_wait` without the fencing counter.
+    row_wait_unfenced: String,
     row_wait: String,
     row_unlock: String,
     row_guard: String,
@@ -45,6 +74,11 @@ struct Sql {
     lease_extend: String,
     lease_release: String,
     lease_wait_mark: String,
+    /// Removes a waiter's queue entry (`$2`), and when the lock is free names the next waiter
+    /// to `$3`'s channel (the removed one may have been woken as the head).
+    lease_dequeue: String,
+    /// Live queued waiters of a name (exclusive, shared and permit).
+    queued_lease: String,
     revoke_lease: String,
     /// Shares (see [`crate::shares`]): the lease row created if missing and locked, read.
     share_lock_row: String,
@@ -120,6 +154,7 @@ impl PgBackend {
         let t = &config.table;
         let old_seq = format!("{}_fseq", &t[..t.len().min(57)]);
         let s = crate::shares::table(t);
+        let q = queue_table(t);
         // One implicit transaction; the advisory lock serialises concurrent first connects
         // (CREATE ... IF NOT EXISTS can still collide on the catalog otherwise). Nothing takes a
         // table lock when the table is already as it should be: row-lock waiters keep a ROW
@@ -147,6 +182,9 @@ impl PgBackend {
                CREATE TABLE IF NOT EXISTS {s} (name TEXT NOT NULL, token TEXT NOT NULL, \
                  mode TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, fence BIGINT NOT NULL, \
                  holder TEXT, PRIMARY KEY (name, token)); \
+               CREATE TABLE IF NOT EXISTS {q} (name TEXT NOT NULL, waiter TEXT NOT NULL, \
+                 mode TEXT NOT NULL, enqueued TIMESTAMPTZ NOT NULL, expires TIMESTAMPTZ NOT NULL, \
+                 PRIMARY KEY (name, waiter)); \
                IF to_regclass('{old_seq}') IS NOT NULL THEN \
                UPDATE {t} SET fence = (SELECT last_value FROM {old_seq}) \
                  WHERE fence < (SELECT last_value FROM {old_seq}); \
@@ -226,32 +264,43 @@ impl PgBackend {
                  FROM (SELECT 1) one LEFT JOIN {t} r ON r.name = $1"
             ),
         };
-        // Under interop=sqlx nothing is counted (a sqlx holder bumps no counter): the statement
-        // answers 0 when the lock was taken, no row when it was not.
+        // Without a fencing token (the caller said it needs none), and under interop=sqlx (a
+        // sqlx holder bumps no counter): the advisory lock and the server-side guard only,
+        // nothing written, so no commit and no WAL flush. The statement answers 0 when the lock
+        // was taken, no row when it was not; the holder parameter is bound as in the counted
+        // form, nothing stores it.
+        let uncounted = |from: &str, cond: &str, holder: &str| {
+            format!("SELECT 0::int8 FROM {from} WHERE {cond} AND ({holder}::text IS NULL OR true)")
+        };
+        let try_cond = format!("CASE WHEN got THEN {} IS NOT NULL END", set_guard("$2"));
+        let wait_cond = format!("{} IS NOT NULL", set_guard("$2"));
+        let try_head =
+            format!("WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock({key}) AS got)");
+        let wait_head = format!(
+            "WITH s AS MATERIALIZED (SELECT set_config('lock_timeout', $3, true) AS t), \
+             l AS MATERIALIZED (SELECT pg_advisory_lock({key}) IS NULL AS x FROM s)"
+        );
         let taken = |from: &str, cond: &str, holder: &str| {
             if interop {
-                // The holder parameter is bound on every statement; nothing stores it here.
-                format!(
-                    "SELECT 0::int8 FROM {from} WHERE {cond} AND ({holder}::text IS NULL OR true)"
-                )
+                uncounted(from, cond, holder)
             } else {
                 fence_upsert(from, cond, holder)
             }
         };
+        // The queue's head for name `$1` (the first live entry), notified by name on channel
+        // `chan` when `cond` holds: only it tries; `but` leaves out an entry being removed.
+        let notify_head = |chan: &str, cond: &str, but: &str| {
+            format!(
+                "SELECT pg_notify({chan}, chr(1) || w.waiter) FROM (SELECT waiter FROM {q} \
+                   WHERE name = $1 AND mode = 'x' AND expires > clock_timestamp() {but} \
+                   ORDER BY enqueued, waiter LIMIT 1) w WHERE {cond}"
+            )
+        };
         let sql = Sql {
-            row_try: format!(
-                "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock({key}) AS got) {}",
-                taken(
-                    "l",
-                    &format!("CASE WHEN got THEN {} IS NOT NULL END", set_guard("$2")),
-                    "$3"
-                )
-            ),
-            row_wait: format!(
-                "WITH s AS MATERIALIZED (SELECT set_config('lock_timeout', $3, true) AS t), \
-                 l AS MATERIALIZED (SELECT pg_advisory_lock({key}) IS NULL AS x FROM s) {}",
-                taken("l", &format!("{} IS NOT NULL", set_guard("$2")), "$4")
-            ),
+            row_try_unfenced: format!("{try_head} {}", uncounted("l", &try_cond, "$3")),
+            row_wait_unfenced: format!("{wait_head} {}", uncounted("l", &wait_cond, "$4")),
+            row_try: format!("{try_head} {}", taken("l", &try_cond, "$3")),
+            row_wait: format!("{wait_head} {}", taken("l", &wait_cond, "$4")),
             row_unlock: format!(
                 "SELECT pg_advisory_unlock({key}) FROM (SELECT {}) g",
                 set_guard("'0'")
@@ -281,11 +330,30 @@ impl PgBackend {
             // the upsert's WHERE); a waiting writer they hold back marks itself
             // (`writer_until`, `$5` µs from now; 0 from try_lock) so later readers wait. The
             // third column: the shares are permits (a semaphore is not a mutex: a conflict).
+            // Exclusive waiters queue (`{q}`, FIFO on the server's clock): a free lock goes to
+            // the queue's head, so an attempt with a live entry ahead of its own (or any, for
+            // one not queued: a try_lock, a first attempt) does not take it, unless the row is
+            // already this owner's (a retry whose answer was lost). A queued attempt (`$6`)
+            // that loses enters the queue or renews its entry for `$7` µs and clears expired
+            // entries (skipping those another statement holds: two waiters clearing each
+            // other's would deadlock); one that wins leaves it. An entry renewed within the
+            // last second is left as it is (the look again right after entering writes
+            // nothing), and an attempt that did not win commits without waiting for the WAL
+            // flush (`lazy`: the setting is read at the statement's commit): the queue is soft
+            // state, a crash loses nothing its waiters' next attempts do not make again, and a
+            // won lease stays durable. The fourth column: someone is ahead (so the
+            // waiter does not wake at the holder's expiry: the head does).
             lease_acquire: format!(
                 "WITH cur AS MATERIALIZED (\
                    SELECT owner, EXTRACT(EPOCH FROM (expires_at - clock_timestamp()))::float8 AS remaining, \
                      EXTRACT(EPOCH FROM (shares_until - clock_timestamp()))::float8 AS shares_left \
                    FROM {t} WHERE name = $1), \
+                 me AS MATERIALIZED (SELECT enqueued FROM {q} WHERE name = $1 AND waiter = $2 \
+                   AND expires > clock_timestamp()), \
+                 ahead AS MATERIALIZED (SELECT 1 AS x FROM {q} w WHERE w.name = $1 AND w.waiter <> $2 \
+                   AND w.mode = 'x' AND w.expires > clock_timestamp() \
+                   AND (NOT EXISTS (SELECT 1 FROM me) OR (w.enqueued, w.waiter) < ((SELECT enqueued FROM me), $2)) \
+                   AND NOT EXISTS (SELECT 1 FROM cur WHERE owner = $2 AND remaining > 0) LIMIT 1), \
                  busy AS MATERIALIZED (SELECT CASE WHEN shares_left > 0 THEN shares_left \
                      ELSE remaining END AS remaining, shares_left > 0 AS by_shares FROM cur \
                    WHERE (owner IS NOT NULL AND owner <> $2 AND remaining > 0) OR shares_left > 0), \
@@ -295,16 +363,28 @@ impl PgBackend {
                    INSERT INTO {t} AS l (name, owner, fence, expires_at, holder, acquired_at) \
                    SELECT $1, $2, 1, clock_timestamp() + $3::float8 * interval '1 microsecond', \
                      $4::text, clock_timestamp() \
-                   WHERE NOT EXISTS (SELECT 1 FROM busy) \
+                   WHERE NOT EXISTS (SELECT 1 FROM busy) AND NOT EXISTS (SELECT 1 FROM ahead) \
                    ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, fence = l.fence + 1, \
                      expires_at = EXCLUDED.expires_at, holder = EXCLUDED.holder, \
                      acquired_at = EXCLUDED.acquired_at, writer_until = NULL \
                    WHERE (l.owner IS NULL OR l.expires_at <= clock_timestamp() OR l.owner = EXCLUDED.owner) \
                      AND (l.shares_until IS NULL OR l.shares_until <= clock_timestamp()) \
-                   RETURNING l.fence) \
+                   RETURNING l.fence), \
+                 left_queue AS (DELETE FROM {q} WHERE name = $1 AND waiter = $2 \
+                   AND EXISTS (SELECT 1 FROM won)), \
+                 gone AS (DELETE FROM {q} WHERE ctid IN (SELECT ctid FROM {q} WHERE $6 AND name = $1 \
+                   AND expires <= clock_timestamp() AND waiter <> $2 FOR UPDATE SKIP LOCKED)), \
+                 queued AS (INSERT INTO {q} (name, waiter, mode, enqueued, expires) \
+                   SELECT $1, $2, 'x', clock_timestamp(), clock_timestamp() + $7::float8 * interval '1 microsecond' \
+                   WHERE $6 AND NOT EXISTS (SELECT 1 FROM won) \
+                   ON CONFLICT (name, waiter) DO UPDATE SET expires = EXCLUDED.expires \
+                   WHERE {q}.expires < EXCLUDED.expires - interval '1 second'), \
+                 lazy AS (SELECT set_config('synchronous_commit', 'off', true) AS s \
+                   WHERE NOT EXISTS (SELECT 1 FROM won)) \
                  SELECT (SELECT fence FROM won) AS fence, (SELECT remaining FROM busy) AS remaining, \
                    (SELECT EXISTS (SELECT 1 FROM {s} WHERE name = $1 AND mode <> 'shared' \
-                      AND expires_at > clock_timestamp()) FROM busy WHERE by_shares) AS permits"
+                      AND expires_at > clock_timestamp()) FROM busy WHERE by_shares) AS permits, \
+                   EXISTS (SELECT 1 FROM ahead) AS behind, (SELECT count(*) FROM lazy) AS lazy"
             ),
             lease_extend: format!(
                 "UPDATE {t} SET expires_at = clock_timestamp() + $3::float8 * interval '1 microsecond' \
@@ -312,16 +392,44 @@ impl PgBackend {
             ),
             // The row (and its fencing counter) stays; a notification goes out on commit only
             // if a waiter announced itself (NOTIFY serialises commits on a global queue lock).
+            // Waiters that announced themselves (`wait_until`: shared holders' waiters) hear
+            // the name; the exclusive waiters' queue hears only its head's token.
             lease_release: format!(
                 "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = 'epoch' \
                    WHERE name = $1 AND owner = $2 AND expires_at > clock_timestamp() \
                    RETURNING name, wait_until), \
-                 n AS (SELECT pg_notify($3, name) FROM r WHERE wait_until > clock_timestamp()) \
-                 SELECT (SELECT count(*) FROM r) + 0 * (SELECT count(*) FROM n)"
+                 n AS (SELECT pg_notify($3, name) FROM r WHERE wait_until > clock_timestamp()), \
+                 h AS ({}) \
+                 SELECT (SELECT count(*) FROM r) + 0 * (SELECT count(*) FROM n) \
+                   + 0 * (SELECT count(*) FROM h)",
+                notify_head("$3", "EXISTS (SELECT 1 FROM r)", "")
             ),
+            lease_dequeue: format!(
+                "WITH d AS (DELETE FROM {q} WHERE name = $1 AND waiter = $2 RETURNING 1), \
+                 h AS ({}) \
+                 SELECT (SELECT count(*) FROM d) + 0 * (SELECT count(*) FROM h)",
+                notify_head(
+                    "$3",
+                    &format!(
+                        "EXISTS (SELECT 1 FROM d) AND NOT EXISTS (SELECT 1 FROM {t} \
+                       WHERE name = $1 AND ((owner IS NOT NULL AND expires_at > clock_timestamp()) \
+                         OR shares_until > clock_timestamp()))"
+                    ),
+                    "AND waiter <> $2"
+                )
+            ),
+            queued_lease: format!(
+                "SELECT count(*) FROM {q} WHERE name = $1 AND expires > clock_timestamp()"
+            ),
+            // A shared or permit waiter's mark, and its queue entry (mode 's': counted by
+            // `queued_waiters`, outside the exclusive waiters' order) as long as the mark.
             lease_wait_mark: format!(
-                "UPDATE {t} SET wait_until = greatest(wait_until, \
-                   clock_timestamp() + $2::float8 * interval '1 microsecond') WHERE name = $1"
+                "WITH m AS (UPDATE {t} SET wait_until = greatest(wait_until, \
+                   clock_timestamp() + $2::float8 * interval '1 microsecond') WHERE name = $1) \
+                 INSERT INTO {q} (name, waiter, mode, enqueued, expires) \
+                 VALUES ($1, $3, 's', clock_timestamp(), \
+                   clock_timestamp() + $2::float8 * interval '1 microsecond') \
+                 ON CONFLICT (name, waiter) DO UPDATE SET expires = EXCLUDED.expires"
             ),
             inspect,
             // Locks the row (created if missing): every change to the name's shares and to
@@ -371,8 +479,11 @@ impl PgBackend {
                      WHERE name = $1 AND $2::text IS NOT NULL AND token <> $2 \
                      AND expires_at > clock_timestamp()) \
                    WHERE name = $1 AND EXISTS (SELECT 1 FROM d) RETURNING wait_until), \
-                 n AS (SELECT pg_notify($3, $1) FROM u WHERE wait_until > clock_timestamp()) \
-                 SELECT (SELECT count(*) FROM d) + 0 * (SELECT count(*) FROM n)"
+                 n AS (SELECT pg_notify($3, $1) FROM u WHERE wait_until > clock_timestamp()), \
+                 h AS ({}) \
+                 SELECT (SELECT count(*) FROM d) + 0 * (SELECT count(*) FROM n) \
+                   + 0 * (SELECT count(*) FROM h)",
+                notify_head("$3", "EXISTS (SELECT 1 FROM u)", "")
             ),
             share_inspect: format!(
                 "SELECT mode, fence, EXTRACT(EPOCH FROM (expires_at - clock_timestamp()))::float8, \
@@ -382,8 +493,11 @@ impl PgBackend {
                 "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = 'epoch' \
                    WHERE name = $1 AND owner IS NOT NULL AND expires_at > clock_timestamp() \
                    RETURNING name, wait_until), \
-                 n AS (SELECT pg_notify($2, name) FROM r WHERE wait_until > clock_timestamp()) \
-                 SELECT (SELECT count(*) FROM r) + 0 * (SELECT count(*) FROM n)"
+                 n AS (SELECT pg_notify($2, name) FROM r WHERE wait_until > clock_timestamp()), \
+                 h AS ({}) \
+                 SELECT (SELECT count(*) FROM r) + 0 * (SELECT count(*) FROM n) \
+                   + 0 * (SELECT count(*) FROM h)",
+                notify_head("$2", "EXISTS (SELECT 1 FROM r)", "")
             ),
         };
         Ok(PgBackend {
@@ -481,7 +595,10 @@ impl PgBackend {
     pub(crate) async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
         match self.config.strategy {
             Strategy::RowLock => self.row_acquire(req, None, true).await,
-            Strategy::Lease => Ok(self.lease_attempt(req, self.conns.bound(), false).await?.0),
+            Strategy::Lease => Ok(self
+                .lease_attempt(req, self.conns.bound(), false, false, None)
+                .await?
+                .0),
         }
     }
 
@@ -499,16 +616,16 @@ impl PgBackend {
         }
     }
 
-    /// Row-lock waiters queued in the server for `name`.
+    /// Waiters queued in the server for `name`: row-lock sessions waiting for the advisory
+    /// lock, or exclusive lease waiters' queue entries.
     ///
     /// Cancel safe.
     pub(crate) async fn queued_waiters(&self, name: &LockName) -> Result<usize> {
-        if self.config.strategy != Strategy::RowLock {
-            return Err(Error::unsupported(
-                "lease waiters poll (woken by NOTIFY); they are not queued in the server",
-            ));
-        }
-        let (name, sql) = (self.row_param(name), self.sql.queued_row.clone());
+        let (name, sql) = match self.config.strategy {
+            Strategy::RowLock => (self.row_param(name), self.sql.queued_row.clone()),
+            // Exclusive waiters' live queue entries.
+            Strategy::Lease => (name.as_str().to_owned(), self.sql.queued_lease.clone()),
+        };
         let n: i64 = self
             .conns
             .run(self.conns.bound(), "counting queued waiters", move |c| {

@@ -145,7 +145,9 @@ impl LockGuard {
     }
 
     /// The fencing token: strictly increasing across successive holders of this name, on
-    /// backends that declare `fencing`.
+    /// backends that declare `fencing`. May be `None` when the options said
+    /// [`no_fencing`](crate::LockOptions::no_fencing) (the backend skipped making one); ask
+    /// for [`Fencing::Required`](crate::Fencing::Required) to be sure of one.
     pub fn fencing_token(&self) -> Option<u64> {
         self.fencing_token
     }

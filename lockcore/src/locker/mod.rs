@@ -391,6 +391,7 @@ impl Locker {
                 .with_holder(Holder::current(options.label_value().map(str::to_owned)))
                 .with_waiting(WaitMark::on(self.inner.waiting.clone(), name))
                 .with_mode(options.mode_value())
+                .with_fencing(options.fencing_value())
                 .with_lost(notifier)
                 .with_background(self.inner.background.clone()),
             signal,
