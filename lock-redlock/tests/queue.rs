@@ -34,17 +34,18 @@ async fn queued_per_master(urls: &[String], lock_key: &str) -> Vec<i64> {
     out
 }
 
-/// Polls `cond` until it holds, failing after a generous bound.
+/// Polls `cond` (faultkit's poll, every 50 ms) until it holds, failing after a generous bound.
 async fn eventually<F, Fut>(what: &str, mut cond: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let end = Instant::now() + Duration::from_secs(10);
-    while !cond().await {
-        assert!(Instant::now() < end, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    faultkit::wait_until(what, Duration::from_secs(10), || {
+        let c = cond();
+        async move { Ok(c.await) }
+    })
+    .await
+    .unwrap();
 }
 
 /// Two clients queue behind a holder; the first gives up (a timeout), the second is dropped:

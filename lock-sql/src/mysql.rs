@@ -832,12 +832,16 @@ impl MyBackend {
                                         .fetch_all(&mut *c)
                                         .await?;
                                 let secs = |us: i64| us as f64 / 1e6;
-                                let seen = crate::shares::Seen {
-                                    exclusive_left: exclusive_us.map(secs),
-                                    writer_left: writer_us.map(secs),
-                                    mine: rows.iter().find(|r| r.0 == token).map(|r| r.3 as i64),
-                                    live: rows.into_iter().map(|r| (r.1, secs(r.2))).collect(),
-                                };
+                                let rows = rows
+                                    .into_iter()
+                                    .map(|(t, m, us, f)| (t, m, secs(us), f as i64))
+                                    .collect();
+                                let seen = crate::shares::Seen::from_rows(
+                                    exclusive_us.map(secs),
+                                    writer_us.map(secs),
+                                    &token,
+                                    rows,
+                                );
                                 let fence = match crate::shares::decide(mode, &seen) {
                                     Err(e) => return Ok(Err(e)),
                                     Ok(Verdict::Wait(_)) => return Ok(Ok(None)),

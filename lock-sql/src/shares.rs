@@ -77,6 +77,24 @@ pub(crate) struct Seen {
     pub(crate) mine: Option<i64>,
 }
 
+impl Seen {
+    /// From the lease row's times left and the name's live share rows, each (owner token,
+    /// mode, seconds left, fence), as every dialect reads them; `token` is this attempt's.
+    pub(crate) fn from_rows(
+        exclusive_left: Option<f64>,
+        writer_left: Option<f64>,
+        token: &str,
+        rows: Vec<(String, String, f64, i64)>,
+    ) -> Self {
+        Seen {
+            exclusive_left,
+            writer_left,
+            mine: rows.iter().find(|r| r.0 == token).map(|r| r.3),
+            live: rows.into_iter().map(|r| (r.1, r.2)).collect(),
+        }
+    }
+}
+
 /// What a share attempt does.
 #[derive(Debug, PartialEq)]
 pub(crate) enum Verdict {

@@ -553,12 +553,7 @@ async fn share_attempt(
             .bind(name)
             .fetch_all(&mut *c)
             .await?;
-    let seen = crate::shares::Seen {
-        exclusive_left,
-        writer_left,
-        mine: rows.iter().find(|r| r.0 == token).map(|r| r.3),
-        live: rows.into_iter().map(|r| (r.1, r.2)).collect(),
-    };
+    let seen = crate::shares::Seen::from_rows(exclusive_left, writer_left, &token, rows);
     let fence = match crate::shares::decide(mode, &seen) {
         Err(e) => return Ok(Err(e)),
         Ok(Verdict::Wait(_)) => return Ok(Ok(None)),

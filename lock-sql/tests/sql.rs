@@ -887,22 +887,15 @@ fn pg_url(params: &str) -> Option<String> {
     conformance::require_env("LOCK_TEST_POSTGRES_URL").map(|pg| with_params(&pg, params))
 }
 
-/// Polls `queued_waiters` until it reports `n`, within a scaled bound.
+/// Polls `queued_waiters` (faultkit's poll) until it reports `n`, within a scaled bound.
 async fn until_queued(locker: &Locker, name: &str, n: usize) {
     let name = LockName::new(name).unwrap();
     let bound = Duration::from_secs(10).mul_f64(conformance::time_scale());
-    let deadline = tokio::time::Instant::now() + bound;
-    loop {
-        let seen = locker.backend().queued_waiters(&name).await.unwrap();
-        if seen == n {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{seen} waiters queued after {bound:?}, expected {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    faultkit::wait_until(&format!("{n} waiters queued"), bound, || async {
+        Ok(locker.backend().queued_waiters(&name).await.unwrap() == n)
+    })
+    .await
+    .unwrap();
 }
 
 /// PostgreSQL row lock without a fencing token: no token, and the lock row's counter is not

@@ -23,6 +23,28 @@ const WORKER_URL_ENV: &str = "LOCKSMITH_BENCH_URL";
 /// Set (to `off`) when the workers' acquisitions ask for no fencing token.
 const WORKER_FENCING_ENV: &str = "LOCKSMITH_BENCH_FENCING";
 
+/// Starts this binary as a worker process (`args` adds its subcommand and flags), the URL in
+/// its environment (never in argv, which any user can read), stdin and stdout piped, killed
+/// when its handle is dropped.
+pub(crate) fn spawn_worker(url: &str, args: impl FnOnce(&mut Command)) -> Result<Child, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?;
+    let mut command = Command::new(exe);
+    args(&mut command);
+    command
+        .env(WORKER_URL_ENV, url)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("starting a worker process: {e}"))
+}
+
+/// The URL a worker process was given (see [`spawn_worker`]).
+pub(crate) fn worker_url() -> locksmith::Result<String> {
+    std::env::var(WORKER_URL_ENV)
+        .map_err(|_| locksmith::Error::invalid_config(format!("{WORKER_URL_ENV} is not set")))
+}
+
 /// What the multi-process measurements use.
 #[derive(Clone, Copy, Debug)]
 pub struct Plan {
@@ -189,24 +211,18 @@ async fn contend(
     fencing: Fencing,
 ) -> Result<Contended, String> {
     let name = format!("lsbench-procs-{:08x}", fastrand::u32(..));
-    let exe = std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?;
     let mut workers = Vec::with_capacity(processes);
     for _ in 0..processes {
-        let mut child = Command::new(&exe)
-            .arg("__bench-worker")
-            .args(["--clients", &clients.to_string()])
-            .args(["--millis", &secs.as_millis().to_string()])
-            .arg(&name)
-            .env(WORKER_URL_ENV, url)
-            .env(
-                WORKER_FENCING_ENV,
-                if fencing.wanted() { "default" } else { "off" },
-            )
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("starting a worker process: {e}"))?;
+        let mut child = spawn_worker(url, |c| {
+            c.arg("__bench-worker")
+                .args(["--clients", &clients.to_string()])
+                .args(["--millis", &secs.as_millis().to_string()])
+                .arg(&name)
+                .env(
+                    WORKER_FENCING_ENV,
+                    if fencing.wanted() { "default" } else { "off" },
+                );
+        })?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err("a worker process has no pipes".into());
         };
@@ -277,8 +293,7 @@ pub async fn worker(name: &str, clients: usize, millis: u64) -> u8 {
 }
 
 async fn worker_inner(name: &str, clients: usize, millis: u64) -> locksmith::Result<Vec<u64>> {
-    let url = std::env::var(WORKER_URL_ENV)
-        .map_err(|_| locksmith::Error::invalid_config(format!("{WORKER_URL_ENV} is not set")))?;
+    let url = worker_url()?;
     let name = LockName::new(name)?;
     let mut lockers = Vec::with_capacity(clients);
     for _ in 0..clients {

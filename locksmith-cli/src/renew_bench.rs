@@ -11,16 +11,11 @@
 //! key), so the renewal rate is checked against what the server saw. The worker then reports
 //! how many leases it lost.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use locksmith::{AutoRenew, ErrorKind, LockGuard, LockOptions};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::Command;
 use tokio::time::Instant;
-
-/// The environment variable that hands the worker its URL.
-const WORKER_URL_ENV: &str = "LOCKSMITH_BENCH_URL";
 
 /// The goal of issue 24 for 100,000 leases, printed beside the figures.
 const GOAL_RSS_MIB: f64 = 64.0;
@@ -113,17 +108,11 @@ impl Measured {
 }
 
 async fn measure(url: &str, plan: RenewPlan) -> Result<Measured, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?;
-    let mut child = Command::new(exe)
-        .arg("__renew-worker")
-        .args(["--leases", &plan.leases.to_string()])
-        .args(["--ttl-ms", &plan.ttl.as_millis().to_string()])
-        .env(WORKER_URL_ENV, url)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("starting the worker: {e}"))?;
+    let mut child = crate::bench::spawn_worker(url, |c| {
+        c.arg("__renew-worker")
+            .args(["--leases", &plan.leases.to_string()])
+            .args(["--ttl-ms", &plan.ttl.as_millis().to_string()]);
+    })?;
     let pid = child.id().ok_or("the worker has no pid")?;
     let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
         return Err("the worker has no pipes".into());
@@ -276,8 +265,7 @@ pub async fn worker(leases: usize, ttl: Duration) -> u8 {
 }
 
 async fn worker_inner(leases: usize, ttl: Duration) -> locksmith::Result<usize> {
-    let url = std::env::var(WORKER_URL_ENV)
-        .map_err(|_| locksmith::Error::invalid_config(format!("{WORKER_URL_ENV} is not set")))?;
+    let url = crate::bench::worker_url()?;
     let locker = locksmith::connect(&url).await?;
     // Renewed every third of the TTL (the default) for longer than any run.
     let opts = LockOptions::new()

@@ -86,9 +86,9 @@ pub(super) async fn reentrancy_as_declared(ctx: &Ctx) -> Outcome {
 
 /// Records who is inside the critical section; any overlap is a violation.
 #[derive(Default)]
-struct OverlapDetector {
+pub(super) struct OverlapDetector {
     inside: AtomicUsize,
-    violations: AtomicUsize,
+    pub(super) violations: AtomicUsize,
     fences: Mutex<Vec<Option<u64>>>,
 }
 
@@ -112,32 +112,7 @@ pub(super) async fn mutual_exclusion_under_contention(ctx: &Ctx) -> Outcome {
     let opts = ctx
         .fenced_opts(ctx.ttl(Duration::from_secs(20)))
         .wait_timeout(ctx.bound(Duration::from_secs(120)));
-    let detector = Arc::new(OverlapDetector::default());
-    let mut tasks = Vec::new();
-    for _ in 0..CLIENTS {
-        let client = ctx.client().await?;
-        for _ in 0..TASKS {
-            let (client, name, opts, detector) =
-                (client.clone(), name.clone(), opts.clone(), detector.clone());
-            tasks.push(tokio::spawn(async move {
-                for _ in 0..ROUNDS {
-                    let g = client
-                        .lock(&name, &opts)
-                        .await
-                        .map_err(|e| format!("lock(): {e}"))?;
-                    detector.enter(g.fencing_token());
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                    tokio::task::yield_now().await;
-                    detector.exit();
-                    g.release().await.map_err(|e| format!("release: {e}"))?;
-                }
-                Ok::<_, Failure>(())
-            }));
-        }
-    }
-    for t in tasks {
-        ok_or(t.await, "task")??;
-    }
+    let detector = contend(ctx, &name, &opts, CLIENTS, TASKS, ROUNDS).await?;
     let violations = detector.violations.load(Ordering::SeqCst);
     check!(
         violations == 0,
@@ -158,6 +133,47 @@ pub(super) async fn mutual_exclusion_under_contention(ctx: &Ctx) -> Outcome {
         );
     }
     Ok(())
+}
+
+/// `clients` clients of `tasks` tasks each loop `rounds` times: `lock()`, a critical section
+/// that yields (so that another holder would run inside it), release. Who was inside, and when,
+/// is in the returned detector.
+pub(super) async fn contend(
+    ctx: &Ctx,
+    name: &lockcore::LockName,
+    opts: &lockcore::LockOptions,
+    clients: usize,
+    tasks: usize,
+    rounds: usize,
+) -> Result<Arc<OverlapDetector>, Failure> {
+    let detector = Arc::new(OverlapDetector::default());
+    let mut running = Vec::new();
+    for _ in 0..clients {
+        let client = ctx.client().await?;
+        for _ in 0..tasks {
+            let (client, name, opts, detector) =
+                (client.clone(), name.clone(), opts.clone(), detector.clone());
+            running.push(tokio::spawn(async move {
+                for _ in 0..rounds {
+                    let g = client
+                        .lock(&name, &opts)
+                        .await
+                        .map_err(|e| format!("lock(): {e}"))?;
+                    detector.enter(g.fencing_token());
+                    for _ in 0..1 + fastrand::usize(..8) {
+                        tokio::task::yield_now().await;
+                    }
+                    detector.exit();
+                    g.release().await.map_err(|e| format!("release: {e}"))?;
+                }
+                Ok::<_, Failure>(())
+            }));
+        }
+    }
+    for t in running {
+        ok_or(t.await, "task")??;
+    }
+    Ok(detector)
 }
 
 pub(super) async fn drop_releases_promptly(ctx: &Ctx) -> Outcome {

@@ -1,8 +1,7 @@
 //! Fencing tokens: strictly increasing across holders, takeovers and idle periods; holders
 //! that ask for none still exclude each other.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::context::{Ctx, Outcome};
@@ -90,40 +89,8 @@ pub(super) async fn no_fencing_still_excludes(ctx: &Ctx) -> Outcome {
     let g = ok_or(c.lock(&name, &fenced).await, "lock() asking for a token")?;
     let before = g.fencing_token();
     ok_or(g.release().await, "release")?;
-    let inside = Arc::new(AtomicUsize::new(0));
-    let overlaps = Arc::new(AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..CLIENTS {
-        let client = ctx.client().await?;
-        for _ in 0..TASKS {
-            let (client, name, opts, inside, overlaps) = (
-                client.clone(),
-                name.clone(),
-                unfenced.clone(),
-                inside.clone(),
-                overlaps.clone(),
-            );
-            tasks.push(tokio::spawn(async move {
-                for _ in 0..ROUNDS {
-                    let g = client
-                        .lock(&name, &opts)
-                        .await
-                        .map_err(|e| format!("lock() without a token: {e}"))?;
-                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
-                        overlaps.fetch_add(1, Ordering::SeqCst);
-                    }
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                    inside.fetch_sub(1, Ordering::SeqCst);
-                    g.release().await.map_err(|e| format!("release: {e}"))?;
-                }
-                Ok::<_, String>(())
-            }));
-        }
-    }
-    for t in tasks {
-        ok_or(t.await, "task")??;
-    }
-    let overlaps = overlaps.load(Ordering::SeqCst);
+    let detector = super::basics::contend(ctx, &name, &unfenced, CLIENTS, TASKS, ROUNDS).await?;
+    let overlaps = detector.violations.load(Ordering::SeqCst);
     check!(
         overlaps == 0,
         "{overlaps} times two holders without fencing tokens were inside the critical section at once"

@@ -140,12 +140,12 @@ impl PgBackend {
                                     .bind(&name)
                                     .fetch_all(&mut *tx)
                                     .await?;
-                            let seen = crate::shares::Seen {
+                            let seen = crate::shares::Seen::from_rows(
                                 exclusive_left,
                                 writer_left,
-                                mine: rows.iter().find(|r| r.0 == token).map(|r| r.3),
-                                live: rows.into_iter().map(|r| (r.1, r.2)).collect(),
-                            };
+                                &token,
+                                rows,
+                            );
                             let verdict = match crate::shares::decide(mode, &seen) {
                                 Ok(v) => v,
                                 Err(e) => return Ok(Err(e)),

@@ -892,14 +892,7 @@ async fn lost_is_reported_at_the_deadline_when_renewals_fail() {
         assert_eq!(g.lost().lost_at(), Some(deadline));
     }
     // Every record went with its loss.
-    let until_empty = async {
-        while a.inner.watchdog.watched() != 0 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    };
-    tokio::time::timeout(SEC, until_empty)
-        .await
-        .expect("lost leases are still watched");
+    until_watched(&a, 0).await;
 }
 
 /// A guard released while its renewal is in flight: the renewal is abandoned with it, so its
