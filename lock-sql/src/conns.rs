@@ -17,6 +17,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use lockcore::backend::CallerGone;
 use lockcore::{Error, ErrorKind, Instant, Result};
 use sqlx::ConnectOptions;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -206,16 +207,53 @@ where
     /// `f` must be idempotent (every caller's statement is).
     ///
     /// Cancel safe: a cancelled statement's connection is closed.
-    pub(crate) async fn run<T, F>(&self, bound: Instant, what: &str, mut f: F) -> Result<T>
+    pub(crate) async fn run<T, F>(&self, bound: Instant, what: &str, f: F) -> Result<T>
+    where
+        F: for<'c> FnMut(&'c mut O::Connection) -> futures::future::BoxFuture<'c, sqlx::Result<T>>,
+    {
+        let sent = self.run_unless(None, bound, what, f).await?;
+        Ok(sent.expect("sent: nothing stops it"))
+    }
+
+    /// [`Conns::run`] for an acquisition attempt run detached: `None`, with nothing sent, when
+    /// its caller left before the statement could be sent. Waiting for a connection (all busy,
+    /// or a new one's TLS handshake) can outlast the caller by far; an attempt sent after that
+    /// would take the lock long after the cancel returned, from clients that saw it free.
+    ///
+    /// Cancel safe, as [`Conns::run`].
+    pub(crate) async fn run_unless_gone<T, F>(
+        &self,
+        gone: &CallerGone,
+        bound: Instant,
+        what: &str,
+        f: F,
+    ) -> Result<Option<T>>
+    where
+        F: for<'c> FnMut(&'c mut O::Connection) -> futures::future::BoxFuture<'c, sqlx::Result<T>>,
+    {
+        self.run_unless(Some(gone), bound, what, f).await
+    }
+
+    async fn run_unless<T, F>(
+        &self,
+        gone: Option<&CallerGone>,
+        bound: Instant,
+        what: &str,
+        mut f: F,
+    ) -> Result<Option<T>>
     where
         F: for<'c> FnMut(&'c mut O::Connection) -> futures::future::BoxFuture<'c, sqlx::Result<T>>,
     {
         loop {
             let mut c = self.get(bound, true).await?;
+            if gone.is_some_and(CallerGone::is_gone) {
+                self.put(c);
+                return Ok(None);
+            }
             match tokio::time::timeout_at(bound, f(&mut c.conn.raw)).await {
                 Ok(Ok(v)) => {
                     self.put(c);
-                    return Ok(v);
+                    return Ok(Some(v));
                 }
                 Ok(Err(e)) if is_conn_err(&e) && c.reused => {
                     tracing::debug!(what, "an idle connection was dead; retrying on a new one");

@@ -745,9 +745,9 @@ impl MyBackend {
         let sent_at = Instant::now();
         // A cancelled caller's statement may still commit, after a release sent on another
         // connection at the drop: it runs detached, and what it won is released after it.
-        let attempt = move |_gone| async move {
+        let attempt = move |gone| async move {
             let reply = conns
-                .run(bound, "acquiring a lease", move |c| {
+                .run_unless_gone(&gone, bound, "acquiring a lease", move |c| {
                     sqlx::query(AssertSqlSafe(sql.clone()))
                         .bind(name.clone())
                         .bind(token.clone())
@@ -761,7 +761,10 @@ impl MyBackend {
                         .boxed()
                 })
                 .await;
-            match reply? {
+            let Some(reply) = reply? else {
+                return Ok(None);
+            };
+            match reply {
                 HELD_BY_PERMITS => Err(crate::shares::conflict(LockMode::Exclusive)),
                 0 | HELD_BY_READERS => Ok(None),
                 id => Ok(Some(lease.with_fencing(id))),
@@ -802,9 +805,9 @@ impl MyBackend {
         let conns = self.conns.clone();
         let sent_at = Instant::now();
         // Detached, as an exclusive attempt (see `lease_attempt`).
-        let attempt = move |_gone| async move {
+        let attempt = move |gone| async move {
             let reply = conns
-                .run(bound, "acquiring a share", move |c| {
+                .run_unless_gone(&gone, bound, "acquiring a share", move |c| {
                     let (sql, name, token, holder) =
                         (sql.clone(), name.clone(), token.clone(), holder.clone());
                     async move {
@@ -896,7 +899,10 @@ impl MyBackend {
                     .boxed()
                 })
                 .await;
-            Ok(reply??.map(|f| lease.with_fencing(f)))
+            let Some(reply) = reply? else {
+                return Ok(None);
+            };
+            Ok(reply?.map(|f| lease.with_fencing(f)))
         };
         let won = crate::run_detached(&req.background, attempt).await?;
         Ok(won.map(|l| Acquired::new(l, sent_at)))

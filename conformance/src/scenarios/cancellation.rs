@@ -257,6 +257,10 @@ pub(super) async fn grant_at_drop_leaves_nothing(ctx: &Ctx) -> Outcome {
                     offset_us as f64 / 1000.0
                 );
                 ok_or(g.release().await, "release")?;
+                // An attempt the waiter had sent before its drop may still be answered, and
+                // what it won is released in the waiter's background: the next round's holder
+                // expects the lock free once that is done.
+                waiter.flush().await;
             }
             Ok::<_, Failure>(())
         });

@@ -29,9 +29,22 @@ pub(super) async fn must_try(
     match locker.try_lock(name, opts).await {
         Ok(Some(g)) => Ok(g),
         Ok(None) => Err(format!(
-            "{who}: try_lock found the lock held, expected it free"
+            "{who}: try_lock found the lock held, expected it free{}",
+            held_by(locker, name).await
         )),
         Err(e) => Err(format!("{who}: try_lock failed: {e}")),
+    }
+}
+
+/// What the backend says of a lock found held when it should be free (where it can inspect):
+/// the TTL left tells a lock just taken from one left behind.
+async fn held_by(locker: &Locker, name: &LockName) -> String {
+    match locker.backend().inspect(name).await {
+        Ok(info) => format!(
+            " (held: {}, fencing token {:?}, TTL left {:?}, waiters {:?})",
+            info.held, info.fencing_token, info.ttl_left, info.waiters
+        ),
+        Err(_) => String::new(),
     }
 }
 

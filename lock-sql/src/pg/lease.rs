@@ -50,12 +50,12 @@ impl PgBackend {
         };
         // A cancelled caller's statement may still commit, after a release sent on another
         // connection at the drop: it runs detached, and what it won is released after it.
-        let attempt = move |_gone| async move {
+        let attempt = move |gone| async move {
             // Held until this attempt is answered: a queue entry it makes is there before the
             // wait's clean-up looks.
             let _turn = turn;
-            let reply: Result<AttemptRow> = conns
-                .run(bound, "acquiring a lease", move |c| {
+            let reply: Result<Option<AttemptRow>> = conns
+                .run_unless_gone(&gone, bound, "acquiring a lease", move |c| {
                     sqlx::query_as(AssertSqlSafe(sql.clone()))
                         .bind(name.clone())
                         .bind(token.clone())
@@ -68,7 +68,9 @@ impl PgBackend {
                         .boxed()
                 })
                 .await;
-            let (fence, remaining, permits, behind, _lazy) = reply?;
+            let Some((fence, remaining, permits, behind, _lazy)) = reply? else {
+                return Ok((None, (None, false)));
+            };
             if permits == Some(true) {
                 return Err(crate::shares::conflict(mode));
             }
@@ -122,9 +124,9 @@ impl PgBackend {
         let conns = self.conns.clone();
         let sent_at = Instant::now();
         // Detached, as an exclusive attempt (see `lease_attempt`).
-        let attempt = move |_gone| async move {
+        let attempt = move |gone| async move {
             let reply = conns
-                .run(bound, "acquiring a share", move |c| {
+                .run_unless_gone(&gone, bound, "acquiring a share", move |c| {
                     let (sql, name, token, holder) =
                         (sql.clone(), name.clone(), token.clone(), holder.clone());
                     async move {
@@ -180,7 +182,10 @@ impl PgBackend {
                     .boxed()
                 })
                 .await;
-            let (fence, wait) = reply??;
+            let Some(reply) = reply? else {
+                return Ok((None, None));
+            };
+            let (fence, wait) = reply?;
             Ok((fence.map(|f| lease.with_fencing(f as u64)), wait))
         };
         let (won, wait) = crate::run_detached(&req.background, attempt).await?;
