@@ -101,6 +101,10 @@ pub struct HolderSpec {
     /// Run with the wall clock this far ahead (libfaketime preloaded; the monotonic clock stays
     /// true). See [`libfaketime`].
     pub clock_ahead: Option<Duration>,
+    /// Hold the lock shared (a reader) instead of exclusive.
+    pub shared: bool,
+    /// Hold one of this many semaphore permits instead of the exclusive lock.
+    pub permits: Option<u32>,
 }
 
 /// libfaketime's preload library (Debian package `libfaketime`), if installed. A holder whose
@@ -141,6 +145,8 @@ impl HolderSpec {
             extend: false,
             id: "holder".into(),
             clock_ahead: None,
+            shared: false,
+            permits: None,
         }
     }
 
@@ -169,6 +175,13 @@ impl HolderSpec {
         if let Some(r) = self.resource {
             a.push("--resource".into());
             a.push(r.to_string());
+        }
+        if self.shared {
+            a.push("--shared".into());
+        }
+        if let Some(n) = self.permits {
+            a.push("--permits".into());
+            a.push(n.to_string());
         }
         a
     }

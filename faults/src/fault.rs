@@ -6,6 +6,7 @@ use conformance::{FaultCell, FaultOutcome};
 use crate::generic::{
     holder_kill, holder_pause, leader_loss, partition, quorum_loss, server_restart, slow_replies,
 };
+use crate::held::Held;
 use crate::redis::{clock_jump, node_restart_empty, sentinel_failover};
 use crate::support::connect;
 use crate::target::{Kind, Target};
@@ -18,6 +19,15 @@ pub enum Fault {
     HolderKill,
     /// The holder process is SIGSTOPped past its TTL, then resumed.
     HolderPause,
+    /// [`Fault::HolderKill`] of a reader (a shared hold); a writer waits.
+    ReaderKill,
+    /// [`Fault::HolderPause`] of a reader; a writer takes over.
+    ReaderPause,
+    /// [`Fault::HolderKill`] of one of two permits, the other held by a live client; a third
+    /// client waits for a permit.
+    PermitKill,
+    /// [`Fault::HolderPause`] of one of two permits, the other held by a live client.
+    PermitPause,
     /// The server (every member) is killed -9 and restarted; Redis comes back empty.
     ServerRestart,
     /// The holder is cut off from the service (proxy blackhole) past its TTL/session.
@@ -49,9 +59,13 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in report order.
-    pub const ALL: [Fault; 14] = [
+    pub const ALL: [Fault; 18] = [
         Fault::HolderKill,
         Fault::HolderPause,
+        Fault::ReaderKill,
+        Fault::ReaderPause,
+        Fault::PermitKill,
+        Fault::PermitPause,
         Fault::ServerRestart,
         Fault::Partition,
         Fault::LeaderLoss,
@@ -71,6 +85,10 @@ impl Fault {
         match self {
             Fault::HolderKill => "holder_kill",
             Fault::HolderPause => "holder_pause",
+            Fault::ReaderKill => "reader_kill",
+            Fault::ReaderPause => "reader_pause",
+            Fault::PermitKill => "permit_kill",
+            Fault::PermitPause => "permit_pause",
             Fault::ServerRestart => "server_restart",
             Fault::Partition => "partition",
             Fault::LeaderLoss => "leader_loss",
@@ -97,6 +115,26 @@ impl Fault {
                 "holder process SIGSTOPped between a lease check and a write, past its TTL, then \
                  resumed: another client proceeds; the fenced resource rejects the stale write; \
                  the lost signal has fired when the resumed holder's next extend returns"
+            }
+            Fault::ReaderKill => {
+                "holder_kill of a reader (a shared hold): a waiting writer gets the lock only \
+                 after the dead reader's validity (lease backends) or its session's end; its \
+                 token is larger"
+            }
+            Fault::ReaderPause => {
+                "holder_pause of a reader: a writer proceeds after the reader's TTL; the fenced \
+                 resource rejects the resumed reader's stale access; its lost signal has fired \
+                 when its next extend returns"
+            }
+            Fault::PermitKill => {
+                "holder_kill of one of 2 permits, the other held live: a third client gets a \
+                 permit only after the dead holder's validity (never sooner: never 3 holders), \
+                 or its session's end"
+            }
+            Fault::PermitPause => {
+                "holder_pause of one of 2 permits, the other held live: a third client gets the \
+                 stopped holder's permit after its TTL; the resumed holder's stale write is \
+                 rejected by token; its lost signal has fired when its next extend returns"
             }
             Fault::ServerRestart => {
                 "every server killed -9 and restarted (Redis: empty, no persistence) under a \
@@ -178,11 +216,28 @@ pub async fn run_fault(target: &mut Target, fault: Fault) -> FaultCell {
         Fault::HolderKill if matches!(target.kind, Kind::Sentinel { .. }) => {
             return sentinel_only(cell);
         }
-        Fault::HolderKill => holder_kill(target, &caps, &mut cell).await,
+        Fault::HolderKill => holder_kill(target, &caps, &mut cell, Held::Exclusive).await,
         Fault::HolderPause if matches!(target.kind, Kind::Sentinel { .. }) => {
             return sentinel_only(cell);
         }
-        Fault::HolderPause => holder_pause(target, &caps, &mut cell).await,
+        Fault::HolderPause => holder_pause(target, &caps, &mut cell, Held::Exclusive).await,
+        Fault::ReaderKill | Fault::ReaderPause | Fault::PermitKill | Fault::PermitPause => {
+            if matches!(target.kind, Kind::Sentinel { .. }) {
+                return sentinel_only(cell);
+            }
+            let held = match fault {
+                Fault::ReaderKill | Fault::ReaderPause => Held::Reader,
+                _ => Held::Permit,
+            };
+            if let Some(why) = held.support(&caps).why_not() {
+                return cell.not_applicable(format!("not declared by this backend: {why}"));
+            }
+            if matches!(fault, Fault::ReaderKill | Fault::PermitKill) {
+                holder_kill(target, &caps, &mut cell, held).await
+            } else {
+                holder_pause(target, &caps, &mut cell, held).await
+            }
+        }
         Fault::ServerRestart => match target.kind {
             Kind::Sentinel { .. } => return sentinel_only(cell),
             Kind::Sqlite => {

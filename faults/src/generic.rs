@@ -8,6 +8,7 @@ use conformance::FaultCell;
 use faultkit::{Direction, FencedResource, Holder, now_unix_micros as now};
 use locksmith::{Capabilities, LockOptions, LostSignal};
 
+use crate::held::Held;
 use crate::service::Service;
 use crate::support::{
     R, bound, bound_for, check_token, connect, connect_url, holder_spec, join, ms, name, proxies,
@@ -15,16 +16,25 @@ use crate::support::{
 };
 use crate::target::{Target, Topo};
 
-pub(crate) async fn holder_kill(t: &mut Target, caps: &Capabilities, cell: &mut FaultCell) -> R {
+/// The holder process (holding `held`) SIGKILLed under a waiting client.
+pub(crate) async fn holder_kill(
+    t: &mut Target,
+    caps: &Capabilities,
+    cell: &mut FaultCell,
+    held: Held,
+) -> R {
     let name = name("kill");
     let b = bound(t);
-    let mut h = Holder::spawn(&holder_spec(t, &name, "a")).map_err(|e| e.to_string())?;
+    let _other = held.occupy(t, &name).await?;
+    let mut spec = holder_spec(t, &name, "a");
+    held.apply(&mut spec);
+    let mut h = Holder::spawn(&spec).map_err(|e| e.to_string())?;
     let acq = h.wait_for("acquired", b).await.map_err(|e| e.to_string())?;
     let w = connect(t).await?;
     let wait = waiter(
         w,
         name.clone(),
-        LockOptions::new().ttl(t.ttl).wait_timeout(b),
+        held.next(LockOptions::new().ttl(t.ttl).wait_timeout(b)),
     );
     h.kill().await.map_err(|e| e.to_string())?;
     let killed = now();
@@ -51,12 +61,21 @@ pub(crate) async fn holder_kill(t: &mut Target, caps: &Capabilities, cell: &mut 
     Ok(())
 }
 
-pub(crate) async fn holder_pause(t: &mut Target, caps: &Capabilities, cell: &mut FaultCell) -> R {
+/// The holder process (holding `held`) SIGSTOPped between a check and a fenced write, past its
+/// TTL, then resumed.
+pub(crate) async fn holder_pause(
+    t: &mut Target,
+    caps: &Capabilities,
+    cell: &mut FaultCell,
+    held: Held,
+) -> R {
     let name = name("pause");
     let b = bound(t);
     let resource = FencedResource::new();
     let (addr, serve) = resource.serve().await.map_err(|e| e.to_string())?;
+    let _other = held.occupy(t, &name).await?;
     let mut spec = holder_spec(t, &name, "a");
+    held.apply(&mut spec);
     spec.resource = Some(addr);
     spec.extend = true;
     spec.work = Duration::from_millis(150);
@@ -76,7 +95,7 @@ pub(crate) async fn holder_pause(t: &mut Target, caps: &Capabilities, cell: &mut
     let won = waiter(
         w,
         name.clone(),
-        LockOptions::new().ttl(t.ttl).wait_timeout(b),
+        held.next(LockOptions::new().ttl(t.ttl).wait_timeout(b)),
     )
     .result(b * 2)
     .await;

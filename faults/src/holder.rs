@@ -4,6 +4,7 @@
 //! ```text
 //! LOCKSMITH_HOLDER_URL=URL locksmith-holder --name NAME --ttl-ms MS [--wait-ms MS] [--renew]
 //!                  [--extend] [--resource HOST:PORT] [--work-ms MS] [--id ID] [--url URL]
+//!                  [--shared | --permits N]
 //! ```
 //!
 //! The URL comes from the environment (`--url` also works by hand): a command line is
@@ -47,6 +48,10 @@ struct Args {
     extend: bool,
     resource: Option<String>,
     id: String,
+    /// Shared (a reader) instead of exclusive.
+    shared: bool,
+    /// One of this many permits instead of exclusive.
+    permits: Option<u32>,
 }
 
 fn parse(args: Vec<String>) -> Args {
@@ -60,6 +65,8 @@ fn parse(args: Vec<String>) -> Args {
         extend: false,
         resource: None,
         id: "holder".into(),
+        shared: false,
+        permits: None,
     };
     let mut it = args.into_iter();
     let ms = |v: Option<String>| {
@@ -79,11 +86,22 @@ fn parse(args: Vec<String>) -> Args {
             "--extend" => a.extend = true,
             "--resource" => a.resource = it.next(),
             "--id" => a.id = it.next().unwrap_or_else(|| fail("--id needs a value")),
+            "--shared" => a.shared = true,
+            "--permits" => {
+                a.permits = Some(
+                    it.next()
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or_else(|| fail("--permits needs a number")),
+                )
+            }
             other => fail(format!("unknown argument {other}")),
         }
     }
     if a.url.is_empty() {
         a.url = std::env::var(faultkit::HOLDER_URL_ENV).unwrap_or_default();
+    }
+    if a.shared && a.permits.is_some() {
+        fail("--shared and --permits exclude each other");
     }
     if a.url.is_empty() || a.name.is_empty() {
         fail(format!(
@@ -114,6 +132,12 @@ pub async fn holder_main(args: Vec<String>) {
         // Without --renew the holder lets its lease run out (guards renew by default).
         opts.no_auto_renew()
     };
+    if args.shared {
+        opts = opts.shared();
+    }
+    if let Some(limit) = args.permits {
+        opts = opts.permits(limit);
+    }
     let guard = match locker.lock(args.name.as_str(), &opts).await {
         Ok(g) => g,
         Err(e) if e.kind() == locksmith::ErrorKind::Timeout => {
