@@ -417,7 +417,13 @@ impl RedisBackend {
     /// `waits`: the attempt belongs to a waiting `lock()`, whose writer marks itself as waiting
     /// behind shared holders (see [`shares`]); a `try_lock` marks nothing.
     async fn attempt(&self, req: &AcquireRequest, keys: &Keys, waits: bool) -> Result<Attempt> {
-        let in_flight = ReleaseIfCancelled::arm(self.lease(req, keys, None), &req.background);
+        let in_flight = ReleaseIfCancelled::arm(
+            RedisLease {
+                behind_attempt: true,
+                ..self.lease(req, keys, None)
+            },
+            &req.background,
+        );
         let outcome = if req.mode != LockMode::Exclusive {
             // WAIT blocks its connection: with min_replicas, shares go through the WAIT one.
             let (mut conn, replicas) = match &self.inner.wait_conn {
@@ -472,6 +478,7 @@ impl RedisBackend {
                 None => Some(fence.unwrap_or(0)),
             },
             share: req.mode != LockMode::Exclusive,
+            behind_attempt: false,
         }
     }
 
@@ -608,7 +615,13 @@ impl RedisBackend {
             // Whether the script ran is unknown: release in case it did (owner-checked).
             Err(e) => e,
         };
-        if let Err(e) = queue::release(&mut self.inner.node.conn(), keys, &token).await {
+        // Over the WAIT connection first: a script still queued there (its reply timed out)
+        // runs before this release, never after it.
+        let released = match queue::release(&mut conn.clone(), keys, &token).await {
+            Ok(held) => Ok(held),
+            Err(_) => queue::release(&mut self.inner.node.conn(), keys, &token).await,
+        };
+        if let Err(e) = released {
             tracing::warn!(error = %e, "could not release an under-replicated lock; it frees after its ttl");
         }
         Err(err)
@@ -824,6 +837,11 @@ struct RedisLease {
     fencing: Option<u64>,
     /// A shared holder's or a permit's lease (see [`shares`]), not the lock key.
     share: bool,
+    /// Released over the `WAIT` connection (`min_replicas`): the clean-up of a cancelled
+    /// attempt, whose script went over that connection. Redis serves one connection's commands
+    /// in order, so the release comes after the script; over the command connection it could
+    /// overtake it, find nothing, and leave what the script then won held for its TTL.
+    behind_attempt: bool,
 }
 
 impl fmt::Debug for RedisLease {
@@ -902,7 +920,10 @@ impl Lease for RedisLease {
     ///
     /// Cancel safety: dropping the future may leave the lock held until its TTL runs out.
     async fn release(&self) -> Result<()> {
-        let mut conn = self.inner.node.conn();
+        let mut conn = match (&self.inner.wait_conn, self.behind_attempt) {
+            (Some((conn, _)), true) => conn.clone(),
+            _ => self.inner.node.conn(),
+        };
         let held = match self.inner.interop {
             _ if self.share => shares::release(&mut conn, &self.keys, &self.token).await?,
             Some(peer) => peer.release(&mut conn, &self.keys, &self.token).await?,

@@ -886,3 +886,51 @@ async fn a_cancelled_head_leaves_the_queue_and_the_next_waiter_is_told() {
     assert_eq!(backend.queued_waiters(&name).await.unwrap(), 0);
     g2.release().await.unwrap();
 }
+
+/// With `min_replicas`, an attempt's script and `WAIT` go over a connection of their own. A
+/// cancelled attempt's clean-up (release what the script may have won) must reach the server
+/// after the script: sent over the command connection it could overtake it, find nothing,
+/// and leave the lock the script then took held for its whole TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_min_replicas_attempts_leave_nothing() {
+    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
+        return;
+    };
+    let strict = Locker::new(
+        RedisBackend::connect(&with_query(&url, "min_replicas=1&replica_timeout_ms=20"))
+            .await
+            .unwrap(),
+    );
+    let plain = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    for round in 0..150 {
+        let name = LockName::new(unique("replicas-cancel")).unwrap();
+        let mode = [LockMode::Exclusive, LockMode::Shared][round % 2];
+        let o = opts(Duration::from_secs(30)).mode(mode);
+        // Dropped 0..600 µs in: before, while or after the pipeline is sent and applied (a
+        // round trip here is about 100 µs; WAIT then holds the reply 20 ms).
+        let after = Duration::from_micros((round as u64 * 4) % 600);
+        let t0 = std::time::Instant::now();
+        tokio::select! {
+            biased;
+            _ = async {
+                while t0.elapsed() < after {
+                    tokio::task::yield_now().await;
+                }
+            } => {}
+            r = strict.try_lock(&name, &o) => {
+                // No replica acknowledges: refused (and released by the attempt itself).
+                let e = r.expect_err("granted without a replica");
+                assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+            }
+        }
+        strict.flush().await;
+        let g = plain
+            .try_lock(&name, &o)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| {
+                panic!("round {round} ({mode}, dropped after {after:?}): the cancelled attempt's lock was left held")
+            });
+        g.release().await.unwrap();
+    }
+}
