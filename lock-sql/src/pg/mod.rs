@@ -259,7 +259,8 @@ impl PgBackend {
             Strategy::Lease => format!(
                 "SELECT COALESCE(r.owner IS NOT NULL AND r.expires_at > clock_timestamp(), false) AS held, \
                    EXTRACT(EPOCH FROM (r.expires_at - clock_timestamp()))::float8 AS remaining, \
-                   NULL::int8 AS waiting, r.fence, r.holder, \
+                   (SELECT count(*) FROM {q} w WHERE w.name = $1 \
+                     AND w.expires > clock_timestamp()) AS waiting, r.fence, r.holder, \
                    (EXTRACT(EPOCH FROM r.acquired_at) * 1000)::float8 AS acquired_ms \
                  FROM (SELECT 1) one LEFT JOIN {t} r ON r.name = $1"
             ),
@@ -638,7 +639,8 @@ impl PgBackend {
         Ok(n.max(0) as usize)
     }
 
-    /// One statement: held or free, TTL left (lease), waiters (row lock), the row's token
+    /// One statement: held or free, TTL left (lease), waiters (the row lock's server queue, the
+    /// lease's queue entries), the row's token
     /// and holder metadata, when acquired on the server's clock.
     ///
     /// Cancel safe.
