@@ -95,6 +95,9 @@ async fn add_columns(conns: &MyConns, table: &str, first: &str, columns: &str) -
 
 struct Sql {
     row_acquire: String,
+    /// `GET_LOCK` alone, 1 when taken: for a holder that wants no token (and under
+    /// `interop=get_lock`, which hands none out): nothing written, no commit.
+    row_acquire_unfenced: String,
     row_unlock: String,
     holder: String,
     lease_acquire: String,
@@ -203,8 +206,8 @@ impl MyBackend {
         // The user lock of a name: per database and table, hashed to fit GET_LOCK's 64
         // characters.
         // Under interop=get_lock, the exact name (as the peers call GET_LOCK); the statements
-        // are otherwise the same (this side's counter row is still bumped, but no token is
-        // handed out: a peer bumps nothing).
+        // are otherwise the same (no token is handed out, a peer bumps nothing: acquisitions
+        // take `GET_LOCK` alone).
         let key = if config.interop == Some(crate::Interop::GetLock) {
             "?".to_owned()
         } else {
@@ -226,6 +229,7 @@ impl MyBackend {
                  ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), \
                    holder_meta = VALUES(holder_meta), acquired_at = VALUES(acquired_at)"
             ),
+            row_acquire_unfenced: format!("SELECT COALESCE(GET_LOCK({key}, ?), 0) = 1"),
             row_unlock: format!("SELECT RELEASE_LOCK({key})"),
             holder: format!("SELECT IS_USED_LOCK({key})"),
             // One statement per attempt, idempotent for the same token. Assignments run left
@@ -589,7 +593,7 @@ impl MyBackend {
     /// One statement per attempt (plus `SET wait_timeout` on a connection whose server-side
     /// guard differs, once per connection and TTL): `GET_LOCK` (tried, or waited for in chunks
     /// of at most [`WAIT_CHUNK`] until the deadline) and the fencing counter bumped and
-    /// committed.
+    /// committed; `GET_LOCK` alone when the holder wants no token (nothing written).
     async fn row_acquire(
         &self,
         req: &AcquireRequest,
@@ -606,6 +610,8 @@ impl MyBackend {
         };
         let guard_s = guard_secs(req.ttl);
         let holder = req.holder.encode();
+        // A token only where one is handed out: a peer of interop=get_lock bumps no counter.
+        let fenced = req.fencing.wanted() && self.config.interop.is_none();
         let mut c = match self.conns.get(self.conns.bound_by(deadline), false).await {
             Ok(c) => c,
             Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
@@ -651,12 +657,31 @@ impl MyBackend {
                 // server shows no waiter to ask).
                 req.waiting.mark();
             }
-            let q = sqlx::query(AssertSqlSafe(self.sql.row_acquire.clone()))
-                .bind(req.name.as_str())
-                .bind(&holder)
-                .bind(req.name.as_str())
-                .bind(wait.as_secs_f64())
-                .execute(&mut c.conn.raw);
+            // The token: `Some(fence)` when taken, `None` when busy; a holder that wants no
+            // token gets 0, unused (nothing counted).
+            let q = if fenced {
+                sqlx::query(AssertSqlSafe(self.sql.row_acquire.clone()))
+                    .bind(req.name.as_str())
+                    .bind(&holder)
+                    .bind(req.name.as_str())
+                    .bind(wait.as_secs_f64())
+                    .execute(&mut c.conn.raw)
+                    .map(|r| {
+                        r.map(|r| match r.rows_affected() {
+                            0 => None,
+                            1 => Some(1),
+                            _ => Some(r.last_insert_id()),
+                        })
+                    })
+                    .boxed()
+            } else {
+                sqlx::query_scalar(AssertSqlSafe(self.sql.row_acquire_unfenced.clone()))
+                    .bind(req.name.as_str())
+                    .bind(wait.as_secs_f64())
+                    .fetch_one(&mut c.conn.raw)
+                    .map(|r| r.map(|got: bool| got.then_some(0)))
+                    .boxed()
+            };
             let bound = Instant::now() + wait + self.config.op_timeout;
             let res = match tokio::time::timeout_at(bound, q).await {
                 Ok(r) => r,
@@ -666,12 +691,7 @@ impl MyBackend {
                 k.disarm();
             }
             match res {
-                Ok(r) if r.rows_affected() > 0 => {
-                    let fence = if r.rows_affected() == 1 {
-                        1
-                    } else {
-                        r.last_insert_id()
-                    };
+                Ok(Some(fence)) => {
                     // As for PostgreSQL: the validity counts from the answer, never the send.
                     let answered_at = Instant::now();
                     c.hold();
@@ -684,14 +704,14 @@ impl MyBackend {
                     let lease = RowLease::start(
                         Box::new(holding),
                         req.name.clone(),
-                        self.config.interop.is_none().then_some(fence),
+                        fenced.then_some(fence),
                         req.ttl,
                         req.lost.clone(),
                         "mysql",
                     );
                     return Ok(Some(Acquired::new(lease, answered_at)));
                 }
-                Ok(_) => {
+                Ok(None) => {
                     // Busy (GET_LOCK timed out): nothing held.
                     if nowait || deadline.is_some_and(|d| Instant::now() >= d) {
                         self.put(c);
