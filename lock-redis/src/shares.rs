@@ -1,4 +1,5 @@
-//! Shared holders and semaphore permits on one Redis server: leases in a sorted set beside the
+//! Shared holders and semaphore permits on one Redis server (and, for readers, on each master
+//! of a Redlock, through [`crate::node::acquire_share`] and its siblings): leases in a sorted set beside the
 //! exclusive lock key, each scored with its expiry on the server's clock (`TIME`), never the
 //! client's (Redisson's expirable semaphore trusts client clocks; a client whose clock runs
 //! ahead would free live permits).
