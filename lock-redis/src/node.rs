@@ -605,6 +605,28 @@ pub async fn release_share_announced(
     crate::shares::release_named(conn, keys, token, message).await
 }
 
+/// Every live share taken with [`acquire_share`] on one server, as `(owner token, share)` in
+/// grant order (the share's fencing token is `None`: these shares have none); empty when the
+/// name has no readers (or is used as a semaphore, which [`acquire_share`] never does).
+///
+/// Cancel safe (drops expired shares only).
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the server fails.
+pub async fn inspect_shares(
+    conn: &mut Conn,
+    keys: &Keys,
+) -> Result<Vec<(String, lockcore::Share)>> {
+    let (mode, shares) = crate::shares::inspect_owned(conn, keys).await?;
+    if mode != Some(lockcore::LockMode::Shared) {
+        return Ok(Vec::new());
+    }
+    Ok(shares
+        .into_iter()
+        .map(|(token, s)| (token, lockcore::Share::new(None, s.ttl_left, s.holder)))
+        .collect())
+}
+
 /// How long a waiting writer's mark (see [`acquire_waiting`]) should last past each of its
 /// attempts when it polls every `poll` at the latest: past its next attempt, and short, so
 /// that a writer that gave up holds later readers back that long at most.

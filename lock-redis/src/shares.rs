@@ -187,7 +187,7 @@ const RELEASE_SHARE_LUA: &str = release_share_lua!("'released'", "'q:'");
 /// waiters queue.
 const RELEASE_SHARE_NAMED_LUA: &str = release_share_lua!("ARGV[4]", "ARGV[4] .. ' q:'");
 
-/// Every live share: `{mode or false, {token, ms left, fence and metadata}...}` flattened.
+/// Every live share: `{mode or '', {ms left, fence and metadata, token}...}` flattened.
 const INSPECT_SHARES_LUA: &str = concat!(
     drop_expired_lua!(),
     r"
@@ -196,6 +196,7 @@ local out = {redis.call('HGET', KEYS[5], 'mode') or ''}
 for i = 1, #all, 2 do
   table.insert(out, tonumber(all[i + 1]) - now)
   table.insert(out, redis.call('HGET', KEYS[5], all[i]) or '')
+  table.insert(out, all[i])
 end
 return out
 "
@@ -456,6 +457,17 @@ pub(crate) async fn inspect(
     conn: &mut Conn,
     keys: &Keys,
 ) -> Result<(Option<LockMode>, Vec<Share>)> {
+    let (mode, shares) = inspect_owned(conn, keys).await?;
+    Ok((mode, shares.into_iter().map(|(_, s)| s).collect()))
+}
+
+/// [`inspect`], each share with its owner token (in grant order).
+///
+/// Cancel safe (drops expired shares only).
+pub(crate) async fn inspect_owned(
+    conn: &mut Conn,
+    keys: &Keys,
+) -> Result<(Option<LockMode>, Vec<(String, Share)>)> {
     let share_keys = ShareKeys::of(keys);
     let mut inv = scripts().inspect.prepare_invoke();
     for k in share_keys.with(keys) {
@@ -472,15 +484,17 @@ pub(crate) async fn inspect(
         .unwrap_or_default();
     let mode = parse_mode(&mode_str);
     let mut shares = Vec::new();
-    while let (Some(left), Some(entry)) = (items.next(), items.next()) {
+    while let (Some(left), Some(entry), Some(token)) = (items.next(), items.next(), items.next()) {
         let left: i64 = redis::from_redis_value(left).unwrap_or(0);
         let entry: String = redis::from_redis_value(entry).unwrap_or_default();
+        let token: String = redis::from_redis_value(token).unwrap_or_default();
         let (fence, meta) = entry.split_once(' ').unwrap_or((&entry, ""));
-        shares.push(Share::new(
+        let share = Share::new(
             fence.parse().ok(),
             u64::try_from(left).ok().map(Duration::from_millis),
             Holder::decode(meta),
-        ));
+        );
+        shares.push((token, share));
     }
     Ok((mode.filter(|_| !shares.is_empty()), shares))
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use conformance::time_scale;
 use faultkit::RedisServer;
 use lock_redlock::RedlockBackend;
-use lockcore::{ErrorKind, Instant, LockName, LockOptions, Locker};
+use lockcore::{ErrorKind, Instant, LockMode, LockName, LockOptions, Locker};
 
 /// Five masters of this test's own (faultkit kills them on drop, also on panic).
 struct Cluster {
@@ -296,9 +296,9 @@ async fn restarted_empty_master_lets_a_writer_beside_a_reader() {
 
 /// Readers on a majority while two of five masters are killed: a writer is still refused (the
 /// shares on the three live masters answer for the readers), a second reader still joins, a
-/// reader's renewal and release are granted by the three; then the writer wins on the three,
-/// and a reader is refused beside it. Readers and writers keep excluding each other with a
-/// minority down, as exclusive holders do.
+/// reader's renewal and release are granted by the three, `inspect` sees both readers; then
+/// the writer wins on the three, and a reader is refused beside it. Readers and writers keep
+/// excluding each other with a minority down, as exclusive holders do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_exclude_a_writer_with_two_masters_down() {
     let mut cluster = Cluster::start().await;
@@ -324,6 +324,12 @@ async fn readers_exclude_a_writer_with_two_masters_down() {
         .extend(scaled(Duration::from_secs(10)))
         .await
         .expect("a reader's renewal by 3 of 5 masters");
+    // inspect sees both readers on the majority that is up.
+    let info = w.inspect(&n).await.expect("inspect with 3 of 5 up");
+    assert!(
+        info.held && info.mode == Some(LockMode::Shared) && info.shares.len() == 2,
+        "inspect beside two readers: {info:?}"
+    );
     // A writer waiting behind both readers (lock(), its deadline short) is refused too.
     let waited = w
         .lock(&n, &opts().wait_timeout(scaled(Duration::from_millis(300))))
