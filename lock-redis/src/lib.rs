@@ -437,6 +437,7 @@ impl RedisBackend {
                 ttl: req.ttl,
                 mode: req.mode,
                 entry: self.queue_entry(waits),
+                fencing: true,
             };
             shares::acquire(&mut conn, keys, &token, &holder, ask, replicas)
                 .await
@@ -486,7 +487,7 @@ impl RedisBackend {
     /// comes at a release, at the earliest shared holder's expiry, or at the safety poll (at
     /// most `poll_ms` away), whichever is first.
     fn writer_slack(&self) -> Duration {
-        self.inner.node.config().poll + Duration::from_secs(1)
+        node::writer_mark_ttl(self.inner.node.config().poll)
     }
 
     async fn run_acquire(

@@ -3,6 +3,8 @@
 //!
 //! * [`Keys`]: the key layout and name escaping of one lock name.
 //! * [`acquire`], [`extend`], [`release`], [`revoke`]: one script each, one round trip each.
+//! * [`acquire_share`], [`extend_share`], [`release_share_announced`]: a reader's lease beside
+//!   the lock key (the read-write protocol of a single node), one script each.
 //! * [`Node`]: a connected client of one server (or cluster) from a parsed [`Config`]: a
 //!   multiplexed reconnecting command connection plus lazily opened pub/sub [`Subscriptions`]
 //!   for the release channel.
@@ -67,7 +69,10 @@ const ACQUIRE_LUA: &str = acquire_lua!();
 /// [`ACQUIRE_LUA`] behind the read-write check of [`shares`](crate::shares): KEYS lock,
 /// holder, fence, shares, share info, waiting writer; `ARGV[4]` how long the writer's mark lasts, ms.
 /// Also returns `{-1, 0}` when the name is held as a semaphore (a conflict).
-const ACQUIRE_BESIDE_SHARES_LUA: &str = concat!(crate::shares::writer_check_lua!(), acquire_lua!());
+const ACQUIRE_BESIDE_SHARES_LUA: &str = concat!(
+    crate::shares::writer_check_lua!("{-1, 0}", "{0, left}"),
+    acquire_lua!()
+);
 
 /// The bare compare-and-delete (no notification), for [`bare_cycle`].
 const COMPARE_AND_DELETE_LUA: &str = r"
@@ -492,28 +497,36 @@ pub async fn release_announced(
     crate::queue::release_named(conn, keys, token, message).await
 }
 
-/// [`acquire`] without a fencing counter, with the server's queue of waiters (Redlock's votes
-/// on each master): a waiting request (`entry` non-zero) that loses joins the queue (or
+/// [`acquire`] without a fencing counter, beside the name's shared holders and with the
+/// server's queue of waiters (Redlock's votes on each master). Live shared holders (see
+/// [`acquire_share`]) hold the lock too: a refused request with a non-zero `mark` marks itself
+/// as the waiting writer for that long ([`writer_mark_ttl`]), so that readers coming later are
+/// refused on this server. A waiting request (`entry` non-zero) that loses joins the queue (or
 /// refreshes its entry there, TTL `entry`, on the server's clock), and a win takes it out.
 /// While the queue has live waiters a free lock goes only to one of them, in any order (so a
 /// request that did not wait, `entry` zero, or a client that just released cannot barge past
-/// them); the queue also decides whom a release wakes ([`release_announced`] names the queue's
-/// head after its message, ` q:<owner token>`; a waiter registered with [`Waiting::queued`] is
-/// woken by a message naming it, and no other is).
+/// them); the queue also decides whom a release wakes ([`release_announced`] and
+/// [`release_share_announced`] name the queue's head after their message, ` q:<owner
+/// token>`; a waiter registered with [`Waiting::queued`] is woken by a message naming it, and
+/// no other is).
 ///
-/// Cancel safety: as [`acquire`]; an entry left behind expires after `entry`.
+/// Cancel safety: as [`acquire`]; an entry left behind expires after `entry`, a mark after
+/// `mark`.
 ///
 /// # Errors
-/// `Unavailable` or `Backend` when the server fails.
+/// `Unavailable` or `Backend` when the server fails; `Conflict` when the name is held as a
+/// semaphore.
 pub async fn acquire_waiting(
     conn: &mut Conn,
     keys: &Keys,
     token: &str,
     holder: &str,
     ttl: Duration,
+    mark: Duration,
     entry: Duration,
 ) -> Result<NodeAttempt> {
-    let (won, value) = crate::queue::acquire_waiting(conn, keys, token, holder, ttl, entry).await?;
+    let (won, value) =
+        crate::queue::acquire_waiting(conn, keys, token, holder, ttl, (mark, entry)).await?;
     Ok(if won {
         NodeAttempt::Won { fence: None }
     } else {
@@ -521,6 +534,104 @@ pub async fn acquire_waiting(
             pttl: u64::try_from(value).ok().map(Duration::from_millis),
         }
     })
+}
+
+/// Takes a shared (reader's) lease for `token` with TTL `ttl` on one server, without a fencing
+/// counter: the single-node read-write protocol of [`shares`](crate::shares) (a sorted set of
+/// readers beside the lock key, expiring on the server's clock), the one a single Redis node
+/// runs for [`LockMode::Shared`](lockcore::LockMode::Shared). Refused (`Held`) while an
+/// exclusive holder or a waiting writer's mark (see [`acquire_waiting`]) is there; `pttl` is
+/// then what is left of the one found. A waiting request (`entry` non-zero) that loses is
+/// counted among the queued waiters (not ordered among them) for `entry`. Idempotent for one
+/// token (a re-sent script resets the share's TTL).
+///
+/// Cancel safety: a dropped call may have taken the share; it then frees after `ttl`.
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the server fails; `Conflict` when the name is held as a
+/// semaphore.
+pub async fn acquire_share(
+    conn: &mut Conn,
+    keys: &Keys,
+    token: &str,
+    holder: &str,
+    ttl: Duration,
+    entry: Duration,
+) -> Result<NodeAttempt> {
+    let ask = crate::shares::ShareAsk {
+        ttl,
+        mode: lockcore::LockMode::Shared,
+        entry,
+        fencing: false,
+    };
+    Ok(
+        match crate::shares::acquire(conn, keys, token, holder, ask, None).await? {
+            crate::shares::ShareAttempt::Won { .. } => NodeAttempt::Won { fence: None },
+            crate::shares::ShareAttempt::Held { wait } => NodeAttempt::Held { pttl: wait },
+        },
+    )
+}
+
+/// Compare-and-extend of a share taken with [`acquire_share`]: resets it to `ttl` if `token`
+/// still holds it; returns whether it did.
+///
+/// Cancel safety: dropping the future may or may not have extended the share.
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the server fails.
+pub async fn extend_share(
+    conn: &mut Conn,
+    keys: &Keys,
+    token: &str,
+    ttl: Duration,
+) -> Result<bool> {
+    crate::shares::extend(conn, keys, token, ttl, None).await
+}
+
+/// Compare-and-remove of a share taken with [`acquire_share`], publishing `message` (followed
+/// by ` q:<head token>` when exclusive waiters queue, as [`release_announced`]): returns
+/// whether `token` held it.
+///
+/// Cancel safety: dropping the future may leave the share held until its TTL runs out.
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the server fails.
+pub async fn release_share_announced(
+    conn: &mut Conn,
+    keys: &Keys,
+    token: &str,
+    message: &str,
+) -> Result<bool> {
+    crate::shares::release_named(conn, keys, token, message).await
+}
+
+/// Every live share taken with [`acquire_share`] on one server, as `(owner token, share)` in
+/// grant order (the share's fencing token is `None`: these shares have none); empty when the
+/// name has no readers (or is used as a semaphore, which [`acquire_share`] never does).
+///
+/// Cancel safe (drops expired shares only).
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the server fails.
+pub async fn inspect_shares(
+    conn: &mut Conn,
+    keys: &Keys,
+) -> Result<Vec<(String, lockcore::Share)>> {
+    let (mode, shares) = crate::shares::inspect_owned(conn, keys).await?;
+    if mode != Some(lockcore::LockMode::Shared) {
+        return Ok(Vec::new());
+    }
+    Ok(shares
+        .into_iter()
+        .map(|(token, s)| (token, lockcore::Share::new(None, s.ttl_left, s.holder)))
+        .collect())
+}
+
+/// How long a waiting writer's mark (see [`acquire_waiting`]) should last past each of its
+/// attempts when it polls every `poll` at the latest: past its next attempt, and short, so
+/// that a writer that gave up holds later readers back that long at most.
+pub fn writer_mark_ttl(poll: Duration) -> Duration {
+    poll + Duration::from_secs(1)
 }
 
 /// Takes `token` out of the queue of waiters of `keys` (see [`acquire_waiting`]), waking the
@@ -562,10 +673,14 @@ pub async fn revoke(conn: &mut Conn, keys: &Keys) -> Result<bool> {
 }
 
 /// [`revoke`], and every shared holder or permit of the name (see
-/// [`shares`](crate::shares)) with it.
+/// [`shares`](crate::shares)), its waiting writer's mark and its queue with it; the queue's
+/// head is told.
 ///
 /// Cancel safety: as [`revoke`].
-pub(crate) async fn revoke_with_shares(conn: &mut Conn, keys: &Keys) -> Result<bool> {
+///
+/// # Errors
+/// As [`revoke`].
+pub async fn revoke_with_shares(conn: &mut Conn, keys: &Keys) -> Result<bool> {
     let sk = crate::shares::ShareKeys::of(keys);
     revoke_keys(
         conn,

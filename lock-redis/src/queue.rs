@@ -72,9 +72,14 @@ pub(crate) use prune_queue_lua;
 
 /// Tells the waiters that the lock may be free: `q:<head>` when the queue `$q` has a live head
 /// (only that waiter acts), else `$plain`; `$cmd` (`PUBLISH` or `SPUBLISH`) on channel `$chan`.
-/// Without waiters (no `$qexp` key) it costs one `EXISTS` more than a plain publish.
+/// With a sixth argument the head's message is `$head .. <head token>` instead (a Redlock
+/// master's release names itself: `<message> q:<head>`). Without waiters (no `$qexp` key) it
+/// costs one `EXISTS` more than a plain publish.
 macro_rules! announce_lua {
     ($q:literal, $qexp:literal, $cmd:literal, $chan:literal, $plain:literal) => {
+        crate::queue::announce_lua!($q, $qexp, $cmd, $chan, $plain, "'q:'")
+    };
+    ($q:literal, $qexp:literal, $cmd:literal, $chan:literal, $plain:literal, $head:literal) => {
         concat!(
             r"
 local head, qt, qnow = nil, nil, nil
@@ -93,7 +98,9 @@ if head then
             $cmd,
             ", ",
             $chan,
-            r", 'q:' .. head)
+            ", ",
+            $head,
+            r" .. head)
 else
   redis.call(",
             $cmd,
@@ -152,20 +159,9 @@ if holder == ARGV[1] then
   out_of_line()
   return {1, tonumber(redis.call('GET', KEYS[3]) or '0'), 0}
 end
-if redis.call('EXISTS', KEYS[4]) == 1 then
 ",
-    crate::shares::drop_expired_lua!(),
+    crate::shares::writer_check_lua!("{-1, 0, -1}", "{0, left, in_line()}"),
     r"
-  local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-  if first[2] then
-    if redis.call('HGET', KEYS[5], 'mode') ~= 'shared' then return {-1, 0, -1} end
-    local left = tonumber(first[2]) - now
-    local mark = tonumber(ARGV[4])
-    if mark > 0 then redis.call('SET', KEYS[6], ARGV[1], 'PX', mark) end
-    return {0, left, in_line()}
-  end
-end
-if redis.call('GET', KEYS[6]) == ARGV[1] then redis.call('DEL', KEYS[6]) end
 if holder then return {0, redis.call('PTTL', KEYS[1]), in_line()} end
 if queue_live then
   local head = redis.call('ZRANGE', KEYS[7], 0, 0)[1]
@@ -248,38 +244,46 @@ return 1
 "
 );
 
-/// The acquire of one master of a Redlock (no fencing counter; KEYS: lock, holder, queue,
-/// queue expiries; ARGV: token, TTL ms, holder metadata, queue entry TTL ms, 0 for a
-/// `try_lock`): as the plain acquire script, except that while the master's queue has live
-/// waiters a free lock goes only to one of them (any of them: the masters' queues may order
-/// them differently, and a vote must be able to win a majority; a newcomer, like the client
-/// that just released, cannot barge past them), and a waiting request that loses joins (or
-/// refreshes its entry in) the queue, which also decides whom a release wakes (see
-/// [`crate::node::acquire_waiting`]). Returns `{1, 0}` or `{0, pttl, or -3 when free but
-/// queued for}`.
+/// The acquire of one master of a Redlock (no fencing counter; KEYS: lock, holder, fence
+/// (unused), shares, share info, waiting writer, queue, queue expiries, as
+/// [`ShareKeys::with`]; ARGV: token, TTL ms, holder metadata, the writer mark's slack ms (0:
+/// no mark), queue entry TTL ms, 0 for a `try_lock`): as the plain acquire script, except that
+/// * live shared holders on this master hold the lock too (the read-write check of
+///   [`shares`](crate::shares), the one a single node runs): a waiting writer refused by them
+///   marks itself there as waiting (readers that come later are refused on this master) and
+///   joins the queue, so that the last reader's release wakes it;
+/// * while the master's queue has live waiters a free lock goes only to one of them (any of
+///   them: the masters' queues may order them differently, and a vote must be able to win a
+///   majority; a newcomer, like the client that just released, cannot barge past them), and a
+///   waiting request that loses joins (or refreshes its entry in) the queue, which also
+///   decides whom a release wakes (see [`crate::node::acquire_waiting`]).
+///
+/// Returns `{1, 0}`, `{0, pttl of the holder, or ms to the earliest share's expiry, or -3 when
+/// free but queued for}` or `{-1, 0}` (the name is held as a semaphore).
 const ACQUIRE_WAITING_LUA: &str = concat!(
     r"
 local holder = redis.call('GET', KEYS[1])
-local queue_live = redis.call('EXISTS', KEYS[4]) == 1
+local queue_live = redis.call('EXISTS', KEYS[8]) == 1
 local qt, qnow = nil, nil
-local function in_line()
-  if tonumber(ARGV[4]) > 0 then
+local function in_line(reply)
+  if tonumber(ARGV[5]) > 0 then
     if not qt then
       qt = redis.call('TIME')
       qnow = tonumber(qt[1]) * 1000 + math.floor(tonumber(qt[2]) / 1000)
     end
-    if not redis.call('ZSCORE', KEYS[3], ARGV[1]) then
-      redis.call('ZADD', KEYS[3], qt[1] * 1000000 + qt[2], ARGV[1])
+    if not redis.call('ZSCORE', KEYS[7], ARGV[1]) then
+      redis.call('ZADD', KEYS[7], qt[1] * 1000000 + qt[2], ARGV[1])
     end
-    redis.call('ZADD', KEYS[4], qnow + tonumber(ARGV[4]), ARGV[1])
-    local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
-    redis.call('PEXPIREAT', KEYS[3], last[2])
-    redis.call('PEXPIREAT', KEYS[4], last[2])
+    redis.call('ZADD', KEYS[8], qnow + tonumber(ARGV[5]), ARGV[1])
+    local last = redis.call('ZRANGE', KEYS[8], -1, -1, 'WITHSCORES')
+    redis.call('PEXPIREAT', KEYS[7], last[2])
+    redis.call('PEXPIREAT', KEYS[8], last[2])
   end
+  return reply
 end
 local function out_of_line()
-  if queue_live and redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
-    redis.call('ZREM', KEYS[4], ARGV[1])
+  if queue_live and redis.call('ZREM', KEYS[7], ARGV[1]) == 1 then
+    redis.call('ZREM', KEYS[8], ARGV[1])
   end
 end
 if holder == ARGV[1] then
@@ -288,17 +292,18 @@ if holder == ARGV[1] then
   out_of_line()
   return {1, 0}
 end
+",
+    crate::shares::writer_check_lua!("{-1, 0}", "in_line({0, left})"),
+    r"
 if holder then
-  in_line()
-  return {0, redis.call('PTTL', KEYS[1])}
+  return in_line({0, redis.call('PTTL', KEYS[1])})
 end
 if queue_live then
 ",
-    prune_queue_lua!("KEYS[3]", "KEYS[4]"),
+    prune_queue_lua!("KEYS[7]", "KEYS[8]"),
     r"
-  if redis.call('ZCARD', KEYS[3]) > 0 and not redis.call('ZSCORE', KEYS[3], ARGV[1]) then
-    in_line()
-    return {0, -3}
+  if redis.call('ZCARD', KEYS[7]) > 0 and not redis.call('ZSCORE', KEYS[7], ARGV[1]) then
+    return in_line({0, -3})
   end
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -416,29 +421,35 @@ pub(crate) async fn release_named(
     Ok(n == 1)
 }
 
-/// See [`crate::node::acquire_waiting`]: `(won, pttl)`.
+/// See [`crate::node::acquire_waiting`]: `(won, pttl)`; a name held as a semaphore is a
+/// `Conflict`.
 pub(crate) async fn acquire_waiting(
     conn: &mut Conn,
     keys: &Keys,
     token: &str,
     holder: &str,
     ttl: Duration,
-    entry: Duration,
+    (mark, entry): (Duration, Duration),
 ) -> Result<(bool, i64)> {
     let sk = ShareKeys::of(keys);
-    let (won, pttl): (i64, i64) = scripts()
-        .acquire_waiting
-        .key(&keys.lock)
-        .key(&keys.holder)
-        .key(&sk.queue)
-        .key(&sk.queue_exp)
+    let mut inv = scripts().acquire_waiting.prepare_invoke();
+    for k in sk.with(keys) {
+        inv.key(k);
+    }
+    let (won, pttl): (i64, i64) = inv
         .arg(token)
         .arg(crate::node::ttl_ms(ttl))
         .arg(holder)
+        .arg(mark.as_millis() as u64)
         .arg(entry.as_millis() as u64)
         .invoke_async(conn)
         .await
         .map_err(|e| map_err("acquire script failed", e))?;
+    if won == -1 {
+        return Err(lockcore::Error::conflict(
+            "the lock is held as a semaphore, and this acquisition asks for it exclusively",
+        ));
+    }
     Ok((won == 1, pttl))
 }
 

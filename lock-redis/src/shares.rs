@@ -1,4 +1,5 @@
-//! Shared holders and semaphore permits on one Redis server: leases in a sorted set beside the
+//! Shared holders and semaphore permits on one Redis server (and, for readers, on each master
+//! of a Redlock, through [`crate::node::acquire_share`] and its siblings): leases in a sorted set beside the
 //! exclusive lock key, each scored with its expiry on the server's clock (`TIME`), never the
 //! client's (Redisson's expirable semaphore trusts client clocks; a client whose clock runs
 //! ahead would free live permits).
@@ -44,15 +45,17 @@ end
     };
 }
 
-/// The read-write check in front of the exclusive acquire script (`KEYS[4..6]`: shares, share
+/// The read-write check in front of an exclusive acquire script (`KEYS[4..6]`: shares, share
 /// info, waiting writer; `ARGV[4]`: how long the writer's mark lasts, ms, past the writer's next
 /// attempt; 0 for an attempt that will not wait, which marks nothing). Live shares hold the
-/// name: a shared use gets `{0, ms to the earliest expiry}` and this writer marked as waiting;
-/// a semaphore use is a conflict, `{-1, 0}`. Otherwise the writer's own mark goes, and the
-/// exclusive script runs. The mark is short (not the readers' TTL) so that a writer that gives
-/// up or is cancelled holds later readers back for that long at most.
+/// name: a shared use returns `$held` (a Lua expression that may use `left`, the ms to the
+/// earliest share's expiry) with this writer marked as waiting; a semaphore use is a conflict,
+/// `$conflict`. Otherwise the writer's own mark goes, and the exclusive script runs. The mark
+/// is short (not the readers' TTL) so that a writer that gives up or is cancelled holds later
+/// readers back for that long at most. One check for every exclusive script beside shares
+/// (a single node's, a queued one's, a Redlock master's).
 macro_rules! writer_check_lua {
-    () => {
+    ($conflict:literal, $held:literal) => {
         concat!(
             r"
 if redis.call('EXISTS', KEYS[4]) == 1 then
@@ -61,11 +64,15 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
             r"
   local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
   if first[2] then
-    if redis.call('HGET', KEYS[5], 'mode') ~= 'shared' then return {-1, 0} end
+    if redis.call('HGET', KEYS[5], 'mode') ~= 'shared' then return ",
+            $conflict,
+            r" end
     local left = tonumber(first[2]) - now
     local mark = tonumber(ARGV[4])
     if mark > 0 then redis.call('SET', KEYS[6], ARGV[1], 'PX', mark) end
-    return {0, left}
+    return ",
+            $held,
+            r"
   end
 end
 if redis.call('GET', KEYS[6]) == ARGV[1] then redis.call('DEL', KEYS[6]) end
@@ -78,7 +85,8 @@ pub(crate) use writer_check_lua;
 
 /// Takes a share for token `ARGV[1]`, TTL `ARGV[2]` ms, metadata `ARGV[3]`, mode `ARGV[4]`
 /// (`shared` or `permit:<limit>`), limit `ARGV[5]` (0 for shared), `ARGV[6]` the TTL ms of a
-/// waiter's entry (0: a `try_lock`). KEYS: lock, holder (unused here, kept for one layout),
+/// waiter's entry (0: a `try_lock`), `ARGV[7]` `1` to advance the fencing counter (`0`: no
+/// counter, the fence reported is 0: Redlock's masters keep none). KEYS: lock, holder (unused here, kept for one layout),
 /// fence, shares, share info, waiting writer, queue, queue expiries. A waiting request that
 /// does not win records itself in the queue's expiries only (counted as a queued waiter, see
 /// [`queue`](crate::queue), without a place in the exclusive waiters' order). Returns
@@ -125,8 +133,11 @@ else
   w = redis.call('PTTL', KEYS[6])
   if w ~= -2 then return waits(w) end
 end
-local fence = math.max(tonumber(redis.call('GET', KEYS[3]) or '0') + 1, now_us)
-redis.call('SET', KEYS[3], string.format('%d', fence))
+local fence = 0
+if ARGV[7] == '1' then
+  fence = math.max(tonumber(redis.call('GET', KEYS[3]) or '0') + 1, now_us)
+  redis.call('SET', KEYS[3], string.format('%d', fence))
+end
 redis.call('ZADD', KEYS[4], now + ttl, ARGV[1])
 redis.call('HSET', KEYS[5], 'mode', ARGV[4], ARGV[1], string.format('%d', fence) .. ' ' .. ARGV[3])
 keep_until_last()
@@ -149,21 +160,34 @@ return 1
 );
 
 /// Removes the share of token `ARGV[1]` if it is live and tells the waiters (`ARGV[2]`:
-/// channel, `ARGV[3]`: `PUBLISH` or `SPUBLISH`). Returns 1 or 0.
-const RELEASE_SHARE_LUA: &str = concat!(
-    drop_expired_lua!(),
-    r"
+/// channel, `ARGV[3]`: `PUBLISH` or `SPUBLISH`) with `$plain`, or `$head .. <head token>` when
+/// exclusive waiters queue (see [`announce_lua`](crate::queue::announce_lua)). Returns 1 or 0.
+macro_rules! release_share_lua {
+    ($plain:literal, $head:literal) => {
+        concat!(
+            drop_expired_lua!(),
+            r"
 if redis.call('ZREM', KEYS[4], ARGV[1]) == 0 then return 0 end
 redis.call('HDEL', KEYS[5], ARGV[1])
 if redis.call('ZCARD', KEYS[4]) == 0 then redis.call('DEL', KEYS[4], KEYS[5]) end
 ",
-    crate::queue::announce_lua!("KEYS[7]", "KEYS[8]", "ARGV[3]", "ARGV[2]", "'released'"),
-    r"
+            crate::queue::announce_lua!("KEYS[7]", "KEYS[8]", "ARGV[3]", "ARGV[2]", $plain, $head),
+            r"
 return 1
 "
-);
+        )
+    };
+}
 
-/// Every live share: `{mode or false, {token, ms left, fence and metadata}...}` flattened.
+/// A single node's share release: `released`, or `q:<head>`.
+const RELEASE_SHARE_LUA: &str = release_share_lua!("'released'", "'q:'");
+
+/// A Redlock master's share release: the release's own message `ARGV[4]` (the same on every
+/// master, see [`crate::node::release_announced`]), followed by ` q:<head>` when exclusive
+/// waiters queue.
+const RELEASE_SHARE_NAMED_LUA: &str = release_share_lua!("ARGV[4]", "ARGV[4] .. ' q:'");
+
+/// Every live share: `{mode or '', {ms left, fence and metadata, token}...}` flattened.
 const INSPECT_SHARES_LUA: &str = concat!(
     drop_expired_lua!(),
     r"
@@ -172,6 +196,7 @@ local out = {redis.call('HGET', KEYS[5], 'mode') or ''}
 for i = 1, #all, 2 do
   table.insert(out, tonumber(all[i + 1]) - now)
   table.insert(out, redis.call('HGET', KEYS[5], all[i]) or '')
+  table.insert(out, all[i])
 end
 return out
 "
@@ -181,6 +206,7 @@ struct Scripts {
     acquire: Script,
     extend: Script,
     release: Script,
+    release_named: Script,
     inspect: Script,
 }
 
@@ -190,6 +216,7 @@ fn scripts() -> &'static Scripts {
         acquire: Script::new(ACQUIRE_SHARE_LUA),
         extend: Script::new(EXTEND_SHARE_LUA),
         release: Script::new(RELEASE_SHARE_LUA),
+        release_named: Script::new(RELEASE_SHARE_NAMED_LUA),
         inspect: Script::new(INSPECT_SHARES_LUA),
     })
 }
@@ -277,6 +304,8 @@ pub(crate) struct ShareAsk {
     /// A waiting request that loses is counted among the queued waiters for this long (zero:
     /// a `try_lock`, not counted).
     pub(crate) entry: Duration,
+    /// Advance the name's fencing counter (a single node always does; Redlock keeps none).
+    pub(crate) fencing: bool,
 }
 
 /// One share attempt (one script, one round trip; with `replicas`, `WAIT` pipelined behind
@@ -292,7 +321,12 @@ pub(crate) async fn acquire(
     ask: ShareAsk,
     replicas: Option<Replicas>,
 ) -> Result<ShareAttempt> {
-    let ShareAsk { ttl, mode, entry } = ask;
+    let ShareAsk {
+        ttl,
+        mode,
+        entry,
+        fencing,
+    } = ask;
     let share_keys = ShareKeys::of(keys);
     let (mode_str, limit) = mode_field(mode);
     let ttl = ttl_ms(ttl).to_string();
@@ -302,7 +336,15 @@ pub(crate) async fn acquire(
         conn,
         &scripts().acquire,
         &share_keys.with(keys),
-        &[token, &ttl, holder, &mode_str, &limit, &entry],
+        &[
+            token,
+            &ttl,
+            holder,
+            &mode_str,
+            &limit,
+            &entry,
+            if fencing { "1" } else { "0" },
+        ],
         replicas,
     )
     .await
@@ -365,16 +407,43 @@ pub(crate) async fn extend(
 ///
 /// Cancel safety: dropping the future may leave the share held until its TTL runs out.
 pub(crate) async fn release(conn: &mut Conn, keys: &Keys, token: &str) -> Result<bool> {
+    release_with(conn, keys, token, None).await
+}
+
+/// [`release`], announced with `message` (and ` q:<head>` behind it when exclusive waiters
+/// queue) instead of `released`: see [`crate::node::release_share_announced`].
+///
+/// Cancel safety: as [`release`].
+pub(crate) async fn release_named(
+    conn: &mut Conn,
+    keys: &Keys,
+    token: &str,
+    message: &str,
+) -> Result<bool> {
+    release_with(conn, keys, token, Some(message)).await
+}
+
+async fn release_with(
+    conn: &mut Conn,
+    keys: &Keys,
+    token: &str,
+    message: Option<&str>,
+) -> Result<bool> {
     let share_keys = ShareKeys::of(keys);
     let publish = publish_command(conn);
-    let mut inv = scripts().release.prepare_invoke();
+    let script = match message {
+        Some(_) => &scripts().release_named,
+        None => &scripts().release,
+    };
+    let mut inv = script.prepare_invoke();
     for k in share_keys.with(keys) {
         inv.key(k);
     }
+    inv.arg(token).arg(&keys.channel).arg(publish);
+    if let Some(m) = message {
+        inv.arg(m);
+    }
     let n: i64 = inv
-        .arg(token)
-        .arg(&keys.channel)
-        .arg(publish)
         .invoke_async(conn)
         .await
         .map_err(|e| map_err("share release script failed", e))?;
@@ -388,6 +457,17 @@ pub(crate) async fn inspect(
     conn: &mut Conn,
     keys: &Keys,
 ) -> Result<(Option<LockMode>, Vec<Share>)> {
+    let (mode, shares) = inspect_owned(conn, keys).await?;
+    Ok((mode, shares.into_iter().map(|(_, s)| s).collect()))
+}
+
+/// [`inspect`], each share with its owner token (in grant order).
+///
+/// Cancel safe (drops expired shares only).
+pub(crate) async fn inspect_owned(
+    conn: &mut Conn,
+    keys: &Keys,
+) -> Result<(Option<LockMode>, Vec<(String, Share)>)> {
     let share_keys = ShareKeys::of(keys);
     let mut inv = scripts().inspect.prepare_invoke();
     for k in share_keys.with(keys) {
@@ -404,15 +484,17 @@ pub(crate) async fn inspect(
         .unwrap_or_default();
     let mode = parse_mode(&mode_str);
     let mut shares = Vec::new();
-    while let (Some(left), Some(entry)) = (items.next(), items.next()) {
+    while let (Some(left), Some(entry), Some(token)) = (items.next(), items.next(), items.next()) {
         let left: i64 = redis::from_redis_value(left).unwrap_or(0);
         let entry: String = redis::from_redis_value(entry).unwrap_or_default();
+        let token: String = redis::from_redis_value(token).unwrap_or_default();
         let (fence, meta) = entry.split_once(' ').unwrap_or((&entry, ""));
-        shares.push(Share::new(
+        let share = Share::new(
             fence.parse().ok(),
             u64::try_from(left).ok().map(Duration::from_millis),
             Holder::decode(meta),
-        ));
+        );
+        shares.push((token, share));
     }
     Ok((mode.filter(|_| !shares.is_empty()), shares))
 }

@@ -11,7 +11,7 @@ use lock_redis::node::{self, ExpiryWatch, Keys, NodeAttempt};
 use lockcore::backend::{
     AcquireRequest, Acquired, Backoff, CancelCleanUp, CleanUpIfCancelled, CleanUpTask,
 };
-use lockcore::{Error, Instant, Result};
+use lockcore::{Error, Instant, LockMode, Result};
 
 use crate::backend::{Inner, RedlockBackend};
 use crate::lease::RedlockLease;
@@ -202,12 +202,14 @@ impl RedlockBackend {
         let ttl = req.ttl;
         // Armed until the attempt is decided: a call dropped with requests in flight releases
         // on every node in the background.
+        let shared = req.mode == LockMode::Shared;
         let in_flight = CleanUpIfCancelled::arm(
             UndoEverywhere {
                 inner: inner.clone(),
                 keys: keys.clone(),
                 token: token.clone(),
                 ttl,
+                shared,
             },
             &req.background,
         );
@@ -215,10 +217,15 @@ impl RedlockBackend {
         // A waiting lock() (undone silently) joins each master's queue of waiters when it
         // loses there, so that a release wakes it only when it is next (see `wait_for`); a
         // try_lock joins nothing, and neither takes a master's free lock past its queue.
-        let entry = if undo == Undo::Silent {
-            node::queue_entry_ttl(inner.cfg.poll)
+        // A waiting writer refused by readers marks itself as waiting on that master (readers
+        // that come later are refused there), for a little past its next vote.
+        let (entry, mark) = if undo == Undo::Silent {
+            (
+                node::queue_entry_ttl(inner.cfg.poll),
+                node::writer_mark_ttl(inner.cfg.poll),
+            )
         } else {
-            Duration::ZERO
+            (Duration::ZERO, Duration::ZERO)
         };
         let sent_at = Instant::now();
         let mut pending = {
@@ -226,7 +233,12 @@ impl RedlockBackend {
             inner.per_node(inner.cfg.node_timeout(ttl), move |mut c| {
                 let (keys, token, holder) = (keys.clone(), token.clone(), holder.clone());
                 async move {
-                    node::acquire_waiting(&mut c, &keys, &token, &holder, ttl, entry).await
+                    if shared {
+                        node::acquire_share(&mut c, &keys, &token, &holder, ttl, entry).await
+                    } else {
+                        node::acquire_waiting(&mut c, &keys, &token, &holder, ttl, mark, entry)
+                            .await
+                    }
                 }
             })
         };
@@ -264,6 +276,7 @@ impl RedlockBackend {
                 background: req.background.clone(),
                 ttl: Mutex::new(ttl),
                 valid_until: Mutex::new(sent_at + ttl - inner.caps.drift_margin(ttl)),
+                shared,
             };
             return Ok(Attempt::Won(Acquired::new(lease, sent_at)));
         }
@@ -272,9 +285,10 @@ impl RedlockBackend {
         let targets: Vec<usize> = (0..n).filter(|i| !others[*i]).collect();
         if !targets.is_empty() {
             let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-            let task = inner
-                .clone()
-                .undo(keys.clone(), token.clone(), targets, undo, ttl);
+            let task =
+                inner
+                    .clone()
+                    .undo(keys.clone(), token.clone(), targets, (undo, shared), ttl);
             req.background.spawn(async move {
                 task.await;
                 let _ = done_tx.send(());
@@ -434,6 +448,8 @@ pub(crate) struct UndoEverywhere {
     pub(crate) keys: Arc<Keys>,
     pub(crate) token: Arc<str>,
     pub(crate) ttl: Duration,
+    /// The attempt asked for a reader's share, not the lock key.
+    pub(crate) shared: bool,
 }
 
 impl CancelCleanUp for UndoEverywhere {
@@ -443,7 +459,7 @@ impl CancelCleanUp for UndoEverywhere {
             self.keys,
             self.token,
             all,
-            Undo::Release,
+            (Undo::Release, self.shared),
             self.ttl,
         )))
     }

@@ -28,8 +28,9 @@ impl RedlockBackend {
         results.into_iter().try_for_each(|(_, r)| r)
     }
 
-    /// Deletes the lock `name` on every master whoever holds it, as an administrator would, and
-    /// wakes its waiters. Returns whether any master held it.
+    /// Deletes the lock `name` on every master whoever holds it (a writer, or every reader, and
+    /// a waiting writer's mark), as an administrator would, and wakes its waiters. Returns
+    /// whether any master held it.
     /// [`Locker::force_release`](lockcore::Locker::force_release) does the same on every
     /// backend.
     ///
@@ -43,7 +44,7 @@ impl RedlockBackend {
             .inner
             .per_node(self.inner.cfg.response_timeout, move |mut c| {
                 let keys = keys.clone();
-                async move { node::revoke(&mut c, &keys).await }
+                async move { node::revoke_with_shares(&mut c, &keys).await }
             })
             .collect::<Vec<_>>()
             .await;

@@ -199,9 +199,8 @@ pub(crate) fn capabilities(cfg: &Parsed) -> Capabilities {
          permits, so a permit won on one majority can be won again on another after a master \
          restarts without persistence (DistributedLock refuses semaphores on Redlock too)",
     );
-    c.shared = lockcore::Support::no(
-        "not yet: readers and a waiting writer's mark would each need a majority of masters",
-    );
+    // Readers and writers each need a majority (see the crate docs, "Read-write locks").
+    c.shared = lockcore::Support::Yes;
     // Below this the per-node timeouts and the drift margin leave no validity.
     c.min_ttl = Duration::from_millis(10);
     c.drift_ppm = 10_000;
@@ -231,6 +230,14 @@ pub(crate) fn capabilities(cfg: &Parsed) -> Capabilities {
                 None => "a tenth of the TTL, 50 ms..1 s".into(),
             }
         ),
+        "read-write locks: a reader holds a share on a majority of the masters, a writer the \
+         lock key on a majority; two majorities share a master, which refuses one of them, so a \
+         reader and a writer never both hold (under the same assumptions as the exclusive lock: \
+         persistence or delayed restarts, no clock jumps); a waiting writer's mark, set on every \
+         master where it finds readers, refuses later readers there: on a majority, no new \
+         reader wins; on a minority, new readers can still win a majority of the others until \
+         the writer's next vote marks them; no fencing tokens in either mode"
+            .into(),
         "not fair: split votes retry after a random, growing delay; a release wakes only the \
          waiter at the head of each master's queue of waiters (queues expire on the masters' \
          clocks and decide whom to wake, not who wins), and waiters also vote at the holder's \

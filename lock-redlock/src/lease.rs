@@ -13,7 +13,7 @@ use crate::quorum::{majority, unconfirmed};
 use crate::subscriptions::release_message;
 use crate::sync::lock_mutex;
 
-/// A lock held on a majority of the masters.
+/// A lock (a writer's, or a reader's share) held on a majority of the masters.
 pub(crate) struct RedlockLease {
     pub(crate) inner: Arc<Inner>,
     pub(crate) keys: Arc<Keys>,
@@ -23,6 +23,8 @@ pub(crate) struct RedlockLease {
     pub(crate) ttl: Mutex<Duration>,
     /// The validity deadline: sent time of the last granted acquire or extend + its TTL - drift.
     pub(crate) valid_until: Mutex<Instant>,
+    /// A reader's share on each master (`LockMode::Shared`), not the lock key.
+    pub(crate) shared: bool,
 }
 
 impl RedlockLease {
@@ -62,8 +64,9 @@ impl Lease for RedlockLease {
         None
     }
 
-    /// Compare-and-`PEXPIRE` on every master at once; granted when a majority confirmed within
-    /// the validity recomputed from when it was sent (awaited that long).
+    /// Compare-and-`PEXPIRE` (a reader: compare-and-extend of its share) on every master at
+    /// once; granted when a majority confirmed within the validity recomputed from when it was
+    /// sent (awaited that long), exactly as for a writer.
     ///
     /// Cancel safety: dropping the future may have extended the lease on some masters; it stays
     /// owner-checked.
@@ -76,10 +79,16 @@ impl Lease for RedlockLease {
         // a busy machine must not fail a renewal the others confirmed.
         let budget = ttl.saturating_sub(drift).max(inner.cfg.node_timeout(ttl));
         let pending = {
-            let (keys, token) = (self.keys.clone(), self.token.clone());
+            let (keys, token, shared) = (self.keys.clone(), self.token.clone(), self.shared);
             inner.per_node(budget, move |mut c| {
                 let (keys, token) = (keys.clone(), token.clone());
-                async move { node::extend(&mut c, &keys, &token, ttl).await }
+                async move {
+                    if shared {
+                        node::extend_share(&mut c, &keys, &token, ttl).await
+                    } else {
+                        node::extend(&mut c, &keys, &token, ttl).await
+                    }
+                }
             })
         };
         match majority(inner, pending, &self.background).await {
@@ -102,8 +111,8 @@ impl Lease for RedlockLease {
         }
     }
 
-    /// Compare-and-delete (publishing to the waiters) on every master at once; released when a
-    /// majority confirmed (the others finish in the background), awaited until the lease's
+    /// Compare-and-delete (a reader: compare-and-remove of its share), publishing to the
+    /// waiters, on every master at once; released when a majority confirmed (the others finish in the background), awaited until the lease's
     /// validity ends (at least one node timeout), see [`RedlockLease::release_budget`].
     ///
     /// Cancel safety: dropping the future may leave the lock held on some masters until its TTL
@@ -111,11 +120,17 @@ impl Lease for RedlockLease {
     async fn release(&self) -> Result<()> {
         let inner = &self.inner;
         let pending = {
-            let (keys, token) = (self.keys.clone(), self.token.clone());
+            let (keys, token, shared) = (self.keys.clone(), self.token.clone(), self.shared);
             let message: Arc<str> = release_message().into();
             inner.per_node(self.release_budget(), move |mut c| {
                 let (keys, token, message) = (keys.clone(), token.clone(), message.clone());
-                async move { node::release_announced(&mut c, &keys, &token, &message).await }
+                async move {
+                    if shared {
+                        node::release_share_announced(&mut c, &keys, &token, &message).await
+                    } else {
+                        node::release_announced(&mut c, &keys, &token, &message).await
+                    }
+                }
             })
         };
         match majority(inner, pending, &self.background).await {

@@ -58,6 +58,56 @@
 //!   per-node timeout passes). Nodes that were down at connect time, or later, are reconnected
 //!   in the background; `connect` itself needs a majority reachable.
 //!
+//! # Read-write locks
+//!
+//! [`LockMode::Shared`](lockcore::LockMode::Shared) (readers together, a writer alone) runs
+//! the read-write protocol of a single Redis node ([`lock_redis::node::acquire_share`] and
+//! the share-aware [`lock_redis::node::acquire_waiting`]: the same scripts and keys) on every
+//! master, with the quorum of the exclusive lock on top:
+//!
+//! * **A reader** holds a share (an entry of a sorted set beside the lock key, expiring on the
+//!   master's clock) on a majority of the masters. A master grants it unless a writer holds
+//!   the lock key there or a waiting writer's mark is there. The vote, the validity
+//!   (`ttl - elapsed - drift`, measured from before the first request), the undo of a failed
+//!   attempt on every master that may hold its share (owner-checked; a waiting reader's undo
+//!   is silent, a `try_lock`'s or a cancelled call's publishes), the split-vote back-off, the
+//!   waiting by notification, the renewal (granted when a majority confirmed within the
+//!   validity recomputed from its send) and the release (owner-checked on every master,
+//!   released when a majority confirmed) are the exclusive lock's, as is the cancellation
+//!   clean-up (the same background undo, `Locker::flush` waits for it).
+//! * **A writer** holds the lock key on a majority, as an exclusive lock does; a master
+//!   refuses it while live shares are there.
+//! * **Safety**: any two majorities of the N masters share at least one master, and that
+//!   master grants a reader and a writer of one name never at once (one script decides, the
+//!   share set and the lock key are checked together). So while a reader holds a majority no
+//!   writer can win one, and the other way round. This holds under the assumptions the
+//!   exclusive lock needs, and fails where it fails (see below): a master that restarts
+//!   without persistence before the leases end forgets the shares and the lock key it
+//!   granted, and counts again for the other side (a writer beside readers: the fault test
+//!   `restarted_empty_master_lets_a_writer_beside_a_reader` shows it), as does a master whose
+//!   clock jumps forward and expires them early. Run the masters with `appendonly yes` +
+//!   `appendfsync always`, or delay restarts by one max TTL.
+//! * **A waiting writer is not starved by readers**: each of its votes marks it as the waiting
+//!   writer (`…:writer`, for `poll_ms` + 1 s past that vote, renewed by every vote) on every
+//!   master where it found live shares, and joins that master's queue of waiters, so the last
+//!   reader's release there wakes it. A reader is refused on a master with the mark.
+//!   * **Marks on a majority** (the readers it waits for hold a majority, so after one vote
+//!     that reached them the writer's marks are on at least that majority): no new reader can
+//!     win a majority, since every majority includes a marked master. The readers holding
+//!     leave or expire, and the writer wins at its next vote.
+//!   * **Marks on a minority** (masters that did not answer the writer's vote, or that held no
+//!     share when it arrived): a new reader can still win a majority of unmarked masters and
+//!     join the readers, and the writer waits for it too. Its next vote marks every master
+//!     where it then finds shares, which includes the new reader's majority: readers keep
+//!     overtaking the writer only while its votes do not reach a majority of the masters
+//!     holding shares. Not fair beyond that: readers and writers are not ordered among
+//!     themselves.
+//!   * **A writer that gives up** (timed out, cancelled, crashed) leaves every master's queue
+//!     (in the background), and its marks expire within `poll_ms` + 1 s of its last vote:
+//!     readers are held back that long at most, never for the readers' TTL.
+//! * **No fencing tokens** in either mode (see below); the masters keep no counter for shares
+//!   either.
+//!
 //! # What Redlock does not give you
 //!
 //! Read this before choosing Redlock: it is a lock for efficiency (avoiding duplicate work), not

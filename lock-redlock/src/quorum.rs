@@ -23,7 +23,8 @@ pub(crate) type NodeFuture<T> = Pin<Box<dyn Future<Output = (usize, Result<T>)> 
 pub(crate) enum Undo {
     /// Owner-checked delete that publishes (waiters re-check).
     Release,
-    /// Owner-checked `PEXPIRE 1`: gone within a millisecond, wakes nobody.
+    /// Owner-checked `PEXPIRE 1` (a share: its expiry set 1 ms ahead): gone within a
+    /// millisecond, wakes nobody.
     Silent,
 }
 
@@ -85,13 +86,14 @@ impl Inner {
         }
     }
 
-    /// Undoes an attempt's keys on `targets`.
+    /// Undoes an attempt's keys on `targets`: its lock key, or with `shared` its reader's
+    /// share (owner-checked either way).
     pub(crate) async fn undo(
         self: Arc<Self>,
         keys: Arc<Keys>,
         token: Arc<str>,
         targets: Vec<usize>,
-        how: Undo,
+        (how, shared): (Undo, bool),
         ttl: Duration,
     ) {
         let message: Arc<str> = release_message().into();
@@ -106,12 +108,19 @@ impl Inner {
                 async move {
                     let mut c = node.conn();
                     let op = async {
-                        match how {
-                            Undo::Release => {
+                        let gone = Duration::from_millis(1);
+                        match (how, shared) {
+                            (Undo::Release, false) => {
                                 node::release_announced(&mut c, &keys, &token, &message).await
                             }
-                            Undo::Silent => {
-                                node::extend(&mut c, &keys, &token, Duration::from_millis(1)).await
+                            (Undo::Release, true) => {
+                                node::release_share_announced(&mut c, &keys, &token, &message).await
+                            }
+                            (Undo::Silent, false) => {
+                                node::extend(&mut c, &keys, &token, gone).await
+                            }
+                            (Undo::Silent, true) => {
+                                node::extend_share(&mut c, &keys, &token, gone).await
                             }
                         }
                     };

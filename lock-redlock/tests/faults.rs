@@ -12,7 +12,7 @@ use std::time::Duration;
 use conformance::time_scale;
 use faultkit::RedisServer;
 use lock_redlock::RedlockBackend;
-use lockcore::{ErrorKind, Instant, LockName, LockOptions, Locker};
+use lockcore::{ErrorKind, Instant, LockMode, LockName, LockOptions, Locker};
 
 /// Five masters of this test's own (faultkit kills them on drop, also on panic).
 struct Cluster {
@@ -229,9 +229,13 @@ async fn majority_down_is_unavailable_then_recovers() {
     g.release().await.expect("release");
 }
 
-/// The holder won exactly a majority (two masters were down when it locked); then one of its
-/// masters loses the key: the other two masters and that one form a new majority.
-async fn bare_majority_holder(cluster: &mut Cluster) -> (Locker, lockcore::LockGuard, LockName) {
+/// The holder (a writer, or a reader with `how` shared) won exactly a majority (two masters
+/// were down when it locked); then one of its masters loses the key: the other two masters
+/// and that one form a new majority.
+async fn bare_majority_holder(
+    cluster: &mut Cluster,
+    how: &LockOptions,
+) -> (Locker, lockcore::LockGuard, LockName) {
     let a = cluster.client().await;
     let n = name("two-holders");
     cluster.kill(3);
@@ -239,7 +243,7 @@ async fn bare_majority_holder(cluster: &mut Cluster) -> (Locker, lockcore::LockG
     // lock(), not one try_lock: with only three masters up, one vote lost to the node timeout
     // on a loaded machine must not fail the setup.
     let g = a
-        .lock(&n, &patient())
+        .lock(&n, how)
         .await
         .expect("lock on the three masters that are up");
     // The votes sent to the two dead masters are still in flight (each waits, at most the node
@@ -254,7 +258,7 @@ async fn bare_majority_holder(cluster: &mut Cluster) -> (Locker, lockcore::LockG
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_empty_master_allows_a_second_holder() {
     let mut cluster = Cluster::start().await;
-    let (_a, held, n) = bare_majority_holder(&mut cluster).await;
+    let (_a, held, n) = bare_majority_holder(&mut cluster, &patient()).await;
     // Master 2 restarts without persistence before the TTL ends: it forgot the key.
     cluster.kill(2);
     cluster.restart(2).await;
@@ -268,10 +272,95 @@ async fn restarted_empty_master_allows_a_second_holder() {
     second.release().await.expect("release");
 }
 
+/// The read-write lock's version of the known limit: a reader on exactly three masters, one
+/// of them restarted empty, and a writer wins beside the reader (the two majorities now share
+/// only the master that forgot the share).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_empty_master_lets_a_writer_beside_a_reader() {
+    let mut cluster = Cluster::start().await;
+    let (_a, reading, n) = bare_majority_holder(&mut cluster, &patient().shared()).await;
+    cluster.kill(2);
+    cluster.restart(2).await;
+    let writing = second_holder(
+        &cluster,
+        &n,
+        "Redlock's known limit: a master restarted empty lets a writer win beside a reader",
+    )
+    .await;
+    assert!(
+        reading.is_valid() && writing.is_valid(),
+        "a reader and a writer at once"
+    );
+    writing.release().await.expect("release");
+}
+
+/// Readers on a majority while two of five masters are killed: a writer is still refused (the
+/// shares on the three live masters answer for the readers), a second reader still joins, a
+/// reader's renewal and release are granted by the three, `inspect` sees both readers; then
+/// the writer wins on the three, and a reader is refused beside it. Readers and writers keep
+/// excluding each other with a minority down, as exclusive holders do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_exclude_a_writer_with_two_masters_down() {
+    let mut cluster = Cluster::start().await;
+    let (r1, r2, w) = (
+        cluster.client().await,
+        cluster.client().await,
+        cluster.client().await,
+    );
+    let n = name("readers");
+    let read = patient().shared();
+    let first = r1.lock(&n, &read).await.expect("a reader on five masters");
+    cluster.kill(0);
+    cluster.kill(3);
+    assert!(
+        w.try_lock(&n, &opts()).await.expect("try_lock").is_none(),
+        "a writer beside a reader with two masters down"
+    );
+    let second = r2
+        .lock(&n, &read)
+        .await
+        .expect("a second reader with 3 of 5 masters up");
+    first
+        .extend(scaled(Duration::from_secs(10)))
+        .await
+        .expect("a reader's renewal by 3 of 5 masters");
+    // inspect sees both readers on the majority that is up.
+    let info = w.inspect(&n).await.expect("inspect with 3 of 5 up");
+    assert!(
+        info.held && info.mode == Some(LockMode::Shared) && info.shares.len() == 2,
+        "inspect beside two readers: {info:?}"
+    );
+    // A writer waiting behind both readers (lock(), its deadline short) is refused too.
+    let waited = w
+        .lock(&n, &opts().wait_timeout(scaled(Duration::from_millis(300))))
+        .await
+        .map(|_| ())
+        .expect_err("a writer got the lock beside two readers");
+    assert_eq!(waited.kind(), ErrorKind::Timeout, "{waited}");
+    first.release().await.expect("a reader's release");
+    assert!(
+        w.try_lock(&n, &opts()).await.expect("try_lock").is_none(),
+        "a writer beside the second reader"
+    );
+    second.release().await.expect("a reader's release");
+    let writing = w
+        .lock(&n, &patient())
+        .await
+        .expect("the writer once the readers left, on 3 of 5");
+    assert!(
+        r1.try_lock(&n, &opts().shared())
+            .await
+            .expect("try_lock")
+            .is_none(),
+        "a reader beside the writer with two masters down"
+    );
+    writing.release().await.expect("release");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn early_expiry_on_a_master_allows_a_second_holder() {
     let mut cluster = Cluster::start().await;
-    let (a, held, n) = bare_majority_holder(&mut cluster).await;
+    let (a, held, n) = bare_majority_holder(&mut cluster, &patient()).await;
     let key = RedlockBackend::connect(&cluster.url())
         .await
         .expect("connect")
