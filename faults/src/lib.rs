@@ -146,7 +146,7 @@ pub fn expected(label: &str, fault: Fault) -> Expect {
              TTL within 50 ms..1 s, or node_timeout_ms); a slower reply is no vote, so latency \
              above it refuses the grant with Unavailable",
         ),
-        ("redlock", HolderPause) => Documented(
+        ("redlock", HolderPause | ReaderPause) => Documented(
             "lock-redlock crate docs, 'What Redlock does not give you': no fencing tokens; a stopped process can \
              outlive the validity without noticing, and its write is not rejected",
         ),
@@ -165,7 +165,7 @@ pub fn expected(label: &str, fault: Fault) -> Expect {
         ),
         // The primitives' rows where the backend does not declare them (its capability says
         // why; the cell quotes it).
-        ("redlock", ReaderKill | ReaderPause | PermitKill | PermitPause) => NotApplicable,
+        ("redlock", PermitKill | PermitPause) => NotApplicable,
         (
             "postgres-row-lock" | "mysql-row-lock",
             ReaderKill | ReaderPause | PermitKill | PermitPause,
