@@ -134,12 +134,13 @@
 //! What differs: a locksmith leader's [`Leader::holder`](lockcore::Leader::holder) is `None`
 //! on etcd (host and process id would have to share the key's value with the proposal); a
 //! locksmith key's name is not its lease id (nothing in etcd's recipe reads another
-//! candidate's key name); an empty campaign value reads back as no value (an empty value is a Mutex key's) and a value
-//! that is itself holder metadata (`{"v":1,...}`) as that metadata's label; the peer lacks
-//! locksmith's lost signal, and an `etcdctl elect` leader that crashed is replaced only when its
-//! session lease expires (60 s by default; on SIGINT or SIGTERM it resigns at once). The
-//! Election's `Proclaim` (a new value without a new term) has no locksmith counterpart: a
-//! locksmith leader keeps the value it campaigned with.
+//! candidate's key name); an empty campaign value reads back as no value (an empty value is a
+//! Mutex key's), and a value that is itself holder metadata (`{"v":1,...}`) as that
+//! metadata's label; the peer lacks locksmith's lost signal, and an `etcdctl elect` leader
+//! that crashed is replaced only when its session lease expires (60 s by default; on SIGINT or
+//! SIGTERM it resigns at once). The Election's `Proclaim` (a new value without a new term) has
+//! no locksmith counterpart: a locksmith leader keeps the value it campaigned with (a peer
+//! leader's proclaimed value is what [`Locker::leader`](lockcore::Locker::leader) reads).
 #![deny(missing_docs)]
 
 mod admin;

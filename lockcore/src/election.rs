@@ -1,11 +1,14 @@
 //! Leader election on one name, over the backend's own lock: the leader holds the name's lock,
 //! its value (the candidate's address, say) is the lock's holder label, its term the lock's
-//! fencing token. A backend whose server has an election recipe of its own stores the value
-//! where that recipe's clients read it, and reports it back as [`LockInfo::value`](crate::LockInfo::value)
-//! ([`AcquireRequest::campaign`](crate::backend::AcquireRequest::campaign)): etcd, whose `concurrency.Election` (`etcdctl elect`) then
-//! sees locksmith's leader and value, and locksmith sees its leader. So every backend elects with the qualities of its locks: the old leader's
+//! fencing token. So every backend elects with the qualities of its locks: the old leader's
 //! lease runs out (and its lost signal fires, at its validity deadline) before the server frees
 //! the name for the next one, and a store can refuse a deposed leader's writes by term.
+//!
+//! A backend whose server has an election recipe of its own stores the value where that
+//! recipe's clients read it, and reports it back as [`LockInfo::value`](crate::LockInfo::value)
+//! (see [`AcquireRequest::campaign`](crate::backend::AcquireRequest::campaign)): on etcd,
+//! `concurrency.Election` clients (`etcdctl elect`) see locksmith's leader and its value, and
+//! [`Locker::leader`] sees theirs.
 
 use std::time::Duration;
 
@@ -69,7 +72,8 @@ pub struct Leader {
     /// Its term, where the backend gives fencing tokens.
     pub term: Option<u64>,
     /// Who it is: host, process id, when elected (`None` where the backend stores the value
-    /// alone, as etcd does for its election recipe: see [`LockInfo::value`](crate::LockInfo::value)).
+    /// alone, as etcd does for its election recipe: see
+    /// [`LockInfo::value`](crate::LockInfo::value)).
     pub holder: Option<Holder>,
 }
 
@@ -115,8 +119,8 @@ impl Locker {
     /// Campaigns for the leadership of `name` with `value` (the candidate's address, at most
     /// 256 bytes, no control characters: it is stored as the lock's holder label, readable by
     /// every client; on etcd the leader key's value, as etcd's own election stores it): waits
-    /// as [`Locker::lock`] does (the options' wait timeout, TTL and
-    /// renewal apply; the leadership is renewed while it is held), and returns once elected.
+    /// as [`Locker::lock`] does (the options' wait timeout, TTL and renewal apply; the
+    /// leadership is renewed while it is held), and returns once elected.
     /// A campaign asks for a fencing token even under
     /// [`LockOptions::no_fencing`](crate::LockOptions::no_fencing): it is the term.
     ///
@@ -147,8 +151,8 @@ impl Locker {
     }
 
     /// The current leader of `name` (`None` when there is none), read from the lock's holder
-    /// metadata, or from its bare value ([`LockInfo::value`](crate::LockInfo::value): an etcd election leader's,
-    /// whichever client it is). Reads only.
+    /// metadata, or from its bare value ([`LockInfo::value`](crate::LockInfo::value): an etcd
+    /// election leader's, whichever client it is). Reads only.
     ///
     /// Cancel safe.
     ///

@@ -222,6 +222,8 @@ impl Locker {
     }
 
     /// [`Locker::lock`] with its request built: waits for it.
+    ///
+    /// Cancel safety: as [`Locker::lock`].
     pub(crate) async fn wait_for(
         &self,
         req: PendingGuard,
