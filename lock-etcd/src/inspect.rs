@@ -2,7 +2,9 @@
 //!
 //! A holder's metadata is the value of its key ([`Holder::encode`], written by the acquire
 //! transaction's put: no extra request), the fencing token its create revision, the mode its
-//! key name's suffix; the waiters are the keys that do not hold.
+//! key name's suffix; the waiters are the keys that do not hold. A value that is not metadata
+//! and not empty is a bare value, an election leader's proposal (a locksmith campaign's or an
+//! etcd `concurrency.Election` candidate's): [`LockInfo::value`].
 
 use std::time::Duration;
 
@@ -49,6 +51,7 @@ impl EtcdBackend {
                 tokio::spawn(async move { backend.ttl_left(lease).await })
             })
             .collect();
+        let value = value_of(head.value());
         let mut shares = Vec::with_capacity(held.len());
         for ((kv, _), ttl) in held.iter().zip(ttls) {
             let ttl_left = ttl.await.map_err(|e| {
@@ -71,6 +74,7 @@ impl EtcdBackend {
                     .with_fencing_token(first.and_then(|s| s.fencing_token))
                     .with_ttl_left(first.and_then(|s| s.ttl_left))
                     .with_holder(first.and_then(|s| s.holder.clone()))
+                    .with_value(value)
                     .with_mode(Some(LockMode::Exclusive)))
             }
             mode => Ok(info.with_shares(shares).with_mode(Some(mode))),
@@ -90,5 +94,30 @@ impl EtcdBackend {
             .await?;
         // -1: the lease expired between the two reads.
         Ok(u64::try_from(ttl.ttl()).ok().map(Duration::from_secs))
+    }
+}
+
+/// A key's bare value: `None` for holder metadata ([`Holder::encode`]) and for an empty value
+/// (an etcd `concurrency.Mutex` key's); anything else is the proposal of an election leader
+/// (a locksmith campaign's or an `etcdctl elect` candidate's), not UTF-8 shown lossily.
+pub(crate) fn value_of(stored: &[u8]) -> Option<String> {
+    let is_metadata = std::str::from_utf8(stored)
+        .ok()
+        .and_then(Holder::decode)
+        .is_some();
+    (!stored.is_empty() && !is_metadata).then(|| String::from_utf8_lossy(stored).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_value_is_what_is_not_metadata_nor_empty() {
+        let meta = Holder::current(Some("10.0.0.1:8080".to_owned())).encode();
+        assert_eq!(value_of(meta.as_bytes()), None);
+        assert_eq!(value_of(b""), None);
+        assert_eq!(value_of(b"10.0.0.1:8080").as_deref(), Some("10.0.0.1:8080"));
+        assert_eq!(value_of(b"a\xffb").as_deref(), Some("a\u{fffd}b"));
     }
 }

@@ -63,8 +63,9 @@
 //! * Fencing token: the key's create revision, which increases across holders, restarts and
 //!   leader changes.
 //! * Holder metadata ([`lockcore::Holder`]): the value of each contender's key, written by the
-//!   acquiring put. `inspect` reads the queue (holders first, waiters behind) in one request and
-//!   each holder lease's time to live in a second round trip.
+//!   acquiring put (a campaign's key holds its value instead: see *Leader election* below).
+//!   `inspect` reads the queue (holders first, waiters behind) in one request and each holder
+//!   lease's time to live in a second round trip.
 //!
 //! # Shared holders and permits
 //!
@@ -106,6 +107,40 @@
 //! lock` holder that crashed frees the lock when its session lease expires, 60 s by default).
 //! Give the Mutex the prefix [`EtcdBackend::lock_prefix`] reports, without its trailing `/`:
 //! names outside `[A-Za-z0-9_-]` are percent-encoded (`a.b` is `locksmith/a%2Eb`).
+//!
+//! # Leader election
+//!
+//! [`Locker::campaign`](lockcore::Locker::campaign) is lockcore's election (the leader holds
+//! the name's lock) on the layout of etcd's own `concurrency.Election` (Go; `etcdctl elect
+//! NAME PROPOSAL`, `etcdctl elect -l NAME`, and the etcd `v3election` service, which runs the
+//! same Election), no setting needed: the election `NAME` of etcd's side is locksmith's
+//! [`EtcdBackend::lock_prefix`] without its trailing `/` (`locksmith/NAME` by default), as for
+//! the Mutex. The Election puts `<pfx>/<lease id in hex>` with the proposal as the key's value
+//! and leads when every key created before its own under `<pfx>/` is gone; its `Leader` and
+//! `Observe` read the key with the lowest create revision (`client/v3/concurrency/election.go`).
+//! A campaign's key is locksmith's queue key (named as every acquisition's, see *The recipe*),
+//! and its value is the campaign value alone, as raw bytes, in place of the holder metadata
+//! ([`AcquireRequest::campaign`](lockcore::backend::AcquireRequest::campaign)). So:
+//!
+//! * one leader across both: both order one queue by create revision, and each wakes the other
+//!   by deleting its key (resign, or the leader's lease ending);
+//! * the value: `etcdctl elect -l` prints a locksmith leader's value (after its key), and
+//!   [`Locker::leader`](lockcore::Locker::leader) and
+//!   [`Locker::watch_leader`](lockcore::Locker::watch_leader) report an `etcdctl elect`
+//!   leader's proposal as its value ([`LockInfo::value`](lockcore::LockInfo::value));
+//! * the term: one counter for both, the leader key's create revision (the Election's `Rev()`,
+//!   locksmith's fencing token and [`Leadership::term`](lockcore::Leadership::term)).
+//!
+//! What differs: a locksmith leader's [`Leader::holder`](lockcore::Leader::holder) is `None`
+//! on etcd (host and process id would have to share the key's value with the proposal); a
+//! locksmith key's name is not its lease id (nothing in etcd's recipe reads another
+//! candidate's key name); an empty campaign value reads back as no value (an empty value is a
+//! Mutex key's), and a value that is itself holder metadata (`{"v":1,...}`) as that
+//! metadata's label; the peer lacks locksmith's lost signal, and an `etcdctl elect` leader
+//! that crashed is replaced only when its session lease expires (60 s by default; on SIGINT or
+//! SIGTERM it resigns at once). The Election's `Proclaim` (a new value without a new term) has
+//! no locksmith counterpart: a locksmith leader keeps the value it campaigned with (a peer
+//! leader's proclaimed value is what [`Locker::leader`](lockcore::Locker::leader) reads).
 #![deny(missing_docs)]
 
 mod admin;

@@ -67,10 +67,11 @@ impl EtcdBackend {
             let recent = !fresh && renewed_lately(&cell);
             let refresh = (!fresh && !recent).then(|| self.inner.keeper.refresh(cell.clone()));
             let sent_at = Instant::now();
-            // The value is the holder's metadata (the owner token is in the key's name).
+            // The value is the holder's metadata (the owner token is in the key's name); a
+            // campaign's is its value alone, as etcd's `concurrency.Election` writes it.
             let put = TxnOp::put(
                 key.as_str(),
-                req.holder.encode(),
+                key_value(req),
                 Some(PutOptions::new().with_lease(cell.id)),
             );
             let empty = Compare::create_revision(dir.as_str(), CompareOp::Equal, 0).with_prefix();
@@ -357,6 +358,18 @@ impl EtcdBackend {
                 }
             }
         }
+    }
+}
+
+/// What an acquisition's key holds: the holder's metadata ([`lockcore::Holder::encode`]), or
+/// for a campaign the candidate's value alone (the holder's label), where etcd's
+/// `concurrency.Election` (`etcdctl elect -l`, `Election::Leader`) reads a leader's proposal.
+/// `inspect` tells the two apart (see `inspect::value_of`).
+pub(crate) fn key_value(req: &AcquireRequest) -> String {
+    if req.campaign {
+        req.holder.label.clone().unwrap_or_default()
+    } else {
+        req.holder.encode()
     }
 }
 

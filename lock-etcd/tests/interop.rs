@@ -2,6 +2,9 @@
 //! etcd-client) as a real process: `etcdctl lock <prefix>/<name>` and locksmith's lock `<name>`
 //! share the key prefix `<prefix>/<name>/`, and both take the key with the lowest create
 //! revision under it as the holder's. Each direction and a contention loop with no overlap.
+//! Then etcd's `concurrency.Election` through `etcdctl elect` on the same layout: an observer
+//! (`etcdctl elect -l`) sees locksmith's leaders and their values, and locksmith and `etcdctl
+//! elect` candidates never lead at once, in either direction.
 //! Needs `LOCK_TEST_ETCD_URL`; a missing `etcdctl` fails (never skips).
 
 use std::time::Duration;
@@ -37,16 +40,21 @@ const LOOP: Duration = Duration::from_secs(4);
 /// `etcdctl --endpoints=... lock <pfx> [-- CMD...]` on the servers of `url`, `pfx` the lock's
 /// key prefix without its trailing `/` (the Mutex adds it).
 fn etcdctl_args(url: &str, pfx: &str) -> Vec<String> {
+    vec![
+        endpoints(url),
+        "lock".to_owned(),
+        pfx.trim_end_matches('/').to_owned(),
+    ]
+}
+
+/// `--endpoints=...` for the servers of `url`.
+fn endpoints(url: &str) -> String {
     let config = lock_etcd::Config::parse(url).unwrap();
     assert!(
         !config.tls && config.user.is_none(),
         "these tests run etcdctl against a plain etcd"
     );
-    vec![
-        format!("--endpoints={}", config.hosts.join(",")),
-        "lock".to_owned(),
-        pfx.trim_end_matches('/').to_owned(),
-    ]
+    format!("--endpoints={}", config.hosts.join(","))
 }
 
 fn etcdctl(args: Vec<String>) -> PeerProcess {
@@ -225,4 +233,255 @@ async fn etcdctl_and_locksmith_contend_without_overlap() {
         theirs.len()
     );
     check_windows(&[ours, theirs].concat(), &["locksmith", "etcdctl lock"], 1).unwrap();
+}
+
+/// The election `NAME` of etcd's side for locksmith's election `name`: the lock's key prefix
+/// without its trailing `/` (the Election adds it).
+fn election(backend: &EtcdBackend, name: &str) -> String {
+    backend
+        .lock_prefix(name)
+        .unwrap()
+        .trim_end_matches('/')
+        .to_owned()
+}
+
+/// `etcdctl elect <election> <args...>` as a process whose pid is etcdctl's (signals reach it)
+/// and whose every output line carries the Unix time in microseconds it was printed at, as
+/// its last word (bash hands etcdctl's output through a line stamper, then execs etcdctl).
+fn etcdctl_elect(url: &str, election: &str, args: &[&str]) -> PeerProcess {
+    let mut cmd = vec![
+        "etcdctl".to_owned(),
+        endpoints(url),
+        "elect".to_owned(),
+        election.to_owned(),
+    ];
+    cmd.extend(args.iter().map(|a| (*a).to_owned()));
+    let script = r#"exec "$@" > >(while IFS= read -r l; do echo "$l $(date +%s%6N)"; done)"#;
+    PeerCommand::new("etcdctl elect", "bash")
+        .args(["-c", script, "etcdctl-elect"].map(str::to_owned))
+        .args(cmd)
+        .env("ETCDCTL_API", "3")
+        .package("etcd-client")
+        .spawn()
+        .unwrap()
+}
+
+/// A stamped line's text (all but its last word, the time).
+fn text(line: &str) -> &str {
+    line.rsplit_once(' ').map_or(line, |(t, _)| t)
+}
+
+/// The printed time of a stamped line, in Unix microseconds.
+fn stamp(line: &str) -> u64 {
+    line.rsplit_once(' ')
+        .and_then(|(_, t)| t.parse().ok())
+        .unwrap_or_else(|| panic!("no time stamp on {line:?}"))
+}
+
+/// Reads an `etcdctl elect` leader line pair (the leader's key, then its value: etcdctl's
+/// simple output of a key-value), within `within`.
+async fn leader_lines(
+    peer: &mut PeerProcess,
+    election: &str,
+    within: Duration,
+) -> (String, String) {
+    let key = peer.expect(&format!("{election}/"), within).await.unwrap();
+    let value = peer.expect("", within).await.unwrap();
+    (key, value)
+}
+
+/// The create revision and lease of `key` (it must exist).
+async fn created(backend: &EtcdBackend, key: &str) -> (u64, i64) {
+    let resp = backend.client().clone().get(key, None).await.unwrap();
+    let kv = resp.kvs().first().unwrap_or_else(|| panic!("no key {key}"));
+    (u64::try_from(kv.create_revision()).unwrap(), kv.lease())
+}
+
+fn elect_opts() -> LockOptions {
+    opts().ttl(Duration::from_secs(10))
+}
+
+/// A locksmith leader is what `etcdctl elect -l` (etcd's `Election::Observe`) prints: its key,
+/// whose create revision is the leader's term, and its campaign value as is; when it resigns
+/// and another locksmith candidate is elected, the observer prints the new leader's value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_observer_sees_locksmith_leaders() {
+    let Some(url) = url() else { return };
+    let backend = EtcdBackend::connect(&url).await.unwrap();
+    let locker = Locker::new(backend.clone());
+    let name = unique("interop-elect-observed");
+    let election = election(&backend, &name);
+    let leader = locker
+        .campaign(&name, "10.0.0.1:8080", &elect_opts())
+        .await
+        .unwrap();
+    let mut observer = etcdctl_elect(&url, &election, &["-l"]);
+    let (key, value) = leader_lines(&mut observer, &election, scaled(30)).await;
+    assert_eq!(
+        text(&value),
+        "10.0.0.1:8080",
+        "etcdctl elect -l printed {value:?}"
+    );
+    let (revision, _) = created(&backend, text(&key)).await;
+    assert_eq!(
+        Some(revision),
+        leader.term(),
+        "the leader key's create revision is not the term"
+    );
+    leader.resign().await.unwrap();
+    let next = locker
+        .campaign(&name, "10.0.0.2:8080", &elect_opts())
+        .await
+        .unwrap();
+    let (key, value) = leader_lines(&mut observer, &election, scaled(30)).await;
+    assert_eq!(
+        text(&value),
+        "10.0.0.2:8080",
+        "etcdctl elect -l printed {value:?} after the change of leader"
+    );
+    let (revision, _) = created(&backend, text(&key)).await;
+    assert_eq!(Some(revision), next.term());
+    next.resign().await.unwrap();
+}
+
+/// An `etcdctl elect` leader (etcd's `Election::Campaign`) holds a locksmith campaign off:
+/// `Locker::leader` reports its proposal and term meanwhile; killed (SIGKILL: no resignation),
+/// its key lives on with its session lease, which is then revoked as its expiry would end it,
+/// and only then is the locksmith candidate elected, with a later term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_leader_holds_off_a_locksmith_campaign() {
+    let Some(url) = url() else { return };
+    let backend = EtcdBackend::connect(&url).await.unwrap();
+    let locker = Locker::new(backend.clone());
+    let name = unique("interop-elect-etcdctl-leads");
+    let election = election(&backend, &name);
+    let prefix = backend.lock_prefix(name.as_str()).unwrap();
+    let mut other = etcdctl_elect(&url, &election, &["other"]);
+    let (key, value) = leader_lines(&mut other, &election, scaled(30)).await;
+    assert_eq!(text(&value), "other");
+    let (their_term, their_lease) = created(&backend, text(&key)).await;
+    let seen = locker.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!(
+        seen.value.as_deref(),
+        Some("other"),
+        "leader() saw {seen:?}"
+    );
+    assert_eq!(seen.term, Some(their_term), "leader() saw {seen:?}");
+    let candidate = {
+        let (locker, name) = (locker.clone(), name.clone());
+        tokio::spawn(async move {
+            let l = locker
+                .campaign(&name, "10.0.0.1:8080", &elect_opts())
+                .await
+                .unwrap();
+            (l, now_unix_micros())
+        })
+    };
+    assert!(
+        eventually(scaled(20), || {
+            let (backend, prefix) = (&backend, &prefix);
+            async move { keys_under(backend, prefix).await == 2 }
+        })
+        .await,
+        "the locksmith candidate did not queue behind etcdctl's leader"
+    );
+    let pid = other.id().expect("etcdctl runs").to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // Killed, it did not resign: its key stays with its lease.
+    let seen = locker.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!(
+        seen.value.as_deref(),
+        Some("other"),
+        "leader() saw {seen:?}"
+    );
+    assert!(
+        !candidate.is_finished(),
+        "locksmith was elected while etcdctl's leader key lived"
+    );
+    let revoked = now_unix_micros();
+    backend
+        .client()
+        .clone()
+        .lease_revoke(their_lease)
+        .await
+        .unwrap();
+    let (leadership, elected_at) = tokio::time::timeout(scaled(20), candidate)
+        .await
+        .expect("the locksmith candidate was not elected after the etcdctl leader's lease ended")
+        .unwrap();
+    assert!(
+        elected_at > revoked,
+        "locksmith was elected at {elected_at} µs, before the etcdctl leader's lease was revoked at {revoked} µs"
+    );
+    assert!(
+        leadership.term() > Some(their_term),
+        "terms did not increase"
+    );
+    let seen = locker.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!(seen.value.as_deref(), Some("10.0.0.1:8080"));
+    assert_eq!(seen.term, leadership.term());
+    leadership.resign().await.unwrap();
+}
+
+/// A locksmith leader holds off an `etcdctl elect` candidate (its key queued behind ours, the
+/// candidate silent: etcdctl prints the leader key once elected), which is elected only after
+/// the locksmith leader resigns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locksmith_leader_holds_off_an_etcdctl_campaign() {
+    let Some(url) = url() else { return };
+    let backend = EtcdBackend::connect(&url).await.unwrap();
+    let locker = Locker::new(backend.clone());
+    let name = unique("interop-elect-locksmith-leads");
+    let election = election(&backend, &name);
+    let prefix = backend.lock_prefix(name.as_str()).unwrap();
+    let leadership = locker
+        .campaign(&name, "10.0.0.1:8080", &elect_opts())
+        .await
+        .unwrap();
+    let mut candidate = etcdctl_elect(&url, &election, &["x"]);
+    assert!(
+        eventually(scaled(30), || {
+            let (backend, prefix) = (&backend, &prefix);
+            async move { keys_under(backend, prefix).await == 2 }
+        })
+        .await,
+        "etcdctl's candidate did not queue behind locksmith's leader"
+    );
+    let seen = locker.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!(seen.value.as_deref(), Some("10.0.0.1:8080"));
+    assert!(
+        !candidate.has_output(),
+        "etcdctl was elected while locksmith led: {:?}",
+        candidate.seen()
+    );
+    let resigned = now_unix_micros();
+    leadership.resign().await.unwrap();
+    let (key, value) = leader_lines(&mut candidate, &election, scaled(20)).await;
+    assert!(
+        stamp(&key) > resigned,
+        "etcdctl printed its leadership at {} µs, before locksmith resigned at {resigned} µs",
+        stamp(&key)
+    );
+    assert_eq!(text(&value), "x");
+    let seen = locker.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!(seen.value.as_deref(), Some("x"), "leader() saw {seen:?}");
+    let pid = candidate.id().expect("etcdctl runs").to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    candidate.wait(scaled(20)).await.unwrap();
+    assert!(
+        eventually(scaled(20), || {
+            let (backend, prefix) = (&backend, &prefix);
+            async move { keys_under(backend, prefix).await == 0 }
+        })
+        .await,
+        "etcdctl did not resign on SIGINT"
+    );
 }

@@ -96,6 +96,14 @@ pub struct AcquireRequest {
     /// `None` from [`Lease::fencing_token`]), but never the lock's exclusion, and a later
     /// acquisition's token must still be above every token given before.
     pub fencing: Fencing,
+    /// Whether this acquisition is a campaign ([`Locker::campaign`](crate::Locker::campaign)):
+    /// the holder's label is then the candidate's value. A backend whose server has an election
+    /// recipe of its own, whose clients read the leader's value from where the lock's metadata
+    /// goes (etcd's `concurrency.Election`: the leader key's value), may store the label alone
+    /// there in place of [`Holder::encode`], so that those clients see the value; its
+    /// [`Backend::inspect`] then reports such a bare value as [`LockInfo::value`]. Other
+    /// backends ignore it.
+    pub campaign: bool,
 }
 
 impl AcquireRequest {
@@ -116,7 +124,14 @@ impl AcquireRequest {
             waiting: WaitMark::default(),
             mode: LockMode::Exclusive,
             fencing: Fencing::IfAvailable,
+            campaign: false,
         }
+    }
+
+    /// The same request, a campaign or not (see [`AcquireRequest::campaign`]).
+    pub fn with_campaign(mut self, campaign: bool) -> Self {
+        self.campaign = campaign;
+        self
     }
 
     /// The same request asking for a fencing token as `fencing` says.

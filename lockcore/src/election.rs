@@ -3,6 +3,12 @@
 //! fencing token. So every backend elects with the qualities of its locks: the old leader's
 //! lease runs out (and its lost signal fires, at its validity deadline) before the server frees
 //! the name for the next one, and a store can refuse a deposed leader's writes by term.
+//!
+//! A backend whose server has an election recipe of its own stores the value where that
+//! recipe's clients read it, and reports it back as [`LockInfo::value`](crate::LockInfo::value)
+//! (see [`AcquireRequest::campaign`](crate::backend::AcquireRequest::campaign)): on etcd,
+//! `concurrency.Election` clients (`etcdctl elect`) see locksmith's leader and its value, and
+//! [`Locker::leader`] sees theirs.
 
 use std::time::Duration;
 
@@ -65,7 +71,9 @@ pub struct Leader {
     pub value: Option<String>,
     /// Its term, where the backend gives fencing tokens.
     pub term: Option<u64>,
-    /// Who it is: host, process id, when elected.
+    /// Who it is: host, process id, when elected (`None` where the backend stores the value
+    /// alone, as etcd does for its election recipe: see
+    /// [`LockInfo::value`](crate::LockInfo::value)).
     pub holder: Option<Holder>,
 }
 
@@ -110,8 +118,9 @@ fn key(l: &Option<Leader>) -> Option<(Option<u64>, Option<&str>)> {
 impl Locker {
     /// Campaigns for the leadership of `name` with `value` (the candidate's address, at most
     /// 256 bytes, no control characters: it is stored as the lock's holder label, readable by
-    /// every client): waits as [`Locker::lock`] does (the options' wait timeout, TTL and
-    /// renewal apply; the leadership is renewed while it is held), and returns once elected.
+    /// every client; on etcd the leader key's value, as etcd's own election stores it): waits
+    /// as [`Locker::lock`] does (the options' wait timeout, TTL and renewal apply; the
+    /// leadership is renewed while it is held), and returns once elected.
     /// A campaign asks for a fencing token even under
     /// [`LockOptions::no_fencing`](crate::LockOptions::no_fencing): it is the term.
     ///
@@ -132,7 +141,9 @@ impl Locker {
         if !options.fencing_value().wanted() {
             options = options.fencing(crate::Fencing::IfAvailable);
         }
-        let guard = self.lock(name, &options).await?;
+        let mut pending = self.request(name, &options)?;
+        pending.request.campaign = true;
+        let guard = self.wait_for(pending, &options).await?;
         Ok(Leadership {
             guard,
             value: value.to_owned(),
@@ -140,7 +151,8 @@ impl Locker {
     }
 
     /// The current leader of `name` (`None` when there is none), read from the lock's holder
-    /// metadata. Reads only.
+    /// metadata, or from its bare value ([`LockInfo::value`](crate::LockInfo::value): an etcd
+    /// election leader's, whichever client it is). Reads only.
     ///
     /// Cancel safe.
     ///
@@ -149,7 +161,11 @@ impl Locker {
     pub async fn leader(&self, name: impl IntoLockName) -> Result<Option<Leader>> {
         let info = self.inspect(name).await?;
         Ok(info.held.then(|| Leader {
-            value: info.holder.as_ref().and_then(|h| h.label.clone()),
+            value: info
+                .holder
+                .as_ref()
+                .and_then(|h| h.label.clone())
+                .or(info.value),
             term: info.fencing_token,
             holder: info.holder,
         }))

@@ -165,8 +165,16 @@ pub struct LockInfo {
     /// The holder's remaining TTL as the server sees it; `None` when free, or when the lease
     /// has no TTL of its own on this backend (it lives with a session or connection).
     pub ttl_left: Option<Duration>,
-    /// Who holds it; `None` when free, or when the holder wrote no metadata (an older client).
+    /// Who holds it; `None` when free, or when the holder wrote no metadata (an older client,
+    /// another client of the server, a bare [`value`](LockInfo::value)).
     pub holder: Option<Holder>,
+    /// The holder's bare value, where it stored one in place of holder metadata: the proposal
+    /// of an etcd `concurrency.Election` leader, whichever client campaigned (locksmith's
+    /// campaigns on etcd store their value so, see
+    /// [`AcquireRequest::campaign`](crate::backend::AcquireRequest::campaign)).
+    /// [`Locker::leader`](crate::Locker::leader) reports it as the leader's value. `None`
+    /// otherwise.
+    pub value: Option<String>,
     /// Acquisitions queued waiting for it, where the backend knows (`None` where it does not).
     pub waiters: Option<usize>,
     /// The mode it is held in, where the backend says (`None` when free).
@@ -212,6 +220,7 @@ impl LockInfo {
             fencing_token: None,
             ttl_left: None,
             holder: None,
+            value: None,
             waiters,
             mode: None,
             shares: Vec::new(),
@@ -241,6 +250,12 @@ impl LockInfo {
     /// With the holder's metadata.
     pub fn with_holder(mut self, holder: Option<Holder>) -> Self {
         self.holder = holder;
+        self
+    }
+
+    /// With the holder's bare value (see [`LockInfo::value`]).
+    pub fn with_value(mut self, value: Option<String>) -> Self {
+        self.value = value;
         self
     }
 
@@ -290,6 +305,9 @@ impl fmt::Display for LockInfo {
             writeln!(f, "acquired: {ms} (unix ms, {} clock)", h.clock.as_str())?;
         } else if self.held {
             writeln!(f, "holder:   unknown (no metadata stored)")?;
+        }
+        if let Some(v) = &self.value {
+            writeln!(f, "value:    {v}")?;
         }
         if let Some(t) = self.fencing_token {
             writeln!(f, "token:    {t}")?;

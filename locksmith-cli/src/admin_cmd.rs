@@ -117,6 +117,8 @@ fn to_json(info: &LockInfo) -> String {
         "fencing_token": info.fencing_token,
         "ttl_left_secs": info.ttl_left.map(|t| t.as_secs_f64()),
         "holder": info.holder.as_ref().map(holder),
+        // A holder's bare value in place of metadata (an etcd election leader's proposal).
+        "value": info.value,
         "holders": holders,
         "waiters": info.waiters,
     })

@@ -218,7 +218,17 @@ impl Locker {
     /// `Timeout` when the deadline passes; `Unavailable` as above; otherwise as
     /// [`Locker::try_lock`].
     pub async fn lock(&self, name: impl IntoLockName, options: &LockOptions) -> Result<LockGuard> {
-        let req = self.request(name, options)?;
+        self.wait_for(self.request(name, options)?, options).await
+    }
+
+    /// [`Locker::lock`] with its request built: waits for it.
+    ///
+    /// Cancel safety: as [`Locker::lock`].
+    pub(crate) async fn wait_for(
+        &self,
+        req: PendingGuard,
+        options: &LockOptions,
+    ) -> Result<LockGuard> {
         let started = Instant::now();
         let deadline = options.wait_value().map(|w| started + w);
         let span = self.acquire_span(&req.request.name, "wait");
@@ -382,7 +392,11 @@ impl Locker {
         }
     }
 
-    fn request(&self, name: impl IntoLockName, options: &LockOptions) -> Result<PendingGuard> {
+    pub(crate) fn request(
+        &self,
+        name: impl IntoLockName,
+        options: &LockOptions,
+    ) -> Result<PendingGuard> {
         let name = name.into_lock_name()?;
         options.validate(self.capabilities())?;
         let (notifier, signal) = LostNotifier::new();
@@ -403,7 +417,7 @@ impl Locker {
     }
 }
 
-struct PendingGuard {
-    request: AcquireRequest,
+pub(crate) struct PendingGuard {
+    pub(crate) request: AcquireRequest,
     signal: LostSignal,
 }
