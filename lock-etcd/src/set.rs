@@ -89,13 +89,17 @@ impl EtcdBackend {
             let empty = dirs.iter().map(|dir| {
                 Compare::create_revision(dir.as_str(), CompareOp::Equal, 0).with_prefix()
             });
-            let puts = reqs.iter().zip(&keys).zip(&cells).map(|((req, key), (cell, _, _))| {
-                TxnOp::put(
-                    key.as_str(),
-                    req.holder.encode(),
-                    Some(PutOptions::new().with_lease(cell.id)),
-                )
-            });
+            let puts = reqs
+                .iter()
+                .zip(&keys)
+                .zip(&cells)
+                .map(|((req, key), (cell, _, _))| {
+                    TxnOp::put(
+                        key.as_str(),
+                        req.holder.encode(),
+                        Some(PutOptions::new().with_lease(cell.id)),
+                    )
+                });
             let firsts = dirs.iter().map(|dir| {
                 TxnOp::get(
                     dir.as_str(),
@@ -129,7 +133,8 @@ impl EtcdBackend {
                     if let TxnOpResponse::Get(get) = op
                         && !get.kvs().is_empty()
                     {
-                        if let Some(e) = conflict(&reqs[i].mode, get.kvs().iter().map(|kv| kv.key()))
+                        if let Some(e) =
+                            conflict(&reqs[i].mode, get.kvs().iter().map(|kv| kv.key()))
                         {
                             self.pool_all(cells);
                             return Err(e);
@@ -149,7 +154,8 @@ impl EtcdBackend {
             // Each lease's TTL counts from its keep-alive, as the single recipe's.
             let mut granted = Vec::with_capacity(reqs.len());
             let mut gone = false;
-            for (i, ((cell, fresh, _), (recent, refresh))) in cells.iter().zip(refreshes).enumerate()
+            for (i, ((cell, fresh, _), (recent, refresh))) in
+                cells.iter().zip(refreshes).enumerate()
             {
                 let g = match refresh {
                     None if recent => (sent_at, cell.expires().saturating_duration_since(sent_at)),
@@ -222,7 +228,11 @@ struct SetCleanUp(Vec<QueueCleanUp>);
 
 impl CancelCleanUp for SetCleanUp {
     fn start(self) -> Option<CleanUpTask> {
-        let tasks: Vec<CleanUpTask> = self.0.into_iter().filter_map(CancelCleanUp::start).collect();
+        let tasks: Vec<CleanUpTask> = self
+            .0
+            .into_iter()
+            .filter_map(CancelCleanUp::start)
+            .collect();
         (!tasks.is_empty()).then(|| {
             Box::pin(async move {
                 for task in tasks {

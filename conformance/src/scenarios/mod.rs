@@ -27,10 +27,11 @@ use std::future::Future;
 use crate::harness::BoxFuture;
 
 use self::applies::{
-    always, needs_atomic_multi, needs_clock_skew, needs_counting, needs_extend_sets_ttl, needs_fair, needs_fencing,
-    needs_inspect, needs_lease_loss, needs_lost_detection, needs_lost_replies,
-    needs_native_renewal, needs_notify, needs_other_namespace, needs_permit_expiry, needs_permits,
-    needs_reply_delay, needs_revoke, needs_shared, needs_shared_fencing, needs_ttl_expiry,
+    always, needs_atomic_multi, needs_clock_skew, needs_counting, needs_extend_sets_ttl,
+    needs_fair, needs_fencing, needs_inspect, needs_lease_loss, needs_lost_detection,
+    needs_lost_replies, needs_native_renewal, needs_notify, needs_other_namespace,
+    needs_permit_expiry, needs_permits, needs_reply_delay, needs_revoke, needs_shared,
+    needs_shared_fencing, needs_ttl_expiry,
 };
 pub use self::context::{Ctx, Failure, Outcome, Scenario};
 use self::waiting::needs_thread_cpu_clock;

@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::Harness;
-use lockcore::backend::{
-    AcquireRequest, Acquired, Backend, Backoff, SetAttempt, poll_acquire,
-};
+use lockcore::backend::{AcquireRequest, Acquired, Backend, Backoff, SetAttempt, poll_acquire};
 use lockcore::memory::MemoryBackend;
 use lockcore::{Capabilities, Instant, LockInfo, LockMode, LockName, Locker, Result};
 
