@@ -183,6 +183,8 @@ impl EtcdBackend {
         // its own, with its own lease, fencing token and lost signal.
         c.shared = lockcore::Support::Yes;
         c.permits = lockcore::Support::Yes;
+        // An exclusive set in one transaction (`set.rs`).
+        c.atomic_multi = lockcore::Support::Yes;
         c.fencing = true;
         c.fair = true;
         c.wait = WaitKind::Notify;

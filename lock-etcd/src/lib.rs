@@ -67,6 +67,18 @@
 //!   `inspect` reads the queue (holders first, waiters behind) in one request and each holder
 //!   lease's time to live in a second round trip.
 //!
+//! # Multi-locks
+//!
+//! An exclusive set ([`lockcore::Locker::try_lock_all`], [`lockcore::Locker::lock_all`]) is one
+//! transaction: if the directory of every member is empty (no key at all under its prefix,
+//! whatever the key's name: a holder, a waiter, an `etcdctl lock` key), put this set's key in
+//! each, each on a lease of its own; else read the first key of each directory, which names
+//! the busy member. A key put there is the only one of its directory, so it holds by the
+//! recipe; everyone arriving later queues behind it. A set never jumps a queue, never holds
+//! beside another client, and nobody sees part of it taken. Every member's key has the
+//! transaction's revision as create revision (its fencing token, still above every earlier
+//! token of its name). A dropped attempt revokes the leases, removing any key that landed.
+//!
 //! # Shared holders and permits
 //!
 //! Readers ([`LockMode::Shared`](lockcore::LockMode::Shared)) and semaphore permits
@@ -157,9 +169,10 @@ mod modes;
 mod pool;
 mod queue;
 mod registration;
+mod set;
 mod watch;
 
-use lockcore::backend::{AcquireRequest, Acquired, Backend, async_trait};
+use lockcore::backend::{AcquireRequest, Acquired, Backend, SetAttempt, async_trait};
 use lockcore::{Capabilities, Instant, LockInfo, LockName, Result};
 
 pub use crate::backend::{EtcdBackend, EtcdStats};
@@ -205,6 +218,16 @@ impl Backend for EtcdBackend {
                 Err(_elapsed) => Ok(None),
             },
         }
+    }
+
+    /// One transaction for the whole set: if every member's directory is empty, put one key
+    /// in each (each on its own lease), else read the first key of each (see the crate docs).
+    ///
+    /// Cancel safety: a dropped attempt revokes every member's lease in the background (which
+    /// removes a key that may have landed); at worst the keys die with their leases after the
+    /// TTL.
+    async fn try_acquire_all(&self, reqs: &[AcquireRequest]) -> Result<SetAttempt> {
+        self.try_set(reqs).await
     }
 
     /// Deletes every key of the lock (admin delete).

@@ -149,6 +149,93 @@ async fn etcdctl_holds_locksmith_waits() {
     holder.wait(scaled(20)).await.unwrap();
 }
 
+/// A set taken in one transaction and `etcdctl lock` on one of its members: an etcdctl holder
+/// of the middle name makes `try_lock_all` lose with no key left under any member (nothing
+/// written), and a waiting `lock_all` holds no member while it waits and takes the set once
+/// etcdctl unlocked; then, the set held, `etcdctl lock` on a member queues behind it and holds
+/// only after the set's release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_and_an_atomic_set_exclude_each_other() {
+    let Some(url) = url() else { return };
+    let backend = EtcdBackend::connect(&url).await.unwrap();
+    let locker = Locker::new(backend.clone());
+    assert!(locker.capabilities().atomic_multi.is_yes());
+    let base = unique("interop-set");
+    let names: Vec<String> = ["a", "b", "c"].map(|m| format!("{base}-{m}")).into();
+    let prefixes: Vec<String> = names
+        .iter()
+        .map(|n| backend.lock_prefix(n.as_str()).unwrap())
+        .collect();
+    let mut holder = etcdctl(etcdctl_args(&url, &prefixes[1]));
+    holder.expect(&prefixes[1], scaled(30)).await.unwrap();
+    assert!(
+        locker
+            .try_lock_all(names.clone(), &opts())
+            .await
+            .unwrap()
+            .is_none(),
+        "try_lock_all took a set with a member etcdctl holds"
+    );
+    for (i, p) in prefixes.iter().enumerate() {
+        let expected = usize::from(i == 1);
+        assert_eq!(keys_under(&backend, p).await, expected, "keys under {p}");
+    }
+    let waiter = {
+        let (locker, names) = (locker.clone(), names.clone());
+        tokio::spawn(async move { locker.lock_all(names, &opts()).await.unwrap() })
+    };
+    // The set waits on the busy member's queue: its key behind etcdctl's, none elsewhere.
+    assert!(
+        eventually(scaled(20), || {
+            let (backend, prefix) = (&backend, &prefixes[1]);
+            async move { keys_under(backend, prefix).await == 2 }
+        })
+        .await,
+        "lock_all did not queue behind etcdctl"
+    );
+    for p in [&prefixes[0], &prefixes[2]] {
+        assert_eq!(
+            keys_under(&backend, p).await,
+            0,
+            "a member held while the set waits"
+        );
+    }
+    assert!(
+        !waiter.is_finished(),
+        "lock_all took a member etcdctl holds"
+    );
+    let pid = holder.id().expect("etcdctl runs").to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let set = tokio::time::timeout(scaled(20), waiter)
+        .await
+        .expect("lock_all was not woken by etcdctl's unlock")
+        .unwrap();
+    holder.wait(scaled(20)).await.unwrap();
+    let mut args = etcdctl_args(&url, &prefixes[2]);
+    args.extend(["--", "sh", "-c", "echo HELD $(date +%s%6N)"].map(str::to_owned));
+    let mut waiter = etcdctl(args);
+    assert!(
+        eventually(scaled(30), || {
+            let (backend, prefix) = (&backend, &prefixes[2]);
+            async move { keys_under(backend, prefix).await == 2 }
+        })
+        .await,
+        "etcdctl did not queue behind the set"
+    );
+    let released = now_unix_micros();
+    set.release().await.unwrap();
+    let held = unix_micros_at(&waiter.expect("HELD", scaled(20)).await.unwrap(), 1).unwrap();
+    assert!(
+        held > released,
+        "etcdctl held at {held} µs, before the set was released at {released} µs"
+    );
+    waiter.wait(scaled(20)).await.unwrap();
+}
+
 /// locksmith holds; `etcdctl lock -- CMD` queues (its key appears behind ours) and runs CMD
 /// only after locksmith released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -562,6 +562,17 @@ impl Acquired {
     }
 }
 
+/// What [`Backend::try_acquire_all`] did: every lock of the set, or none.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SetAttempt {
+    /// Every lock, one [`Acquired`] per request, in the order of the requests.
+    All(Vec<Acquired>),
+    /// None was taken: the request at this index (the first found) is held by someone else,
+    /// or has waiters queued ahead of it.
+    Busy(usize),
+}
+
 /// A lock backend: one client (connection pool, session) to one lock service.
 ///
 /// Two `Backend` values created separately must behave as independent clients: they never share
@@ -588,6 +599,24 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         deadline: Option<Instant>,
     ) -> Result<Option<Acquired>> {
         poll_acquire(self, req, deadline, &Backoff::for_ttl(req.ttl)).await
+    }
+
+    /// One attempt at every request of `reqs` in one request to the server (one transaction):
+    /// every lease, or none ([`SetAttempt::Busy`] with the first member found held). Backends
+    /// that can do it declare [`Capabilities::atomic_multi`]; the requests are then exclusive,
+    /// for distinct names in canonical (byte) order, with one TTL and one fencing choice.
+    /// [`Locker::try_lock_all`](crate::Locker::try_lock_all) and
+    /// [`Locker::lock_all`](crate::Locker::lock_all) use it instead of a sequence of
+    /// [`Backend::try_acquire`]. A member is busy wherever a [`Backend::try_acquire`] of it
+    /// would not have taken it (a holder, or waiters a `try_lock` would not jump).
+    ///
+    /// Cancel safety: a dropped attempt must leave no lock of the set behind beyond `ttl` (a
+    /// set the server grants after the drop is released, as a dropped `try_acquire`'s lock).
+    async fn try_acquire_all(&self, reqs: &[AcquireRequest]) -> Result<SetAttempt> {
+        let _ = reqs;
+        Err(crate::Error::unsupported(
+            "this backend cannot take several locks in one request",
+        ))
     }
 
     /// Frees `name` whoever holds it, as an operator would (Redisson's `forceUnlock`); the
@@ -697,6 +726,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
         deadline: Option<Instant>,
     ) -> Result<Option<Acquired>> {
         (**self).acquire(req, deadline).await
+    }
+    async fn try_acquire_all(&self, reqs: &[AcquireRequest]) -> Result<SetAttempt> {
+        (**self).try_acquire_all(reqs).await
     }
     async fn force_release(&self, name: &LockName) -> Result<bool> {
         (**self).force_release(name).await

@@ -92,6 +92,13 @@ pub struct Capabilities {
     /// Semaphore permits ([`LockMode::Permit`](crate::LockMode::Permit)): at most N holders,
     /// a crashed holder's permit back after its TTL, a disagreement about N refused.
     pub permits: Support,
+    /// [`Backend::try_acquire_all`](crate::backend::Backend::try_acquire_all) works: a multi-lock
+    /// ([`Locker::try_lock_all`](crate::Locker::try_lock_all),
+    /// [`Locker::lock_all`](crate::Locker::lock_all)) of exclusive locks is taken all or
+    /// nothing in one request (one transaction), so that no other client ever sees part of a
+    /// set taken. Without it a set is a sequence of single acquisitions (still all or nothing
+    /// in its outcome).
+    pub atomic_multi: Support,
     /// Free text for the report: caveats of this backend's guarantees.
     pub notes: Vec<String>,
 }
@@ -129,6 +136,7 @@ impl Default for Capabilities {
             drift_fixed: Duration::from_millis(2),
             shared: Support::no("not declared by this backend"),
             permits: Support::no("not declared by this backend"),
+            atomic_multi: Support::no("not declared by this backend"),
             notes: Vec::new(),
         }
     }

@@ -10,7 +10,9 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{AcquireRequest, Acquired, Backend, Lease, LostNotifier, OwnerToken};
+use crate::backend::{
+    AcquireRequest, Acquired, Backend, Lease, LostNotifier, OwnerToken, SetAttempt,
+};
 use crate::{
     Capabilities, Error, LockInfo, LockMode, LockName, LostReason, Result, Share, Support, WaitKind,
 };
@@ -262,6 +264,7 @@ impl MemoryBackend {
             inspect: true,
             shared: Support::Yes,
             permits: Support::Yes,
+            atomic_multi: Support::Yes,
             notes: vec!["process-local: excludes tasks of one process only".into()],
             ..Capabilities::default()
         }
@@ -368,6 +371,45 @@ impl Backend for MemoryBackend {
         };
         Link::wait(delay).await;
         self.link.reply(&req.name, granted)?
+    }
+
+    /// Every member under one hold of the store: each is taken as [`Backend::try_acquire`]
+    /// would take it (free, no waiters queued), or none is.
+    async fn try_acquire_all(&self, reqs: &[AcquireRequest]) -> Result<SetAttempt> {
+        let delay = self.link.send();
+        let now = Instant::now();
+        let granted = {
+            let mut slots = self.store.lock();
+            let mut busy = None;
+            for (i, req) in reqs.iter().enumerate() {
+                let slot = slots.entry(req.name.clone()).or_default();
+                slot.drop_expired(now);
+                if let Some(e) = slot.conflict(&req.mode) {
+                    return Err(e);
+                }
+                let own = slot.holder_mut(req.token).is_some();
+                if !((slot.fits(&req.mode) && slot.queue.is_empty()) || own) {
+                    busy = Some(i);
+                    break;
+                }
+            }
+            match busy {
+                Some(i) => SetAttempt::Busy(i),
+                None => SetAttempt::All(
+                    reqs.iter()
+                        .map(|req| {
+                            let slot = slots.entry(req.name.clone()).or_default();
+                            self.grant(slot, req, now)
+                        })
+                        .collect(),
+                ),
+            }
+        };
+        Link::wait(delay).await;
+        for req in reqs {
+            self.link.reply(&req.name, ())?;
+        }
+        Ok(granted)
     }
 
     async fn acquire(

@@ -1,6 +1,20 @@
 //! Multi-locks: several names taken all or nothing, in one canonical order, with one deadline,
-//! one lost signal and one release. A sequence of the backend's own acquisitions, so it works
-//! on every backend and keeps each lock's qualities (TTL, renewal, fencing).
+//! one lost signal and one release. Each member is an ordinary lock with its qualities (TTL,
+//! renewal by the one watchdog, lost signal, fencing token).
+//!
+//! Two ways to take a set:
+//!
+//! * Atomic, on a backend that declares [`Capabilities::atomic_multi`](crate::Capabilities::atomic_multi)
+//!   (exclusive sets only): every member in one request ([`Backend::try_acquire_all`], one
+//!   transaction), so that no other client sees part of a set taken. A waiting
+//!   [`Locker::lock_all`] whose attempt lost waits for the member found busy with that
+//!   member's own wait (the backend's notification or poll, never a spin), keeps it, and
+//!   tries the rest in one request again; losing that, it lets the member go and waits for the
+//!   next busy one. It never waits while holding a member, so overlapping sets cannot deadlock.
+//! * A sequence of the backend's own acquisitions in canonical order elsewhere, which works on
+//!   every backend; a set that cannot be completed is released before the call returns.
+//!
+//! [`Backend::try_acquire_all`]: crate::backend::Backend::try_acquire_all
 
 use std::future::Future;
 use std::pin::Pin;
@@ -9,7 +23,8 @@ use std::task::Poll;
 use tokio::time::Instant;
 
 use crate::{
-    Error, ErrorKind, IntoLockName, LockGuard, LockName, LockOptions, Locker, LostReason, Result,
+    Error, ErrorKind, IntoLockName, LockGuard, LockMode, LockName, LockOptions, Locker, LostReason,
+    Result,
 };
 
 /// Every lock of a [`Locker::lock_all`] or [`Locker::try_lock_all`], held together.
@@ -74,16 +89,17 @@ impl MultiGuard {
         .await
     }
 
-    /// Releases every lock (in reverse order) and reports the first failure; every release is
-    /// attempted whatever the others do.
+    /// Releases every lock, one after the other in canonical order (so the last name is freed
+    /// last: a client holding it sees no other member of the set still held), and reports the
+    /// first failure; every release is attempted whatever the others do.
     ///
     /// Cancel safety: the locks not yet released are released in the background.
     ///
     /// # Errors
     /// As [`LockGuard::release`], for the first lock whose release failed.
-    pub async fn release(mut self) -> Result<()> {
+    pub async fn release(self) -> Result<()> {
         let mut first_err = None;
-        while let Some(g) = self.guards.pop() {
+        for g in self.guards {
             if let Err(e) = g.release().await {
                 first_err.get_or_insert(e);
             }
@@ -108,11 +124,15 @@ fn canonical<N: IntoLockName>(names: impl IntoIterator<Item = N>) -> Result<Vec<
 }
 
 impl Locker {
-    /// Takes every lock of `names` or none: one at a time in canonical (byte) order of the
-    /// names, so that two clients taking overlapping sets never deadlock, all within the one
-    /// wait deadline of `options` (each lock with the options' TTL, renewal and mode). If one
-    /// cannot be taken in time, or fails, the ones already taken are released before this
-    /// returns.
+    /// Takes every lock of `names` or none, in canonical (byte) order of the names, so that
+    /// two clients taking overlapping sets never deadlock, all within the one wait deadline of
+    /// `options` (each lock with the options' TTL, renewal and mode). If one cannot be taken
+    /// in time, or fails, the ones already taken are released before this returns.
+    ///
+    /// On a backend declaring [`Capabilities::atomic_multi`](crate::Capabilities::atomic_multi)
+    /// an exclusive set is taken in one request: a lost attempt waits for the member it found busy (that
+    /// member's own wait), keeps it and tries the rest in one request, letting it go before
+    /// waiting for another. Elsewhere, one lock at a time.
     ///
     /// Cancel safety: dropping the future releases the locks taken so far in the background
     /// (as dropped guards are) and leaves no lock of an acquisition in flight held beyond its
@@ -129,6 +149,9 @@ impl Locker {
         let names = canonical(names)?;
         options.validate(self.capabilities())?;
         let deadline = options.wait_value().map(|w| Instant::now() + w);
+        if self.atomic_sets(options) {
+            return self.lock_all_atomic(&names, options, deadline).await;
+        }
         let mut guards = Vec::with_capacity(names.len());
         for name in &names {
             let opts = match deadline {
@@ -141,16 +164,7 @@ impl Locker {
                 Ok(g) => guards.push(g),
                 Err(e) => {
                     release_all(guards).await;
-                    return Err(if e.kind() == ErrorKind::Timeout {
-                        Error::timeout(format!(
-                            "the set of {} locks was not complete within {:?} ({:?} was busy)",
-                            names.len(),
-                            options.wait_value().unwrap_or_default(),
-                            name.as_str()
-                        ))
-                    } else {
-                        e
-                    });
+                    return Err(set_timeout(e, &names, name, options));
                 }
             }
         }
@@ -158,7 +172,9 @@ impl Locker {
     }
 
     /// One attempt at every lock of `names`, in canonical order: `Ok(None)` (with every lock
-    /// taken meanwhile released) as soon as one is held by someone else.
+    /// taken meanwhile released) as soon as one is held by someone else. On a backend
+    /// declaring [`Capabilities::atomic_multi`](crate::Capabilities::atomic_multi), an
+    /// exclusive set is one request that takes every lock or none.
     ///
     /// Cancel safety: as [`Locker::lock_all`].
     ///
@@ -171,6 +187,13 @@ impl Locker {
     ) -> Result<Option<MultiGuard>> {
         let names = canonical(names)?;
         options.validate(self.capabilities())?;
+        if self.atomic_sets(options) {
+            return Ok(self
+                .try_lock_set(&names, options)
+                .await?
+                .ok()
+                .map(|guards| MultiGuard { guards }));
+        }
         let mut guards = Vec::with_capacity(names.len());
         for name in names {
             match self.try_lock(name, options).await {
@@ -185,9 +208,91 @@ impl Locker {
     }
 }
 
-/// Releases a partial set, newest first; failures are logged (each lock frees at its TTL).
-async fn release_all(mut guards: Vec<LockGuard>) {
-    while let Some(g) = guards.pop() {
+impl Locker {
+    /// Whether sets taken with `options` go through [`Backend::try_acquire_all`]: the backend
+    /// declares it, and the set is exclusive.
+    ///
+    /// [`Backend::try_acquire_all`]: crate::backend::Backend::try_acquire_all
+    fn atomic_sets(&self, options: &LockOptions) -> bool {
+        self.capabilities().atomic_multi.is_yes() && options.mode_value() == LockMode::Exclusive
+    }
+
+    /// [`Locker::lock_all`] on a backend that takes a set in one request: the whole set in one
+    /// attempt; when it loses, wait for the member found busy ([`Locker::lock`]: the backend's
+    /// own wait, with its retries of transient errors), then the rest in one attempt while
+    /// holding that member. A lost attempt lets the member go before waiting for the next busy
+    /// one: nothing is held while waiting, so overlapping sets never deadlock. An `Unavailable`
+    /// attempt waits on the first member the same way, which retries as [`Locker::lock`] does.
+    async fn lock_all_atomic(
+        &self,
+        names: &[LockName],
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<MultiGuard> {
+        // The member won by waiting, with its index in `names`.
+        let mut held: Option<(usize, LockGuard)> = None;
+        loop {
+            let rest: Vec<LockName> = names
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| held.as_ref().is_none_or(|(h, _)| h != i))
+                .map(|(_, n)| n.clone())
+                .collect();
+            let attempt = if rest.is_empty() {
+                Ok(Ok(Vec::new()))
+            } else {
+                self.try_lock_set(&rest, options).await
+            };
+            let busy = match attempt {
+                Ok(Ok(mut guards)) => {
+                    if let Some((i, g)) = held.take() {
+                        guards.insert(i, g);
+                    }
+                    return Ok(MultiGuard { guards });
+                }
+                Ok(Err(i)) => &rest[i],
+                Err(e) if e.kind() == ErrorKind::Unavailable => &rest[0],
+                Err(e) => {
+                    release_all(held.into_iter().map(|(_, g)| g).collect()).await;
+                    return Err(e);
+                }
+            };
+            let at = names
+                .iter()
+                .position(|n| n == busy)
+                .expect("a member of the set");
+            release_all(held.take().into_iter().map(|(_, g)| g).collect()).await;
+            let opts = match deadline {
+                None => options.clone(),
+                Some(d) => options
+                    .clone()
+                    .wait_timeout(d.saturating_duration_since(Instant::now())),
+            };
+            match self.lock(busy.clone(), &opts).await {
+                Ok(g) => held = Some((at, g)),
+                Err(e) => return Err(set_timeout(e, names, busy, options)),
+            }
+        }
+    }
+}
+
+/// A member's `Timeout` as the set's; other errors as they are.
+fn set_timeout(e: Error, names: &[LockName], busy: &LockName, options: &LockOptions) -> Error {
+    if e.kind() == ErrorKind::Timeout {
+        Error::timeout(format!(
+            "the set of {} locks was not complete within {:?} ({:?} was busy)",
+            names.len(),
+            options.wait_value().unwrap_or_default(),
+            busy.as_str()
+        ))
+    } else {
+        e
+    }
+}
+
+/// Releases a partial set in canonical order; failures are logged (each lock frees at its TTL).
+async fn release_all(guards: Vec<LockGuard>) {
+    for g in guards {
         let name = g.name().clone();
         if let Err(e) = g.release().await {
             tracing::debug!(lock = name.as_str(), error = %e, "releasing a partial multi-lock failed; it frees at its TTL");
@@ -197,7 +302,97 @@ async fn release_all(mut guards: Vec<LockGuard>) {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::memory::MemoryBackend;
+
+    fn store() -> String {
+        format!("multi-{:016x}", fastrand::u64(..))
+    }
+
+    /// The memory backend declares sets atomic: a set of four is one request, taken whole or
+    /// not at all.
+    #[tokio::test]
+    async fn an_atomic_set_is_one_request() {
+        let store = store();
+        let backend = MemoryBackend::connect(&store);
+        let locker = Locker::new(backend.clone());
+        let other = Locker::new(MemoryBackend::connect(&store));
+        let opts = LockOptions::new().ttl(Duration::from_secs(30));
+        let before = backend.requests();
+        let set = locker
+            .try_lock_all(["a", "b", "c", "d"], &opts)
+            .await
+            .unwrap()
+            .expect("free");
+        assert_eq!(backend.requests() - before, 1, "one request for the set");
+        assert_eq!(set.guards().len(), 4);
+        let tokens = set.fencing_tokens();
+        assert!(tokens.iter().all(Option::is_some), "{tokens:?}");
+        set.release().await.unwrap();
+
+        let busy = other.try_lock("c", &opts).await.unwrap().expect("free");
+        let before = backend.requests();
+        assert!(
+            locker
+                .try_lock_all(["a", "b", "c", "d"], &opts)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(backend.requests() - before, 1, "one request, lost");
+        for free in ["a", "b", "d"] {
+            let g = other.try_lock(free, &opts).await.unwrap();
+            assert!(g.is_some(), "{free} was left held by a lost set");
+            g.unwrap().release().await.unwrap();
+        }
+        busy.release().await.unwrap();
+    }
+
+    /// A waiting lock_all on an atomic backend holds no member while it waits for a busy one,
+    /// and takes the set once that member is released.
+    #[tokio::test]
+    async fn a_waiting_atomic_set_holds_nothing_while_it_waits() {
+        let store = store();
+        let locker = Locker::new(MemoryBackend::connect(&store));
+        let other = Locker::new(MemoryBackend::connect(&store));
+        let opts = LockOptions::new().ttl(Duration::from_secs(30));
+        let busy = other.try_lock("y", &opts).await.unwrap().expect("free");
+        let waiter = {
+            let (locker, opts) = (locker.clone(), opts.clone());
+            tokio::spawn(async move { locker.lock_all(["x", "y", "z"], &opts).await })
+        };
+        while locker.waiting("y").unwrap() == 0 {
+            tokio::task::yield_now().await;
+        }
+        for free in ["x", "z"] {
+            let g = other.try_lock(free, &opts).await.unwrap();
+            assert!(g.is_some(), "{free} was held while the set waited");
+            g.unwrap().release().await.unwrap();
+        }
+        busy.release().await.unwrap();
+        let set = waiter.await.unwrap().unwrap();
+        let names: Vec<_> = set.names().iter().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["x", "y", "z"]);
+        set.release().await.unwrap();
+    }
+
+    /// Shared sets are not atomic (the hook takes exclusive sets): a sequence, still whole.
+    #[tokio::test]
+    async fn a_shared_set_is_a_sequence() {
+        let backend = MemoryBackend::connect(&store());
+        let locker = Locker::new(backend.clone());
+        let opts = LockOptions::new().mode(crate::LockMode::Shared);
+        let before = backend.requests();
+        let set = locker
+            .try_lock_all(["a", "b", "c"], &opts)
+            .await
+            .unwrap()
+            .expect("free");
+        assert_eq!(backend.requests() - before, 3);
+        set.release().await.unwrap();
+    }
 
     #[test]
     fn names_are_ordered_deduplicated_and_never_empty() {

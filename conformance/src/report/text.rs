@@ -61,7 +61,7 @@ pub(super) fn plural(n: usize) -> &'static str {
 }
 
 /// The capability rows: field name and what it means.
-pub(super) const CAPABILITY_ROWS: [(&str, &str); 16] = [
+pub(super) const CAPABILITY_ROWS: [(&str, &str); 17] = [
     ("fencing", "guards carry strictly increasing fencing tokens"),
     ("fair", "waiters served first come, first served"),
     ("wait", "how lock() learns the lock is free"),
@@ -90,6 +90,10 @@ pub(super) const CAPABILITY_ROWS: [(&str, &str); 16] = [
         "permits",
         "semaphores: at most N holders, each permit a lease (why not, where not)",
     ),
+    (
+        "atomic_multi",
+        "a multi-lock taken in one request, every member or none (why not, where not)",
+    ),
     ("min_ttl", "smallest TTL accepted"),
     ("max_ttl", "largest TTL accepted"),
     ("notes", "caveats of this backend's guarantees"),
@@ -117,6 +121,7 @@ pub(super) fn capability_value(c: &Capabilities, cap: &str) -> Vec<String> {
         "inspect" => yn(c.inspect),
         "shared" => support(&c.shared),
         "permits" => support(&c.permits),
+        "atomic_multi" => support(&c.atomic_multi),
         "min_ttl" => vec![fmt_duration(c.min_ttl)],
         "max_ttl" => vec![fmt_duration(c.max_ttl)],
         "notes" => c.notes.clone(),
@@ -151,6 +156,9 @@ pub(super) fn primitive_value(c: &Capabilities, row: &str) -> String {
         "mutex" => "yes".into(),
         "read-write lock" => support(&c.shared).join(""),
         "semaphore" => support(&c.permits).join(""),
+        "multi-lock" if c.atomic_multi.is_yes() => {
+            "yes: one request for the set (exclusive), every member or none".into()
+        }
         "multi-lock" => "yes: one acquisition per name, in canonical order".into(),
         "leader election" if !c.inspect => {
             "campaign yes; leader() no: the backend cannot read who holds a lock".into()

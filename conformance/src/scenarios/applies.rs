@@ -17,6 +17,14 @@ pub(super) fn needs_fencing(c: &Capabilities, _: &dyn Harness) -> Result<(), &'s
     }
 }
 
+pub(super) fn needs_atomic_multi(c: &Capabilities, _: &dyn Harness) -> Result<(), &'static str> {
+    if c.atomic_multi.is_yes() {
+        Ok(())
+    } else {
+        Err("the backend takes a multi-lock as a sequence (atomic_multi not declared)")
+    }
+}
+
 pub(super) fn needs_fair(c: &Capabilities, _: &dyn Harness) -> Result<(), &'static str> {
     if c.fair {
         Ok(())

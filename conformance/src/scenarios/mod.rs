@@ -27,10 +27,11 @@ use std::future::Future;
 use crate::harness::BoxFuture;
 
 use self::applies::{
-    always, needs_clock_skew, needs_counting, needs_extend_sets_ttl, needs_fair, needs_fencing,
-    needs_inspect, needs_lease_loss, needs_lost_detection, needs_lost_replies,
-    needs_native_renewal, needs_notify, needs_other_namespace, needs_permit_expiry, needs_permits,
-    needs_reply_delay, needs_revoke, needs_shared, needs_shared_fencing, needs_ttl_expiry,
+    always, needs_atomic_multi, needs_clock_skew, needs_counting, needs_extend_sets_ttl,
+    needs_fair, needs_fencing, needs_inspect, needs_lease_loss, needs_lost_detection,
+    needs_lost_replies, needs_native_renewal, needs_notify, needs_other_namespace,
+    needs_permit_expiry, needs_permits, needs_reply_delay, needs_revoke, needs_shared,
+    needs_shared_fencing, needs_ttl_expiry,
 };
 pub use self::context::{Ctx, Failure, Outcome, Scenario};
 use self::waiting::needs_thread_cpu_clock;
@@ -303,7 +304,12 @@ pub fn all() -> Vec<Scenario> {
         scenario!(
             multi::cancelled_multi_lock_leaves_nothing,
             always,
-            "a lock_all dropped while waiting for its second member leaves the first free within 3 s (TTL 30 s): no partial set left behind"
+            "a lock_all dropped while waiting for its second member leaves the first free within 3 s (TTL 30 s): no partial set left behind (an atomic backend holds no member while it waits)"
+        ),
+        scenario!(
+            multi::atomic_multi_lock_is_never_seen_partial,
+            needs_atomic_multi,
+            "a backend taking a set in one request: two clients take and release a set of 4 over and over while an observer holding its last name finds every other member free, every time (no part of a set is ever held)"
         ),
         scenario!(
             multi::multi_lock_lost_when_any_member_is_lost,

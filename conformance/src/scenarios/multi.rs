@@ -2,6 +2,8 @@
 //! canonical order (two clients taking the same names in opposite orders never deadlock),
 //! nothing left held after a failure or a cancellation, one lost signal for the set.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use lockcore::{ErrorKind, Instant, LockName, Locker};
@@ -120,9 +122,21 @@ pub(super) async fn cancelled_multi_lock_leaves_nothing(ctx: &Ctx) -> Outcome {
         let (a, opts, set) = (a.clone(), opts.clone(), [x.clone(), y.clone()]);
         tokio::spawn(async move { a.lock_all(set, &opts).await.map(drop) })
     };
-    // Waiting on the second name means the first is taken.
     settle_waiters(ctx, &observer, &y, &[&a]).await?;
-    must_be_held(&observer, &x, &opts, "the first name while the set waits").await?;
+    if ctx.caps.atomic_multi.is_yes() {
+        // A set taken in one request holds nothing while it waits for a busy member.
+        let g = must_try(
+            &observer,
+            &x,
+            &opts,
+            "the first name while an atomic set waits for the second",
+        )
+        .await?;
+        ok_or(g.release().await, "release")?;
+    } else {
+        // A sequence waiting on the second name has taken the first.
+        must_be_held(&observer, &x, &opts, "the first name while the set waits").await?;
+    }
     waiter.abort();
     let _ = waiter.await;
     a.flush().await;
@@ -161,5 +175,98 @@ pub(super) async fn multi_lock_lost_when_any_member_is_lost(ctx: &Ctx) -> Outcom
         y.as_str()
     );
     let _ = set.release().await;
+    Ok(())
+}
+
+/// On a backend that takes a set in one request ([`Capabilities::atomic_multi`]): two clients
+/// take and release the set of four names over and over while an observer takes the set's
+/// last name whenever it can and, holding it, tries each other member. No client may hold part
+/// of a set: while the observer holds the last name no set is held (a set is taken whole, and
+/// released in canonical order, the last name last), so every other member is free. A set
+/// taken one member at a time shows as a member held there.
+///
+/// [`Capabilities::atomic_multi`]: lockcore::Capabilities::atomic_multi
+pub(super) async fn atomic_multi_lock_is_never_seen_partial(ctx: &Ctx) -> Outcome {
+    const LOOKS: u64 = 30;
+    let names: Vec<LockName> = (1..=4).map(|i| ctx.name(&format!("m{i}"))).collect();
+    let last = names
+        .iter()
+        .max_by(|a, b| a.as_str().as_bytes().cmp(b.as_str().as_bytes()))
+        .expect("four names")
+        .clone();
+    let opts = ctx.opts(ctx.ttl(Duration::from_secs(30)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let taken = Arc::new(AtomicU64::new(0));
+    let mut takers = Vec::new();
+    for _ in 0..2 {
+        let client = ctx.client().await?;
+        let (names, opts, stop, taken) = (names.clone(), opts.clone(), stop.clone(), taken.clone());
+        takers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(set) = client.try_lock_all(names.clone(), &opts).await? {
+                    taken.fetch_add(1, Ordering::Relaxed);
+                    tokio::task::yield_now().await;
+                    set.release().await?;
+                }
+                tokio::task::yield_now().await;
+            }
+            Ok::<_, lockcore::Error>(())
+        }));
+    }
+    let observer = ctx.client().await?;
+    let give_up = Instant::now() + ctx.bound(Duration::from_secs(30));
+    let mut looks = 0u64;
+    let mut partial = None;
+    while partial.is_none() && (looks < LOOKS || taken.load(Ordering::Relaxed) < LOOKS) {
+        if Instant::now() >= give_up {
+            break;
+        }
+        let held = match observer.try_lock(&last, &opts).await {
+            Ok(Some(g)) => g,
+            Ok(None) => {
+                tokio::task::yield_now().await;
+                continue;
+            }
+            Err(e) => {
+                partial = Some(format!("the observer's try_lock of the last name: {e}"));
+                break;
+            }
+        };
+        for name in names.iter().filter(|n| **n != last) {
+            match observer.try_lock(name, &opts).await {
+                Ok(Some(g)) => ok_or(g.release().await, "the observer's release")?,
+                Ok(None) => {
+                    partial = Some(format!(
+                        "while the observer held the set's last name {:?}, {:?} was held: \
+                         part of a set was taken (look {looks}, {} sets taken so far)",
+                        last.as_str(),
+                        name.as_str(),
+                        taken.load(Ordering::Relaxed)
+                    ));
+                    break;
+                }
+                Err(e) => {
+                    partial = Some(format!("the observer's try_lock: {e}"));
+                    break;
+                }
+            }
+        }
+        ok_or(held.release().await, "the observer's release")?;
+        looks += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in takers {
+        ok_or(ok_or(t.await, "a taker's loop")?, "a taker's try_lock_all")?;
+    }
+    if let Some(why) = partial {
+        return Err(why);
+    }
+    let taken = taken.load(Ordering::Relaxed);
+    check!(
+        looks >= LOOKS && taken >= LOOKS,
+        "within {:?}: the observer looked {looks} times and the clients took {taken} sets, \
+         {LOOKS} of each needed to observe anything",
+        ctx.bound(Duration::from_secs(30))
+    );
     Ok(())
 }

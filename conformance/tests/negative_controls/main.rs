@@ -380,3 +380,11 @@ fn readers_starving_a_waiting_writer_are_caught() {
         set(&["waiting_writer_is_not_starved"])
     );
 }
+
+#[test]
+fn a_sequence_declared_atomic_is_caught() {
+    assert_eq!(
+        failing_primitives(PrimitiveFlaw::MultiIsASequence),
+        set(&["atomic_multi_lock_is_never_seen_partial"])
+    );
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::Harness;
-use lockcore::backend::{AcquireRequest, Acquired, Backend, Backoff, poll_acquire};
+use lockcore::backend::{AcquireRequest, Acquired, Backend, Backoff, SetAttempt, poll_acquire};
 use lockcore::memory::MemoryBackend;
 use lockcore::{Capabilities, Instant, LockInfo, LockMode, LockName, Locker, Result};
 
@@ -33,6 +33,9 @@ pub(super) enum PrimitiveFlaw {
     /// Exclusive leases end on the server at half their TTL: a leader whose renewals stopped is
     /// replaced before its own validity deadline, so before its lost signal (two leaders).
     LeaseEndsEarly,
+    /// Declares multi-locks atomic but takes a set one member at a time (a sequence of single
+    /// acquisitions with a round trip between them): another client sees part of a set held.
+    MultiIsASequence,
 }
 
 pub(super) struct WrappedHarness {
@@ -127,6 +130,31 @@ impl Backend for Wrapped {
         self.inner.acquire(&self.flawed(req)?, deadline).await
     }
 
+    async fn try_acquire_all(&self, reqs: &[AcquireRequest]) -> Result<SetAttempt> {
+        if self.flaw != PrimitiveFlaw::MultiIsASequence {
+            let reqs = reqs
+                .iter()
+                .map(|r| self.flawed(r))
+                .collect::<Result<Vec<_>>>()?;
+            return self.inner.try_acquire_all(&reqs).await;
+        }
+        let mut won = Vec::with_capacity(reqs.len());
+        for (i, req) in reqs.iter().enumerate() {
+            // The round trip between two members' requests.
+            tokio::task::yield_now().await;
+            match self.inner.try_acquire(req).await {
+                Ok(Some(a)) => won.push(a),
+                other => {
+                    for a in won {
+                        let _ = a.lease.release().await;
+                    }
+                    return other.map(|_| SetAttempt::Busy(i));
+                }
+            }
+        }
+        Ok(SetAttempt::All(won))
+    }
+
     async fn force_release(&self, name: &LockName) -> Result<bool> {
         self.inner.force_release(name).await
     }
@@ -153,6 +181,7 @@ pub(super) fn is_primitive_scenario(name: &str) -> bool {
         "multi_lock_is_all_or_nothing",
         "multi_locks_in_opposite_orders_never_deadlock",
         "cancelled_multi_lock_leaves_nothing",
+        "atomic_multi_lock_is_never_seen_partial",
         "multi_lock_lost_when_any_member_is_lost",
         "one_leader_at_a_time",
         "old_leader_lost_before_new_leader",

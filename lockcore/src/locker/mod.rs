@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{
-    AcquireRequest, Acquired, Backend, Background, Backoff, LostNotifier, OwnerToken,
+    AcquireRequest, Acquired, Backend, Background, Backoff, LostNotifier, OwnerToken, SetAttempt,
 };
 use crate::telemetry::{Outcome, Telemetry};
 use crate::{
@@ -389,6 +389,73 @@ impl Locker {
             tracing::debug!(error = %format!("{err:#}"), lock = req.name.as_str(), attempt, "lock wait: transient error, retrying");
             tokio::time::sleep_until(wake).await;
             attempt = attempt.saturating_add(1);
+        }
+    }
+
+    /// One all-or-nothing attempt at `names` (distinct, canonical order) in one request to the
+    /// backend ([`Backend::try_acquire_all`]): a guard per name, in order, or the index of the
+    /// first member found busy. For `crate::multi`, which validated `options` and checked that
+    /// the backend declares [`Capabilities::atomic_multi`].
+    ///
+    /// Cancel safety: as the backend's `try_acquire_all` (a dropped attempt leaves no lock of
+    /// the set beyond its TTL); once its reply is in, the guards are made without an await.
+    pub(crate) async fn try_lock_set(
+        &self,
+        names: &[LockName],
+        options: &LockOptions,
+    ) -> Result<std::result::Result<Vec<LockGuard>, usize>> {
+        let pending = names
+            .iter()
+            .map(|name| self.request(name.clone(), options))
+            .collect::<Result<Vec<_>>>()?;
+        let reqs: Vec<AcquireRequest> = pending.iter().map(|p| p.request.clone()).collect();
+        let span = self.acquire_span(&names[0], "try_all");
+        let started = Instant::now();
+        let result = self
+            .inner
+            .backend
+            .try_acquire_all(&reqs)
+            .instrument(span.clone())
+            .await;
+        let outcome = match &result {
+            Ok(SetAttempt::All(_)) => Outcome::Acquired,
+            Ok(SetAttempt::Busy(_)) => Outcome::Busy,
+            Err(_) => Outcome::Error,
+        };
+        self.record_acquire(&span, false, outcome, started);
+        match result? {
+            SetAttempt::All(acquired) if acquired.len() == pending.len() => Ok(Ok(pending
+                .into_iter()
+                .zip(acquired)
+                .map(|(p, a)| self.guard(p, a, options))
+                .collect())),
+            SetAttempt::All(acquired) => {
+                let n = acquired.len();
+                // Release what came back (owner-checked) before reporting the broken backend.
+                for a in acquired {
+                    let lease = a.lease;
+                    self.inner.background.spawn(async move {
+                        let _ = lease.release().await;
+                    });
+                }
+                Err(Error::new(
+                    ErrorKind::Backend,
+                    format!(
+                        "{} returned {n} leases for a set of {}",
+                        self.describe(),
+                        pending.len()
+                    ),
+                ))
+            }
+            SetAttempt::Busy(i) if i < names.len() => Ok(Err(i)),
+            SetAttempt::Busy(i) => Err(Error::new(
+                ErrorKind::Backend,
+                format!(
+                    "{} reported member {i} of a set of {} busy",
+                    self.describe(),
+                    names.len()
+                ),
+            )),
         }
     }
 
