@@ -78,6 +78,15 @@ impl Interop {
         // locksmith's own key.
         c.inspect = false;
         c.notes.retain(|n| !n.contains("fencing"));
+        if self == Interop::Sqlx {
+            // The key is sqlx's, whose PgAdvisoryLock takes it exclusively only: shared
+            // holders would have no counterpart on the peer's side.
+            c.shared = lockcore::Support::no(
+                "interop=sqlx: sqlx's PgAdvisoryLock is exclusive only; readers need \
+                 strategy=row-lock without interop (pg_advisory_lock_shared on locksmith's key)",
+            );
+            c.notes.retain(|n| !n.contains("pg_advisory_lock_shared"));
+        }
         c.notes.extend(self.notes().iter().map(|n| (*n).to_owned()));
         c
     }
@@ -141,6 +150,36 @@ mod tests {
     fn sqlx_key_is_sqlx_own() {
         let name = LockName::new("my first Postgres advisory lock!").unwrap();
         assert_eq!(sqlx_key(&name), -5560419505042474287);
+    }
+
+    /// PostgreSQL's row lock gives readers, but not on sqlx's key (sqlx's lock is exclusive
+    /// only), nor on MariaDB's `GET_LOCK`; permits nowhere on row-lock. Each "no" says why.
+    #[test]
+    fn readers_on_the_postgres_row_lock_but_not_under_interop() {
+        use crate::config::{Dialect, Strategy};
+        let pg = crate::strategy_capabilities(Dialect::Postgres, Strategy::RowLock);
+        assert!(pg.shared.is_yes());
+        assert!(pg.fair, "a waiting writer holds back later readers");
+        let sqlx = Interop::Sqlx.capabilities(pg.clone());
+        let why = sqlx
+            .shared
+            .why_not()
+            .expect("no readers under interop=sqlx");
+        assert!(why.contains("exclusive only"), "{why}");
+        assert!(
+            !sqlx
+                .notes
+                .iter()
+                .any(|n| n.contains("pg_advisory_lock_shared")),
+            "{:?}",
+            sqlx.notes
+        );
+        let my = crate::strategy_capabilities(Dialect::MySql, Strategy::RowLock);
+        let my = Interop::GetLock.capabilities(my);
+        for caps in [&pg, &sqlx, &my] {
+            assert!(caps.permits.why_not().is_some());
+        }
+        assert!(my.shared.why_not().unwrap().contains("GET_LOCK"));
     }
 
     #[test]

@@ -60,7 +60,9 @@
 //! # Strategies
 //!
 //! **row-lock**: the lock is a session lock held by a connection dedicated to the holder: a
-//! PostgreSQL session advisory lock (`pg_advisory_lock` on a 64-bit hash of table and name) or a
+//! PostgreSQL session advisory lock (`pg_advisory_lock` on a 64-bit hash of table and name:
+//! `hashtextextended(name, seed)`, the seed the table name's 64-bit FNV-1a read as a signed
+//! `bigint`, `-6380568882776862090` for the default `locksmith_locks`) or a
 //! MariaDB user lock (`GET_LOCK` on a SHA-1 of database, table and name). Acquiring is one
 //! statement: take the lock (try, or wait in the server's queue until the deadline via
 //! `lock_timeout` / `GET_LOCK`'s timeout) and, holding it, bump the lock row's fencing counter,
@@ -141,7 +143,23 @@
 //! `lock()` of a writer held back by readers (a few seconds, renewed at each attempt): readers
 //! that come meanwhile wait, so a stream of readers cannot starve a writer. A released share
 //! wakes waiters as an exclusive release does; `inspect` lists every live share; a revoke
-//! deletes them all. Row-lock holds session locks, exclusive only.
+//! deletes them all.
+//!
+//! *Readers on PostgreSQL's row lock* ([`LockMode::Shared`](lockcore::LockMode) with
+//! `strategy=row-lock`): a reader holds `pg_advisory_lock_shared` on the writers' very key
+//! (taken, waited for, released and fenced by the same statements as a writer's, with the
+//! `_shared` functions), so readers hold together and never beside a writer, whoever took it:
+//! another locksmith, a `psql` session's `pg_advisory_lock(hashtextextended(name, seed))`, a
+//! [`PgXactLock`]. The server queues a request that conflicts with one already waiting behind
+//! it, so a reader that comes after a waiting writer waits (and `try_lock` finds the name
+//! busy): a stream of readers cannot starve a writer, and a writer whose wait ends frees the
+//! readers behind it at once. Every reader gets a fencing token from the lock row's counter,
+//! one counter across modes; readers taking tokens at the same moment wait for each other's
+//! commit, not for each other's hold. `inspect` gives the mode and counts the readers (the
+//! sessions `pg_locks` shows holding the key shared), without per-reader metadata: the row
+//! keeps the last acquisition's only. No permits (an advisory lock counts no holders), and no
+//! readers under `interop=sqlx` (sqlx's lock is exclusive only). MariaDB's row lock is
+//! exclusive only (`GET_LOCK`).
 #![deny(missing_docs)]
 
 mod config;
@@ -443,28 +461,30 @@ fn strategy_capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
     c.inspect = true;
     match strategy {
         Strategy::RowLock => {
-            // A holder is a server session lock, which these keep one of per name: MariaDB's
-            // GET_LOCK is exclusive only; PostgreSQL's pg_advisory_lock_shared could give
-            // readers (a possible later mode), but not a count of permits.
-            let why = if dialect == Dialect::Postgres {
-                "row-lock: a session advisory lock; shared holders (pg_advisory_lock_shared) are not yet implemented; use strategy=lease"
+            // A holder is a server session lock. PostgreSQL's advisory locks have a shared
+            // mode (pg_advisory_lock_shared on the same key: readers); MariaDB's GET_LOCK is
+            // exclusive only. Neither keeps a count of holders for permits.
+            if dialect == Dialect::Postgres {
+                c.shared = lockcore::Support::Yes;
+                c.permits = lockcore::Support::no(
+                    "row-lock: an advisory lock has no count of holders; use strategy=lease",
+                );
             } else {
-                "row-lock: MariaDB's GET_LOCK is exclusive only; use strategy=lease"
-            };
-            c.shared = lockcore::Support::no(why);
-            c.permits = lockcore::Support::no(if dialect == Dialect::Postgres {
-                "row-lock: an advisory lock has no count of holders; use strategy=lease"
-            } else {
-                why
-            });
+                let why = "row-lock: MariaDB's GET_LOCK is exclusive only; use strategy=lease";
+                c.shared = lockcore::Support::no(why);
+                c.permits = lockcore::Support::no(why);
+            }
             // The server's lock queue: waiters sleep in the server and are woken by it.
             c.wait = lockcore::WaitKind::Notify;
             c.renew = lockcore::RenewKind::Native;
             c.lost_detection = true;
             c.revoke_detection = true;
             c.expiry_after_ttl = false;
-            // PostgreSQL grants heavyweight (advisory) locks in arrival order; MariaDB's user
-            // locks promise no order, and waits over 5 s are queued again.
+            // PostgreSQL grants heavyweight (advisory) locks in arrival order, and a request
+            // that conflicts with one already waiting queues behind it (a reader behind a
+            // waiting writer waits; pg_try_advisory_lock_shared refuses): readers cannot starve
+            // a writer. MariaDB's user locks promise no order, and waits over 5 s are queued
+            // again.
             c.fair = dialect == Dialect::Postgres;
             c.min_ttl = Duration::from_millis(100);
             c.notes = vec![
@@ -480,6 +500,9 @@ fn strategy_capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
                 );
                 c.notes.push(
                     "postgres row-lock: the token's commit (a WAL flush) is most of an acquisition's cost; LockOptions::no_fencing() skips it (no token, nothing written: about the bare advisory lock's cost)".into(),
+                );
+                c.notes.push(
+                    "postgres row-lock: readers hold pg_advisory_lock_shared on the writers' key; the server queues a reader behind a waiting writer (first come, first served: a stream of readers cannot starve a writer); inspect counts the readers (from pg_locks) but keeps no metadata per reader".into(),
                 );
             } else {
                 c.notes.push(

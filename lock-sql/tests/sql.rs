@@ -928,9 +928,228 @@ async fn pg_row_lock_without_fencing_bumps_no_counter() {
         assert_eq!(info.fencing_token, Some(first), "round {round}");
         g.release().await.unwrap();
     }
+    // A reader without a token writes nothing either.
+    let r = a
+        .lock(name.as_str(), &fenced.clone().no_fencing().shared())
+        .await
+        .unwrap();
+    assert_eq!(r.fencing_token(), None, "a reader that asked for no token");
+    r.release().await.unwrap();
     let g = b.lock(name.as_str(), &fenced).await.unwrap();
     assert_eq!(g.fencing_token(), Some(first + 1));
     g.release().await.unwrap();
+}
+
+/// The advisory key of `$1` in the default lock table, as lock-sql's docs give it for `psql`
+/// peers: `hashtextextended(name, seed)`, the seed the FNV-1a of `locksmith_locks`.
+const PG_KEY: &str = "hashtextextended($1, -6380568882776862090)";
+
+/// A plain session on the PostgreSQL test database, as `psql` would open one.
+async fn pg_session() -> sqlx::PgConnection {
+    use sqlx::Connection;
+    let url = conformance::require_env("LOCK_TEST_POSTGRES_URL").expect("a PostgreSQL URL");
+    sqlx::PgConnection::connect(&url).await.unwrap()
+}
+
+/// `SELECT <f>(<key of name>)` on a plain session: whether an advisory-lock function
+/// answered true.
+async fn pg_advisory(conn: &mut sqlx::PgConnection, f: &str, name: &str) -> bool {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT {f}({PG_KEY})")))
+        .bind(name)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// PostgreSQL row-lock readers and plain sessions on the documented key: a plain
+/// `pg_advisory_lock_shared` reader holds beside a locksmith reader, a plain
+/// `pg_advisory_lock` writer is kept out (refused at once, or queued), a locksmith reader
+/// coming after the queued plain writer waits (no starving it), and while the plain writer
+/// holds, locksmith's readers and writers are kept out. `inspect` tells the modes apart.
+#[tokio::test]
+async fn pg_row_lock_readers_and_plain_sessions_on_the_documented_key() {
+    let Some(url) = pg_url("strategy=row-lock") else {
+        return;
+    };
+    let (a, b) = (client(&url).await, client(&url).await);
+    let name = unique("rw-plain");
+    let read = LockOptions::new().ttl(Duration::from_secs(30)).shared();
+    let write = LockOptions::new().ttl(Duration::from_secs(30));
+    let r = a
+        .try_lock(name.as_str(), &read)
+        .await
+        .unwrap()
+        .expect("a reader");
+    let mut plain_reader = pg_session().await;
+    assert!(
+        pg_advisory(&mut plain_reader, "pg_try_advisory_lock_shared", &name).await,
+        "a plain reader beside a locksmith reader"
+    );
+    let info = b.inspect(name.as_str()).await.unwrap();
+    assert!(info.held, "{info:?}");
+    assert_eq!(info.mode, Some(lockcore::LockMode::Shared), "{info:?}");
+    assert_eq!(info.shares.len(), 2, "two reader sessions: {info:?}");
+    let mut plain_writer = pg_session().await;
+    assert!(
+        !pg_advisory(&mut plain_writer, "pg_try_advisory_lock", &name).await,
+        "a plain writer beside readers"
+    );
+    let writer = tokio::spawn({
+        let name = name.clone();
+        async move {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT pg_advisory_lock({PG_KEY})"
+            )))
+            .bind(&name)
+            .execute(&mut plain_writer)
+            .await
+            .unwrap();
+            plain_writer
+        }
+    });
+    until_queued(&b, &name, 1).await;
+    assert!(
+        b.try_lock(name.as_str(), &read).await.unwrap().is_none(),
+        "a locksmith reader joined the readers ahead of a waiting plain writer"
+    );
+    r.release().await.unwrap();
+    assert!(pg_advisory(&mut plain_reader, "pg_advisory_unlock_shared", &name).await);
+    let mut plain_writer = tokio::time::timeout(WAIT, writer)
+        .await
+        .expect("the plain writer got the lock once the readers left")
+        .unwrap();
+    for (what, opts) in [("reader", &read), ("writer", &write)] {
+        assert!(
+            a.try_lock(name.as_str(), opts).await.unwrap().is_none(),
+            "a locksmith {what} beside a plain writer"
+        );
+    }
+    let info = b.inspect(name.as_str()).await.unwrap();
+    assert!(info.held, "{info:?}");
+    assert_eq!(info.mode, Some(lockcore::LockMode::Exclusive), "{info:?}");
+    assert!(pg_advisory(&mut plain_writer, "pg_advisory_unlock", &name).await);
+    let r = a.try_lock(name.as_str(), &read).await.unwrap();
+    r.expect("a reader once the plain writer left")
+        .release()
+        .await
+        .unwrap();
+}
+
+/// PostgreSQL row lock: a holder asking for the other mode of its own lock is not granted it
+/// (no upgrade, no downgrade: the contract's rule for every backend, where modes are
+/// contention and locks are not reentrant): `try_lock` finds it busy, `lock` times out.
+#[tokio::test]
+async fn pg_row_lock_holder_gets_no_other_mode_of_its_own_lock() {
+    let Some(url) = pg_url("strategy=row-lock") else {
+        return;
+    };
+    let a = client(&url).await;
+    let name = unique("upgrade");
+    let read = LockOptions::new().ttl(Duration::from_secs(30)).shared();
+    let write = LockOptions::new().ttl(Duration::from_secs(30));
+    let r = a
+        .try_lock(name.as_str(), &read)
+        .await
+        .unwrap()
+        .expect("a reader");
+    assert!(
+        a.try_lock(name.as_str(), &write).await.unwrap().is_none(),
+        "a reader upgraded to the writer's lock"
+    );
+    let short = write
+        .clone()
+        .wait_timeout(Duration::from_millis(300).mul_f64(conformance::time_scale()));
+    let err = a.lock(name.as_str(), &short).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    r.release().await.unwrap();
+    let w = a
+        .try_lock(name.as_str(), &write)
+        .await
+        .unwrap()
+        .expect("a writer");
+    assert!(
+        a.try_lock(name.as_str(), &read).await.unwrap().is_none(),
+        "a writer took a reader's lock beside its own"
+    );
+    w.release().await.unwrap();
+}
+
+/// PostgreSQL row-lock reader: readers' counter bumps wait for each other's commit on the lock
+/// row. A reader whose attempt ends during that wait (the row held here by a plain
+/// transaction) leaves nothing held: its session's shared advisory lock, taken before the row
+/// wait, goes with its connection. Two ways to end there: a waiting `lock()` cut off at its
+/// deadline, and a `try_lock` on sessions with a `lock_timeout` of their own (a server, role
+/// or URL setting), which must not end the row wait with "busy" and put the connection back
+/// in the pool with the lock still held.
+#[tokio::test]
+async fn pg_row_lock_reader_cut_off_at_the_counter_row_leaves_nothing_held() {
+    let Some(url) = pg_url("strategy=row-lock") else {
+        return;
+    };
+    let timed = with_params(&url, "options[lock_timeout]=200ms&op_timeout_ms=1500");
+    let b = client(&url).await;
+    let read = LockOptions::new().ttl(Duration::from_secs(30)).shared();
+    for (case, url) in [("lock() cut off", &url), ("try_lock, lock_timeout", &timed)] {
+        let a = client(url).await;
+        let name = unique("rowwait");
+        let g = a
+            .try_lock(name.as_str(), &LockOptions::new())
+            .await
+            .unwrap();
+        g.expect("the lock row made").release().await.unwrap();
+        let mut blocker = pg_session().await;
+        sqlx::raw_sql("BEGIN").execute(&mut blocker).await.unwrap();
+        sqlx::query("SELECT 1 FROM locksmith_locks WHERE name = $1 FOR UPDATE")
+            .bind(&name)
+            .execute(&mut blocker)
+            .await
+            .unwrap();
+        if url == &timed {
+            // Held back past lock_timeout, then cut off by the operation timeout.
+            let outcome = a.try_lock(name.as_str(), &read).await;
+            assert!(
+                !matches!(outcome, Ok(Some(_))),
+                "{case}: a reader past a held counter row"
+            );
+        } else {
+            let wait = Duration::from_millis(500).mul_f64(conformance::time_scale());
+            let err = a
+                .lock(name.as_str(), &read.clone().wait_timeout(wait))
+                .await
+                .unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Timeout, "{case}: {err}");
+        }
+        // The row is still held: only a writer that writes no counter can look.
+        let probe = LockOptions::new().no_fencing();
+        let bound = Duration::from_secs(10).mul_f64(conformance::time_scale());
+        faultkit::wait_until(
+            &format!("{case}: the reader's session to end"),
+            bound,
+            || {
+                let (b, name, probe) = (&b, &name, &probe);
+                async move {
+                    Ok(match b.try_lock(name.as_str(), probe).await.unwrap() {
+                        Some(g) => {
+                            g.release().await.unwrap();
+                            true
+                        }
+                        None => false,
+                    })
+                }
+            },
+        )
+        .await
+        .unwrap();
+        sqlx::raw_sql("ROLLBACK")
+            .execute(&mut blocker)
+            .await
+            .unwrap();
+        let r = a.try_lock(name.as_str(), &read).await.unwrap();
+        r.unwrap_or_else(|| panic!("{case}: a reader once the row is free"))
+            .release()
+            .await
+            .unwrap();
+    }
 }
 
 /// PostgreSQL lease: a waiter whose `lock()` is dropped, or times out, leaves no queue entry

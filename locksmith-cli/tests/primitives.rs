@@ -194,9 +194,15 @@ fn overlaps(intervals: &[Interval]) -> (usize, usize) {
 
 /// The servers whose backends give permits and shared locks (scripts/servers.sh), with the
 /// parameter that picks the backend's kind that does: the SQL lease strategy, and a short
-/// ZooKeeper session (a killed holder's node goes with its session, whatever the TTL).
-fn urls() -> Option<Vec<(&'static str, String)>> {
+/// ZooKeeper session (a killed holder's node goes with its session, whatever the TTL); for
+/// shared locks (`readers`) also PostgreSQL's row lock.
+fn urls(readers: bool) -> Option<Vec<(&'static str, String)>> {
     let mut all = Vec::new();
+    let row_lock = (
+        "postgres-row-lock",
+        "LOCK_TEST_POSTGRES_URL",
+        Some(("strategy", "row-lock")),
+    );
     for (label, var, param) in [
         ("redis", "LOCK_TEST_REDIS_URL", None),
         ("etcd", "LOCK_TEST_ETCD_URL", None),
@@ -216,7 +222,10 @@ fn urls() -> Option<Vec<(&'static str, String)>> {
             Some(("strategy", "lease")),
         ),
         ("sqlite", "LOCK_TEST_SQLITE_URL", None),
-    ] {
+    ]
+    .into_iter()
+    .chain(readers.then_some(row_lock))
+    {
         let url = require_env(var)?;
         let url = match param {
             Some((key, value)) => conformance::url_with_param(&url, key, value),
@@ -229,7 +238,7 @@ fn urls() -> Option<Vec<(&'static str, String)>> {
 
 #[test]
 fn permits_hold_across_processes_and_kills() {
-    let Some(urls) = urls() else { return };
+    let Some(urls) = urls(false) else { return };
     for (label, url) in urls {
         let name = format!("cli-permits-{:08x}", fastrand::u32(..));
         let run_for = Duration::from_secs(4).mul_f64(scale());
@@ -262,7 +271,7 @@ fn permits_hold_across_processes_and_kills() {
 
 #[test]
 fn shared_readers_never_run_beside_a_writer_across_processes_and_kills() {
-    let Some(urls) = urls() else { return };
+    let Some(urls) = urls(true) else { return };
     for (label, url) in urls {
         let name = format!("cli-shared-{:08x}", fastrand::u32(..));
         let run_for = Duration::from_secs(4).mul_f64(scale());

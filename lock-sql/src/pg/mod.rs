@@ -10,7 +10,7 @@ use futures::FutureExt;
 use lockcore::backend::{
     AcquireRequest, Acquired, CancelCleanUp, CleanUpIfCancelled, CleanUpTask, Lease,
 };
-use lockcore::{Error, Instant, LockInfo, LockMode, LockName, OwnerToken, Result};
+use lockcore::{Error, Instant, LockInfo, LockMode, LockName, OwnerToken, Result, Share};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection};
 use tokio::sync::{OnceCell, broadcast, oneshot};
@@ -59,14 +59,24 @@ pub(crate) fn queue_table(t: &str) -> String {
 
 type PgConns = Conns<PgConnectOptions, ()>;
 
+/// The row-lock statements of one mode, alike but for the advisory-lock functions they call:
+/// `pg_advisory_lock` and friends for an exclusive holder, `pg_advisory_lock_shared` and
+/// friends for a reader, on the same key (so they conflict as a read-write lock's modes do).
+struct RowSql {
+    /// Takes the lock if free, bumps and commits the fencing counter.
+    try_fenced: String,
+    /// `try_fenced` without the fencing counter (the caller wants no token).
+    try_unfenced: String,
+    /// Waits for the lock in the server's queue (`lock_timeout`), then as `try_fenced`.
+    wait_fenced: String,
+    /// `wait_fenced` without the fencing counter.
+    wait_unfenced: String,
+    unlock: String,
+}
+
 struct Sql {
-    row_try: String,
-    /// `row_try` without the fencing counter (the caller wants no token).
-    row_try_unfenced: String,
-    /// `row_wait` without the fencing counter.
-    row_wait_unfenced: String,
-    row_wait: String,
-    row_unlock: String,
+    row_exclusive: RowSql,
+    row_shared: RowSql,
     row_guard: String,
     revoke_row: String,
     queued_row: String,
@@ -92,6 +102,17 @@ struct Sql {
     share_inspect: String,
     /// Held or free, token, TTL left, metadata and waiters of one name (per strategy).
     inspect: String,
+}
+
+impl Sql {
+    /// The row-lock statements of `mode`: shared, or exclusive (permits are not declared on
+    /// row-lock, so never asked for).
+    fn row(&self, mode: LockMode) -> &RowSql {
+        match mode {
+            LockMode::Shared => &self.row_shared,
+            _ => &self.row_exclusive,
+        }
+    }
 }
 
 pub(crate) struct PgBackend {
@@ -237,31 +258,34 @@ impl PgBackend {
                    acquired_at = EXCLUDED.acquired_at RETURNING r.fence"
             )
         };
+        // The entries of pg_locks for this name's advisory lock, granted or awaited (a bigint
+        // key shows as classid = high half, objid = low half, objsubid = 1; mode ExclusiveLock
+        // for pg_advisory_lock, ShareLock for pg_advisory_lock_shared).
+        let of_key = format!(
+            "l.locktype = 'advisory' AND l.objsubid = 1 \
+             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+             AND ((l.classid::int8 << 32) | l.objid::int8) = {key}"
+        );
         // Row lock: held while a session holds the advisory lock (the row keeps the last
-        // holder's token and metadata); lease: while the row has an unexpired owner.
-        let pg_lock_of = |granted: &str| {
-            format!(
-                "SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND {granted} \
-                 AND l.objsubid = 1 \
-                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-                 AND ((l.classid::int8 << 32) | l.objid::int8) = {key}"
-            )
-        };
+        // holder's token and metadata), by readers when those sessions hold it shared (one
+        // read of pg_locks, which copies the server's whole lock table); lease: while the row
+        // has an unexpired owner (its shares are read apart).
         let inspect = match config.strategy {
             Strategy::RowLock => format!(
-                "SELECT EXISTS ({}) AS held, NULL::float8 AS remaining, \
-                   (SELECT count(*) FROM ({}) w) AS waiting, r.fence, r.holder, \
-                   (EXTRACT(EPOCH FROM r.acquired_at) * 1000)::float8 AS acquired_ms \
-                 FROM (SELECT 1) one LEFT JOIN {t} r ON r.name = $1",
-                pg_lock_of("l.granted"),
-                pg_lock_of("NOT l.granted")
+                "WITH k AS MATERIALIZED (SELECT l.granted, l.mode FROM pg_locks l WHERE {of_key}) \
+                 SELECT EXISTS (SELECT 1 FROM k WHERE granted) AS held, NULL::float8 AS remaining, \
+                   (SELECT count(*) FROM k WHERE NOT granted) AS waiting, r.fence, r.holder, \
+                   (EXTRACT(EPOCH FROM r.acquired_at) * 1000)::float8 AS acquired_ms, \
+                   (SELECT count(*) FROM k WHERE granted AND mode = 'ShareLock') AS readers \
+                 FROM (SELECT 1) one LEFT JOIN {t} r ON r.name = $1"
             ),
             Strategy::Lease => format!(
                 "SELECT COALESCE(r.owner IS NOT NULL AND r.expires_at > clock_timestamp(), false) AS held, \
                    EXTRACT(EPOCH FROM (r.expires_at - clock_timestamp()))::float8 AS remaining, \
                    (SELECT count(*) FROM {q} w WHERE w.name = $1 \
                      AND w.expires > clock_timestamp()) AS waiting, r.fence, r.holder, \
-                   (EXTRACT(EPOCH FROM r.acquired_at) * 1000)::float8 AS acquired_ms \
+                   (EXTRACT(EPOCH FROM r.acquired_at) * 1000)::float8 AS acquired_ms, \
+                   NULL::int8 AS readers \
                  FROM (SELECT 1) one LEFT JOIN {t} r ON r.name = $1"
             ),
         };
@@ -273,19 +297,44 @@ impl PgBackend {
         let uncounted = |from: &str, cond: &str, holder: &str| {
             format!("SELECT 0::int8 FROM {from} WHERE {cond} AND ({holder}::text IS NULL OR true)")
         };
-        let try_cond = format!("CASE WHEN got THEN {} IS NOT NULL END", set_guard("$2"));
-        let wait_cond = format!("{} IS NOT NULL", set_guard("$2"));
-        let try_head =
-            format!("WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock({key}) AS got)");
-        let wait_head = format!(
-            "WITH s AS MATERIALIZED (SELECT set_config('lock_timeout', $3, true) AS t), \
-             l AS MATERIALIZED (SELECT pg_advisory_lock({key}) IS NULL AS x FROM s)"
+        // A lock taken by a session survives its transaction's rollback, so nothing after it
+        // in the statement may fail with lock_timeout's error (read as "busy": the connection
+        // would go back to the pool holding the lock). The counter's row lock, for which
+        // concurrent readers wait for each other's commit, is waited for without it (a
+        // deadline cut-off closes the connection instead).
+        let untimed = "set_config('lock_timeout', '0', true) IS NOT NULL";
+        let try_cond = format!(
+            "CASE WHEN got THEN {untimed} AND {} IS NOT NULL END",
+            set_guard("$2")
         );
+        let wait_cond = format!("{untimed} AND {} IS NOT NULL", set_guard("$2"));
         let taken = |from: &str, cond: &str, holder: &str| {
             if interop {
                 uncounted(from, cond, holder)
             } else {
                 fence_upsert(from, cond, holder)
+            }
+        };
+        // One mode's statements: `pg_advisory_lock` and friends, or their `_shared` forms on
+        // the same key. A reader's counter bump serialises with other readers' only for the
+        // statement's commit, not while they hold.
+        let row_sql = |shared: bool| {
+            let f = if shared { "_shared" } else { "" };
+            let try_head =
+                format!("WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock{f}({key}) AS got)");
+            let wait_head = format!(
+                "WITH s AS MATERIALIZED (SELECT set_config('lock_timeout', $3, true) AS t), \
+                 l AS MATERIALIZED (SELECT pg_advisory_lock{f}({key}) IS NULL AS x FROM s)"
+            );
+            RowSql {
+                try_fenced: format!("{try_head} {}", taken("l", &try_cond, "$3")),
+                try_unfenced: format!("{try_head} {}", uncounted("l", &try_cond, "$3")),
+                wait_fenced: format!("{wait_head} {}", taken("l", &wait_cond, "$4")),
+                wait_unfenced: format!("{wait_head} {}", uncounted("l", &wait_cond, "$4")),
+                unlock: format!(
+                    "SELECT pg_advisory_unlock{f}({key}) FROM (SELECT {}) g",
+                    set_guard("'0'")
+                ),
             }
         };
         // The queue's head for name `$1` (the first live entry), notified by name on channel
@@ -298,32 +347,18 @@ impl PgBackend {
             )
         };
         let sql = Sql {
-            row_try_unfenced: format!("{try_head} {}", uncounted("l", &try_cond, "$3")),
-            row_wait_unfenced: format!("{wait_head} {}", uncounted("l", &wait_cond, "$4")),
-            row_try: format!("{try_head} {}", taken("l", &try_cond, "$3")),
-            row_wait: format!("{wait_head} {}", taken("l", &wait_cond, "$4")),
-            row_unlock: format!(
-                "SELECT pg_advisory_unlock({key}) FROM (SELECT {}) g",
-                set_guard("'0'")
-            ),
+            row_exclusive: row_sql(false),
+            row_shared: row_sql(true),
             row_guard: format!("SELECT {}", set_guard("$1")),
-            // The session holding the advisory lock of this name (a bigint key shows as
-            // classid = high half, objid = low half, objsubid = 1).
+            // The sessions holding the advisory lock of this name (every reader, or the one
+            // exclusive holder).
             revoke_row: format!(
                 "SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
-                 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
-                   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-                   AND ((l.classid::int8 << 32) | l.objid::int8) = {key} \
-                   AND l.pid <> pg_backend_pid()"
+                 WHERE {of_key} AND l.granted AND l.pid <> pg_backend_pid()"
             ),
             // Sessions waiting for the advisory lock of this name (each client's own waiters
             // queue in the client first: one per client shows here).
-            queued_row: format!(
-                "SELECT count(*) FROM pg_locks l \
-                 WHERE l.locktype = 'advisory' AND NOT l.granted AND l.objsubid = 1 \
-                   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-                   AND ((l.classid::int8 << 32) | l.objid::int8) = {key}"
-            ),
+            queued_row: format!("SELECT count(*) FROM pg_locks l WHERE {of_key} AND NOT l.granted"),
             // Read first: the upsert runs only when the row is free (or already ours: a retry of
             // an attempt whose answer was lost), so a failed attempt writes and locks nothing.
             // The second column is the current holder's remaining time, for the waiter's sleep.
@@ -652,9 +687,10 @@ impl PgBackend {
             Option<i64>,
             Option<String>,
             Option<f64>,
+            Option<i64>,
         );
         let (n, sql) = (name.as_str().to_owned(), self.sql.inspect.clone());
-        let (held, remaining, waiting, fence, holder, acquired_ms): Row = self
+        let (held, remaining, waiting, fence, holder, acquired_ms, readers): Row = self
             .conns
             .run(self.conns.bound(), "inspecting a lock", move |c| {
                 sqlx::query_as(AssertSqlSafe(sql.clone()))
@@ -671,13 +707,21 @@ impl PgBackend {
             }
             return Ok(LockInfo::free(name.clone(), waiters));
         }
-        let info = crate::inspect::held(name, fence, remaining, holder.as_deref(), acquired_ms)
-            .with_waiters(waiters);
-        Ok(if lease {
-            info.with_mode(Some(LockMode::Exclusive))
-        } else {
-            info
-        })
+        // Row-lock readers: the server knows their sessions, not which acquisition the row's
+        // token and metadata are from (the last one that took a token, maybe gone): each is
+        // listed without them.
+        if let Some(readers) = readers.filter(|&r| r > 0) {
+            let shares = vec![Share::new(None, None, None); readers as usize];
+            return Ok(LockInfo::held(name.clone())
+                .with_shares(shares)
+                .with_mode(Some(LockMode::Shared))
+                .with_waiters(waiters));
+        }
+        Ok(
+            crate::inspect::held(name, fence, remaining, holder.as_deref(), acquired_ms)
+                .with_waiters(waiters)
+                .with_mode(Some(LockMode::Exclusive)),
+        )
     }
 
     /// The live shares of a name (lease strategy), if any.

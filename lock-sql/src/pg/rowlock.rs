@@ -1,6 +1,7 @@
-//! PostgreSQL row locks: a session advisory lock on a connection of its own, with the lock
-//! row's fencing counter bumped and committed in the same statement when the caller wants a
-//! fencing token (without one, nothing is written).
+//! PostgreSQL row locks: a session advisory lock on a connection of its own (exclusive, or
+//! shared for a reader: the same statements with the `_shared` functions, on the same key),
+//! with the lock row's fencing counter bumped and committed in the same statement when the
+//! caller wants a fencing token (without one, nothing is written).
 
 use super::*;
 
@@ -13,9 +14,12 @@ impl PgBackend {
         }
     }
 
-    /// One statement: the advisory lock (tried, or waited for until `deadline` with
-    /// `lock_timeout`), the server-side guard, and (when `req.fencing` wants a token) the
+    /// One statement: the advisory lock in `req.mode` (tried, or waited for until `deadline`
+    /// with `lock_timeout`), the server-side guard, and (when `req.fencing` wants a token) the
     /// fencing counter bumped and committed with the holder's metadata.
+    ///
+    /// Cancel safe: a dropped call's statement, waiting or not, goes with its connection, which
+    /// is closed, so the server frees whatever the session held.
     pub(super) async fn row_acquire(
         &self,
         req: &AcquireRequest,
@@ -35,10 +39,11 @@ impl PgBackend {
         // The counter's commit (a WAL flush) is most of an acquisition's cost: made only when
         // the caller wants a token. Under interop the statements count nothing anyway.
         let fenced = req.fencing.wanted() && self.config.interop.is_none();
+        let row = self.sql.row(req.mode);
         let (try_sql, wait_sql) = if fenced {
-            (&self.sql.row_try, &self.sql.row_wait)
+            (&row.try_fenced, &row.wait_fenced)
         } else {
-            (&self.sql.row_try_unfenced, &self.sql.row_wait_unfenced)
+            (&row.try_unfenced, &row.wait_unfenced)
         };
         let param = self.row_param(&req.name);
         let holder = req.holder.encode();
@@ -99,6 +104,7 @@ impl PgBackend {
                         conn: Some(c),
                         conns: self.conns.clone(),
                         sql: self.sql.clone(),
+                        mode: req.mode,
                         name: param.clone(),
                     };
                     let lease = RowLease::start(
@@ -116,6 +122,8 @@ impl PgBackend {
                     self.conns.put(c);
                     return Ok(None);
                 }
+                // Only the advisory lock's wait runs under lock_timeout (the counter's row is
+                // waited for without it): timed out there, the session holds nothing.
                 Err(e) if db_code(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) => {
                     self.conns.put(c);
                     return Ok(None);
@@ -133,6 +141,8 @@ struct PgHolding {
     conn: Option<Checked<PgConnectOptions, ()>>,
     conns: Arc<PgConns>,
     sql: Arc<Sql>,
+    /// The mode it holds: the unlock must be of the same kind.
+    mode: LockMode,
     name: String,
 }
 
@@ -163,7 +173,7 @@ impl Holding for PgHolding {
     }
 
     async fn unlock(&mut self) -> sqlx::Result<bool> {
-        let sql = self.sql.row_unlock.clone();
+        let sql = self.sql.row(self.mode).unlock.clone();
         let name = self.name.clone();
         sqlx::query_scalar(AssertSqlSafe(sql))
             .bind(name)
