@@ -166,10 +166,8 @@ pub fn expected(label: &str, fault: Fault) -> Expect {
         // The primitives' rows where the backend does not declare them (its capability says
         // why; the cell quotes it).
         ("redlock", PermitKill | PermitPause) => NotApplicable,
-        (
-            "postgres-row-lock" | "mysql-row-lock",
-            ReaderKill | ReaderPause | PermitKill | PermitPause,
-        ) => NotApplicable,
+        ("postgres-row-lock", PermitKill | PermitPause) => NotApplicable,
+        ("mysql-row-lock", ReaderKill | ReaderPause | PermitKill | PermitPause) => NotApplicable,
         _ => Holds,
     }
 }
