@@ -378,6 +378,13 @@ async fn leader_lines(
 }
 
 /// The create revision and lease of `key` (it must exist).
+/// The leader `Locker::leader` reports now, which must campaign with `value`.
+async fn leader_with(locker: &Locker, name: &str, value: &str) -> lockcore::Leader {
+    let seen = locker.leader(name).await.unwrap().expect("a leader");
+    assert_eq!(seen.value.as_deref(), Some(value), "leader() saw {seen:?}");
+    seen
+}
+
 async fn created(backend: &EtcdBackend, key: &str) -> (u64, i64) {
     let resp = backend.client().clone().get(key, None).await.unwrap();
     let kv = resp.kvs().first().unwrap_or_else(|| panic!("no key {key}"));
@@ -447,12 +454,7 @@ async fn etcdctl_leader_holds_off_a_locksmith_campaign() {
     let (key, value) = leader_lines(&mut other, &election, scaled(30)).await;
     assert_eq!(text(&value), "other");
     let (their_term, their_lease) = created(&backend, text(&key)).await;
-    let seen = locker.leader(&name).await.unwrap().expect("a leader");
-    assert_eq!(
-        seen.value.as_deref(),
-        Some("other"),
-        "leader() saw {seen:?}"
-    );
+    let seen = leader_with(&locker, &name, "other").await;
     assert_eq!(seen.term, Some(their_term), "leader() saw {seen:?}");
     let candidate = {
         let (locker, name) = (locker.clone(), name.clone());
@@ -479,12 +481,7 @@ async fn etcdctl_leader_holds_off_a_locksmith_campaign() {
         .unwrap();
     assert!(status.success());
     // Killed, it did not resign: its key stays with its lease.
-    let seen = locker.leader(&name).await.unwrap().expect("a leader");
-    assert_eq!(
-        seen.value.as_deref(),
-        Some("other"),
-        "leader() saw {seen:?}"
-    );
+    leader_with(&locker, &name, "other").await;
     assert!(
         !candidate.is_finished(),
         "locksmith was elected while etcdctl's leader key lived"
@@ -508,8 +505,7 @@ async fn etcdctl_leader_holds_off_a_locksmith_campaign() {
         leadership.term() > Some(their_term),
         "terms did not increase"
     );
-    let seen = locker.leader(&name).await.unwrap().expect("a leader");
-    assert_eq!(seen.value.as_deref(), Some("10.0.0.1:8080"));
+    let seen = leader_with(&locker, &name, "10.0.0.1:8080").await;
     assert_eq!(seen.term, leadership.term());
     leadership.resign().await.unwrap();
 }
@@ -538,8 +534,7 @@ async fn locksmith_leader_holds_off_an_etcdctl_campaign() {
         .await,
         "etcdctl's candidate did not queue behind locksmith's leader"
     );
-    let seen = locker.leader(&name).await.unwrap().expect("a leader");
-    assert_eq!(seen.value.as_deref(), Some("10.0.0.1:8080"));
+    leader_with(&locker, &name, "10.0.0.1:8080").await;
     assert!(
         !candidate.has_output(),
         "etcdctl was elected while locksmith led: {:?}",
@@ -554,8 +549,7 @@ async fn locksmith_leader_holds_off_an_etcdctl_campaign() {
         stamp(&key)
     );
     assert_eq!(text(&value), "x");
-    let seen = locker.leader(&name).await.unwrap().expect("a leader");
-    assert_eq!(seen.value.as_deref(), Some("x"), "leader() saw {seen:?}");
+    leader_with(&locker, &name, "x").await;
     let pid = candidate.id().expect("etcdctl runs").to_string();
     let status = std::process::Command::new("kill")
         .args(["-INT", &pid])
