@@ -19,8 +19,9 @@ const UNDEFINED_TABLE: &str = "42P01";
 /// the transaction's commit or rollback (there is no release call, and no lease: the lock lives
 /// exactly as long as the transaction).
 ///
-/// It excludes the row-lock strategy of a [`SqlBackend`](crate::SqlBackend) on the same table
-/// and name (the same advisory key, `hashtextextended(name, seed of the table)`), and its
+/// It excludes the row-lock strategy's holders, writers and readers alike, of a
+/// [`SqlBackend`](crate::SqlBackend) on the same table and name (the same advisory key,
+/// `hashtextextended(name, seed of the table)`, taken exclusively), and its
 /// fencing token comes from the same per-name counter in the lock table: bumped in the caller's
 /// transaction, so it is committed with the caller's writes. A transaction that rolls back
 /// rolls its token back too (the next holder may get the same number), which is safe for writes

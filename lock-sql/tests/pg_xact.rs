@@ -44,10 +44,24 @@ async fn excludes_row_locks_until_commit_and_shares_their_fencing_counter() {
     };
     let n = name("commit");
     // A row-lock holder first: its token, then the transaction lock's, then the next holder's.
-    let g = rows.try_lock(n.as_str(), &opts()).await.unwrap().unwrap();
-    let t0 = g.fencing_token().unwrap();
+    // Readers too: a row-lock reader keeps the transaction lock out, and is kept out by it.
+    let r = rows.try_lock(n.as_str(), &opts().shared()).await.unwrap();
+    let r = r.expect("a row-lock reader");
+    let read_token = r.fencing_token().unwrap();
     let mut c = conn(&url).await;
     let mut tx = c.begin().await.unwrap();
+    assert_eq!(
+        xact.try_lock(&mut tx, n.as_str()).await.unwrap(),
+        None,
+        "a row-lock reader's name is busy for a transaction lock"
+    );
+    r.release().await.unwrap();
+    let g = rows.try_lock(n.as_str(), &opts()).await.unwrap().unwrap();
+    let t0 = g.fencing_token().unwrap();
+    assert!(
+        t0 > read_token,
+        "tokens increase across modes: {read_token} then {t0}"
+    );
     assert_eq!(
         xact.try_lock(&mut tx, n.as_str()).await.unwrap(),
         None,
@@ -59,10 +73,13 @@ async fn excludes_row_locks_until_commit_and_shares_their_fencing_counter() {
         .await
         .unwrap();
     assert!(t1 > t0, "tokens increase across both kinds: {t0} then {t1}");
-    assert!(
-        rows.try_lock(n.as_str(), &opts()).await.unwrap().is_none(),
-        "a row lock was granted while a transaction held the name"
-    );
+    for mode in [opts(), opts().shared()] {
+        assert!(
+            rows.try_lock(n.as_str(), &mode).await.unwrap().is_none(),
+            "a row lock ({:?}) was granted while a transaction held the name",
+            mode.mode_value()
+        );
+    }
     tx.commit().await.unwrap();
     let g = rows
         .try_lock(n.as_str(), &opts())

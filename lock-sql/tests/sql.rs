@@ -1035,6 +1035,59 @@ async fn pg_row_lock_readers_and_plain_sessions_on_the_documented_key() {
         .unwrap();
 }
 
+/// PostgreSQL row-lock readers arriving together: each takes the lock row's counter in its
+/// own commit (the bumps wait for each other's commit on the row, not for each other's hold),
+/// so all hold at once, each with a token of its own, and the next writer's is above them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_row_lock_readers_arriving_together_all_hold_with_tokens_of_their_own() {
+    let Some(url) = pg_url("strategy=row-lock") else {
+        return;
+    };
+    let name = unique("readers");
+    let read = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .require_fencing(true)
+        .shared();
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        clients.push(client(&url).await);
+    }
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(clients.len()));
+    let tasks: Vec<_> = clients
+        .iter()
+        .map(|c| {
+            let (c, name, read, start) = (c.clone(), name.clone(), read.clone(), start.clone());
+            tokio::spawn(async move {
+                start.wait().await;
+                c.try_lock(name.as_str(), &read).await
+            })
+        })
+        .collect();
+    let mut readers = Vec::new();
+    for t in tasks {
+        let r = t.await.unwrap().unwrap();
+        readers.push(r.expect("a reader beside readers"));
+    }
+    let mut tokens: Vec<u64> = readers.iter().map(|r| r.fencing_token().unwrap()).collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(
+        tokens.len(),
+        readers.len(),
+        "readers shared a token: {tokens:?}"
+    );
+    let info = clients[0].inspect(name.as_str()).await.unwrap();
+    assert_eq!(info.shares.len(), readers.len(), "{info:?}");
+    for r in readers {
+        r.release().await.unwrap();
+    }
+    let write = LockOptions::new().require_fencing(true);
+    let w = clients[0].try_lock(name.as_str(), &write).await.unwrap();
+    let w = w.expect("a writer once the readers left");
+    assert!(w.fencing_token().unwrap() > *tokens.last().unwrap());
+    w.release().await.unwrap();
+}
+
 /// PostgreSQL row lock: a holder asking for the other mode of its own lock is not granted it
 /// (no upgrade, no downgrade: the contract's rule for every backend, where modes are
 /// contention and locks are not reentrant): `try_lock` finds it busy, `lock` times out.
