@@ -1,11 +1,13 @@
 //! Black-box checks of `locksmith run --permits N` and `locksmith run --shared`, as users run
 //! them: 6 separate `locksmith` processes looping on one name against each real server whose
-//! backend gives both; each loop's second `locksmith` is SIGKILLed mid-command (once the
-//! command says on its stdout that it started). Each command logs when it starts and ends (wall
-//! clock, ns); a killed one ends with its `locksmith` (the guard's parent-death signal), taken
-//! here as the kill plus 100 ms, far below what a correct backend keeps the killed holder's
-//! lease (two thirds of the TTL at least). The log must never show more than N commands at
-//! once, nor a plain `run` beside any other.
+//! backend gives both (for `--shared`, also PostgreSQL's row lock); each loop's second
+//! `locksmith` is SIGKILLed mid-command (once the command says on its stdout that it started,
+//! and its pid). Each command logs when it starts and ends (wall clock, ns); a killed one ends
+//! with its `locksmith` (the guard's parent-death signal kills its group), when this test sees
+//! it gone from `/proc` (or a zombie), polled without a pause from the kill on: a backend may
+//! free a killed holder's lock at once (the row lock's server does when the connection closes),
+//! so the end must be the command's, not an allowance. The log must never show more than N
+//! commands at once, nor a plain `run` beside any other.
 
 use std::io::Write;
 use std::io::{BufRead, BufReader};
@@ -54,7 +56,8 @@ fn run_loops(
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join("log");
-    let kills: Mutex<Vec<(u64, u128)>> = Mutex::default();
+    // (run, when its locksmith was killed, when its command was seen gone).
+    let kills: Mutex<Vec<(u64, u128, u128)>> = Mutex::default();
     let (unreachable, spawned) = (AtomicUsize::new(0), AtomicUsize::new(0));
     let deadline = Instant::now() + run_for;
     std::thread::scope(|s| {
@@ -71,7 +74,7 @@ fn run_loops(
                     // Start and end lines, each one short append (atomic on a local file); the
                     // start also goes to stdout, where a loop that kills this run waits for it.
                     let script = format!(
-                        "echo \"s {id} {writer} $(date +%s%N)\" >> {log}; echo started; sleep 0.0$(( RANDOM % 9 + 1 )); echo \"e {id} {writer} $(date +%s%N)\" >> {log}",
+                        "echo \"s {id} {writer} $(date +%s%N)\" >> {log}; echo started $$; sleep 0.0$(( RANDOM % 9 + 1 )); echo \"e {id} {writer} $(date +%s%N)\" >> {log}",
                         log = log.display()
                     );
                     let mut child = Command::new(env!("CARGO_BIN_EXE_locksmith"))
@@ -92,10 +95,12 @@ fn run_loops(
                         let stdout = child.stdout.take().expect("piped");
                         let read = BufReader::new(stdout).read_line(&mut started).unwrap();
                         if read > 0 {
+                            let pid: u32 = started.trim().strip_prefix("started ").unwrap().parse().unwrap();
                             let at = now_ns();
                             child.kill().unwrap();
+                            let dead = dead_at(pid);
                             let _ = child.wait();
-                            kills.lock().unwrap().push((id, at));
+                            kills.lock().unwrap().push((id, at, dead));
                             continue;
                         }
                         // Ended before its command started (the service unreachable): judged
@@ -146,8 +151,8 @@ fn run_loops(
     for (id, (start, writer)) in &starts {
         let end = match ends.get(id) {
             Some(e) => *e,
-            None => match kills.iter().find(|(k, _)| k == id) {
-                Some((_, at)) => at + 100_000_000,
+            None => match kills.iter().find(|(k, _, _)| k == id) {
+                Some((_, _, dead)) => *dead,
                 None => panic!("command {id} started and neither ended nor was killed"),
             },
         };
@@ -158,6 +163,12 @@ fn run_loops(
         });
     }
     let _ = std::fs::remove_dir_all(&dir);
+    if let Some(slowest) = kills.iter().map(|(_, at, dead)| dead - at).max() {
+        eprintln!(
+            "killed commands were gone within {:.1} ms of their locksmith's kill",
+            slowest as f64 / 1e6
+        );
+    }
     let (unreachable, spawned) = (unreachable.into_inner(), spawned.into_inner());
     assert!(
         unreachable * 4 <= spawned,
@@ -167,6 +178,29 @@ fn run_loops(
         eprintln!("{unreachable} of {spawned} runs could not reach the service in time (exit 69)");
     }
     (intervals, kills.len())
+}
+
+/// When process `pid` (a command whose `locksmith` was just killed) is gone or a zombie (its
+/// parent, the guard, died with it: nobody may reap it soon), in ns since the epoch: `/proc`
+/// polled without a pause, so the time is at most a scheduling delay late, never early.
+fn dead_at(pid: u32) -> u128 {
+    let stat = format!("/proc/{pid}/stat");
+    let give_up = Instant::now() + Duration::from_secs(10).mul_f64(scale());
+    loop {
+        // The state is the field after the command name, which ends at the last ')'.
+        let alive = std::fs::read_to_string(&stat).is_ok_and(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+        });
+        if !alive {
+            return now_ns();
+        }
+        assert!(
+            Instant::now() < give_up,
+            "command {pid} still ran 10 s after its locksmith was killed"
+        );
+        std::thread::yield_now();
+    }
 }
 
 /// The most commands at once, and the most at once beside a writer (a writer and anyone).
