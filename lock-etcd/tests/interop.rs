@@ -378,6 +378,16 @@ async fn leader_lines(
 }
 
 /// The create revision and lease of `key` (it must exist).
+/// One election test's client and names: the backend, a locker on it, a fresh lock name
+/// tagged `tag` and its election prefix as etcdctl names it.
+async fn election_case(url: &str, tag: &str) -> (EtcdBackend, Locker, String, String) {
+    let backend = EtcdBackend::connect(url).await.unwrap();
+    let locker = Locker::new(backend.clone());
+    let name = unique(tag);
+    let election = election(&backend, &name);
+    (backend, locker, name, election)
+}
+
 /// The leader `Locker::leader` reports now, which must campaign with `value`.
 async fn leader_with(locker: &Locker, name: &str, value: &str) -> lockcore::Leader {
     let seen = locker.leader(name).await.unwrap().expect("a leader");
@@ -401,10 +411,7 @@ fn elect_opts() -> LockOptions {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcdctl_observer_sees_locksmith_leaders() {
     let Some(url) = url() else { return };
-    let backend = EtcdBackend::connect(&url).await.unwrap();
-    let locker = Locker::new(backend.clone());
-    let name = unique("interop-elect-observed");
-    let election = election(&backend, &name);
+    let (backend, locker, name, election) = election_case(&url, "interop-elect-observed").await;
     let leader = locker
         .campaign(&name, "10.0.0.1:8080", &elect_opts())
         .await
@@ -445,10 +452,8 @@ async fn etcdctl_observer_sees_locksmith_leaders() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcdctl_leader_holds_off_a_locksmith_campaign() {
     let Some(url) = url() else { return };
-    let backend = EtcdBackend::connect(&url).await.unwrap();
-    let locker = Locker::new(backend.clone());
-    let name = unique("interop-elect-etcdctl-leads");
-    let election = election(&backend, &name);
+    let (backend, locker, name, election) =
+        election_case(&url, "interop-elect-etcdctl-leads").await;
     let prefix = backend.lock_prefix(name.as_str()).unwrap();
     let mut other = etcdctl_elect(&url, &election, &["other"]);
     let (key, value) = leader_lines(&mut other, &election, scaled(30)).await;
@@ -516,10 +521,8 @@ async fn etcdctl_leader_holds_off_a_locksmith_campaign() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locksmith_leader_holds_off_an_etcdctl_campaign() {
     let Some(url) = url() else { return };
-    let backend = EtcdBackend::connect(&url).await.unwrap();
-    let locker = Locker::new(backend.clone());
-    let name = unique("interop-elect-locksmith-leads");
-    let election = election(&backend, &name);
+    let (backend, locker, name, election) =
+        election_case(&url, "interop-elect-locksmith-leads").await;
     let prefix = backend.lock_prefix(name.as_str()).unwrap();
     let leadership = locker
         .campaign(&name, "10.0.0.1:8080", &elect_opts())
