@@ -220,6 +220,12 @@ where
     /// or a new one's TLS handshake) can outlast the caller by far; an attempt sent after that
     /// would take the lock long after the cancel returned, from clients that saw it free.
     ///
+    /// `bound` bounds the wait for a connection; a statement sent is waited for until the
+    /// operation timeout from its send at least, also past `bound` (a caller's deadline):
+    /// cut off, its connection would close while the server may still run it and win, with
+    /// nobody left to release what it won (see `run_detached`, whose caller stops waiting at
+    /// its deadline while this runs on).
+    ///
     /// Cancel safe, as [`Conns::run`].
     pub(crate) async fn run_unless_gone<T, F>(
         &self,
@@ -250,7 +256,11 @@ where
                 self.put(c);
                 return Ok(None);
             }
-            match tokio::time::timeout_at(bound, f(&mut c.conn.raw)).await {
+            let reply_bound = match gone {
+                Some(_) => bound.max(Instant::now() + self.config.op_timeout),
+                None => bound,
+            };
+            match tokio::time::timeout_at(reply_bound, f(&mut c.conn.raw)).await {
                 Ok(Ok(v)) => {
                     self.put(c);
                     return Ok(Some(v));

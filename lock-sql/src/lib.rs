@@ -692,9 +692,18 @@ impl Backend for SqlBackend {
 /// connection, so a cancelled caller's attempt may still win, after any release sent at the drop
 /// on another connection. Detached, a lease it won for a caller gone is released after it.
 ///
+/// The caller waits until `caller_bound` (its deadline or operation timeout) at most; the
+/// attempt does not stop there: its statement, once sent, is waited for in the background
+/// (see `Conns::run_unless_gone`), and a lease it wins after the caller left is
+/// released there. A statement abandoned at the caller's deadline instead could still run on
+/// the server (a loaded server, a slow network) after the holder's release and leave the lock
+/// held by nobody for its whole TTL (seen: a `lock()` that timed out, its process gone, a
+/// waiter kept out for 10 s).
+///
 /// Cancel safe: what a dropped call's attempt wins is released.
 pub(crate) async fn run_detached<T, F, Fut>(
     background: &lockcore::backend::Background,
+    caller_bound: Option<lockcore::Instant>,
     attempt: F,
 ) -> Result<T>
 where
@@ -702,7 +711,21 @@ where
     F: FnOnce(lockcore::backend::CallerGone) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Result<T>> + Send + 'static,
 {
-    match lockcore::backend::acquire_detached(background, attempt).await {
+    let detached = lockcore::backend::acquire_detached(background, attempt);
+    let outcome = match caller_bound {
+        Some(bound) => tokio::time::timeout_at(bound, detached)
+            .await
+            .map_err(|_| {
+                lockcore::Error::unavailable(
+                    "acquiring a lock",
+                    "no answer from the database before the deadline or operation timeout \
+                     (op_timeout_ms); the attempt finishes in the background and releases what \
+                     it wins",
+                )
+            })?,
+        None => detached.await,
+    };
+    match outcome {
         Some(won) => won,
         None => Err(lockcore::Error::unavailable(
             "acquiring a lock",

@@ -790,7 +790,7 @@ impl MyBackend {
                 id => Ok(Some(lease.with_fencing(id))),
             }
         };
-        let won = crate::run_detached(&req.background, attempt).await?;
+        let won = crate::run_detached(&req.background, Some(bound), attempt).await?;
         Ok(won.map(|l| Acquired::new(l, sent_at)))
     }
 
@@ -924,7 +924,7 @@ impl MyBackend {
             };
             Ok(reply?.map(|f| lease.with_fencing(f)))
         };
-        let won = crate::run_detached(&req.background, attempt).await?;
+        let won = crate::run_detached(&req.background, Some(bound), attempt).await?;
         Ok(won.map(|l| Acquired::new(l, sent_at)))
     }
 }

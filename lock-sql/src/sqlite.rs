@@ -329,7 +329,7 @@ impl LiteBackend {
             }
         };
         let sent_at = Instant::now();
-        let won = crate::run_detached(&req.background, attempt).await?;
+        let won = crate::run_detached(&req.background, None, attempt).await?;
         Ok(won.map(|l| Acquired::new(l, sent_at)))
     }
 

@@ -568,3 +568,66 @@ async fn revoke_kills_the_current_holder_only() {
             .expect("lost after revoke");
     }
 }
+
+/// A `lock()` whose deadline passes while its attempt is on the way to the server returns at
+/// its deadline, and what that attempt wins on the server afterwards is released by the client,
+/// not left held by nobody for its TTL (regression: the statement was abandoned at the caller's
+/// deadline, its connection closed; the server ran it after the holder's release, and the lock
+/// stayed taken for a whole TTL by a client that had timed out and exited). Requests to the
+/// server are delayed by a proxy so that the holder's release lands first.
+#[tokio::test]
+async fn a_late_attempt_of_a_timed_out_wait_is_released() {
+    for (label, url, wire) in shared() {
+        let (proxy, through) = counting_proxy(&url, wire).await;
+        let holder = client(&with_params(&url, "strategy=lease")).await;
+        let late = client(&with_params(&through, "strategy=lease&op_timeout_ms=30000")).await;
+        let name = unique("late");
+        let opts = LockOptions::new().ttl(Duration::from_secs(60));
+        // Connections open and statements prepared before the delay starts.
+        late.lock(name.as_str(), &opts)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        let g = holder
+            .try_lock(name.as_str(), &opts.clone().require_fencing(true))
+            .await
+            .unwrap()
+            .expect("free");
+        let first = g.fencing_token().expect("a token");
+        let delay = scaled(Duration::from_secs(2));
+        proxy.set_latency(faultkit::Direction::ToServer, delay);
+        let wait = Duration::from_millis(300);
+        let t0 = std::time::Instant::now();
+        let e = late
+            .lock(name.as_str(), &opts.clone().wait_timeout(wait))
+            .await
+            .expect_err("held");
+        let took = t0.elapsed();
+        assert_eq!(e.kind(), ErrorKind::Timeout, "{label}: {e}");
+        assert!(
+            took < wait + delay / 2,
+            "{label}: lock() returned {took:?} after a {wait:?} deadline"
+        );
+        // Before the late attempt reaches the server.
+        g.release().await.unwrap();
+        // The late attempt ran (it won the free lock) and was released: nothing is held.
+        late.flush().await;
+        proxy.set_latency(faultkit::Direction::ToServer, Duration::ZERO);
+        let g = holder
+            .try_lock(name.as_str(), &opts.clone().require_fencing(true))
+            .await
+            .unwrap()
+            .unwrap_or_else(|| {
+                panic!("{label}: the timed-out client's late attempt left the lock held")
+            });
+        let now = g.fencing_token().expect("a token");
+        assert!(
+            now >= first + 2,
+            "{label}: the late attempt did not win in between (tokens {first} then {now}): the \
+             test proved nothing"
+        );
+        g.release().await.unwrap();
+    }
+}

@@ -88,7 +88,8 @@ impl PgBackend {
                 ),
             })
         };
-        let (won, (left, behind)) = crate::run_detached(&req.background, attempt).await?;
+        let (won, (left, behind)) =
+            crate::run_detached(&req.background, Some(bound), attempt).await?;
         Ok((won.map(|l| Acquired::new(l, sent_at)), left, behind))
     }
 
@@ -188,7 +189,7 @@ impl PgBackend {
             let (fence, wait) = reply?;
             Ok((fence.map(|f| lease.with_fencing(f as u64)), wait))
         };
-        let (won, wait) = crate::run_detached(&req.background, attempt).await?;
+        let (won, wait) = crate::run_detached(&req.background, Some(bound), attempt).await?;
         Ok((won.map(|l| Acquired::new(l, sent_at)), wait))
     }
 
