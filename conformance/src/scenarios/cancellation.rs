@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lockcore::{Instant, LockName, Locker};
+use lockcore::{ErrorKind, Instant, LockName, Locker};
 
 use super::context::{Ctx, Failure, Outcome};
 use super::support::{check, must_try, ok_or, race_for, settle_waiters};
@@ -267,4 +267,51 @@ pub(super) async fn grant_at_drop_leaves_nothing(ctx: &Ctx) -> Outcome {
     }
     futures::future::try_join_all(lanes).await?;
     Ok(())
+}
+
+/// A `lock()` whose own deadline passes while its first attempt, which won the free lock on
+/// the server, is still waiting for its reply: it returns at its deadline (or with the lock),
+/// and once its client's background work is done ([`Locker::flush`]) the lock is free. An
+/// attempt abandoned at the deadline (its connection closed, nothing released) leaves the
+/// lock held by nobody for its whole TTL, as a lost reply would.
+pub(super) async fn deadline_in_a_winning_attempt_leaves_nothing(ctx: &Ctx) -> Outcome {
+    let delay = Duration::from_millis(300);
+    let slow = ok_or(
+        ctx.harness.client_with_reply_delay(delay).await,
+        "a client with delayed replies",
+    )?;
+    let b = ctx.client().await?;
+    let ttl = ctx.ttl(Duration::from_secs(30));
+    let opts = ctx.opts(ttl);
+    // Connections (and whatever a first wait sets up) made before the measured call.
+    let warm = must_try(&slow, &ctx.name("warm"), &opts, "a warm-up acquisition").await?;
+    ok_or(warm.release().await, "the warm-up release")?;
+    let name = ctx.name("x");
+    let wait = delay / 3;
+    let started = Instant::now();
+    match slow.lock(&name, &opts.clone().wait_timeout(wait)).await {
+        // A backend may wait for the reply: it then holds, and releases.
+        Ok(g) => ok_or(g.release().await, "the release of a late grant")?,
+        Err(e) => {
+            check!(
+                matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Unavailable),
+                "a lock() whose deadline passed during its attempt failed with {e}"
+            );
+        }
+    }
+    let took = started.elapsed();
+    let allowed = wait + delay * 2 + ctx.bound(Duration::from_secs(2));
+    check!(
+        took <= allowed,
+        "a lock() with a {wait:?} deadline returned after {took:?} (allowed {allowed:?})"
+    );
+    slow.flush().await;
+    let g = must_try(
+        &b,
+        &name,
+        &opts,
+        "another client, once the timed-out client's background work is done",
+    )
+    .await?;
+    ok_or(g.release().await, "release")
 }

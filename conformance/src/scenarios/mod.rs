@@ -227,6 +227,11 @@ pub fn all() -> Vec<Scenario> {
             "a waiter dropped at the moment it is granted the lock leaves nothing held: another client gets it long before the TTL"
         ),
         scenario!(
+            cancellation::deadline_in_a_winning_attempt_leaves_nothing,
+            needs_reply_delay,
+            "a lock() whose deadline passes while the reply of its winning attempt is on the way returns by its deadline (or with the lock), and leaves nothing held once its client's background work is done"
+        ),
+        scenario!(
             names::namespaces_are_independent,
             needs_other_namespace,
             "one name in two namespaces on one server is two locks: neither excludes nor frees the other, and fencing tokens increase within each"
