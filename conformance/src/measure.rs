@@ -133,6 +133,13 @@ pub struct ServerRequests {
     pub per_handover: Option<f64>,
     /// Why there is no count (the backend's `Unsupported` message), if there is none.
     pub unsupported: Option<String>,
+    /// The requests the waiting clients sent during the run, counted by proxies in front of
+    /// them (over every connection each opens); `None` where no proxy can stand before the
+    /// server (an embedded database, a cluster that redirects to its nodes).
+    pub client_requests: Option<u64>,
+    /// Client requests per hand-over (the goal's measure: what the clients send, whatever a
+    /// server script does inside); `None` as for `client_requests`.
+    pub client_per_handover: Option<f64>,
 }
 
 /// How long the uncontended loop runs at most, and the contended run lasts.

@@ -11,7 +11,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use conformance::{Figures, ProcessHandover, ServerRequests};
+use conformance::{ClientProxies, Figures, ProcessHandover, RequestCount, ServerRequests};
 use locksmith::{ErrorKind, Fencing, LockName, LockOptions, Locker};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
@@ -140,15 +140,37 @@ async fn processes(
 
 /// `plan.waiters` clients over `plan.waiter_processes` processes contend for `plan.secs`,
 /// with the server's request counter read before and after.
+///
+/// The waiters' own requests are counted too, by proxies in front of them where the servers
+/// are on loopback ([`ClientProxies::counting`]): a server's counter includes what its scripts
+/// run inside (Redis counts each command of a Lua script) and whatever else the server serves
+/// (PostgreSQL's transaction counter is the database's), while the herd goal is about what
+/// clients send. The probe reading the server's counter does not go through them.
 async fn server_requests(url: &str, plan: Plan) -> Result<ServerRequests, String> {
     let probe = locksmith::connect(url).await.map_err(|e| e.to_string())?;
     let per_process = plan.waiters.div_ceil(plan.waiter_processes.max(1));
+    let proxies = ClientProxies::new();
+    let counted = if ClientProxies::can_proxy(url) {
+        Some(
+            proxies
+                .counting(url)
+                .await
+                .map_err(|e| format!("starting the counting proxies: {e}"))?,
+        )
+    } else {
+        None
+    };
     let run = contend(
-        url,
+        counted
+            .as_ref()
+            .map_or(url, |(through, _)| through.as_str()),
         plan.waiter_processes,
         per_process,
         plan.secs,
-        Some(&probe),
+        Some(Counters {
+            server: &probe,
+            clients: counted.as_ref().map(|(_, count)| count),
+        }),
         plan.fencing,
     )
     .await?;
@@ -171,7 +193,18 @@ async fn server_requests(url: &str, plan: Plan) -> Result<ServerRequests, String
         Some(Err(e)) => return Err(format!("reading the server's request counter: {e}")),
         None => {}
     }
+    if let Some(sent) = run.client_requests {
+        out.client_requests = Some(sent);
+        out.client_per_handover = Some(sent as f64 / handovers.max(1) as f64);
+    }
     Ok(out)
+}
+
+/// What a contended run counts: the server's request counter (read through `server`), and the
+/// requests the workers send where proxies count them.
+struct Counters<'a> {
+    server: &'a Locker,
+    clients: Option<&'a RequestCount>,
 }
 
 /// What one contended run gave: per process, per client acquisitions; the growth of the
@@ -179,6 +212,8 @@ async fn server_requests(url: &str, plan: Plan) -> Result<ServerRequests, String
 struct Contended {
     counts: Vec<Vec<u64>>,
     requests: Option<locksmith::Result<u64>>,
+    /// What the workers sent between `go` and their counts, where counted.
+    client_requests: Option<u64>,
 }
 
 /// A started worker process.
@@ -207,7 +242,7 @@ async fn contend(
     processes: usize,
     clients: usize,
     secs: Duration,
-    counter: Option<&Locker>,
+    counters: Option<Counters<'_>>,
     fencing: Fencing,
 ) -> Result<Contended, String> {
     let name = format!("lsbench-procs-{:08x}", fastrand::u32(..));
@@ -239,10 +274,14 @@ async fn contend(
             return Err(format!("a worker could not start: {line}"));
         }
     }
-    let before = match counter {
-        Some(c) => Some(c.backend().server_requests().await),
+    let before = match &counters {
+        Some(c) => Some(c.server.backend().server_requests().await),
         None => None,
     };
+    let sent_before = counters
+        .as_ref()
+        .and_then(|c| c.clients)
+        .map(RequestCount::get);
     for w in &mut workers {
         w.stdin
             .write_all(b"go\n")
@@ -258,9 +297,15 @@ async fn contend(
         let parsed: Result<Vec<u64>, _> = numbers.split_whitespace().map(str::parse).collect();
         counts.push(parsed.map_err(|_| format!("a worker printed {line:?}"))?);
     }
-    let requests = match (before, counter) {
+    let client_requests = counters
+        .as_ref()
+        .and_then(|c| c.clients)
+        .zip(sent_before)
+        .map(|(count, before)| count.get().saturating_sub(before));
+    let requests = match (before, &counters) {
         (Some(Ok(before)), Some(c)) => Some(
-            c.backend()
+            c.server
+                .backend()
                 .server_requests()
                 .await
                 .map(|after| after.saturating_sub(before)),
@@ -271,7 +316,11 @@ async fn contend(
     for mut w in workers {
         let _ = w.child.wait().await;
     }
-    Ok(Contended { counts, requests })
+    Ok(Contended {
+        counts,
+        requests,
+        client_requests,
+    })
 }
 
 /// `locksmith __bench-worker`: connects `clients` clients to the URL in its environment, prints
@@ -394,6 +443,7 @@ fn table(rows: &[(String, Figures)]) -> String {
         "spread",
         "fair min/share",
         "req/hand-over",
+        "sent/hand-over",
     ];
     let mut lines: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_owned()).collect()];
     for (label, f) in rows {
@@ -415,6 +465,11 @@ fn table(rows: &[(String, Figures)]) -> String {
             },
             None => "-".into(),
         };
+        let sent = f
+            .server_requests
+            .as_ref()
+            .and_then(|r| r.client_per_handover)
+            .map_or("-".into(), |v| format!("{v:.1}"));
         lines.push(vec![
             label.clone(),
             format!("{:.1}", f.uncontended_p50_us),
@@ -429,6 +484,7 @@ fn table(rows: &[(String, Figures)]) -> String {
             spread,
             fairness,
             requests,
+            sent,
         ]);
     }
     let widths: Vec<usize> = (0..header.len())
@@ -488,11 +544,29 @@ mod tests {
             per_process: vec![5, 10, 10, 10, 10, 10, 10, 15],
             handover_per_sec: 8.0,
         });
-        let t = table(&[("redis".into(), f), ("memory".into(), Figures::default())]);
+        let mut counted = f.clone();
+        counted.server_requests = Some(ServerRequests {
+            waiters: 100,
+            processes: 10,
+            handovers: 40,
+            requests: Some(2000),
+            per_handover: Some(50.0),
+            client_requests: Some(172),
+            client_per_handover: Some(4.3),
+            ..ServerRequests::default()
+        });
+        let t = table(&[
+            ("redis".into(), f),
+            ("memory".into(), Figures::default()),
+            ("counted".into(), counted),
+        ]);
+        let counted_line = t.lines().last().expect("three rows");
+        assert!(counted_line.contains("50.0 (100w/10p)"), "{t}");
+        assert!(counted_line.ends_with("4.3"), "the clients' own count: {t}");
         assert!(t.contains("0.50 (8p 10s)"), "{t}");
         assert!(t.contains("2.00"), "{t}"); // x bare
         assert!(t.contains("4.00"), "{t}"); // spread 20/5
         assert!(t.contains("unsupported"), "{t}");
-        assert_eq!(t.lines().count(), 3);
+        assert_eq!(t.lines().count(), 4);
     }
 }

@@ -281,7 +281,13 @@ pub(super) fn figure_cells(f: &Figures) -> Vec<String> {
     };
     let requests = match &f.server_requests {
         Some(r) => match r.per_handover {
-            Some(v) => format!("{v:.1} ({} waiters / {} processes)", r.waiters, r.processes),
+            Some(v) => match r.client_per_handover {
+                Some(sent) => format!(
+                    "{v:.1}; {sent:.1} sent by the clients ({} waiters / {} processes)",
+                    r.waiters, r.processes
+                ),
+                None => format!("{v:.1} ({} waiters / {} processes)", r.waiters, r.processes),
+            },
             None => "unsupported".into(),
         },
         None => "-".into(),
