@@ -126,11 +126,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lockcore::backend::OwnerToken;
 use lockcore::backend::{
     AcquireRequest, Acquired, Backend, Backoff, CleanUpIfCancelled, Lease, ReleaseIfCancelled,
     poll_attempts,
 };
-use lockcore::backend::OwnerToken;
 use lockcore::{Capabilities, Error, Instant, LockInfo, LockMode, LockName, Result, WaitKind};
 
 use crate::batch::Renewals;
@@ -914,14 +914,8 @@ impl Lease for RedisLease {
         };
         // With min_replicas an extension counts only once replicas have it too: a promoted
         // replica with the old TTL would free the lock early.
-        let (held, acked) = node::extend_replicated(
-            &mut conn.clone(),
-            &keys,
-            &owner,
-            ttl,
-            Some(*replicas),
-        )
-        .await?;
+        let (held, acked) =
+            node::extend_replicated(&mut conn.clone(), &keys, &owner, ttl, Some(*replicas)).await?;
         if !held {
             return Err(not_held());
         }

@@ -374,7 +374,10 @@ impl Scheduler {
         };
         // The last renewal asks the server for what is left of the hold, so that the lock frees
         // there even if the release at the deadline is lost.
-        let asked = e.shared.ttl.min(hold_deadline.saturating_duration_since(now));
+        let asked = e
+            .shared
+            .ttl
+            .min(hold_deadline.saturating_duration_since(now));
         if asked < min_ttl.max(Duration::from_millis(1)) {
             e.shared.validity.renewal_ended_by_hold();
             e.next_renew = None;
