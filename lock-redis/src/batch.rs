@@ -46,13 +46,13 @@ impl Renewals {
     ///
     /// Cancel safety: dropping the future leaves the renewal in its batch, which may or may not
     /// have extended the lock.
-    pub(crate) async fn extend(&self, keys: &Keys, token: &str, ttl: Duration) -> Result<bool> {
+    pub(crate) async fn extend(&self, keys: Keys, token: String, ttl: Duration) -> Result<bool> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Renewal {
-                key: keys.lock.clone(),
-                holder: keys.holder.clone(),
-                token: token.to_owned(),
+                key: keys.lock,
+                holder: keys.holder,
+                token,
                 ttl,
                 reply,
             })

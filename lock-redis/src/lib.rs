@@ -126,6 +126,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lockcore::backend::OwnerToken;
 use lockcore::backend::{
     AcquireRequest, Acquired, Backend, Backoff, CleanUpIfCancelled, Lease, ReleaseIfCancelled,
     poll_attempts,
@@ -162,6 +163,16 @@ struct Inner {
     interop: Option<Interop>,
     caps: Capabilities,
     describe: String,
+}
+
+impl Inner {
+    /// The keys and channel of `name`: locksmith's own layout, or the peer's under `interop=`.
+    fn keys(&self, name: &LockName) -> Keys {
+        match self.interop {
+            Some(peer) => peer.keys(&self.node.config().namespace, name),
+            None => self.node.keys(name),
+        }
+    }
 }
 
 /// A Redis (single node or Cluster) lock client. Every [`RedisBackend::connect`] makes a new,
@@ -350,10 +361,7 @@ impl RedisBackend {
 
     /// The keys and channel of `name`: locksmith's own layout, or the peer's under `interop=`.
     fn keys(&self, name: &LockName) -> Keys {
-        match self.inner.interop {
-            Some(peer) => peer.keys(&self.inner.node.config().namespace, name),
-            None => self.inner.node.keys(name),
-        }
+        self.inner.keys(name)
     }
 
     /// The peer this client shares its locks with (`interop=`), if any.
@@ -420,7 +428,7 @@ impl RedisBackend {
         let in_flight = ReleaseIfCancelled::arm(
             RedisLease {
                 behind_attempt: true,
-                ..self.lease(req, keys, None)
+                ..self.lease(req, None)
             },
             &req.background,
         );
@@ -443,7 +451,7 @@ impl RedisBackend {
                 .await
                 .map(|attempt| match attempt {
                     ShareAttempt::Won { fence } => {
-                        Attempt::Won(Acquired::new(self.lease(req, keys, Some(fence)), sent_at))
+                        Attempt::Won(Acquired::new(self.lease(req, Some(fence)), sent_at))
                     }
                     ShareAttempt::Held { wait } => Attempt::Held {
                         pttl: wait,
@@ -458,21 +466,18 @@ impl RedisBackend {
             let sent_at = Instant::now();
             self.run_acquire(&mut conn, req, keys, waits)
                 .await
-                .map(|attempt| self.outcome(req, keys, attempt, sent_at))
+                .map(|attempt| self.outcome(req, attempt, sent_at))
         };
         in_flight.disarm();
         outcome
     }
 
-    /// The lease of `req`'s token on `keys`.
-    fn lease(&self, req: &AcquireRequest, keys: &Keys, fence: Option<u64>) -> RedisLease {
+    /// The lease of `req`'s token.
+    fn lease(&self, req: &AcquireRequest, fence: Option<u64>) -> RedisLease {
         RedisLease {
             inner: self.inner.clone(),
-            keys: keys.clone(),
-            token: match self.inner.interop {
-                Some(peer) => peer.owner(&req.token),
-                None => req.token.to_hex(),
-            },
+            name: req.name.clone(),
+            token: req.token,
             // No counter under interop= (the peer keeps none).
             fencing: match self.inner.interop {
                 Some(_) => None,
@@ -527,13 +532,12 @@ impl RedisBackend {
     fn outcome(
         &self,
         req: &AcquireRequest,
-        keys: &Keys,
         (attempt, position): (NodeAttempt, Option<u64>),
         sent_at: Instant,
     ) -> Attempt {
         match attempt {
             NodeAttempt::Won { fence } => {
-                Attempt::Won(Acquired::new(self.lease(req, keys, fence), sent_at))
+                Attempt::Won(Acquired::new(self.lease(req, fence), sent_at))
             }
             NodeAttempt::Held { pttl } => Attempt::Held {
                 pttl,
@@ -599,10 +603,10 @@ impl RedisBackend {
         .await;
         let err = match result {
             Ok((attempt @ NodeAttempt::Held { .. }, _, position)) => {
-                return Ok(self.outcome(req, keys, (attempt, position), sent_at));
+                return Ok(self.outcome(req, (attempt, position), sent_at));
             }
             Ok((attempt, Some(n), position)) if n >= i64::from(replicas.count) => {
-                return Ok(self.outcome(req, keys, (attempt, position), sent_at));
+                return Ok(self.outcome(req, (attempt, position), sent_at));
             }
             Ok((_, acked, _)) => Error::new(
                 lockcore::ErrorKind::Unavailable,
@@ -829,12 +833,14 @@ impl Backend for RedisBackend {
     }
 }
 
-/// A held Redis lease.
+/// A held Redis lease. Its keys and the owner string the server stores are derived from the
+/// name and the token when a request needs them, not kept: with many leases on one client, the
+/// five key strings and the token's text were most of a lease's memory (issue 24), while a
+/// request formats them in well under a microsecond.
 struct RedisLease {
     inner: Arc<Inner>,
-    keys: Keys,
-    /// What the lock records as its owner: the owner token (or the peer's form of it).
-    token: String,
+    name: LockName,
+    token: OwnerToken,
     fencing: Option<u64>,
     /// A shared holder's or a permit's lease (see [`shares`]), not the lock key.
     share: bool,
@@ -848,7 +854,7 @@ struct RedisLease {
 impl fmt::Debug for RedisLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisLease")
-            .field("key", &self.keys.lock)
+            .field("key", &self.keys().lock)
             .field("token", &self.token)
             .field("fencing", &self.fencing)
             .finish()
@@ -857,6 +863,21 @@ impl fmt::Debug for RedisLease {
 
 fn not_held() -> Error {
     Error::not_held("the lease expired or belongs to another holder")
+}
+
+impl RedisLease {
+    /// The lease's keys and channel (locksmith's layout, or the peer's under `interop=`).
+    fn keys(&self) -> Keys {
+        self.inner.keys(&self.name)
+    }
+
+    /// What the lock records as its owner: the owner token (or the peer's form of it).
+    fn owner(&self) -> String {
+        match self.inner.interop {
+            Some(peer) => peer.owner(&self.token),
+            None => self.token.to_hex(),
+        }
+    }
 }
 
 #[async_trait]
@@ -870,36 +891,31 @@ impl Lease for RedisLease {
     ///
     /// Cancel safety: dropping the future may or may not have extended the lease.
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
+        let (keys, owner) = (self.keys(), self.owner());
         if self.share {
             let (mut conn, replicas) = match &self.inner.wait_conn {
                 Some((conn, replicas)) => (conn.clone(), Some(*replicas)),
                 None => (self.inner.node.conn(), None),
             };
-            let held = shares::extend(&mut conn, &self.keys, &self.token, ttl, replicas).await?;
+            let held = shares::extend(&mut conn, &keys, &owner, ttl, replicas).await?;
             return if held { Ok(ttl) } else { Err(not_held()) };
         }
         if let Some(renewals) = &self.inner.renewals {
-            let held = renewals.extend(&self.keys, &self.token, ttl).await?;
+            let held = renewals.extend(keys, owner, ttl).await?;
             return if held { Ok(ttl) } else { Err(not_held()) };
         }
         let Some((conn, replicas)) = &self.inner.wait_conn else {
             let mut conn = self.inner.node.conn();
             let held = match self.inner.interop {
-                Some(peer) => peer.extend(&mut conn, &self.keys, &self.token, ttl).await?,
-                None => node::extend(&mut conn, &self.keys, &self.token, ttl).await?,
+                Some(peer) => peer.extend(&mut conn, &keys, &owner, ttl).await?,
+                None => node::extend(&mut conn, &keys, &owner, ttl).await?,
             };
             return if held { Ok(ttl) } else { Err(not_held()) };
         };
         // With min_replicas an extension counts only once replicas have it too: a promoted
         // replica with the old TTL would free the lock early.
-        let (held, acked) = node::extend_replicated(
-            &mut conn.clone(),
-            &self.keys,
-            &self.token,
-            ttl,
-            Some(*replicas),
-        )
-        .await?;
+        let (held, acked) =
+            node::extend_replicated(&mut conn.clone(), &keys, &owner, ttl, Some(*replicas)).await?;
         if !held {
             return Err(not_held());
         }
@@ -925,10 +941,11 @@ impl Lease for RedisLease {
             (Some((conn, _)), true) => conn.clone(),
             _ => self.inner.node.conn(),
         };
+        let (keys, owner) = (self.keys(), self.owner());
         let held = match self.inner.interop {
-            _ if self.share => shares::release(&mut conn, &self.keys, &self.token).await?,
-            Some(peer) => peer.release(&mut conn, &self.keys, &self.token).await?,
-            None => queue::release(&mut conn, &self.keys, &self.token).await?,
+            _ if self.share => shares::release(&mut conn, &keys, &owner).await?,
+            Some(peer) => peer.release(&mut conn, &keys, &owner).await?,
+            None => queue::release(&mut conn, &keys, &owner).await?,
         };
         if held { Ok(()) } else { Err(not_held()) }
     }

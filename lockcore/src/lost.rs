@@ -1,12 +1,11 @@
 //! The lost-lease signal.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// Why a lease is known lost.
@@ -71,42 +70,113 @@ pub enum Ended {
 
 /// The sending half, given to backends with each acquisition so they can report a loss they see
 /// first (a session expiry, a dropped connection). The first reason reported wins.
-#[derive(Clone)]
 pub struct LostNotifier(Arc<NotifierInner>);
 
+/// The state a lease's notifiers and signals share: one small allocation per lease (a
+/// `tokio::sync::watch` channel took about 350 bytes of the ~2 KB a held lease cost; issue 24).
 struct NotifierInner {
-    tx: watch::Sender<Option<LostReason>>,
-    /// When the first reason was reported (shared with the signals).
-    fired_at: Arc<std::sync::OnceLock<Instant>>,
+    /// The first reason reported ([`reason_code`]), 0 while none is.
+    reason: AtomicU8,
+    /// When the first reason was reported (set before the reason is visible).
+    fired_at: std::sync::OnceLock<Instant>,
     /// Called once with the first reason (the locker's spans and metrics).
-    hook: std::sync::OnceLock<LostHook>,
+    /// Told once of the first reason (the locker's spans and metrics): the lease's own state,
+    /// weakly, so that no closure is allocated per lease.
+    hook: std::sync::OnceLock<std::sync::Weak<dyn LostHook>>,
+    /// Live [`LostNotifier`]s: once none is left, a signal without a guard's validity counts as
+    /// released ([`LostSignal::ended`]).
+    notifiers: AtomicUsize,
+    /// Live [`LostSignal`]s: once none is left, [`LostNotifier::closed`] resolves.
+    signals: AtomicUsize,
+    /// Woken on the first report and when the last notifier or the last signal goes.
+    changed: tokio::sync::Notify,
+}
+
+impl NotifierInner {
+    fn reason(&self) -> Option<LostReason> {
+        reason_of(self.reason.load(Ordering::Acquire))
+    }
+
+    /// Waits until `done` holds, checking it again whenever the state changes.
+    async fn wait_for<T>(&self, mut done: impl FnMut(&Self) -> Option<T>) -> T {
+        loop {
+            // Registered before the check: a change after it wakes this waiter.
+            let changed = self.changed.notified();
+            if let Some(out) = done(self) {
+                return out;
+            }
+            changed.await;
+        }
+    }
+}
+
+/// `reason` as stored in [`NotifierInner::reason`] (never 0; [`reason_of`] reverses it).
+fn reason_code(reason: LostReason) -> u8 {
+    match reason {
+        LostReason::RenewalRefused => 1,
+        LostReason::ValidityExpired => 2,
+        LostReason::MaxHoldReached => 3,
+        LostReason::SessionExpired => 4,
+        LostReason::ConnectionLost => 5,
+    }
+}
+
+fn reason_of(code: u8) -> Option<LostReason> {
+    Some(match code {
+        0 => return None,
+        1 => LostReason::RenewalRefused,
+        2 => LostReason::ValidityExpired,
+        3 => LostReason::MaxHoldReached,
+        4 => LostReason::SessionExpired,
+        _ => LostReason::ConnectionLost,
+    })
 }
 
 /// What the locker runs when a lease is first reported lost.
-pub(crate) type LostHook = Box<dyn Fn(LostReason) + Send + Sync>;
+pub(crate) trait LostHook: Send + Sync {
+    /// The lease was first reported lost, for `reason` (may be called twice, see
+    /// [`LostNotifier::set_hook`]).
+    fn lost(&self, reason: LostReason);
+}
 
 impl fmt::Debug for LostNotifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("LostNotifier")
-            .field(&*self.0.tx.borrow())
+            .field(&self.0.reason())
             .finish()
+    }
+}
+
+impl Clone for LostNotifier {
+    fn clone(&self) -> Self {
+        self.0.notifiers.fetch_add(1, Ordering::Relaxed);
+        LostNotifier(self.0.clone())
+    }
+}
+
+impl Drop for LostNotifier {
+    fn drop(&mut self) {
+        if self.0.notifiers.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.changed.notify_waiters();
+        }
     }
 }
 
 impl LostNotifier {
     /// A new notifier and its signal.
     pub fn new() -> (LostNotifier, LostSignal) {
-        let (tx, rx) = watch::channel(None);
-        let fired_at = Arc::new(std::sync::OnceLock::new());
+        let inner = Arc::new(NotifierInner {
+            reason: AtomicU8::new(0),
+            fired_at: std::sync::OnceLock::new(),
+            hook: std::sync::OnceLock::new(),
+            notifiers: AtomicUsize::new(1),
+            signals: AtomicUsize::new(1),
+            changed: tokio::sync::Notify::new(),
+        });
         (
-            LostNotifier(Arc::new(NotifierInner {
-                tx,
-                fired_at: fired_at.clone(),
-                hook: std::sync::OnceLock::new(),
-            })),
+            LostNotifier(inner.clone()),
             LostSignal {
-                reported: rx,
-                fired_at,
+                inner,
                 validity: None,
             },
         )
@@ -114,18 +184,22 @@ impl LostNotifier {
 
     /// Reports the lease lost; returns false if it was already reported.
     pub fn fire(&self, reason: LostReason) -> bool {
-        let first = self.0.tx.send_if_modified(|state| {
-            if state.is_none() {
-                // Before the reason is visible: whoever sees the reason sees when.
-                let _ = self.0.fired_at.set(Instant::now());
-                *state = Some(reason);
-                true
-            } else {
-                false
+        let inner = &self.0;
+        if inner.reason.load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        // Before the reason is visible: whoever sees the reason sees when. (Two first reports
+        // racing set it once, at the earlier of the two.)
+        let _ = inner.fired_at.set(Instant::now());
+        let first = inner
+            .reason
+            .compare_exchange(0, reason_code(reason), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if first {
+            inner.changed.notify_waiters();
+            if let Some(hook) = inner.hook.get().and_then(std::sync::Weak::upgrade) {
+                hook.lost(reason);
             }
-        });
-        if first && let Some(hook) = self.0.hook.get() {
-            hook(reason);
         }
         first
     }
@@ -133,23 +207,24 @@ impl LostNotifier {
     /// Sets what runs on the first loss (once per notifier; the caller makes the hook
     /// idempotent, as a loss reported while it is being set may reach it twice). A loss already
     /// reported runs it at once.
-    pub(crate) fn set_hook(&self, hook: LostHook) {
+    /// The hook is held weakly: once it is gone, nothing runs.
+    pub(crate) fn set_hook(&self, hook: std::sync::Weak<dyn LostHook>) {
         if self.0.hook.set(hook).is_ok()
             && let Some(reason) = self.reason()
-            && let Some(hook) = self.0.hook.get()
+            && let Some(hook) = self.0.hook.get().and_then(std::sync::Weak::upgrade)
         {
-            hook(reason);
+            hook.lost(reason);
         }
     }
 
     /// Whether the lease was reported lost.
     pub fn is_fired(&self) -> bool {
-        self.0.tx.borrow().is_some()
+        self.0.reason.load(Ordering::Acquire) != 0
     }
 
     /// The reason reported, if any.
     pub fn reason(&self) -> Option<LostReason> {
-        *self.0.tx.borrow()
+        self.0.reason()
     }
 
     /// Resolves when every signal is gone (the guard and every clone of its signal): backends
@@ -157,7 +232,9 @@ impl LostNotifier {
     ///
     /// Cancel safe.
     pub async fn closed(&self) {
-        self.0.tx.closed().await
+        self.0
+            .wait_for(|s| (s.signals.load(Ordering::Acquire) == 0).then_some(()))
+            .await
     }
 }
 
@@ -263,11 +340,36 @@ impl Validity {
 ///
 /// [`LostSignal::lost`] never resolves for a lease that ends normally; a helper task that must
 /// also stop when the guard is released or dropped awaits [`LostSignal::ended`] instead.
-#[derive(Clone, Debug)]
 pub struct LostSignal {
-    reported: watch::Receiver<Option<LostReason>>,
-    fired_at: Arc<std::sync::OnceLock<Instant>>,
+    inner: Arc<NotifierInner>,
     validity: Option<Arc<Validity>>,
+}
+
+impl Clone for LostSignal {
+    fn clone(&self) -> Self {
+        self.inner.signals.fetch_add(1, Ordering::Relaxed);
+        LostSignal {
+            inner: self.inner.clone(),
+            validity: self.validity.clone(),
+        }
+    }
+}
+
+impl Drop for LostSignal {
+    fn drop(&mut self) {
+        if self.inner.signals.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.inner.changed.notify_waiters();
+        }
+    }
+}
+
+impl fmt::Debug for LostSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LostSignal")
+            .field("reported", &self.inner.reason())
+            .field("validity", &self.validity)
+            .finish()
+    }
 }
 
 impl LostSignal {
@@ -278,7 +380,7 @@ impl LostSignal {
 
     /// The reason, if the lease is known lost.
     pub fn reason(&self) -> Option<LostReason> {
-        let reported = *self.reported.borrow();
+        let reported = self.inner.reason();
         reported.or_else(|| self.validity.as_ref().and_then(|v| v.expired_reason()))
     }
 
@@ -293,11 +395,9 @@ impl LostSignal {
     /// observer waking on [`LostSignal::lost`] sees it later, by its own scheduling delay).
     pub fn lost_at(&self) -> Option<Instant> {
         let reported = self
-            .reported
-            .borrow()
-            .is_some()
-            .then(|| self.fired_at.get().copied())
-            .flatten();
+            .inner
+            .reason()
+            .and_then(|_| self.inner.fired_at.get().copied());
         let expired = self
             .validity
             .as_ref()
@@ -413,8 +513,17 @@ impl LostSignal {
                     moved.await;
                 },
                 None => {
-                    let mut rx = self.reported.clone();
-                    if rx.wait_for(|r| r.is_some()).await.is_ok() {
+                    let lost = self
+                        .inner
+                        .wait_for(|s| {
+                            if s.reason().is_some() {
+                                Some(true)
+                            } else {
+                                (s.notifiers.load(Ordering::Acquire) == 0).then_some(false)
+                            }
+                        })
+                        .await;
+                    if lost {
                         // A loss: `lost()` below reports it.
                         std::future::pending::<()>().await;
                     }
@@ -442,13 +551,8 @@ impl LostSignal {
 
     /// Waits for a loss reported through the [`LostNotifier`] only, ignoring the deadline.
     pub(crate) async fn reported(&self) -> LostReason {
-        let mut rx = self.reported.clone();
-        let reason = rx.wait_for(|r| r.is_some()).await.ok().and_then(|r| *r);
-        match reason {
-            Some(reason) => reason,
-            // Every notifier is gone without a loss: the lease ended normally.
-            None => std::future::pending().await,
-        }
+        // Every notifier gone without a loss (the lease ended normally) leaves it pending.
+        self.inner.wait_for(NotifierInner::reason).await
     }
 }
 
@@ -536,6 +640,67 @@ mod tests {
         assert_eq!(s.lost_at(), None);
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert_eq!(s.lost_at(), Some(deadline));
+    }
+
+    #[test]
+    fn every_reason_survives_its_code() {
+        for reason in [
+            LostReason::RenewalRefused,
+            LostReason::ValidityExpired,
+            LostReason::MaxHoldReached,
+            LostReason::SessionExpired,
+            LostReason::ConnectionLost,
+        ] {
+            assert_eq!(reason_of(reason_code(reason)), Some(reason));
+        }
+        assert_eq!(reason_of(0), None);
+    }
+
+    #[tokio::test]
+    async fn closed_once_every_signal_is_gone() {
+        let (n, s) = LostNotifier::new();
+        let s2 = s.clone();
+        drop(s);
+        let open = tokio::time::timeout(Duration::from_millis(20), n.closed()).await;
+        assert!(open.is_err(), "a clone of the signal is still there");
+        let closed = tokio::spawn({
+            let n = n.clone();
+            async move { n.closed().await }
+        });
+        drop(s2);
+        tokio::time::timeout(Duration::from_secs(10), closed)
+            .await
+            .expect("closed() resolves when the last signal goes")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_bare_signal_ends_released_when_every_notifier_is_gone() {
+        let (n, s) = LostNotifier::new();
+        let n2 = n.clone();
+        let ended = tokio::spawn({
+            let s = s.clone();
+            async move { s.ended().await }
+        });
+        drop(n);
+        tokio::task::yield_now().await;
+        assert!(!ended.is_finished(), "a notifier is still there");
+        drop(n2);
+        let ended = tokio::time::timeout(Duration::from_secs(10), ended)
+            .await
+            .expect("ended() resolves when the last notifier goes")
+            .unwrap();
+        assert_eq!(ended, Ended::Released);
+
+        let (n, s) = LostNotifier::new();
+        let waiting = tokio::spawn(async move { s.ended().await });
+        n.fire(LostReason::ConnectionLost);
+        drop(n);
+        let ended = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(ended, Ended::Lost(LostReason::ConnectionLost));
     }
 
     #[tokio::test]

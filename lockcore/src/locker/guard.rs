@@ -30,11 +30,9 @@ use super::lease::GuardShared;
 /// [`Locker::flush`]: crate::Locker::flush
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct LockGuard {
-    name: LockName,
-    token: OwnerToken,
-    ttl: Duration,
-    fencing_token: Option<u64>,
-    acquired_at: Instant,
+    /// The lease's state (name, token, TTL, validity, ...), shared with the watchdog: kept
+    /// there once rather than copied here, so that a caller holding many guards pays for a few
+    /// words each (issue 24).
     shared: Arc<GuardShared>,
     signal: LostSignal,
     locker: Arc<LockerInner>,
@@ -44,9 +42,9 @@ pub struct LockGuard {
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("name", &self.name)
-            .field("token", &self.token)
-            .field("fencing_token", &self.fencing_token)
+            .field("name", &self.shared.name)
+            .field("token", &self.shared.token)
+            .field("fencing_token", &self.fencing_token())
             .field("lost", &self.signal.reason())
             .finish()
     }
@@ -73,15 +71,6 @@ impl LockGuard {
         let telemetry = locker.telemetry.clone();
         telemetry.held.increment(1.0);
         let acquired_at = acquired.sent_at;
-        {
-            let (telemetry, name) = (telemetry.clone(), request.name.clone());
-            let once = AtomicBool::new(false);
-            request.lost.set_hook(Box::new(move |reason| {
-                if !once.swap(true, Ordering::AcqRel) {
-                    telemetry.lost(name.as_str(), reason, acquired_at.elapsed());
-                }
-            }));
-        }
         // The lost signal notices a passed deadline by itself, and a TTL backend's server frees
         // the lock by itself: the watchdog is needed only to renew, or to release a
         // session-bound lease at its deadline. Not watching the others keeps the watchdog's
@@ -94,14 +83,19 @@ impl LockGuard {
                 .watchdog
                 .reserve(&locker.runtime, &locker.backend, &locker.background)
         });
+        let interval = renew.map(|r| ttl.mul_f64(r.fraction()));
         let shared = Arc::new(GuardShared {
-            name: request.name.clone(),
+            name: request.name,
+            token: request.token,
+            ttl,
+            renew_interval: interval,
             telemetry,
             acquired_at,
             lease: acquired.lease,
             notifier: request.lost,
             validity: Arc::new(Validity::new(acquired.sent_at, hold_deadline)),
             release_started: AtomicBool::new(false),
+            loss_recorded: AtomicBool::new(false),
             extending: tokio::sync::Mutex::new(()),
             hold_deadline,
             watch,
@@ -110,23 +104,15 @@ impl LockGuard {
         shared
             .validity
             .set_until(shared.deadline(acquired.sent_at, granted, caps));
+        // The lost span and counter, once (a loss already reported runs it now).
+        let hook: std::sync::Weak<GuardShared> = Arc::downgrade(&shared);
+        shared.notifier.set_hook(hook);
         let validity = shared.validity.clone();
         if let Some(watch) = &shared.watch {
-            let interval = renew.map(|r| ttl.mul_f64(r.fraction()));
-            watch.start(
-                shared.clone(),
-                ttl,
-                interval,
-                interval.map(|i| acquired.sent_at + i),
-            );
+            watch.start(shared.clone(), interval.map(|i| acquired.sent_at + i));
         }
         let signal = signal.with_validity(validity);
         LockGuard {
-            name: request.name,
-            token: request.token,
-            ttl,
-            fencing_token: shared.lease.fencing_token(),
-            acquired_at: acquired.sent_at,
             shared,
             signal,
             locker: locker.clone(),
@@ -136,12 +122,12 @@ impl LockGuard {
 
     /// The lock's name.
     pub fn name(&self) -> &LockName {
-        &self.name
+        &self.shared.name
     }
 
     /// This acquisition's random owner token.
     pub fn token(&self) -> OwnerToken {
-        self.token
+        self.shared.token
     }
 
     /// The fencing token: strictly increasing across successive holders of this name, on
@@ -149,17 +135,17 @@ impl LockGuard {
     /// [`no_fencing`](crate::LockOptions::no_fencing) (the backend skipped making one); ask
     /// for [`Fencing::Required`](crate::Fencing::Required) to be sure of one.
     pub fn fencing_token(&self) -> Option<u64> {
-        self.fencing_token
+        self.shared.lease.fencing_token()
     }
 
     /// When the request that won the lock was sent.
     pub fn acquired_at(&self) -> Instant {
-        self.acquired_at
+        self.shared.acquired_at
     }
 
     /// The TTL asked for.
     pub fn ttl(&self) -> Duration {
-        self.ttl
+        self.shared.ttl
     }
 
     /// Until when the lease is surely this holder's, on the monotonic clock: the moment the

@@ -8,8 +8,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::{BoxLease, LostNotifier};
-use crate::lost::Validity;
+use crate::backend::{BoxLease, LostNotifier, OwnerToken};
+use crate::lost::{LostHook, Validity};
 use crate::telemetry::Telemetry;
 use crate::{Capabilities, Error, ErrorKind, LockName, LostReason, Result};
 
@@ -17,12 +17,19 @@ use super::watchdog::{RenewSlot, WatchRef};
 
 pub(super) struct GuardShared {
     pub(super) name: LockName,
+    pub(super) token: OwnerToken,
+    /// The TTL asked for (what each auto-renewal asks for again).
+    pub(super) ttl: Duration,
+    /// How often the watchdog renews the lease, when auto-renewal is on.
+    pub(super) renew_interval: Option<Duration>,
     pub(super) telemetry: Arc<Telemetry>,
     pub(super) acquired_at: Instant,
     pub(super) lease: BoxLease,
     pub(super) notifier: LostNotifier,
     pub(super) validity: Arc<Validity>,
     pub(super) release_started: AtomicBool,
+    /// The loss went to the telemetry (once per lease).
+    pub(super) loss_recorded: AtomicBool,
     /// Held across each extend: extends of one guard (the watchdog's and the user's) run one at
     /// a time, so the validity always follows the request the server applied last.
     pub(super) extending: tokio::sync::Mutex<()>,
@@ -33,6 +40,15 @@ pub(super) struct GuardShared {
     pub(super) watch: Option<WatchRef>,
     /// Whether the watchdog has a renewal of it in flight (aborted when the guard ends).
     pub(super) renewal: std::sync::Mutex<RenewSlot>,
+}
+
+impl LostHook for GuardShared {
+    fn lost(&self, reason: LostReason) {
+        if !self.loss_recorded.swap(true, Ordering::AcqRel) {
+            self.telemetry
+                .lost(self.name.as_str(), reason, self.acquired_at.elapsed());
+        }
+    }
 }
 
 impl GuardShared {

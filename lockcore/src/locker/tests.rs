@@ -918,3 +918,15 @@ async fn a_renewal_in_flight_ends_with_its_guard() {
     assert_eq!(lost.ended().await, crate::Ended::Released);
     assert_eq!(a.inner.watchdog.watched(), 0);
 }
+
+#[test]
+fn a_guard_is_a_few_words() {
+    // A caller holding many leases keeps their guards (issue 24: 100,000 on one client); what
+    // they share with the watchdog lives once, in the lease's shared state.
+    assert!(
+        size_of::<LockGuard>() <= 40,
+        "{} bytes per guard",
+        size_of::<LockGuard>()
+    );
+    assert!(size_of::<LostSignal>() <= 16);
+}

@@ -93,22 +93,14 @@ pub(super) struct WatchRef {
 }
 
 impl WatchRef {
-    /// Hands the lease over: watched from now on, renewed every `interval` (first at
-    /// `first_renewal`) when given.
-    pub(super) fn start(
-        &self,
-        shared: Arc<GuardShared>,
-        ttl: Duration,
-        interval: Option<Duration>,
-        first_renewal: Option<Instant>,
-    ) {
+    /// Hands the lease over: watched from now on, renewed every `shared.renew_interval` (first
+    /// at `first_renewal`) when given.
+    pub(super) fn start(&self, shared: Arc<GuardShared>, first_renewal: Option<Instant>) {
         // A send fails only once the runtime is gone, with the task: nothing left to watch.
         let _ = self.tx.send(Command::Watch(
             self.id,
             Entry {
                 shared,
-                ttl,
-                interval,
                 next_renew: first_renewal,
                 seq: 0,
                 state: State::Idle,
@@ -161,12 +153,11 @@ enum Command {
     Forget(u64),
 }
 
-/// One watched lease: about 70 bytes in the map, plus its item in the timer heap.
+/// One watched lease: 40 bytes in the map (its TTL and renewal interval are the guard's, in
+/// its [`GuardShared`]), plus its item in the timer heap.
 struct Entry {
     shared: Arc<GuardShared>,
-    ttl: Duration,
-    /// `None`: not renewed (watched for the deadline only).
-    interval: Option<Duration>,
+    /// `None`: not renewed now (watched for the deadline only).
     next_renew: Option<Instant>,
     /// Bumped whenever the lease is scheduled anew: heap items with another are stale.
     seq: u32,
@@ -372,14 +363,21 @@ impl Scheduler {
             return;
         };
         let valid_until = e.shared.valid_until();
-        let Some(hold_deadline) = e.shared.hold_deadline.filter(|_| e.interval.is_some()) else {
+        let Some(hold_deadline) = e
+            .shared
+            .hold_deadline
+            .filter(|_| e.shared.renew_interval.is_some())
+        else {
             e.next_renew = None;
             self.schedule(id, valid_until);
             return;
         };
         // The last renewal asks the server for what is left of the hold, so that the lock frees
         // there even if the release at the deadline is lost.
-        let asked = e.ttl.min(hold_deadline.saturating_duration_since(now));
+        let asked = e
+            .shared
+            .ttl
+            .min(hold_deadline.saturating_duration_since(now));
         if asked < min_ttl.max(Duration::from_millis(1)) {
             e.shared.validity.renewal_ended_by_hold();
             e.next_renew = None;
@@ -429,7 +427,11 @@ impl Scheduler {
         e.state = State::Idle;
         match renewed {
             Renewed::Ok { asked } => {
-                e.next_renew = e.interval.filter(|_| asked == e.ttl).map(|i| now + i);
+                e.next_renew = e
+                    .shared
+                    .renew_interval
+                    .filter(|_| asked == e.shared.ttl)
+                    .map(|i| now + i);
                 if e.next_renew.is_none() {
                     // The last renewal: the lease ends where the hold does.
                     e.shared.validity.renewal_ended_by_hold();
@@ -441,7 +443,7 @@ impl Scheduler {
             }
             Renewed::Failed { error, valid_until } => {
                 tracing::warn!(error = %format!("{error:#}"), "lease renewal failed; retrying before the validity deadline");
-                let quarter = e.interval.map_or(Duration::ZERO, |i| i / 4);
+                let quarter = e.shared.renew_interval.map_or(Duration::ZERO, |i| i / 4);
                 e.next_renew = Some((now + quarter).min(valid_until));
             }
             // The deadline check below fires the signal and releases.
@@ -456,5 +458,22 @@ fn classify(result: Result<Duration>, asked: Duration, valid_until: Instant) -> 
         Ok(_granted) => Renewed::Ok { asked },
         Err(e) if e.kind() == ErrorKind::NotHeld => Renewed::Refused,
         Err(error) => Renewed::Failed { error, valid_until },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_stays_small() {
+        // One per watched lease in the map, and one item per lease in the heap (issue 24:
+        // 100,000 auto-renewed leases on one client).
+        assert!(
+            size_of::<Entry>() <= 32,
+            "{} bytes per record",
+            size_of::<Entry>()
+        );
+        assert!(size_of::<Reverse<(Instant, u64, u32)>>() <= 32);
     }
 }
