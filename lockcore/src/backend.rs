@@ -977,11 +977,9 @@ mod tests {
     #[tokio::test]
     async fn a_set_won_after_its_caller_left_releases_every_member() {
         let set = |lease: CountedLease| {
-            let more = (0..2).map(|_| CountedLease(lease.0.clone()));
-            (
-                std::iter::once(lease).chain(more).collect::<Vec<_>>(),
-                None::<usize>,
-            )
+            let mut set: Vec<_> = (0..2).map(|_| CountedLease(lease.0.clone())).collect();
+            set.insert(0, lease);
+            (set, None::<usize>)
         };
         assert_eq!(
             releases_of_an_outcome_won_after_its_caller_left(set).await,
