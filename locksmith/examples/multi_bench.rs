@@ -125,7 +125,7 @@ async fn main() {
         "load average (1, 5, 15 min): before {load_before}; after {}",
         load()
     );
-    for (i, what) in ["atomic (one request)", "sequence (4 requests)"]
+    for (i, what) in ["atomic (try_acquire_all)", "sequence (4 try_acquire)"]
         .iter()
         .enumerate()
     {
