@@ -145,6 +145,20 @@
 //! wakes waiters as an exclusive release does; `inspect` lists every live share; a revoke
 //! deletes them all.
 //!
+//! *Multi-locks* (lease only; [`Capabilities::atomic_multi`]): an exclusive set
+//! ([`Locker::try_lock_all`](lockcore::Locker::try_lock_all),
+//! [`Locker::lock_all`](lockcore::Locker::lock_all)) is one transaction on one connection:
+//! every member's own `try_lock` statement in canonical order (so on PostgreSQL a member with a
+//! live waiter queued loses, as its `try_lock` does: a set jumps no queue), rolled back at the
+//! first member not taken (reported busy, nothing taken) and committed when all were, each
+//! member with the fencing token a single acquisition gives. The rows taken stay locked until
+//! the transaction ends, so another client sees the whole set or none of it, and two sets lock
+//! their common rows in the same order. Run detached as a single attempt is: a caller gone
+//! before the commit rolls it back, one gone after has every member released in the
+//! background. The row-lock strategy takes a set one lock at a time: each of its locks is a
+//! session lock on a connection of its own, pinged, lost and released on its own, which one
+//! transaction cannot be.
+//!
 //! *Readers on PostgreSQL's row lock* ([`LockMode::Shared`](lockcore::LockMode) with
 //! `strategy=row-lock`): a reader holds `pg_advisory_lock_shared` on the writers' very key
 //! (taken, waited for, released and fenced by the same statements as a writer's, with the
@@ -487,6 +501,12 @@ fn strategy_capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
             // again.
             c.fair = dialect == Dialect::Postgres;
             c.min_ttl = Duration::from_millis(100);
+            // Each held lock is a session lock on a connection of its own (pinged, released,
+            // lost on its own): a set in one session would tie every member to one connection,
+            // released together and lost together. A set is a sequence.
+            c.atomic_multi = lockcore::Support::no(
+                "row-lock: every lock is a session lock on a connection of its own; a set is taken one lock at a time",
+            );
             c.notes = vec![
                 "row-lock: a session lock (PostgreSQL advisory lock / MariaDB GET_LOCK) held by the holder's own connection; a crash frees it at once".into(),
                 "row-lock: fencing tokens are the lock row's counter, committed before the token is returned: they never repeat across a server crash or restart (MariaDB: as durable as its commits, innodb_flush_log_at_trx_commit=1)".into(),
@@ -526,6 +546,8 @@ fn strategy_capabilities(dialect: Dialect, strategy: Strategy) -> Capabilities {
             // served (the queue's head takes a freed lock; nobody else may).
             c.fair = dialect == Dialect::Postgres;
             c.min_ttl = Duration::from_millis(10);
+            // An exclusive set is every member's attempt in one transaction (`try_set`).
+            c.atomic_multi = lockcore::Support::Yes;
             c.notes = vec!["lease: expiry is judged on the database clock".into()];
             match dialect {
                 Dialect::Postgres => {
@@ -596,6 +618,45 @@ impl Backend for SqlBackend {
             // lock() (a writer marks itself waiting behind readers).
             #[cfg(feature = "sqlite")]
             Inner::Lite(b) => poll_attempts(req, deadline, &backoff, || b.attempt(req, true)).await,
+        }
+    }
+
+    /// The lease strategy only (the only one declaring [`Capabilities::atomic_multi`]): every
+    /// member's single exclusive attempt, with a `try_lock`'s parameters, in the order given
+    /// (canonical), in one transaction on one connection; rolled back at the first member not
+    /// won (`Busy` with it), committed when all are.
+    ///
+    /// Cancel safety: run detached as a single attempt is; a caller gone before the commit
+    /// rolls the transaction back, and a set committed for a caller gone is released in the
+    /// background.
+    async fn try_acquire_all(
+        &self,
+        reqs: &[AcquireRequest],
+    ) -> Result<lockcore::backend::SetAttempt> {
+        if !self.capabilities.atomic_multi.is_yes() {
+            return Err(Error::unsupported(
+                "the row-lock strategy takes a set one lock at a time",
+            ));
+        }
+        if let Some(r) = reqs
+            .iter()
+            .find(|r| r.mode != lockcore::LockMode::Exclusive)
+        {
+            return Err(Error::unsupported(format!(
+                "sql leases take exclusive sets in one transaction, not {}",
+                r.mode
+            )));
+        }
+        if reqs.is_empty() {
+            return Ok(lockcore::backend::SetAttempt::All(Vec::new()));
+        }
+        match &self.inner {
+            #[cfg(feature = "postgres")]
+            Inner::Pg(b) => b.try_set(reqs).await,
+            #[cfg(feature = "mysql")]
+            Inner::My(b) => b.try_set(reqs).await,
+            #[cfg(feature = "sqlite")]
+            Inner::Lite(b) => b.try_set(reqs).await,
         }
     }
 
@@ -732,6 +793,83 @@ where
             "the runtime is shutting down",
         )),
     }
+}
+
+/// What a set attempt run by [`run_set_detached`] found: every member's lease in order, or
+/// none and the index of the first member not won.
+pub(crate) type SetWon<L> = (Vec<L>, Option<usize>);
+
+/// [`run_detached`] for a set taken in one transaction (see [`Backend::try_acquire_all`]): the
+/// attempt's leases become the set's acquisitions, all sent at `sent_at`. A set won for a
+/// caller gone is released member by member, in order, in the background.
+///
+/// Cancel safe: what a dropped call's attempt wins is released.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) async fn run_set_detached<L, F, Fut>(
+    background: &lockcore::backend::Background,
+    sent_at: lockcore::Instant,
+    attempt: F,
+) -> Result<lockcore::backend::SetAttempt>
+where
+    L: lockcore::backend::Lease,
+    F: FnOnce(lockcore::backend::CallerGone) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<SetWon<L>>> + Send + 'static,
+{
+    use lockcore::backend::SetAttempt;
+    match run_detached(background, attempt).await? {
+        (_, Some(busy)) => Ok(SetAttempt::Busy(busy)),
+        (won, None) => Ok(SetAttempt::All(
+            won.into_iter().map(|l| Acquired::new(l, sent_at)).collect(),
+        )),
+    }
+}
+
+/// What a set's transaction found (see [`Backend::try_acquire_all`]).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) enum SetFound {
+    /// Committed: every member's fence, in order.
+    Won(Vec<u64>),
+    /// Rolled back at this member, not taken.
+    Busy(usize),
+    /// Rolled back: the caller left before the commit.
+    Abandoned,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+impl SetFound {
+    /// The leases of a committed set (each `leases[i]` given its fence by `fenced`), or the
+    /// busy member.
+    pub(crate) fn into_won<L>(
+        self,
+        leases: Vec<L>,
+        fenced: impl Fn(L, u64) -> L,
+    ) -> Result<SetWon<L>> {
+        match self {
+            SetFound::Won(fences) => {
+                debug_assert_eq!(fences.len(), leases.len());
+                Ok((
+                    leases
+                        .into_iter()
+                        .zip(fences)
+                        .map(|(l, f)| fenced(l, f))
+                        .collect(),
+                    None,
+                ))
+            }
+            SetFound::Busy(i) => Ok((Vec::new(), Some(i))),
+            SetFound::Abandoned => Err(set_abandoned()),
+        }
+    }
+}
+
+/// The error of a set attempt whose caller left before its commit: rolled back, nothing taken
+/// (nobody reads it).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn set_abandoned() -> Error {
+    Error::unavailable(
+        "acquiring a set of locks",
+        "the caller left before the commit: rolled back",
+    )
 }
 
 /// The settings of a backend made on an application's pool: a URL naming the server, user and

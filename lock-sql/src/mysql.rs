@@ -1211,3 +1211,104 @@ async fn release_shares(
         })
         .await
 }
+
+impl MyBackend {
+    /// A set of exclusive leases in one READ COMMITTED transaction on one connection (see
+    /// [`Backend::try_acquire_all`](lockcore::backend::Backend::try_acquire_all)): each
+    /// member's `try_lock` upsert (`lease_acquire`, marking no writer), in the order given;
+    /// rolled back at the first member it does not take (a holder, live shares), committed when
+    /// it took them all. Each member's fence is the one its upsert reports, as a single
+    /// acquisition's. Every member's row stays locked until the transaction ends: a single
+    /// attempt on it waits for the set's outcome, and two sets lock their common rows in the
+    /// same (canonical) order. A deadlock InnoDB breaks by rolling the set back (new names'
+    /// duplicate-key inserts can make one) is a busy member, as for a share.
+    ///
+    /// Cancel safety: detached as a single attempt; a caller gone before the commit rolls the
+    /// set back, and a set committed for a caller gone is released in the background.
+    pub(crate) async fn try_set(
+        &self,
+        reqs: &[AcquireRequest],
+    ) -> Result<lockcore::backend::SetAttempt> {
+        for r in reqs {
+            self.check_name(&r.name)?;
+        }
+        let sql = self.sql.lease_acquire.clone();
+        let members: Vec<(String, String, u64, String)> = reqs
+            .iter()
+            .map(|r| {
+                (
+                    r.name.as_str().to_owned(),
+                    r.token.to_hex(),
+                    r.ttl.as_micros() as u64,
+                    r.holder.encode(),
+                )
+            })
+            .collect();
+        let leases: Vec<MyLease> = reqs.iter().map(|r| self.lease(r, 0)).collect();
+        let conns = self.conns.clone();
+        let bound = self.conns.bound();
+        let sent_at = Instant::now();
+        let attempt = move |gone: lockcore::backend::CallerGone| async move {
+            let reply = conns
+                .run_unless_gone(&gone, bound, "acquiring a set of leases", |c| {
+                    let (sql, members, gone) = (sql.clone(), members.clone(), gone.clone());
+                    async move { set_tx(c, &sql, &members, &gone).await }.boxed()
+                })
+                .await;
+            match reply? {
+                None => Err(crate::set_abandoned()),
+                Some(found) => found?.into_won(leases, MyLease::with_fencing),
+            }
+        };
+        crate::run_set_detached(&reqs[0].background, sent_at, attempt).await
+    }
+}
+
+/// The transaction of [`MyBackend::try_set`]: committed only when every member was taken.
+async fn set_tx(
+    c: &mut MySqlConnection,
+    sql: &str,
+    members: &[(String, String, u64, String)],
+    gone: &lockcore::backend::CallerGone,
+) -> sqlx::Result<Result<crate::SetFound>> {
+    sqlx::raw_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .execute(&mut *c)
+        .await?;
+    let mut tx = c.begin().await?;
+    let mut fences = Vec::with_capacity(members.len());
+    for (i, (name, token, ttl, holder)) in members.iter().enumerate() {
+        let id = sqlx::query(AssertSqlSafe(sql.to_owned()))
+            .bind(name)
+            .bind(token)
+            .bind(*ttl)
+            .bind(holder)
+            .bind(name)
+            .bind(0u64)
+            .bind(0u64)
+            .execute(&mut *tx)
+            .await
+            .map(|r| r.last_insert_id());
+        let found = match id {
+            Ok(HELD_BY_PERMITS) => Err(crate::shares::conflict(LockMode::Exclusive)),
+            Ok(0 | HELD_BY_READERS) => Ok(crate::SetFound::Busy(i)),
+            // ER_LOCK_DEADLOCK: InnoDB rolled the whole set back.
+            Err(e) if error_number(&e) == Some(1213) => Ok(crate::SetFound::Busy(i)),
+            Err(e) => {
+                let _ = tx.rollback().await;
+                return Err(e);
+            }
+            Ok(fence) => {
+                fences.push(fence);
+                continue;
+            }
+        };
+        tx.rollback().await?;
+        return Ok(found);
+    }
+    if gone.is_gone() {
+        tx.rollback().await?;
+        return Ok(Ok(crate::SetFound::Abandoned));
+    }
+    tx.commit().await?;
+    Ok(Ok(crate::SetFound::Won(fences)))
+}

@@ -624,3 +624,98 @@ async fn release_shares(
     })
     .await
 }
+
+impl LiteBackend {
+    /// A set of exclusive leases in one `BEGIN IMMEDIATE` transaction (see
+    /// [`Backend::try_acquire_all`](lockcore::backend::Backend::try_acquire_all)): each
+    /// member's `try_lock` upsert (`acquire`), in the order given, with the database's write
+    /// lock held throughout; rolled back at the first member it does not take (a holder, live
+    /// shares: permits are a conflict, as for a single attempt), committed when it took them
+    /// all. Each member's fence is the one its upsert returns, as a single acquisition's. A
+    /// database still busy after the retries is as good as contention: the first member is
+    /// reported busy.
+    ///
+    /// Cancel safety: detached as a single attempt (SQLite's worker runs a statement even
+    /// when its caller is gone); a caller gone retries nothing and rolls back before the
+    /// commit, and a set committed for a caller gone is released in the background.
+    pub(crate) async fn try_set(
+        &self,
+        reqs: &[AcquireRequest],
+    ) -> Result<lockcore::backend::SetAttempt> {
+        let members: Vec<(LockName, String, f64, String)> = reqs
+            .iter()
+            .map(|r| {
+                (
+                    r.name.clone(),
+                    r.token.to_hex(),
+                    r.ttl.as_secs_f64(),
+                    r.holder.encode(),
+                )
+            })
+            .collect();
+        let leases: Vec<LiteLease> = reqs
+            .iter()
+            .map(|r| LiteLease {
+                pool: self.pool.clone(),
+                config: self.config.clone(),
+                sql: self.sql.clone(),
+                name: r.name.clone(),
+                token: r.token,
+                fencing: 0,
+                share: false,
+            })
+            .collect();
+        let (pool, config, sql) = (self.pool.clone(), self.config.clone(), self.sql.clone());
+        let sent_at = Instant::now();
+        let attempt = move |gone: CallerGone| async move {
+            let res =
+                retry_busy_while(|| !gone.is_gone(), || set_tx(&pool, &sql, &members, &gone)).await;
+            let found = match res {
+                Ok(found) => found?,
+                Err(e) if is_busy(&e) => crate::SetFound::Busy(0),
+                Err(e) => return Err(map_err(&config, "acquiring a set of leases", e)),
+            };
+            found.into_won(leases, |l, fencing| LiteLease { fencing, ..l })
+        };
+        crate::run_set_detached(&reqs[0].background, sent_at, attempt).await
+    }
+}
+
+/// The transaction of [`LiteBackend::try_set`]: committed only when every member was taken.
+async fn set_tx(
+    pool: &SqlitePool,
+    sql: &Sql,
+    members: &[(LockName, String, f64, String)],
+    gone: &CallerGone,
+) -> sqlx::Result<Result<crate::SetFound>> {
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    let mut fences = Vec::with_capacity(members.len());
+    for (i, (name, token, ttl, holder)) in members.iter().enumerate() {
+        let fence: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql.acquire.clone()))
+            .bind(name.as_str())
+            .bind(token)
+            .bind(*ttl)
+            .bind(holder)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if let Some(f) = fence {
+            fences.push(f as u64);
+            continue;
+        }
+        let permits: Option<bool> = sqlx::query_scalar(AssertSqlSafe(sql.probe_shares.clone()))
+            .bind(name.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+        tx.rollback().await?;
+        return Ok(match permits {
+            Some(true) => Err(crate::shares::conflict(LockMode::Exclusive)),
+            _ => Ok(crate::SetFound::Busy(i)),
+        });
+    }
+    if gone.is_gone() {
+        tx.rollback().await?;
+        return Ok(Ok(crate::SetFound::Abandoned));
+    }
+    tx.commit().await?;
+    Ok(Ok(crate::SetFound::Won(fences)))
+}

@@ -1314,3 +1314,213 @@ async fn pg_lease_crashed_waiters_entry_expires_on_its_own() {
             .unwrap();
     assert_eq!(left, 0, "the expired entry was not cleared");
 }
+
+/// (label, url) of every lease variant whose server is configured, SQLite in a file of its own
+/// (the shared test file is busy with other test binaries, whose write locks would stretch a
+/// set's transaction into retries).
+fn lease_variants() -> Vec<(&'static str, String)> {
+    variants()
+        .into_iter()
+        .filter(|(label, _)| label.ends_with("-lease"))
+        .map(|(label, url)| {
+            if label == "sqlite-lease" {
+                let dir =
+                    std::env::temp_dir().join(format!("lock-sql-set-{:016x}", fastrand::u64(..)));
+                std::fs::create_dir_all(&dir).unwrap();
+                (label, format!("sqlite://{}/locks.db", dir.display()))
+            } else {
+                (label, url)
+            }
+        })
+        .collect()
+}
+
+/// A lease set is one transaction: with its middle member held by a peer (a second backend
+/// instance: its own pool and connections), `try_lock_all` takes nothing, leaving the other
+/// members free for the peer and its first member's counter untouched; once the member is free the set is taken whole, each member's
+/// fencing token the next of its name's counter (as a single acquisition's: the rolled-back
+/// attempt consumed none), and released whole.
+#[tokio::test]
+async fn a_lease_set_with_a_member_held_by_a_peer_takes_nothing() {
+    for (label, url) in lease_variants() {
+        let (a, peer) = (client(&url).await, client(&url).await);
+        assert!(a.capabilities().atomic_multi.is_yes(), "{label}");
+        let opts = LockOptions::new().ttl(Duration::from_secs(30));
+        let names: Vec<String> = ["a", "b", "c"]
+            .iter()
+            .map(|n| unique(&format!("set-{n}")))
+            .collect();
+        let held = peer
+            .try_lock(names[1].as_str(), &opts)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            a.try_lock_all(names.clone(), &opts)
+                .await
+                .unwrap()
+                .is_none(),
+            "{label}: a set with a member held by a peer was taken"
+        );
+        // The others were left free: the peer takes each (and notes its token).
+        let mut tokens = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            if i == 1 {
+                tokens.push(held.fencing_token().unwrap());
+                continue;
+            }
+            let g = peer
+                .try_lock(name.as_str(), &opts)
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("{label}: {name} was left held by a lost set"));
+            tokens.push(g.fencing_token().unwrap());
+            g.release().await.unwrap();
+        }
+        // The lost set's transaction left no trace: its first member's counter was never
+        // committed (a set taken one member at a time would have taken and released it).
+        assert_eq!(tokens[0], 1, "{label}: the lost set's first member");
+        held.release().await.unwrap();
+        let set = a
+            .try_lock_all(names.clone(), &opts)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{label}: a free set was not taken"));
+        let next: Vec<_> = tokens.iter().map(|t| Some(t + 1)).collect();
+        assert_eq!(set.fencing_tokens(), next, "{label}: the set's tokens");
+        for name in &names {
+            assert!(
+                peer.try_lock(name.as_str(), &opts).await.unwrap().is_none(),
+                "{label}: {name} of a held set was free"
+            );
+        }
+        set.release().await.unwrap();
+        let again = peer
+            .try_lock_all(names.clone(), &opts)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{label}: a released set was not free"));
+        again.release().await.unwrap();
+    }
+}
+
+/// PostgreSQL lease: a set does not jump a queue. A member free but with a live waiter queued
+/// (a peer's plain row in `<table>_waits`) loses the set exactly as it loses a `try_lock`;
+/// once the entry is gone the set is taken.
+#[tokio::test]
+async fn pg_lease_set_does_not_jump_a_queue() {
+    let Some(url) = pg_url("strategy=lease") else {
+        return;
+    };
+    let base = url.split('?').next().unwrap().to_owned();
+    let pool = sqlx::PgPool::connect(&base).await.unwrap();
+    let a = client(&url).await;
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    let names: Vec<String> = ["a", "b", "c"]
+        .iter()
+        .map(|n| unique(&format!("queued-set-{n}")))
+        .collect();
+    // Creates the tables.
+    a.try_lock_all(names.clone(), &opts)
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO locksmith_locks_waits (name, waiter, mode, enqueued, expires) \
+         VALUES ($1, 'peer', 'x', clock_timestamp(), clock_timestamp() + interval '60 seconds')",
+    )
+    .bind(&names[1])
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert!(
+        a.try_lock(names[1].as_str(), &opts)
+            .await
+            .unwrap()
+            .is_none(),
+        "a try_lock jumped the queue"
+    );
+    assert!(
+        a.try_lock_all(names.clone(), &opts)
+            .await
+            .unwrap()
+            .is_none(),
+        "a set jumped the queue of its middle member"
+    );
+    for name in [&names[0], &names[2]] {
+        let g = a.try_lock(name.as_str(), &opts).await.unwrap();
+        assert!(g.is_some(), "{name} was left held by a lost set");
+        g.unwrap().release().await.unwrap();
+    }
+    sqlx::query("DELETE FROM locksmith_locks_waits WHERE name = $1 AND waiter = 'peer'")
+        .bind(&names[1])
+        .execute(&pool)
+        .await
+        .unwrap();
+    let set = a.try_lock_all(names.clone(), &opts).await.unwrap();
+    assert!(
+        set.is_some(),
+        "the set was not taken once the queue was empty"
+    );
+    set.unwrap().release().await.unwrap();
+}
+
+/// A set attempt dropped the moment its transaction is on its way leaves nothing held, on
+/// every lease variant: rolled back when the caller left before the commit, released in the
+/// background when after. Each round polls the attempt once, drops it, waits for the
+/// background work, and asks another client for every member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_attempt_dropped_after_its_first_poll_leaves_nothing_held() {
+    for (label, url) in lease_variants() {
+        let backend = SqlBackend::connect(&url).await.unwrap();
+        let other = Locker::new(SqlBackend::connect(&url).await.unwrap());
+        for round in 0..10 {
+            let background = lockcore::backend::Background::new();
+            let names: Vec<LockName> = (0..3)
+                .map(|i| {
+                    LockName::new(format!(
+                        "dropped-set-{label}-{round}-{i}-{}",
+                        fastrand::u32(..)
+                    ))
+                    .unwrap()
+                })
+                .collect();
+            let reqs: Vec<_> = names
+                .iter()
+                .map(|name| {
+                    lockcore::backend::AcquireRequest::new(
+                        name.clone(),
+                        lockcore::OwnerToken::random(),
+                        Duration::from_secs(30),
+                    )
+                    .with_background(background.clone())
+                })
+                .collect();
+            let attempt = lockcore::backend::Backend::try_acquire_all(&backend, &reqs);
+            if let Ok(done) = tokio::time::timeout(Duration::ZERO, attempt).await
+                && let lockcore::backend::SetAttempt::All(won) = done.unwrap()
+            {
+                for a in won {
+                    a.lease.release().await.unwrap();
+                }
+            }
+            background.idle().await;
+            // Free well before the 30 s TTL; 10 s leaves room for a busy machine.
+            let opts = LockOptions::new()
+                .ttl(Duration::from_secs(30))
+                .wait_timeout(Duration::from_secs(10));
+            for name in &names {
+                let g = other.lock(name, &opts).await.unwrap_or_else(|e| {
+                    panic!(
+                        "{label} round {round}: a set attempt dropped after its first poll \
+                         left {name:?} held: {e}"
+                    )
+                });
+                g.release().await.unwrap();
+            }
+        }
+    }
+}

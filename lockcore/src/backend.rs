@@ -442,12 +442,10 @@ where
         }
         let won = attempt(flag).await;
         if let Err(Ok(outcome)) = tx.send(won)
-            && let Some(lease) = outcome.into_lease()
+            && let Some(release) = release_all(outcome.into_leases())
         {
-            // The caller is gone: nobody else will use or release this lease.
-            if let Some(release) = ReleaseLease(lease).start() {
-                release.await;
-            }
+            // The caller is gone: nobody else will use or release these leases.
+            release.await;
         }
     });
     let mut outcome = UnclaimedOutcome {
@@ -478,34 +476,67 @@ impl<T: AttemptOutcome> Drop for UnclaimedOutcome<T> {
         };
         rx.close();
         if let Ok(Ok(outcome)) = rx.try_recv()
-            && let Some(lease) = outcome.into_lease()
-            && let Some(release) = ReleaseLease(lease).start()
+            && let Some(release) = release_all(outcome.into_leases())
         {
             self.background.spawn(release);
         }
     }
 }
 
-/// What an attempt run by [`acquire_detached`] returns: the lease it may have won, with
-/// whatever else its caller wants to know (how long the holder has left, say). A lease nobody
-/// claims is released.
+/// The release of every lease an unclaimed outcome carries, one after the other in their order
+/// (a set's canonical order), owner-checked; `None` when it carries none.
+fn release_all<L: Lease>(leases: Vec<L>) -> Option<CleanUpTask> {
+    let tasks: Vec<CleanUpTask> = leases
+        .into_iter()
+        .filter_map(|lease| ReleaseLease(lease).start())
+        .collect();
+    (!tasks.is_empty()).then(|| {
+        Box::pin(async move {
+            for task in tasks {
+                task.await;
+            }
+        }) as CleanUpTask
+    })
+}
+
+/// What an attempt run by [`acquire_detached`] returns: the lease it may have won (or the
+/// leases: every member of a set taken in one transaction, see
+/// [`Backend::try_acquire_all`]), with whatever else its caller wants to know (how long the
+/// holder has left, which member of a set was busy). Leases nobody claims are released, in
+/// their order.
 pub trait AttemptOutcome: Send + 'static {
-    /// The lease won, if any.
+    /// A lease won.
     type Lease: Lease;
-    /// The lease, for release when the caller is gone.
-    fn into_lease(self) -> Option<Self::Lease>;
+    /// Every lease won (none, one, or a set's), for release when the caller is gone.
+    fn into_leases(self) -> Vec<Self::Lease>;
 }
 
 impl<L: Lease> AttemptOutcome for Option<L> {
     type Lease = L;
-    fn into_lease(self) -> Option<L> {
-        self
+    fn into_leases(self) -> Vec<L> {
+        self.into_iter().collect()
     }
 }
 
 impl<L: Lease, X: Send + 'static> AttemptOutcome for (Option<L>, X) {
     type Lease = L;
-    fn into_lease(self) -> Option<L> {
+    fn into_leases(self) -> Vec<L> {
+        self.0.into_iter().collect()
+    }
+}
+
+/// A set's leases, in the order of its requests (empty: none won).
+impl<L: Lease> AttemptOutcome for Vec<L> {
+    type Lease = L;
+    fn into_leases(self) -> Vec<L> {
+        self
+    }
+}
+
+/// A set's leases with what else the attempt found (the member that was busy, say).
+impl<L: Lease, X: Send + 'static> AttemptOutcome for (Vec<L>, X) {
+    type Lease = L;
+    fn into_leases(self) -> Vec<L> {
         self.0
     }
 }
@@ -939,6 +970,47 @@ mod tests {
             releases_of_an_outcome_won_after_its_caller_left(with_hint).await,
             1
         );
+    }
+
+    /// A set taken in one transaction (the leases of every member) whose caller left before
+    /// the reply: every member is released, each once.
+    #[tokio::test]
+    async fn a_set_won_after_its_caller_left_releases_every_member() {
+        let set = |lease: CountedLease| {
+            let mut set: Vec<_> = (0..2).map(|_| CountedLease(lease.0.clone())).collect();
+            set.insert(0, lease);
+            (set, None::<usize>)
+        };
+        assert_eq!(
+            releases_of_an_outcome_won_after_its_caller_left(set).await,
+            3
+        );
+    }
+
+    /// A set sent to a caller dropped before it looked (the window of
+    /// `a_lease_sent_to_a_caller_dropped_before_it_looked_is_released`): every member is
+    /// released.
+    #[tokio::test]
+    async fn a_set_sent_to_a_caller_dropped_before_it_looked_is_released() {
+        use std::future::Future;
+        let released = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let background = Background::new();
+        let leases: Vec<_> = (0..4).map(|_| CountedLease(released.clone())).collect();
+        let mut caller = Box::pin(acquire_detached(&background, move |_gone| async move {
+            Ok(leases)
+        }));
+        let waker = std::task::Waker::noop();
+        assert!(
+            caller
+                .as_mut()
+                .poll(&mut std::task::Context::from_waker(waker))
+                .is_pending()
+        );
+        background.idle().await;
+        assert_eq!(released.load(std::sync::atomic::Ordering::SeqCst), 0);
+        drop(caller);
+        background.idle().await;
+        assert_eq!(released.load(std::sync::atomic::Ordering::SeqCst), 4);
     }
 
     /// Runs an attempt that returns `outcome(lease)` once its caller is gone (the attempt is

@@ -603,3 +603,94 @@ async fn finish<T>(
         }
     }
 }
+
+impl PgBackend {
+    /// A set of exclusive leases in one transaction on one connection (see
+    /// [`Backend::try_acquire_all`](lockcore::backend::Backend::try_acquire_all)): each
+    /// member's `try_lock` statement (`lease_acquire`, marking no writer and entering no
+    /// queue), in the order given; rolled back at the first member it does not take (a holder,
+    /// live shares, or a live waiter queued on the name: the statement's own rules, so a set
+    /// jumps no queue), committed when it took them all. Each member's fence is the one its
+    /// statement returns, as a single acquisition's. The row of every member taken stays locked
+    /// until the commit: a single attempt on it waits for the set's outcome, and two sets lock
+    /// their common rows in the same (canonical) order.
+    ///
+    /// Cancel safety: detached as a single attempt; a caller gone before the commit rolls the
+    /// set back, and a set committed for a caller gone is released in the background.
+    pub(crate) async fn try_set(
+        &self,
+        reqs: &[AcquireRequest],
+    ) -> Result<lockcore::backend::SetAttempt> {
+        let sql = self.sql.lease_acquire.clone();
+        let members: Vec<(String, String, f64, String)> = reqs
+            .iter()
+            .map(|r| {
+                (
+                    r.name.as_str().to_owned(),
+                    r.token.to_hex(),
+                    r.ttl.as_micros() as f64,
+                    r.holder.encode(),
+                )
+            })
+            .collect();
+        let leases: Vec<PgLease> = reqs.iter().map(|r| self.lease(r, 0)).collect();
+        let entry_ttl = QUEUE_ENTRY_TTL.as_micros() as f64;
+        let conns = self.conns.clone();
+        let bound = self.conns.bound();
+        let sent_at = Instant::now();
+        let attempt = move |gone: lockcore::backend::CallerGone| async move {
+            let reply = conns
+                .run_unless_gone(&gone, bound, "acquiring a set of leases", |c| {
+                    let (sql, members, gone) = (sql.clone(), members.clone(), gone.clone());
+                    async move {
+                        let mut tx = c.begin().await?;
+                        let mut fences = Vec::with_capacity(members.len());
+                        for (i, (name, token, ttl, holder)) in members.iter().enumerate() {
+                            let row: sqlx::Result<AttemptRow> =
+                                sqlx::query_as(AssertSqlSafe(sql.clone()))
+                                    .bind(name)
+                                    .bind(token)
+                                    .bind(*ttl)
+                                    .bind(holder)
+                                    .bind(0.0f64)
+                                    .bind(false)
+                                    .bind(entry_ttl)
+                                    .fetch_one(&mut *tx)
+                                    .await;
+                            let (fence, _, permits, _, _) = match row {
+                                Ok(r) => r,
+                                Err(e) => {
+                                    let _ = tx.rollback().await;
+                                    return Err(e);
+                                }
+                            };
+                            if permits == Some(true) {
+                                tx.rollback().await?;
+                                return Ok(Err(crate::shares::conflict(LockMode::Exclusive)));
+                            }
+                            match fence {
+                                Some(f) => fences.push(f as u64),
+                                None => {
+                                    tx.rollback().await?;
+                                    return Ok(Ok(crate::SetFound::Busy(i)));
+                                }
+                            }
+                        }
+                        if gone.is_gone() {
+                            tx.rollback().await?;
+                            return Ok(Ok(crate::SetFound::Abandoned));
+                        }
+                        tx.commit().await?;
+                        Ok(Ok(crate::SetFound::Won(fences)))
+                    }
+                    .boxed()
+                })
+                .await;
+            match reply? {
+                None => Err(crate::set_abandoned()),
+                Some(found) => found?.into_won(leases, PgLease::with_fencing),
+            }
+        };
+        crate::run_set_detached(&reqs[0].background, sent_at, attempt).await
+    }
+}

@@ -1,24 +1,26 @@
-//! Uncontended `try_lock_all` of 4 names on etcd: one transaction (the backend's declared
-//! atomic path) against the sequence of single acquisitions (the same backend with
-//! `atomic_multi` hidden), interleaved by the same client so both see the same server. Prints
-//! the median and p90 of `try_lock_all` alone and of `try_lock_all` + `release`.
+//! Uncontended `try_lock_all` of 4 names on any backend that declares
+//! [`Capabilities::atomic_multi`](lockcore::Capabilities::atomic_multi): one request (the
+//! backend's atomic path: an etcd transaction, a SQL lease transaction) against the sequence of
+//! single acquisitions (the same backend with `atomic_multi` hidden), interleaved by the same
+//! client so both see the same server. Prints the median and p90 of `try_lock_all` alone and of
+//! `try_lock_all` + `release`, and the machine's load average before and after (the figures are
+//! only comparable under a like load).
 //!
 //! ```text
-//! cargo run --release -p lock-etcd --example multi_bench -- [etcd://127.0.0.1:12379] [--rounds 500]
+//! cargo run --release -p locksmith --features etcd --example multi_bench -- etcd://127.0.0.1:12379 [--rounds 500]
+//! cargo run --release -p locksmith --features postgres --example multi_bench -- 'postgres://...?strategy=lease'
 //! ```
-//! (the URL defaults to `LOCK_TEST_ETCD_URL`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_etcd::EtcdBackend;
 use lockcore::backend::{AcquireRequest, Acquired, Backend, async_trait};
 use lockcore::{Capabilities, Instant, LockInfo, LockName, LockOptions, Locker, Result, Support};
 
-/// The backend with its atomic sets hidden: `Locker` then takes a set one member at a time.
+/// A backend with its atomic sets hidden: `Locker` then takes a set one member at a time.
 #[derive(Debug)]
 struct Sequence {
-    inner: EtcdBackend,
+    inner: Arc<dyn Backend>,
     caps: Capabilities,
 }
 
@@ -50,9 +52,15 @@ fn quantile(v: &mut [Duration], q: f64) -> Duration {
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let mut url = std::env::var("LOCK_TEST_ETCD_URL").ok();
+    let mut url = None;
     let mut rounds = 500usize;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -66,13 +74,17 @@ async fn main() {
             u => url = Some(u.to_owned()),
         }
     }
-    let url = url.expect("an etcd URL (or LOCK_TEST_ETCD_URL)");
-    let backend = EtcdBackend::connect(&url).await.expect("connect");
-    let mut caps = backend.capabilities().clone();
+    let url = url.expect("a backend URL");
+    let atomic = locksmith::connect(&url).await.expect("connect");
+    assert!(
+        atomic.capabilities().atomic_multi.is_yes(),
+        "{} takes no set in one request: nothing to compare",
+        atomic.describe()
+    );
+    let mut caps = atomic.capabilities().clone();
     caps.atomic_multi = Support::no("hidden by the benchmark");
-    let atomic = Locker::new(backend.clone());
     let sequence = Locker::from_arc(Arc::new(Sequence {
-        inner: backend,
+        inner: atomic.backend().clone(),
         caps,
     }));
     let opts = LockOptions::new().ttl(Duration::from_secs(30));
@@ -80,7 +92,7 @@ async fn main() {
     let names: Vec<String> = (0..4).map(|i| format!("multi-bench-{run}-{i}")).collect();
     let mut took = [Vec::new(), Vec::new()];
     let mut cycle = [Vec::new(), Vec::new()];
-    // Warm-up: the lease pool fills (no grant on the measured path).
+    // Warm-up: connections open, lease pools fill (nothing set up on the measured path).
     for locker in [&atomic, &sequence] {
         for _ in 0..20 {
             let set = locker
@@ -91,6 +103,7 @@ async fn main() {
             set.release().await.unwrap();
         }
     }
+    let load_before = load();
     for round in 0..rounds {
         // Alternate which goes first.
         let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
@@ -107,7 +120,15 @@ async fn main() {
             cycle[i].push(start.elapsed());
         }
     }
-    for (i, what) in ["atomic (one txn)", "sequence (4 txns)"].iter().enumerate() {
+    println!("{}", atomic.describe());
+    println!(
+        "load average (1, 5, 15 min): before {load_before}; after {}",
+        load()
+    );
+    for (i, what) in ["atomic (try_acquire_all)", "sequence (4 try_acquire)"]
+        .iter()
+        .enumerate()
+    {
         println!(
             "{what}: try_lock_all of 4 median {:?} p90 {:?}; with release median {:?} ({} rounds)",
             quantile(&mut took[i], 0.5),
