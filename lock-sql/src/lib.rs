@@ -800,14 +800,16 @@ where
 pub(crate) type SetWon<L> = (Vec<L>, Option<usize>);
 
 /// [`run_detached`] for a set taken in one transaction (see [`Backend::try_acquire_all`]): the
-/// attempt's leases become the set's acquisitions, all sent at `sent_at`. A set won for a
-/// caller gone is released member by member, in order, in the background.
+/// attempt's leases become the set's acquisitions, all sent at `sent_at`. The caller waits
+/// until `caller_bound` at most, as for [`run_detached`]. A set won for a caller gone is
+/// released member by member, in order, in the background.
 ///
 /// Cancel safe: what a dropped call's attempt wins is released.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) async fn run_set_detached<L, F, Fut>(
     background: &lockcore::backend::Background,
     sent_at: lockcore::Instant,
+    caller_bound: Option<lockcore::Instant>,
     attempt: F,
 ) -> Result<lockcore::backend::SetAttempt>
 where
@@ -816,7 +818,7 @@ where
     Fut: std::future::Future<Output = Result<SetWon<L>>> + Send + 'static,
 {
     use lockcore::backend::SetAttempt;
-    match run_detached(background, attempt).await? {
+    match run_detached(background, caller_bound, attempt).await? {
         (_, Some(busy)) => Ok(SetAttempt::Busy(busy)),
         (won, None) => Ok(SetAttempt::All(
             won.into_iter().map(|l| Acquired::new(l, sent_at)).collect(),

@@ -1260,7 +1260,7 @@ impl MyBackend {
                 Some(found) => found?.into_won(leases, MyLease::with_fencing),
             }
         };
-        crate::run_set_detached(&reqs[0].background, sent_at, attempt).await
+        crate::run_set_detached(&reqs[0].background, sent_at, Some(bound), attempt).await
     }
 }
 

@@ -677,7 +677,7 @@ impl LiteBackend {
             };
             found.into_won(leases, |l, fencing| LiteLease { fencing, ..l })
         };
-        crate::run_set_detached(&reqs[0].background, sent_at, attempt).await
+        crate::run_set_detached(&reqs[0].background, sent_at, None, attempt).await
     }
 }
 

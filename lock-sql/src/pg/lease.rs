@@ -691,6 +691,6 @@ impl PgBackend {
                 Some(found) => found?.into_won(leases, PgLease::with_fencing),
             }
         };
-        crate::run_set_detached(&reqs[0].background, sent_at, attempt).await
+        crate::run_set_detached(&reqs[0].background, sent_at, Some(bound), attempt).await
     }
 }
