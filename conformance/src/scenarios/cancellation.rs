@@ -114,6 +114,9 @@ pub(super) async fn cancelled_acquire_leaves_nothing(ctx: &Ctx) -> Outcome {
     );
     let ttl = ctx.ttl(Duration::from_millis(600));
     let opts = ctx.opts(ttl);
+    // The holder releases by itself: a long lease, so that it cannot run out while the waiter
+    // settles on a loaded machine (the waiter would then win, and the case prove nothing).
+    let holder_opts = ctx.opts(ctx.ttl(Duration::from_secs(30)));
     // The typical acquire latency sets where the cancellation points fall.
     let probe = ctx.name("probe");
     let mut lat = Vec::new();
@@ -146,7 +149,7 @@ pub(super) async fn cancelled_acquire_leaves_nothing(ctx: &Ctx) -> Outcome {
         let mut acquire = Box::pin(a.lock(&name, &opts));
         let waiter = [&a];
         if contended {
-            let g = must_try(&h, &name, &opts, "holder").await?;
+            let g = must_try(&h, &name, &holder_opts, "holder").await?;
             tokio::select! {
                 r = &mut acquire => {
                     return Err(format!(
