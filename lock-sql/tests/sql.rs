@@ -1317,7 +1317,10 @@ async fn pg_lease_crashed_waiters_entry_expires_on_its_own() {
 
 /// A fresh lock table name of `prefix` (unquoted identifiers fold to lower case).
 fn unique_table(prefix: &str) -> String {
-    format!("{prefix}_{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+    format!(
+        "{prefix}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
 }
 
 /// Drops lock table `t`, its shares and queue tables and its share functions.
@@ -1378,8 +1381,7 @@ async fn pg_lease_share_functions_are_created_once_by_concurrent_connects() {
     let held: Vec<_> = futures::future::join_all(tries)
         .await
         .into_iter()
-        .map(|r| r.expect("a permit attempt"))
-        .flatten()
+        .filter_map(|r| r.expect("a permit attempt"))
         .collect();
     assert_eq!(held.len(), 3, "permits held out of a limit of 3");
     let mut tokens: Vec<_> = held.iter().map(|g| g.fencing_token().unwrap()).collect();
@@ -1453,7 +1455,11 @@ async fn pg_lease_share_function_reads_an_older_clients_share_committed_while_it
     // A new client's attempt now waits for the row.
     let attempt = tokio::spawn({
         let (name, opts) = (name.clone(), opts.clone());
-        async move { new.try_lock(name.as_str(), &opts).await.map(|g| g.is_some()) }
+        async move {
+            new.try_lock(name.as_str(), &opts)
+                .await
+                .map(|g| g.is_some())
+        }
     });
     let pg = conformance::require_env("LOCK_TEST_POSTGRES_URL").unwrap();
     let watch = sqlx::PgPool::connect(&pg).await.unwrap();
