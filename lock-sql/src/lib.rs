@@ -138,6 +138,17 @@
 //! it drops the name's expired shares, checks the rules (no exclusive holder; for a reader, no
 //! waiting writer; fewer than `limit` permits; every holder in the same mode and limit, else
 //! `Conflict`) and takes the next value of the row's fencing counter, one counter across modes.
+//! On PostgreSQL that transaction is one call of a PL/pgSQL function created beside the tables
+//! on connect (one round trip, as an exclusive acquisition is), and a release another:
+//! `<table>_sacq1` and `<table>_srel1` (the lock table's name cut as for `<table>_shares`, the
+//! `1` the version of their protocol). They are created only when missing, under the advisory
+//! lock the backend's DDL already takes (concurrent first connects create them once; an
+//! existing one is never replaced, so a newer client's are new names beside it), with the
+//! caller's rights: the backend's user needs `CREATE` on the schema (as for the tables) and
+//! `EXECUTE` on them (granted to `PUBLIC` by default). They lock the name's lease row before
+//! touching its shares, as the statements of older clients do, so both kinds of client
+//! exclude each other during a rolling upgrade; inside the function each statement reads a new
+//! snapshot, so the shares committed while it waited for the row are seen.
 //! The lease row carries `shares_until` (the latest expiry of the live shares), which the
 //! exclusive acquire's single statement checks, and `writer_until`, set by a waiting
 //! `lock()` of a writer held back by readers (a few seconds, renewed at each attempt): readers

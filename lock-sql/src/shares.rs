@@ -106,7 +106,7 @@ pub(crate) enum Verdict {
     Wait(Option<Duration>),
 }
 
-fn secs(s: f64) -> Option<Duration> {
+pub(crate) fn secs(s: f64) -> Option<Duration> {
     (s.is_finite() && s > 0.0).then(|| Duration::from_secs_f64(s.min(1e6)))
 }
 

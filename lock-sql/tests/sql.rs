@@ -1524,3 +1524,188 @@ async fn a_set_attempt_dropped_after_its_first_poll_leaves_nothing_held() {
         }
     }
 }
+
+/// A fresh lock table name of `prefix` (unquoted identifiers fold to lower case).
+fn unique_table(prefix: &str) -> String {
+    format!(
+        "{prefix}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+/// Drops lock table `t`, its shares and queue tables and its share functions.
+async fn drop_pg_lock_table(conn: &mut sqlx::PgConnection, t: &str) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS {t}, {t}_shares, {t}_waits; \
+         DROP FUNCTION IF EXISTS {t}_sacq1(text, text, float8, text, int8, text); \
+         DROP FUNCTION IF EXISTS {t}_srel1(text, text, text)"
+    )))
+    .execute(conn)
+    .await
+    .unwrap();
+}
+
+/// The share functions' catalog rows of lock table `t`: (name, xmin), by name.
+async fn pg_share_functions(conn: &mut sqlx::PgConnection, t: &str) -> Vec<(String, String)> {
+    sqlx::query_as(
+        "SELECT proname::text, xmin::text FROM pg_proc WHERE proname IN ($1, $2) ORDER BY 1",
+    )
+    .bind(format!("{t}_sacq1"))
+    .bind(format!("{t}_srel1"))
+    .fetch_all(conn)
+    .await
+    .unwrap()
+}
+
+/// PostgreSQL lease: clients connecting at once on a fresh lock table create its share
+/// functions once (concurrent `CREATE FUNCTION`s of one name would fail), a later connect
+/// leaves them as they are (never replaced under a client running them), and permits taken
+/// through them at once by every client obey the limit, each with a token of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_lease_share_functions_are_created_once_by_concurrent_connects() {
+    let Some(base) = pg_url("strategy=lease") else {
+        return;
+    };
+    let t = unique_table("locksmith_fn");
+    let url = with_params(&base, &format!("table={t}"));
+    let connects = (0..8).map(|_| SqlBackend::connect(&url));
+    let lockers: Vec<Locker> = futures::future::join_all(connects)
+        .await
+        .into_iter()
+        .map(|b| Locker::new(b.expect("a concurrent first connect")))
+        .collect();
+    let mut conn = pg_session().await;
+    let created = pg_share_functions(&mut conn, &t).await;
+    let names: Vec<&str> = created.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, [format!("{t}_sacq1"), format!("{t}_srel1")]);
+    let later = client(&url).await;
+    assert_eq!(
+        pg_share_functions(&mut conn, &t).await,
+        created,
+        "a later connect replaced the share functions"
+    );
+
+    let sem = unique("fnsem");
+    let opts = LockOptions::new().ttl(Duration::from_secs(30)).permits(3);
+    let tries = lockers.iter().map(|l| l.try_lock(sem.as_str(), &opts));
+    let held: Vec<_> = futures::future::join_all(tries)
+        .await
+        .into_iter()
+        .filter_map(|r| r.expect("a permit attempt"))
+        .collect();
+    assert_eq!(held.len(), 3, "permits held out of a limit of 3");
+    let mut tokens: Vec<_> = held.iter().map(|g| g.fencing_token().unwrap()).collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 3, "tokens {tokens:?}");
+    let info = later.inspect(sem.as_str()).await.unwrap();
+    assert_eq!(info.shares.len(), 3, "{info:?}");
+    for g in held {
+        g.release().await.unwrap();
+    }
+    assert!(!later.inspect(sem.as_str()).await.unwrap().held);
+    for l in lockers.iter().chain([&later]) {
+        l.flush().await;
+    }
+    drop(lockers);
+    drop(later);
+    drop_pg_lock_table(&mut conn, &t).await;
+}
+
+/// PostgreSQL lease, rolling upgrade: a share taken by an older client's statements (a
+/// transaction: the lease row locked, the live shares read, the share inserted with the row's
+/// next fence) and the share function exclude each other on the lease row. A permit attempt
+/// that waits for the row behind the older client's open transaction reads the share it
+/// committed meanwhile (the function reads after the row lock, where one statement would
+/// have read before it) and stays within the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_lease_share_function_reads_an_older_clients_share_committed_while_it_waited() {
+    use sqlx::Connection;
+    let Some(base) = pg_url("strategy=lease") else {
+        return;
+    };
+    let t = unique_table("locksmith_old_share");
+    let url = with_params(&base, &format!("table={t}"));
+    let (new, other) = (client(&url).await, client(&url).await);
+    let name = unique("mixed");
+    let opts = LockOptions::new().ttl(Duration::from_secs(30)).permits(1);
+    let mut old = pg_session().await;
+    // The older client's share attempt, as its statements were, left open after the insert.
+    let mut tx = old.begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {t} AS l (name) VALUES ($1) ON CONFLICT (name) DO UPDATE SET name = l.name"
+    )))
+    .bind(&name)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let live: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {t}_shares WHERE name = $1 AND expires_at > clock_timestamp()"
+    )))
+    .bind(&name)
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(live, 0);
+    let old_fence: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "WITH n AS MATERIALIZED (SELECT clock_timestamp() + $3::float8 * interval '1 microsecond' AS until), \
+         f AS (UPDATE {t} SET fence = fence + 1, \
+           shares_until = greatest(shares_until, (SELECT until FROM n)) \
+           WHERE name = $1 RETURNING fence) \
+         INSERT INTO {t}_shares (name, token, mode, expires_at, fence, holder) \
+         SELECT $1, $2, $4, n.until, f.fence, NULL FROM n, f RETURNING fence"
+    )))
+    .bind(&name)
+    .bind("older-client")
+    .bind(30e6_f64)
+    .bind("permit:1")
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    // A new client's attempt now waits for the row.
+    let attempt = tokio::spawn({
+        let (name, opts) = (name.clone(), opts.clone());
+        async move {
+            new.try_lock(name.as_str(), &opts)
+                .await
+                .map(|g| g.is_some())
+        }
+    });
+    let pg = conformance::require_env("LOCK_TEST_POSTGRES_URL").unwrap();
+    let watch = sqlx::PgPool::connect(&pg).await.unwrap();
+    let bound = Duration::from_secs(10).mul_f64(conformance::time_scale());
+    let call = format!("%{t}_sacq1%");
+    faultkit::wait_until("the share function waiting for the row", bound, || {
+        let (watch, call) = (watch.clone(), call.clone());
+        async move {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE wait_event_type = 'Lock' AND query LIKE $1",
+            )
+            .bind(call)
+            .fetch_one(&watch)
+            .await
+            .unwrap();
+            Ok(n == 1)
+        }
+    })
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert!(
+        !attempt.await.unwrap().unwrap(),
+        "a permit beyond the limit: the older client's share went unseen"
+    );
+    // The older share is listed, and the next token is past its fence.
+    let info = other.inspect(name.as_str()).await.unwrap();
+    let tokens: Vec<_> = info.shares.iter().map(|s| s.fencing_token).collect();
+    assert_eq!(tokens, [Some(old_fence as u64)]);
+    assert!(other.force_release(name.as_str()).await.unwrap());
+    let g = other.try_lock(name.as_str(), &opts).await.unwrap();
+    let g = g.expect("a permit once the older share was revoked");
+    assert!(g.fencing_token() > Some(old_fence as u64));
+    g.release().await.unwrap();
+    other.flush().await;
+    drop(other);
+    drop_pg_lock_table(&mut old, &t).await;
+}

@@ -105,8 +105,8 @@ impl PgBackend {
         }
     }
 
-    /// One share attempt: a transaction on the name's lease row, locked (see
-    /// [`crate::shares`]).
+    /// One share attempt: one call of the share function, which locks the name's lease row
+    /// and decides under it (see [`crate::shares`] and `share_functions_ddl`).
     ///
     /// Cancel safety: a share won by an attempt whose caller is gone is released in the
     /// background.
@@ -115,79 +115,44 @@ impl PgBackend {
         req: &AcquireRequest,
         bound: Instant,
     ) -> Result<(Option<Acquired>, Option<Duration>)> {
-        let sql = self.sql.clone();
+        let sql = self.sql.share_acquire.clone();
         let name = req.name.as_str().to_owned();
         let token = req.token.to_hex();
         let holder = req.holder.encode();
         let mode = req.mode;
+        let limit = match mode {
+            LockMode::Permit { limit } => Some(i64::from(limit)),
+            _ => None,
+        };
         let ttl = req.ttl.as_micros() as f64;
         let lease = self.lease(req, 0);
         let conns = self.conns.clone();
         let sent_at = Instant::now();
         // Detached, as an exclusive attempt (see `lease_attempt`).
         let attempt = move |gone| async move {
-            let reply = conns
+            let reply: Option<(Option<i64>, Option<f64>, bool)> = conns
                 .run_unless_gone(&gone, bound, "acquiring a share", move |c| {
-                    let (sql, name, token, holder) =
-                        (sql.clone(), name.clone(), token.clone(), holder.clone());
-                    async move {
-                        let mut tx = c.begin().await?;
-                        let outcome = async {
-                            let (exclusive_left, writer_left): (Option<f64>, Option<f64>) =
-                                sqlx::query_as(AssertSqlSafe(sql.share_lock_row.clone()))
-                                    .bind(&name)
-                                    .fetch_one(&mut *tx)
-                                    .await?;
-                            let rows: Vec<(String, String, f64, i64)> =
-                                sqlx::query_as(AssertSqlSafe(sql.share_live.clone()))
-                                    .bind(&name)
-                                    .fetch_all(&mut *tx)
-                                    .await?;
-                            let seen = crate::shares::Seen::from_rows(
-                                exclusive_left,
-                                writer_left,
-                                &token,
-                                rows,
-                            );
-                            let verdict = match crate::shares::decide(mode, &seen) {
-                                Ok(v) => v,
-                                Err(e) => return Ok(Err(e)),
-                            };
-                            let fence = match verdict {
-                                Verdict::Wait(left) => return Ok(Ok((None, left))),
-                                Verdict::Mine(fence) => {
-                                    sqlx::query(AssertSqlSafe(sql.share_extend.clone()))
-                                        .bind(&name)
-                                        .bind(&token)
-                                        .bind(ttl)
-                                        .execute(&mut *tx)
-                                        .await?;
-                                    fence
-                                }
-                                Verdict::Take => {
-                                    sqlx::query_scalar(AssertSqlSafe(sql.share_take.clone()))
-                                        .bind(&name)
-                                        .bind(&token)
-                                        .bind(ttl)
-                                        .bind(crate::shares::mode_str(mode))
-                                        .bind(&holder)
-                                        .fetch_one(&mut *tx)
-                                        .await?
-                                }
-                            };
-                            Ok(Ok((Some(fence), None)))
-                        }
-                        .await;
-                        finish(tx, outcome).await
-                    }
-                    .boxed()
+                    sqlx::query_as(AssertSqlSafe(sql.clone()))
+                        .bind(name.clone())
+                        .bind(token.clone())
+                        .bind(ttl)
+                        .bind(crate::shares::mode_str(mode))
+                        .bind(limit)
+                        .bind(holder.clone())
+                        .fetch_one(c)
+                        .boxed()
                 })
-                .await;
-            let Some(reply) = reply? else {
+                .await?;
+            let Some((fence, wait, conflict)) = reply else {
                 return Ok((None, None));
             };
-            let (fence, wait) = reply?;
-            Ok((fence.map(|f| lease.with_fencing(f as u64)), wait))
+            if conflict {
+                return Err(crate::shares::conflict(mode));
+            }
+            Ok(match fence {
+                Some(f) => (Some(lease.with_fencing(f as u64)), None),
+                None => (None, wait.and_then(crate::shares::secs)),
+            })
         };
         let (won, wait) = crate::run_detached(&req.background, Some(bound), attempt).await?;
         Ok((won.map(|l| Acquired::new(l, sent_at)), wait))
@@ -545,8 +510,9 @@ impl Lease for PgLease {
     }
 }
 
-/// Deletes the share of `token`, or every live share of `name` (`None`: a revoke), in a
-/// transaction on the locked lease row, and wakes the waiters. Returns how many went.
+/// Deletes the share of `token`, or every live share of `name` (`None`: a revoke), with the
+/// lease row locked (one call of the release function), and wakes the waiters. Returns how
+/// many went.
 ///
 /// Cancel safety: dropping the future may or may not have released them.
 pub(super) async fn release_shares(
@@ -556,52 +522,22 @@ pub(super) async fn release_shares(
     token: Option<String>,
     table: &str,
 ) -> Result<u64> {
-    let (sql, name, table) = (sql.clone(), name.as_str().to_owned(), table.to_owned());
-    conns
+    let (sql, name, table) = (
+        sql.share_release.clone(),
+        name.as_str().to_owned(),
+        table.to_owned(),
+    );
+    let n: i64 = conns
         .run(conns.bound(), "releasing shares", move |c| {
-            let (sql, name, token, table) =
-                (sql.clone(), name.clone(), token.clone(), table.clone());
-            async move {
-                let mut tx = c.begin().await?;
-                let outcome = async {
-                    sqlx::query(AssertSqlSafe(sql.share_lock_row.clone()))
-                        .bind(&name)
-                        .execute(&mut *tx)
-                        .await?;
-                    let n: i64 = sqlx::query_scalar(AssertSqlSafe(sql.share_release.clone()))
-                        .bind(&name)
-                        .bind(&token)
-                        .bind(&table)
-                        .fetch_one(&mut *tx)
-                        .await?;
-                    Ok(n.max(0) as u64)
-                }
-                .await;
-                finish(tx, outcome).await
-            }
-            .boxed()
+            sqlx::query_scalar(AssertSqlSafe(sql.clone()))
+                .bind(name.clone())
+                .bind(token.clone())
+                .bind(table.clone())
+                .fetch_one(c)
+                .boxed()
         })
-        .await
-}
-
-/// Ends a transaction: committed after `outcome` (a wait or a refusal commits too: nothing it
-/// did is wrong to keep, and the row lock must not outlive the call), rolled back after an
-/// error. Never left to sqlx's rollback on drop, which is only sent with the connection's next
-/// statement: an idle connection would keep the row locked until then.
-async fn finish<T>(
-    tx: sqlx::Transaction<'_, sqlx::Postgres>,
-    outcome: sqlx::Result<T>,
-) -> sqlx::Result<T> {
-    match outcome {
-        Ok(v) => {
-            tx.commit().await?;
-            Ok(v)
-        }
-        Err(e) => {
-            let _ = tx.rollback().await;
-            Err(e)
-        }
-    }
+        .await?;
+    Ok(n.max(0) as u64)
 }
 
 impl PgBackend {

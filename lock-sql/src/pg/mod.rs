@@ -19,7 +19,6 @@ use crate::config::{Parsed, Strategy};
 use crate::conns::{Checked, Conns, is_conn_err};
 use crate::rowlock::guard_timeout;
 use crate::rowlock::{Holding, Queues, RowLease};
-use crate::shares::Verdict;
 use crate::sql_errors::{db_code, map_err};
 
 mod lease;
@@ -57,6 +56,21 @@ pub(crate) fn queue_table(t: &str) -> String {
     format!("{stem}_waits")
 }
 
+/// The version of the share functions' protocol, part of their names: a change of their
+/// signature or of what they do on the tables is a new version (a new function beside the old,
+/// which older clients keep calling), never a replacement.
+const SHARE_FUNCTIONS_VERSION: u32 = 1;
+
+/// A share function beside lock table `t`: `<t>_sacq1` (a share or permit attempt) or
+/// `<t>_srel1` (a release or revoke), `what` being `sacq` or `srel`; cut as the shares table
+/// is, so within PostgreSQL's 63 bytes. Pasted into SQL as the table names are (validated:
+/// letters, digits and `_` only).
+pub(crate) fn share_function(t: &str, what: &str) -> String {
+    let shares = crate::shares::table(t);
+    let stem = shares.strip_suffix("_shares").unwrap_or(&shares);
+    format!("{stem}_{what}{SHARE_FUNCTIONS_VERSION}")
+}
+
 type PgConns = Conns<PgConnectOptions, ()>;
 
 /// The row-lock statements of one mode, alike but for the advisory-lock functions they call:
@@ -90,13 +104,12 @@ struct Sql {
     /// Live queued waiters of a name (exclusive, shared and permit).
     queued_lease: String,
     revoke_lease: String,
-    /// Shares (see [`crate::shares`]): the lease row created if missing and locked, read.
-    share_lock_row: String,
-    /// The name's live shares (the expired ones deleted).
-    share_live: String,
-    share_take: String,
+    /// Shares (see [`crate::shares`]): one attempt, a call of the share function (see
+    /// [`share_function`]): fence if won, seconds to wait, conflict.
+    share_acquire: String,
     share_extend: String,
-    /// Deletes one share (`$2`), or every share (`$2` NULL: a revoke), with the row locked.
+    /// Deletes one share (`$2`), or every share (`$2` NULL: a revoke), with the row locked: a
+    /// call of the release function.
     share_release: String,
     /// Every live share, for `inspect`.
     share_inspect: String,
@@ -159,6 +172,123 @@ fn setup(conn: &mut PgConnection) -> futures::future::BoxFuture<'_, sqlx::Result
 
 fn ms(d: Duration) -> String {
     format!("{}ms", d.as_millis().max(1))
+}
+
+/// Creates the share functions of lock table `t` if missing (`acquire` and `release`, named by
+/// [`share_function`]), under the advisory lock that serialises the backend's DDL: concurrent
+/// first connects create them once (two `CREATE FUNCTION`s of one name at once fail), and an
+/// existing one is never replaced (a client running it keeps the body it knows).
+///
+/// Each is one round trip for what used to be a transaction of several statements. The
+/// on-table protocol is the statements': the name's lease row is locked (`FOR UPDATE`; created
+/// if missing by an attempt) before its shares or `shares_until` are touched, so clients that
+/// still send the statements and clients calling the functions exclude each other on the one
+/// row. Inside a `VOLATILE` PL/pgSQL function every statement takes a new snapshot under READ
+/// COMMITTED: once the row lock is granted the attempt reads the shares committed while it
+/// waited, which one plain statement (one snapshot) cannot.
+///
+/// `acquire($1 name, $2 token, $3 ttl µs, $4 mode column, $5 permit limit or NULL for a reader,
+/// $6 holder)` decides as [`crate::shares::decide`] does (the rules are pinned by the
+/// conformance scenarios every lease dialect runs): a live share of this token is extended and
+/// its fence returned (a retried attempt whose first try committed); another mode or limit
+/// among the live shares is a conflict, and so is a permit beside an exclusive holder; a reader
+/// waits for an exclusive holder or a waiting writer's mark, a permit while `limit` are held;
+/// otherwise the share is inserted with the row's next fence and `shares_until` follows it. It
+/// answers (fence if won, seconds to wait if known, conflict); an attempt that won nothing
+/// commits without waiting for the WAL flush, as a lost exclusive attempt does (it wrote at most
+/// an empty lease row).
+///
+/// `release($1 name, $2 token or NULL for every share (a revoke), $3 notification channel)`
+/// deletes the share(s), sets `shares_until` from those left and notifies as an exclusive
+/// release does (the name if a waiter announced itself, the exclusive queue's head by token);
+/// it answers how many it deleted.
+fn share_functions_ddl(
+    t: &str,
+    acquire: &str,
+    release: &str,
+    notify_head: &dyn Fn(&str, &str, &str) -> String,
+) -> String {
+    let s = crate::shares::table(t);
+    // `shares_until` from the shares left (NULL once none is); waiters hear of it as of an
+    // exclusive release.
+    let release_stmt = format!(
+        "WITH d AS (DELETE FROM {s} WHERE name = $1 AND ($2::text IS NULL OR token = $2) \
+           AND expires_at > clock_timestamp() RETURNING name), \
+         u AS (UPDATE {t} SET shares_until = (SELECT max(expires_at) FROM {s} \
+             WHERE name = $1 AND $2::text IS NOT NULL AND token <> $2 \
+             AND expires_at > clock_timestamp()) \
+           WHERE name = $1 AND EXISTS (SELECT 1 FROM d) RETURNING wait_until), \
+         n AS (SELECT pg_notify($3, $1) FROM u WHERE wait_until > clock_timestamp()), \
+         h AS ({}) \
+         SELECT (SELECT count(*) FROM d) + 0 * (SELECT count(*) FROM n) \
+           + 0 * (SELECT count(*) FROM h)",
+        notify_head("$3", "EXISTS (SELECT 1 FROM u)", "")
+    );
+    let left = |col: &str| format!("EXTRACT(EPOCH FROM ({col} - clock_timestamp()))::float8");
+    let row_left = format!(
+        "CASE WHEN l.owner IS NOT NULL AND l.expires_at > clock_timestamp() THEN {} END, \
+         CASE WHEN l.writer_until > clock_timestamp() THEN {} END",
+        left("l.expires_at"),
+        left("l.writer_until")
+    );
+    let until = "clock_timestamp() + $3 * interval '1 microsecond'";
+    format!(
+        "SELECT pg_advisory_xact_lock(hashtext('locksmith ddl')); \
+         DO $$ BEGIN \
+         IF to_regprocedure('{acquire}(text, text, float8, text, int8, text)') IS NULL THEN \
+         CREATE FUNCTION {acquire}(text, text, float8, text, int8, text, \
+           OUT o_fence int8, OUT o_wait float8, OUT o_conflict bool) \
+         LANGUAGE plpgsql VOLATILE AS $f$ \
+         DECLARE v_ex float8; v_wr float8; v_n int8; v_min float8; v_other bool; v_mine int8; \
+           v_until timestamptz; \
+         BEGIN \
+           o_conflict := false; \
+           LOOP \
+             SELECT {row_left} INTO v_ex, v_wr FROM {t} l WHERE l.name = $1 FOR UPDATE; \
+             EXIT WHEN FOUND; \
+             INSERT INTO {t} (name) VALUES ($1) ON CONFLICT (name) DO NOTHING; \
+           END LOOP; \
+           DELETE FROM {s} WHERE name = $1 AND expires_at <= clock_timestamp(); \
+           SELECT count(*), min({live_left}), coalesce(bool_or(mode <> $4), false), \
+               max(fence) FILTER (WHERE token = $2) \
+             INTO v_n, v_min, v_other, v_mine \
+             FROM {s} WHERE name = $1 AND expires_at > clock_timestamp(); \
+           IF v_mine IS NOT NULL THEN \
+             UPDATE {s} SET expires_at = {until} WHERE name = $1 AND token = $2 \
+               RETURNING expires_at INTO v_until; \
+             UPDATE {t} SET shares_until = greatest(shares_until, v_until) WHERE name = $1; \
+             o_fence := v_mine; \
+             RETURN; \
+           END IF; \
+           IF v_other OR ($5 IS NOT NULL AND v_ex IS NOT NULL) THEN \
+             o_conflict := true; \
+           ELSIF $5 IS NOT NULL AND v_n >= $5 THEN \
+             o_wait := v_min; \
+           ELSIF $5 IS NULL AND coalesce(v_ex, v_wr) IS NOT NULL THEN \
+             o_wait := coalesce(v_ex, v_wr); \
+           ELSE \
+             v_until := {until}; \
+             UPDATE {t} SET fence = fence + 1, shares_until = greatest(shares_until, v_until) \
+               WHERE name = $1 RETURNING fence INTO o_fence; \
+             INSERT INTO {s} (name, token, mode, expires_at, fence, holder) \
+               VALUES ($1, $2, $4, v_until, o_fence, $6); \
+             RETURN; \
+           END IF; \
+           PERFORM set_config('synchronous_commit', 'off', true); \
+         END $f$; \
+         END IF; \
+         IF to_regprocedure('{release}(text, text, text)') IS NULL THEN \
+         CREATE FUNCTION {release}(text, text, text) RETURNS int8 \
+         LANGUAGE plpgsql VOLATILE AS $f$ \
+         DECLARE v_n int8; \
+         BEGIN \
+           PERFORM 1 FROM {t} WHERE name = $1 FOR UPDATE; \
+           {release_stmt} INTO v_n; \
+           RETURN v_n; \
+         END $f$; \
+         END IF; END $$",
+        live_left = left("expires_at"),
+    )
 }
 
 impl PgBackend {
@@ -346,6 +476,23 @@ impl PgBackend {
                    ORDER BY enqueued, waiter LIMIT 1) w WHERE {cond}"
             )
         };
+        // The share functions (see `share_functions_ddl`): an attempt and a release each one
+        // round trip.
+        let share_acquire_fn = share_function(t, "sacq");
+        let share_release_fn = share_function(t, "srel");
+        let functions = share_functions_ddl(t, &share_acquire_fn, &share_release_fn, &notify_head);
+        conns
+            .run(conns.bound(), "creating the share functions", move |c| {
+                let functions = functions.clone();
+                async move {
+                    sqlx::raw_sql(AssertSqlSafe(functions))
+                        .execute(&mut *c)
+                        .await
+                        .map(|_| ())
+                }
+                .boxed()
+            })
+            .await?;
         let sql = Sql {
             row_exclusive: row_sql(false),
             row_shared: row_sql(true),
@@ -468,31 +615,7 @@ impl PgBackend {
                  ON CONFLICT (name, waiter) DO UPDATE SET expires = EXCLUDED.expires"
             ),
             inspect,
-            // Locks the row (created if missing): every change to the name's shares and to
-            // `shares_until` happens under it, and the statements after it read what the
-            // transactions before committed.
-            share_lock_row: format!(
-                "INSERT INTO {t} AS l (name) VALUES ($1) \
-                 ON CONFLICT (name) DO UPDATE SET name = l.name \
-                 RETURNING CASE WHEN l.owner IS NOT NULL AND l.expires_at > clock_timestamp() \
-                     THEN EXTRACT(EPOCH FROM (l.expires_at - clock_timestamp()))::float8 END, \
-                   CASE WHEN l.writer_until > clock_timestamp() \
-                     THEN EXTRACT(EPOCH FROM (l.writer_until - clock_timestamp()))::float8 END"
-            ),
-            share_live: format!(
-                "WITH gone AS (DELETE FROM {s} WHERE name = $1 AND expires_at <= clock_timestamp()) \
-                 SELECT token, mode, EXTRACT(EPOCH FROM (expires_at - clock_timestamp()))::float8, \
-                   fence FROM {s} WHERE name = $1 AND expires_at > clock_timestamp()"
-            ),
-            // One counter across modes: the share's fence is the row's next.
-            share_take: format!(
-                "WITH n AS MATERIALIZED (SELECT clock_timestamp() + $3::float8 * interval '1 microsecond' AS until), \
-                 f AS (UPDATE {t} SET fence = fence + 1, \
-                   shares_until = greatest(shares_until, (SELECT until FROM n)) \
-                   WHERE name = $1 RETURNING fence) \
-                 INSERT INTO {s} (name, token, mode, expires_at, fence, holder) \
-                 SELECT $1, $2, $4, n.until, f.fence, $5 FROM n, f RETURNING fence"
-            ),
+            share_acquire: format!("SELECT * FROM {share_acquire_fn}($1, $2, $3, $4, $5, $6)"),
             // The lease row is locked first, as every statement touching shares does: a
             // release or revoke (row, then shares) and an extend (share, then row) would
             // otherwise wait for each other.
@@ -506,21 +629,7 @@ impl PgBackend {
                    WHERE name = $1 AND EXISTS (SELECT 1 FROM e)) \
                  SELECT count(*) FROM e"
             ),
-            // `shares_until` from the shares left (NULL once none is); waiters hear of it as
-            // of an exclusive release.
-            share_release: format!(
-                "WITH d AS (DELETE FROM {s} WHERE name = $1 AND ($2::text IS NULL OR token = $2) \
-                   AND expires_at > clock_timestamp() RETURNING name), \
-                 u AS (UPDATE {t} SET shares_until = (SELECT max(expires_at) FROM {s} \
-                     WHERE name = $1 AND $2::text IS NOT NULL AND token <> $2 \
-                     AND expires_at > clock_timestamp()) \
-                   WHERE name = $1 AND EXISTS (SELECT 1 FROM d) RETURNING wait_until), \
-                 n AS (SELECT pg_notify($3, $1) FROM u WHERE wait_until > clock_timestamp()), \
-                 h AS ({}) \
-                 SELECT (SELECT count(*) FROM d) + 0 * (SELECT count(*) FROM n) \
-                   + 0 * (SELECT count(*) FROM h)",
-                notify_head("$3", "EXISTS (SELECT 1 FROM u)", "")
-            ),
+            share_release: format!("SELECT {share_release_fn}($1, $2, $3)"),
             share_inspect: format!(
                 "SELECT mode, fence, EXTRACT(EPOCH FROM (expires_at - clock_timestamp()))::float8, \
                    holder FROM {s} WHERE name = $1 AND expires_at > clock_timestamp() ORDER BY fence"
