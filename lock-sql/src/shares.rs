@@ -141,6 +141,71 @@ pub(crate) fn decide(mode: LockMode, seen: &Seen) -> Result<Verdict> {
     Ok(Verdict::Take)
 }
 
+/// The codes of a verdict worked out by the database in [`verdict_sql`].
+pub(crate) const SQL_WAIT: i64 = 0;
+pub(crate) const SQL_TAKE: i64 = 1;
+pub(crate) const SQL_MINE: i64 = 2;
+pub(crate) const SQL_CONFLICT: i64 = 3;
+
+/// What a share attempt read, as SQL expressions for [`verdict_sql`]: where a dialect folds
+/// the attempt into one round trip, the decision is made by the database, between its reads
+/// and its writes.
+pub(crate) struct SeenSql<'a> {
+    /// 1 if an exclusive holder holds the name, else 0 (never NULL).
+    pub(crate) exclusive: &'a str,
+    /// 1 if a waiting writer's mark is live, else 0 (never NULL).
+    pub(crate) writer: &'a str,
+    /// How many live shares the name has.
+    pub(crate) live: &'a str,
+    /// How many of them are in another mode than the one asked for (another permit limit too).
+    pub(crate) other_modes: &'a str,
+    /// This token's live share's fence, NULL if it has none.
+    pub(crate) mine: &'a str,
+    /// 1 for a permit, 0 for a shared request.
+    pub(crate) permit: &'a str,
+    /// The permit's limit (anything for a shared request).
+    pub(crate) limit: &'a str,
+}
+
+/// [`decide`] as one SQL expression, evaluating to [`SQL_WAIT`], [`SQL_TAKE`], [`SQL_MINE`] or
+/// [`SQL_CONFLICT`]: the same rules in the same order (the unit tests hold the two together).
+pub(crate) fn verdict_sql(s: &SeenSql<'_>) -> String {
+    let SeenSql {
+        exclusive,
+        writer,
+        live,
+        other_modes,
+        mine,
+        permit,
+        limit,
+    } = s;
+    format!(
+        "(CASE WHEN ({mine}) IS NOT NULL THEN {SQL_MINE} \
+           WHEN ({other_modes}) > 0 THEN {SQL_CONFLICT} \
+           WHEN ({permit}) = 1 THEN (CASE WHEN ({exclusive}) = 1 THEN {SQL_CONFLICT} \
+             WHEN ({live}) >= ({limit}) THEN {SQL_WAIT} ELSE {SQL_TAKE} END) \
+           WHEN ({exclusive}) = 1 OR ({writer}) = 1 THEN {SQL_WAIT} \
+           ELSE {SQL_TAKE} END)"
+    )
+}
+
+/// The outcome of a share attempt whose verdict the database worked out ([`verdict_sql`]) and
+/// applied: the share's fence (`fence`: the new one when taken, ours when it was ours already),
+/// none while held, or the refusal [`decide`] gives.
+pub(crate) fn sql_outcome(mode: LockMode, verdict: i64, fence: Option<i64>) -> Result<Option<u64>> {
+    match verdict {
+        SQL_CONFLICT => Err(conflict(mode)),
+        SQL_TAKE | SQL_MINE => match fence.and_then(|f| u64::try_from(f).ok()) {
+            Some(f) => Ok(Some(f)),
+            None => Err(Error::new(
+                lockcore::ErrorKind::Backend,
+                format!("a share attempt's verdict {verdict} came back without its fence"),
+            )),
+        },
+        _ => Ok(None),
+    }
+}
+
 /// A held name's [`LockInfo`] from its live shares: (mode, fence, seconds left, metadata), in
 /// grant order. `None` when there are none.
 pub(crate) fn info(
@@ -188,6 +253,109 @@ mod tests {
         }
         assert_eq!(parse_mode(""), None);
         assert_eq!(parse_mode("permit:x"), None);
+    }
+
+    /// [`verdict_sql`] run by a database agrees with [`decide`] on every combination of what
+    /// an attempt can read (SQLite, whose share attempt uses it).
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn the_sql_verdict_is_decide() {
+        use sqlx::Connection;
+        let mut db = sqlx::SqliteConnection::connect("sqlite::memory:")
+            .await
+            .expect("in-memory SQLite");
+        let mut checked = 0;
+        for mode in [LockMode::Shared, LockMode::Permit { limit: 2 }] {
+            for (exclusive, writer, live, others, mine) in grid(0..2, 0..2, 0..4, 0..2, 0..2) {
+                if others > live || mine > live {
+                    continue;
+                }
+                let other_mode = match mode {
+                    LockMode::Permit { .. } => "permit:3",
+                    _ => "permit:2",
+                };
+                let seen = Seen {
+                    exclusive_left: (exclusive == 1).then_some(1.0),
+                    writer_left: (writer == 1).then_some(1.0),
+                    live: (0..live)
+                        .map(|i| {
+                            let m = if i < others {
+                                other_mode
+                            } else {
+                                &mode_str(mode)
+                            };
+                            (m.to_owned(), 5.0)
+                        })
+                        .collect(),
+                    mine: (mine == 1).then_some(9),
+                };
+                let want = match decide(mode, &seen) {
+                    Ok(Verdict::Take) => SQL_TAKE,
+                    Ok(Verdict::Mine(_)) => SQL_MINE,
+                    Ok(Verdict::Wait(_)) => SQL_WAIT,
+                    Err(e) => {
+                        assert_eq!(e.kind(), lockcore::ErrorKind::Conflict);
+                        SQL_CONFLICT
+                    }
+                };
+                let (permit, limit) = match mode {
+                    LockMode::Permit { limit } => (1, limit),
+                    _ => (0, 0),
+                };
+                let (exclusive, writer, live, others) = (
+                    exclusive.to_string(),
+                    writer.to_string(),
+                    live.to_string(),
+                    others.to_string(),
+                );
+                let sql = verdict_sql(&SeenSql {
+                    exclusive: &exclusive,
+                    writer: &writer,
+                    live: &live,
+                    other_modes: &others,
+                    mine: if mine == 1 { "9" } else { "NULL" },
+                    permit: &permit.to_string(),
+                    limit: &limit.to_string(),
+                });
+                let got: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT {sql}")))
+                    .fetch_one(&mut db)
+                    .await
+                    .expect("the verdict evaluates");
+                assert_eq!(got, want, "{mode} {seen:?}");
+                assert_eq!(
+                    sql_outcome(mode, got, Some(9)).map_err(|e| e.kind()),
+                    match want {
+                        SQL_CONFLICT => Err(lockcore::ErrorKind::Conflict),
+                        SQL_WAIT => Ok(None),
+                        _ => Ok(Some(9)),
+                    }
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 40, "{checked} combinations");
+    }
+
+    fn grid(
+        a: std::ops::Range<usize>,
+        b: std::ops::Range<usize>,
+        c: std::ops::Range<usize>,
+        d: std::ops::Range<usize>,
+        e: std::ops::Range<usize>,
+    ) -> Vec<(usize, usize, usize, usize, usize)> {
+        let mut all = Vec::new();
+        for a in a {
+            for b in b.clone() {
+                for c in c.clone() {
+                    for d in d.clone() {
+                        for e in e.clone() {
+                            all.push((a, b, c, d, e));
+                        }
+                    }
+                }
+            }
+        }
+        all
     }
 
     #[test]

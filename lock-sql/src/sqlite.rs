@@ -8,13 +8,13 @@ use std::time::Duration;
 use lockcore::backend::{AcquireRequest, Acquired, CallerGone, Lease};
 use lockcore::{Error, Instant, LockInfo, LockMode, LockName, OwnerToken, Result};
 use sqlx::AssertSqlSafe;
-use sqlx::sqlite::SqliteConnection;
+use sqlx::pool::PoolConnection;
+use sqlx::sqlite::{Sqlite, SqliteConnection};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
 use crate::config::Parsed;
-use crate::shares::Verdict;
 use crate::sql_errors::map_err;
 
 /// Unix time in seconds (millisecond resolution) on the database's clock.
@@ -31,18 +31,13 @@ struct Sql {
     release: String,
     revoke: String,
     inspect: String,
-    share_new_row: String,
-    share_row: String,
-    share_expired: String,
-    share_live: String,
-    share_take: String,
-    share_insert: String,
+    /// A share attempt, one query of several statements (see [`share_attempt`]).
+    share_attempt: String,
     share_extend: String,
     share_raise: String,
-    /// Deletes one share (`?2`), or every share (`?2` NULL: a revoke).
-    share_delete: String,
-    /// `shares_until` from the shares left, NULL once none is.
-    share_recount: String,
+    /// Deletes one share (`?2`), or every share (`?2` NULL: a revoke), and recounts
+    /// `shares_until`: one query of several statements (see [`release_shares`]).
+    share_release: String,
     share_inspect: String,
 }
 
@@ -203,28 +198,47 @@ impl LiteBackend {
                 "SELECT fence, expires_at - {NOW}, holder FROM {t} \
                  WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {NOW}"
             ),
-            share_new_row: format!(
-                "INSERT INTO {t} (name) VALUES (?1) ON CONFLICT (name) DO NOTHING"
-            ),
-            share_row: format!(
-                "SELECT CASE WHEN owner IS NOT NULL AND expires_at > {NOW} THEN expires_at - {NOW} END, \
-                   CASE WHEN writer_until > {NOW} THEN writer_until - {NOW} END \
-                 FROM {t} WHERE name = ?1"
-            ),
-            share_expired: format!("DELETE FROM {st} WHERE name = ?1 AND expires_at <= {NOW}"),
-            share_live: format!(
-                "SELECT token, mode, expires_at - {NOW}, fence FROM {st} WHERE name = ?1"
-            ),
-            // One counter across modes: the share's fence is the row's next.
-            share_take: format!(
-                "UPDATE {t} SET fence = fence + 1, \
-                   shares_until = max(coalesce(shares_until, 0), {NOW} + ?2) \
-                 WHERE name = ?1 RETURNING fence, {NOW} + ?2"
-            ),
-            share_insert: format!(
-                "INSERT INTO {st} (name, token, mode, expires_at, fence, holder) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
-            ),
+            share_attempt: {
+                let verdict = crate::shares::verdict_sql(&crate::shares::SeenSql {
+                    exclusive: &format!(
+                        "coalesce((SELECT owner IS NOT NULL AND expires_at > {NOW} \
+                           FROM {t} WHERE name = ?1), 0)"
+                    ),
+                    writer: &format!(
+                        "coalesce((SELECT writer_until > {NOW} FROM {t} WHERE name = ?1), 0)"
+                    ),
+                    live: &format!("(SELECT count(*) FROM {st} WHERE name = ?1)"),
+                    other_modes: &format!(
+                        "(SELECT count(*) FROM {st} WHERE name = ?1 AND mode <> ?3)"
+                    ),
+                    mine: &format!("(SELECT fence FROM {st} WHERE name = ?1 AND token = ?2)"),
+                    permit: "?6",
+                    limit: "?7",
+                });
+                let take = crate::shares::SQL_TAKE;
+                // Under the write lock from BEGIN IMMEDIATE on, every statement reads what the
+                // ones before it left: expired shares go first; this token's share (a retried
+                // attempt whose first try committed) is extended, which the verdict (`Mine`
+                // first) then finds; a taken share carries the row's next fence; the row's
+                // counter and `shares_until` follow the share. The verdict and the share's
+                // fence are read back before the commit.
+                format!(
+                    "BEGIN IMMEDIATE; \
+                     INSERT INTO {t} (name) VALUES (?1) ON CONFLICT (name) DO NOTHING; \
+                     DELETE FROM {st} WHERE name = ?1 AND expires_at <= {NOW}; \
+                     UPDATE {st} SET expires_at = {NOW} + ?4 WHERE name = ?1 AND token = ?2; \
+                     INSERT INTO {st} (name, token, mode, expires_at, fence, holder) \
+                       SELECT ?1, ?2, ?3, {NOW} + ?4, fence + 1, ?5 FROM {t} \
+                       WHERE name = ?1 AND {verdict} = {take}; \
+                     UPDATE {t} SET \
+                       fence = max(fence, (SELECT fence FROM {st} WHERE name = ?1 AND token = ?2)), \
+                       shares_until = max(coalesce(shares_until, 0), \
+                         (SELECT expires_at FROM {st} WHERE name = ?1 AND token = ?2)) \
+                       WHERE name = ?1 AND EXISTS (SELECT 1 FROM {st} WHERE name = ?1 AND token = ?2); \
+                     SELECT {verdict}, (SELECT fence FROM {st} WHERE name = ?1 AND token = ?2); \
+                     COMMIT"
+                )
+            },
             share_extend: format!(
                 "UPDATE {st} SET expires_at = {NOW} + ?3 \
                  WHERE name = ?1 AND token = ?2 AND expires_at > {NOW} RETURNING expires_at"
@@ -232,13 +246,15 @@ impl LiteBackend {
             share_raise: format!(
                 "UPDATE {t} SET shares_until = max(coalesce(shares_until, 0), ?2) WHERE name = ?1"
             ),
-            share_delete: format!(
-                "DELETE FROM {st} WHERE name = ?1 AND (?2 IS NULL OR token = ?2) \
-                   AND expires_at > {NOW}"
-            ),
-            share_recount: format!(
-                "UPDATE {t} SET shares_until = (SELECT max(expires_at) FROM {st} \
-                   WHERE name = ?1 AND expires_at > {NOW}) WHERE name = ?1"
+            // One row back per share gone, before the commit. changes(): the rows the statement
+            // before changed (the DELETE's, read before the UPDATE changes any).
+            share_release: format!(
+                "BEGIN IMMEDIATE; \
+                 DELETE FROM {st} WHERE name = ?1 AND (?2 IS NULL OR token = ?2) \
+                   AND expires_at > {NOW} RETURNING 1; \
+                 UPDATE {t} SET shares_until = (SELECT max(expires_at) FROM {st} \
+                   WHERE name = ?1 AND expires_at > {NOW}) WHERE name = ?1 AND changes() > 0; \
+                 COMMIT"
             ),
             share_inspect: format!(
                 "SELECT mode, fence, expires_at - {NOW}, holder FROM {st} \
@@ -304,13 +320,7 @@ impl LiteBackend {
             let res = if share {
                 retry_busy_while(
                     || !gone.is_gone(),
-                    || {
-                        let (sql, name, token, holder) =
-                            (sql.clone(), name.clone(), token.clone(), holder.clone());
-                        in_tx(&pool, move |c| {
-                            Box::pin(share_attempt(c, sql, name, token, holder, ttl, mode))
-                        })
-                    },
+                    || share_attempt(&pool, &sql, &name, &token, &holder, ttl, mode),
                 )
                 .await
             } else {
@@ -521,79 +531,66 @@ async fn exclusive_attempt(
 }
 
 /// One share attempt, in a transaction holding the write lock (see [`crate::shares`]): the
-/// share's fence if taken.
+/// share's fence if taken. One query of several statements (`Sql::share_attempt`: one trip to
+/// SQLite's worker thread where the transaction of separate statements made eight), the
+/// verdict worked out by SQLite ([`crate::shares::verdict_sql`]).
 ///
-/// Cancel safety: run detached (see [`LiteBackend::attempt`]); dropped, the transaction is
-/// rolled back.
+/// Cancel safety: run detached (see [`LiteBackend::attempt`]); dropped, it may have taken the
+/// share.
 async fn share_attempt(
-    c: &mut SqliteConnection,
-    sql: Arc<Sql>,
-    name: LockName,
-    token: String,
-    holder: String,
+    pool: &SqlitePool,
+    sql: &Sql,
+    name: &LockName,
+    token: &str,
+    holder: &str,
     ttl: Duration,
     mode: LockMode,
 ) -> sqlx::Result<Result<Option<i64>>> {
-    let name = name.as_str();
-    sqlx::query(AssertSqlSafe(sql.share_new_row.clone()))
-        .bind(name)
-        .execute(&mut *c)
-        .await?;
-    let (exclusive_left, writer_left): (Option<f64>, Option<f64>) =
-        sqlx::query_as(AssertSqlSafe(sql.share_row.clone()))
-            .bind(name)
-            .fetch_one(&mut *c)
-            .await?;
-    sqlx::query(AssertSqlSafe(sql.share_expired.clone()))
-        .bind(name)
-        .execute(&mut *c)
-        .await?;
-    let rows: Vec<(String, String, f64, i64)> =
-        sqlx::query_as(AssertSqlSafe(sql.share_live.clone()))
-            .bind(name)
-            .fetch_all(&mut *c)
-            .await?;
-    let seen = crate::shares::Seen::from_rows(exclusive_left, writer_left, &token, rows);
-    let fence = match crate::shares::decide(mode, &seen) {
-        Err(e) => return Ok(Err(e)),
-        Ok(Verdict::Wait(_)) => return Ok(Ok(None)),
-        Ok(Verdict::Mine(fence)) => {
-            let until: Option<f64> = sqlx::query_scalar(AssertSqlSafe(sql.share_extend.clone()))
-                .bind(name)
-                .bind(&token)
-                .bind(ttl.as_secs_f64())
-                .fetch_optional(&mut *c)
-                .await?;
-            sqlx::query(AssertSqlSafe(sql.share_raise.clone()))
-                .bind(name)
-                .bind(until)
-                .execute(&mut *c)
-                .await?;
-            fence
-        }
-        Ok(Verdict::Take) => {
-            let (fence, until): (i64, f64) = sqlx::query_as(AssertSqlSafe(sql.share_take.clone()))
-                .bind(name)
-                .bind(ttl.as_secs_f64())
-                .fetch_one(&mut *c)
-                .await?;
-            sqlx::query(AssertSqlSafe(sql.share_insert.clone()))
-                .bind(name)
-                .bind(&token)
-                .bind(crate::shares::mode_str(mode))
-                .bind(until)
-                .bind(fence)
-                .bind(&holder)
-                .execute(&mut *c)
-                .await?;
-            fence
-        }
+    let (permit, limit) = match mode {
+        LockMode::Permit { limit } => (1, i64::from(limit)),
+        _ => (0, 0),
     };
-    Ok(Ok(Some(fence)))
+    let q = sqlx::query_as::<_, (i64, Option<i64>)>(AssertSqlSafe(sql.share_attempt.clone()))
+        .bind(name.as_str())
+        .bind(token)
+        .bind(crate::shares::mode_str(mode))
+        .bind(ttl.as_secs_f64())
+        .bind(holder)
+        .bind(permit)
+        .bind(limit);
+    let mut c = pool.acquire().await?;
+    let res = q.fetch_all(&mut *c).await;
+    let rows = rolled_back_after_error(c, res).await?;
+    let Some(&(verdict, fence)) = rows.last() else {
+        return Err(sqlx::Error::RowNotFound);
+    };
+    Ok(crate::shares::sql_outcome(mode, verdict, fence).map(|f| f.map(|f| f as i64)))
+}
+
+/// What a query of several statements from `BEGIN IMMEDIATE` to `COMMIT` gave, run on `c`
+/// (every row read: the statements after a row's all ran). After an error the statements
+/// after it did not run: a transaction left open is rolled back, and the connection closed if
+/// that fails (never back in the pool inside a transaction).
+async fn rolled_back_after_error<T>(
+    mut c: PoolConnection<Sqlite>,
+    res: sqlx::Result<T>,
+) -> sqlx::Result<T> {
+    if res.is_err() {
+        match sqlx::raw_sql("ROLLBACK").execute(&mut *c).await {
+            Ok(_) => {}
+            // None was open: BEGIN IMMEDIATE itself failed (busy).
+            Err(r) if r.to_string().contains("no transaction is active") => {}
+            Err(_) => {
+                let _ = c.close().await;
+            }
+        }
+    }
+    res
 }
 
 /// Deletes the share of `token`, or every live share of `name` (`None`: a revoke), and
-/// recounts `shares_until`, in one transaction. Returns how many went.
+/// recounts `shares_until`, in one transaction sent as one query (`Sql::share_release`).
+/// Returns how many went.
 ///
 /// Cancel safety: dropping the future may or may not have released them.
 async fn release_shares(
@@ -602,27 +599,17 @@ async fn release_shares(
     name: &LockName,
     token: Option<String>,
 ) -> sqlx::Result<u64> {
-    retry_busy(|| {
-        let (sql, name, token) = (sql.clone(), name.as_str().to_owned(), token.clone());
-        in_tx(pool, move |c| {
-            Box::pin(async move {
-                let gone = sqlx::query(AssertSqlSafe(sql.share_delete.clone()))
-                    .bind(&name)
-                    .bind(&token)
-                    .execute(&mut *c)
-                    .await?
-                    .rows_affected();
-                if gone > 0 {
-                    sqlx::query(AssertSqlSafe(sql.share_recount.clone()))
-                        .bind(&name)
-                        .execute(&mut *c)
-                        .await?;
-                }
-                Ok(gone)
-            })
-        })
+    retry_busy(|| async {
+        let mut c = pool.acquire().await?;
+        let res = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql.share_release.clone()))
+            .bind(name.as_str())
+            .bind(token.as_deref())
+            .fetch_all(&mut *c)
+            .await;
+        rolled_back_after_error(c, res).await
     })
     .await
+    .map(|gone| gone.len() as u64)
 }
 
 impl LiteBackend {

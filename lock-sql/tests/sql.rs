@@ -1709,3 +1709,57 @@ async fn pg_lease_share_function_reads_an_older_clients_share_committed_while_it
     drop(other);
     drop_pg_lock_table(&mut old, &t).await;
 }
+
+/// The lease strategy's share attempt and release go as one query of several statements
+/// (SQLite) or a server-side function (PostgreSQL): names and holder labels that would break
+/// out of a quoted literal, non-ASCII text included, are stored and read back as given, and
+/// exclude as names do.
+#[tokio::test]
+async fn shares_under_hostile_names_and_labels() {
+    for (label, url) in variants() {
+        if label.contains("row-lock") {
+            continue;
+        }
+        let (a, b) = (client(&url).await, client(&url).await);
+        let base = unique("hostile-share");
+        let hostile_label = "r'); DELETE FROM locksmith_locks; -- \\ \"ü✓";
+        for name in [
+            format!("'; DROP TABLE x; --{base}"),
+            format!("{base}\\'\"%_ ü✓"),
+        ] {
+            let name = LockName::new(name).unwrap();
+            // Each mode, and another use of the name it refuses (a permit beside readers,
+            // another permit limit).
+            for (opts, other) in [
+                (LockOptions::new().shared(), LockOptions::new().permits(2)),
+                (LockOptions::new().permits(2), LockOptions::new().permits(3)),
+            ] {
+                let opts = opts.ttl(Duration::from_secs(30)).label(hostile_label);
+                let s1 = a.try_lock(&name, &opts).await.unwrap().expect(label);
+                let s2 = b.try_lock(&name, &opts).await.unwrap().expect(label);
+                assert!(
+                    s2.fencing_token() > s1.fencing_token(),
+                    "{label}: {name}: one counter, each share its own token"
+                );
+                let info = a.inspect(&name).await.unwrap();
+                assert_eq!(info.shares.len(), 2, "{label}: {name}");
+                for s in &info.shares {
+                    let holder = s.holder.as_ref().expect(label);
+                    assert_eq!(holder.label.as_deref(), Some(hostile_label), "{label}");
+                }
+                let err = b.try_lock(&name, &other).await.unwrap_err();
+                assert_eq!(err.kind(), ErrorKind::Conflict, "{label}: {name}: {err}");
+                s1.release().await.unwrap();
+                s2.release().await.unwrap();
+                assert!(!a.inspect(&name).await.unwrap().held, "{label}: {name}");
+            }
+            let g = a
+                .try_lock(&name, &LockOptions::new())
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("{label}: {name}: free once the shares went"));
+            g.release().await.unwrap();
+        }
+        eprintln!("{label}: ok");
+    }
+}
