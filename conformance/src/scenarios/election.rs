@@ -24,8 +24,13 @@ pub(super) async fn one_leader_at_a_time(ctx: &Ctx) -> Outcome {
     let leaders = Arc::new(AtomicUsize::new(0));
     let terms = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
+    // The candidates campaign together from their first round: started one by one, a fast
+    // backend's first candidate could finish its rounds before the next one starts, and a
+    // second leader at once would never be tried for.
+    let start = Arc::new(tokio::sync::Barrier::new(3));
     for i in 0..3 {
         let c = ctx.client().await?;
+        let start = start.clone();
         let (name, opts, observer, leaders, terms, fencing) = (
             name.clone(),
             opts.clone(),
@@ -36,6 +41,7 @@ pub(super) async fn one_leader_at_a_time(ctx: &Ctx) -> Outcome {
         );
         tasks.push(tokio::spawn(async move {
             let value = format!("candidate-{i}");
+            start.wait().await;
             for _ in 0..4 {
                 let l = c
                     .campaign(&name, &value, &opts)
