@@ -46,6 +46,10 @@ REDIS_ACL_PASS='s3cret:p@ss/w0rd'      # needs URL-encoding: s3cret%3Ap%40ss%2Fw
 DB_USER='locksmith'
 DB_PASS='locksmith-pw'
 DB_NAME='locksmith'
+# A MariaDB user without CREATE ROUTINE or EXECUTE: the lease strategy's shares without the
+# share procedures (lock-sql's statement path).
+DB_PLAIN_USER='locksmith_plain'
+DB_PLAIN_PASS='locksmith-plain-pw'
 ETCD_ROOT_PASS='etcd-r00t-pw'
 ETCD_USER='locksmith'
 ETCD_PASS='etcd:p@ss/w0rd'             # needs URL-encoding
@@ -491,6 +495,8 @@ CREATE USER '$DB_USER'@'127.0.0.1' IDENTIFIED BY '$DB_PASS';
 CREATE USER '$DB_USER'@'localhost' IDENTIFIED BY '$DB_PASS';
 GRANT ALL PRIVILEGES ON $DB_NAME.* TO '$DB_USER'@'127.0.0.1', '$DB_USER'@'localhost';
 GRANT PROCESS, CONNECTION ADMIN ON *.* TO '$DB_USER'@'127.0.0.1', '$DB_USER'@'localhost';
+CREATE USER '$DB_PLAIN_USER'@'127.0.0.1' IDENTIFIED BY '$DB_PLAIN_PASS';
+GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER, INDEX ON $DB_NAME.* TO '$DB_PLAIN_USER'@'127.0.0.1';
 EOF
     tail_log "$d/setup.log" "$d/mariadb.log"
     die "mariadb user/database setup failed"
@@ -735,6 +741,7 @@ print_env() {
     "LOCK_TEST_POSTGRES_URL=$pg"
     "LOCK_TEST_POSTGRES_TLS_URL=$pg?sslmode=verify-full&sslrootcert=$DIR/tls/ca.pem"
     "LOCK_TEST_MYSQL_URL=mysql://$DB_USER:$DB_PASS@127.0.0.1:$MY_PORT/$DB_NAME"
+    "LOCK_TEST_MYSQL_PLAIN_URL=mysql://$DB_PLAIN_USER:$DB_PLAIN_PASS@127.0.0.1:$MY_PORT/$DB_NAME"
     "LOCK_TEST_MYSQL_TLS_URL=mysql://$DB_USER:$DB_PASS@127.0.0.1:$MY_PORT/$DB_NAME?ssl-mode=verify_identity&ssl-ca=$DIR/tls/ca.pem"
     "LOCK_TEST_SQLITE_URL=sqlite://$DIR/locks.db"
     "LOCK_TEST_ZK_URL=zk://127.0.0.1:$ZK_PORT"

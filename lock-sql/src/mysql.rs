@@ -15,6 +15,7 @@ use sqlx::{AssertSqlSafe, Connection};
 
 use crate::config::{Parsed, Strategy};
 use crate::conns::{Checked, Conns, is_conn_err};
+use crate::mysql_procs::ShareCalls;
 use crate::rowlock::guard_timeout;
 use crate::rowlock::{Holding, Queues, RowLease};
 use crate::shares::Verdict;
@@ -111,9 +112,11 @@ struct Sql {
     share_raise: String,
     /// Deletes one share (`?2`), or every share (`?2` NULL: a revoke).
     share_delete: String,
-    /// `shares_until` from the shares left, NULL once none is.
-    share_recount: String,
     share_inspect: String,
+    /// The share procedures' calls, if they exist (see [`crate::mysql_procs`]); without them
+    /// (a user without `CREATE ROUTINE`, none created yet by one who has it) a share takes the
+    /// transaction of the statements above.
+    share_calls: Option<ShareCalls>,
     lease_extend: String,
     lease_release: String,
     revoke_lease: String,
@@ -126,6 +129,74 @@ pub(crate) struct MyBackend {
     conns: Arc<MyConns>,
     sql: Arc<Sql>,
     queues: Arc<Queues>,
+}
+
+/// Creates the share procedures of lock table `t` (shares table `st`) where missing and says
+/// whether both are there to call. A refusal (no `CREATE ROUTINE`; two clients creating
+/// one at once) is no error: the probe after it decides, so procedures a privileged user
+/// created serve a client that may not create them, and a client that finds none keeps the
+/// statements (logged once at connect).
+async fn create_share_procedures(conns: &MyConns, t: &str, st: &str) -> Result<Option<ShareCalls>> {
+    let mut refused = None;
+    for ddl in crate::mysql_procs::ddl(t, st) {
+        let outcome = conns
+            .run(conns.bound(), "creating the share procedures", move |c| {
+                sqlx::raw_sql(AssertSqlSafe(ddl.clone()))
+                    .execute(c)
+                    .map(|r| match r {
+                        Ok(_) => Ok(None),
+                        Err(sqlx::Error::Database(e)) => Ok(Some(e.message().to_owned())),
+                        Err(e) => Err(e),
+                    })
+                    .boxed()
+            })
+            .await?;
+        refused = refused.or(outcome);
+    }
+    let names = crate::mysql_procs::names(t);
+    let present: i64 = conns
+        .run(conns.bound(), "probing the share procedures", move |c| {
+            sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() \
+                 AND ROUTINE_TYPE = 'PROCEDURE' AND ROUTINE_NAME IN (?, ?)",
+            )
+            .bind(names[0].clone())
+            .bind(names[1].clone())
+            .fetch_one(c)
+            .boxed()
+        })
+        .await?;
+    if present == 2 {
+        return Ok(Some(ShareCalls::new(t)));
+    }
+    tracing::warn!(
+        table = t,
+        refused = refused.as_deref().unwrap_or(""),
+        "the share procedures could not be created: shares and permits take a transaction of \
+         several statements (about 3x slower); grant CREATE ROUTINE, or let a user who has it \
+         connect once"
+    );
+    Ok(None)
+}
+
+/// [`Sql::lease_acquire`] with its parameters: the row's values, the name again (for the
+/// shares subquery), the writer's mark (µs, 0 for none) twice.
+fn lease_acquire_query(
+    sql: &str,
+    name: &str,
+    token: &str,
+    ttl_us: u64,
+    holder: &str,
+    mark_us: u64,
+) -> sqlx::query::Query<'static, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+    sqlx::query(AssertSqlSafe(sql.to_owned()))
+        .bind(name.to_owned())
+        .bind(token.to_owned())
+        .bind(ttl_us)
+        .bind(holder.to_owned())
+        .bind(name.to_owned())
+        .bind(mark_us)
+        .bind(mark_us)
 }
 
 fn error_number(e: &sqlx::Error) -> Option<u16> {
@@ -203,6 +274,11 @@ impl MyBackend {
                 })
                 .await?;
         }
+        let share_calls = if config.strategy == Strategy::Lease {
+            create_share_procedures(&conns, t, &st).await?
+        } else {
+            None
+        };
         // The user lock of a name: per database and table, hashed to fit GET_LOCK's 64
         // characters.
         // Under interop=get_lock, the exact name (as the peers call GET_LOCK); the statements
@@ -213,9 +289,21 @@ impl MyBackend {
         } else {
             format!("SHA1(CONCAT(CAST(DATABASE() AS BINARY), _binary'.{t}.', CAST(? AS BINARY)))")
         };
-        // Live shares hold the name as an exclusive holder does (see `crate::shares`).
-        let expired = "(owner IS NULL OR expires_at <= UTC_TIMESTAMP(6)) \
-                       AND (shares_until IS NULL OR shares_until <= UTC_TIMESTAMP(6))";
+        // Live shares hold the name as an exclusive holder does (see `crate::shares`):
+        // `shares_until` is an upper bound of their expiries (a share release does not lower
+        // it), so past it none is live, and before it the shares table says:
+        // `@locksmith_shares` is 0 (none live), [`HELD_BY_READERS`] or [`HELD_BY_PERMITS`],
+        // set by the first assignment and read by the later ones (one subquery: each copy of
+        // it in the statement cost the exclusive path ~8 µs even when not run). The subquery
+        // runs after the upsert locked the row (InnoDB opens a statement's read view at its
+        // first consistent read), so it sees every share committed by an attempt that held
+        // the row before.
+        let shares_held = format!(
+            "(@locksmith_shares := IF(COALESCE(shares_until > UTC_TIMESTAMP(6), 0), \
+               (SELECT IF(COUNT(*) = 0, 0, \
+                   IF(MAX(mode <> 'shared'), {HELD_BY_PERMITS}, {HELD_BY_READERS})) \
+                 FROM {st} WHERE name = ? AND expires_at > UTC_TIMESTAMP(6)), 0))"
+        );
         let now = "UTC_TIMESTAMP(6)";
         let sql = Sql {
             // GET_LOCK first (a WHERE of the insert's source); holding it, the counter row is
@@ -238,24 +326,25 @@ impl MyBackend {
             // (from VALUES), the new fence if taken over or retaken, 0 if someone else holds it,
             // [`HELD_BY_READERS`] or [`HELD_BY_PERMITS`] if live shares hold it (the fence
             // column unchanged: LEAST(.., 0) adds nothing). A waiting writer held back by
-            // readers marks itself (`writer_until`, the last two parameters, µs; 0 from
-            // try_lock). The name comes again as the fifth (MariaDB takes no VALUES() in a
-            // subquery).
+            // readers marks itself (`writer_until`, µs; 0 from try_lock). A holder clears
+            // `shares_until` (no share is live beside it), so that later attempts skip the
+            // shares table. Parameters: see [`lease_acquire_query`] (the name comes again for
+            // the subquery: MariaDB takes no VALUES() in one).
             lease_acquire: format!(
                 "INSERT INTO {t} (name, owner, fence, expires_at, holder_meta, acquired_at) \
                  VALUES (?, ?, LAST_INSERT_ID(1), {now} + INTERVAL ? MICROSECOND, ?, {now}) \
                  ON DUPLICATE KEY UPDATE \
-                   owner = IF({expired} OR owner = VALUES(owner), VALUES(owner), owner), \
+                   owner = IF(({shares_held} = 0 AND (owner IS NULL OR expires_at <= {now})) \
+                     OR owner = VALUES(owner), VALUES(owner), owner), \
                    fence = IF(owner = VALUES(owner), LAST_INSERT_ID(fence + 1), \
-                     fence + LEAST(0, LAST_INSERT_ID(IF(shares_until > {now}, \
-                       IF(EXISTS (SELECT 1 FROM {st} WHERE name = ? \
-                         AND mode <> 'shared' AND expires_at > {now}), \
-                         {HELD_BY_PERMITS}, {HELD_BY_READERS}), 0)))), \
+                     fence + LEAST(0, LAST_INSERT_ID(@locksmith_shares))), \
                    expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at), \
                    holder_meta = IF(owner = VALUES(owner), VALUES(holder_meta), holder_meta), \
                    acquired_at = IF(owner = VALUES(owner), VALUES(acquired_at), acquired_at), \
                    writer_until = IF(owner = VALUES(owner), NULL, \
-                     IF(? > 0 AND shares_until > {now}, {now} + INTERVAL ? MICROSECOND, writer_until))"
+                     IF(? > 0 AND @locksmith_shares <> 0, {now} + INTERVAL ? MICROSECOND, \
+                       writer_until)), \
+                   shares_until = IF(owner = VALUES(owner), NULL, shares_until)"
             ),
             // A no-op update: the row locked exclusively at once (a shared lock taken by a
             // duplicate-key insert and upgraded afterwards deadlocks two such transactions).
@@ -295,14 +384,11 @@ impl MyBackend {
             share_delete: format!(
                 "DELETE FROM {st} WHERE name = ? AND (? IS NULL OR token = ?) AND expires_at > {now}"
             ),
-            share_recount: format!(
-                "UPDATE {t} SET shares_until = (SELECT max(expires_at) FROM {st} \
-                   WHERE name = ? AND expires_at > {now}) WHERE name = ?"
-            ),
             share_inspect: format!(
                 "SELECT mode, fence, TIMESTAMPDIFF(MICROSECOND, {now}, expires_at), holder \
                  FROM {st} WHERE name = ? AND expires_at > {now} ORDER BY fence"
             ),
+            share_calls,
             lease_extend: format!(
                 "UPDATE {t} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
                  WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
@@ -768,14 +854,7 @@ impl MyBackend {
         let attempt = move |gone| async move {
             let reply = conns
                 .run_unless_gone(&gone, bound, "acquiring a lease", move |c| {
-                    sqlx::query(AssertSqlSafe(sql.clone()))
-                        .bind(name.clone())
-                        .bind(token.clone())
-                        .bind(ttl)
-                        .bind(holder.clone())
-                        .bind(name.clone())
-                        .bind(mark)
-                        .bind(mark)
+                    lease_acquire_query(&sql, &name, &token, ttl, &holder, mark)
                         .execute(c)
                         .map(|r| r.map(|r| r.last_insert_id()))
                         .boxed()
@@ -831,6 +910,32 @@ impl MyBackend {
                     let (sql, name, token, holder) =
                         (sql.clone(), name.clone(), token.clone(), holder.clone());
                     async move {
+                        if let Some(calls) = &sql.share_calls {
+                            let outcome = sqlx::query_as::<_, (i64, i64)>(AssertSqlSafe(
+                                calls.acquire.clone(),
+                            ))
+                            .bind(&name)
+                            .bind(&token)
+                            .bind(crate::shares::mode_str(mode))
+                            .bind(match mode {
+                                LockMode::Permit { limit } => i64::from(limit),
+                                _ => 0,
+                            })
+                            .bind(ttl)
+                            .bind(&holder)
+                            .fetch_one(&mut *c)
+                            .await
+                            .map(|(verdict, value)| match verdict {
+                                1 => Ok(Some(value as u64)),
+                                0 => Ok(None),
+                                _ => Err(crate::shares::conflict(mode)),
+                            });
+                            return match outcome {
+                                // As below.
+                                Err(e) if error_number(&e) == Some(1213) => Ok(Ok(None)),
+                                other => other,
+                            };
+                        }
                         let outcome = in_tx(c, |c| {
                             Box::pin(async move {
                                 sqlx::query(AssertSqlSafe(sql.share_lock_row.clone()))
@@ -1091,6 +1196,15 @@ impl Lease for MyLease {
                 .run(self.conns.bound(), "extending a share", move |c| {
                     let (sql, name, token) = (sql.clone(), name.clone(), token.clone());
                     async move {
+                        if let Some(calls) = &sql.share_calls {
+                            let n: i64 = sqlx::query_scalar(AssertSqlSafe(calls.extend.clone()))
+                                .bind(&name)
+                                .bind(&token)
+                                .bind(us)
+                                .fetch_one(&mut *c)
+                                .await?;
+                            return Ok(n as u64);
+                        }
                         in_tx(c, |c| {
                             Box::pin(async move {
                                 sqlx::query(AssertSqlSafe(sql.share_lock_row.clone()))
@@ -1167,8 +1281,9 @@ async fn in_tx<'c, T>(
     }
 }
 
-/// Deletes the share of `token`, or every live share of `name` (`None`: a revoke), and
-/// recounts `shares_until`, in a transaction on the locked lease row. Returns how many went.
+/// Deletes the share of `token`, or every live share of `name` (`None`: a revoke): one
+/// statement, the lease row untouched (its `shares_until` is an upper bound, see
+/// `lease_acquire`). Returns how many went.
 ///
 /// Cancel safety: dropping the future may or may not have released them.
 async fn release_shares(
@@ -1177,37 +1292,16 @@ async fn release_shares(
     name: &LockName,
     token: Option<String>,
 ) -> Result<u64> {
-    let (sql, name) = (sql.clone(), name.as_str().to_owned());
+    let (sql, name) = (sql.share_delete.clone(), name.as_str().to_owned());
     conns
         .run(conns.bound(), "releasing shares", move |c| {
-            let (sql, name, token) = (sql.clone(), name.clone(), token.clone());
-            async move {
-                in_tx(c, |c| {
-                    Box::pin(async move {
-                        sqlx::query(AssertSqlSafe(sql.share_lock_row.clone()))
-                            .bind(&name)
-                            .execute(&mut *c)
-                            .await?;
-                        let gone = sqlx::query(AssertSqlSafe(sql.share_delete.clone()))
-                            .bind(&name)
-                            .bind(&token)
-                            .bind(&token)
-                            .execute(&mut *c)
-                            .await?
-                            .rows_affected();
-                        if gone > 0 {
-                            sqlx::query(AssertSqlSafe(sql.share_recount.clone()))
-                                .bind(&name)
-                                .bind(&name)
-                                .execute(&mut *c)
-                                .await?;
-                        }
-                        Ok(gone)
-                    })
-                })
-                .await
-            }
-            .boxed()
+            sqlx::query(AssertSqlSafe(sql.clone()))
+                .bind(name.clone())
+                .bind(token.clone())
+                .bind(token.clone())
+                .execute(c)
+                .map(|r| r.map(|r| r.rows_affected()))
+                .boxed()
         })
         .await
 }
@@ -1277,14 +1371,7 @@ async fn set_tx(
     let mut tx = c.begin().await?;
     let mut fences = Vec::with_capacity(members.len());
     for (i, (name, token, ttl, holder)) in members.iter().enumerate() {
-        let id = sqlx::query(AssertSqlSafe(sql.to_owned()))
-            .bind(name)
-            .bind(token)
-            .bind(*ttl)
-            .bind(holder)
-            .bind(name)
-            .bind(0u64)
-            .bind(0u64)
+        let id = lease_acquire_query(sql, name, token, *ttl, holder, 0)
             .execute(&mut *tx)
             .await
             .map(|r| r.last_insert_id());

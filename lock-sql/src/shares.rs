@@ -3,10 +3,12 @@
 //! lock, and how the live shares read back for `inspect`.
 //!
 //! Every dialect keeps the shares in `<table>_shares` (name, token, mode, expires_at, fence,
-//! holder) and two columns on the lease row: `shares_until`, the latest expiry of the name's
-//! live shares (the exclusive acquire's one statement checks it instead of the shares table),
-//! and `writer_until`, set by a waiting exclusive acquisition that found live shares (shared
-//! requests that come while it lasts wait: a stream of readers cannot starve a writer).
+//! holder) and two columns on the lease row: `shares_until`, at least the latest expiry of the
+//! name's live shares (the exclusive acquire's one statement reads the shares table only
+//! before it: PostgreSQL and SQLite keep it exact, a MariaDB share release leaves it as it was
+//! so that the release is one `DELETE`), and `writer_until`, set by a waiting exclusive
+//! acquisition that found live shares (shared requests that come while it lasts wait: a stream
+//! of readers cannot starve a writer).
 
 use std::time::Duration;
 
@@ -37,6 +39,18 @@ pub(crate) fn table(t: &str) -> String {
         .last()
         .unwrap_or(0);
     format!("{}_{:08x}_shares", &t[..cut], hash as u32)
+}
+
+/// A server-side share routine beside lock table `t`: `<t>_<what><version>` (e.g. `_sacq1`, a
+/// share or permit attempt; `_srel1`, a release or revoke), cut as the shares table is, so
+/// within PostgreSQL's 63 bytes and MariaDB's 64. The version is part of the name: a change of
+/// a routine's signature or of what it does on the tables is a new routine beside the old
+/// (which older clients keep calling), never a replacement. Pasted into SQL as the table names
+/// are (validated: letters, digits and `_` only).
+pub(crate) fn routine(t: &str, what: &str, version: u32) -> String {
+    let shares = table(t);
+    let stem = shares.strip_suffix("_shares").unwrap_or(&shares);
+    format!("{stem}_{what}{version}")
 }
 
 /// The `mode` column of a share: `shared` or `permit:<limit>`.

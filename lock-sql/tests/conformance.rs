@@ -139,6 +139,13 @@ fn main() -> std::process::ExitCode {
         ),
         target("mysql-row-lock", "LOCK_TEST_MYSQL_URL", "strategy=row-lock"),
         target("mysql-lease", "LOCK_TEST_MYSQL_URL", "strategy=lease"),
+        // A user who may not create (or run) the share procedures: shares take the
+        // transaction of statements instead.
+        target(
+            "mysql-lease-no-routines",
+            "LOCK_TEST_MYSQL_PLAIN_URL",
+            "strategy=lease",
+        ),
         // The interop modes keep the contract on the peers' keys (issue 23).
         target(
             "postgres-interop-sqlx",

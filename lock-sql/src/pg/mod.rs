@@ -61,14 +61,9 @@ pub(crate) fn queue_table(t: &str) -> String {
 /// which older clients keep calling), never a replacement.
 const SHARE_FUNCTIONS_VERSION: u32 = 1;
 
-/// A share function beside lock table `t`: `<t>_sacq1` (a share or permit attempt) or
-/// `<t>_srel1` (a release or revoke), `what` being `sacq` or `srel`; cut as the shares table
-/// is, so within PostgreSQL's 63 bytes. Pasted into SQL as the table names are (validated:
-/// letters, digits and `_` only).
+/// A share function beside lock table `t` (see [`crate::shares::routine`]).
 pub(crate) fn share_function(t: &str, what: &str) -> String {
-    let shares = crate::shares::table(t);
-    let stem = shares.strip_suffix("_shares").unwrap_or(&shares);
-    format!("{stem}_{what}{SHARE_FUNCTIONS_VERSION}")
+    crate::shares::routine(t, what, SHARE_FUNCTIONS_VERSION)
 }
 
 type PgConns = Conns<PgConnectOptions, ()>;
