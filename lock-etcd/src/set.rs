@@ -228,17 +228,6 @@ struct SetCleanUp(Vec<QueueCleanUp>);
 
 impl CancelCleanUp for SetCleanUp {
     fn start(self) -> Option<CleanUpTask> {
-        let tasks: Vec<CleanUpTask> = self
-            .0
-            .into_iter()
-            .filter_map(CancelCleanUp::start)
-            .collect();
-        (!tasks.is_empty()).then(|| {
-            Box::pin(async move {
-                for task in tasks {
-                    task.await;
-                }
-            }) as CleanUpTask
-        })
+        self.0.start()
     }
 }

@@ -223,7 +223,7 @@ where
     /// `bound` bounds the wait for a connection; a statement sent is waited for until the
     /// operation timeout from its send at least, also past `bound` (a caller's deadline):
     /// cut off, its connection would close while the server may still run it and win, with
-    /// nobody left to release what it won (see `run_detached`, whose caller stops waiting at
+    /// nobody left to release what it won (see `lockcore::backend::acquire_detached`, whose caller stops waiting at
     /// its deadline while this runs on).
     ///
     /// Cancel safe, as [`Conns::run`].

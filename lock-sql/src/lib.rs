@@ -761,50 +761,31 @@ impl Backend for SqlBackend {
     }
 }
 
-/// Runs an acquisition attempt to its end in `background` ([`lockcore::backend::acquire_detached`]):
-/// a statement sent cannot be called back, and a server runs it even when its client closed the
-/// connection, so a cancelled caller's attempt may still win, after any release sent at the drop
-/// on another connection. Detached, a lease it won for a caller gone is released after it.
-///
-/// The caller waits until `caller_bound` (its deadline or operation timeout) at most; the
-/// attempt does not stop there: its statement, once sent, is waited for in the background
-/// (see `Conns::run_unless_gone`), and a lease it wins after the caller left is
-/// released there. A statement abandoned at the caller's deadline instead could still run on
-/// the server (a loaded server, a slow network) after the holder's release and leave the lock
-/// held by nobody for its whole TTL (seen: a `lock()` that timed out, its process gone, a
-/// waiter kept out for 10 s).
-///
-/// Cancel safe: what a dropped call's attempt wins is released.
-pub(crate) async fn run_detached<T, F, Fut>(
-    background: &lockcore::backend::Background,
-    caller_bound: Option<lockcore::Instant>,
-    attempt: F,
-) -> Result<T>
-where
-    T: lockcore::backend::AttemptOutcome,
-    F: FnOnce(lockcore::backend::CallerGone) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = Result<T>> + Send + 'static,
-{
-    let detached = lockcore::backend::acquire_detached(background, attempt);
-    let outcome = match caller_bound {
-        Some(bound) => tokio::time::timeout_at(bound, detached)
-            .await
-            .map_err(|_| {
-                lockcore::Error::unavailable(
-                    "acquiring a lock",
-                    "no answer from the database before the deadline or operation timeout \
-                     (op_timeout_ms); the attempt finishes in the background and releases what \
-                     it wins",
-                )
-            })?,
-        None => detached.await,
-    };
-    match outcome {
-        Some(won) => won,
-        None => Err(lockcore::Error::unavailable(
-            "acquiring a lock",
-            "the runtime is shutting down",
-        )),
+/// One member of a set attempt, as the dialects' set transactions bind it (each in its own
+/// units: the TTL as µs or seconds).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[derive(Clone)]
+pub(crate) struct SetMember {
+    pub(crate) name: LockName,
+    /// The owner token, as hex.
+    pub(crate) token: String,
+    pub(crate) ttl: Duration,
+    /// The holder's metadata, encoded.
+    pub(crate) holder: String,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+impl SetMember {
+    /// The members of a set, in the order of its requests.
+    pub(crate) fn of(reqs: &[AcquireRequest]) -> Vec<SetMember> {
+        reqs.iter()
+            .map(|r| SetMember {
+                name: r.name.clone(),
+                token: r.token.to_hex(),
+                ttl: r.ttl,
+                holder: r.holder.encode(),
+            })
+            .collect()
     }
 }
 
@@ -812,9 +793,9 @@ where
 /// none and the index of the first member not won.
 pub(crate) type SetWon<L> = (Vec<L>, Option<usize>);
 
-/// [`run_detached`] for a set taken in one transaction (see [`Backend::try_acquire_all`]): the
-/// attempt's leases become the set's acquisitions, all sent at `sent_at`. The caller waits
-/// until `caller_bound` at most, as for [`run_detached`]. A set won for a caller gone is
+/// [`lockcore::backend::acquire_detached`] for a set taken in one transaction (see
+/// [`Backend::try_acquire_all`]): the attempt's leases become the set's acquisitions, all sent
+/// at `sent_at`. The caller waits until `caller_bound` at most. A set won for a caller gone is
 /// released member by member, in order, in the background.
 ///
 /// Cancel safe: what a dropped call's attempt wins is released.
@@ -831,7 +812,7 @@ where
     Fut: std::future::Future<Output = Result<SetWon<L>>> + Send + 'static,
 {
     use lockcore::backend::SetAttempt;
-    match run_detached(background, caller_bound, attempt).await? {
+    match lockcore::backend::acquire_detached(background, caller_bound, attempt).await? {
         (_, Some(busy)) => Ok(SetAttempt::Busy(busy)),
         (won, None) => Ok(SetAttempt::All(
             won.into_iter().map(|l| Acquired::new(l, sent_at)).collect(),

@@ -869,7 +869,8 @@ impl MyBackend {
                 id => Ok(Some(lease.with_fencing(id))),
             }
         };
-        let won = crate::run_detached(&req.background, Some(bound), attempt).await?;
+        let won =
+            lockcore::backend::acquire_detached(&req.background, Some(bound), attempt).await?;
         Ok(won.map(|l| Acquired::new(l, sent_at)))
     }
 
@@ -1029,7 +1030,8 @@ impl MyBackend {
             };
             Ok(reply?.map(|f| lease.with_fencing(f)))
         };
-        let won = crate::run_detached(&req.background, Some(bound), attempt).await?;
+        let won =
+            lockcore::backend::acquire_detached(&req.background, Some(bound), attempt).await?;
         Ok(won.map(|l| Acquired::new(l, sent_at)))
     }
 }
@@ -1327,17 +1329,7 @@ impl MyBackend {
             self.check_name(&r.name)?;
         }
         let sql = self.sql.lease_acquire.clone();
-        let members: Vec<(String, String, u64, String)> = reqs
-            .iter()
-            .map(|r| {
-                (
-                    r.name.as_str().to_owned(),
-                    r.token.to_hex(),
-                    r.ttl.as_micros() as u64,
-                    r.holder.encode(),
-                )
-            })
-            .collect();
+        let members = crate::SetMember::of(reqs);
         let leases: Vec<MyLease> = reqs.iter().map(|r| self.lease(r, 0)).collect();
         let conns = self.conns.clone();
         let bound = self.conns.bound();
@@ -1362,7 +1354,7 @@ impl MyBackend {
 async fn set_tx(
     c: &mut MySqlConnection,
     sql: &str,
-    members: &[(String, String, u64, String)],
+    members: &[crate::SetMember],
     gone: &lockcore::backend::CallerGone,
 ) -> sqlx::Result<Result<crate::SetFound>> {
     sqlx::raw_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
@@ -1370,8 +1362,9 @@ async fn set_tx(
         .await?;
     let mut tx = c.begin().await?;
     let mut fences = Vec::with_capacity(members.len());
-    for (i, (name, token, ttl, holder)) in members.iter().enumerate() {
-        let id = lease_acquire_query(sql, name, token, *ttl, holder, 0)
+    for (i, m) in members.iter().enumerate() {
+        let ttl_us = m.ttl.as_micros() as u64;
+        let id = lease_acquire_query(sql, m.name.as_str(), &m.token, ttl_us, &m.holder, 0)
             .execute(&mut *tx)
             .await
             .map(|r| r.last_insert_id());

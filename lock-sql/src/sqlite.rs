@@ -339,7 +339,7 @@ impl LiteBackend {
             }
         };
         let sent_at = Instant::now();
-        let won = crate::run_detached(&req.background, None, attempt).await?;
+        let won = lockcore::backend::acquire_detached(&req.background, None, attempt).await?;
         Ok(won.map(|l| Acquired::new(l, sent_at)))
     }
 
@@ -629,17 +629,7 @@ impl LiteBackend {
         &self,
         reqs: &[AcquireRequest],
     ) -> Result<lockcore::backend::SetAttempt> {
-        let members: Vec<(LockName, String, f64, String)> = reqs
-            .iter()
-            .map(|r| {
-                (
-                    r.name.clone(),
-                    r.token.to_hex(),
-                    r.ttl.as_secs_f64(),
-                    r.holder.encode(),
-                )
-            })
-            .collect();
+        let members = crate::SetMember::of(reqs);
         let leases: Vec<LiteLease> = reqs
             .iter()
             .map(|r| LiteLease {
@@ -672,17 +662,17 @@ impl LiteBackend {
 async fn set_tx(
     pool: &SqlitePool,
     sql: &Sql,
-    members: &[(LockName, String, f64, String)],
+    members: &[crate::SetMember],
     gone: &CallerGone,
 ) -> sqlx::Result<Result<crate::SetFound>> {
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     let mut fences = Vec::with_capacity(members.len());
-    for (i, (name, token, ttl, holder)) in members.iter().enumerate() {
+    for (i, m) in members.iter().enumerate() {
         let fence: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql.acquire.clone()))
-            .bind(name.as_str())
-            .bind(token)
-            .bind(*ttl)
-            .bind(holder)
+            .bind(m.name.as_str())
+            .bind(&m.token)
+            .bind(m.ttl.as_secs_f64())
+            .bind(&m.holder)
             .fetch_optional(&mut *tx)
             .await?;
         if let Some(f) = fence {
@@ -690,7 +680,7 @@ async fn set_tx(
             continue;
         }
         let permits: Option<bool> = sqlx::query_scalar(AssertSqlSafe(sql.probe_shares.clone()))
-            .bind(name.as_str())
+            .bind(m.name.as_str())
             .fetch_optional(&mut *tx)
             .await?;
         tx.rollback().await?;

@@ -318,6 +318,21 @@ pub trait CancelCleanUp: Send + 'static {
     fn start(self) -> Option<CleanUpTask>;
 }
 
+/// Several clean-ups as one: each started in order (what each does at once goes out in that
+/// order), then their background parts awaited one after another.
+impl<C: CancelCleanUp> CancelCleanUp for Vec<C> {
+    fn start(self) -> Option<CleanUpTask> {
+        let tasks: Vec<CleanUpTask> = self.into_iter().filter_map(C::start).collect();
+        (!tasks.is_empty()).then(|| {
+            Box::pin(async move {
+                for task in tasks {
+                    task.await;
+                }
+            }) as CleanUpTask
+        })
+    }
+}
+
 /// Runs a [`CancelCleanUp`] when dropped unless [disarmed](CleanUpIfCancelled::disarm) first:
 /// the one mechanism by which an acquisition cancelled in flight (a dropped `lock()`, a timed-out
 /// wait) leaves nothing behind. Arm it before the first request that may write, keep its state
@@ -415,18 +430,57 @@ impl<L: Lease> CancelCleanUp for ReleaseLease<L> {
     }
 }
 
-/// Runs an acquisition attempt that cannot be called back once sent (an embedded database's
-/// worker thread runs the statement even when its caller is gone) to completion in
-/// `background`, so that its clean-up follows its outcome: the caller gets the attempt's
-/// result; when the caller was dropped first, a lease the attempt won is released there. A
-/// [`ReleaseIfCancelled`] instead releases at the drop, which can run before the statement does
-/// and find nothing to release, leaving the lock held for its TTL. The attempt is given a
-/// [`CallerGone`] flag: it should send nothing more (no retry) once the caller is gone, so that
-/// a cancelled attempt does not take the lock long after its caller left. `None` when the
-/// attempt did not run (the runtime is shutting down).
+/// Runs an acquisition attempt that cannot be called back once sent (a statement sent is run
+/// by the server even when its client closed the connection; an embedded database's worker
+/// thread runs it even when its caller is gone) to completion in `background`, so that its
+/// clean-up follows its outcome: the caller gets the attempt's result; when the caller was
+/// dropped first, a lease the attempt won is released there. A [`ReleaseIfCancelled`] instead
+/// releases at the drop, which can run before the statement does and find nothing to release,
+/// leaving the lock held for its TTL. The attempt is given a [`CallerGone`] flag: it should
+/// send nothing more (no retry) once the caller is gone, so that a cancelled attempt does not
+/// take the lock long after its caller left.
+///
+/// The caller waits until `caller_bound` (its deadline or operation timeout) at most and then
+/// gets [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable); the attempt does not stop
+/// there: what it wins after its caller left is released in the background. An attempt
+/// abandoned at the caller's deadline instead could still run on the server (a loaded server,
+/// a slow network) after the holder's release and leave the lock held by nobody for its whole
+/// TTL. Unavailable too when the attempt did not run (the runtime is shutting down).
 ///
 /// Cancel safe: a dropped call leaves the attempt to finish and release what it won.
-pub async fn acquire_detached<T, F, Fut>(background: &Background, attempt: F) -> Option<Result<T>>
+pub async fn acquire_detached<T, F, Fut>(
+    background: &Background,
+    caller_bound: Option<crate::Instant>,
+    attempt: F,
+) -> Result<T>
+where
+    T: AttemptOutcome,
+    F: FnOnce(CallerGone) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+{
+    let detached = detach(background, attempt);
+    let outcome = match caller_bound {
+        Some(bound) => tokio::time::timeout_at(bound, detached)
+            .await
+            .map_err(|_| {
+                crate::Error::unavailable(
+                    "acquiring a lock",
+                    "no answer before the deadline or operation timeout; the attempt finishes in \
+                 the background and releases what it wins",
+                )
+            })?,
+        None => detached.await,
+    };
+    outcome.unwrap_or_else(|| {
+        Err(crate::Error::unavailable(
+            "acquiring a lock",
+            "the runtime is shutting down",
+        ))
+    })
+}
+
+/// [`acquire_detached`] without a bound: `None` when the attempt did not run.
+async fn detach<T, F, Fut>(background: &Background, attempt: F) -> Option<Result<T>>
 where
     T: AttemptOutcome,
     F: FnOnce(CallerGone) -> Fut + Send + 'static,
@@ -486,17 +540,11 @@ impl<T: AttemptOutcome> Drop for UnclaimedOutcome<T> {
 /// The release of every lease an unclaimed outcome carries, one after the other in their order
 /// (a set's canonical order), owner-checked; `None` when it carries none.
 fn release_all<L: Lease>(leases: Vec<L>) -> Option<CleanUpTask> {
-    let tasks: Vec<CleanUpTask> = leases
+    leases
         .into_iter()
-        .filter_map(|lease| ReleaseLease(lease).start())
-        .collect();
-    (!tasks.is_empty()).then(|| {
-        Box::pin(async move {
-            for task in tasks {
-                task.await;
-            }
-        }) as CleanUpTask
-    })
+        .map(ReleaseLease)
+        .collect::<Vec<_>>()
+        .start()
 }
 
 /// What an attempt run by [`acquire_detached`] returns: the lease it may have won (or the
@@ -931,9 +979,11 @@ mod tests {
         let released = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let background = Background::new();
         let lease = CountedLease(released.clone());
-        let mut caller = Box::pin(acquire_detached(&background, move |_gone| async move {
-            Ok(Some(lease))
-        }));
+        let mut caller = Box::pin(acquire_detached(
+            &background,
+            None,
+            move |_gone| async move { Ok(Some(lease)) },
+        ));
         let waker = std::task::Waker::noop();
         let polled = caller
             .as_mut()
@@ -996,9 +1046,11 @@ mod tests {
         let released = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let background = Background::new();
         let leases: Vec<_> = (0..4).map(|_| CountedLease(released.clone())).collect();
-        let mut caller = Box::pin(acquire_detached(&background, move |_gone| async move {
-            Ok(leases)
-        }));
+        let mut caller = Box::pin(acquire_detached(
+            &background,
+            None,
+            move |_gone| async move { Ok(leases) },
+        ));
         let waker = std::task::Waker::noop();
         assert!(
             caller
@@ -1013,6 +1065,30 @@ mod tests {
         assert_eq!(released.load(std::sync::atomic::Ordering::SeqCst), 4);
     }
 
+    /// The caller's bound passes while the attempt is in flight: the caller gets Unavailable
+    /// at once, the attempt runs on, and the lease it wins afterwards is released, once.
+    #[tokio::test]
+    async fn a_caller_past_its_bound_returns_and_the_late_win_is_released() {
+        let released = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let background = Background::new();
+        let lease = CountedLease(released.clone());
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let bound = crate::Instant::now() + Duration::from_millis(20);
+        let outcome = acquire_detached(&background, Some(bound), move |_gone| async move {
+            let _ = wait.await;
+            Ok(Some(lease))
+        })
+        .await;
+        let Err(err) = outcome else {
+            panic!("the caller returns at its bound")
+        };
+        assert_eq!(err.kind(), crate::ErrorKind::Unavailable);
+        assert_eq!(released.load(std::sync::atomic::Ordering::SeqCst), 0);
+        go.send(()).unwrap();
+        background.idle().await;
+        assert_eq!(released.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
     /// Runs an attempt that returns `outcome(lease)` once its caller is gone (the attempt is
     /// on its way, a statement sent, then the caller drops); the releases of the lease.
     async fn releases_of_an_outcome_won_after_its_caller_left<T: AttemptOutcome>(
@@ -1024,11 +1100,15 @@ mod tests {
         let lease = CountedLease(released.clone());
         let (go, wait) = tokio::sync::oneshot::channel::<()>();
         let (sent, started) = tokio::sync::oneshot::channel::<()>();
-        let mut caller = Box::pin(acquire_detached(&background, move |_gone| async move {
-            let _ = sent.send(());
-            let _ = wait.await;
-            Ok(outcome(lease))
-        }));
+        let mut caller = Box::pin(acquire_detached(
+            &background,
+            None,
+            move |_gone| async move {
+                let _ = sent.send(());
+                let _ = wait.await;
+                Ok(outcome(lease))
+            },
+        ));
         let waker = std::task::Waker::noop();
         assert!(
             caller

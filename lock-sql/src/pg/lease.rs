@@ -89,7 +89,7 @@ impl PgBackend {
             })
         };
         let (won, (left, behind)) =
-            crate::run_detached(&req.background, Some(bound), attempt).await?;
+            lockcore::backend::acquire_detached(&req.background, Some(bound), attempt).await?;
         Ok((won.map(|l| Acquired::new(l, sent_at)), left, behind))
     }
 
@@ -154,7 +154,8 @@ impl PgBackend {
                 None => (None, wait.and_then(crate::shares::secs)),
             })
         };
-        let (won, wait) = crate::run_detached(&req.background, Some(bound), attempt).await?;
+        let (won, wait) =
+            lockcore::backend::acquire_detached(&req.background, Some(bound), attempt).await?;
         Ok((won.map(|l| Acquired::new(l, sent_at)), wait))
     }
 
@@ -558,17 +559,7 @@ impl PgBackend {
         reqs: &[AcquireRequest],
     ) -> Result<lockcore::backend::SetAttempt> {
         let sql = self.sql.lease_acquire.clone();
-        let members: Vec<(String, String, f64, String)> = reqs
-            .iter()
-            .map(|r| {
-                (
-                    r.name.as_str().to_owned(),
-                    r.token.to_hex(),
-                    r.ttl.as_micros() as f64,
-                    r.holder.encode(),
-                )
-            })
-            .collect();
+        let members = crate::SetMember::of(reqs);
         let leases: Vec<PgLease> = reqs.iter().map(|r| self.lease(r, 0)).collect();
         let entry_ttl = QUEUE_ENTRY_TTL.as_micros() as f64;
         let conns = self.conns.clone();
@@ -581,13 +572,13 @@ impl PgBackend {
                     async move {
                         let mut tx = c.begin().await?;
                         let mut fences = Vec::with_capacity(members.len());
-                        for (i, (name, token, ttl, holder)) in members.iter().enumerate() {
+                        for (i, m) in members.iter().enumerate() {
                             let row: sqlx::Result<AttemptRow> =
                                 sqlx::query_as(AssertSqlSafe(sql.clone()))
-                                    .bind(name)
-                                    .bind(token)
-                                    .bind(*ttl)
-                                    .bind(holder)
+                                    .bind(m.name.as_str())
+                                    .bind(&m.token)
+                                    .bind(m.ttl.as_micros() as f64)
+                                    .bind(&m.holder)
                                     .bind(0.0f64)
                                     .bind(false)
                                     .bind(entry_ttl)
