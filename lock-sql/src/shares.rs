@@ -5,7 +5,7 @@
 //! Every dialect keeps the shares in `<table>_shares` (name, token, mode, expires_at, fence,
 //! holder) and two columns on the lease row: `shares_until`, at least the latest expiry of the
 //! name's live shares (the exclusive acquire's one statement reads the shares table only
-//! before it: PostgreSQL and SQLite keep it exact, a MariaDB share release leaves it as it was
+//! before it: PostgreSQL keeps it exact, a MariaDB or SQLite share release leaves it as it was
 //! so that the release is one `DELETE`), and `writer_until`, set by a waiting exclusive
 //! acquisition that found live shares (shared requests that come while it lasts wait: a stream
 //! of readers cannot starve a writer).
@@ -203,23 +203,6 @@ pub(crate) fn verdict_sql(s: &SeenSql<'_>) -> String {
     )
 }
 
-/// The outcome of a share attempt whose verdict the database worked out ([`verdict_sql`]) and
-/// applied: the share's fence (`fence`: the new one when taken, ours when it was ours already),
-/// none while held, or the refusal [`decide`] gives.
-pub(crate) fn sql_outcome(mode: LockMode, verdict: i64, fence: Option<i64>) -> Result<Option<u64>> {
-    match verdict {
-        SQL_CONFLICT => Err(conflict(mode)),
-        SQL_TAKE | SQL_MINE => match fence.and_then(|f| u64::try_from(f).ok()) {
-            Some(f) => Ok(Some(f)),
-            None => Err(Error::new(
-                lockcore::ErrorKind::Backend,
-                format!("a share attempt's verdict {verdict} came back without its fence"),
-            )),
-        },
-        _ => Ok(None),
-    }
-}
-
 /// A held name's [`LockInfo`] from its live shares: (mode, fence, seconds left, metadata), in
 /// grant order. `None` when there are none.
 pub(crate) fn info(
@@ -336,14 +319,6 @@ mod tests {
                     .await
                     .expect("the verdict evaluates");
                 assert_eq!(got, want, "{mode} {seen:?}");
-                assert_eq!(
-                    sql_outcome(mode, got, Some(9)).map_err(|e| e.kind()),
-                    match want {
-                        SQL_CONFLICT => Err(lockcore::ErrorKind::Conflict),
-                        SQL_WAIT => Ok(None),
-                        _ => Ok(Some(9)),
-                    }
-                );
                 checked += 1;
             }
         }

@@ -8,8 +8,6 @@ use std::time::Duration;
 use lockcore::backend::{AcquireRequest, Acquired, CallerGone, Lease};
 use lockcore::{Error, Instant, LockInfo, LockMode, LockName, OwnerToken, Result};
 use sqlx::AssertSqlSafe;
-use sqlx::pool::PoolConnection;
-use sqlx::sqlite::{Sqlite, SqliteConnection};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -31,12 +29,12 @@ struct Sql {
     release: String,
     revoke: String,
     inspect: String,
-    /// A share attempt, one query of several statements (see [`share_attempt`]).
+    /// A share attempt: one statement (see [`share_attempt`]).
     share_attempt: String,
+    /// The verdict alone, for an attempt that took nothing: held, or a conflict.
+    share_verdict: String,
     share_extend: String,
-    share_raise: String,
-    /// Deletes one share (`?2`), or every share (`?2` NULL: a revoke), and recounts
-    /// `shares_until`: one query of several statements (see [`release_shares`]).
+    /// Deletes one share (`?2`), or every share (`?2` NULL: a revoke): one statement.
     share_release: String,
     share_inspect: String,
 }
@@ -105,20 +103,33 @@ async fn add_column(config: &Parsed, pool: &SqlitePool, column: &str, decl: &str
     }
 }
 
-/// Runs `body` in a `BEGIN IMMEDIATE` transaction: the database's write lock is taken first,
-/// so what `body` reads is what the last writer committed and nothing changes under it.
-/// Committed after `body` (a wait or a refusal too: nothing it did is wrong to keep), rolled
-/// back after an error or a drop (sqlx's SQLite worker rolls back at once).
-async fn in_tx<T>(
-    pool: &SqlitePool,
-    body: impl for<'c> FnOnce(
-        &'c mut SqliteConnection,
-    ) -> futures::future::BoxFuture<'c, sqlx::Result<T>>,
-) -> sqlx::Result<T> {
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    let v = body(&mut tx).await?;
-    tx.commit().await?;
-    Ok(v)
+/// The triggers that keep lease table `t`'s row in step with its shares in `st`: a share
+/// inserted or given a new expiry or fence (an attempt, a retried one, an extend) raises the
+/// row's fence counter (one counter across modes) and `shares_until` to it, creating the row
+/// if missing; an insert also clears the name's expired shares. A share attempt and an extend
+/// are then one statement each, and a release one `DELETE` (`shares_until` stays an upper
+/// bound: the exclusive upsert reads the shares table while it has not passed). Older clients
+/// that do the same in statements of their own write the same values again. Versioned names:
+/// a change of what one does is a new trigger, never a replacement.
+fn share_triggers(t: &str, st: &str) -> [String; 2] {
+    let stem = st.strip_suffix("_shares").unwrap_or(st);
+    let raise = format!(
+        "UPDATE {t} SET fence = max(fence, NEW.fence), \
+           shares_until = max(coalesce(shares_until, 0), NEW.expires_at) WHERE name = NEW.name;"
+    );
+    [
+        format!(
+            "CREATE TRIGGER IF NOT EXISTS {stem}_sins1 AFTER INSERT ON {st} BEGIN \
+               INSERT OR IGNORE INTO {t} (name) VALUES (NEW.name); \
+               {raise} \
+               DELETE FROM {st} WHERE name = NEW.name AND expires_at <= {NOW}; \
+             END"
+        ),
+        format!(
+            "CREATE TRIGGER IF NOT EXISTS {stem}_supd1 AFTER UPDATE OF expires_at, fence ON {st} \
+             BEGIN {raise} END"
+        ),
+    ]
 }
 
 impl LiteBackend {
@@ -165,14 +176,39 @@ impl LiteBackend {
         retry_busy(|| sqlx::raw_sql(AssertSqlSafe(ddl.clone())).execute(&pool))
             .await
             .map_err(|e| map_err(config, "creating the shares table", e))?;
+        for trigger in share_triggers(t, &st) {
+            retry_busy(|| sqlx::raw_sql(AssertSqlSafe(trigger.clone())).execute(&pool))
+                .await
+                .map_err(|e| map_err(config, "creating the share triggers", e))?;
+        }
+        // A share attempt's verdict from the live rows (parameters: ?1 name, ?2 token, ?3 mode
+        // column, ?6 1 for a permit, ?7 its limit).
+        let verdict = crate::shares::verdict_sql(&crate::shares::SeenSql {
+            exclusive: &format!(
+                "coalesce((SELECT owner IS NOT NULL AND expires_at > {NOW} \
+                   FROM {t} WHERE name = ?1), 0)"
+            ),
+            writer: &format!("coalesce((SELECT writer_until > {NOW} FROM {t} WHERE name = ?1), 0)"),
+            live: &format!("(SELECT count(*) FROM {st} WHERE name = ?1 AND expires_at > {NOW})"),
+            other_modes: &format!(
+                "(SELECT count(*) FROM {st} WHERE name = ?1 AND mode <> ?3 AND expires_at > {NOW})"
+            ),
+            mine: &format!(
+                "(SELECT fence FROM {st} WHERE name = ?1 AND token = ?2 AND expires_at > {NOW})"
+            ),
+            permit: "?6",
+            limit: "?7",
+        });
         let sql = Sql {
             acquire: format!(
                 "INSERT INTO {t} (name, owner, fence, expires_at, holder) \
                  VALUES (?1, ?2, 1, {NOW} + ?3, ?4) \
                  ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, fence = fence + 1, \
-                   expires_at = excluded.expires_at, holder = excluded.holder, writer_until = NULL \
+                   expires_at = excluded.expires_at, holder = excluded.holder, writer_until = NULL, \
+                   shares_until = NULL \
                  WHERE (owner IS NULL OR expires_at <= {NOW}) \
-                   AND (shares_until IS NULL OR shares_until <= {NOW}) \
+                   AND (shares_until IS NULL OR shares_until <= {NOW} \
+                     OR NOT EXISTS (SELECT 1 FROM {st} WHERE name = ?1 AND expires_at > {NOW})) \
                  RETURNING fence"
             ),
             probe_shares: format!(
@@ -180,7 +216,8 @@ impl LiteBackend {
                    AND expires_at > {NOW}) FROM {t} WHERE name = ?1 AND shares_until > {NOW}"
             ),
             mark_writer: format!(
-                "UPDATE {t} SET writer_until = {NOW} + ?2 WHERE name = ?1 AND shares_until > {NOW}"
+                "UPDATE {t} SET writer_until = {NOW} + ?2 WHERE name = ?1 AND shares_until > {NOW} \
+                   AND EXISTS (SELECT 1 FROM {st} WHERE name = ?1 AND expires_at > {NOW})"
             ),
             extend: format!(
                 "UPDATE {t} SET expires_at = {NOW} + ?3 \
@@ -198,63 +235,31 @@ impl LiteBackend {
                 "SELECT fence, expires_at - {NOW}, holder FROM {t} \
                  WHERE name = ?1 AND owner IS NOT NULL AND expires_at > {NOW}"
             ),
-            share_attempt: {
-                let verdict = crate::shares::verdict_sql(&crate::shares::SeenSql {
-                    exclusive: &format!(
-                        "coalesce((SELECT owner IS NOT NULL AND expires_at > {NOW} \
-                           FROM {t} WHERE name = ?1), 0)"
-                    ),
-                    writer: &format!(
-                        "coalesce((SELECT writer_until > {NOW} FROM {t} WHERE name = ?1), 0)"
-                    ),
-                    live: &format!("(SELECT count(*) FROM {st} WHERE name = ?1)"),
-                    other_modes: &format!(
-                        "(SELECT count(*) FROM {st} WHERE name = ?1 AND mode <> ?3)"
-                    ),
-                    mine: &format!("(SELECT fence FROM {st} WHERE name = ?1 AND token = ?2)"),
-                    permit: "?6",
-                    limit: "?7",
-                });
-                let take = crate::shares::SQL_TAKE;
-                // Under the write lock from BEGIN IMMEDIATE on, every statement reads what the
-                // ones before it left: expired shares go first; this token's share (a retried
-                // attempt whose first try committed) is extended, which the verdict (`Mine`
-                // first) then finds; a taken share carries the row's next fence; the row's
-                // counter and `shares_until` follow the share. The verdict and the share's
-                // fence are read back before the commit.
-                format!(
-                    "BEGIN IMMEDIATE; \
-                     INSERT INTO {t} (name) VALUES (?1) ON CONFLICT (name) DO NOTHING; \
-                     DELETE FROM {st} WHERE name = ?1 AND expires_at <= {NOW}; \
-                     UPDATE {st} SET expires_at = {NOW} + ?4 WHERE name = ?1 AND token = ?2; \
-                     INSERT INTO {st} (name, token, mode, expires_at, fence, holder) \
-                       SELECT ?1, ?2, ?3, {NOW} + ?4, fence + 1, ?5 FROM {t} \
-                       WHERE name = ?1 AND {verdict} = {take}; \
-                     UPDATE {t} SET \
-                       fence = max(fence, (SELECT fence FROM {st} WHERE name = ?1 AND token = ?2)), \
-                       shares_until = max(coalesce(shares_until, 0), \
-                         (SELECT expires_at FROM {st} WHERE name = ?1 AND token = ?2)) \
-                       WHERE name = ?1 AND EXISTS (SELECT 1 FROM {st} WHERE name = ?1 AND token = ?2); \
-                     SELECT {verdict}, (SELECT fence FROM {st} WHERE name = ?1 AND token = ?2); \
-                     COMMIT"
-                )
-            },
+            share_attempt: format!(
+                // The share's fence is the row's next; an own row left expired is taken
+                // over with it, an own live one (a retried attempt whose first try committed)
+                // keeps its fence and gets the new expiry. The triggers (see `share_triggers`)
+                // carry the fence and the expiry to the lease row.
+                "INSERT INTO {st} (name, token, mode, expires_at, fence, holder) \
+                   SELECT ?1, ?2, ?3, {NOW} + ?4, \
+                     coalesce((SELECT fence FROM {t} WHERE name = ?1), 0) + 1, ?5 \
+                   WHERE {verdict} IN ({take}, {mine}) \
+                 ON CONFLICT (name, token) DO UPDATE SET \
+                   fence = CASE WHEN expires_at > {NOW} THEN fence ELSE excluded.fence END, \
+                   mode = excluded.mode, holder = excluded.holder, \
+                   expires_at = excluded.expires_at \
+                 RETURNING fence",
+                take = crate::shares::SQL_TAKE,
+                mine = crate::shares::SQL_MINE,
+            ),
+            share_verdict: format!("SELECT {verdict}"),
             share_extend: format!(
                 "UPDATE {st} SET expires_at = {NOW} + ?3 \
-                 WHERE name = ?1 AND token = ?2 AND expires_at > {NOW} RETURNING expires_at"
+                 WHERE name = ?1 AND token = ?2 AND expires_at > {NOW}"
             ),
-            share_raise: format!(
-                "UPDATE {t} SET shares_until = max(coalesce(shares_until, 0), ?2) WHERE name = ?1"
-            ),
-            // One row back per share gone, before the commit. changes(): the rows the statement
-            // before changed (the DELETE's, read before the UPDATE changes any).
             share_release: format!(
-                "BEGIN IMMEDIATE; \
-                 DELETE FROM {st} WHERE name = ?1 AND (?2 IS NULL OR token = ?2) \
-                   AND expires_at > {NOW} RETURNING 1; \
-                 UPDATE {t} SET shares_until = (SELECT max(expires_at) FROM {st} \
-                   WHERE name = ?1 AND expires_at > {NOW}) WHERE name = ?1 AND changes() > 0; \
-                 COMMIT"
+                "DELETE FROM {st} WHERE name = ?1 AND (?2 IS NULL OR token = ?2) \
+                   AND expires_at > {NOW}"
             ),
             share_inspect: format!(
                 "SELECT mode, fence, expires_at - {NOW}, holder FROM {st} \
@@ -439,35 +444,9 @@ impl Lease for LiteLease {
 
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
         if self.share {
-            let held = retry_busy(|| {
-                let (sql, name, token) = (
-                    self.sql.clone(),
-                    self.name.as_str().to_owned(),
-                    self.token.to_hex(),
-                );
-                in_tx(&self.pool, move |c| {
-                    Box::pin(async move {
-                        let until: Option<f64> =
-                            sqlx::query_scalar(AssertSqlSafe(sql.share_extend.clone()))
-                                .bind(&name)
-                                .bind(&token)
-                                .bind(ttl.as_secs_f64())
-                                .fetch_optional(&mut *c)
-                                .await?;
-                        if let Some(until) = until {
-                            sqlx::query(AssertSqlSafe(sql.share_raise.clone()))
-                                .bind(&name)
-                                .bind(until)
-                                .execute(&mut *c)
-                                .await?;
-                        }
-                        Ok(u64::from(until.is_some()))
-                    })
-                })
-            })
-            .await
-            .map_err(|e| map_err(&self.config, "extending a share", e))?;
-            crate::sql_errors::owner_checked(held)?;
+            // The trigger raises `shares_until` with the share.
+            self.update(&self.sql.share_extend, Some(ttl), "extending a share")
+                .await?;
             return Ok(ttl);
         }
         self.update(&self.sql.extend, Some(ttl), "extending a lease")
@@ -530,10 +509,10 @@ async fn exclusive_attempt(
     }
 }
 
-/// One share attempt, in a transaction holding the write lock (see [`crate::shares`]): the
-/// share's fence if taken. One query of several statements (`Sql::share_attempt`: one trip to
-/// SQLite's worker thread where the transaction of separate statements made eight), the
-/// verdict worked out by SQLite ([`crate::shares::verdict_sql`]).
+/// One share attempt: one statement (`Sql::share_attempt`, autocommit under SQLite's write
+/// lock), the verdict worked out by SQLite ([`crate::shares::verdict_sql`]); the share's fence
+/// if taken. When it took nothing, the verdict alone says whether the name is held or used in
+/// another way (a second read: a state changed in between is as good as held).
 ///
 /// Cancel safety: run detached (see [`LiteBackend::attempt`]); dropped, it may have taken the
 /// share.
@@ -550,47 +529,40 @@ async fn share_attempt(
         LockMode::Permit { limit } => (1, i64::from(limit)),
         _ => (0, 0),
     };
-    let q = sqlx::query_as::<_, (i64, Option<i64>)>(AssertSqlSafe(sql.share_attempt.clone()))
+    let mode_column = crate::shares::mode_str(mode);
+    let ttl = ttl.as_secs_f64();
+    let fence: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql.share_attempt.clone()))
         .bind(name.as_str())
         .bind(token)
-        .bind(crate::shares::mode_str(mode))
-        .bind(ttl.as_secs_f64())
+        .bind(&mode_column)
+        .bind(ttl)
         .bind(holder)
         .bind(permit)
-        .bind(limit);
-    let mut c = pool.acquire().await?;
-    let res = q.fetch_all(&mut *c).await;
-    let rows = rolled_back_after_error(c, res).await?;
-    let Some(&(verdict, fence)) = rows.last() else {
-        return Err(sqlx::Error::RowNotFound);
-    };
-    Ok(crate::shares::sql_outcome(mode, verdict, fence).map(|f| f.map(|f| f as i64)))
-}
-
-/// What a query of several statements from `BEGIN IMMEDIATE` to `COMMIT` gave, run on `c`
-/// (every row read: the statements after a row's all ran). After an error the statements
-/// after it did not run: a transaction left open is rolled back, and the connection closed if
-/// that fails (never back in the pool inside a transaction).
-async fn rolled_back_after_error<T>(
-    mut c: PoolConnection<Sqlite>,
-    res: sqlx::Result<T>,
-) -> sqlx::Result<T> {
-    if res.is_err() {
-        match sqlx::raw_sql("ROLLBACK").execute(&mut *c).await {
-            Ok(_) => {}
-            // None was open: BEGIN IMMEDIATE itself failed (busy).
-            Err(r) if r.to_string().contains("no transaction is active") => {}
-            Err(_) => {
-                let _ = c.close().await;
-            }
-        }
+        .bind(limit)
+        .fetch_optional(pool)
+        .await?;
+    if fence.is_some() {
+        return Ok(Ok(fence));
     }
-    res
+    let verdict: i64 = sqlx::query_scalar(AssertSqlSafe(sql.share_verdict.clone()))
+        .bind(name.as_str())
+        .bind(token)
+        .bind(&mode_column)
+        .bind(ttl)
+        .bind(holder)
+        .bind(permit)
+        .bind(limit)
+        .fetch_one(pool)
+        .await?;
+    Ok(match verdict {
+        crate::shares::SQL_CONFLICT => Err(crate::shares::conflict(mode)),
+        _ => Ok(None),
+    })
 }
 
-/// Deletes the share of `token`, or every live share of `name` (`None`: a revoke), and
-/// recounts `shares_until`, in one transaction sent as one query (`Sql::share_release`).
-/// Returns how many went.
+/// Deletes the share of `token`, or every live share of `name` (`None`: a revoke): one
+/// statement (`shares_until` is left as an upper bound, see `share_triggers`). Returns how
+/// many went.
 ///
 /// Cancel safety: dropping the future may or may not have released them.
 async fn release_shares(
@@ -599,17 +571,14 @@ async fn release_shares(
     name: &LockName,
     token: Option<String>,
 ) -> sqlx::Result<u64> {
-    retry_busy(|| async {
-        let mut c = pool.acquire().await?;
-        let res = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql.share_release.clone()))
+    retry_busy(|| {
+        sqlx::query(AssertSqlSafe(sql.share_release.clone()))
             .bind(name.as_str())
             .bind(token.as_deref())
-            .fetch_all(&mut *c)
-            .await;
-        rolled_back_after_error(c, res).await
+            .execute(pool)
     })
     .await
-    .map(|gone| gone.len() as u64)
+    .map(|r| r.rows_affected())
 }
 
 impl LiteBackend {
