@@ -18,8 +18,9 @@
 //!   passed to every share script so that a share release wakes the queue's head (a writer
 //!   waiting behind the readers), not a waiter that is not next.
 //!
-//! Every script reads the server clock once, drops the expired shares first, and publishes on
-//! the lock's release channel when a share is released, as the exclusive release does.
+//! Every script reads the server clock once and drops the expired shares first (a release
+//! only looks at its own share's expiry; an acquire finding the set empty has none to drop),
+//! and a release publishes on the lock's release channel, as the exclusive release does.
 
 use std::time::Duration;
 
@@ -93,9 +94,10 @@ pub(crate) use writer_check_lua;
 /// `{1, fence}`, `{0, ms until a place may free}` or `{-1, 0}` (the name is used in another
 /// way: another mode or limit, or as a mutex by a semaphore request). Idempotent for one
 /// token: a re-sent script whose first copy ran resets the share's TTL and reports its fence.
-const ACQUIRE_SHARE_LUA: &str = concat!(
-    drop_expired_lua!(),
-    r"
+const ACQUIRE_SHARE_LUA: &str = r"
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = math.floor(now_us / 1000)
 local ttl = tonumber(ARGV[2])
 local function waits(left)
   local qttl = tonumber(ARGV[6])
@@ -112,14 +114,26 @@ local function keep_until_last()
   redis.call('PEXPIREAT', KEYS[4], last[2])
   redis.call('PEXPIREAT', KEYS[5], last[2])
 end
-local mine = redis.call('HGET', KEYS[5], ARGV[1])
-if mine and redis.call('ZSCORE', KEYS[4], ARGV[1]) then
-  redis.call('ZADD', KEYS[4], now + ttl, ARGV[1])
-  keep_until_last()
-  return {1, tonumber(string.match(mine, '^%d+'))}
-end
+-- The expired shares go first (none to look at when the set is empty: the uncontended case
+-- makes no call for them, nor for this token's share or the mode).
 local n = redis.call('ZCARD', KEYS[4])
-if n > 0 and redis.call('HGET', KEYS[5], 'mode') ~= ARGV[4] then return {-1, 0} end
+if n > 0 then
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+  if #gone > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+    redis.call('HDEL', KEYS[5], unpack(gone))
+    n = n - #gone
+  end
+end
+if n > 0 then
+  local mine = redis.call('HGET', KEYS[5], ARGV[1])
+  if mine and redis.call('ZSCORE', KEYS[4], ARGV[1]) then
+    redis.call('ZADD', KEYS[4], now + ttl, ARGV[1])
+    keep_until_last()
+    return {1, tonumber(string.match(mine, '^%d+'))}
+  end
+  if redis.call('HGET', KEYS[5], 'mode') ~= ARGV[4] then return {-1, 0} end
+end
 local limit = tonumber(ARGV[5])
 if limit > 0 then
   if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, 0} end
@@ -127,7 +141,7 @@ if limit > 0 then
     local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
     return waits(tonumber(first[2]) - now)
   end
-else
+elseif redis.call('EXISTS', KEYS[1], KEYS[6]) > 0 then
   local w = redis.call('PTTL', KEYS[1])
   if w ~= -2 then return waits(w) end
   w = redis.call('PTTL', KEYS[6])
@@ -140,10 +154,15 @@ if ARGV[7] == '1' then
 end
 redis.call('ZADD', KEYS[4], now + ttl, ARGV[1])
 redis.call('HSET', KEYS[5], 'mode', ARGV[4], ARGV[1], string.format('%d', fence) .. ' ' .. ARGV[3])
-keep_until_last()
+if n == 0 then
+  -- The only share: the keys last as long as it does.
+  redis.call('PEXPIREAT', KEYS[4], now + ttl)
+  redis.call('PEXPIREAT', KEYS[5], now + ttl)
+else
+  keep_until_last()
+end
 return {1, fence}
-"
-);
+";
 
 /// Resets the share of token `ARGV[1]` to `ARGV[2]` ms from now if it is live. KEYS as
 /// [`ACQUIRE_SHARE_LUA`]'s. Returns 1 or 0.
@@ -165,11 +184,17 @@ return 1
 macro_rules! release_share_lua {
     ($plain:literal, $head:literal) => {
         concat!(
-            drop_expired_lua!(),
             r"
-if redis.call('ZREM', KEYS[4], ARGV[1]) == 0 then return 0 end
-redis.call('HDEL', KEYS[5], ARGV[1])
-if redis.call('ZCARD', KEYS[4]) == 0 then redis.call('DEL', KEYS[4], KEYS[5]) end
+local t = redis.call('TIME')
+local now = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000)
+local until_ms = redis.call('ZSCORE', KEYS[4], ARGV[1])
+if not until_ms or tonumber(until_ms) <= now then return 0 end
+if redis.call('ZCARD', KEYS[4]) == 1 then
+  redis.call('DEL', KEYS[4], KEYS[5])
+else
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('HDEL', KEYS[5], ARGV[1])
+end
 ",
             crate::queue::announce_lua!("KEYS[7]", "KEYS[8]", "ARGV[3]", "ARGV[2]", $plain, $head),
             r"
