@@ -1763,3 +1763,100 @@ async fn shares_under_hostile_names_and_labels() {
         eprintln!("{label}: ok");
     }
 }
+
+/// The share procedures visible to a MariaDB user (0 when it may neither create nor run them).
+async fn mysql_share_procedures(url: &str) -> i64 {
+    use sqlx::Connection;
+    let mut c = sqlx::MySqlConnection::connect(url).await.expect("connect");
+    sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.ROUTINES \
+         WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME IN \
+           ('locksmith_locks_sacq1', 'locksmith_locks_sext1')",
+    )
+    .fetch_one(&mut c)
+    .await
+    .expect("probe")
+}
+
+/// On one MariaDB lock table, clients calling the share procedures and clients of a user who
+/// may neither create nor run them (the transaction of statements) use the same names: their
+/// readers share, a writer of either kind is kept out by readers of both and gets the name at
+/// once after the last of them released (a release's one `DELETE` leaves `shares_until`
+/// behind it), fences grow across all of them, and their permits count towards one limit.
+#[tokio::test]
+async fn mysql_share_procedures_and_statements_exclude_each_other() {
+    let (Some(main), Some(plain)) = (
+        conformance::require_env("LOCK_TEST_MYSQL_URL"),
+        conformance::require_env("LOCK_TEST_MYSQL_PLAIN_URL"),
+    ) else {
+        return;
+    };
+    let calls = client(&with_params(&main, "strategy=lease")).await;
+    let statements = client(&with_params(&plain, "strategy=lease")).await;
+    assert_eq!(
+        mysql_share_procedures(&main).await,
+        2,
+        "the main user's procedures"
+    );
+    assert_eq!(
+        mysql_share_procedures(&plain).await,
+        0,
+        "the plain user must see no procedure (it takes the statement path)"
+    );
+    let ttl = Duration::from_secs(30);
+    let read = LockOptions::new().ttl(ttl).no_auto_renew().shared();
+    let write = LockOptions::new().ttl(ttl).no_auto_renew();
+    for (first, second, label) in [
+        (&calls, &statements, "procedures first"),
+        (&statements, &calls, "statements first"),
+    ] {
+        let name = LockName::new(unique("mixed")).unwrap();
+        let r1 = first.try_lock(&name, &read).await.unwrap().expect(label);
+        let r2 = second.try_lock(&name, &read).await.unwrap().expect(label);
+        let (f1, f2) = (r1.fencing_token().unwrap(), r2.fencing_token().unwrap());
+        assert!(f2 > f1, "{label}: fences {f1}, {f2}");
+        for writer in [first, second] {
+            assert!(
+                writer.try_lock(&name, &write).await.unwrap().is_none(),
+                "{label}: a writer beside readers of both kinds"
+            );
+        }
+        r1.release().await.unwrap();
+        assert!(
+            second.try_lock(&name, &write).await.unwrap().is_none(),
+            "{label}: a writer beside the second reader"
+        );
+        r2.release().await.unwrap();
+        let w = second
+            .try_lock(&name, &write)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{label}: the name was not free after the last reader"));
+        let fw = w.fencing_token().unwrap();
+        assert!(fw > f2, "{label}: writer's fence {fw} after readers' {f2}");
+        for reader in [first, second] {
+            assert!(
+                reader.try_lock(&name, &read).await.unwrap().is_none(),
+                "{label}: a reader beside the writer"
+            );
+        }
+        w.release().await.unwrap();
+        // One limit for both kinds of permit holders.
+        let permit = LockOptions::new().ttl(ttl).no_auto_renew().permits(2);
+        let sem = LockName::new(unique("mixed-sem")).unwrap();
+        let p1 = first.try_lock(&sem, &permit).await.unwrap().expect(label);
+        let p2 = second.try_lock(&sem, &permit).await.unwrap().expect(label);
+        for third in [first, second] {
+            assert!(
+                third.try_lock(&sem, &permit).await.unwrap().is_none(),
+                "{label}: a third permit of two"
+            );
+        }
+        p1.release().await.unwrap();
+        let p3 = second.try_lock(&sem, &permit).await.unwrap().expect(label);
+        p2.release().await.unwrap();
+        p3.release().await.unwrap();
+    }
+    calls.flush().await;
+    statements.flush().await;
+}
