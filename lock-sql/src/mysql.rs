@@ -205,8 +205,16 @@ fn error_number(e: &sqlx::Error) -> Option<u16> {
         .map(|d| d.number())
 }
 
+/// A new session: READ COMMITTED for every transaction on it (each statement of a share's or
+/// a set's transaction reads what was committed before it: after the lease row is locked, what
+/// the transactions that held it before committed; and no gap locks, so two first attempts on
+/// a new name queue instead of deadlocking), set once here rather than per transaction; and its
+/// id.
 fn setup(conn: &mut MySqlConnection) -> futures::future::BoxFuture<'_, sqlx::Result<MyMeta>> {
     async move {
+        sqlx::raw_sql("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .execute(&mut *conn)
+            .await?;
         let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
             .fetch_one(conn)
             .await?;
@@ -1255,8 +1263,9 @@ impl Lease for MyLease {
     }
 }
 
-/// Runs `body` in a READ COMMITTED transaction (each statement reads what was committed before
-/// it: after the lease row is locked, what the transactions before committed), committed after
+/// Runs `body` in a transaction, READ COMMITTED as all of the session's (see [`setup`]: each
+/// statement reads what was committed before it: after the lease row is locked, what the
+/// transactions before committed), committed after
 /// `body` (a wait or a refusal too: nothing it did is wrong to keep, and the row lock must not
 /// outlive the call), rolled back after an error. Never left to sqlx's rollback on drop, which
 /// is only sent with the connection's next statement: an idle connection would keep the row
@@ -1267,9 +1276,6 @@ async fn in_tx<'c, T>(
         &'t mut MySqlConnection,
     ) -> futures::future::BoxFuture<'t, sqlx::Result<T>>,
 ) -> sqlx::Result<T> {
-    sqlx::raw_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        .execute(&mut *c)
-        .await?;
     let mut tx = c.begin().await?;
     match body(&mut tx).await {
         Ok(v) => {
@@ -1357,9 +1363,6 @@ async fn set_tx(
     members: &[crate::SetMember],
     gone: &lockcore::backend::CallerGone,
 ) -> sqlx::Result<Result<crate::SetFound>> {
-    sqlx::raw_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        .execute(&mut *c)
-        .await?;
     let mut tx = c.begin().await?;
     let mut fences = Vec::with_capacity(members.len());
     for (i, m) in members.iter().enumerate() {

@@ -8,7 +8,7 @@
 //! The on-table protocol is the statements' (see [`crate::shares`]): the name's lease row is
 //! locked first (created if missing), then its shares are read (a statement of its own, so
 //! that it reads what the transactions that held the row before committed) and written in one
-//! READ COMMITTED transaction, committed before the `CALL` answers. Clients that send the
+//! READ COMMITTED transaction (the session's isolation, set at connect), committed before the `CALL` answers. Clients that send the
 //! statements (a user without `CREATE ROUTINE`, see `create_share_procedures`) and clients
 //! calling the procedures exclude each other on that row.
 //!
@@ -67,8 +67,8 @@ pub(crate) fn ddl(t: &str, s: &str) -> [String; 2] {
     let [acquire, extend] = names(t);
     let now = "UTC_TIMESTAMP(6)";
     let epoch = "'1970-01-01 00:00:01'";
+    // READ COMMITTED: the session's (lock-sql's MariaDB sessions set it once, at connect).
     let begin = "DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END; \
-         SET TRANSACTION ISOLATION LEVEL READ COMMITTED; \
          START TRANSACTION;";
     // The lease row's state, the row locked: an exclusive holder's µs left, a waiting writer's
     // mark's µs left, the fence (NULL: no row yet).
