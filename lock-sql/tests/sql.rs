@@ -847,7 +847,11 @@ async fn a_rowid_shares_table_is_rebuilt_with_its_shares() {
     let t = "locksmith_rowid_shares";
     let st = format!("{t}_shares");
     let plain = sqlite_url().split('?').next().unwrap().to_owned();
-    let pool = sqlx::SqlitePool::connect(&plain).await.unwrap();
+    // The file may not exist yet (this test run alone on a fresh temp file).
+    let opts = <sqlx::sqlite::SqliteConnectOptions as std::str::FromStr>::from_str(&plain)
+        .unwrap()
+        .create_if_missing(true);
+    let pool = sqlx::SqlitePool::connect_with(opts).await.unwrap();
     let now = "((julianday('now') - 2440587.5) * 86400.0)";
     let ddl = format!(
         "DROP TABLE IF EXISTS {t}; DROP TABLE IF EXISTS {st}; \
