@@ -134,8 +134,8 @@ fn share_triggers(t: &str, st: &str) -> [String; 2] {
 
 /// The shares table `st`, `WITHOUT ROWID`: the rows live in the `(name, token)` key's b-tree,
 /// so a share written or deleted changes one b-tree where a rowid table changes two (the
-/// table and its key's index): measured 57 -> 44 µs per share acquire+release by hand (WAL,
-/// synchronous NORMAL), the exclusive lease's 32 µs unchanged.
+/// table and its key's index): measured 57 -> 44 µs per share acquire+release by hand (Python's
+/// sqlite3, WAL, synchronous NORMAL), the exclusive lease's 32 µs unchanged.
 fn shares_ddl(st: &str) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS {st} (name TEXT NOT NULL, token TEXT NOT NULL, \
@@ -147,10 +147,13 @@ fn shares_ddl(st: &str) -> String {
 /// Whether shares table `st` is a rowid table (one created before [`shares_ddl`] said
 /// `WITHOUT ROWID`): its key then has an index of its own, `sqlite_autoindex_<st>_1`.
 async fn shares_have_rowid<'e>(db: impl sqlx::SqliteExecutor<'e>, st: &str) -> sqlx::Result<bool> {
-    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'index' AND tbl_name = ?1 AND name = 'sqlite_autoindex_' || ?1 || '_1')")
-        .bind(st)
-        .fetch_one(db)
-        .await
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'index' AND tbl_name = ?1 \
+           AND name = 'sqlite_autoindex_' || ?1 || '_1')",
+    )
+    .bind(st)
+    .fetch_one(db)
+    .await
 }
 
 /// Rebuilds a rowid shares table `st` (beside lease table `t`) as [`shares_ddl`]'s, rows and
