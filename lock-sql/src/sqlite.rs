@@ -132,6 +132,62 @@ fn share_triggers(t: &str, st: &str) -> [String; 2] {
     ]
 }
 
+/// The shares table `st`, `WITHOUT ROWID`: the rows live in the `(name, token)` key's b-tree,
+/// so a share written or deleted changes one b-tree where a rowid table changes two (the
+/// table and its key's index): measured 57 -> 44 µs per share acquire+release by hand (Python's
+/// sqlite3, WAL, synchronous NORMAL), the exclusive lease's 32 µs unchanged.
+fn shares_ddl(st: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {st} (name TEXT NOT NULL, token TEXT NOT NULL, \
+           mode TEXT NOT NULL, expires_at REAL NOT NULL, fence INTEGER NOT NULL, \
+           holder TEXT, PRIMARY KEY (name, token)) WITHOUT ROWID"
+    )
+}
+
+/// Whether shares table `st` is a rowid table (one created before [`shares_ddl`] said
+/// `WITHOUT ROWID`): its key then has an index of its own, `sqlite_autoindex_<st>_1`.
+async fn shares_have_rowid<'e>(db: impl sqlx::SqliteExecutor<'e>, st: &str) -> sqlx::Result<bool> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'index' AND tbl_name = ?1 \
+           AND name = 'sqlite_autoindex_' || ?1 || '_1')",
+    )
+    .bind(st)
+    .fetch_one(db)
+    .await
+}
+
+/// Rebuilds a rowid shares table `st` (beside lease table `t`) as [`shares_ddl`]'s, rows and
+/// triggers kept, in one `BEGIN IMMEDIATE` transaction: the same name and columns, so clients
+/// of every version go on using it (SQLite re-prepares their statements on the schema
+/// change), and no share is written between the old table's drop (which drops its triggers)
+/// and the new triggers. Checked again under the write lock: two clients may race to do it.
+async fn shares_without_rowid(pool: &SqlitePool, t: &str, st: &str) -> sqlx::Result<()> {
+    if !shares_have_rowid(pool, st).await? {
+        return Ok(());
+    }
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    if !shares_have_rowid(&mut *tx, st).await? {
+        return tx.rollback().await;
+    }
+    let new = format!("{st}_rebuild");
+    let rebuild = format!(
+        "DROP TABLE IF EXISTS {new}; {ddl}; \
+         INSERT INTO {new} (name, token, mode, expires_at, fence, holder) \
+           SELECT name, token, mode, expires_at, fence, holder FROM {st}; \
+         DROP TABLE {st}; ALTER TABLE {new} RENAME TO {st};",
+        ddl = shares_ddl(&new),
+    );
+    sqlx::raw_sql(AssertSqlSafe(rebuild))
+        .execute(&mut *tx)
+        .await?;
+    for trigger in share_triggers(t, st) {
+        sqlx::raw_sql(AssertSqlSafe(trigger))
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await
+}
+
 impl LiteBackend {
     pub(crate) async fn connect(config: &Parsed) -> Result<LiteBackend> {
         let opts = SqliteConnectOptions::from_str(&config.sqlx_url)
@@ -168,14 +224,13 @@ impl LiteBackend {
         add_column(config, &pool, "shares_until", "REAL").await?;
         add_column(config, &pool, "writer_until", "REAL").await?;
         let st = crate::shares::table(t);
-        let ddl = format!(
-            "CREATE TABLE IF NOT EXISTS {st} (name TEXT NOT NULL, token TEXT NOT NULL, \
-               mode TEXT NOT NULL, expires_at REAL NOT NULL, fence INTEGER NOT NULL, \
-               holder TEXT, PRIMARY KEY (name, token))"
-        );
+        let ddl = shares_ddl(&st);
         retry_busy(|| sqlx::raw_sql(AssertSqlSafe(ddl.clone())).execute(&pool))
             .await
             .map_err(|e| map_err(config, "creating the shares table", e))?;
+        retry_busy(|| shares_without_rowid(&pool, t, &st))
+            .await
+            .map_err(|e| map_err(config, "rebuilding the shares table without rowid", e))?;
         for trigger in share_triggers(t, &st) {
             retry_busy(|| sqlx::raw_sql(AssertSqlSafe(trigger.clone())).execute(&pool))
                 .await

@@ -839,6 +839,66 @@ async fn an_older_lock_table_gets_the_share_columns() {
     }
 }
 
+/// A shares table made as a rowid table (before it was `WITHOUT ROWID`) is rebuilt without
+/// rowid on connect, its live shares and its triggers kept: a share held before keeps a
+/// writer out, and a new share gets a fence above it.
+#[tokio::test]
+async fn a_rowid_shares_table_is_rebuilt_with_its_shares() {
+    let t = "locksmith_rowid_shares";
+    let st = format!("{t}_shares");
+    let plain = sqlite_url().split('?').next().unwrap().to_owned();
+    // The file may not exist yet (this test run alone on a fresh temp file).
+    let opts = <sqlx::sqlite::SqliteConnectOptions as std::str::FromStr>::from_str(&plain)
+        .unwrap()
+        .create_if_missing(true);
+    let pool = sqlx::SqlitePool::connect_with(opts).await.unwrap();
+    let now = "((julianday('now') - 2440587.5) * 86400.0)";
+    let ddl = format!(
+        "DROP TABLE IF EXISTS {t}; DROP TABLE IF EXISTS {st}; \
+         CREATE TABLE {t} (name TEXT NOT NULL PRIMARY KEY, owner TEXT, \
+           fence INTEGER NOT NULL DEFAULT 0, expires_at REAL NOT NULL DEFAULT 0, holder TEXT, \
+           shares_until REAL, writer_until REAL); \
+         CREATE TABLE {st} (name TEXT NOT NULL, token TEXT NOT NULL, mode TEXT NOT NULL, \
+           expires_at REAL NOT NULL, fence INTEGER NOT NULL, holder TEXT, \
+           PRIMARY KEY (name, token)); \
+         INSERT INTO {t} (name, fence, shares_until) VALUES ('kept', 5, {now} + 30); \
+         INSERT INTO {st} (name, token, mode, expires_at, fence) \
+           VALUES ('kept', 'earlier', 'shared', {now} + 30, 5);"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let url = with_params(&sqlite_url(), &format!("table={t}"));
+    let (a, b) = (client(&url).await, client(&url).await);
+    let schema: Vec<(String, String)> =
+        sqlx::query_as("SELECT type, name FROM sqlite_master WHERE tbl_name = ?1 ORDER BY name")
+            .bind(&st)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let names: Vec<&str> = schema.iter().map(|(_, n)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            st.as_str(),
+            "locksmith_rowid_shares_sins1",
+            "locksmith_rowid_shares_supd1"
+        ],
+        "no key index of its own, the triggers: {schema:?}"
+    );
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    assert!(
+        b.try_lock("kept", &opts).await.unwrap().is_none(),
+        "the share kept holds writers off"
+    );
+    let r = a.try_lock("kept", &opts.clone().shared()).await.unwrap();
+    let r = r.expect("a reader beside the kept share");
+    assert!(r.fencing_token() > Some(5), "{:?}", r.fencing_token());
+    r.release().await.unwrap();
+    pool.close().await;
+}
+
 /// A share's renewal counts for writers too (the lease row's `shares_until` follows it): a
 /// reader extended past its first TTL still keeps a writer out after that TTL has run out,
 /// and an extend after a revoke is refused.
