@@ -56,10 +56,12 @@ impl ShareCalls {
 /// (another mode or limit among the live shares; a permit beside an exclusive holder), then a
 /// wait (a permit while `limit` are held; a reader behind an exclusive holder or a waiting
 /// writer's mark), else the share is inserted with the lease row's next fence and
-/// `shares_until` follows it. Live and expired are judged at one instant read after the row
-/// lock; expired shares are deleted only when the read saw one (most attempts find none). It commits before it answers, so the row lock never outlives the
-/// `CALL`; an error rolls back (the exit handler) and reaches the client as itself (a deadlock
-/// InnoDB broke is contention to the caller).
+/// `shares_until` follows it. Live and expired are judged at one instant, the locking read's
+/// start (a wait for the row only makes it older: more shares count as live, never fewer, and
+/// a new share's expiry comes earlier, never later); expired shares are deleted only when the
+/// read saw one (most attempts find none). Each outcome commits before it answers, so the row
+/// lock never outlives the `CALL`; an error rolls back (the exit handler) and reaches the
+/// client as itself (a deadlock InnoDB broke is contention to the caller).
 ///
 /// `extend` resets a live share's expiry and raises `shares_until` to it, on the locked row
 /// (the order every writer of the row and its shares keeps: row first).
@@ -71,33 +73,34 @@ pub(crate) fn ddl(t: &str, s: &str) -> [String; 2] {
     let begin = "DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END; \
          START TRANSACTION;";
     // The lease row's state, the row locked: an exclusive holder's µs left, a waiting writer's
-    // mark's µs left, the fence (NULL: no row yet).
+    // mark's µs left, the fence (NULL: no row yet), and the instant the rest is judged at.
     let lock_row = format!(
         "SELECT IF(owner IS NOT NULL AND expires_at > {now}, \
              TIMESTAMPDIFF(MICROSECOND, {now}, expires_at), NULL), \
            IF(writer_until > {now}, TIMESTAMPDIFF(MICROSECOND, {now}, writer_until), NULL), \
-           fence INTO v_ex, v_wr, v_fence FROM {t} WHERE name = p_name FOR UPDATE;"
+           fence, {now} INTO v_ex, v_wr, v_fence, v_now FROM {t} WHERE name = p_name FOR UPDATE;"
     );
+    let until = "v_now + INTERVAL p_ttl MICROSECOND";
     let raise = format!(
-        "shares_until = GREATEST(COALESCE(shares_until, {epoch}), v_until) WHERE name = p_name;"
+        "shares_until = GREATEST(COALESCE(shares_until, {epoch}), {until}) WHERE name = p_name;"
     );
     let name_token = "p_name VARBINARY(320), p_token VARCHAR(64) CHARACTER SET ascii";
+    // Each branch commits, then answers (one row, two BIGINTs).
     [
         format!(
             "CREATE PROCEDURE IF NOT EXISTS {acquire}({name_token}, \
                p_mode VARCHAR(32) CHARACTER SET ascii, p_limit BIGINT, p_ttl BIGINT, \
                p_holder TEXT CHARACTER SET utf8mb4) MODIFIES SQL DATA \
              BEGIN \
-               DECLARE v_ex, v_wr, v_fence, v_n, v_min, v_mine, v_dead, v_verdict, v_value BIGINT; \
+               DECLARE v_ex, v_wr, v_fence, v_n, v_min, v_mine, v_dead BIGINT; \
                DECLARE v_other INT; \
-               DECLARE v_now, v_until DATETIME(6); \
+               DECLARE v_now DATETIME(6); \
                {begin} \
                {lock_row} \
                IF v_fence IS NULL THEN \
                  INSERT INTO {t} (name) VALUES (p_name) ON DUPLICATE KEY UPDATE name = name; \
                  {lock_row} \
                END IF; \
-               SET v_now = {now}; \
                SELECT COALESCE(SUM(expires_at > v_now), 0), \
                    MIN(IF(expires_at > v_now, TIMESTAMPDIFF(MICROSECOND, v_now, expires_at), NULL)), \
                    COALESCE(MAX(expires_at > v_now AND mode <> p_mode), 0), \
@@ -107,26 +110,27 @@ pub(crate) fn ddl(t: &str, s: &str) -> [String; 2] {
                IF v_dead > 0 THEN \
                  DELETE FROM {s} WHERE name = p_name AND expires_at <= v_now; \
                END IF; \
-               SET v_until = {now} + INTERVAL p_ttl MICROSECOND; \
                IF v_mine IS NOT NULL THEN \
-                 UPDATE {s} SET expires_at = v_until WHERE name = p_name AND token = p_token; \
+                 UPDATE {s} SET expires_at = {until} WHERE name = p_name AND token = p_token; \
                  UPDATE {t} SET {raise} \
-                 SET v_verdict = 1, v_value = v_mine; \
+                 COMMIT; \
+                 SELECT CAST(1 AS SIGNED), v_mine; \
                ELSEIF v_other OR (p_limit > 0 AND v_ex IS NOT NULL) THEN \
-                 SET v_verdict = -1, v_value = 0; \
+                 COMMIT; \
+                 SELECT CAST(-1 AS SIGNED), CAST(0 AS SIGNED); \
                ELSEIF p_limit > 0 AND v_n >= p_limit THEN \
-                 SET v_verdict = 0, v_value = v_min; \
+                 COMMIT; \
+                 SELECT CAST(0 AS SIGNED), v_min; \
                ELSEIF p_limit = 0 AND COALESCE(v_ex, v_wr) IS NOT NULL THEN \
-                 SET v_verdict = 0, v_value = COALESCE(v_ex, v_wr); \
+                 COMMIT; \
+                 SELECT CAST(0 AS SIGNED), COALESCE(v_ex, v_wr); \
                ELSE \
-                 SET v_fence = v_fence + 1; \
                  INSERT INTO {s} (name, token, mode, expires_at, fence, holder) \
-                   VALUES (p_name, p_token, p_mode, v_until, v_fence, p_holder); \
-                 UPDATE {t} SET fence = v_fence, {raise} \
-                 SET v_verdict = 1, v_value = v_fence; \
+                   VALUES (p_name, p_token, p_mode, {until}, v_fence + 1, p_holder); \
+                 UPDATE {t} SET fence = v_fence + 1, {raise} \
+                 COMMIT; \
+                 SELECT CAST(1 AS SIGNED), v_fence + 1; \
                END IF; \
-               COMMIT; \
-               SELECT v_verdict, v_value; \
              END"
         ),
         format!(
@@ -134,12 +138,11 @@ pub(crate) fn ddl(t: &str, s: &str) -> [String; 2] {
                MODIFIES SQL DATA \
              BEGIN \
                DECLARE v_ex, v_wr, v_fence, v_n BIGINT; \
-               DECLARE v_until DATETIME(6); \
+               DECLARE v_now DATETIME(6); \
                {begin} \
                {lock_row} \
-               SET v_until = {now} + INTERVAL p_ttl MICROSECOND; \
-               UPDATE {s} SET expires_at = v_until \
-                 WHERE name = p_name AND token = p_token AND expires_at > {now}; \
+               UPDATE {s} SET expires_at = {until} \
+                 WHERE name = p_name AND token = p_token AND expires_at > v_now; \
                SET v_n = ROW_COUNT(); \
                IF v_n > 0 THEN \
                  UPDATE {t} SET {raise} \
