@@ -155,15 +155,20 @@ pub(crate) fn decide(mode: LockMode, seen: &Seen) -> Result<Verdict> {
     Ok(Verdict::Take)
 }
 
-/// The codes of a verdict worked out by the database in [`verdict_sql`].
+/// The codes of a verdict worked out by the database in [`verdict_sql`] (SQLite's).
+#[cfg(feature = "sqlite")]
 pub(crate) const SQL_WAIT: i64 = 0;
+#[cfg(feature = "sqlite")]
 pub(crate) const SQL_TAKE: i64 = 1;
+#[cfg(feature = "sqlite")]
 pub(crate) const SQL_MINE: i64 = 2;
+#[cfg(feature = "sqlite")]
 pub(crate) const SQL_CONFLICT: i64 = 3;
 
 /// What a share attempt read, as SQL expressions for [`verdict_sql`]: where a dialect folds
 /// the attempt into one round trip, the decision is made by the database, between its reads
 /// and its writes.
+#[cfg(feature = "sqlite")]
 pub(crate) struct SeenSql<'a> {
     /// 1 if an exclusive holder holds the name, else 0 (never NULL).
     pub(crate) exclusive: &'a str,
@@ -183,6 +188,7 @@ pub(crate) struct SeenSql<'a> {
 
 /// [`decide`] as one SQL expression, evaluating to [`SQL_WAIT`], [`SQL_TAKE`], [`SQL_MINE`] or
 /// [`SQL_CONFLICT`]: the same rules in the same order (the unit tests hold the two together).
+#[cfg(feature = "sqlite")]
 pub(crate) fn verdict_sql(s: &SeenSql<'_>) -> String {
     let SeenSql {
         exclusive,

@@ -586,29 +586,22 @@ async fn share_attempt(
     };
     let mode_column = crate::shares::mode_str(mode);
     let ttl = ttl.as_secs_f64();
-    let fence: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql.share_attempt.clone()))
-        .bind(name.as_str())
-        .bind(token)
-        .bind(&mode_column)
-        .bind(ttl)
-        .bind(holder)
-        .bind(permit)
-        .bind(limit)
-        .fetch_optional(pool)
-        .await?;
+    // Both statements take the same parameters (the verdict alone uses some of them).
+    let with_params = |statement: &str| {
+        sqlx::query_scalar::<_, i64>(AssertSqlSafe(statement.to_owned()))
+            .bind(name.as_str())
+            .bind(token)
+            .bind(mode_column.clone())
+            .bind(ttl)
+            .bind(holder)
+            .bind(permit)
+            .bind(limit)
+    };
+    let fence = with_params(&sql.share_attempt).fetch_optional(pool).await?;
     if fence.is_some() {
         return Ok(Ok(fence));
     }
-    let verdict: i64 = sqlx::query_scalar(AssertSqlSafe(sql.share_verdict.clone()))
-        .bind(name.as_str())
-        .bind(token)
-        .bind(&mode_column)
-        .bind(ttl)
-        .bind(holder)
-        .bind(permit)
-        .bind(limit)
-        .fetch_one(pool)
-        .await?;
+    let verdict = with_params(&sql.share_verdict).fetch_one(pool).await?;
     Ok(match verdict {
         crate::shares::SQL_CONFLICT => Err(crate::shares::conflict(mode)),
         _ => Ok(None),

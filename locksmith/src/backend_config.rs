@@ -21,7 +21,7 @@ pub async fn connect_config(config: Config) -> Result<Locker> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lockcore::{ErrorKind, LockOptions};
+    use lockcore::LockOptions;
 
     fn parse(json: &str) -> std::result::Result<Config, String> {
         serde_json::from_str(json).map_err(|e| e.to_string())
@@ -87,7 +87,7 @@ mod tests {
     async fn a_sql_variant_refuses_another_database() {
         let c = parse(r#"{"backend": "postgres", "url": "mysql://u:hunter2@h/db"}"#).unwrap();
         let e = connect_config(c).await.unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+        assert_eq!(e.kind(), lockcore::ErrorKind::InvalidConfig);
         assert!(!e.to_string().contains("hunter2"));
     }
 
