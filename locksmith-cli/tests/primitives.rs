@@ -307,21 +307,39 @@ fn permits_hold_across_processes_and_kills() {
 fn shared_readers_never_run_beside_a_writer_across_processes_and_kills() {
     let Some(urls) = urls(true) else { return };
     for (label, url) in urls {
-        let name = format!("cli-shared-{:08x}", fastrand::u32(..));
         let run_for = Duration::from_secs(4).mul_f64(scale());
-        // Four readers, two writers.
-        let (intervals, killed) = run_loops(
-            &url,
-            &name,
-            |i| if i < 4 { vec!["--shared"] } else { vec![] },
-            run_for,
-        );
-        let (most, beside_writer) = overlaps(&intervals);
+        // Four readers, two writers. Readers running together is up to chance where waiting
+        // writers hold new readers back (writer preference) and killed holders keep the name
+        // for their TTL: a round of a dozen commands may see none, so up to three rounds (a
+        // fresh name each) run until one does; every command of every round is checked.
+        let (mut intervals, mut killed, mut most) = (Vec::new(), 0, 0);
+        for _round in 0..3 {
+            let name = format!("cli-shared-{:08x}", fastrand::u32(..));
+            let (round, round_killed) = run_loops(
+                &url,
+                &name,
+                |i| if i < 4 { vec!["--shared"] } else { vec![] },
+                run_for,
+            );
+            // 1 when a writer ran (alone), 0 when none did in this round.
+            let (together, beside_writer) = overlaps(&round);
+            assert!(
+                beside_writer <= 1,
+                "{label}: a writer ran beside {} other commands",
+                beside_writer - 1
+            );
+            intervals.extend(round);
+            killed += round_killed;
+            most = most.max(together);
+            if most >= 2 {
+                break;
+            }
+        }
         let writers = intervals.iter().filter(|i| i.writer).count();
         writeln!(
             std::io::stderr(),
             "{label} shared: {} commands ran ({writers} writers), {killed} killed, at most \
-             {most} at once, {beside_writer} at once with a writer",
+             {most} at once, never one beside a writer",
             intervals.len()
         )
         .unwrap();
@@ -333,12 +351,9 @@ fn shared_readers_never_run_beside_a_writer_across_processes_and_kills() {
             writers > 0,
             "{label}: no writer ever ran: the writers starved"
         );
-        assert_eq!(
-            beside_writer,
-            1,
-            "{label}: a writer ran beside {} other commands",
-            beside_writer - 1
+        assert!(
+            most >= 2,
+            "{label}: readers never ran together in three rounds"
         );
-        assert!(most >= 2, "{label}: readers never ran together");
     }
 }
