@@ -22,6 +22,11 @@ pub struct UrlHarness {
     proxies: ClientProxies,
     /// The proxies of each client to crash, by the client's backend.
     crashable: Mutex<HashMap<usize, ProxyGroup>>,
+    /// For `memory:` URLs, the probe's client, kept while the harness lives: an in-process
+    /// store lives while a client holds it, and a scenario whose first client finished before
+    /// the next one connected met a fresh store (its fencing counter back at 1: seen once as
+    /// `mutual_exclusion_under_contention` failing on `memory://` in `locksmith report`).
+    _store_keeper: Option<Locker>,
 }
 
 /// A client's identity while it lives: its backend's address.
@@ -70,14 +75,15 @@ impl UrlHarness {
     /// Connects once to learn whether the backend can force-release locks and its smallest TTL;
     /// a failed probe is not reported here (the suite reports it as every scenario failing).
     pub async fn probe(label: String, url: String) -> Self {
-        let (can_revoke, min_ttl) = match locksmith::connect(&url).await {
+        let (can_revoke, min_ttl, store_keeper) = match locksmith::connect(&url).await {
             Ok(client) => {
                 let caps = client.capabilities();
-                let probed = (caps.force_release, caps.min_ttl);
+                let (can_revoke, min_ttl) = (caps.force_release, caps.min_ttl);
                 client.flush().await;
-                probed
+                let keeper = url.starts_with("memory:").then_some(client);
+                (can_revoke, min_ttl, keeper)
             }
-            Err(_) => (false, Duration::ZERO),
+            Err(_) => (false, Duration::ZERO, None),
         };
         // The backend's floor (etcd grants leases in whole seconds).
         let floor = hints(&url).map_or(HarnessHints::DEFAULT.min_scenario_ttl, |(_, h)| {
@@ -90,6 +96,7 @@ impl UrlHarness {
             min_ttl: min_ttl.max(floor),
             proxies: ClientProxies::new(),
             crashable: Mutex::new(HashMap::new()),
+            _store_keeper: store_keeper,
         }
     }
 
