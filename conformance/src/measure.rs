@@ -42,6 +42,12 @@ pub struct Figures {
     /// Hand-over across separate OS processes (measured by `locksmith bench`, which spawns
     /// them); `None` when not measured.
     pub processes: Option<ProcessHandover>,
+    /// The same processes looping the backend's bare primitive instead
+    /// ([`Backend::bare_cycle`](lockcore::backend::Backend::bare_cycle), where it waits:
+    /// [`bare_cycle_waits`](lockcore::backend::Backend::bare_cycle_waits)), measured by
+    /// `locksmith bench` right after [`processes`](Self::processes): the hand-over floor of the
+    /// mechanism; `None` where the bare primitive does not wait or was not measured.
+    pub bare_processes: Option<ProcessHandover>,
     /// Fairness over a longer run with more processes (by default 8 processes for 10 s,
     /// measured by `locksmith bench`): the fewest acquisitions of one process as a share of a
     /// fair share ([`ProcessHandover::min_fair_share`]) shows a process starved by split votes
@@ -65,6 +71,13 @@ impl Figures {
         self.permit_p50_us
             .filter(|_| self.uncontended_p50_us > 0.0)
             .map(|p| p / self.uncontended_p50_us)
+    }
+
+    /// The processes' hand-over rate as a multiple of the bare primitive's, where both were
+    /// measured.
+    pub fn bare_handover_ratio(&self) -> Option<f64> {
+        let (lib, bare) = (self.processes.as_ref()?, self.bare_processes.as_ref()?);
+        (bare.handover_per_sec > 0.0).then(|| lib.handover_per_sec / bare.handover_per_sec)
     }
 
     /// The uncontended p50 as a multiple of the bare primitive's, where it has one.
@@ -275,6 +288,7 @@ pub async fn measure_with(harness: &dyn Harness, fencing: Fencing) -> lockcore::
         holders: HOLDERS,
         contended_secs: secs,
         processes: None,
+        bare_processes: None,
         fairness: None,
         server_requests: None,
     })

@@ -724,6 +724,11 @@ impl Backend for SqlBackend {
         }
     }
 
+    /// The row lock's bare cycle is `pg_advisory_lock` / `GET_LOCK`, which wait.
+    fn bare_cycle_waits(&self) -> bool {
+        self.config.strategy == Strategy::RowLock
+    }
+
     async fn server_requests(&self) -> Result<u64> {
         match &self.inner {
             #[cfg(feature = "postgres")]

@@ -753,6 +753,15 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         ))
     }
 
+    /// Whether [`bare_cycle`](Self::bare_cycle) waits while `name` is held (a blocking
+    /// primitive such as `pg_advisory_lock` or `GET_LOCK`), so that processes looping it hand
+    /// the lock over to each other: the benchmark's bare hand-over rate, the floor the
+    /// library's own hand-over rate is judged against. False by default (a bare `SET NX` or an
+    /// insert fails on a held name instead of waiting).
+    fn bare_cycle_waits(&self) -> bool {
+        false
+    }
+
     /// The number of requests the server has handled so far, from its own statistics (Redis
     /// `INFO commandstats`, ZooKeeper `mntr`, etcd's metrics, PostgreSQL's `pg_stat_database`):
     /// the benchmark divides its growth by the hand-overs to show server requests per
@@ -820,6 +829,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     async fn bare_cycle(&self, name: &LockName) -> Result<()> {
         (**self).bare_cycle(name).await
+    }
+    fn bare_cycle_waits(&self) -> bool {
+        (**self).bare_cycle_waits()
     }
     async fn server_requests(&self) -> Result<u64> {
         (**self).server_requests().await

@@ -99,9 +99,20 @@ pub async fn add_process_figures(url: &str, label: &str, figures: &mut Figures, 
         plan.waiter_processes,
         plan.secs.as_secs_f64()
     );
-    match processes(url, plan.processes, plan.secs, plan.fencing).await {
+    match processes(url, plan.processes, plan.secs, plan.fencing, Loop::Library).await {
         Ok(p) => figures.processes = Some(p),
         Err(e) => eprintln!("[bench] {label}: process hand-over failed: {e}"),
+    }
+    if plan.processes > 0 && bare_cycle_waits(url).await {
+        eprintln!(
+            "[bench] {label}: the bare primitive's hand-over across {} processes ({} s)",
+            plan.processes,
+            plan.secs.as_secs_f64()
+        );
+        match processes(url, plan.processes, plan.secs, plan.fencing, Loop::Bare).await {
+            Ok(p) => figures.bare_processes = Some(p),
+            Err(e) => eprintln!("[bench] {label}: bare hand-over failed: {e}"),
+        }
     }
     if plan.fair_processes > 0 {
         eprintln!(
@@ -109,7 +120,15 @@ pub async fn add_process_figures(url: &str, label: &str, figures: &mut Figures, 
             plan.fair_processes,
             plan.fair_secs.as_secs_f64()
         );
-        match processes(url, plan.fair_processes, plan.fair_secs, plan.fencing).await {
+        match processes(
+            url,
+            plan.fair_processes,
+            plan.fair_secs,
+            plan.fencing,
+            Loop::Library,
+        )
+        .await
+        {
             Ok(p) => figures.fairness = Some(p),
             Err(e) => eprintln!("[bench] {label}: fairness run failed: {e}"),
         }
@@ -120,14 +139,37 @@ pub async fn add_process_figures(url: &str, label: &str, figures: &mut Figures, 
     }
 }
 
+/// What the worker processes loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Loop {
+    /// `lock` + `release` through the library.
+    Library,
+    /// The backend's bare primitive ([`locksmith::Backend::bare_cycle`]), where it waits.
+    Bare,
+}
+
+/// Whether the backend of `url` has a bare primitive that waits (so that processes looping it
+/// hand a lock over); false when it cannot be asked.
+async fn bare_cycle_waits(url: &str) -> bool {
+    match locksmith::connect(url).await {
+        Ok(probe) => {
+            let waits = probe.backend().bare_cycle_waits();
+            probe.flush().await;
+            waits
+        }
+        Err(_) => false,
+    }
+}
+
 /// `processes` processes with one client each contend for `secs`.
 async fn processes(
     url: &str,
     processes: usize,
     secs: Duration,
     fencing: Fencing,
+    looped: Loop,
 ) -> Result<ProcessHandover, String> {
-    let run = contend(url, processes, 1, secs, None, fencing).await?;
+    let run = contend(url, processes, 1, secs, None, fencing, looped).await?;
     let per_process: Vec<u64> = run.counts.iter().map(|c| c.iter().sum()).collect();
     let total: u64 = per_process.iter().sum();
     Ok(ProcessHandover {
@@ -172,6 +214,7 @@ async fn server_requests(url: &str, plan: Plan) -> Result<ServerRequests, String
             clients: counted.as_ref().map(|(_, count)| count),
         }),
         plan.fencing,
+        Loop::Library,
     )
     .await?;
     probe.flush().await;
@@ -244,6 +287,7 @@ async fn contend(
     secs: Duration,
     counters: Option<Counters<'_>>,
     fencing: Fencing,
+    looped: Loop,
 ) -> Result<Contended, String> {
     let name = format!("lsbench-procs-{:08x}", fastrand::u32(..));
     let mut workers = Vec::with_capacity(processes);
@@ -253,6 +297,7 @@ async fn contend(
                 .args(["--clients", &clients.to_string()])
                 .args(["--millis", &secs.as_millis().to_string()])
                 .arg(&name)
+                .args((looped == Loop::Bare).then_some("--bare"))
                 .env(
                     WORKER_FENCING_ENV,
                     if fencing.wanted() { "default" } else { "off" },
@@ -324,10 +369,10 @@ async fn contend(
 }
 
 /// `locksmith __bench-worker`: connects `clients` clients to the URL in its environment, prints
-/// `ready`, waits for `go`, loops `lock` + `release` on `name` with every client for `millis`,
-/// prints `counts N N ...`. Returns the exit code.
-pub async fn worker(name: &str, clients: usize, millis: u64) -> u8 {
-    match worker_inner(name, clients, millis).await {
+/// `ready`, waits for `go`, loops `lock` + `release` (with `bare`, the backend's bare primitive)
+/// on `name` with every client for `millis`, prints `counts N N ...`. Returns the exit code.
+pub async fn worker(name: &str, clients: usize, millis: u64, bare: bool) -> u8 {
+    match worker_inner(name, clients, millis, bare).await {
         Ok(counts) => {
             let counts: Vec<String> = counts.iter().map(u64::to_string).collect();
             println!("counts {}", counts.join(" "));
@@ -341,7 +386,12 @@ pub async fn worker(name: &str, clients: usize, millis: u64) -> u8 {
     }
 }
 
-async fn worker_inner(name: &str, clients: usize, millis: u64) -> locksmith::Result<Vec<u64>> {
+async fn worker_inner(
+    name: &str,
+    clients: usize,
+    millis: u64,
+    bare: bool,
+) -> locksmith::Result<Vec<u64>> {
     let url = worker_url()?;
     let name = LockName::new(name)?;
     let mut lockers = Vec::with_capacity(clients);
@@ -371,6 +421,17 @@ async fn worker_inner(name: &str, clients: usize, millis: u64) -> locksmith::Res
             let (locker, name, opts) = (locker.clone(), name.clone(), opts.clone());
             tokio::spawn(async move {
                 let mut count = 0u64;
+                if bare {
+                    // Cut off at the deadline: the lock it may hold goes with its connection
+                    // or its TTL; the run is over.
+                    while let Ok(cycle) =
+                        tokio::time::timeout_at(deadline, locker.backend().bare_cycle(&name)).await
+                    {
+                        cycle?;
+                        count += 1;
+                    }
+                    return Ok(count);
+                }
                 // A wait cut off by the deadline is dropped: cancel safe by the contract.
                 while let Ok(guard) =
                     tokio::time::timeout_at(deadline, locker.lock(&name, &opts)).await
@@ -440,6 +501,8 @@ fn table(rows: &[(String, Figures)]) -> String {
         "rtt µs",
         "tasks/s",
         "procs/s",
+        "bare procs/s",
+        "procs x bare",
         "spread",
         "fair min/share",
         "req/hand-over",
@@ -481,6 +544,10 @@ fn table(rows: &[(String, Figures)]) -> String {
             opt(f.round_trip_p50_us, 1),
             format!("{:.0} ({})", f.handover_per_sec, f.holders),
             procs,
+            f.bare_processes
+                .as_ref()
+                .map_or("-".into(), |b| format!("{:.0}", b.handover_per_sec)),
+            opt(f.bare_handover_ratio(), 2),
             spread,
             fairness,
             requests,
@@ -537,6 +604,13 @@ mod tests {
             per_process: vec![10, 20, 10, 5],
             handover_per_sec: 22.5,
         });
+        // The bare primitive's processes: 30/s, the library's 22.5/s.
+        f.bare_processes = Some(ProcessHandover {
+            processes: 4,
+            secs: 2.0,
+            per_process: vec![15, 15, 15, 15],
+            handover_per_sec: 30.0,
+        });
         // Fair share 10; the fewest got 5.
         f.fairness = Some(ProcessHandover {
             processes: 8,
@@ -567,6 +641,7 @@ mod tests {
         assert!(t.contains("2.00"), "{t}"); // x bare
         assert!(t.contains("4.00"), "{t}"); // spread 20/5
         assert!(t.contains("unsupported"), "{t}");
+        assert!(t.contains("0.75"), "procs x bare: {t}");
         assert_eq!(t.lines().count(), 4);
     }
 }

@@ -346,6 +346,9 @@ struct BenchWorkerArgs {
     /// How long to contend, in milliseconds, after `go`.
     #[arg(long)]
     millis: u64,
+    /// Loop the backend's bare primitive (`Backend::bare_cycle`) instead of `lock` + `release`.
+    #[arg(long)]
+    bare: bool,
     /// The lock's name.
     name: String,
 }
@@ -431,7 +434,7 @@ fn main() -> ExitCode {
                 }
                 bench::bench(&urls, a.plan()).await
             }
-            Command::BenchWorker(a) => bench::worker(&a.name, a.clients, a.millis).await,
+            Command::BenchWorker(a) => bench::worker(&a.name, a.clients, a.millis, a.bare).await,
             Command::RenewWorker(a) => {
                 renew_bench::worker(a.leases, Duration::from_millis(a.ttl_ms)).await
             }
