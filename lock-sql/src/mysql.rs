@@ -17,7 +17,7 @@ use crate::config::{Parsed, Strategy};
 use crate::conns::{Checked, Conns, is_conn_err};
 use crate::mysql_procs::ShareCalls;
 use crate::rowlock::guard_timeout;
-use crate::rowlock::{Holding, Queues, RowLease};
+use crate::rowlock::{HealthChecks, Holding, Queues, RowLease};
 use crate::shares::Verdict;
 use crate::sql_errors::map_err;
 
@@ -129,6 +129,8 @@ pub(crate) struct MyBackend {
     conns: Arc<MyConns>,
     sql: Arc<Sql>,
     queues: Arc<Queues>,
+    /// The health checks of this client's held row locks.
+    health: Arc<HealthChecks>,
 }
 
 /// Creates the share procedures of lock table `t` (shares table `st`) where missing and says
@@ -438,6 +440,7 @@ impl MyBackend {
             conns,
             sql: Arc::new(sql),
             queues: Arc::default(),
+            health: Arc::default(),
         })
     }
 
@@ -801,7 +804,7 @@ impl MyBackend {
                         fenced.then_some(fence),
                         req.ttl,
                         req.lost.clone(),
-                        "mysql",
+                        (&self.health, "mysql"),
                     );
                     return Ok(Some(Acquired::new(lease, answered_at)));
                 }

@@ -1,11 +1,15 @@
 //! What the row-lock strategy shares between PostgreSQL and MySQL: the held lease (a connection
-//! holding a session lock, watched by a health check) and the per-name queue that keeps this
-//! client's waiters for one name to a single server-side waiter.
+//! holding a session lock, watched by a health check: [`HealthChecks`]) and the per-name queue
+//! that keeps this client's waiters for one name to a single server-side waiter.
 
-use std::collections::HashMap;
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 
 use lockcore::backend::{Lease, LostNotifier};
 use lockcore::{Error, Instant, LockName, LostReason, Result};
@@ -94,35 +98,24 @@ impl fmt::Debug for RowLease {
 }
 
 impl RowLease {
-    /// Wraps the holding connection and starts its health check, which pings it every
-    /// [`check_interval`] until the guard is gone, and fires `ConnectionLost` when it fails.
+    /// Wraps the holding connection and hands it to the client's health checks, which ping it
+    /// every [`check_interval`] until it is released (or dropped), and fire `ConnectionLost`
+    /// when it fails.
     pub(crate) fn start(
         conn: Box<dyn Holding>,
         name: LockName,
         fencing: Option<u64>,
         ttl: Duration,
         lost: LostNotifier,
-        label: &'static str,
+        (checks, label): (&Arc<HealthChecks>, &'static str),
     ) -> Self {
         let held = Arc::new(Held {
             conn: Mutex::new(Some(conn)),
-            lost: lost.clone(),
+            lost,
             ttl: std::sync::Mutex::new(ttl),
             label,
         });
-        let watched = held.clone();
-        tokio::spawn(async move {
-            loop {
-                let interval = check_interval(watched.ttl());
-                tokio::select! {
-                    _ = lost.closed() => return,
-                    _ = tokio::time::sleep(interval) => {}
-                }
-                if !watched.check().await {
-                    return;
-                }
-            }
-        });
+        checks.watch(&held);
         RowLease {
             held,
             name,
@@ -213,6 +206,123 @@ impl Drop for RowLease {
     }
 }
 
+/// The health checks of one client's held row locks: one task with a timer heap, which pings
+/// each holding connection every [`check_interval`] (each ping a task of its own, so that a
+/// silent connection delays no other). A task per lease cost every acquisition a spawn and
+/// every release a wake-up; here an acquisition pushes onto the heap and wakes the task only
+/// when its check falls due before the task's next wake-up (the first lease after an idle
+/// spell). A released lease's entry stays until it falls due and is then dropped (its
+/// connection is gone from it); the task ends when the heap is empty.
+#[derive(Default)]
+pub(crate) struct HealthChecks {
+    state: std::sync::Mutex<ChecksState>,
+    wake: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct ChecksState {
+    due: BinaryHeap<Reverse<Due>>,
+    seq: u64,
+    /// The task is running (it ends when `due` is empty).
+    running: bool,
+    /// When the running task wakes up next by itself (`None`: only when notified).
+    armed: Option<Instant>,
+}
+
+/// A check that falls due at `at`.
+struct Due {
+    at: Instant,
+    seq: u64,
+    held: Weak<Held>,
+}
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Due {}
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Due {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
+impl HealthChecks {
+    /// Checks `held` one [`check_interval`] from now (and after each check that passes).
+    fn watch(self: &Arc<Self>, held: &Arc<Held>) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let at = s.push(held);
+        if !s.running {
+            s.running = true;
+            s.armed = None;
+            drop(s);
+            tokio::spawn(self.clone().run());
+        } else if s.armed.is_none_or(|armed| at < armed) {
+            drop(s);
+            self.wake.notify_one();
+        }
+    }
+
+    /// The task: pings what falls due (the pings run together, in this task), and ends when
+    /// nothing is due and no ping is in flight.
+    async fn run(self: Arc<Self>) {
+        let mut checking = FuturesUnordered::new();
+        loop {
+            let next = {
+                let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                let now = Instant::now();
+                while s.due.peek().is_some_and(|Reverse(d)| d.at <= now) {
+                    let Some(Reverse(d)) = s.due.pop() else { break };
+                    // Released and dropped, or lost: nothing to check any more.
+                    if let Some(held) = d.held.upgrade().filter(|h| !h.lost.is_fired()) {
+                        checking.push(async move {
+                            let alive = held.check().await;
+                            (held, alive)
+                        });
+                    }
+                }
+                let next = s.due.peek().map(|Reverse(d)| d.at);
+                if next.is_none() && checking.is_empty() {
+                    s.running = false;
+                    return;
+                }
+                s.armed = next;
+                next
+            };
+            tokio::select! {
+                () = tokio::time::sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() => {}
+                () = self.wake.notified() => {}
+                Some((held, alive)) = checking.next(), if !checking.is_empty() => {
+                    if alive {
+                        self.state.lock().unwrap_or_else(|e| e.into_inner()).push(&held);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl ChecksState {
+    /// Queues the next check of `held`; returns when it falls due.
+    fn push(&mut self, held: &Arc<Held>) -> Instant {
+        let at = Instant::now() + check_interval(held.ttl());
+        self.seq += 1;
+        let seq = self.seq;
+        self.due.push(Reverse(Due {
+            at,
+            seq,
+            held: Arc::downgrade(held),
+        }));
+        at
+    }
+}
+
 /// This client's waiters per name: only the first waits in the server's queue (on a connection
 /// of its own), the others wait here in arrival order. So many waiters on one busy name take
 /// one connection, not one each, and cannot use up the server's connections for other names.
@@ -269,5 +379,114 @@ impl Drop for Turn {
         if Arc::strong_count(&self.slot) == 2 {
             names.remove(&self.name);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+
+    use lockcore::backend::LostNotifier;
+
+    use super::*;
+
+    /// A holding connection whose pings succeed while `ok` is set.
+    struct Fake {
+        ok: Arc<AtomicBool>,
+        pings: Arc<AtomicUsize>,
+    }
+
+    #[lockcore::backend::async_trait]
+    impl Holding for Fake {
+        async fn ping(&mut self) -> sqlx::Result<()> {
+            self.pings.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if self.ok.load(std::sync::atomic::Ordering::SeqCst) {
+                Ok(())
+            } else {
+                Err(sqlx::Error::PoolClosed)
+            }
+        }
+        async fn set_guard(&mut self, _ttl: Duration) -> sqlx::Result<()> {
+            Ok(())
+        }
+        async fn unlock(&mut self) -> sqlx::Result<bool> {
+            Ok(true)
+        }
+        fn recycle(self: Box<Self>) {}
+    }
+
+    fn lease(
+        checks: &Arc<HealthChecks>,
+        ok: bool,
+    ) -> (
+        RowLease,
+        lockcore::LostSignal,
+        Arc<AtomicBool>,
+        Arc<AtomicUsize>,
+    ) {
+        let (ok, pings) = (Arc::new(AtomicBool::new(ok)), Arc::default());
+        let conn = Fake {
+            ok: ok.clone(),
+            pings: Arc::clone(&pings),
+        };
+        let (notifier, signal) = LostNotifier::new();
+        let lease = RowLease::start(
+            Box::new(conn),
+            LockName::new("health").expect("a valid name"),
+            None,
+            Duration::from_secs(1),
+            notifier,
+            (checks, "test"),
+        );
+        (lease, signal, ok, pings)
+    }
+
+    fn running(checks: &HealthChecks) -> bool {
+        checks.state.lock().expect("not poisoned").running
+    }
+
+    /// One task checks every held connection of the client, fires the lost signal of the one
+    /// that fails (and checks it no more), stops checking a released one, and ends when
+    /// nothing is held. Virtual time: the checks fall due every 250 ms (a quarter of the TTL).
+    #[tokio::test(start_paused = true)]
+    async fn one_task_checks_every_held_connection_until_none_is_held() {
+        let checks = Arc::new(HealthChecks::default());
+        let (a, a_lost, _, a_pings) = lease(&checks, true);
+        let (b, b_lost, b_ok, b_pings) = lease(&checks, true);
+        assert!(running(&checks));
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        let seen = |p: &AtomicUsize| p.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(
+            (seen(&a_pings), seen(&b_pings)),
+            (4, 4),
+            "a ping every 250 ms each"
+        );
+        b_ok.store(false, std::sync::atomic::Ordering::SeqCst);
+        let reason = tokio::time::timeout(Duration::from_millis(300), b_lost.lost())
+            .await
+            .expect("the failed check fires the lost signal within one interval");
+        assert_eq!(reason, LostReason::ConnectionLost);
+        assert!(!a_lost.is_lost(), "the healthy lease is not lost");
+        let b_after = seen(&b_pings);
+        a.release().await.expect("released");
+        let a_after = seen(&a_pings);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            seen(&b_pings),
+            b_after,
+            "a lost connection is checked no more"
+        );
+        assert_eq!(
+            seen(&a_pings),
+            a_after,
+            "a released connection is checked no more"
+        );
+        assert!(!running(&checks), "the task ends when nothing is held");
+        // A lease after that starts the task again.
+        let (c, _c_lost, _, c_pings) = lease(&checks, true);
+        assert!(running(&checks));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(seen(&c_pings), 1);
+        drop((b, c));
     }
 }

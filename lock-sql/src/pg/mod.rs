@@ -18,7 +18,7 @@ use tokio::sync::{OnceCell, broadcast, oneshot};
 use crate::config::{Parsed, Strategy};
 use crate::conns::{Checked, Conns, is_conn_err};
 use crate::rowlock::guard_timeout;
-use crate::rowlock::{Holding, Queues, RowLease};
+use crate::rowlock::{HealthChecks, Holding, Queues, RowLease};
 use crate::sql_errors::{db_code, map_err};
 
 mod lease;
@@ -128,6 +128,8 @@ pub(crate) struct PgBackend {
     conns: Arc<PgConns>,
     sql: Arc<Sql>,
     queues: Arc<Queues>,
+    /// The health checks of this client's held row locks.
+    health: Arc<HealthChecks>,
     listen_opts: PgConnectOptions,
     wakeups: OnceCell<Arc<Wakeups>>,
 }
@@ -645,6 +647,7 @@ impl PgBackend {
             conns,
             sql: Arc::new(sql),
             queues: Arc::default(),
+            health: Arc::default(),
             listen_opts: opts,
             wakeups: OnceCell::new(),
         })

@@ -113,7 +113,7 @@ impl PgBackend {
                         fenced.then_some(fence as u64),
                         req.ttl,
                         req.lost.clone(),
-                        "postgres",
+                        (&self.health, "postgres"),
                     );
                     return Ok(Some(Acquired::new(lease, answered_at)));
                 }
