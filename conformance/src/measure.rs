@@ -21,6 +21,11 @@ pub struct Figures {
     /// The backend's cheapest round trip (`PING`, `SELECT 1`, `exists`), median, microseconds,
     /// measured interleaved with the uncontended pairs; `None` where there is no server.
     pub round_trip_p50_us: Option<f64>,
+    /// The same round trip by a client on a current-thread runtime of its own (measured by
+    /// `locksmith bench`, whose clients otherwise run on a multi-thread runtime, as most
+    /// services do): what the multi-thread runtime's wake-ups across threads add shows as the
+    /// difference; `None` where not measured.
+    pub round_trip_one_thread_p50_us: Option<f64>,
     /// The backend's bare lock primitive ([`Backend::bare_cycle`](lockcore::backend::Backend::bare_cycle):
     /// acquire + release without the library), median, microseconds, measured interleaved
     /// with the uncontended pairs by the same client; `None` where the backend has none.
@@ -280,6 +285,7 @@ pub async fn measure_with(harness: &dyn Harness, fencing: Fencing) -> lockcore::
         uncontended_p50_us: p50.as_secs_f64() * 1e6,
         uncontended_p99_us: p99.as_secs_f64() * 1e6,
         round_trip_p50_us: round_trip_p50,
+        round_trip_one_thread_p50_us: None,
         bare_cycle_p50_us: bare_cycle_p50,
         shared_p50_us: shared_p50,
         permit_p50_us: permit_p50,

@@ -473,6 +473,9 @@ pub async fn bench(urls: &[String], plan: Plan) -> u8 {
         );
         match conformance::measure_with(&harness, plan.fencing).await {
             Ok(mut f) => {
+                if f.round_trip_p50_us.is_some() {
+                    f.round_trip_one_thread_p50_us = round_trip_on_one_thread(url).await;
+                }
                 add_process_figures(url, &label, &mut f, plan).await;
                 rows.push((label, f));
             }
@@ -484,6 +487,35 @@ pub async fn bench(urls: &[String], plan: Plan) -> u8 {
     }
     print!("{}", table(&rows));
     code
+}
+
+/// Round trips measured on a current-thread runtime of their own (a thread apart), 1,000
+/// after 100 to warm up: the median in µs, `None` when the client cannot connect or has no
+/// round trip to measure.
+async fn round_trip_on_one_thread(url: &str) -> Option<f64> {
+    let url = url.to_owned();
+    let measure = move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ok()?;
+        rt.block_on(async move {
+            let client = locksmith::connect(&url).await.ok()?;
+            let backend = client.backend();
+            let mut samples = Vec::with_capacity(1000);
+            for i in 0..1100 {
+                let start = std::time::Instant::now();
+                backend.round_trip().await.ok()?;
+                if i >= 100 {
+                    samples.push(start.elapsed());
+                }
+            }
+            client.flush().await;
+            samples.sort();
+            Some(samples[samples.len() / 2].as_secs_f64() * 1e6)
+        })
+    };
+    tokio::task::spawn_blocking(measure).await.ok().flatten()
 }
 
 /// The figures as a plain-text table.
@@ -499,6 +531,7 @@ fn table(rows: &[(String, Figures)]) -> String {
         "bare µs",
         "x bare",
         "rtt µs",
+        "rtt 1-thread µs",
         "tasks/s",
         "procs/s",
         "bare procs/s",
@@ -542,6 +575,7 @@ fn table(rows: &[(String, Figures)]) -> String {
             opt(f.bare_cycle_p50_us, 1),
             opt(f.bare_ratio(), 2),
             opt(f.round_trip_p50_us, 1),
+            opt(f.round_trip_one_thread_p50_us, 1),
             format!("{:.0} ({})", f.handover_per_sec, f.holders),
             procs,
             f.bare_processes
