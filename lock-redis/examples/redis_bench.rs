@@ -23,10 +23,15 @@ fn summary(mut samples: Vec<Duration>) -> (Duration, Duration) {
 }
 
 fn main() -> lockcore::Result<()> {
-    // BENCH_RT=current for a current-thread runtime (no cross-thread wake-ups); default: two
-    // worker threads, as an application would run.
+    // BENCH_RT=current for a current-thread runtime (no cross-thread wake-ups), BENCH_RT=one
+    // for a multi-thread runtime with one worker (no other worker to wake and steal); default:
+    // two worker threads, as an application would run.
     let rt = match std::env::var("BENCH_RT").as_deref() {
         Ok("current") => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Ok("one") => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
             .enable_all()
             .build(),
         _ => tokio::runtime::Builder::new_multi_thread()
@@ -35,6 +40,11 @@ fn main() -> lockcore::Result<()> {
             .build(),
     }
     .expect("a tokio runtime");
+    // BENCH_SPAWN=1: the measuring loop runs as a task on the runtime's workers (as a service's
+    // handlers do), not on the thread that blocks on the runtime.
+    if std::env::var("BENCH_SPAWN").is_ok_and(|v| v == "1") {
+        return rt.block_on(async { tokio::spawn(run()).await.expect("the bench task") });
+    }
     rt.block_on(run())
 }
 
