@@ -16,7 +16,7 @@ use lockcore::{Error, ErrorKind, Instant, LockMode, Result};
 use crate::backend::{EtcdBackend, ttl_secs};
 use crate::errors::lease_not_found;
 use crate::keeper::{LeaseCell, Renewal};
-use crate::modes::{Next, conflict, deletions, key_suffix, next};
+use crate::modes::{Next, conflict, deleted_down_to, deletions, key_suffix, next};
 use crate::watch::{Dispatch, Floor, Wake};
 
 /// How long a waiter waits on its watch before it re-checks the queue anyway, at most: a watch
@@ -233,6 +233,13 @@ impl EtcdBackend {
             // Queued: keep the queue key alive while waiting.
             self.inner.keeper.keep(cell.clone(), None);
             let mut own = Some(dispatch.deleted(key.as_bytes(), revision, &floor));
+            // An exclusive waiter waits for the keys ahead it knows (every one, when the queue
+            // listed is short; see `exclusive_wait`); the others for what `next` says.
+            let (mut keys, mut needed, mut complete) = (keys, needed, false);
+            if exclusive {
+                (keys, complete) = exclusive_wait(&ahead);
+                needed = keys.len();
+            }
             // An earlier attempt of ours ahead: the re-check deletes it (see there).
             let mut gone = (!keys
                 .iter()
@@ -240,26 +247,64 @@ impl EtcdBackend {
             .then(|| subscribe(dispatch, &keys, needed, &floor));
             drop(floor);
             let recheck = recheck_every(cell.ttl);
+            // A keep-alive sent when one key was left ahead (see `wait_ahead`).
+            let mut renewing = None;
             loop {
                 if let Some((subs, needed)) = gone.take() {
                     // Queued and watching: the deletions ahead that let us in wake this waiter.
                     req.waiting.mark();
-                    tokio::select! {
-                        w = deletions(subs, needed) => {
-                            if w == Wake::Deleted {
-                                self.inner.stats.wakeups.fetch_add(1, Ordering::Relaxed);
+                    let all_gone = if exclusive {
+                        self.wait_ahead(subs, complete, &cell, &mut renewing, &mut own, recheck)
+                            .await
+                    } else {
+                        tokio::select! {
+                            w = deletions(subs, needed) => {
+                                if w == Wake::Deleted {
+                                    self.inner.stats.wakeups.fetch_add(1, Ordering::Relaxed);
+                                }
                             }
+                            _ = wait_opt(&mut own) => {
+                                // Our key was deleted (revoked, its lease expired), or the
+                                // watch resynced. The re-check below tells: it compares our
+                                // key's create revision, and queues again if the key is gone.
+                                own = None;
+                            }
+                            // The watch may be silent (its member cut off from the quorum,
+                            // before require-leader cancels it; an application's client
+                            // without it): look anyway, so that a free lock is noticed within
+                            // this period.
+                            _ = tokio::time::sleep(recheck) => {}
                         }
-                        _ = wait_opt(&mut own) => {
-                            // Our key was deleted (revoked, its lease expired), or the watch
-                            // resynced. The re-check below tells: it compares our key's create
-                            // revision, and queues again if the key is gone.
-                            own = None;
-                        }
-                        // The watch may be silent (its member cut off from the quorum, before
-                        // require-leader cancels it; an application's client without it): look
-                        // anyway, so that a free lock is noticed within this period.
-                        _ = tokio::time::sleep(recheck) => {}
+                        false
+                    };
+                    // Every key that was ahead of ours is deleted, as the client's watch saw
+                    // (no key can ever come ahead of ours: create revisions only grow), and
+                    // our own key's deletion did not come first (its subscription is older
+                    // than the deletions seen, and events are applied in revision order): the
+                    // lock is ours without a look at the server, as etcd's `concurrency.Mutex`
+                    // takes it on its predecessor's deletion.
+                    let own_fired = all_gone
+                        && own.as_mut().is_none_or(|o| {
+                            o.try_recv() != Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+                        });
+                    if own_fired {
+                        // Deleted, or the watch resynced: the re-check below tells.
+                        own = None;
+                    } else if all_gone {
+                        let Some((lease_sent, granted)) =
+                            self.fresh_lease(&cell, renewing.take()).await?
+                        else {
+                            // The lease is gone, and our key with it: queue again.
+                            self.inner.keeper.release(cell.id);
+                            queued.state = QueueState::Idle;
+                            continue 'enqueue;
+                        };
+                        queued.disarm();
+                        let deleted = own.take().expect("checked above");
+                        let lease = self.hold_watching(req, cell, key, revision, deleted);
+                        return Ok(Some(
+                            Acquired::new(lease, lease_sent).with_granted_ttl(granted),
+                        ));
                     }
                 }
                 // Who is ahead of us now? Sent with a keep-alive so that the lease's TTL counts
@@ -279,7 +324,7 @@ impl EtcdBackend {
                 let ahead = if exclusive {
                     ahead
                         .with_sort(SortTarget::Create, SortOrder::Descend)
-                        .with_limit(1)
+                        .with_limit(WAIT_AHEAD as i64 + 1)
                 } else {
                     ahead.with_sort(SortTarget::Create, SortOrder::Ascend)
                 };
@@ -318,10 +363,23 @@ impl EtcdBackend {
                         );
                     }
                 }
+                if exclusive {
+                    // Listed nearest first: in queue order, as `next` reads it.
+                    listing.reverse();
+                }
                 let ahead: Vec<(&[u8], i64)> =
                     listing.iter().map(|(k, c)| (k.as_slice(), *c)).collect();
                 match next(&req.mode, &ahead) {
                     Next::Wait { keys, needed } => {
+                        let (keys, needed) = if exclusive {
+                            // At most WAIT_AHEAD + 1 keys listed: every one ahead if fewer.
+                            let (keys, all) = exclusive_wait(&ahead);
+                            complete = all;
+                            let n = keys.len();
+                            (keys, n)
+                        } else {
+                            (keys, needed)
+                        };
                         let mine: Vec<_> = keys
                             .iter()
                             .filter(|(k, _)| k.starts_with(own_prefix.as_bytes()))
@@ -360,6 +418,101 @@ impl EtcdBackend {
         }
     }
 }
+
+/// At most this many keys ahead are waited on at once by an exclusive waiter (each one is a
+/// subscription on the client's watch, no request): with no more than this ahead, the waiter
+/// knows every key that can keep it out, and takes the lock once they are gone, without a look
+/// at the server.
+pub(crate) const WAIT_AHEAD: usize = 32;
+
+/// The keys ahead (in queue order) an exclusive waiter waits on: the [`WAIT_AHEAD`] nearest,
+/// and whether they are every key ahead (then their deletions let it in; else it looks at the
+/// queue again once they are gone). The list is every key ahead when it was read with the
+/// waiter's key or after it: no key can come ahead of an existing one (create revisions only
+/// grow), so the keys ahead only ever go.
+fn exclusive_wait<'a>(ahead: &[(&'a [u8], i64)]) -> (Vec<(&'a [u8], i64)>, bool) {
+    let from = ahead.len().saturating_sub(WAIT_AHEAD);
+    (ahead[from..].to_vec(), from == 0)
+}
+
+impl EtcdBackend {
+    /// An exclusive waiter's wait for the keys ahead of it (`subs`, their deletions on the
+    /// client's watch). Returns whether every one was deleted; `false` when the waiter must look
+    /// at the server: the list was not every key ahead (`complete` false), the watch resynced,
+    /// our own key's subscription fired (then `own` is taken), or the re-check period passed
+    /// (the watch may be silent: a member cut off from the quorum, before require-leader
+    /// cancels it, or an application's client without it).
+    ///
+    /// When one key is left ahead (the holder, or the one about to hold) and the waiter's lease
+    /// was not renewed lately, one keep-alive goes out (`renewing`), so that the lease is fresh
+    /// when the lock comes: the hand-over then waits for no request. One waiter does this per
+    /// hand-over (the one that is now second in line): no herd.
+    async fn wait_ahead(
+        &self,
+        mut subs: Vec<tokio::sync::oneshot::Receiver<Wake>>,
+        complete: bool,
+        cell: &Arc<LeaseCell>,
+        renewing: &mut Option<tokio::sync::oneshot::Receiver<KeepAliveAnswer>>,
+        own: &mut Option<tokio::sync::oneshot::Receiver<Wake>>,
+        recheck: Duration,
+    ) -> bool {
+        let timer = tokio::time::sleep(recheck);
+        tokio::pin!(timer);
+        loop {
+            let renew_first = complete && renewing.is_none() && !renewed_lately(cell);
+            let left = usize::from(renew_first);
+            tokio::select! {
+                w = deleted_down_to(&mut subs, left) => {
+                    if w == Wake::Resync {
+                        return false;
+                    }
+                    if subs.is_empty() {
+                        self.inner.stats.wakeups.fetch_add(1, Ordering::Relaxed);
+                        return complete;
+                    }
+                    *renewing = Some(self.inner.keeper.refresh(cell.clone()));
+                }
+                _ = wait_opt(own) => {
+                    // Our key was deleted (revoked, its lease expired), or the watch resynced.
+                    // The re-check tells: it compares our key's create revision, and queues
+                    // again if the key is gone.
+                    *own = None;
+                    return false;
+                }
+                _ = &mut timer => return false,
+            }
+        }
+    }
+
+    /// The lease of a waiter that takes the lock with no request: its keep-alive sent when one
+    /// key was left ahead (`renewing`), if that one still leaves the lease renewed lately (within
+    /// 1 % of its TTL, as a pooled lease counts at acquisition); else one keep-alive now.
+    /// Returns when the lease's TTL counts from and the TTL, or `None` if the lease is gone.
+    async fn fresh_lease(
+        &self,
+        cell: &Arc<LeaseCell>,
+        renewing: Option<tokio::sync::oneshot::Receiver<KeepAliveAnswer>>,
+    ) -> Result<Option<(Instant, Duration)>> {
+        if let Some(rx) = renewing
+            && let Ok(Ok(Renewal::Gone)) = rx.await
+        {
+            return Ok(None);
+        }
+        let now = Instant::now();
+        if renewed_lately(cell) {
+            return Ok(Some((now, cell.expires().saturating_duration_since(now))));
+        }
+        match self.inner.keeper.refresh(cell.clone()).await {
+            Ok(Ok(Renewal::Alive { sent, ttl })) => Ok(Some((sent, ttl))),
+            Ok(Ok(Renewal::Gone)) => Ok(None),
+            // No answer to the keep-alive: count from the last one answered.
+            _ => Ok(Some((cell.expires() - cell.ttl, cell.ttl))),
+        }
+    }
+}
+
+/// What the keeper answers to one keep-alive.
+type KeepAliveAnswer = std::result::Result<Renewal, String>;
 
 /// What an acquisition's key holds: the holder's metadata ([`lockcore::Holder::encode`]), or
 /// for a campaign the candidate's value alone (the holder's label), where etcd's
@@ -463,7 +616,13 @@ pub(crate) fn recheck_every(ttl: Duration) -> Duration {
 /// Whether `cell`'s lease has at least 99 % of its TTL left (a keep-alive answered within the
 /// last 1 % of the TTL): a lock taken with it counts that much as granted, without a keep-alive.
 pub(crate) fn renewed_lately(cell: &LeaseCell) -> bool {
-    cell.expires() >= Instant::now() + (cell.ttl - cell.ttl / 100)
+    renewed_within(cell, cell.ttl / 100)
+}
+
+/// Whether `cell`'s lease was renewed (a keep-alive or its grant answered) at most `ago` before
+/// now: its TTL less `ago` is left at least.
+pub(crate) fn renewed_within(cell: &LeaseCell, ago: Duration) -> bool {
+    cell.expires() >= Instant::now() + cell.ttl.saturating_sub(ago)
 }
 
 pub(crate) async fn wait_opt(
