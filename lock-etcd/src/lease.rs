@@ -48,7 +48,7 @@ impl EtcdBackend {
     ) -> EtcdLease {
         let secs = ttl_secs(req.ttl);
         let (stop, stop_rx) = tokio_watch::channel(false);
-        self.inner.keeper.release(cell.id);
+        self.inner.keeper.release_cell(&cell);
         let shared = Arc::new(LeaseShared {
             backend: self.clone(),
             key,
@@ -352,7 +352,7 @@ impl Lease for EtcdLease {
         let shared = &self.shared;
         shared.stop.send_replace(true);
         let inner = &shared.backend.inner;
-        inner.keeper.release(shared.lease().0.id);
+        inner.keeper.release_cell(&shared.lease().0);
         let pending = shared.pending();
         if let Some((p, _)) = &pending {
             inner.keeper.release(p.id);
