@@ -1,14 +1,35 @@
-//! Scratch: a prefix-compare Txn (the acquisition's) against a directory with no dead keys and
-//! one with 5000 dead (deleted, not compacted) keys, interleaved.
+//! What deleted keys cost a lock's acquisition: the acquiring transaction's shape (put if no key
+//! under the lock's prefix, else read the first) timed against a prefix with no deleted keys and
+//! one under which N keys were put and deleted (not compacted yet), interleaved. etcd's index
+//! walks every key of a prefix read, deleted ones included, until a compaction drops them: the
+//! reason a client reuses its key names (one per lease) instead of one name per acquisition.
+//!
+//! ```text
+//! cargo run --release -p lock-etcd --example etcd_dead_keys -- [N, default 5000]
+//! ```
+//! (against `LOCK_TEST_ETCD_URL`; the keys are under `lsbench-dead-*/` and `lsbench-fresh-*/`).
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use lockcore::Instant;
 
 async fn cycle(c: &mut Client, dir: &str, lease: i64) -> std::time::Duration {
     let key = format!("{dir}live");
     let s = Instant::now();
-    let txn = Txn::new().when([Compare::create_revision(dir, CompareOp::Equal, 0).with_prefix()])
-        .and_then([TxnOp::put(key.as_str(), "", Some(PutOptions::new().with_lease(lease)))])
-        .or_else([TxnOp::get(dir, Some(GetOptions::new().with_prefix().with_keys_only().with_limit(1)))]);
+    let txn = Txn::new()
+        .when([Compare::create_revision(dir, CompareOp::Equal, 0).with_prefix()])
+        .and_then([TxnOp::put(
+            key.as_str(),
+            "",
+            Some(PutOptions::new().with_lease(lease)),
+        )])
+        .or_else([TxnOp::get(
+            dir,
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only()
+                    .with_limit(1),
+            ),
+        )]);
     c.txn(txn).await.unwrap();
     let t = s.elapsed();
     c.delete(key.as_str(), None).await.unwrap();
@@ -22,8 +43,8 @@ async fn main() {
     let mut c = Client::connect([host], None).await.unwrap();
     let lease = c.lease_grant(120, None).await.unwrap().id();
     let n: usize = std::env::args().nth(1).map_or(5000, |a| a.parse().unwrap());
-    let fresh = format!("etcdrate-fresh-{:08x}/", fastrand::u32(..));
-    let dead = format!("etcdrate-dead-{:08x}/", fastrand::u32(..));
+    let fresh = format!("lsbench-fresh-{:08x}/", fastrand::u32(..));
+    let dead = format!("lsbench-dead-{:08x}/", fastrand::u32(..));
     for i in 0..n {
         let k = format!("{dead}d{i}");
         c.put(k.as_str(), "", None).await.unwrap();
@@ -36,6 +57,14 @@ async fn main() {
     }
     a.sort();
     b.sort();
-    println!("acquire Txn, no dead keys: p50 {} us p90 {} us", a[500].as_micros(), a[900].as_micros());
-    println!("acquire Txn, {n} dead keys: p50 {} us p90 {} us", b[500].as_micros(), b[900].as_micros());
+    println!(
+        "acquire Txn, no dead keys: p50 {} us p90 {} us",
+        a[500].as_micros(),
+        a[900].as_micros()
+    );
+    println!(
+        "acquire Txn, {n} dead keys: p50 {} us p90 {} us",
+        b[500].as_micros(),
+        b[900].as_micros()
+    );
 }

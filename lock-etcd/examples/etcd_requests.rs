@@ -98,7 +98,7 @@ async fn main() {
 
     let backend = EtcdBackend::connect(&url).await.expect("connect");
     let locker = Locker::new(backend.clone());
-    let name = LockName::new(format!("etcdrate-req-{:08x}", fastrand::u32(..))).unwrap();
+    let name = LockName::new(format!("lsbench-requests-{:08x}", fastrand::u32(..))).unwrap();
     for _ in 0..20 {
         let g = locker.try_lock(&name, &opts).await.unwrap().expect("free");
         g.release().await.unwrap();
@@ -124,7 +124,11 @@ async fn main() {
 
     let a = Locker::new(EtcdBackend::connect(&url).await.expect("connect"));
     let b = Locker::new(EtcdBackend::connect(&url).await.expect("connect"));
-    let name = LockName::new(format!("etcdrate-handover-{:08x}", fastrand::u32(..))).unwrap();
+    let name = LockName::new(format!(
+        "lsbench-requests-handover-{:08x}",
+        fastrand::u32(..)
+    ))
+    .unwrap();
     let count = Arc::new(AtomicU64::new(0));
     let before = counters(&host);
     let t = Instant::now();

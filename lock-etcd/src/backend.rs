@@ -144,7 +144,11 @@ const ABANDONED_MAX: usize = 1024;
 impl EtcdBackend {
     /// Remembers `key`, put (or maybe put) by an abandoned attempt of the acquisition `token`.
     pub(crate) fn abandon(&self, token: OwnerToken, key: &str) {
-        let mut map = self.inner.abandoned.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self
+            .inner
+            .abandoned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if map.len() < ABANDONED_MAX || map.contains_key(&token) {
             map.entry(token).or_default().push(key.to_owned());
         }
@@ -152,7 +156,11 @@ impl EtcdBackend {
 
     /// Forgets `key` of an abandoned attempt of `token`: it is deleted.
     pub(crate) fn forget_abandoned(&self, token: OwnerToken, key: &str) {
-        let mut map = self.inner.abandoned.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self
+            .inner
+            .abandoned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if let Some(keys) = map.get_mut(&token) {
             keys.retain(|k| k != key);
             if keys.is_empty() {
@@ -163,7 +171,11 @@ impl EtcdBackend {
 
     /// Whether `key` was put by an abandoned attempt of the acquisition `token`.
     pub(crate) fn is_abandoned(&self, token: &OwnerToken, key: &[u8]) -> bool {
-        let map = self.inner.abandoned.lock().unwrap_or_else(|e| e.into_inner());
+        let map = self
+            .inner
+            .abandoned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         map.get(token)
             .is_some_and(|keys| keys.iter().any(|k| k.as_bytes() == key))
     }
