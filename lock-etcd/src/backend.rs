@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Client, Txn, TxnResponse};
+use lockcore::backend::OwnerToken;
 use lockcore::{Capabilities, Instant, IntoLockName, LockName, Result};
 
 use crate::config::Config;
@@ -59,6 +60,10 @@ pub(crate) struct Inner {
     /// Leases whose lock was released cleanly, by granted TTL in seconds.
     pub(crate) pool: Mutex<HashMap<u64, Vec<Arc<LeaseCell>>>>,
     pub(crate) bare_lease: tokio::sync::Mutex<Option<Arc<LeaseCell>>>,
+    /// The keys of abandoned attempts whose clean-up has not deleted them (yet), by owner token:
+    /// a retry of the same acquisition deletes them instead of queueing behind them (a key's
+    /// name is its lease's id, not the token: see `queue.rs`).
+    pub(crate) abandoned: Mutex<HashMap<OwnerToken, Vec<String>>>,
     pub(crate) stats: Stats,
 }
 
@@ -129,6 +134,50 @@ impl EtcdBackend {
             async move { c.txn(txn).await }
         })
         .await
+    }
+}
+
+/// At most this many owner tokens are remembered with abandoned keys (see `Inner::abandoned`);
+/// past it a retry waits for such a key's lease to expire, as for anyone else's.
+const ABANDONED_MAX: usize = 1024;
+
+impl EtcdBackend {
+    /// Remembers `key`, put (or maybe put) by an abandoned attempt of the acquisition `token`.
+    pub(crate) fn abandon(&self, token: OwnerToken, key: &str) {
+        let mut map = self
+            .inner
+            .abandoned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if map.len() < ABANDONED_MAX || map.contains_key(&token) {
+            map.entry(token).or_default().push(key.to_owned());
+        }
+    }
+
+    /// Forgets `key` of an abandoned attempt of `token`: it is deleted.
+    pub(crate) fn forget_abandoned(&self, token: OwnerToken, key: &str) {
+        let mut map = self
+            .inner
+            .abandoned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(keys) = map.get_mut(&token) {
+            keys.retain(|k| k != key);
+            if keys.is_empty() {
+                map.remove(&token);
+            }
+        }
+    }
+
+    /// Whether `key` was put by an abandoned attempt of the acquisition `token`.
+    pub(crate) fn is_abandoned(&self, token: &OwnerToken, key: &[u8]) -> bool {
+        let map = self
+            .inner
+            .abandoned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        map.get(token)
+            .is_some_and(|keys| keys.iter().any(|k| k.as_bytes() == key))
     }
 }
 

@@ -163,6 +163,7 @@ impl EtcdBackend {
                 keeper,
                 pool: Mutex::new(HashMap::new()),
                 bare_lease: tokio::sync::Mutex::new(None),
+                abandoned: Mutex::new(HashMap::new()),
                 stats: Stats::default(),
             }),
         };

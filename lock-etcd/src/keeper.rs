@@ -9,6 +9,7 @@
 //! (with any lease it still keeps) and sends a keep-alive for every kept lease at once.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,6 +34,8 @@ pub(crate) struct LeaseCell {
     /// The TTL the server granted.
     pub(crate) ttl: Duration,
     expires: Mutex<Instant>,
+    /// Set while the keeper may keep the lease alive periodically (see [`Keeper::release_cell`]).
+    kept: AtomicBool,
 }
 
 impl LeaseCell {
@@ -41,6 +44,7 @@ impl LeaseCell {
             id,
             ttl,
             expires: Mutex::new(sent + ttl),
+            kept: AtomicBool::new(false),
         })
     }
 
@@ -87,11 +91,23 @@ impl Keeper {
     }
 
     pub(crate) fn keep(&self, lease: Arc<LeaseCell>, lost: Option<LostNotifier>) {
+        lease.kept.store(true, Ordering::Relaxed);
         let _ = self.tx.send(Cmd::Keep { lease, lost });
     }
 
     pub(crate) fn release(&self, id: i64) {
         let _ = self.tx.send(Cmd::Release { id });
+    }
+
+    /// [`Keeper::release`], sent only if the lease was given to [`Keeper::keep`] since it was
+    /// last released this way: a lease that was never kept (an uncontended lock's, taken from
+    /// the pool) costs no message, so no wake-up of the keeper task on the acquisition's path.
+    /// (A lease the keeper only refreshed on demand needs no release: its entry goes with the
+    /// last answer.)
+    pub(crate) fn release_cell(&self, lease: &LeaseCell) {
+        if lease.kept.swap(false, Ordering::Relaxed) {
+            self.release(lease.id);
+        }
     }
 
     /// Sends one keep-alive for `lease` at once (the send time is taken by the task just before

@@ -13,6 +13,7 @@ use tokio::sync::watch as tokio_watch;
 
 use crate::backend::{EtcdBackend, ttl_secs};
 use crate::keeper::{LeaseCell, Renewal};
+use crate::queue::renewed_within;
 use crate::watch::{Floor, Wake};
 
 impl EtcdBackend {
@@ -26,9 +27,28 @@ impl EtcdBackend {
         revision: i64,
         floor: Floor,
     ) -> EtcdLease {
+        // The floor, taken before the winning transaction, covers a deletion racing this point.
+        let deleted = self
+            .inner
+            .dispatch
+            .deleted(key.as_bytes(), revision, &floor);
+        drop(floor);
+        self.hold_watching(req, cell, key, revision, deleted)
+    }
+
+    /// [`EtcdBackend::hold`] with the subscription to the key's deletion already made (by a
+    /// waiter, since it queued: a deletion at any point after the key's creation fires it).
+    pub(crate) fn hold_watching(
+        &self,
+        req: &AcquireRequest,
+        cell: Arc<LeaseCell>,
+        key: String,
+        revision: i64,
+        deleted: tokio::sync::oneshot::Receiver<Wake>,
+    ) -> EtcdLease {
         let secs = ttl_secs(req.ttl);
         let (stop, stop_rx) = tokio_watch::channel(false);
-        self.inner.keeper.release(cell.id);
+        self.inner.keeper.release_cell(&cell);
         let shared = Arc::new(LeaseShared {
             backend: self.clone(),
             key,
@@ -43,12 +63,6 @@ impl EtcdBackend {
             stop,
         });
         // The lease lives its TTL from the last keep-alive: the contract's watchdog extends it.
-        // The floor, taken before the winning transaction, covers a deletion racing this point.
-        let deleted = self
-            .inner
-            .dispatch
-            .deleted(shared.key.as_bytes(), revision, &floor);
-        drop(floor);
         tokio::spawn(watch_held(
             shared.clone(),
             req.lost.clone(),
@@ -338,7 +352,7 @@ impl Lease for EtcdLease {
         let shared = &self.shared;
         shared.stop.send_replace(true);
         let inner = &shared.backend.inner;
-        inner.keeper.release(shared.lease().0.id);
+        inner.keeper.release_cell(&shared.lease().0);
         let pending = shared.pending();
         if let Some((p, _)) = &pending {
             inner.keeper.release(p.id);
@@ -367,7 +381,13 @@ impl Lease for EtcdLease {
         }
         if resp.succeeded() {
             // Renewed now, off the next acquisition's path: that one then needs no keep-alive.
-            drop(inner.keeper.refresh(cell.clone()));
+            // Not again if it was renewed within the last half percent of its TTL (as a lock
+            // released soon after it was taken, or a lease released again and again in a loop):
+            // the next acquisition within another half percent still finds it renewed lately,
+            // and a release costs its one request, as etcd's `concurrency.Mutex`'s `Unlock`.
+            if !renewed_within(&cell, cell.ttl / 200) {
+                drop(inner.keeper.refresh(cell.clone()));
+            }
             shared.backend.pool_put(secs, cell);
             Ok(())
         } else {

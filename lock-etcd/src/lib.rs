@@ -20,11 +20,15 @@
 //!
 //! A lock `name` owns the keys under `<prefix>/<name.escaped()>/` (the escaping has no `/`, so
 //! no name's keys are a prefix of another's). Each acquisition attempt puts its own key
-//! `<dir><owner token>-<attempt>`, attached to a lease, in one transaction; the key with the
-//! lowest create revision holds the lock. A waiter waits only for the deletion of its
-//! predecessor (the key with the highest create revision below its own), so one release wakes
-//! one waiter: FIFO, no herd. Ownership is always checked by create revision, and renewal also
-//! by the lease carrying the key.
+//! `<dir><lease id in hex>` (etcd's `concurrency.Mutex` layout; a shared or permit key adds its
+//! mode, see below), attached to that lease, in one transaction; the key with the lowest create
+//! revision holds the lock. A lease is reused only once its key is deleted, so a client locking
+//! one name again and again reuses one key name, and etcd's index keeps one deleted key for it
+//! until compaction instead of one per acquisition (the queue's prefix reads walk them all). A
+//! waiter wakes only for the deletions of the keys ahead of it (the keys with a lower create
+//! revision, which only ever go), so one release wakes one waiter: FIFO, no herd; when its
+//! watch has seen every key ahead deleted it holds without another request. Ownership is always
+//! checked by create revision, and renewal also by the lease carrying the key.
 //!
 //! * Uncontended `try_lock`/`lock`: one transaction ("if the directory is empty, put my key"),
 //!   plus a keep-alive sent alongside it on the client's keep-alive stream when the lease is
@@ -144,9 +148,8 @@
 //!   locksmith's fencing token and [`Leadership::term`](lockcore::Leadership::term)).
 //!
 //! What differs: a locksmith leader's [`Leader::holder`](lockcore::Leader::holder) is `None`
-//! on etcd (host and process id would have to share the key's value with the proposal); a
-//! locksmith key's name is not its lease id (nothing in etcd's recipe reads another
-//! candidate's key name); an empty campaign value reads back as no value (an empty value is a
+//! on etcd (host and process id would have to share the key's value with the proposal); an
+//! empty campaign value reads back as no value (an empty value is a
 //! Mutex key's), and a value that is itself holder metadata (`{"v":1,...}`) as that
 //! metadata's label; the peer lacks locksmith's lost signal, and an `etcdctl elect` leader
 //! that crashed is replaced only when its session lease expires (60 s by default; on SIGINT or

@@ -155,6 +155,30 @@ pub(crate) async fn deletions(mut subs: Vec<oneshot::Receiver<Wake>>, mut needed
     .await
 }
 
+/// Resolves once at most `left` of `subs` have not reported a deletion (those that did are
+/// removed), or at once on a resync (or a subscription dropped by the watch), after which the
+/// waiter looks at the server. Cancel safe: the subscriptions left stay in `subs`.
+pub(crate) async fn deleted_down_to(subs: &mut Vec<oneshot::Receiver<Wake>>, left: usize) -> Wake {
+    std::future::poll_fn(|cx: &mut Context<'_>| {
+        let mut i = 0;
+        while i < subs.len() {
+            match Pin::new(&mut subs[i]).poll(cx) {
+                Poll::Pending => i += 1,
+                Poll::Ready(Ok(Wake::Deleted)) => {
+                    subs.swap_remove(i);
+                }
+                Poll::Ready(_) => return Poll::Ready(Wake::Resync),
+            }
+        }
+        if subs.len() <= left {
+            Poll::Ready(Wake::Deleted)
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -66,6 +66,7 @@ impl EtcdBackend {
                         .zip(&keys)
                         .map(|((cell, _, secs), key)| QueueCleanUp {
                             backend: self.clone(),
+                            token: None,
                             key: key.clone(),
                             secs: *secs,
                             state: QueueState::Sending(cell.clone()),
