@@ -380,9 +380,10 @@ fn main() -> ExitCode {
     };
     let code = match cli.command {
         Command::Run(a) => rt.block_on(run_cmd::run(a)),
-        // On a worker thread of the runtime, as a service's tasks run: a future driven by the
-        // thread that blocks on the runtime makes every request cross threads (the clients'
-        // connection tasks run on the workers), which doubled the bench's Redis round trip.
+        // On a worker thread of the runtime, as a service's tasks run (what the bench measures
+        // should be what a service sees): a future driven by the thread that blocks on the
+        // runtime makes every request cross threads to the clients' connection tasks, which
+        // run on the workers.
         command => rt.block_on(async move {
             match tokio::spawn(dispatch(command)).await {
                 Ok(code) => code,
