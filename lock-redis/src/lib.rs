@@ -133,7 +133,7 @@ use lockcore::backend::{
 };
 use lockcore::{Capabilities, Error, Instant, LockInfo, LockMode, LockName, Result, WaitKind};
 
-use crate::batch::Renewals;
+use crate::batch::{Layout, Renewals};
 pub use crate::config::Config;
 use crate::conn::Conn;
 pub use crate::interop::Interop;
@@ -284,7 +284,13 @@ impl RedisBackend {
         let interop = cfg.interop;
         let renewals =
             (!cfg.cluster && wait_conn.is_none() && interop.is_none_or(Interop::batched_renewals))
-                .then(|| Renewals::start(node.conn()));
+                .then(|| {
+                    let layout = Layout {
+                        namespace: cfg.namespace.clone(),
+                        interop,
+                    };
+                    Renewals::start(node.conn(), layout)
+                });
         Ok(RedisBackend {
             inner: Arc::new(Inner {
                 node,
@@ -891,6 +897,13 @@ impl Lease for RedisLease {
     ///
     /// Cancel safety: dropping the future may or may not have extended the lease.
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
+        if !self.share
+            && let Some(renewals) = &self.inner.renewals
+        {
+            // The batch derives the keys and owner itself, into a buffer it reuses.
+            let held = renewals.extend(&self.name, self.token, ttl).await?;
+            return if held { Ok(ttl) } else { Err(not_held()) };
+        }
         let (keys, owner) = (self.keys(), self.owner());
         if self.share {
             let (mut conn, replicas) = match &self.inner.wait_conn {
@@ -898,10 +911,6 @@ impl Lease for RedisLease {
                 None => (self.inner.node.conn(), None),
             };
             let held = shares::extend(&mut conn, &keys, &owner, ttl, replicas).await?;
-            return if held { Ok(ttl) } else { Err(not_held()) };
-        }
-        if let Some(renewals) = &self.inner.renewals {
-            let held = renewals.extend(keys, owner, ttl).await?;
             return if held { Ok(ttl) } else { Err(not_held()) };
         }
         let Some((conn, replicas)) = &self.inner.wait_conn else {

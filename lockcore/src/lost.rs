@@ -74,6 +74,10 @@ pub struct LostNotifier(Arc<NotifierInner>);
 
 /// The state a lease's notifiers and signals share: one small allocation per lease (a
 /// `tokio::sync::watch` channel took about 350 bytes of the ~2 KB a held lease cost; issue 24).
+/// A guard's validity lives here too ([`LostNotifier::attach_validity`]), and one notify wakes
+/// the waiters of both: an allocation and a wait list less per lease than when the validity had
+/// its own (waiters look again at what they wait for, so waking one on the other's change only
+/// costs a look).
 struct NotifierInner {
     /// The first reason reported ([`reason_code`]), 0 while none is.
     reason: AtomicU8,
@@ -88,8 +92,11 @@ struct NotifierInner {
     notifiers: AtomicUsize,
     /// Live [`LostSignal`]s: once none is left, [`LostNotifier::closed`] resolves.
     signals: AtomicUsize,
-    /// Woken on the first report and when the last notifier or the last signal goes.
-    changed: tokio::sync::Notify,
+    /// Whether a guard's validity is attached: the signals then watch its deadline too.
+    attached: AtomicBool,
+    /// The guard's validity, once attached; its notify (`changed`) is also woken on the first
+    /// report and when the last notifier or the last signal goes.
+    validity: Validity,
 }
 
 impl NotifierInner {
@@ -101,7 +108,7 @@ impl NotifierInner {
     async fn wait_for<T>(&self, mut done: impl FnMut(&Self) -> Option<T>) -> T {
         loop {
             // Registered before the check: a change after it wakes this waiter.
-            let changed = self.changed.notified();
+            let changed = self.validity.changed.notified();
             if let Some(out) = done(self) {
                 return out;
             }
@@ -157,7 +164,7 @@ impl Clone for LostNotifier {
 impl Drop for LostNotifier {
     fn drop(&mut self) {
         if self.0.notifiers.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.changed.notify_waiters();
+            self.0.validity.changed.notify_waiters();
         }
     }
 }
@@ -171,15 +178,26 @@ impl LostNotifier {
             hook: std::sync::OnceLock::new(),
             notifiers: AtomicUsize::new(1),
             signals: AtomicUsize::new(1),
-            changed: tokio::sync::Notify::new(),
+            attached: AtomicBool::new(false),
+            // Unused until a guard attaches it.
+            validity: Validity::new(Instant::now(), None),
         });
-        (
-            LostNotifier(inner.clone()),
-            LostSignal {
-                inner,
-                validity: None,
-            },
-        )
+        (LostNotifier(inner.clone()), LostSignal { inner })
+    }
+
+    /// Makes this lease a guard's: its signals also fire when the validity deadline `until`
+    /// passes while it is held, and `hold` is where the maximum hold time ends it. Called once,
+    /// before the guard hands out its signal.
+    pub(crate) fn attach_validity(&self, until: Instant, hold: Option<Instant>) {
+        let v = &self.0.validity;
+        v.set_until(until);
+        *v.hold_end.lock().unwrap_or_else(|e| e.into_inner()) = hold;
+        self.0.attached.store(true, Ordering::Release);
+    }
+
+    /// The lease's validity (a guard's, once attached).
+    pub(crate) fn validity(&self) -> &Validity {
+        &self.0.validity
     }
 
     /// Reports the lease lost; returns false if it was already reported.
@@ -196,7 +214,7 @@ impl LostNotifier {
             .compare_exchange(0, reason_code(reason), Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if first {
-            inner.changed.notify_waiters();
+            inner.validity.changed.notify_waiters();
             if let Some(hook) = inner.hook.get().and_then(std::sync::Weak::upgrade) {
                 hook.lost(reason);
             }
@@ -238,7 +256,8 @@ impl LostNotifier {
     }
 }
 
-/// A lease's validity deadline, shared by its guard, its watchdog and its signals.
+/// A lease's validity deadline, shared by its guard, its watchdog and its signals (in the
+/// signal's state, [`NotifierInner`]).
 #[derive(Debug)]
 pub(crate) struct Validity {
     until: Mutex<Instant>,
@@ -247,8 +266,9 @@ pub(crate) struct Validity {
     /// renewal asked for what was left of the hold only. A deadline that passes at or after it
     /// is [`LostReason::MaxHoldReached`].
     hold_end: Mutex<Option<Instant>>,
-    /// Woken whenever the deadline moves, so that sleepers re-arm (an extend may shorten it).
-    pub(crate) moved: tokio::sync::Notify,
+    /// Woken whenever the deadline moves, so that sleepers re-arm (an extend may shorten it),
+    /// and whenever the lost signal's state changes (see [`NotifierInner`]).
+    pub(crate) changed: tokio::sync::Notify,
     /// Set once the lease is released (or abandoned): a deadline passing after that is no loss.
     /// Set through [`Validity::end`], which wakes [`LostSignal::ended`].
     pub(crate) ended: AtomicBool,
@@ -259,7 +279,7 @@ impl Validity {
         Validity {
             until: Mutex::new(until),
             hold_end: Mutex::new(hold),
-            moved: tokio::sync::Notify::new(),
+            changed: tokio::sync::Notify::new(),
             ended: AtomicBool::new(false),
         }
     }
@@ -282,7 +302,7 @@ impl Validity {
         }
         *until = at;
         drop(until);
-        self.moved.notify_waiters();
+        self.changed.notify_waiters();
         true
     }
 
@@ -294,14 +314,14 @@ impl Validity {
         }
         *until = at;
         drop(until);
-        self.moved.notify_waiters();
+        self.changed.notify_waiters();
         true
     }
 
     /// The holder ended the lease (released, dropped or abandoned it).
     pub(crate) fn end(&self) {
         self.ended.store(true, Ordering::Release);
-        self.moved.notify_waiters();
+        self.changed.notify_waiters();
     }
 
     /// Whether the deadline passed while the lease was still held.
@@ -342,7 +362,6 @@ impl Validity {
 /// also stop when the guard is released or dropped awaits [`LostSignal::ended`] instead.
 pub struct LostSignal {
     inner: Arc<NotifierInner>,
-    validity: Option<Arc<Validity>>,
 }
 
 impl Clone for LostSignal {
@@ -350,7 +369,6 @@ impl Clone for LostSignal {
         self.inner.signals.fetch_add(1, Ordering::Relaxed);
         LostSignal {
             inner: self.inner.clone(),
-            validity: self.validity.clone(),
         }
     }
 }
@@ -358,7 +376,7 @@ impl Clone for LostSignal {
 impl Drop for LostSignal {
     fn drop(&mut self) {
         if self.inner.signals.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.inner.changed.notify_waiters();
+            self.inner.validity.changed.notify_waiters();
         }
     }
 }
@@ -367,21 +385,24 @@ impl fmt::Debug for LostSignal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LostSignal")
             .field("reported", &self.inner.reason())
-            .field("validity", &self.validity)
+            .field("validity", &self.validity())
             .finish()
     }
 }
 
 impl LostSignal {
-    pub(crate) fn with_validity(mut self, validity: Arc<Validity>) -> Self {
-        self.validity = Some(validity);
-        self
+    /// The guard's validity, if one is attached.
+    fn validity(&self) -> Option<&Validity> {
+        self.inner
+            .attached
+            .load(Ordering::Acquire)
+            .then_some(&self.inner.validity)
     }
 
     /// The reason, if the lease is known lost.
     pub fn reason(&self) -> Option<LostReason> {
         let reported = self.inner.reason();
-        reported.or_else(|| self.validity.as_ref().and_then(|v| v.expired_reason()))
+        reported.or_else(|| self.validity().and_then(Validity::expired_reason))
     }
 
     /// Whether the lease is known lost.
@@ -399,8 +420,7 @@ impl LostSignal {
             .reason()
             .and_then(|_| self.inner.fired_at.get().copied());
         let expired = self
-            .validity
-            .as_ref()
+            .validity()
             .and_then(|v| v.expired().then(|| v.until()));
         match (reported, expired) {
             (Some(r), Some(e)) => Some(r.min(e)),
@@ -415,11 +435,11 @@ impl LostSignal {
     /// Cancel safe: dropping the future loses nothing.
     pub async fn lost(&self) -> LostReason {
         let deadline = async {
-            let Some(validity) = &self.validity else {
+            let Some(validity) = self.validity() else {
                 return std::future::pending().await;
             };
             loop {
-                let moved = validity.moved.notified();
+                let moved = validity.changed.notified();
                 tokio::select! {
                     _ = tokio::time::sleep_until(validity.until()) => {}
                     _ = moved => continue,
@@ -454,11 +474,11 @@ impl LostSignal {
     /// Cancel safe: dropping the future loses nothing.
     pub async fn at_risk(&self, margin: Duration) -> Risk {
         let ending = async {
-            let Some(validity) = &self.validity else {
+            let Some(validity) = self.validity() else {
                 return std::future::pending().await;
             };
             loop {
-                let moved = validity.moved.notified();
+                let moved = validity.changed.notified();
                 let warn_at = validity
                     .until()
                     .checked_sub(margin)
@@ -503,10 +523,10 @@ impl LostSignal {
             return ended;
         }
         let released = async {
-            match &self.validity {
+            match self.validity() {
                 Some(validity) => loop {
                     // Registered before the check: the holder's end notifies after setting it.
-                    let moved = validity.moved.notified();
+                    let moved = validity.changed.notified();
                     if validity.ended.load(Ordering::Acquire) {
                         return;
                     }
@@ -540,8 +560,7 @@ impl LostSignal {
     /// the holder's end, when set, came first.
     fn ended_now(&self) -> Option<Ended> {
         if self
-            .validity
-            .as_ref()
+            .validity()
             .is_some_and(|v| v.ended.load(Ordering::Acquire))
         {
             return Some(Ended::Released);
@@ -566,17 +585,14 @@ mod tests {
         let ttl = Duration::from_secs(3);
         let margin = Duration::from_secs(1);
         let (n, s) = LostNotifier::new();
-        let validity = Arc::new(Validity::new(start + ttl, None));
-        let s = s.with_validity(validity.clone());
+        n.attach_validity(start + ttl, None);
+        let validity = s.validity().unwrap();
 
         // Renewed every second (a third of the TTL) for 5 s: never within the margin.
-        let renewer = {
-            let validity = validity.clone();
-            async move {
-                for i in 1..=5 {
-                    tokio::time::sleep_until(start + Duration::from_secs(i)).await;
-                    assert!(validity.renew_to(Instant::now() + ttl));
-                }
+        let renewer = async {
+            for i in 1..=5 {
+                tokio::time::sleep_until(start + Duration::from_secs(i)).await;
+                assert!(validity.renew_to(Instant::now() + ttl));
             }
         };
         let risk = tokio::select! {
@@ -607,8 +623,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn at_risk_never_fires_after_a_normal_end() {
         let (n, s) = LostNotifier::new();
-        let validity = Arc::new(Validity::new(Instant::now() + Duration::from_secs(2), None));
-        let s = s.with_validity(validity.clone());
+        n.attach_validity(Instant::now() + Duration::from_secs(2), None);
+        let validity = s.validity().unwrap();
         validity.ended.store(true, Ordering::Release);
         drop(n);
         let never =
@@ -620,8 +636,7 @@ mod tests {
     async fn lost_at_is_the_first_report_or_the_passed_deadline() {
         let start = Instant::now();
         let (n, s) = LostNotifier::new();
-        let validity = Arc::new(Validity::new(start + Duration::from_secs(2), None));
-        let s = s.with_validity(validity);
+        n.attach_validity(start + Duration::from_secs(2), None);
         assert_eq!(s.lost_at(), None);
         tokio::time::sleep(Duration::from_secs(1)).await;
         n.fire(LostReason::ConnectionLost);
@@ -633,9 +648,9 @@ mod tests {
         assert_eq!(s.lost_at(), Some(start + Duration::from_secs(1)));
 
         // Not reported: the deadline, once passed.
-        let (_n, s) = LostNotifier::new();
-        let validity = Arc::new(Validity::new(Instant::now() + Duration::from_secs(2), None));
-        let s = s.with_validity(validity.clone());
+        let (n, s) = LostNotifier::new();
+        n.attach_validity(Instant::now() + Duration::from_secs(2), None);
+        let validity = s.validity().unwrap();
         let deadline = validity.until();
         assert_eq!(s.lost_at(), None);
         tokio::time::sleep(Duration::from_secs(3)).await;

@@ -8,7 +8,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::{AcquireRequest, Acquired, Backend, OwnerToken};
-use crate::lost::Validity;
 use crate::{Error, LockName, LockOptions, LostSignal, RenewKind, Result};
 
 use super::inner::LockerInner;
@@ -93,25 +92,22 @@ impl LockGuard {
             acquired_at,
             lease: acquired.lease,
             notifier: request.lost,
-            validity: Arc::new(Validity::new(acquired.sent_at, hold_deadline)),
             release_started: AtomicBool::new(false),
             loss_recorded: AtomicBool::new(false),
-            extending: tokio::sync::Mutex::new(()),
+            extending: Default::default(),
             hold_deadline,
             watch,
             renewal: Default::default(),
         });
         shared
-            .validity
-            .set_until(shared.deadline(acquired.sent_at, granted, caps));
+            .notifier
+            .attach_validity(shared.deadline(acquired.sent_at, granted, caps), hold_deadline);
         // The lost span and counter, once (a loss already reported runs it now).
         let hook: std::sync::Weak<GuardShared> = Arc::downgrade(&shared);
         shared.notifier.set_hook(hook);
-        let validity = shared.validity.clone();
         if let Some(watch) = &shared.watch {
             watch.start(shared.clone(), interval.map(|i| acquired.sent_at + i));
         }
-        let signal = signal.with_validity(validity);
         LockGuard {
             shared,
             signal,

@@ -10,6 +10,8 @@ use tracing::Instrument;
 
 use crate::backend::{BoxLease, LostNotifier, OwnerToken};
 use crate::lost::{LostHook, Validity};
+
+use super::turn::Turn;
 use crate::telemetry::Telemetry;
 use crate::{Capabilities, Error, ErrorKind, LockName, LostReason, Result};
 
@@ -25,21 +27,22 @@ pub(super) struct GuardShared {
     pub(super) telemetry: Arc<Telemetry>,
     pub(super) acquired_at: Instant,
     pub(super) lease: BoxLease,
+    /// The lost signal's sending half; its state holds the lease's validity too (one
+    /// allocation for both: issue 24).
     pub(super) notifier: LostNotifier,
-    pub(super) validity: Arc<Validity>,
     pub(super) release_started: AtomicBool,
     /// The loss went to the telemetry (once per lease).
     pub(super) loss_recorded: AtomicBool,
     /// Held across each extend: extends of one guard (the watchdog's and the user's) run one at
     /// a time, so the validity always follows the request the server applied last.
-    pub(super) extending: tokio::sync::Mutex<()>,
+    pub(super) extending: Turn,
     /// Acquired at plus the maximum hold time, when auto-renewal is on.
     pub(super) hold_deadline: Option<Instant>,
     /// The lease's watch by the locker's watchdog, where it needs one (renewal, or the release
     /// of a session-bound lease at its deadline).
     pub(super) watch: Option<WatchRef>,
-    /// Whether the watchdog has a renewal of it in flight (aborted when the guard ends).
-    pub(super) renewal: std::sync::Mutex<RenewSlot>,
+    /// Whether the watchdog has a renewal of it in flight (stopped when the guard ends).
+    pub(super) renewal: RenewSlot,
 }
 
 impl LostHook for GuardShared {
@@ -52,8 +55,13 @@ impl LostHook for GuardShared {
 }
 
 impl GuardShared {
+    /// The lease's validity deadline (kept in the lost signal's state).
+    pub(super) fn validity(&self) -> &Validity {
+        self.notifier.validity()
+    }
+
     pub(super) fn valid_until(&self) -> Instant {
-        self.validity.until()
+        self.validity().until()
     }
 
     /// The validity of a lease granted `granted` by a request sent at `sent`: minus the drift
@@ -107,7 +115,7 @@ impl GuardShared {
         caps: &Capabilities,
         auto: bool,
     ) -> Result<Duration> {
-        let _one_at_a_time = self.extending.lock().await;
+        let _one_at_a_time = self.extending.take(&self.validity().changed).await;
         if self.release_started.load(Ordering::Acquire) {
             return Err(Error::not_held("the lease has been released"));
         }
@@ -117,18 +125,18 @@ impl GuardShared {
         // holder cannot tell from a lost reply or a dropped future: believe the shorter validity
         // from the send on, so that an unconfirmed extend never leaves the holder trusting more
         // than the server may grant (a second holder otherwise, faults' lost_extend_reply).
-        if self.validity.shorten_to(self.deadline(sent, ttl, caps)) && !auto {
+        if self.validity().shorten_to(self.deadline(sent, ttl, caps)) && !auto {
             self.rearm();
         }
         match self.lease.extend(ttl).await {
             Ok(granted) => {
-                let renewed = self.validity.renew_to(self.deadline(sent, granted, caps));
+                let renewed = self.validity().renew_to(self.deadline(sent, granted, caps));
                 if !auto {
                     // The watchdog looks again (its own renewals it follows itself).
                     self.rearm();
                 }
                 if !renewed {
-                    self.notifier.fire(self.validity.expiry_reason());
+                    self.notifier.fire(self.validity().expiry_reason());
                     return Err(Error::not_held(
                         "the validity deadline passed before the extend was confirmed; the lease counts as lost",
                     ));
@@ -150,7 +158,7 @@ impl GuardShared {
         if let Some(reason) = self.notifier.reason() {
             return Err(Error::not_held(format!("the lease was lost: {reason}")));
         }
-        if let Some(reason) = self.validity.expired_reason() {
+        if let Some(reason) = self.validity().expired_reason() {
             self.notifier.fire(reason);
             return Err(Error::not_held(format!("the lease was lost: {reason}")));
         }
@@ -193,6 +201,6 @@ impl GuardShared {
     }
 
     pub(super) fn end_by_holder(&self) {
-        self.validity.end();
+        self.validity().end();
     }
 }
