@@ -1,12 +1,14 @@
 //! The lost-lease signal.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
 use std::time::Duration;
 
 use serde::Serialize;
 use tokio::time::Instant;
+
+use crate::compact_time::AtomicInstant;
 
 /// Why a lease is known lost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -82,16 +84,16 @@ struct NotifierInner {
     /// The first reason reported ([`reason_code`]), 0 while none is.
     reason: AtomicU8,
     /// When the first reason was reported (set before the reason is visible).
-    fired_at: std::sync::OnceLock<Instant>,
+    fired_at: AtomicInstant,
     /// Called once with the first reason (the locker's spans and metrics).
     /// Told once of the first reason (the locker's spans and metrics): the lease's own state,
     /// weakly, so that no closure is allocated per lease.
     hook: std::sync::OnceLock<std::sync::Weak<dyn LostHook>>,
     /// Live [`LostNotifier`]s: once none is left, a signal without a guard's validity counts as
     /// released ([`LostSignal::ended`]).
-    notifiers: AtomicUsize,
+    notifiers: AtomicU32,
     /// Live [`LostSignal`]s: once none is left, [`LostNotifier::closed`] resolves.
-    signals: AtomicUsize,
+    signals: AtomicU32,
     /// Whether a guard's validity is attached: the signals then watch its deadline too.
     attached: AtomicBool,
     /// The guard's validity, once attached; its notify (`changed`) is also woken on the first
@@ -174,10 +176,10 @@ impl LostNotifier {
     pub fn new() -> (LostNotifier, LostSignal) {
         let inner = Arc::new(NotifierInner {
             reason: AtomicU8::new(0),
-            fired_at: std::sync::OnceLock::new(),
+            fired_at: AtomicInstant::new(None),
             hook: std::sync::OnceLock::new(),
-            notifiers: AtomicUsize::new(1),
-            signals: AtomicUsize::new(1),
+            notifiers: AtomicU32::new(1),
+            signals: AtomicU32::new(1),
             attached: AtomicBool::new(false),
             // Unused until a guard attaches it.
             validity: Validity::new(Instant::now(), None),
@@ -191,7 +193,7 @@ impl LostNotifier {
     pub(crate) fn attach_validity(&self, until: Instant, hold: Option<Instant>) {
         let v = &self.0.validity;
         v.set_until(until);
-        *v.hold_end.lock().unwrap_or_else(|e| e.into_inner()) = hold;
+        v.hold_end.store(hold);
         self.0.attached.store(true, Ordering::Release);
     }
 
@@ -208,7 +210,7 @@ impl LostNotifier {
         }
         // Before the reason is visible: whoever sees the reason sees when. (Two first reports
         // racing set it once, at the earlier of the two.)
-        let _ = inner.fired_at.set(Instant::now());
+        inner.fired_at.set_if_none(Instant::now());
         let first = inner
             .reason
             .compare_exchange(0, reason_code(reason), Ordering::AcqRel, Ordering::Acquire)
@@ -260,12 +262,13 @@ impl LostNotifier {
 /// signal's state, [`NotifierInner`]).
 #[derive(Debug)]
 pub(crate) struct Validity {
-    until: Mutex<Instant>,
+    /// Always set (an atomic for its 8 bytes and no lock: see [`AtomicInstant`]).
+    until: AtomicInstant,
     /// Where the maximum hold time ends the lease, when auto-renewal is on: the end of the hold
     /// (the validity never runs past it), moved to the deadline of the last renewal when that
     /// renewal asked for what was left of the hold only. A deadline that passes at or after it
     /// is [`LostReason::MaxHoldReached`].
-    hold_end: Mutex<Option<Instant>>,
+    hold_end: AtomicInstant,
     /// Woken whenever the deadline moves, so that sleepers re-arm (an extend may shorten it),
     /// and whenever the lost signal's state changes (see [`NotifierInner`]).
     pub(crate) changed: tokio::sync::Notify,
@@ -277,45 +280,44 @@ pub(crate) struct Validity {
 impl Validity {
     pub(crate) fn new(until: Instant, hold: Option<Instant>) -> Self {
         Validity {
-            until: Mutex::new(until),
-            hold_end: Mutex::new(hold),
+            until: AtomicInstant::new(Some(until)),
+            hold_end: AtomicInstant::new(hold),
             changed: tokio::sync::Notify::new(),
             ended: AtomicBool::new(false),
         }
     }
 
     pub(crate) fn until(&self) -> Instant {
-        *self.until.lock().unwrap_or_else(|e| e.into_inner())
+        self.until.load().expect("the validity deadline is always set")
     }
 
     pub(crate) fn set_until(&self, at: Instant) {
-        *self.until.lock().unwrap_or_else(|e| e.into_inner()) = at;
+        self.until.store(Some(at));
     }
 
     /// Moves the deadline to `at` (later or earlier) unless it has already passed: a lease past
     /// its validity was lost, and a late confirmation cannot bring it back. Returns whether it
     /// moved.
     pub(crate) fn renew_to(&self, at: Instant) -> bool {
-        let mut until = self.until.lock().unwrap_or_else(|e| e.into_inner());
-        if Instant::now() >= *until {
-            return false;
+        let now = Instant::now();
+        let moved = self
+            .until
+            .update(|until| until.filter(|u| now < *u).map(|_| Some(at)));
+        if moved {
+            self.changed.notify_waiters();
         }
-        *until = at;
-        drop(until);
-        self.changed.notify_waiters();
-        true
+        moved
     }
 
     /// Moves the deadline earlier to `at` (never later). Returns whether it moved.
     pub(crate) fn shorten_to(&self, at: Instant) -> bool {
-        let mut until = self.until.lock().unwrap_or_else(|e| e.into_inner());
-        if at >= *until {
-            return false;
+        let moved = self
+            .until
+            .update(|until| until.filter(|u| at < *u).map(|_| Some(at)));
+        if moved {
+            self.changed.notify_waiters();
         }
-        *until = at;
-        drop(until);
-        self.changed.notify_waiters();
-        true
+        moved
     }
 
     /// The holder ended the lease (released, dropped or abandoned it).
@@ -332,8 +334,7 @@ impl Validity {
     /// Why a passed deadline ended the lease: the maximum hold time when the deadline was the
     /// hold's end (renewal stopped on purpose), otherwise the validity running out.
     pub(crate) fn expiry_reason(&self) -> LostReason {
-        let hold_end = *self.hold_end.lock().unwrap_or_else(|e| e.into_inner());
-        match hold_end {
+        match self.hold_end.load() {
             Some(end) if self.until() >= end => LostReason::MaxHoldReached,
             _ => LostReason::ValidityExpired,
         }
@@ -342,10 +343,8 @@ impl Validity {
     /// Renewal stopped for the maximum hold time at the current deadline (its last renewal asked
     /// for the rest of the hold, which the drift margin ends a little before the hold does).
     pub(crate) fn renewal_ended_by_hold(&self) {
-        let mut hold_end = self.hold_end.lock().unwrap_or_else(|e| e.into_inner());
-        if hold_end.is_some() {
-            *hold_end = Some(self.until());
-        }
+        let until = self.until();
+        self.hold_end.update(|end| end.map(|_| Some(until)));
     }
 
     /// The reason, if the deadline passed while the lease was still held.
@@ -418,7 +417,7 @@ impl LostSignal {
         let reported = self
             .inner
             .reason()
-            .and_then(|_| self.inner.fired_at.get().copied());
+            .and_then(|_| self.inner.fired_at.load());
         let expired = self
             .validity()
             .and_then(|v| v.expired().then(|| v.until()));
@@ -658,6 +657,18 @@ mod tests {
     }
 
     #[test]
+    fn the_shared_state_stays_small() {
+        // One allocation per lease for the signal and the validity: with its reference counts
+        // and malloc's header, 104 bytes fit a 128-byte chunk (issue 24).
+        assert!(
+            size_of::<NotifierInner>() <= 104,
+            "{} bytes",
+            size_of::<NotifierInner>()
+        );
+        assert_eq!(size_of::<LostSignal>(), 8);
+    }
+
+    #[test]
     fn every_reason_survives_its_code() {
         for reason in [
             LostReason::RenewalRefused,
@@ -732,3 +743,4 @@ mod tests {
         assert!(never.is_err(), "a lease that ended normally is not lost");
     }
 }
+

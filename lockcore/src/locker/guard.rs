@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::{AcquireRequest, Acquired, Backend, OwnerToken};
+use crate::compact_time::CompactInstant;
 use crate::{Error, LockName, LockOptions, LostSignal, RenewKind, Result};
 
 use super::inner::LockerInner;
@@ -89,13 +90,13 @@ impl LockGuard {
             ttl,
             renew_interval: interval,
             telemetry,
-            acquired_at,
+            acquired_at: CompactInstant::new(Some(acquired_at)),
             lease: acquired.lease,
             notifier: request.lost,
             release_started: AtomicBool::new(false),
             loss_recorded: AtomicBool::new(false),
             extending: Default::default(),
-            hold_deadline,
+            hold_deadline: CompactInstant::new(hold_deadline),
             watch,
             renewal: Default::default(),
         });
@@ -136,7 +137,7 @@ impl LockGuard {
 
     /// When the request that won the lock was sent.
     pub fn acquired_at(&self) -> Instant {
-        self.shared.acquired_at
+        self.shared.acquired_at()
     }
 
     /// The TTL asked for.

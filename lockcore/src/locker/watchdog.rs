@@ -30,6 +30,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Background};
+use crate::compact_time::CompactInstant;
 use crate::{ErrorKind, Result};
 
 use super::inner::release_in_background;
@@ -99,7 +100,7 @@ impl WatchRef {
             self.id,
             Entry {
                 shared,
-                next_renew: first_renewal,
+                next_renew: CompactInstant::new(first_renewal),
                 seq: 0,
                 state: State::Idle,
             },
@@ -172,12 +173,12 @@ enum Command {
     Forget(u64),
 }
 
-/// One watched lease: 40 bytes in the map (its TTL and renewal interval are the guard's, in
+/// One watched lease: 32 bytes in the map (its TTL and renewal interval are the guard's, in
 /// its [`GuardShared`]), plus its item in the timer heap.
 struct Entry {
     shared: Arc<GuardShared>,
     /// `None`: not renewed now (watched for the deadline only).
-    next_renew: Option<Instant>,
+    next_renew: CompactInstant,
     /// Bumped whenever the lease is scheduled anew: heap items with another are stale.
     seq: u32,
     state: State,
@@ -208,6 +209,9 @@ enum Renewed {
     Aborted,
 }
 
+/// A timer-heap item: when, the lease's id, its `seq` then (24 bytes: see [`CompactInstant`]).
+type HeapItem = (CompactInstant, u64, u32);
+
 /// What a renewal needs: the lease's id and state, the backend, the TTL asked for and the
 /// validity deadline it is cut off at.
 type RenewalArgs = (u64, Arc<GuardShared>, Arc<dyn Backend>, Duration, Instant);
@@ -219,8 +223,8 @@ struct Scheduler<F> {
     backend: Arc<dyn Backend>,
     background: Background,
     entries: HashMap<u64, Entry>,
-    /// (when, lease id, its seq then), earliest first.
-    heap: BinaryHeap<Reverse<(Instant, u64, u32)>>,
+    /// (when, lease id, its seq then), earliest first. Never a none instant.
+    heap: BinaryHeap<Reverse<HeapItem>>,
     /// Due leases waiting for a free renewal slot, in the order they fell due.
     queued: VecDeque<u64>,
     renewing: FuturesUnordered<F>,
@@ -288,7 +292,7 @@ async fn run(
         s.fire_due();
         s.start_queued();
         s.watched.store(s.entries.len(), Ordering::Release);
-        let wake = s.heap.peek().map(|Reverse((at, _, _))| *at);
+        let wake = s.heap.peek().and_then(|Reverse((at, _, _))| at.get());
         if let Some(at) = wake
             && armed != Some(at)
         {
@@ -335,14 +339,15 @@ impl<F: Future<Output = (u64, Renewed)>> Scheduler<F> {
     fn schedule(&mut self, id: u64, at: Instant) {
         if let Some(e) = self.entries.get_mut(&id) {
             e.seq = e.seq.wrapping_add(1);
-            self.heap.push(Reverse((at, id, e.seq)));
+            self.heap
+                .push(Reverse((CompactInstant::new(Some(at)), id, e.seq)));
         }
     }
 
     fn fire_due(&mut self) {
         let now = Instant::now();
         while let Some(Reverse((at, id, seq))) = self.heap.peek().copied() {
-            if at > now {
+            if at.get().is_some_and(|at| at > now) {
                 break;
             }
             self.heap.pop();
@@ -374,7 +379,7 @@ impl<F: Future<Output = (u64, Renewed)>> Scheduler<F> {
             }
             return;
         }
-        match (e.state, e.next_renew) {
+        match (e.state, e.next_renew.get()) {
             (State::Renewing, _) => {}
             (State::Queued, _) => self.schedule(id, valid_until),
             (State::Idle, Some(at)) if at <= now => {
@@ -423,9 +428,10 @@ impl<F: Future<Output = (u64, Renewed)>> Scheduler<F> {
         let Some(hold_deadline) = e
             .shared
             .hold_deadline
+            .get()
             .filter(|_| e.shared.renew_interval.is_some())
         else {
-            e.next_renew = None;
+            e.next_renew = CompactInstant::new(None);
             self.schedule(id, valid_until);
             return;
         };
@@ -437,7 +443,7 @@ impl<F: Future<Output = (u64, Renewed)>> Scheduler<F> {
             .min(hold_deadline.saturating_duration_since(now));
         if asked < min_ttl.max(Duration::from_millis(1)) {
             e.shared.validity().renewal_ended_by_hold();
-            e.next_renew = None;
+            e.next_renew = CompactInstant::new(None);
             self.schedule(id, valid_until);
             return;
         }
@@ -464,12 +470,13 @@ impl<F: Future<Output = (u64, Renewed)>> Scheduler<F> {
         e.state = State::Idle;
         match renewed {
             Renewed::Ok { asked } => {
-                e.next_renew = e
-                    .shared
-                    .renew_interval
-                    .filter(|_| asked == e.shared.ttl)
-                    .map(|i| now + i);
-                if e.next_renew.is_none() {
+                e.next_renew = CompactInstant::new(
+                    e.shared
+                        .renew_interval
+                        .filter(|_| asked == e.shared.ttl)
+                        .map(|i| now + i),
+                );
+                if e.next_renew.get().is_none() {
                     // The last renewal: the lease ends where the hold does.
                     e.shared.validity().renewal_ended_by_hold();
                 }
@@ -481,10 +488,10 @@ impl<F: Future<Output = (u64, Renewed)>> Scheduler<F> {
             Renewed::Failed { error, valid_until } => {
                 tracing::warn!(error = %format!("{error:#}"), "lease renewal failed; retrying before the validity deadline");
                 let quarter = e.shared.renew_interval.map_or(Duration::ZERO, |i| i / 4);
-                e.next_renew = Some((now + quarter).min(valid_until));
+                e.next_renew = CompactInstant::new(Some((now + quarter).min(valid_until)));
             }
             // The deadline check below fires the signal and releases.
-            Renewed::TimedOut => e.next_renew = None,
+            Renewed::TimedOut => e.next_renew = CompactInstant::new(None),
         }
         self.look_at(id, now);
     }
@@ -507,10 +514,10 @@ mod tests {
         // One per watched lease in the map, and one item per lease in the heap (issue 24:
         // 100,000 auto-renewed leases on one client).
         assert!(
-            size_of::<Entry>() <= 32,
+            size_of::<Entry>() <= 24,
             "{} bytes per record",
             size_of::<Entry>()
         );
-        assert!(size_of::<Reverse<(Instant, u64, u32)>>() <= 32);
+        assert!(size_of::<Reverse<HeapItem>>() <= 24);
     }
 }
