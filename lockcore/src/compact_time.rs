@@ -62,6 +62,23 @@ impl std::fmt::Debug for CompactInstant {
     }
 }
 
+/// An `Option<Duration>` in 8 bytes: whole nanoseconds, up to 584 years (longer saturates;
+/// TTLs and intervals are at most [`MAX_TTL`](crate::MAX_TTL)).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CompactDuration(u64);
+
+impl CompactDuration {
+    pub(crate) fn new(d: Option<Duration>) -> Self {
+        CompactDuration(d.map_or(u64::MAX, |d| {
+            u64::try_from(d.as_nanos()).map_or(u64::MAX - 1, |n| n.min(u64::MAX - 1))
+        }))
+    }
+
+    pub(crate) fn get(self) -> Option<Duration> {
+        (self.0 != u64::MAX).then(|| Duration::from_nanos(self.0))
+    }
+}
+
 /// An atomic `Option<Instant>` in 8 bytes.
 pub(crate) struct AtomicInstant(AtomicI64);
 
@@ -128,6 +145,10 @@ mod tests {
             assert_eq!(a.load(), Some(at));
         }
         assert_eq!(CompactInstant::new(None).get(), None);
+        for d in [Duration::ZERO, Duration::from_nanos(1), Duration::from_secs(30)] {
+            assert_eq!(CompactDuration::new(Some(d)).get(), Some(d));
+        }
+        assert_eq!(CompactDuration::new(None).get(), None);
     }
 
     #[tokio::test(start_paused = true)]

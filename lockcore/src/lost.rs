@@ -9,6 +9,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::compact_time::AtomicInstant;
+use crate::locker::GuardShared;
 
 /// Why a lease is known lost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -76,19 +77,19 @@ pub struct LostNotifier(Arc<NotifierInner>);
 
 /// The state a lease's notifiers and signals share: one small allocation per lease (a
 /// `tokio::sync::watch` channel took about 350 bytes of the ~2 KB a held lease cost; issue 24).
-/// A guard's validity lives here too ([`LostNotifier::attach_validity`]), and one notify wakes
-/// the waiters of both: an allocation and a wait list less per lease than when the validity had
-/// its own (waiters look again at what they wait for, so waking one on the other's change only
-/// costs a look).
-struct NotifierInner {
+/// A guard's validity lives here too ([`LostNotifier::attach_validity`], [`Validity`]), and one
+/// notify wakes the waiters of both: an allocation and a wait list less per lease than when the
+/// validity had its own (waiters look again at what they wait for, so waking one on the other's
+/// change only costs a look). One flat struct, so that its small fields share their padding:
+/// 88 bytes, a 112-byte chunk with the reference counts.
+pub(crate) struct NotifierInner {
     /// The first reason reported ([`reason_code`]), 0 while none is.
     reason: AtomicU8,
     /// When the first reason was reported (set before the reason is visible).
     fired_at: AtomicInstant,
-    /// Called once with the first reason (the locker's spans and metrics).
     /// Told once of the first reason (the locker's spans and metrics): the lease's own state,
-    /// weakly, so that no closure is allocated per lease.
-    hook: std::sync::OnceLock<std::sync::Weak<dyn LostHook>>,
+    /// weakly (a thin pointer), so that no closure is allocated per lease.
+    hook: std::sync::OnceLock<std::sync::Weak<GuardShared>>,
     /// Live [`LostNotifier`]s: once none is left, a signal without a guard's validity counts as
     /// released ([`LostSignal::ended`]).
     notifiers: AtomicU32,
@@ -96,9 +97,20 @@ struct NotifierInner {
     signals: AtomicU32,
     /// Whether a guard's validity is attached: the signals then watch its deadline too.
     attached: AtomicBool,
-    /// The guard's validity, once attached; its notify (`changed`) is also woken on the first
-    /// report and when the last notifier or the last signal goes.
-    validity: Validity,
+    /// The validity deadline, once attached (an atomic for its 8 bytes and no lock: see
+    /// [`AtomicInstant`]). Always set.
+    until: AtomicInstant,
+    /// Where the maximum hold time ends the lease, when auto-renewal is on: the end of the hold
+    /// (the validity never runs past it), moved to the deadline of the last renewal when that
+    /// renewal asked for what was left of the hold only. A deadline that passes at or after it
+    /// is [`LostReason::MaxHoldReached`].
+    hold_end: AtomicInstant,
+    /// Woken whenever the deadline moves, so that sleepers re-arm (an extend may shorten it),
+    /// on the first report, and when the last notifier or the last signal goes.
+    pub(crate) changed: tokio::sync::Notify,
+    /// Set once the lease is released (or abandoned): a deadline passing after that is no loss.
+    /// Set through [`Validity::end`], which wakes [`LostSignal::ended`].
+    pub(crate) ended: AtomicBool,
 }
 
 impl NotifierInner {
@@ -110,7 +122,7 @@ impl NotifierInner {
     async fn wait_for<T>(&self, mut done: impl FnMut(&Self) -> Option<T>) -> T {
         loop {
             // Registered before the check: a change after it wakes this waiter.
-            let changed = self.validity.changed.notified();
+            let changed = self.changed.notified();
             if let Some(out) = done(self) {
                 return out;
             }
@@ -166,7 +178,7 @@ impl Clone for LostNotifier {
 impl Drop for LostNotifier {
     fn drop(&mut self) {
         if self.0.notifiers.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.validity.changed.notify_waiters();
+            self.0.changed.notify_waiters();
         }
     }
 }
@@ -182,7 +194,10 @@ impl LostNotifier {
             signals: AtomicU32::new(1),
             attached: AtomicBool::new(false),
             // Unused until a guard attaches it.
-            validity: Validity::new(Instant::now(), None),
+            until: AtomicInstant::new(Some(Instant::now())),
+            hold_end: AtomicInstant::new(None),
+            changed: tokio::sync::Notify::new(),
+            ended: AtomicBool::new(false),
         });
         (LostNotifier(inner.clone()), LostSignal { inner })
     }
@@ -191,7 +206,7 @@ impl LostNotifier {
     /// passes while it is held, and `hold` is where the maximum hold time ends it. Called once,
     /// before the guard hands out its signal.
     pub(crate) fn attach_validity(&self, until: Instant, hold: Option<Instant>) {
-        let v = &self.0.validity;
+        let v = &*self.0;
         v.set_until(until);
         v.hold_end.store(hold);
         self.0.attached.store(true, Ordering::Release);
@@ -199,7 +214,7 @@ impl LostNotifier {
 
     /// The lease's validity (a guard's, once attached).
     pub(crate) fn validity(&self) -> &Validity {
-        &self.0.validity
+        &self.0
     }
 
     /// Reports the lease lost; returns false if it was already reported.
@@ -216,7 +231,7 @@ impl LostNotifier {
             .compare_exchange(0, reason_code(reason), Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if first {
-            inner.validity.changed.notify_waiters();
+            inner.changed.notify_waiters();
             if let Some(hook) = inner.hook.get().and_then(std::sync::Weak::upgrade) {
                 hook.lost(reason);
             }
@@ -228,7 +243,7 @@ impl LostNotifier {
     /// idempotent, as a loss reported while it is being set may reach it twice). A loss already
     /// reported runs it at once.
     /// The hook is held weakly: once it is gone, nothing runs.
-    pub(crate) fn set_hook(&self, hook: std::sync::Weak<dyn LostHook>) {
+    pub(crate) fn set_hook(&self, hook: std::sync::Weak<GuardShared>) {
         if self.0.hook.set(hook).is_ok()
             && let Some(reason) = self.reason()
             && let Some(hook) = self.0.hook.get().and_then(std::sync::Weak::upgrade)
@@ -258,35 +273,11 @@ impl LostNotifier {
     }
 }
 
-/// A lease's validity deadline, shared by its guard, its watchdog and its signals (in the
-/// signal's state, [`NotifierInner`]).
-#[derive(Debug)]
-pub(crate) struct Validity {
-    /// Always set (an atomic for its 8 bytes and no lock: see [`AtomicInstant`]).
-    until: AtomicInstant,
-    /// Where the maximum hold time ends the lease, when auto-renewal is on: the end of the hold
-    /// (the validity never runs past it), moved to the deadline of the last renewal when that
-    /// renewal asked for what was left of the hold only. A deadline that passes at or after it
-    /// is [`LostReason::MaxHoldReached`].
-    hold_end: AtomicInstant,
-    /// Woken whenever the deadline moves, so that sleepers re-arm (an extend may shorten it),
-    /// and whenever the lost signal's state changes (see [`NotifierInner`]).
-    pub(crate) changed: tokio::sync::Notify,
-    /// Set once the lease is released (or abandoned): a deadline passing after that is no loss.
-    /// Set through [`Validity::end`], which wakes [`LostSignal::ended`].
-    pub(crate) ended: AtomicBool,
-}
+/// A lease's validity deadline, shared by its guard, its watchdog and its signals: the part of
+/// the signal's state ([`NotifierInner`]) a guard attaches.
+pub(crate) type Validity = NotifierInner;
 
 impl Validity {
-    pub(crate) fn new(until: Instant, hold: Option<Instant>) -> Self {
-        Validity {
-            until: AtomicInstant::new(Some(until)),
-            hold_end: AtomicInstant::new(hold),
-            changed: tokio::sync::Notify::new(),
-            ended: AtomicBool::new(false),
-        }
-    }
-
     pub(crate) fn until(&self) -> Instant {
         self.until.load().expect("the validity deadline is always set")
     }
@@ -375,7 +366,7 @@ impl Clone for LostSignal {
 impl Drop for LostSignal {
     fn drop(&mut self) {
         if self.inner.signals.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.inner.validity.changed.notify_waiters();
+            self.inner.changed.notify_waiters();
         }
     }
 }
@@ -384,7 +375,7 @@ impl fmt::Debug for LostSignal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LostSignal")
             .field("reported", &self.inner.reason())
-            .field("validity", &self.validity())
+            .field("valid_until", &self.validity().map(Validity::until))
             .finish()
     }
 }
@@ -395,7 +386,7 @@ impl LostSignal {
         self.inner
             .attached
             .load(Ordering::Acquire)
-            .then_some(&self.inner.validity)
+            .then_some(&*self.inner)
     }
 
     /// The reason, if the lease is known lost.
@@ -659,9 +650,9 @@ mod tests {
     #[test]
     fn the_shared_state_stays_small() {
         // One allocation per lease for the signal and the validity: with its reference counts
-        // and malloc's header, 104 bytes fit a 128-byte chunk (issue 24).
+        // and malloc's header, 88 bytes fit a 112-byte chunk (issue 24).
         assert!(
-            size_of::<NotifierInner>() <= 104,
+            size_of::<NotifierInner>() <= 88,
             "{} bytes",
             size_of::<NotifierInner>()
         );

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::{AcquireRequest, Acquired, Backend, OwnerToken};
-use crate::compact_time::CompactInstant;
+use crate::compact_time::{CompactDuration, CompactInstant};
 use crate::{Error, LockName, LockOptions, LostSignal, RenewKind, Result};
 
 use super::inner::LockerInner;
@@ -87,8 +87,8 @@ impl LockGuard {
         let shared = Arc::new(GuardShared {
             name: request.name,
             token: request.token,
-            ttl,
-            renew_interval: interval,
+            ttl: CompactDuration::new(Some(ttl)),
+            renew_interval: CompactDuration::new(interval),
             telemetry,
             acquired_at: CompactInstant::new(Some(acquired_at)),
             lease: acquired.lease,
@@ -142,7 +142,7 @@ impl LockGuard {
 
     /// The TTL asked for.
     pub fn ttl(&self) -> Duration {
-        self.shared.ttl
+        self.shared.ttl()
     }
 
     /// Until when the lease is surely this holder's, on the monotonic clock: the moment the

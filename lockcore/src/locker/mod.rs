@@ -11,6 +11,7 @@
 mod guard;
 mod inner;
 mod lease;
+pub(crate) use lease::GuardShared;
 #[cfg(test)]
 mod tests;
 mod turn;

@@ -429,7 +429,7 @@ impl<F: Future<Output = (u64, Renewed)>> Scheduler<F> {
             .shared
             .hold_deadline
             .get()
-            .filter(|_| e.shared.renew_interval.is_some())
+            .filter(|_| e.shared.renew_interval().is_some())
         else {
             e.next_renew = CompactInstant::new(None);
             self.schedule(id, valid_until);
@@ -439,7 +439,7 @@ impl<F: Future<Output = (u64, Renewed)>> Scheduler<F> {
         // there even if the release at the deadline is lost.
         let asked = e
             .shared
-            .ttl
+            .ttl()
             .min(hold_deadline.saturating_duration_since(now));
         if asked < min_ttl.max(Duration::from_millis(1)) {
             e.shared.validity().renewal_ended_by_hold();
@@ -472,8 +472,8 @@ impl<F: Future<Output = (u64, Renewed)>> Scheduler<F> {
             Renewed::Ok { asked } => {
                 e.next_renew = CompactInstant::new(
                     e.shared
-                        .renew_interval
-                        .filter(|_| asked == e.shared.ttl)
+                        .renew_interval()
+                        .filter(|_| asked == e.shared.ttl())
                         .map(|i| now + i),
                 );
                 if e.next_renew.get().is_none() {
@@ -487,7 +487,7 @@ impl<F: Future<Output = (u64, Renewed)>> Scheduler<F> {
             }
             Renewed::Failed { error, valid_until } => {
                 tracing::warn!(error = %format!("{error:#}"), "lease renewal failed; retrying before the validity deadline");
-                let quarter = e.shared.renew_interval.map_or(Duration::ZERO, |i| i / 4);
+                let quarter = e.shared.renew_interval().map_or(Duration::ZERO, |i| i / 4);
                 e.next_renew = CompactInstant::new(Some((now + quarter).min(valid_until)));
             }
             // The deadline check below fires the signal and releases.
