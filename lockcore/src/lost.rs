@@ -118,6 +118,16 @@ impl NotifierInner {
         reason_of(self.reason.load(Ordering::Acquire))
     }
 
+    /// [`LostSignal::reason`].
+    fn signal_reason(&self) -> Option<LostReason> {
+        self.reason().or_else(|| {
+            self.attached
+                .load(Ordering::Acquire)
+                .then(|| self.expired_reason())
+                .flatten()
+        })
+    }
+
     /// Waits until `done` holds, checking it again whenever the state changes.
     async fn wait_for<T>(&self, mut done: impl FnMut(&Self) -> Option<T>) -> T {
         loop {
@@ -262,6 +272,36 @@ impl LostNotifier {
         self.0.reason()
     }
 
+    /// What this lease's signals say ([`LostSignal::reason`]): the reported loss, or the
+    /// attached validity's passed deadline.
+    pub(crate) fn signal_reason(&self) -> Option<LostReason> {
+        self.0.signal_reason()
+    }
+
+    /// A new signal of this lease, as a clone of its first one.
+    pub(crate) fn signal(&self) -> LostSignal {
+        self.0.signals.fetch_add(1, Ordering::Relaxed);
+        LostSignal {
+            inner: self.0.clone(),
+        }
+    }
+
+    /// Takes over `signal` (of this lease) as a bare count of a live signal, ended by
+    /// [`LostNotifier::drop_held_signal`]: a guard keeps its signal so, 8 bytes less per guard
+    /// than a pointer (issue 24), its notifier already pointing at the shared state.
+    pub(crate) fn hold_signal(&self, signal: LostSignal) {
+        debug_assert!(Arc::ptr_eq(&self.0, &signal.inner));
+        self.0.signals.fetch_add(1, Ordering::Relaxed);
+        drop(signal);
+    }
+
+    /// Ends a count taken by [`LostNotifier::hold_signal`].
+    pub(crate) fn drop_held_signal(&self) {
+        if self.0.signals.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.changed.notify_waiters();
+        }
+    }
+
     /// Resolves when every signal is gone (the guard and every clone of its signal): backends
     /// use it to stop watching a lease nobody listens to any more.
     ///
@@ -391,8 +431,7 @@ impl LostSignal {
 
     /// The reason, if the lease is known lost.
     pub fn reason(&self) -> Option<LostReason> {
-        let reported = self.inner.reason();
-        reported.or_else(|| self.validity().and_then(Validity::expired_reason))
+        self.inner.signal_reason()
     }
 
     /// Whether the lease is known lost.

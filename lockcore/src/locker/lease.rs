@@ -231,6 +231,6 @@ mod tests {
             "{} bytes",
             size_of::<super::GuardShared>()
         );
-        assert!(size_of::<crate::LockGuard>() <= 32);
+        assert!(size_of::<crate::LockGuard>() <= 24);
     }
 }
