@@ -109,7 +109,10 @@ impl AtomicInstant {
 
     /// Replaces the value with `f(current)` unless `f` returns `None` (then nothing changes);
     /// returns whether it changed. `f` may run more than once, as the value races.
-    pub(crate) fn update(&self, mut f: impl FnMut(Option<Instant>) -> Option<Option<Instant>>) -> bool {
+    pub(crate) fn update(
+        &self,
+        mut f: impl FnMut(Option<Instant>) -> Option<Option<Instant>>,
+    ) -> bool {
         self.0
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
                 f(CompactInstant(cur).get()).map(|new| CompactInstant::new(new).0)
@@ -145,7 +148,11 @@ mod tests {
             assert_eq!(a.load(), Some(at));
         }
         assert_eq!(CompactInstant::new(None).get(), None);
-        for d in [Duration::ZERO, Duration::from_nanos(1), Duration::from_secs(30)] {
+        for d in [
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::from_secs(30),
+        ] {
             assert_eq!(CompactDuration::new(Some(d)).get(), Some(d));
         }
         assert_eq!(CompactDuration::new(None).get(), None);

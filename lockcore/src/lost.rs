@@ -319,7 +319,9 @@ pub(crate) type Validity = NotifierInner;
 
 impl Validity {
     pub(crate) fn until(&self) -> Instant {
-        self.until.load().expect("the validity deadline is always set")
+        self.until
+            .load()
+            .expect("the validity deadline is always set")
     }
 
     pub(crate) fn set_until(&self, at: Instant) {
@@ -444,13 +446,8 @@ impl LostSignal {
     /// which is what a check of mutual exclusion compares another holder's start with (an
     /// observer waking on [`LostSignal::lost`] sees it later, by its own scheduling delay).
     pub fn lost_at(&self) -> Option<Instant> {
-        let reported = self
-            .inner
-            .reason()
-            .and_then(|_| self.inner.fired_at.load());
-        let expired = self
-            .validity()
-            .and_then(|v| v.expired().then(|| v.until()));
+        let reported = self.inner.reason().and_then(|_| self.inner.fired_at.load());
+        let expired = self.validity().and_then(|v| v.expired().then(|| v.until()));
         match (reported, expired) {
             (Some(r), Some(e)) => Some(r.min(e)),
             (r, e) => r.or(e),
@@ -773,4 +770,3 @@ mod tests {
         assert!(never.is_err(), "a lease that ended normally is not lost");
     }
 }
-

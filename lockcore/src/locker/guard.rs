@@ -101,9 +101,10 @@ impl LockGuard {
             watch,
             renewal: Default::default(),
         });
-        shared
-            .notifier
-            .attach_validity(shared.deadline(acquired.sent_at, granted, caps), hold_deadline);
+        shared.notifier.attach_validity(
+            shared.deadline(acquired.sent_at, granted, caps),
+            hold_deadline,
+        );
         // The lost span and counter, once (a loss already reported runs it now).
         let hook: std::sync::Weak<GuardShared> = Arc::downgrade(&shared);
         shared.notifier.set_hook(hook);

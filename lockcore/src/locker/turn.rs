@@ -98,11 +98,8 @@ mod tests {
     async fn a_dropped_wait_holds_nothing() {
         let (turn, notify) = (Turn::default(), Notify::new());
         let held = turn.take(&notify).await;
-        let waiting = tokio::time::timeout(
-            std::time::Duration::from_millis(10),
-            turn.take(&notify),
-        )
-        .await;
+        let waiting =
+            tokio::time::timeout(std::time::Duration::from_millis(10), turn.take(&notify)).await;
         assert!(waiting.is_err(), "the turn is held");
         drop(held);
         drop(turn.take(&notify).await);

@@ -454,7 +454,13 @@ impl<F: Future<Output = (u64, Renewed)>> Scheduler<F> {
         e.state = State::Renewing;
         // Its heap items are stale from now: the renewal itself is cut off at the deadline.
         e.seq = e.seq.wrapping_add(1);
-        let args = (id, e.shared.clone(), self.backend.clone(), asked, valid_until);
+        let args = (
+            id,
+            e.shared.clone(),
+            self.backend.clone(),
+            asked,
+            valid_until,
+        );
         self.renewing.push((self.make)(args));
     }
 
