@@ -234,33 +234,29 @@ struct Scheduler<F> {
 
 /// One renewal of a lease, cut off at its validity deadline, and dropped as soon as the guard
 /// ends its watch ([`GuardShared::stop_watch`]).
-fn renewal(
-    (id, shared, backend, asked, valid_until): RenewalArgs,
-) -> impl Future<Output = (u64, Renewed)> + Send {
-    async move {
-        let caps = backend.capabilities();
-        let extend = tokio::time::timeout_at(valid_until, shared.extend(asked, caps, true));
-        tokio::pin!(extend);
-        let renewed = loop {
-            // Registered before the check: a stop after it wakes this renewal.
-            let notified = shared.validity().changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if shared.renewal.is_stopped() {
-                break Renewed::Aborted;
-            }
-            tokio::select! {
-                biased;
-                result = &mut extend => break match result {
-                    Err(_elapsed) => Renewed::TimedOut,
-                    Ok(result) => classify(result, asked, valid_until),
-                },
-                // The deadline moved or the watch stopped: look again.
-                () = notified => {}
-            }
-        };
-        (id, renewed)
-    }
+async fn renewal((id, shared, backend, asked, valid_until): RenewalArgs) -> (u64, Renewed) {
+    let caps = backend.capabilities();
+    let extend = tokio::time::timeout_at(valid_until, shared.extend(asked, caps, true));
+    tokio::pin!(extend);
+    let renewed = loop {
+        // Registered before the check: a stop after it wakes this renewal.
+        let notified = shared.validity().changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if shared.renewal.is_stopped() {
+            break Renewed::Aborted;
+        }
+        tokio::select! {
+            biased;
+            result = &mut extend => break match result {
+                Err(_elapsed) => Renewed::TimedOut,
+                Ok(result) => classify(result, asked, valid_until),
+            },
+            // The deadline moved or the watch stopped: look again.
+            () = notified => {}
+        }
+    };
+    (id, renewed)
 }
 
 async fn run(
