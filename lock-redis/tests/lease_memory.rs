@@ -25,13 +25,15 @@ fn rss() -> i64 {
 }
 
 /// Resident bytes per held lease at most. Before the lease's state was slimmed (issue 24) a
-/// lease took about 2,000 (`locksmith bench --renewals 100000`: 206 MiB); measured here at
-/// 10,000 leases (2026-11-26, debug build) after it: 901-933. The rest, by allocation: the
-/// lease's shared state in lockcore (256), its validity (112) and lost signal (128), the Redis
-/// lease (80), the name (48), the guard (40), the watchdog's record and heap item (~100).
+/// lease took about 2,000 (`locksmith bench --renewals 100000`: 206 MiB), then 901-933 here at
+/// 10,000 leases (2026-11-26, debug build); after lockcore's validity joined the lost signal's
+/// state and every piece was slimmed (branch leasemem), 526 at 10,000 (release build). The rest,
+/// by malloc chunk: the lease's shared state in lockcore (144), its lost signal and validity
+/// (112), the Redis lease (64), the name (48), the guard (24, in the caller's `Vec`), the
+/// watchdog's record and heap item (~60 with the map's and heap's spare capacity).
 /// The budget leaves room for the allocator's moods (RSS is pages, not bytes) and still fails
-/// a return to the old layout.
-const BUDGET_PER_LEASE: i64 = 1_300;
+/// a return to the layout before.
+const BUDGET_PER_LEASE: i64 = 750;
 
 async fn take(
     locker: &Locker,

@@ -44,6 +44,7 @@
 
 pub mod backend;
 mod capabilities;
+mod compact_time;
 pub mod config;
 mod election;
 mod error;

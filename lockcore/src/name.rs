@@ -54,6 +54,13 @@ impl LockName {
     /// filename. At most three times [`MAX_NAME_LEN`] bytes long.
     pub fn escaped(&self) -> String {
         let mut out = String::with_capacity(self.0.len());
+        self.escape_into(&mut out);
+        out
+    }
+
+    /// Appends [`LockName::escaped`] to `out`: for callers that derive many keys into one
+    /// reused buffer (a batch of renewals) instead of a new string per name.
+    pub fn escape_into(&self, out: &mut String) {
         for b in self.0.bytes() {
             if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
                 out.push(b as char);
@@ -71,7 +78,6 @@ impl LockName {
                 );
             }
         }
-        out
     }
 
     /// Reverses [`LockName::escaped`]; `None` if `escaped` is not such an escaping.

@@ -40,8 +40,14 @@ pub(crate) struct Telemetry {
     acquire: [[Histogram; 4]; 2],
     wait: Histogram,
     handovers: Counter,
+    /// `locksmith_renewals_total` by outcome ([`RENEW_OUTCOMES`]): registered once, as a
+    /// counter registered per renewal built its key (a label list) each time (issue 24).
+    renewals: [Counter; 3],
     pub(crate) held: Gauge,
 }
+
+/// The outcomes of `locksmith_renewals_total`, in the order of [`Telemetry::renewals`].
+const RENEW_OUTCOMES: [&str; 3] = ["renewed", "refused", "error"];
 
 /// How an acquisition ended.
 #[derive(Clone, Copy)]
@@ -83,6 +89,9 @@ impl Telemetry {
             acquire,
             wait: metrics::histogram!("locksmith_wait_seconds", "backend" => b()),
             handovers: metrics::counter!("locksmith_handovers_total", "backend" => b()),
+            renewals: RENEW_OUTCOMES.map(|outcome| {
+                metrics::counter!("locksmith_renewals_total", "backend" => b(), "outcome" => outcome)
+            }),
             held: metrics::gauge!("locksmith_leases_held", "backend" => b()),
             backend,
         }
@@ -102,10 +111,13 @@ impl Telemetry {
         }
     }
 
-    /// Records an extend's outcome (rare: registered on the spot).
+    /// Records an extend's outcome.
     pub(crate) fn renewed(&self, outcome: &'static str) {
-        metrics::counter!("locksmith_renewals_total", "backend" => metrics::SharedString::from(self.backend.clone()), "outcome" => outcome)
-            .increment(1);
+        match RENEW_OUTCOMES.iter().position(|o| *o == outcome) {
+            Some(i) => self.renewals[i].increment(1),
+            None => metrics::counter!("locksmith_renewals_total", "backend" => metrics::SharedString::from(self.backend.clone()), "outcome" => outcome)
+                .increment(1),
+        }
     }
 
     /// Records a lost lease (once per lease).

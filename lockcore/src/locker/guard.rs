@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::{AcquireRequest, Acquired, Backend, OwnerToken};
-use crate::lost::Validity;
+use crate::compact_time::{CompactDuration, CompactInstant};
 use crate::{Error, LockName, LockOptions, LostSignal, RenewKind, Result};
 
 use super::inner::LockerInner;
@@ -34,7 +34,8 @@ pub struct LockGuard {
     /// there once rather than copied here, so that a caller holding many guards pays for a few
     /// words each (issue 24).
     shared: Arc<GuardShared>,
-    signal: LostSignal,
+    /// Its lost signal is counted, not kept (`LostNotifier::hold_signal`: the notifier in
+    /// `shared` reaches the same state), 8 bytes less per guard (issue 24).
     locker: Arc<LockerInner>,
     finished: bool,
 }
@@ -45,7 +46,7 @@ impl fmt::Debug for LockGuard {
             .field("name", &self.shared.name)
             .field("token", &self.shared.token)
             .field("fencing_token", &self.fencing_token())
-            .field("lost", &self.signal.reason())
+            .field("lost", &self.shared.notifier.signal_reason())
             .finish()
     }
 }
@@ -87,34 +88,32 @@ impl LockGuard {
         let shared = Arc::new(GuardShared {
             name: request.name,
             token: request.token,
-            ttl,
-            renew_interval: interval,
+            ttl: CompactDuration::new(Some(ttl)),
+            renew_interval: CompactDuration::new(interval),
             telemetry,
-            acquired_at,
+            acquired_at: CompactInstant::new(Some(acquired_at)),
             lease: acquired.lease,
             notifier: request.lost,
-            validity: Arc::new(Validity::new(acquired.sent_at, hold_deadline)),
             release_started: AtomicBool::new(false),
             loss_recorded: AtomicBool::new(false),
-            extending: tokio::sync::Mutex::new(()),
-            hold_deadline,
+            extending: Default::default(),
+            hold_deadline: CompactInstant::new(hold_deadline),
             watch,
             renewal: Default::default(),
         });
-        shared
-            .validity
-            .set_until(shared.deadline(acquired.sent_at, granted, caps));
+        shared.notifier.attach_validity(
+            shared.deadline(acquired.sent_at, granted, caps),
+            hold_deadline,
+        );
         // The lost span and counter, once (a loss already reported runs it now).
         let hook: std::sync::Weak<GuardShared> = Arc::downgrade(&shared);
         shared.notifier.set_hook(hook);
-        let validity = shared.validity.clone();
         if let Some(watch) = &shared.watch {
             watch.start(shared.clone(), interval.map(|i| acquired.sent_at + i));
         }
-        let signal = signal.with_validity(validity);
+        shared.notifier.hold_signal(signal);
         LockGuard {
             shared,
-            signal,
             locker: locker.clone(),
             finished: false,
         }
@@ -140,12 +139,12 @@ impl LockGuard {
 
     /// When the request that won the lock was sent.
     pub fn acquired_at(&self) -> Instant {
-        self.shared.acquired_at
+        self.shared.acquired_at()
     }
 
     /// The TTL asked for.
     pub fn ttl(&self) -> Duration {
-        self.shared.ttl
+        self.shared.ttl()
     }
 
     /// Until when the lease is surely this holder's, on the monotonic clock: the moment the
@@ -156,7 +155,7 @@ impl LockGuard {
 
     /// Whether the lease is still within its validity and not known lost.
     pub fn is_valid(&self) -> bool {
-        !self.signal.is_lost() && Instant::now() < self.valid_until()
+        !self.is_lost() && Instant::now() < self.valid_until()
     }
 
     /// The loss reported through the lease's notifier (by the backend or the watchdog), not
@@ -168,7 +167,7 @@ impl LockGuard {
 
     /// The lost signal: fires when the lease is known lost.
     pub fn lost(&self) -> LostSignal {
-        self.signal.clone()
+        self.shared.notifier.signal()
     }
 
     /// Extends the lease to `ttl` from now (shorter or longer than before), never past the
@@ -203,7 +202,7 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<()> {
         self.stop_watchdog();
         self.finished = true;
-        if self.signal.is_lost() {
+        if self.is_lost() {
             // Released after the loss: the signal stays fired, and the release is still sent.
         } else {
             self.shared.end_by_holder();
@@ -242,16 +241,25 @@ impl Drop for LockGuard {
         self.shared.telemetry.held.decrement(1.0);
         // A loss the signal computed (the validity deadline passed) but nothing reported yet is
         // reported now, so the lost span and counter see every loss known by the guard's end.
-        if let Some(reason) = self.signal.reason() {
+        if let Some(reason) = self.shared.notifier.signal_reason() {
             self.shared.notifier.fire(reason);
         }
         self.stop_watchdog();
-        if !self.finished && !self.signal.is_lost() {
+        if !self.finished && !self.is_lost() {
             self.shared.end_by_holder();
         }
         if !self.finished && self.shared.begin_release() {
             self.locker.release_in_background(self.shared.clone());
         }
+        // Last, as a kept signal would have been dropped after the body.
+        self.shared.notifier.drop_held_signal();
+    }
+}
+
+impl LockGuard {
+    /// Whether the lease is known lost ([`LostSignal::is_lost`]).
+    fn is_lost(&self) -> bool {
+        self.shared.notifier.signal_reason().is_some()
     }
 }
 

@@ -9,51 +9,74 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{BoxLease, LostNotifier, OwnerToken};
+use crate::compact_time::{CompactDuration, CompactInstant};
 use crate::lost::{LostHook, Validity};
+
+use super::turn::Turn;
 use crate::telemetry::Telemetry;
 use crate::{Capabilities, Error, ErrorKind, LockName, LostReason, Result};
 
 use super::watchdog::{RenewSlot, WatchRef};
 
-pub(super) struct GuardShared {
+pub(crate) struct GuardShared {
     pub(super) name: LockName,
     pub(super) token: OwnerToken,
-    /// The TTL asked for (what each auto-renewal asks for again).
-    pub(super) ttl: Duration,
-    /// How often the watchdog renews the lease, when auto-renewal is on.
-    pub(super) renew_interval: Option<Duration>,
+    /// The TTL asked for (what each auto-renewal asks for again): [`GuardShared::ttl`].
+    pub(super) ttl: CompactDuration,
+    /// How often the watchdog renews the lease, when auto-renewal is on:
+    /// [`GuardShared::renew_interval`].
+    pub(super) renew_interval: CompactDuration,
     pub(super) telemetry: Arc<Telemetry>,
-    pub(super) acquired_at: Instant,
+    /// When the winning request was sent (8 bytes: see [`CompactInstant`]).
+    pub(super) acquired_at: CompactInstant,
     pub(super) lease: BoxLease,
+    /// The lost signal's sending half; its state holds the lease's validity too (one
+    /// allocation for both: issue 24).
     pub(super) notifier: LostNotifier,
-    pub(super) validity: Arc<Validity>,
     pub(super) release_started: AtomicBool,
     /// The loss went to the telemetry (once per lease).
     pub(super) loss_recorded: AtomicBool,
     /// Held across each extend: extends of one guard (the watchdog's and the user's) run one at
     /// a time, so the validity always follows the request the server applied last.
-    pub(super) extending: tokio::sync::Mutex<()>,
+    pub(super) extending: Turn,
     /// Acquired at plus the maximum hold time, when auto-renewal is on.
-    pub(super) hold_deadline: Option<Instant>,
+    pub(super) hold_deadline: CompactInstant,
     /// The lease's watch by the locker's watchdog, where it needs one (renewal, or the release
     /// of a session-bound lease at its deadline).
     pub(super) watch: Option<WatchRef>,
-    /// Whether the watchdog has a renewal of it in flight (aborted when the guard ends).
-    pub(super) renewal: std::sync::Mutex<RenewSlot>,
+    /// Whether the watchdog has a renewal of it in flight (stopped when the guard ends).
+    pub(super) renewal: RenewSlot,
 }
 
 impl LostHook for GuardShared {
     fn lost(&self, reason: LostReason) {
         if !self.loss_recorded.swap(true, Ordering::AcqRel) {
             self.telemetry
-                .lost(self.name.as_str(), reason, self.acquired_at.elapsed());
+                .lost(self.name.as_str(), reason, self.acquired_at().elapsed());
         }
     }
 }
 
 impl GuardShared {
+    pub(super) fn ttl(&self) -> Duration {
+        self.ttl.get().expect("always set")
+    }
+
+    pub(super) fn renew_interval(&self) -> Option<Duration> {
+        self.renew_interval.get()
+    }
+
+    pub(super) fn acquired_at(&self) -> Instant {
+        self.acquired_at.get().expect("always set")
+    }
+
+    /// The lease's validity deadline (kept in the lost signal's state).
+    pub(super) fn validity(&self) -> &Validity {
+        self.notifier.validity()
+    }
+
     pub(super) fn valid_until(&self) -> Instant {
-        self.validity.until()
+        self.validity().until()
     }
 
     /// The validity of a lease granted `granted` by a request sent at `sent`: minus the drift
@@ -65,7 +88,7 @@ impl GuardShared {
         caps: &Capabilities,
     ) -> Instant {
         let until = sent + granted.saturating_sub(caps.drift_margin(granted));
-        match self.hold_deadline {
+        match self.hold_deadline.get() {
             Some(hold) => until.min(hold),
             None => until,
         }
@@ -107,7 +130,7 @@ impl GuardShared {
         caps: &Capabilities,
         auto: bool,
     ) -> Result<Duration> {
-        let _one_at_a_time = self.extending.lock().await;
+        let _one_at_a_time = self.extending.take(&self.validity().changed).await;
         if self.release_started.load(Ordering::Acquire) {
             return Err(Error::not_held("the lease has been released"));
         }
@@ -117,18 +140,18 @@ impl GuardShared {
         // holder cannot tell from a lost reply or a dropped future: believe the shorter validity
         // from the send on, so that an unconfirmed extend never leaves the holder trusting more
         // than the server may grant (a second holder otherwise, faults' lost_extend_reply).
-        if self.validity.shorten_to(self.deadline(sent, ttl, caps)) && !auto {
+        if self.validity().shorten_to(self.deadline(sent, ttl, caps)) && !auto {
             self.rearm();
         }
         match self.lease.extend(ttl).await {
             Ok(granted) => {
-                let renewed = self.validity.renew_to(self.deadline(sent, granted, caps));
+                let renewed = self.validity().renew_to(self.deadline(sent, granted, caps));
                 if !auto {
                     // The watchdog looks again (its own renewals it follows itself).
                     self.rearm();
                 }
                 if !renewed {
-                    self.notifier.fire(self.validity.expiry_reason());
+                    self.notifier.fire(self.validity().expiry_reason());
                     return Err(Error::not_held(
                         "the validity deadline passed before the extend was confirmed; the lease counts as lost",
                     ));
@@ -150,7 +173,7 @@ impl GuardShared {
         if let Some(reason) = self.notifier.reason() {
             return Err(Error::not_held(format!("the lease was lost: {reason}")));
         }
-        if let Some(reason) = self.validity.expired_reason() {
+        if let Some(reason) = self.validity().expired_reason() {
             self.notifier.fire(reason);
             return Err(Error::not_held(format!("the lease was lost: {reason}")));
         }
@@ -171,7 +194,7 @@ impl GuardShared {
             lock = self.name.as_str(),
             backend = &*self.telemetry.backend,
             outcome = tracing::field::Empty,
-            held_ms = self.acquired_at.elapsed().as_millis() as u64,
+            held_ms = self.acquired_at().elapsed().as_millis() as u64,
         );
         let result = self.lease.release().instrument(span.clone()).await;
         span.record(
@@ -193,6 +216,21 @@ impl GuardShared {
     }
 
     pub(super) fn end_by_holder(&self) {
-        self.validity.end();
+        self.validity().end();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_lease_state_stays_small() {
+        // With its reference counts and malloc's header, 120 bytes fit a 144-byte chunk (issue
+        // 24: 100,000 leases on one client). The validity is in the lost signal's state.
+        assert!(
+            size_of::<super::GuardShared>() <= 120,
+            "{} bytes",
+            size_of::<super::GuardShared>()
+        );
+        assert!(size_of::<crate::LockGuard>() <= 24);
     }
 }

@@ -3,15 +3,18 @@
 //!
 //! This file is the [`Locker`]; its pieces live apart and never use it: `inner` (what a
 //! locker's clones and its guards share), `lease` (a held lease's state: validity, extend,
-//! release), `watchdog` (renewal and the deadline: one task per locker for all its leases),
+//! release), `turn` (its extends one at a time), `watchdog` (renewal and the deadline: one task
+//! per locker for all its leases),
 //! `guard` ([`LockGuard`]). The primitives
 //! built on its locks (`crate::multi`, `crate::election`) use it from outside.
 
 mod guard;
 mod inner;
 mod lease;
+pub(crate) use lease::GuardShared;
 #[cfg(test)]
 mod tests;
+mod turn;
 mod watchdog;
 
 use std::fmt;

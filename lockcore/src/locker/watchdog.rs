@@ -20,18 +20,17 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use futures::future::{AbortHandle, Abortable};
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Background};
+use crate::compact_time::CompactInstant;
 use crate::{ErrorKind, Result};
 
 use super::inner::release_in_background;
@@ -101,7 +100,7 @@ impl WatchRef {
             self.id,
             Entry {
                 shared,
-                next_renew: first_renewal,
+                next_renew: CompactInstant::new(first_renewal),
                 seq: 0,
                 state: State::Idle,
             },
@@ -120,29 +119,50 @@ impl WatchRef {
     }
 }
 
-/// Whether a renewal of the lease is in flight, so that the guard's end can abort it at once
-/// (the task would otherwise act on its reply after the release).
+/// Whether a renewal of the lease is in flight, so that the guard's end can stop it at once
+/// (the task would otherwise act on its reply after the release). One byte in the lease's
+/// state: the renewal watches it (woken through the validity's notify) instead of holding an
+/// abort handle, an allocation per renewal (issue 24).
 #[derive(Default)]
-pub(super) enum RenewSlot {
-    #[default]
-    Idle,
-    Renewing(AbortHandle),
-    /// The guard ended its watch: no renewal starts any more.
-    Stopped,
+pub(super) struct RenewSlot(AtomicU8);
+
+const IDLE: u8 = 0;
+const RENEWING: u8 = 1;
+/// The guard ended its watch: no renewal starts any more.
+const STOPPED: u8 = 2;
+
+impl RenewSlot {
+    /// A renewal starts; false once the watch was stopped.
+    fn begin(&self) -> bool {
+        self.0
+            .compare_exchange(IDLE, RENEWING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The renewal's outcome is in; false once the watch was stopped.
+    fn finish(&self) -> bool {
+        self.0
+            .compare_exchange(RENEWING, IDLE, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    fn is_stopped(&self) -> bool {
+        self.0.load(Ordering::Acquire) == STOPPED
+    }
 }
 
 impl GuardShared {
-    /// Ends this lease's watch, if it has one: aborts a renewal in flight and removes its
+    /// Ends this lease's watch, if it has one: stops a renewal in flight and removes its
     /// record. Idempotent.
     pub(super) fn stop_watch(&self) {
         let Some(watch) = &self.watch else { return };
-        let mut slot = self.renewal.lock().unwrap_or_else(|e| e.into_inner());
-        match std::mem::replace(&mut *slot, RenewSlot::Stopped) {
-            RenewSlot::Stopped => return,
-            RenewSlot::Renewing(abort) => abort.abort(),
-            RenewSlot::Idle => {}
+        match self.renewal.0.swap(STOPPED, Ordering::AcqRel) {
+            STOPPED => return,
+            // The renewal listens on the validity's notify (see `renewal`): it sees the stop
+            // and drops its extend.
+            RENEWING => self.validity().changed.notify_waiters(),
+            _ => {}
         }
-        drop(slot);
         watch.forget();
     }
 }
@@ -153,12 +173,12 @@ enum Command {
     Forget(u64),
 }
 
-/// One watched lease: 40 bytes in the map (its TTL and renewal interval are the guard's, in
+/// One watched lease: 32 bytes in the map (its TTL and renewal interval are the guard's, in
 /// its [`GuardShared`]), plus its item in the timer heap.
 struct Entry {
     shared: Arc<GuardShared>,
     /// `None`: not renewed now (watched for the deadline only).
-    next_renew: Option<Instant>,
+    next_renew: CompactInstant,
     /// Bumped whenever the lease is scheduled anew: heap items with another are stale.
     seq: u32,
     state: State,
@@ -189,18 +209,54 @@ enum Renewed {
     Aborted,
 }
 
-type RenewalFuture = Pin<Box<dyn Future<Output = (u64, Renewed)> + Send>>;
+/// A timer-heap item: when, the lease's id, its `seq` then (24 bytes: see [`CompactInstant`]).
+type HeapItem = (CompactInstant, u64, u32);
 
-struct Scheduler {
+/// What a renewal needs: the lease's id and state, the backend, the TTL asked for and the
+/// validity deadline it is cut off at.
+type RenewalArgs = (u64, Arc<GuardShared>, Arc<dyn Backend>, Duration, Instant);
+
+/// `F`: the future of [`renewal`], held unboxed in the set (its type is only known by
+/// inference: `make` is that function), so that starting a renewal allocates only the set's
+/// node, not a box besides (issue 24).
+struct Scheduler<F> {
     backend: Arc<dyn Backend>,
     background: Background,
     entries: HashMap<u64, Entry>,
-    /// (when, lease id, its seq then), earliest first.
-    heap: BinaryHeap<Reverse<(Instant, u64, u32)>>,
+    /// (when, lease id, its seq then), earliest first. Never a none instant.
+    heap: BinaryHeap<Reverse<HeapItem>>,
     /// Due leases waiting for a free renewal slot, in the order they fell due.
     queued: VecDeque<u64>,
-    renewing: FuturesUnordered<RenewalFuture>,
+    renewing: FuturesUnordered<F>,
+    make: fn(RenewalArgs) -> F,
     watched: Arc<AtomicUsize>,
+}
+
+/// One renewal of a lease, cut off at its validity deadline, and dropped as soon as the guard
+/// ends its watch ([`GuardShared::stop_watch`]).
+async fn renewal((id, shared, backend, asked, valid_until): RenewalArgs) -> (u64, Renewed) {
+    let caps = backend.capabilities();
+    let extend = tokio::time::timeout_at(valid_until, shared.extend(asked, caps, true));
+    tokio::pin!(extend);
+    let renewed = loop {
+        // Registered before the check: a stop after it wakes this renewal.
+        let notified = shared.validity().changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if shared.renewal.is_stopped() {
+            break Renewed::Aborted;
+        }
+        tokio::select! {
+            biased;
+            result = &mut extend => break match result {
+                Err(_elapsed) => Renewed::TimedOut,
+                Ok(result) => classify(result, asked, valid_until),
+            },
+            // The deadline moved or the watch stopped: look again.
+            () = notified => {}
+        }
+    };
+    (id, renewed)
 }
 
 async fn run(
@@ -216,6 +272,7 @@ async fn run(
         heap: BinaryHeap::new(),
         queued: VecDeque::new(),
         renewing: FuturesUnordered::new(),
+        make: renewal,
         watched,
     };
     // One timer for the whole client, moved to the earliest item of the heap.
@@ -231,7 +288,7 @@ async fn run(
         s.fire_due();
         s.start_queued();
         s.watched.store(s.entries.len(), Ordering::Release);
-        let wake = s.heap.peek().map(|Reverse((at, _, _))| *at);
+        let wake = s.heap.peek().and_then(|Reverse((at, _, _))| at.get());
         if let Some(at) = wake
             && armed != Some(at)
         {
@@ -252,7 +309,7 @@ async fn run(
     }
 }
 
-impl Scheduler {
+impl<F: Future<Output = (u64, Renewed)>> Scheduler<F> {
     fn command(&mut self, cmd: Command) {
         match cmd {
             Command::Watch(id, entry) => {
@@ -278,14 +335,15 @@ impl Scheduler {
     fn schedule(&mut self, id: u64, at: Instant) {
         if let Some(e) = self.entries.get_mut(&id) {
             e.seq = e.seq.wrapping_add(1);
-            self.heap.push(Reverse((at, id, e.seq)));
+            self.heap
+                .push(Reverse((CompactInstant::new(Some(at)), id, e.seq)));
         }
     }
 
     fn fire_due(&mut self) {
         let now = Instant::now();
         while let Some(Reverse((at, id, seq))) = self.heap.peek().copied() {
-            if at > now {
+            if at.get().is_some_and(|at| at > now) {
                 break;
             }
             self.heap.pop();
@@ -311,13 +369,13 @@ impl Scheduler {
         if now >= valid_until {
             let shared = e.shared.clone();
             self.entries.remove(&id);
-            shared.notifier.fire(shared.validity.expiry_reason());
+            shared.notifier.fire(shared.validity().expiry_reason());
             if shared.begin_release() {
                 release_in_background(&self.background, shared);
             }
             return;
         }
-        match (e.state, e.next_renew) {
+        match (e.state, e.next_renew.get()) {
             (State::Renewing, _) => {}
             (State::Queued, _) => self.schedule(id, valid_until),
             (State::Idle, Some(at)) if at <= now => {
@@ -366,9 +424,10 @@ impl Scheduler {
         let Some(hold_deadline) = e
             .shared
             .hold_deadline
-            .filter(|_| e.shared.renew_interval.is_some())
+            .get()
+            .filter(|_| e.shared.renew_interval().is_some())
         else {
-            e.next_renew = None;
+            e.next_renew = CompactInstant::new(None);
             self.schedule(id, valid_until);
             return;
         };
@@ -376,38 +435,29 @@ impl Scheduler {
         // there even if the release at the deadline is lost.
         let asked = e
             .shared
-            .ttl
+            .ttl()
             .min(hold_deadline.saturating_duration_since(now));
         if asked < min_ttl.max(Duration::from_millis(1)) {
-            e.shared.validity.renewal_ended_by_hold();
-            e.next_renew = None;
+            e.shared.validity().renewal_ended_by_hold();
+            e.next_renew = CompactInstant::new(None);
             self.schedule(id, valid_until);
             return;
         }
-        let (abort, registration) = AbortHandle::new_pair();
-        {
-            let mut slot = e.shared.renewal.lock().unwrap_or_else(|e| e.into_inner());
-            if matches!(*slot, RenewSlot::Stopped) {
-                drop(slot);
-                self.entries.remove(&id);
-                return;
-            }
-            *slot = RenewSlot::Renewing(abort);
+        if !e.shared.renewal.begin() {
+            self.entries.remove(&id);
+            return;
         }
         e.state = State::Renewing;
         // Its heap items are stale from now: the renewal itself is cut off at the deadline.
         e.seq = e.seq.wrapping_add(1);
-        let (shared, backend) = (e.shared.clone(), self.backend.clone());
-        self.renewing.push(Box::pin(async move {
-            let caps = backend.capabilities();
-            let extend = tokio::time::timeout_at(valid_until, shared.extend(asked, caps, true));
-            let renewed = match Abortable::new(extend, registration).await {
-                Err(_aborted) => Renewed::Aborted,
-                Ok(Err(_elapsed)) => Renewed::TimedOut,
-                Ok(Ok(result)) => classify(result, asked, valid_until),
-            };
-            (id, renewed)
-        }));
+        let args = (
+            id,
+            e.shared.clone(),
+            self.backend.clone(),
+            asked,
+            valid_until,
+        );
+        self.renewing.push((self.make)(args));
     }
 
     fn renewed(&mut self, id: u64, renewed: Renewed) {
@@ -415,26 +465,22 @@ impl Scheduler {
         let Some(e) = self.entries.get_mut(&id) else {
             return;
         };
-        {
-            let mut slot = e.shared.renewal.lock().unwrap_or_else(|e| e.into_inner());
-            if matches!(*slot, RenewSlot::Stopped) {
-                drop(slot);
-                self.entries.remove(&id);
-                return;
-            }
-            *slot = RenewSlot::Idle;
+        if !e.shared.renewal.finish() {
+            self.entries.remove(&id);
+            return;
         }
         e.state = State::Idle;
         match renewed {
             Renewed::Ok { asked } => {
-                e.next_renew = e
-                    .shared
-                    .renew_interval
-                    .filter(|_| asked == e.shared.ttl)
-                    .map(|i| now + i);
-                if e.next_renew.is_none() {
+                e.next_renew = CompactInstant::new(
+                    e.shared
+                        .renew_interval()
+                        .filter(|_| asked == e.shared.ttl())
+                        .map(|i| now + i),
+                );
+                if e.next_renew.get().is_none() {
                     // The last renewal: the lease ends where the hold does.
-                    e.shared.validity.renewal_ended_by_hold();
+                    e.shared.validity().renewal_ended_by_hold();
                 }
             }
             Renewed::Refused | Renewed::Aborted => {
@@ -443,11 +489,11 @@ impl Scheduler {
             }
             Renewed::Failed { error, valid_until } => {
                 tracing::warn!(error = %format!("{error:#}"), "lease renewal failed; retrying before the validity deadline");
-                let quarter = e.shared.renew_interval.map_or(Duration::ZERO, |i| i / 4);
-                e.next_renew = Some((now + quarter).min(valid_until));
+                let quarter = e.shared.renew_interval().map_or(Duration::ZERO, |i| i / 4);
+                e.next_renew = CompactInstant::new(Some((now + quarter).min(valid_until)));
             }
             // The deadline check below fires the signal and releases.
-            Renewed::TimedOut => e.next_renew = None,
+            Renewed::TimedOut => e.next_renew = CompactInstant::new(None),
         }
         self.look_at(id, now);
     }
@@ -470,10 +516,10 @@ mod tests {
         // One per watched lease in the map, and one item per lease in the heap (issue 24:
         // 100,000 auto-renewed leases on one client).
         assert!(
-            size_of::<Entry>() <= 32,
+            size_of::<Entry>() <= 24,
             "{} bytes per record",
             size_of::<Entry>()
         );
-        assert!(size_of::<Reverse<(Instant, u64, u32)>>() <= 32);
+        assert!(size_of::<Reverse<HeapItem>>() <= 24);
     }
 }
