@@ -484,8 +484,9 @@ impl RedisBackend {
             inner: self.inner.clone(),
             name: req.name.clone(),
             token: req.token,
-            // No counter under interop= (the peer keeps none).
-            fenced: self.inner.interop.is_none(),
+            // No counter under interop= (the peer keeps none), none moved when no token was
+            // wanted.
+            fenced: self.inner.interop.is_none() && fence.is_some(),
             fence: fence.unwrap_or(0),
             share: req.mode != LockMode::Exclusive,
             behind_attempt: false,
@@ -521,7 +522,8 @@ impl RedisBackend {
                     Duration::ZERO
                 });
                 let with = AcquireWith {
-                    fencing: true,
+                    // Without a token wanted, the counter is left alone (three calls fewer).
+                    fencing: req.fencing.wanted(),
                     replicas: None,
                     beside_shares: slack,
                     queue: Some(self.queue_entry(waits)),
@@ -593,7 +595,7 @@ impl RedisBackend {
             &req.holder.encode(),
             req.ttl,
             AcquireWith {
-                fencing: true,
+                fencing: req.fencing.wanted(),
                 replicas: Some(*replicas),
                 // Shared holders hold the name too; a waiting writer marks itself.
                 beside_shares: Some(if waits {

@@ -245,7 +245,9 @@ pub async fn acquire(
 /// What an acquire script does besides taking the lock.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AcquireWith {
-    /// Advance the fencing counter in the same script.
+    /// Advance the fencing counter in the same script and report the token (`false`: the
+    /// queued script leaves the counter alone; the others may still move it; no token is
+    /// reported either way).
     pub fencing: bool,
     /// Pipeline `WAIT` behind the script.
     pub replicas: Option<Replicas>,
@@ -301,6 +303,7 @@ pub(crate) async fn acquire_queued(
     let queue = queue.filter(|_| beside_shares.is_some());
     let share_keys = beside_shares.map(|_| crate::shares::ShareKeys::of(keys));
     let mut key_list = vec![keys.lock.as_str(), keys.holder.as_str()];
+    let counted = fencing;
     let fencing = fencing || beside_shares.is_some();
     if let Some(sk) = &share_keys {
         key_list = sk.with(keys).to_vec();
@@ -315,6 +318,7 @@ pub(crate) async fn acquire_queued(
         (Some(slack), Some(entry)) => {
             args.push(slack);
             args.push(entry);
+            args.push(if counted { "1" } else { "0" });
             crate::queue::acquire_script()
         }
         (Some(slack), None) => {
@@ -342,7 +346,7 @@ pub(crate) async fn acquire_queued(
         ));
     }
     if won == 1 {
-        if !fencing {
+        if !counted {
             return Ok((NodeAttempt::Won { fence: None }, acked, None));
         }
         let fence = u64::try_from(value)

@@ -119,7 +119,9 @@ pub(crate) use announce_lua;
 /// The exclusive acquire with the queue. KEYS: lock, holder, fence, shares, share info,
 /// waiting writer, queue, queue expiries. ARGV: token, TTL ms, holder metadata, the writer
 /// mark's slack ms (see [`shares`](crate::shares)), the queue entry's TTL ms (0: a `try_lock`,
-/// which never joins the queue). Returns `{1, fence, 0}`, `{0, pttl or -3, position}`
+/// which never joins the queue), `ARGV[6]` `0` when no fencing token is wanted (the counter is
+/// left alone and the fence reported is 0; absent or anything else: the counter moves). Returns
+/// `{1, fence, 0}`, `{0, pttl or -3, position}`
 /// (position in the queue, 0 the head, -1 not queued) or `{-1, 0, -1}` (held as a semaphore).
 ///
 /// A name without a holder, shares, a writer's mark or a queue (one `EXISTS` tells) is taken at
@@ -130,6 +132,7 @@ const ACQUIRE_QUEUED_LUA: &str = concat!(
 if redis.call('EXISTS', KEYS[1], KEYS[4], KEYS[6], KEYS[8]) == 0 then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   redis.call('SET', KEYS[2], ARGV[1] .. ' ' .. ARGV[3], 'PX', ARGV[2])
+  if ARGV[6] == '0' then return {1, 0, 0} end
   local t = redis.call('TIME')
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local fence = math.max(tonumber(redis.call('GET', KEYS[3]) or '0') + 1, now_us)
@@ -183,6 +186,7 @@ if queue_live then
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[2], ARGV[1] .. ' ' .. ARGV[3], 'PX', ARGV[2])
+if ARGV[6] == '0' then return {1, 0, 0} end
 local t = qt or redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local fence = math.max(tonumber(redis.call('GET', KEYS[3]) or '0') + 1, now_us)

@@ -934,3 +934,44 @@ async fn cancelled_min_replicas_attempts_leave_nothing() {
         g.release().await.unwrap();
     }
 }
+
+/// An acquisition that asks for no fencing token leaves the counter alone (the script skips
+/// `TIME` and the counter's read and write) and still excludes; a token asked for after it is
+/// the next one, and `inspect` shows the counter as the last fenced holder left it. The
+/// uncontended try_lock and a waiting lock() (queued script) alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_fencing_the_counter_is_left_alone() {
+    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
+        return;
+    };
+    let (a, b) = (
+        Locker::new(RedisBackend::connect(&url).await.unwrap()),
+        Locker::new(RedisBackend::connect(&url).await.unwrap()),
+    );
+    let name = unique("nofence");
+    let fenced = opts(Duration::from_secs(10)).require_fencing(true);
+    let unfenced = fenced.clone().no_fencing();
+    let g = a.lock(name.as_str(), &fenced).await.unwrap();
+    let first = g.fencing_token().expect("a token asked for");
+    g.release().await.unwrap();
+    for round in 0..3 {
+        let g = if round == 0 {
+            a.try_lock(name.as_str(), &unfenced).await.unwrap().unwrap()
+        } else {
+            a.lock(name.as_str(), &unfenced).await.unwrap()
+        };
+        assert_eq!(g.fencing_token(), None, "round {round}");
+        assert!(
+            b.try_lock(name.as_str(), &fenced).await.unwrap().is_none(),
+            "round {round}: a lock held without a token did not exclude"
+        );
+        let info = b.inspect(name.as_str()).await.unwrap();
+        assert!(info.held, "round {round}");
+        assert_eq!(info.fencing_token, Some(first), "round {round}");
+        g.release().await.unwrap();
+    }
+    let g = b.lock(name.as_str(), &fenced).await.unwrap();
+    let next = g.fencing_token().expect("a token asked for");
+    assert!(next > first, "{next} after {first}");
+    g.release().await.unwrap();
+}
