@@ -142,13 +142,17 @@ impl EtcdBackend {
 const ABANDONED_MAX: usize = 1024;
 
 impl EtcdBackend {
-    /// Remembers `key`, put (or maybe put) by an abandoned attempt of the acquisition `token`.
-    pub(crate) fn abandon(&self, token: OwnerToken, key: &str) {
-        let mut map = self
-            .inner
+    /// The keys of abandoned attempts, by owner token.
+    fn abandoned_keys(&self) -> std::sync::MutexGuard<'_, HashMap<OwnerToken, Vec<String>>> {
+        self.inner
             .abandoned
             .lock()
-            .unwrap_or_else(|e| e.into_inner());
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Remembers `key`, put (or maybe put) by an abandoned attempt of the acquisition `token`.
+    pub(crate) fn abandon(&self, token: OwnerToken, key: &str) {
+        let mut map = self.abandoned_keys();
         if map.len() < ABANDONED_MAX || map.contains_key(&token) {
             map.entry(token).or_default().push(key.to_owned());
         }
@@ -156,11 +160,7 @@ impl EtcdBackend {
 
     /// Forgets `key` of an abandoned attempt of `token`: it is deleted.
     pub(crate) fn forget_abandoned(&self, token: OwnerToken, key: &str) {
-        let mut map = self
-            .inner
-            .abandoned
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut map = self.abandoned_keys();
         if let Some(keys) = map.get_mut(&token) {
             keys.retain(|k| k != key);
             if keys.is_empty() {
@@ -171,12 +171,8 @@ impl EtcdBackend {
 
     /// Whether `key` was put by an abandoned attempt of the acquisition `token`.
     pub(crate) fn is_abandoned(&self, token: &OwnerToken, key: &[u8]) -> bool {
-        let map = self
-            .inner
-            .abandoned
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        map.get(token)
+        self.abandoned_keys()
+            .get(token)
             .is_some_and(|keys| keys.iter().any(|k| k.as_bytes() == key))
     }
 }

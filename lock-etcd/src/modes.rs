@@ -130,29 +130,15 @@ pub(crate) fn holders(queue: &[&[u8]]) -> Vec<bool> {
 
 /// Resolves once `needed` of `subs` report a deletion ([`Wake::Deleted`]), or at once on a
 /// resync (or a subscription dropped by the watch), after which the waiter looks at the server.
-pub(crate) async fn deletions(mut subs: Vec<oneshot::Receiver<Wake>>, mut needed: usize) -> Wake {
-    std::future::poll_fn(move |cx: &mut Context<'_>| {
-        let mut i = 0;
-        while i < subs.len() {
-            match Pin::new(&mut subs[i]).poll(cx) {
-                Poll::Pending => i += 1,
-                Poll::Ready(Ok(Wake::Deleted)) => {
-                    subs.swap_remove(i);
-                    needed = needed.saturating_sub(1);
-                    if needed == 0 {
-                        return Poll::Ready(Wake::Deleted);
-                    }
-                }
-                Poll::Ready(_) => return Poll::Ready(Wake::Resync),
-            }
+pub(crate) async fn deletions(mut subs: Vec<oneshot::Receiver<Wake>>, needed: usize) -> Wake {
+    match subs.len().checked_sub(needed.max(1)) {
+        Some(left) => deleted_down_to(&mut subs, left).await,
+        // Fewer keys than needed: once they are all gone (or at a resync), look again.
+        None => {
+            deleted_down_to(&mut subs, 0).await;
+            Wake::Resync
         }
-        if subs.is_empty() {
-            // Fewer keys than needed: nothing left to wait on, look again.
-            return Poll::Ready(Wake::Resync);
-        }
-        Poll::Pending
-    })
-    .await
+    }
 }
 
 /// Resolves once at most `left` of `subs` have not reported a deletion (those that did are

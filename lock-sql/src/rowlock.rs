@@ -445,6 +445,23 @@ mod tests {
         checks.state.lock().expect("not poisoned").running
     }
 
+    fn seen(pings: &AtomicUsize) -> usize {
+        pings.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Advances the paused clock 1 ms at a time until `cond` holds, for at most `limit` of
+    /// virtual time (the spawned checks run at every step); panics past it. Returns how much
+    /// virtual time passed.
+    async fn until(what: &str, limit: Duration, cond: impl Fn() -> bool) -> Duration {
+        let start = Instant::now();
+        while !cond() {
+            assert!(start.elapsed() < limit, "{what} within {limit:?}");
+            tokio::time::advance(Duration::from_millis(1)).await;
+            tokio::task::yield_now().await;
+        }
+        start.elapsed()
+    }
+
     /// One task checks every held connection of the client, fires the lost signal of the one
     /// that fails (and checks it no more), stops checking a released one, and ends when
     /// nothing is held. Virtual time: the checks fall due every 250 ms (a quarter of the TTL).
@@ -454,12 +471,14 @@ mod tests {
         let (a, a_lost, _, a_pings) = lease(&checks, true);
         let (b, b_lost, b_ok, b_pings) = lease(&checks, true);
         assert!(running(&checks));
-        tokio::time::sleep(Duration::from_millis(1_100)).await;
-        let seen = |p: &AtomicUsize| p.load(std::sync::atomic::Ordering::SeqCst);
-        assert_eq!(
-            (seen(&a_pings), seen(&b_pings)),
-            (4, 4),
-            "a ping every 250 ms each"
+        let took = until("four pings each", Duration::from_millis(1_100), || {
+            seen(&a_pings) >= 4 && seen(&b_pings) >= 4
+        })
+        .await;
+        assert_eq!((seen(&a_pings), seen(&b_pings)), (4, 4), "both, together");
+        assert!(
+            took >= Duration::from_millis(1_000),
+            "a ping every 250 ms, not sooner: {took:?}"
         );
         b_ok.store(false, std::sync::atomic::Ordering::SeqCst);
         let reason = tokio::time::timeout(Duration::from_millis(300), b_lost.lost())
@@ -470,7 +489,11 @@ mod tests {
         let b_after = seen(&b_pings);
         a.release().await.expect("released");
         let a_after = seen(&a_pings);
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // Their entries fall due once more (within 250 ms) and are dropped: the task ends.
+        until("the task's end", Duration::from_millis(300), || {
+            !running(&checks)
+        })
+        .await;
         assert_eq!(
             seen(&b_pings),
             b_after,
@@ -481,12 +504,15 @@ mod tests {
             a_after,
             "a released connection is checked no more"
         );
-        assert!(!running(&checks), "the task ends when nothing is held");
         // A lease after that starts the task again.
         let (c, _c_lost, _, c_pings) = lease(&checks, true);
         assert!(running(&checks));
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(seen(&c_pings), 1);
+        until(
+            "the new lease's first ping",
+            Duration::from_millis(300),
+            || seen(&c_pings) == 1,
+        )
+        .await;
         drop((b, c));
     }
 }

@@ -333,20 +333,19 @@ impl Validity {
     /// moved.
     pub(crate) fn renew_to(&self, at: Instant) -> bool {
         let now = Instant::now();
-        let moved = self
-            .until
-            .update(|until| until.filter(|u| now < *u).map(|_| Some(at)));
-        if moved {
-            self.changed.notify_waiters();
-        }
-        moved
+        self.move_deadline(at, |until| now < until)
     }
 
     /// Moves the deadline earlier to `at` (never later). Returns whether it moved.
     pub(crate) fn shorten_to(&self, at: Instant) -> bool {
+        self.move_deadline(at, |until| at < until)
+    }
+
+    /// Moves a set deadline to `at` when `applies` to it, and wakes the waiters.
+    fn move_deadline(&self, at: Instant, applies: impl Fn(Instant) -> bool) -> bool {
         let moved = self
             .until
-            .update(|until| until.filter(|u| at < *u).map(|_| Some(at)));
+            .update(|until| until.filter(|u| applies(*u)).map(|_| Some(at)));
         if moved {
             self.changed.notify_waiters();
         }
