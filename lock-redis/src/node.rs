@@ -568,6 +568,10 @@ pub async fn release_announced(
 /// token>`; a waiter registered with [`Waiting::queued`] is woken by a message naming it, and
 /// no other is).
 ///
+/// A refused waiter learns its place in the queue (µs, the second of the pair): passed back as
+/// [`WaitingVote::ticket`] to every server, it puts the waiter at the same place in each
+/// server's queue (a place taken from one server's clock, never a client's).
+///
 /// Cancel safety: as [`acquire`]; an entry left behind expires after `entry`, a mark after
 /// `mark`.
 ///
@@ -580,18 +584,31 @@ pub async fn acquire_waiting(
     token: &str,
     holder: &str,
     ttl: Duration,
-    mark: Duration,
-    entry: Duration,
-) -> Result<NodeAttempt> {
-    let (won, value) =
-        crate::queue::acquire_waiting(conn, keys, token, holder, ttl, (mark, entry)).await?;
+    vote: WaitingVote,
+) -> Result<(NodeAttempt, Option<u64>)> {
+    let (won, value, place) =
+        crate::queue::acquire_waiting(conn, keys, token, holder, ttl, vote).await?;
     Ok(if won {
-        NodeAttempt::Won { fence: None }
+        (NodeAttempt::Won { fence: None }, None)
     } else {
-        NodeAttempt::Held {
-            pttl: u64::try_from(value).ok().map(Duration::from_millis),
-        }
+        let pttl = u64::try_from(value).ok().map(Duration::from_millis);
+        (NodeAttempt::Held { pttl }, place)
     })
+}
+
+/// How a vote of [`acquire_waiting`] waits on one server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitingVote {
+    /// A refused writer marks itself as waiting for this long (zero: no mark; see
+    /// [`writer_mark_ttl`]).
+    pub mark: Duration,
+    /// A refused request joins the queue (or refreshes its entry) for this long (zero: it
+    /// does not queue; see [`queue_entry_ttl`]).
+    pub entry: Duration,
+    /// The waiter's place in the queue (µs) when it has one from the server whose order all
+    /// servers follow (what this function returned there); `None`: a newcomer's place is
+    /// just behind the tail, by this server's clock.
+    pub ticket: Option<u64>,
 }
 
 /// Takes a shared (reader's) lease for `token` with TTL `ttl` on one server, without a fencing

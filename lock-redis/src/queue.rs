@@ -264,7 +264,8 @@ return 1
 /// The acquire of one master of a Redlock (no fencing counter; KEYS: lock, holder, fence
 /// (unused), shares, share info, waiting writer, queue, queue expiries, as
 /// [`ShareKeys::with`]; ARGV: token, TTL ms, holder metadata, the writer mark's slack ms (0:
-/// no mark), queue entry TTL ms, 0 for a `try_lock`): as the plain acquire script, except that
+/// no mark), queue entry TTL ms (0 for a `try_lock`), the waiter's ticket or empty): as the
+/// plain acquire script, except that
 /// * live shared holders on this master hold the lock too (the read-write check of
 ///   [`shares`](crate::shares), the one a single node runs): a waiting writer refused by them
 ///   marks itself there as waiting (readers that come later are refused on this master) and
@@ -275,8 +276,16 @@ return 1
 ///   waiting request that loses joins (or refreshes its entry in) the queue, which also
 ///   decides whom a release wakes (see [`crate::node::acquire_waiting`]).
 ///
+/// * a waiter's place in the queue is its **ticket** when it brings one (a time in µs that
+///   one master's `TIME` gave it, the same on every master: see `lock-redlock`'s acquire), or
+///   else, when it is new there, the later of this server's `TIME` and just behind the tail:
+///   a newcomer queues last on every master whatever the masters' clocks say, and waiters
+///   that joined at once (in different orders on different masters) stand in one order
+///   everywhere from their next vote, so a release names the same head on every master.
+///
 /// Returns `{1, 0}`, `{0, pttl of the holder, or ms to the earliest share's expiry, or -3 when
-/// free but queued for}` or `{-1, 0}` (the name is held as a semaphore).
+/// free but queued for, place in the queue (µs) when queued}` or `{-1, 0}` (the name is held
+/// as a semaphore).
 const ACQUIRE_WAITING_LUA: &str = concat!(
     r"
 local holder = redis.call('GET', KEYS[1])
@@ -288,13 +297,22 @@ local function in_line(reply)
       qt = redis.call('TIME')
       qnow = tonumber(qt[1]) * 1000 + math.floor(tonumber(qt[2]) / 1000)
     end
-    if not redis.call('ZSCORE', KEYS[7], ARGV[1]) then
-      redis.call('ZADD', KEYS[7], qt[1] * 1000000 + qt[2], ARGV[1])
+    local at = tonumber(redis.call('ZSCORE', KEYS[7], ARGV[1]) or '')
+    local ticket = tonumber(ARGV[6] or '')
+    if ticket then
+      if at ~= ticket then redis.call('ZADD', KEYS[7], ticket, ARGV[1]) end
+      at = ticket
+    elseif not at then
+      at = tonumber(qt[1]) * 1000000 + tonumber(qt[2])
+      local tail = redis.call('ZRANGE', KEYS[7], -1, -1, 'WITHSCORES')[2]
+      if tail and tonumber(tail) >= at then at = tonumber(tail) + 1 end
+      redis.call('ZADD', KEYS[7], at, ARGV[1])
     end
     redis.call('ZADD', KEYS[8], qnow + tonumber(ARGV[5]), ARGV[1])
     local last = redis.call('ZRANGE', KEYS[8], -1, -1, 'WITHSCORES')
     redis.call('PEXPIREAT', KEYS[7], last[2])
     redis.call('PEXPIREAT', KEYS[8], last[2])
+    reply[3] = at
   end
   return reply
 end
@@ -446,28 +464,31 @@ pub(crate) async fn acquire_waiting(
     token: &str,
     holder: &str,
     ttl: Duration,
-    (mark, entry): (Duration, Duration),
-) -> Result<(bool, i64)> {
+    vote: crate::node::WaitingVote,
+) -> Result<(bool, i64, Option<u64>)> {
     let sk = ShareKeys::of(keys);
     let mut inv = scripts().acquire_waiting.prepare_invoke();
     for k in sk.with(keys) {
         inv.key(k);
     }
-    let (won, pttl): (i64, i64) = inv
+    let reply: Vec<i64> = inv
         .arg(token)
         .arg(crate::node::ttl_ms(ttl))
         .arg(holder)
-        .arg(mark.as_millis() as u64)
-        .arg(entry.as_millis() as u64)
+        .arg(vote.mark.as_millis() as u64)
+        .arg(vote.entry.as_millis() as u64)
+        .arg(vote.ticket.map(|t| t.to_string()).unwrap_or_default())
         .invoke_async(conn)
         .await
         .map_err(|e| map_err("acquire script failed", e))?;
-    if won == -1 {
+    let (won, pttl) = (reply.first().copied(), reply.get(1).copied().unwrap_or(0));
+    if won == Some(-1) {
         return Err(lockcore::Error::conflict(
             "the lock is held as a semaphore, and this acquisition asks for it exclusively",
         ));
     }
-    Ok((won == 1, pttl))
+    let place = reply.get(2).and_then(|p| u64::try_from(*p).ok());
+    Ok((won == Some(1), pttl, place))
 }
 
 /// The live entries in the queue of `keys`.

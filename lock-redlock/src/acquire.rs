@@ -18,6 +18,7 @@ use crate::lease::RedlockLease;
 use crate::quorum::Undo;
 use crate::subscriptions::{NameSubs, SUBSCRIPTION_LINGER, SubsUse, first_of};
 use crate::sync::lock_mutex;
+use crate::ticket::Ticket;
 
 pub(crate) enum Attempt {
     Won(Acquired),
@@ -34,7 +35,10 @@ impl RedlockBackend {
     pub(crate) async fn try_once(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
         let keys = Arc::new(Keys::new(&self.inner.cfg.namespace, &req.name));
         let token: Arc<str> = req.token.to_hex().into();
-        match self.attempt(req, &keys, &token, Undo::Release).await? {
+        match self
+            .attempt(req, &keys, &token, Undo::Release, None)
+            .await?
+        {
             Attempt::Won(a) => Ok(Some(a)),
             Attempt::Lost { .. } => Ok(None),
         }
@@ -49,6 +53,7 @@ impl RedlockBackend {
         let keys = Arc::new(Keys::new(&self.inner.cfg.namespace, &req.name));
         let token: Arc<str> = req.token.to_hex().into();
         let mut splits = 0u32;
+        let ticket = Arc::new(Ticket::default());
         // Armed before the first attempt, which may queue this waiter on the masters;
         // disarmed when it wins (each winning script took it out of its master's queue; an
         // entry left on a master that voted against it expires by its TTL).
@@ -71,7 +76,10 @@ impl RedlockBackend {
         let split = if lingering {
             false
         } else {
-            let split = match self.attempt(req, &keys, &token, Undo::Silent).await? {
+            let split = match self
+                .attempt(req, &keys, &token, Undo::Silent, Some(&ticket))
+                .await?
+            {
                 Attempt::Won(a) => {
                     in_queue.disarm();
                     return Ok(Some(a));
@@ -143,18 +151,20 @@ impl RedlockBackend {
             // Dropped untold when the attempt fails or the call is cancelled: a release left to
             // this vote goes to another waiter.
             let vote = woken_vote.take().unwrap_or_else(|| subs.0.vote());
-            let (split, free_in, released_meanwhile) =
-                match self.attempt(req, &keys, &token, Undo::Silent).await? {
-                    Attempt::Won(a) => {
-                        in_queue.disarm();
-                        vote.won();
-                        if let Some(e) = expiry.as_mut() {
-                            e.won();
-                        }
-                        return Ok(Some(a));
+            let (split, free_in, released_meanwhile) = match self
+                .attempt(req, &keys, &token, Undo::Silent, Some(&ticket))
+                .await?
+            {
+                Attempt::Won(a) => {
+                    in_queue.disarm();
+                    vote.won();
+                    if let Some(e) = expiry.as_mut() {
+                        e.won();
                     }
-                    Attempt::Lost { split, free_in } => (split, free_in, vote.lost()),
-                };
+                    return Ok(Some(a));
+                }
+                Attempt::Lost { split, free_in } => (split, free_in, vote.lost()),
+            };
             // Subscribed and lost a vote: a release from now on wakes this waiter.
             req.waiting.mark();
             let now = Instant::now();
@@ -186,13 +196,16 @@ impl RedlockBackend {
         }
     }
 
-    /// One attempt on every node (see the crate docs), undone by `undo` when it fails.
+    /// One attempt on every node (see the crate docs), undone by `undo` when it fails; a
+    /// waiting one brings its `ticket` (its place in every master's queue, once known) and
+    /// learns it from the masters' answers, late ones included.
     async fn attempt(
         &self,
         req: &AcquireRequest,
         keys: &Arc<Keys>,
         token: &Arc<str>,
         undo: Undo,
+        ticket: Option<&Arc<Ticket>>,
     ) -> Result<Attempt> {
         let inner = &self.inner;
         if let Some(msg) = inner.identity.duplicate.get() {
@@ -219,26 +232,34 @@ impl RedlockBackend {
         // try_lock joins nothing, and neither takes a master's free lock past its queue.
         // A waiting writer refused by readers marks itself as waiting on that master (readers
         // that come later are refused there), for a little past its next vote.
-        let (entry, mark) = if undo == Undo::Silent {
-            (
-                node::queue_entry_ttl(inner.cfg.poll),
-                node::writer_mark_ttl(inner.cfg.poll),
-            )
+        let vote = if undo == Undo::Silent {
+            node::WaitingVote {
+                mark: node::writer_mark_ttl(inner.cfg.poll),
+                entry: node::queue_entry_ttl(inner.cfg.poll),
+                ticket: ticket.and_then(|t| t.get()),
+            }
         } else {
-            (Duration::ZERO, Duration::ZERO)
+            node::WaitingVote::default()
         };
         let sent_at = Instant::now();
         let mut pending = {
-            let (keys, token) = (keys.clone(), token.clone());
-            inner.per_node(inner.cfg.node_timeout(ttl), move |mut c| {
+            let (keys, token, ticket) = (keys.clone(), token.clone(), ticket.cloned());
+            inner.per_node_at(inner.cfg.node_timeout(ttl), move |i, mut c| {
                 let (keys, token, holder) = (keys.clone(), token.clone(), holder.clone());
+                let ticket = ticket.clone();
                 async move {
                     if shared {
-                        node::acquire_share(&mut c, &keys, &token, &holder, ttl, entry).await
-                    } else {
-                        node::acquire_waiting(&mut c, &keys, &token, &holder, ttl, mark, entry)
-                            .await
+                        return node::acquire_share(
+                            &mut c, &keys, &token, &holder, ttl, vote.entry,
+                        )
+                        .await;
                     }
+                    let (attempt, place) =
+                        node::acquire_waiting(&mut c, &keys, &token, &holder, ttl, vote).await?;
+                    if let (Some(ticket), Some(place)) = (ticket, place) {
+                        ticket.offer(i, place);
+                    }
+                    Ok(attempt)
                 }
             })
         };
@@ -259,11 +280,15 @@ impl RedlockBackend {
                     errors.push((i, Err(e)));
                 }
             }
-            if won >= inner.quorum || held + failed > n - inner.quorum {
+            // A lost vote reads every answer (each bounded by the node timeout) rather than
+            // stop at the third refusal: a master that refused needs no undo, and the undo of
+            // one still answering would have to wait for its answer anyway (same connection),
+            // so this is no slower, and it saves two requests a losing vote.
+            if won >= inner.quorum {
                 break;
             }
         }
-        // Late answers are still ours to wait for (a late "won" is undone below or released
+        // Late answers of a won vote are still ours to wait for (a late "won" is released
         // with the lease); the caller does not wait for them.
         inner.drain(pending, &req.background);
         // Decided: from here the undo (if any) is this attempt's own, on the targets below.

@@ -12,8 +12,10 @@
 //!   majority (`N/2 + 1`) answered "won" and the validity `ttl - elapsed - drift` is still
 //!   positive (drift: 1 % of the TTL + 2 ms, declared in [`Capabilities::drift_ppm`] and
 //!   [`Capabilities::drift_fixed`]; the lease's validity deadline is `sent_at + ttl - drift`,
-//!   with `sent_at` taken before the first request went out). The call returns as soon as a
-//!   majority answered: a slow or dead node costs nothing while the others answer.
+//!   with `sent_at` taken before the first request went out). A won call returns as soon as a
+//!   majority said "won": a slow or dead node costs nothing while the others answer. A lost
+//!   call reads every answer (each bounded by the node timeout), so that only the nodes that
+//!   may hold its key are undone.
 //! * **On failure** the attempt is undone on every node that may hold its key — the nodes that
 //!   said "won" *and* those whose answer was lost or late — before anything else happens, so no
 //!   partial key is left to split later votes. Inside a waiting `lock()` the undo is an
@@ -32,8 +34,13 @@
 //!   refreshed by every vote and expiring on that master's clock `poll_ms + 2 s` after it), and
 //!   a release's message names the head of that master's queue (`<release> q:<token>`): only
 //!   that waiter wakes, not one waiter per client, so a hand-over costs the release and about
-//!   one vote however many clients wait. The queues grant nothing (masters may disagree about
-//!   the head; the first vote to win a majority wins: not fair); a dropped or timed-out wait
+//!   one vote however many clients wait. A waiter's place is the same on every master: its
+//!   first vote learns its place on the lowest-numbered master that answered (that master's
+//!   `TIME`), and its later votes bring that place (its ticket) to every master, so waiters
+//!   that joined at once stand in one order everywhere and a release names the same head on
+//!   every master; a newcomer without a ticket queues behind the tail. The queues grant
+//!   nothing (a master may still disagree about the head for a vote; the first vote to win a
+//!   majority wins: not strictly fair); a dropped or timed-out wait
 //!   leaves every master's queue in the background. A release names itself in its message, the same
 //!   on every master, so the copies from the other masters wake no second vote of that client
 //!   once a vote won after it; a copy arriving while a vote is in flight makes that vote run
@@ -182,6 +189,7 @@ mod registration;
 mod slots;
 mod subscriptions;
 mod sync;
+mod ticket;
 
 use lockcore::backend::{AcquireRequest, Acquired, Backend, async_trait};
 use lockcore::{Capabilities, Instant, LockInfo, LockName, Result};

@@ -41,13 +41,27 @@ impl Inner {
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
+        self.per_node_at(timeout, move |_, c| op(c))
+    }
+
+    /// [`Inner::per_node`], telling `op` which node (by index) it runs on.
+    pub(crate) fn per_node_at<T, F, Fut>(
+        &self,
+        timeout: Duration,
+        op: F,
+    ) -> FuturesUnordered<NodeFuture<T>>
+    where
+        T: Send + 'static,
+        F: Fn(usize, Conn) -> Fut,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+    {
         self.slots
             .iter()
             .enumerate()
             .map(|(i, slot)| -> NodeFuture<T> {
                 match slot.get() {
                     Some(node) => {
-                        let fut = op(node.conn());
+                        let fut = op(i, node.conn());
                         Box::pin(async move {
                             let r = match tokio::time::timeout(timeout, fut).await {
                                 Ok(r) => r,

@@ -115,3 +115,156 @@ async fn waiters_leave_every_queue_and_the_head_is_woken() {
     next.flush().await;
     assert_eq!(queued_per_master(&urls, &key).await, vec![0; urls.len()]);
 }
+
+/// The queue of `lock_key` on the master at `url`, head first.
+async fn queue_order(url: &str, lock_key: &str) -> Vec<String> {
+    let key = lock_key.replace(":lock", ":queue");
+    let mut c = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    redis::cmd("ZRANGE")
+        .arg(&key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut c)
+        .await
+        .unwrap()
+}
+
+/// Two waiters whose votes reach two masters in opposite orders stand in opposite orders
+/// there; once each brings its ticket (its place on the first master) to both, they stand in
+/// the first master's order on both, and a newcomer without a ticket queues last on each
+/// master, whatever the time on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_puts_a_waiter_at_one_place_on_every_master() {
+    use lock_redis::node::{self, Config, Keys, Node, NodeAttempt, WaitingVote};
+    let Some(urls) = require_env("LOCK_TEST_REDLOCK_URLS") else {
+        return;
+    };
+    let urls: Vec<String> = urls.split(',').map(str::to_owned).collect();
+    let mut masters = Vec::new();
+    for u in &urls[..2] {
+        masters.push(
+            Node::connect(&Config::parse(u).unwrap())
+                .await
+                .unwrap()
+                .conn(),
+        );
+    }
+    let name = LockName::new(unique("rl-ticket")).unwrap();
+    let keys = Keys::new("locksmith", &name);
+    let ttl = Duration::from_secs(30);
+    let waiting = |ticket| WaitingVote {
+        mark: Duration::from_secs(5),
+        entry: Duration::from_secs(30),
+        ticket,
+    };
+    for m in &mut masters {
+        let (won, _) = node::acquire_waiting(m, &keys, "holder", "h", ttl, WaitingVote::default())
+            .await
+            .unwrap();
+        assert!(matches!(won, NodeAttempt::Won { .. }));
+    }
+    let mut vote = async |m: usize, token: &str, ticket: Option<u64>| {
+        let (attempt, place) =
+            node::acquire_waiting(&mut masters[m], &keys, token, "w", ttl, waiting(ticket))
+                .await
+                .unwrap();
+        assert!(matches!(attempt, NodeAttempt::Held { .. }));
+        place.expect("a refused waiting vote is queued")
+    };
+    let a0 = vote(0, "a", None).await;
+    vote(1, "b", None).await;
+    let b0 = vote(0, "b", None).await;
+    vote(1, "a", None).await;
+    assert!(a0 < b0);
+    assert_eq!(queue_order(&urls[0], &keys.lock).await, ["a", "b"]);
+    assert_eq!(queue_order(&urls[1], &keys.lock).await, ["b", "a"]);
+
+    assert_eq!(vote(1, "b", Some(b0)).await, b0);
+    assert_eq!(vote(1, "a", Some(a0)).await, a0);
+    assert_eq!(
+        vote(0, "a", Some(a0)).await,
+        a0,
+        "the ticket's own master keeps it"
+    );
+    assert_eq!(queue_order(&urls[1], &keys.lock).await, ["a", "b"]);
+
+    // A newcomer without a ticket goes last even where its time would come before the tail:
+    // a ticket far in the future stands for a master whose clock runs ahead of this one.
+    vote(1, "late", Some(u64::MAX / 4096)).await;
+    let c1 = vote(1, "c", None).await;
+    assert!(c1 > u64::MAX / 4096);
+    assert_eq!(
+        queue_order(&urls[1], &keys.lock).await,
+        ["a", "b", "late", "c"]
+    );
+    for (m, token) in [
+        (0, "a"),
+        (0, "b"),
+        (1, "a"),
+        (1, "b"),
+        (1, "late"),
+        (1, "c"),
+    ] {
+        node::leave_queue(&mut masters[m], &keys, token)
+            .await
+            .unwrap();
+    }
+    for m in &mut masters {
+        node::release(m, &keys, "holder").await.unwrap();
+    }
+}
+
+/// Waiters that join at once (their first votes reaching the masters in different orders)
+/// stand in one order on every master after their next vote, so that a release names the same
+/// head everywhere; each then gets the lock in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_that_join_at_once_stand_in_one_order_everywhere() {
+    let (Some(url), Some(urls)) = (
+        require_env("LOCK_TEST_REDLOCK_URL"),
+        require_env("LOCK_TEST_REDLOCK_URLS"),
+    ) else {
+        return;
+    };
+    let urls: Vec<String> = urls.split(',').map(str::to_owned).collect();
+    // Votes every 0.5-1 s besides the one right after subscribing.
+    let url = format!("{url}?poll_ms=1000");
+    let name = LockName::new(unique("rl-order")).unwrap();
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait_timeout(Duration::from_secs(60));
+    let backend = RedlockBackend::connect(&url).await.unwrap();
+    let key = backend.lock_key(&name);
+    let holder = Locker::new(backend);
+    let g = holder.try_lock(&name, &opts).await.unwrap().unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let client = Locker::new(RedlockBackend::connect(&url).await.unwrap());
+        for _ in 0..4 {
+            let (client, name, opts) = (client.clone(), name.clone(), opts.clone());
+            tasks.push(tokio::spawn(async move {
+                let g = client.lock(&name, &opts).await?;
+                g.release().await
+            }));
+        }
+    }
+    eventually("16 waiters stand in one order on every master", || async {
+        let mut orders = Vec::new();
+        for u in &urls {
+            orders.push(queue_order(u, &key).await);
+        }
+        orders[0].len() == 16 && orders.iter().all(|o| *o == orders[0])
+    })
+    .await;
+    g.release().await.unwrap();
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("every waiter gets the lock in turn")
+            .unwrap()
+            .unwrap();
+    }
+}
