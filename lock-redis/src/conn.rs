@@ -108,7 +108,8 @@ impl PubSubLink for PubSubConn {
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-/// Runs on every new connection before commands use it; an error fails that attempt.
+/// Runs on every connection after the first (a reconnection) before commands use it; an
+/// error fails that attempt.
 pub(crate) type OnConnect =
     Arc<dyn Fn(MultiplexedConnection) -> BoxFuture<RedisResult<()>> + Send + Sync>;
 /// Receives the push messages (other than disconnections) of every connection.
@@ -293,7 +294,11 @@ impl Shared {
         });
         let open = async {
             let conn = self.target.open(&config).await?;
-            if let Some(hook) = &self.on_connect {
+            // Not on the first: nothing was lost before it, and whoever opened it for a
+            // purpose (the first SUBSCRIBE) does that itself.
+            if generation > 1
+                && let Some(hook) = &self.on_connect
+            {
                 hook(conn.clone()).await?;
             }
             Ok(conn)
@@ -691,9 +696,11 @@ impl PubSubFactory for PubSubOpener {
                         let _ = dispatch(&registry, p);
                     })
                 };
-                // Every new connection subscribes to every channel a waiter waits on before it
+                // Every reconnection subscribes to every channel a waiter waits on before it
                 // is used, then wakes those waiters: releases published while the connection
-                // was down were lost.
+                // was down were lost. Not the first connection: the waiters whose join opens it
+                // subscribe their channels once it is open (a SUBSCRIBE here too would be the
+                // same one twice, and the wake a vote for nothing).
                 let on_connect: OnConnect = Arc::new(move |mut conn: MultiplexedConnection| {
                     let registry = registry.clone();
                     Box::pin(async move {

@@ -568,8 +568,8 @@ pub async fn release_announced(
 /// token>`; a waiter registered with [`Waiting::queued`] is woken by a message naming it, and
 /// no other is).
 ///
-/// A refused waiter learns its place in the queue (µs, the second of the pair): passed back as
-/// [`WaitingVote::ticket`] to every server, it puts the waiter at the same place in each
+/// A refused waiter learns its place in the queue ([`QueuePlace`], the second of the pair):
+/// passed back as [`WaitingVote::ticket`] to every server, it puts the waiter at the same place in each
 /// server's queue (a place taken from one server's clock, never a client's).
 ///
 /// Cancel safety: as [`acquire`]; an entry left behind expires after `entry`, a mark after
@@ -585,7 +585,7 @@ pub async fn acquire_waiting(
     holder: &str,
     ttl: Duration,
     vote: WaitingVote,
-) -> Result<(NodeAttempt, Option<u64>)> {
+) -> Result<(NodeAttempt, Option<QueuePlace>)> {
     let (won, value, place) =
         crate::queue::acquire_waiting(conn, keys, token, holder, ttl, vote).await?;
     Ok(if won {
@@ -594,6 +594,15 @@ pub async fn acquire_waiting(
         let pttl = u64::try_from(value).ok().map(Duration::from_millis);
         (NodeAttempt::Held { pttl }, place)
     })
+}
+
+/// Where a refused vote of [`acquire_waiting`] stands in the server's queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueuePlace {
+    /// Its place (µs): what [`WaitingVote::ticket`] brings to the other servers.
+    pub at: u64,
+    /// How many waiters stand ahead of it (live or not yet pruned).
+    pub ahead: u64,
 }
 
 /// How a vote of [`acquire_waiting`] waits on one server.

@@ -284,8 +284,8 @@ return 1
 ///   everywhere from their next vote, so a release names the same head on every master.
 ///
 /// Returns `{1, 0}`, `{0, pttl of the holder, or ms to the earliest share's expiry, or -3 when
-/// free but queued for, place in the queue (µs) when queued}` or `{-1, 0}` (the name is held
-/// as a semaphore).
+/// free but queued for, place in the queue (µs) and waiters ahead when queued}` or `{-1, 0}`
+/// (the name is held as a semaphore).
 const ACQUIRE_WAITING_LUA: &str = concat!(
     r"
 local holder = redis.call('GET', KEYS[1])
@@ -313,6 +313,7 @@ local function in_line(reply)
     redis.call('PEXPIREAT', KEYS[7], last[2])
     redis.call('PEXPIREAT', KEYS[8], last[2])
     reply[3] = at
+    reply[4] = redis.call('ZRANK', KEYS[7], ARGV[1])
   end
   return reply
 end
@@ -465,7 +466,7 @@ pub(crate) async fn acquire_waiting(
     holder: &str,
     ttl: Duration,
     vote: crate::node::WaitingVote,
-) -> Result<(bool, i64, Option<u64>)> {
+) -> Result<(bool, i64, Option<crate::node::QueuePlace>)> {
     let sk = ShareKeys::of(keys);
     let mut inv = scripts().acquire_waiting.prepare_invoke();
     for k in sk.with(keys) {
@@ -487,7 +488,13 @@ pub(crate) async fn acquire_waiting(
             "the lock is held as a semaphore, and this acquisition asks for it exclusively",
         ));
     }
-    let place = reply.get(2).and_then(|p| u64::try_from(*p).ok());
+    let place = match (reply.get(2), reply.get(3)) {
+        (Some(at), Some(ahead)) => Some(crate::node::QueuePlace {
+            at: u64::try_from(*at).unwrap_or(0),
+            ahead: u64::try_from(*ahead).unwrap_or(0),
+        }),
+        _ => None,
+    };
     Ok((won == Some(1), pttl, place))
 }
 

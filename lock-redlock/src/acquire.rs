@@ -54,6 +54,9 @@ impl RedlockBackend {
         let token: Arc<str> = req.token.to_hex().into();
         let mut splits = 0u32;
         let ticket = Arc::new(Ticket::default());
+        // How many polls' time the entries of the next vote last, and the most the safety vote
+        // after it may wait (see `ticket.rs`).
+        let mut stretch = 1;
         // Armed before the first attempt, which may queue this waiter on the masters;
         // disarmed when it wins (each winning script took it out of its master's queue; an
         // entry left on a master that voted against it expires by its TTL).
@@ -77,7 +80,7 @@ impl RedlockBackend {
             false
         } else {
             let split = match self
-                .attempt(req, &keys, &token, Undo::Silent, Some(&ticket))
+                .attempt(req, &keys, &token, Undo::Silent, Some((&ticket, stretch)))
                 .await?
             {
                 Attempt::Won(a) => {
@@ -86,6 +89,7 @@ impl RedlockBackend {
                 }
                 Attempt::Lost { split, .. } => split,
             };
+            stretch = ticket.poll_stretch();
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
             }
@@ -152,7 +156,7 @@ impl RedlockBackend {
             // this vote goes to another waiter.
             let vote = woken_vote.take().unwrap_or_else(|| subs.0.vote());
             let (split, free_in, released_meanwhile) = match self
-                .attempt(req, &keys, &token, Undo::Silent, Some(&ticket))
+                .attempt(req, &keys, &token, Undo::Silent, Some((&ticket, stretch)))
                 .await?
             {
                 Attempt::Won(a) => {
@@ -178,11 +182,16 @@ impl RedlockBackend {
                 next_vote = None;
                 continue;
             }
+            // The entries this vote left last `stretch` polls; the next vote's last as many as
+            // the waiters now ahead call for.
+            let (left, next_stretch) = (stretch, ticket.poll_stretch());
+            stretch = next_stretch;
             next_vote = Some(if split {
                 splits += 1;
                 now + self.split_delay(splits, req.ttl)
             } else {
                 splits = 0;
+                let poll = poll * left.min(next_stretch);
                 let safety = poll / 2 + poll.mul_f64(fastrand::f64() / 2.0);
                 let mut at = now + safety;
                 if let Some(p) = free_in
@@ -196,16 +205,18 @@ impl RedlockBackend {
         }
     }
 
-    /// One attempt on every node (see the crate docs), undone by `undo` when it fails; a
-    /// waiting one brings its `ticket` (its place in every master's queue, once known) and
-    /// learns it from the masters' answers, late ones included.
+    /// One attempt on every node (see the crate docs), undone by `undo` when it fails. A
+    /// `waiting` one joins the masters' queues: it brings its ticket (its place in every
+    /// master's queue, once known) and learns it from the masters' answers, late ones
+    /// included, and its entries (and a refused writer's mark) last `stretch` polls and a
+    /// margin.
     async fn attempt(
         &self,
         req: &AcquireRequest,
         keys: &Arc<Keys>,
         token: &Arc<str>,
         undo: Undo,
-        ticket: Option<&Arc<Ticket>>,
+        waiting: Option<(&Arc<Ticket>, u32)>,
     ) -> Result<Attempt> {
         let inner = &self.inner;
         if let Some(msg) = inner.identity.duplicate.get() {
@@ -232,15 +243,19 @@ impl RedlockBackend {
         // try_lock joins nothing, and neither takes a master's free lock past its queue.
         // A waiting writer refused by readers marks itself as waiting on that master (readers
         // that come later are refused there), for a little past its next vote.
-        let vote = if undo == Undo::Silent {
-            node::WaitingVote {
-                mark: node::writer_mark_ttl(inner.cfg.poll),
-                entry: node::queue_entry_ttl(inner.cfg.poll),
-                ticket: ticket.and_then(|t| t.get()),
+        let vote = match waiting {
+            Some((ticket, stretch)) => {
+                ticket.new_vote();
+                let poll = inner.cfg.poll * stretch;
+                node::WaitingVote {
+                    mark: node::writer_mark_ttl(poll),
+                    entry: node::queue_entry_ttl(poll),
+                    ticket: ticket.get(),
+                }
             }
-        } else {
-            node::WaitingVote::default()
+            None => node::WaitingVote::default(),
         };
+        let ticket = waiting.map(|(t, _)| t);
         let sent_at = Instant::now();
         let mut pending = {
             let (keys, token, ticket) = (keys.clone(), token.clone(), ticket.cloned());

@@ -139,7 +139,7 @@ async fn queue_order(url: &str, lock_key: &str) -> Vec<String> {
 /// master, whatever the time on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ticket_puts_a_waiter_at_one_place_on_every_master() {
-    use lock_redis::node::{self, Config, Keys, Node, NodeAttempt, WaitingVote};
+    use lock_redis::node::{self, Config, Keys, Node, NodeAttempt, QueuePlace, WaitingVote};
     let Some(urls) = require_env("LOCK_TEST_REDLOCK_URLS") else {
         return;
     };
@@ -175,18 +175,23 @@ async fn a_ticket_puts_a_waiter_at_one_place_on_every_master() {
         assert!(matches!(attempt, NodeAttempt::Held { .. }));
         place.expect("a refused waiting vote is queued")
     };
-    let a0 = vote(0, "a", None).await;
+    let a0 = vote(0, "a", None).await.at;
     vote(1, "b", None).await;
     let b0 = vote(0, "b", None).await;
-    vote(1, "a", None).await;
+    assert_eq!(b0.ahead, 1);
+    let b0 = b0.at;
+    assert_eq!(vote(1, "a", None).await.ahead, 1);
     assert!(a0 < b0);
     assert_eq!(queue_order(&urls[0], &keys.lock).await, ["a", "b"]);
     assert_eq!(queue_order(&urls[1], &keys.lock).await, ["b", "a"]);
 
-    assert_eq!(vote(1, "b", Some(b0)).await, b0);
-    assert_eq!(vote(1, "a", Some(a0)).await, a0);
+    assert_eq!(vote(1, "b", Some(b0)).await.at, b0);
     assert_eq!(
-        vote(0, "a", Some(a0)).await,
+        vote(1, "a", Some(a0)).await,
+        QueuePlace { at: a0, ahead: 0 }
+    );
+    assert_eq!(
+        vote(0, "a", Some(a0)).await.at,
         a0,
         "the ticket's own master keeps it"
     );
@@ -196,7 +201,8 @@ async fn a_ticket_puts_a_waiter_at_one_place_on_every_master() {
     // a ticket far in the future stands for a master whose clock runs ahead of this one.
     vote(1, "late", Some(u64::MAX / 4096)).await;
     let c1 = vote(1, "c", None).await;
-    assert!(c1 > u64::MAX / 4096);
+    assert!(c1.at > u64::MAX / 4096);
+    assert_eq!(c1.ahead, 3);
     assert_eq!(
         queue_order(&urls[1], &keys.lock).await,
         ["a", "b", "late", "c"]
