@@ -9,6 +9,17 @@ use conformance::require_env;
 use lock_redlock::RedlockBackend;
 use lockcore::{Instant, LockName, LockOptions, Locker};
 
+/// The test Redlock's URL and its masters' URLs (`None`, after saying so, when not set).
+fn test_masters() -> Option<(String, Vec<String>)> {
+    let (Some(url), Some(urls)) = (
+        require_env("LOCK_TEST_REDLOCK_URL"),
+        require_env("LOCK_TEST_REDLOCK_URLS"),
+    ) else {
+        return None;
+    };
+    Some((url, urls.split(',').map(str::to_owned).collect()))
+}
+
 fn unique(prefix: &str) -> String {
     format!("{prefix}-{:016x}", fastrand::u64(..))
 }
@@ -54,13 +65,9 @@ where
 /// left once it released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_leave_every_queue_and_the_head_is_woken() {
-    let (Some(url), Some(urls)) = (
-        require_env("LOCK_TEST_REDLOCK_URL"),
-        require_env("LOCK_TEST_REDLOCK_URLS"),
-    ) else {
+    let Some((url, urls)) = test_masters() else {
         return;
     };
-    let urls: Vec<String> = urls.split(',').map(str::to_owned).collect();
     // A safety poll of 10 s: a hand-over within a few seconds comes from the release message.
     let url = format!("{url}?poll_ms=10000");
     let backend = RedlockBackend::connect(&url).await.unwrap();
@@ -140,10 +147,9 @@ async fn queue_order(url: &str, lock_key: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ticket_puts_a_waiter_at_one_place_on_every_master() {
     use lock_redis::node::{self, Config, Keys, Node, NodeAttempt, QueuePlace, WaitingVote};
-    let Some(urls) = require_env("LOCK_TEST_REDLOCK_URLS") else {
+    let Some((_, urls)) = test_masters() else {
         return;
     };
-    let urls: Vec<String> = urls.split(',').map(str::to_owned).collect();
     let mut masters = Vec::new();
     for u in &urls[..2] {
         masters.push(
@@ -229,13 +235,9 @@ async fn a_ticket_puts_a_waiter_at_one_place_on_every_master() {
 /// head everywhere; each then gets the lock in turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_that_join_at_once_stand_in_one_order_everywhere() {
-    let (Some(url), Some(urls)) = (
-        require_env("LOCK_TEST_REDLOCK_URL"),
-        require_env("LOCK_TEST_REDLOCK_URLS"),
-    ) else {
+    let Some((url, urls)) = test_masters() else {
         return;
     };
-    let urls: Vec<String> = urls.split(',').map(str::to_owned).collect();
     // Votes every 0.5-1 s besides the one right after subscribing.
     let url = format!("{url}?poll_ms=1000");
     let name = LockName::new(unique("rl-order")).unwrap();
