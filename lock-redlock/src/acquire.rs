@@ -35,10 +35,7 @@ impl RedlockBackend {
     pub(crate) async fn try_once(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
         let keys = Arc::new(Keys::new(&self.inner.cfg.namespace, &req.name));
         let token: Arc<str> = req.token.to_hex().into();
-        match self
-            .attempt(req, &keys, &token, Undo::Release, None)
-            .await?
-        {
+        match self.attempt(req, &keys, &token, None).await? {
             Attempt::Won(a) => Ok(Some(a)),
             Attempt::Lost { .. } => Ok(None),
         }
@@ -80,7 +77,7 @@ impl RedlockBackend {
             false
         } else {
             let split = match self
-                .attempt(req, &keys, &token, Undo::Silent, Some((&ticket, stretch)))
+                .attempt(req, &keys, &token, Some((&ticket, stretch)))
                 .await?
             {
                 Attempt::Won(a) => {
@@ -156,7 +153,7 @@ impl RedlockBackend {
             // this vote goes to another waiter.
             let vote = woken_vote.take().unwrap_or_else(|| subs.0.vote());
             let (split, free_in, released_meanwhile) = match self
-                .attempt(req, &keys, &token, Undo::Silent, Some((&ticket, stretch)))
+                .attempt(req, &keys, &token, Some((&ticket, stretch)))
                 .await?
             {
                 Attempt::Won(a) => {
@@ -205,8 +202,9 @@ impl RedlockBackend {
         }
     }
 
-    /// One attempt on every node (see the crate docs), undone by `undo` when it fails. A
-    /// `waiting` one joins the masters' queues: it brings its ticket (its place in every
+    /// One attempt on every node (see the crate docs), undone when it fails: silently for a
+    /// `waiting` one (a `lock()`), with a publishing release otherwise. A `waiting` one joins
+    /// the masters' queues: it brings its ticket (its place in every
     /// master's queue, once known) and learns it from the masters' answers, late ones
     /// included, and its entries (and a refused writer's mark) last `stretch` polls and a
     /// margin.
@@ -215,7 +213,6 @@ impl RedlockBackend {
         req: &AcquireRequest,
         keys: &Arc<Keys>,
         token: &Arc<str>,
-        undo: Undo,
         waiting: Option<(&Arc<Ticket>, u32)>,
     ) -> Result<Attempt> {
         let inner = &self.inner;
@@ -256,10 +253,15 @@ impl RedlockBackend {
             None => node::WaitingVote::default(),
         };
         let ticket = waiting.map(|(t, _)| t);
+        let undo = if waiting.is_some() {
+            Undo::Silent
+        } else {
+            Undo::Release
+        };
         let sent_at = Instant::now();
         let mut pending = {
             let (keys, token, ticket) = (keys.clone(), token.clone(), ticket.cloned());
-            inner.per_node_at(inner.cfg.node_timeout(ttl), move |i, mut c| {
+            inner.per_node(inner.cfg.node_timeout(ttl), move |i, mut c| {
                 let (keys, token, holder) = (keys.clone(), token.clone(), holder.clone());
                 let ticket = ticket.clone();
                 async move {
@@ -467,7 +469,7 @@ impl CancelCleanUp for LeaveEverywhere {
             ttl,
         } = self;
         let timeout = inner.cfg.node_timeout(ttl) * 4;
-        let mut pending = inner.per_node(timeout, move |mut c| {
+        let mut pending = inner.per_node(timeout, move |_, mut c| {
             let (keys, token) = (keys.clone(), token.clone());
             async move { node::leave_queue(&mut c, &keys, &token).await }
         });

@@ -20,7 +20,7 @@ impl RedlockBackend {
     pub async fn ping(&self) -> Result<()> {
         let results = self
             .inner
-            .per_node(self.inner.cfg.response_timeout, |mut c| async move {
+            .per_node(self.inner.cfg.response_timeout, |_, mut c| async move {
                 node::ping(&mut c).await
             })
             .collect::<Vec<_>>()
@@ -42,7 +42,7 @@ impl RedlockBackend {
         let keys = Arc::new(Keys::new(&self.inner.cfg.namespace, name));
         let results = self
             .inner
-            .per_node(self.inner.cfg.response_timeout, move |mut c| {
+            .per_node(self.inner.cfg.response_timeout, move |_, mut c| {
                 let keys = keys.clone();
                 async move { node::revoke_with_shares(&mut c, &keys).await }
             })
@@ -62,7 +62,7 @@ impl RedlockBackend {
         let timeout = self.inner.cfg.response_timeout;
         let set = {
             let (keys, token) = (keys.clone(), token.clone());
-            self.inner.per_node(timeout, move |mut c| {
+            self.inner.per_node(timeout, move |_, mut c| {
                 let (keys, token) = (keys.clone(), token.clone());
                 async move {
                     redis::cmd("SET")
@@ -80,7 +80,7 @@ impl RedlockBackend {
         let set: Vec<_> = set.collect().await;
         let del: Vec<_> = self
             .inner
-            .per_node(timeout, move |mut c| {
+            .per_node(timeout, move |_, mut c| {
                 let (keys, token) = (keys.clone(), token.clone());
                 async move {
                     bare_compare_and_delete()
@@ -106,7 +106,7 @@ impl RedlockBackend {
     pub(crate) async fn commands_served(&self) -> Result<u64> {
         let results: Vec<_> = self
             .inner
-            .per_node(self.inner.cfg.response_timeout, |mut c| async move {
+            .per_node(self.inner.cfg.response_timeout, |_, mut c| async move {
                 node::server_requests(&mut c).await
             })
             .collect()

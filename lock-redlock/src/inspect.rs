@@ -24,7 +24,7 @@ impl RedlockBackend {
         let keys = Arc::new(Keys::new(&self.inner.cfg.namespace, name));
         let results = self
             .inner
-            .per_node(self.inner.cfg.response_timeout, move |mut c| {
+            .per_node(self.inner.cfg.response_timeout, move |_, mut c| {
                 let keys = keys.clone();
                 async move {
                     let view = read(&mut c, &keys).await?;

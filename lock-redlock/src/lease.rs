@@ -80,7 +80,7 @@ impl Lease for RedlockLease {
         let budget = ttl.saturating_sub(drift).max(inner.cfg.node_timeout(ttl));
         let pending = {
             let (keys, token, shared) = (self.keys.clone(), self.token.clone(), self.shared);
-            inner.per_node(budget, move |mut c| {
+            inner.per_node(budget, move |_, mut c| {
                 let (keys, token) = (keys.clone(), token.clone());
                 async move {
                     if shared {
@@ -122,7 +122,7 @@ impl Lease for RedlockLease {
         let pending = {
             let (keys, token, shared) = (self.keys.clone(), self.token.clone(), self.shared);
             let message: Arc<str> = release_message().into();
-            inner.per_node(self.release_budget(), move |mut c| {
+            inner.per_node(self.release_budget(), move |_, mut c| {
                 let (keys, token, message) = (keys.clone(), token.clone(), message.clone());
                 async move {
                     if shared {

@@ -29,23 +29,9 @@ pub(crate) enum Undo {
 }
 
 impl Inner {
-    /// Runs `op` on every node at once, each bounded by `timeout`; a node that is not connected
-    /// answers `Unavailable` at once.
+    /// Runs `op` on every node at once (told the node's index), each bounded by `timeout`; a
+    /// node that is not connected answers `Unavailable` at once.
     pub(crate) fn per_node<T, F, Fut>(
-        &self,
-        timeout: Duration,
-        op: F,
-    ) -> FuturesUnordered<NodeFuture<T>>
-    where
-        T: Send + 'static,
-        F: Fn(Conn) -> Fut,
-        Fut: Future<Output = Result<T>> + Send + 'static,
-    {
-        self.per_node_at(timeout, move |_, c| op(c))
-    }
-
-    /// [`Inner::per_node`], telling `op` which node (by index) it runs on.
-    pub(crate) fn per_node_at<T, F, Fut>(
         &self,
         timeout: Duration,
         op: F,

@@ -322,9 +322,10 @@ impl ChecksState {
         let interval = check_interval(held.ttl());
         let epoch = *self.epoch.get_or_insert(now);
         let step = (interval / 10).max(Duration::from_millis(1)).as_nanos();
-        let since = (now + interval).duration_since(epoch).as_nanos();
-        let at =
-            epoch + Duration::from_nanos(u64::try_from(since / step * step).unwrap_or(u64::MAX));
+        let due = now + interval;
+        // Less than a step: fits in u64 nanoseconds.
+        let past_step = (due.duration_since(epoch).as_nanos() % step) as u64;
+        let at = due - Duration::from_nanos(past_step);
         self.seq += 1;
         let seq = self.seq;
         self.due.push(Reverse(Due {
