@@ -103,7 +103,8 @@ fn default_op_timeout() -> Duration {
 }
 
 /// This crate's URL parameters (taken out of the URL; the driver's, [`sqlx_params`], go to sqlx).
-pub(crate) const OWN_PARAMS: &[&str] = &["strategy", "table", "pool_max", "op_timeout_ms", "interop"];
+pub(crate) const OWN_PARAMS: &[&str] =
+    &["strategy", "table", "pool_max", "op_timeout_ms", "interop"];
 
 /// The query parameters sqlx 0.9's PostgreSQL driver reads (`PgConnectOptions::parse_from_url`),
 /// every spelling it accepts; `options[NAME]` (one server option) is accepted besides these.
@@ -528,7 +529,10 @@ mod tests {
     fn parameters_sqlx_does_not_read_are_refused_and_named() {
         for (url, key) in [
             ("postgres://u:s3cret@h/db?stratgy=row-lock", "stratgy"),
-            ("postgresql://h/db?sslmod=verify-full&sslrootcert=ca.pem", "sslmod"),
+            (
+                "postgresql://h/db?sslmod=verify-full&sslrootcert=ca.pem",
+                "sslmod",
+            ),
             ("postgres://h/db?sslpassword=s3cret", "sslpassword"),
             ("postgres://h/db?connect_timeout=5", "connect_timeout"),
             ("postgres://h/db?options[]=x", "options[]"),
@@ -543,7 +547,10 @@ mod tests {
             let msg = e.to_string();
             assert!(!msg.contains("s3cret"), "{msg}");
             if lockcore::config::is_plain_key(key) {
-                assert!(msg.contains(&format!("unknown query parameter `{key}`")), "{msg}");
+                assert!(
+                    msg.contains(&format!("unknown query parameter `{key}`")),
+                    "{msg}"
+                );
             }
             assert!(msg.contains("strategy, table"), "the accepted ones: {msg}");
             // A config file's url is checked alike.
