@@ -214,8 +214,9 @@ impl PgXactLock {
         let code = crate::sql_errors::db_code(&e);
         if code.as_deref() == Some(UNDEFINED_FUNCTION) {
             return Error::invalid_config(format!(
-                "the lock table {:?} was made by an older version (the lease check beside it is \
-                 missing): connect a SqlBackend with table={} once to add it",
+                "the lock table {:?} does not exist, or was made by an older version (the \
+                 lease check beside it is missing): connect a SqlBackend with table={} once to \
+                 create them",
                 self.table, self.table
             ));
         }
