@@ -8,11 +8,13 @@
 //! now looks at the other's:
 //!
 //! * A lease attempt takes the same advisory key for its transaction
-//!   (`pg_try_advisory_xact_lock`; `_shared` for a reader, whom row-lock readers hold beside),
-//!   before it touches the lock row. If it cannot, a row-lock holder or a transaction lock has
-//!   the name: the attempt is busy (no wait on the key, no wait on the row a transaction lock
-//!   may have locked). Held until the attempt commits, the key keeps any row lock or
-//!   transaction lock out while the lease is written.
+//!   (`pg_advisory_xact_lock`; `_shared` for a reader, whom row-lock readers hold beside),
+//!   before it touches the lock row, waiting [`KEY_WAIT`] at most: other lease attempts hold
+//!   it for their statement only (a set for its few), as they held the row before; a row-lock
+//!   holder or a transaction lock holds it for as long as it has the name, and the attempt is
+//!   then busy (it never waits on the row a transaction lock may have locked). Held until the
+//!   attempt commits, the key keeps any row lock or transaction lock out while the lease is
+//!   written.
 //! * A row lock or transaction lock, once it holds the key, asks [`held_function`] whether a
 //!   live lease holds the name (for a reader: a live exclusive lease or permits; lease readers
 //!   hold beside it). That function is `VOLATILE` PL/pgSQL, so its query takes a new snapshot:
@@ -82,12 +84,45 @@ pub(crate) fn held_function_ddl(t: &str) -> String {
     )
 }
 
-/// The lease side: a SQL boolean taking the name's key for the attempt's transaction
-/// (`_shared` for a reader), true when taken.
-pub(crate) fn lease_takes_key(t: &str, param: &str, reader: &str) -> String {
-    let key = name_key(param, t);
+/// How long a lease attempt waits for the name's advisory key: another lease attempt's
+/// transaction holds it for a statement (a set's, for a few), which the attempt waits for as it
+/// waited for the lock row before; a row lock or a transaction lock holds it for as long as it
+/// holds the name, and the attempt is busy once this runs out (SQLSTATE 55P03, read as busy).
+pub(crate) const KEY_WAIT: &str = "500ms";
+
+/// SQLSTATE lock_not_available: the wait for the key ran out (a row lock or a transaction lock
+/// holds the name).
+pub(crate) const KEY_BUSY: &str = "55P03";
+
+/// Whether a lease attempt's error is the wait for the key running out: the name is busy.
+pub(crate) fn key_busy(e: &sqlx::Error) -> bool {
+    crate::sql_errors::db_code(e).as_deref() == Some(KEY_BUSY)
+}
+
+/// The lease side, as CTEs of the exclusive attempt's statement (ending with `,`): `k(got)`,
+/// true once the name's key (`$1`) is held for the transaction, waited for up to [`KEY_WAIT`]
+/// (the setting put back afterwards: the row's lock is waited for as before).
+pub(crate) fn lease_key_ctes(t: &str) -> String {
+    let key = name_key("$1", t);
     format!(
-        "CASE WHEN {reader} THEN pg_try_advisory_xact_lock_shared({key}) \
-         ELSE pg_try_advisory_xact_lock({key}) END"
+        "ko AS MATERIALIZED (SELECT current_setting('lock_timeout') AS old), \
+         ks AS MATERIALIZED (SELECT set_config('lock_timeout', '{KEY_WAIT}', true) AS t FROM ko), \
+         kl AS MATERIALIZED (SELECT pg_advisory_xact_lock({key}) IS NULL AS x FROM ks), \
+         k AS MATERIALIZED (SELECT set_config('lock_timeout', ko.old, true) IS NOT NULL AS got \
+           FROM kl, ko),"
+    )
+}
+
+/// The share function's first statements (PL/pgSQL, `v_old text` declared): the name's key
+/// held for the transaction, shared for a reader (`$5 IS NULL`), waited for as
+/// [`lease_key_ctes`] does.
+pub(crate) fn share_takes_key(t: &str) -> String {
+    let key = name_key("$1", t);
+    format!(
+        "v_old := current_setting('lock_timeout'); \
+         PERFORM set_config('lock_timeout', '{KEY_WAIT}', true); \
+         IF $5 IS NULL THEN PERFORM pg_advisory_xact_lock_shared({key}); \
+         ELSE PERFORM pg_advisory_xact_lock({key}); END IF; \
+         PERFORM set_config('lock_timeout', v_old, true);"
     )
 }

@@ -200,8 +200,8 @@ fn ms(d: Duration) -> String {
 /// waits for an exclusive holder or a waiting writer's mark, a permit while `limit` are held;
 /// otherwise the share is inserted with the row's next fence and `shares_until` follows it.
 /// Before all that it takes the name's advisory key for its transaction (shared for a reader;
-/// see [`exclusion`]): when a row lock or a transaction lock has it, the attempt is busy, with
-/// no time to wait known. It answers (fence if won, seconds to wait if known, conflict); an
+/// see [`exclusion`]): when a row lock or a transaction lock has it, the call fails with
+/// `lock_not_available`, read as busy with no time to wait known. It answers (fence if won, seconds to wait if known, conflict); an
 /// attempt that won nothing
 /// commits without waiting for the WAL flush, as a lost exclusive attempt does (it wrote at most
 /// an empty lease row).
@@ -248,13 +248,10 @@ fn share_functions_ddl(
            OUT o_fence int8, OUT o_wait float8, OUT o_conflict bool) \
          LANGUAGE plpgsql VOLATILE AS $f$ \
          DECLARE v_ex float8; v_wr float8; v_n int8; v_min float8; v_other bool; v_mine int8; \
-           v_until timestamptz; \
+           v_until timestamptz; v_old text; \
          BEGIN \
            o_conflict := false; \
-           IF NOT ({takes_key}) THEN \
-             PERFORM set_config('synchronous_commit', 'off', true); \
-             RETURN; \
-           END IF; \
+           {takes_key} \
            LOOP \
              SELECT {row_left} INTO v_ex, v_wr FROM {t} l WHERE l.name = $1 FOR UPDATE; \
              EXIT WHEN FOUND; \
@@ -300,7 +297,7 @@ fn share_functions_ddl(
          END $f$; \
          END IF; {held} END $$",
         live_left = left("expires_at"),
-        takes_key = exclusion::lease_takes_key(t, "$1", "$5 IS NULL"),
+        takes_key = exclusion::share_takes_key(t),
         held = exclusion::held_function_ddl(t),
     )
 }
@@ -528,7 +525,7 @@ impl PgBackend {
             .await?;
         // A lease attempt takes the name's advisory key for its transaction: busy while a row
         // lock or a transaction lock has it (see `exclusion`).
-        let takes_key = exclusion::lease_takes_key(t, "$1", "false");
+        let takes_key = exclusion::lease_key_ctes(t);
         let sql = Sql {
             row_exclusive: row_sql(false),
             row_shared: row_sql(true),
@@ -564,7 +561,7 @@ impl PgBackend {
             // waiter does not wake at the holder's expiry: the head does). Nothing is written
             // (no row locked, no mark) unless the name's advisory key was taken for the
             // transaction (`k`): a row lock or a transaction lock holding it makes the attempt
-            // busy at once (see `exclusion`).
+            // fail with lock_not_available after `exclusion::KEY_WAIT`, read as busy.
             lease_acquire: format!(
                 "WITH cur AS MATERIALIZED (\
                    SELECT owner, EXTRACT(EPOCH FROM (expires_at - clock_timestamp()))::float8 AS remaining, \
@@ -576,7 +573,7 @@ impl PgBackend {
                    AND w.mode = 'x' AND w.expires > clock_timestamp() \
                    AND (NOT EXISTS (SELECT 1 FROM me) OR (w.enqueued, w.waiter) < ((SELECT enqueued FROM me), $2)) \
                    AND NOT EXISTS (SELECT 1 FROM cur WHERE owner = $2 AND remaining > 0) LIMIT 1), \
-                 k AS MATERIALIZED (SELECT {takes_key} AS got), \
+                 {takes_key} \
                  busy AS MATERIALIZED (SELECT CASE WHEN shares_left > 0 THEN shares_left \
                      ELSE remaining END AS remaining, shares_left > 0 AS by_shares FROM cur \
                    WHERE (owner IS NOT NULL AND owner <> $2 AND remaining > 0) OR shares_left > 0), \
