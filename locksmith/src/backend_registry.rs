@@ -101,7 +101,11 @@ macro_rules! registry {
         /// # Ok(()) }
         /// ```
         #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
-        #[serde(tag = "backend", rename_all = "lowercase")]
+        // deny_unknown_fields: the `memory` and `url` variants' own (the other variants' types
+        // deny theirs). A field beside `url` (`namespace`...) is refused rather than applied:
+        // the URL already says everything, and a second source for a setting could contradict
+        // it without anyone noticing.
+        #[serde(tag = "backend", rename_all = "lowercase", deny_unknown_fields)]
         #[non_exhaustive]
         pub enum Config {
             /// The in-process reference backend (tests, one process).
@@ -120,6 +124,37 @@ macro_rules! registry {
                 #[cfg(feature = $feature)]
                 $variant($config),
             )*
+        }
+
+        /// Reads the fields of a registered backend's variant from text pairs (all but
+        /// `backend`) into its own config type, so that numbers and lists are parsed as that
+        /// type asks ([`lockcore::config::from_pairs`]); `None` for `memory`, `url` and unknown
+        /// names. `Some(Err)` names the missing cargo feature of a known backend not compiled in.
+        pub(crate) fn variant_from_pairs(
+            backend: &str,
+            pairs: Vec<(String, String)>,
+        ) -> Option<Result<Config>> {
+            let _ = &pairs;
+            match backend {
+                $(
+                    $feature => {
+                        #[cfg(feature = $feature)]
+                        return Some(
+                            lockcore::config::from_pairs::<$config>(
+                                concat!($feature, " config"),
+                                pairs,
+                            )
+                            .map(Config::$variant),
+                        );
+                        #[cfg(not(feature = $feature))]
+                        return Some(Err(Error::invalid_config(concat!(
+                            "backend `", $feature, "`: locksmith was built without the `",
+                            $feature, "` feature"
+                        ))));
+                    }
+                )*
+                _ => None,
+            }
         }
 
         /// Connects a [`Config`] of a registered backend.
