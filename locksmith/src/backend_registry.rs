@@ -5,7 +5,7 @@
 //!
 //! Adding a backend: a crate exporting a [`lockcore::registry::Registration`], a cargo feature
 //! in `locksmith/Cargo.toml`, and one entry in the [`registry!`] call at the end of this file
-//! (the README's "Adding a backend" section has the whole list).
+//! (CONTRIBUTING.md, "Adding a backend", has the whole list).
 
 use lockcore::registry::{Connecting, HarnessHints, OtherNamespace};
 use lockcore::{Error, Locker, Result, Secret, memory};
