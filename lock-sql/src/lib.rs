@@ -220,7 +220,7 @@ use lockcore::backend::{AcquireRequest, Acquired, Backend};
 use lockcore::backend::{Backoff, poll_attempts};
 use lockcore::{Capabilities, Error, LockInfo, LockName, Result};
 
-pub use config::{Config, DEFAULT_TABLE, Strategy, validate_table};
+pub use config::{Config, DEFAULT_TABLE, Strategy, sqlx_params, validate_table};
 use config::{Dialect, Parsed};
 pub use interop::{Interop, MAX_GET_LOCK_BYTES, MAX_GET_LOCK_CHARS};
 #[cfg(feature = "postgres")]

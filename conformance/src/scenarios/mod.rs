@@ -14,9 +14,11 @@ mod fencing;
 mod herd;
 mod inspect;
 mod latency;
+mod leadership;
 mod lost_replies;
 mod multi;
 mod names;
+mod primitive_leases;
 mod primitives;
 mod renewal;
 mod support;
@@ -340,6 +342,26 @@ pub fn all() -> Vec<Scenario> {
             election::old_leader_lost_before_new_leader,
             always,
             "a leader whose renewals stop is deposed when its lease runs out: its lost signal fires before the next candidate is elected"
+        ),
+        scenario!(
+            leadership::revoked_leader_notices_while_renewing,
+            needs_revoke,
+            "a renewing leader whose key is deleted behind it: a new leader is elected, and the old one's lost signal fires within a TTL of the deletion, from a renewal that found the key gone"
+        ),
+        scenario!(
+            primitive_leases::renewed_writer_still_excludes_readers,
+            needs_shared,
+            "read-write lock: a writer renewed 6 times (every third of a TTL) still excludes readers and other writers after each renewal"
+        ),
+        scenario!(
+            primitive_leases::renewed_permit_counts_and_expires_on_time,
+            needs_permits,
+            "semaphore: two holders of 2 permits renewed 6 times still fill it after each renewal; where leases end by TTL, one that then crashes gets its permit back after its validity deadline, within half a TTL (and a renewal in flight) of its lease's end"
+        ),
+        scenario!(
+            primitive_leases::permit_won_by_waiting_returns_after_crash,
+            needs_permit_expiry,
+            "semaphore: a holder granted its permit from the queue (it waited) that crashes gets it back after its validity deadline, within half a TTL of its lease's end: a queued grant carries the waiter's TTL"
         ),
     ]
 }
