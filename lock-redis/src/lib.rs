@@ -528,7 +528,7 @@ impl RedisBackend {
         if self.inner.revocations.is_some() {
             self.inner
                 .node
-                .watch_revoked(req.token.to_hex(), req.lost.clone());
+                .watch_revoked(req.token.uuid().as_u128(), req.lost.clone());
         }
         self.lease(req, fence)
     }
@@ -919,7 +919,7 @@ impl fmt::Debug for RedisLease {
 impl Drop for RedisLease {
     fn drop(&mut self) {
         if !self.behind_attempt && self.inner.revocations.is_some() {
-            self.inner.node.unwatch_revoked(&self.token.to_hex());
+            self.inner.node.unwatch_revoked(self.token.uuid().as_u128());
         }
     }
 }
