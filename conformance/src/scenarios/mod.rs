@@ -33,7 +33,7 @@ use self::applies::{
     needs_fair, needs_fencing, needs_inspect, needs_lease_loss, needs_lost_detection,
     needs_lost_replies, needs_native_renewal, needs_notify, needs_other_namespace,
     needs_permit_expiry, needs_permits, needs_reply_delay, needs_revoke, needs_shared,
-    needs_shared_fencing, needs_ttl_expiry,
+    needs_shared_fencing, needs_shared_notify, needs_ttl_expiry,
 };
 pub use self::context::{Ctx, Failure, Outcome, Scenario};
 use self::waiting::needs_thread_cpu_clock;
@@ -169,6 +169,11 @@ pub fn all() -> Vec<Scenario> {
             "a backend declaring lost_detection reports a lock taken away behind the holder by itself, long before the TTL"
         ),
         scenario!(
+            renewal::revocation_noticed,
+            needs_revoke,
+            "force_release behind a renewing holder: its lost signal fires within 1 s where revoke_detection is declared (TTL 30 s: no renewal explains it), else by its next renewal"
+        ),
+        scenario!(
             waiting::fifo_order,
             needs_fair,
             "8 waiters, each seen queued before the next comes, are served in arrival order where fairness is declared"
@@ -292,6 +297,11 @@ pub fn all() -> Vec<Scenario> {
             primitives::writer_that_gave_up_frees_readers,
             needs_shared,
             "read-write lock: a writer whose wait behind a reader timed out holds later readers back for 6 s at most, not for the readers' TTL (30 s)"
+        ),
+        scenario!(
+            primitives::every_reader_woken_by_one_release,
+            needs_shared_notify,
+            "read-write lock: one writer's release lets all 6 readers waiting behind it (3 in each of 2 clients, safety-net poll 10 s where the backend has one) hold within 1 s"
         ),
         scenario!(
             primitives::fencing_increases_across_modes,
