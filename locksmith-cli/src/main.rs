@@ -336,6 +336,10 @@ struct BenchArgs {
     /// default options: a token wherever the backend gives them.
     #[arg(long)]
     no_fencing: bool,
+    /// Also write the table as a Markdown file carrying the command, the build, the date and
+    /// the machine's load average (the user guide's figures chapter is such a file).
+    #[arg(long, value_name = "PATH")]
+    markdown: Option<PathBuf>,
     /// Lock service URLs. Without any: memory:// and a SQLite file in target/conformance.
     urls: Vec<String>,
 }
@@ -487,7 +491,7 @@ async fn dispatch(command: Command) -> u8 {
                 }
                 return code;
             }
-            bench::bench(&urls, a.plan()).await
+            bench::bench(&urls, a.plan(), a.markdown.as_deref()).await
         }
         Command::BenchWorker(a) => bench::worker(&a.name, a.clients, a.millis, a.bare).await,
         Command::RenewWorker(a) => {
