@@ -1,4 +1,5 @@
-//! URL parsing: our own parameters are taken out, everything else goes to sqlx untouched.
+//! URL parsing: our own parameters are taken out, the driver's ones that sqlx reads go to sqlx
+//! untouched, any other is refused.
 
 use std::fmt;
 
@@ -200,6 +201,10 @@ fn check_sqlx_param(dialect: Dialect, scheme: &str, key: &str) -> Result<()> {
 }
 
 impl Config {
+    /// This crate's own URL parameters, taken out of the URL; the driver's ones that pass
+    /// through to sqlx are [`sqlx_params`]'s, and any other is refused.
+    pub const URL_PARAMS: &'static [&'static str] = OWN_PARAMS;
+
     /// A configuration for `url` with every setting at its default.
     pub fn new(url: impl Into<String>) -> Config {
         Config {
@@ -214,7 +219,8 @@ impl Config {
 
     /// Parses a URL: this crate's parameters (`strategy`, `table`, `pool_max`,
     /// `op_timeout_ms`) are read by the same deserializer as a config file and taken out; the
-    /// rest of the URL is left for sqlx.
+    /// rest of the URL is left for sqlx (its parameters are checked against [`sqlx_params`] when
+    /// the backend is built, for a URL and a config file's `url` alike).
     ///
     /// # Errors
     /// `InvalidConfig` for a malformed URL or a bad value (the URL is never quoted).
@@ -281,7 +287,7 @@ pub(crate) struct Parsed {
     /// The URL for sqlx: our parameters removed, secrets included (never print it).
     pub(crate) sqlx_url: String,
     /// The URL with every secret replaced by `***` (the user-info password and the values of
-    /// secret-looking query parameters such as `password=` and `sslpassword=`), for describe()
+    /// secret-looking query parameters such as `password=` and `sslkey=`), for describe()
     /// and errors.
     pub(crate) redacted: String,
     /// Every secret the URL carries (decoded and as written), to scrub them from any error text
@@ -495,7 +501,7 @@ mod tests {
         assert_eq!(c.sqlx_url, "mysql://u:p@h/db");
     }
 
-    /// A password in any part of the URL (user info, `?password=`, `sslpassword=`), encoded or
+    /// A password in any part of the URL (user info, `?password=`, `sslkey=`), encoded or
     /// not, never shows in the redacted URL, in Debug, or in scrubbed error text.
     #[test]
     fn secrets_from_every_part_of_the_url_never_show() {

@@ -409,6 +409,30 @@ mod tests {
         assert!(!e.to_string().contains("hunter2"));
     }
 
+    /// A flat JSON config as text pairs: lists joined by commas, a Redlock master (one node)
+    /// as its `redis://` URL.
+    fn json_to_pairs(json: &str) -> Vec<(String, String)> {
+        use serde_json::Value;
+        let text = |v: &Value| match v {
+            Value::String(s) => s.clone(),
+            Value::Object(master) => format!("redis://{}", master["nodes"][0].as_str().unwrap()),
+            other => other.to_string(),
+        };
+        let Value::Object(fields) = serde_json::from_str(json).unwrap() else {
+            panic!("{json}")
+        };
+        fields
+            .iter()
+            .map(|(k, v)| {
+                let v = match v {
+                    Value::Array(items) => items.iter().map(text).collect::<Vec<_>>().join(","),
+                    v => text(v),
+                };
+                (k.clone(), v)
+            })
+            .collect()
+    }
+
     /// A backend's config file (JSON) from its test URL.
     type ToJson = Box<dyn Fn(&str) -> Option<String>>;
 
@@ -483,6 +507,12 @@ mod tests {
                 continue;
             };
             let json = to_json(&url).expect(var);
+            // The same settings as environment variables give them read the same.
+            assert_eq!(
+                Config::from_pairs(json_to_pairs(&json)).expect(var),
+                parse(&json).unwrap(),
+                "{var}"
+            );
             let by_config = connect_config(parse(&json).unwrap()).await.expect(var);
             let by_url = crate::connect(&url).await.expect(var);
             // lock() with a deadline, not one try: a Redlock vote can time out on a busy machine.
