@@ -37,8 +37,8 @@ impl EtcdBackend {
     ///
     /// # Errors
     /// [`ErrorKind::InvalidConfig`] for a malformed URL or an unreadable CA file (before any
-    /// I/O), and for credentials the server refuses; [`ErrorKind::Unavailable`] when no member
-    /// answers (or none passes TLS verification); [`ErrorKind::Backend`] for other refusals.
+    /// I/O); [`ErrorKind::Auth`] for credentials the server refuses; [`ErrorKind::Unavailable`]
+    /// when no member answers (or none passes TLS verification); [`ErrorKind::Backend`] for other refusals.
     pub async fn connect(url: &str) -> Result<EtcdBackend> {
         Self::from_config(Config::parse(url)?).await
     }

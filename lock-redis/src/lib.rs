@@ -207,7 +207,7 @@ impl RedisBackend {
     /// # Errors
     /// `InvalidConfig` for a malformed URL, an unknown or malformed parameter, or an unreadable
     /// `tls_ca` file (the URL, which may hold a password, is never quoted); `Unavailable` when the
-    /// server cannot be reached; `Backend` when it refuses the connection (wrong password).
+    /// server cannot be reached; `Auth` when it refuses the credentials (wrong password).
     pub async fn connect(url: &str) -> Result<RedisBackend> {
         Self::from_config(Config::parse(url)?).await
     }

@@ -1008,7 +1008,7 @@ impl Node {
     ///
     /// # Errors
     /// `InvalidConfig` for an unreadable `tls_ca` file or bad TLS settings; `Unavailable` when
-    /// the server cannot be reached; `Backend` when it refuses the connection (wrong password).
+    /// the server cannot be reached; `Auth` when it refuses the credentials (wrong password).
     pub async fn connect(cfg: &Config) -> Result<Node> {
         Self::connect_with(cfg, Factory::new(cfg)?).await
     }

@@ -49,8 +49,8 @@ impl RedlockBackend {
     ///
     /// # Errors
     /// `InvalidConfig` for a malformed URL (never quoted), an unreadable `tls_ca` file, or two
-    /// nodes that reach the same Redis server (the same `run_id`, under two names); `Backend`
-    /// when a master refuses the connection (wrong password); `Unavailable` when fewer than a
+    /// nodes that reach the same Redis server (the same `run_id`, under two names); `Auth`
+    /// when a master refuses the credentials (wrong password); `Unavailable` when fewer than a
     /// majority of the masters can be reached.
     pub async fn connect(url: &str) -> Result<RedlockBackend> {
         Self::from_config(Config::parse(url)?).await

@@ -43,7 +43,6 @@ pub struct LockOptions {
     auto_renew: Option<AutoRenew>,
     fencing: Fencing,
     require_fair: bool,
-    reentrant: bool,
     label: Option<String>,
     mode: LockMode,
     retry_unavailable: Duration,
@@ -57,7 +56,6 @@ impl Default for LockOptions {
             auto_renew: Some(AutoRenew::until(DEFAULT_MAX_HOLD)),
             fencing: Fencing::IfAvailable,
             require_fair: false,
-            reentrant: false,
             label: None,
             mode: LockMode::Exclusive,
             retry_unavailable: DEFAULT_RETRY_UNAVAILABLE,
@@ -159,13 +157,6 @@ impl LockOptions {
     /// served first come, first served.
     pub fn require_fair(mut self, yes: bool) -> Self {
         self.require_fair = yes;
-        self
-    }
-
-    /// Ask for a reentrant lock. No backend here is reentrant, so this is refused with
-    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) unless a backend declares it.
-    pub fn reentrant(mut self, yes: bool) -> Self {
-        self.reentrant = yes;
         self
     }
 
@@ -284,11 +275,6 @@ impl LockOptions {
             )));
         }
         self.mode.supported_by(caps).map_err(Error::unsupported)?;
-        if self.reentrant && self.mode != LockMode::Exclusive {
-            return Err(Error::unsupported(
-                "reentrancy applies to exclusive locks only",
-            ));
-        }
         if self.fencing == Fencing::Required && !caps.fencing {
             return Err(Error::unsupported("this backend gives no fencing tokens"));
         }
@@ -296,9 +282,6 @@ impl LockOptions {
             return Err(Error::unsupported(
                 "this backend does not serve waiters in FIFO order",
             ));
-        }
-        if self.reentrant && !caps.reentrant {
-            return Err(Error::unsupported("this backend's locks are not reentrant"));
         }
         Ok(())
     }
@@ -411,10 +394,6 @@ mod tests {
                     .auto_renew(AutoRenew::until(Duration::from_secs(1)).interval_fraction(0.99))
             ),
             Some(ErrorKind::InvalidConfig)
-        );
-        assert_eq!(
-            kind(LockOptions::new().reentrant(true)),
-            Some(ErrorKind::Unsupported)
         );
         assert_eq!(
             kind(LockOptions::new().require_fencing(true)),

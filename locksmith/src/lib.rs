@@ -17,7 +17,9 @@
 //!
 //! A URL whose backend was not compiled in is refused with
 //! [`ErrorKind::InvalidConfig`] ("built without the `redis` feature"); no error message ever
-//! contains a URL's password (see [`redact_url`]).
+//! contains a URL's password (see [`redact_url`]: the password field is blanked, the text is
+//! never searched for the password). Credentials a server refuses are [`ErrorKind::Auth`] on
+//! every backend (`locksmith run` exits 77 for them).
 //!
 //! # Example
 //!
@@ -136,8 +138,9 @@
 //! # Synchronous programs
 //!
 //! `locksmith::blocking` (feature `blocking`) gives the same locks to code without async: blocking
-//! `lock`, `try_lock` and `with_lock`, on a runtime thread of its own that outlives every guard
-//! it hands out.
+//! `lock`, `try_lock`, `with_lock`, `lock_all` / `try_lock_all`, `inspect`, `force_release`,
+//! `campaign` / `leader`, on a runtime thread of its own that outlives every guard it hands
+//! out.
 //!
 //! # Configuration without URLs
 //!
@@ -187,8 +190,8 @@
 //! # Failure modes
 //!
 //! A distributed lock is a lease: it can end while its holder still believes it holds it. What
-//! each backend does under each fault was observed on real servers (the Faults matrix of
-//! `locksmith report --faults`; the README has the table):
+//! each backend does under each fault was observed on real servers (the Faults matrix the
+//! fault suite writes, `cargo run -p faults --bin locksmith-faults`; the README has the table):
 //!
 //! * **Holder pause** (GC, SIGSTOP, swap) past the TTL: another client takes the lock; the
 //!   paused holder resumes still "holding" it until it checks. Check [`LockGuard::lost`] or

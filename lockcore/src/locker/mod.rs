@@ -172,6 +172,28 @@ impl Locker {
     /// One attempt to take the lock: `Ok(None)` if someone else holds it (contention is not an
     /// error). The wait timeout in `options` is ignored.
     ///
+    /// The guard must be bound for as long as the lock is needed: `let _guard = ...` holds it
+    /// to the end of the scope, while `let _ = ...` (rustc's suggestion for an unused result)
+    /// drops it, and so releases the lock, at once. A result left unused is refused where
+    /// `unused_must_use` is denied:
+    ///
+    /// ```compile_fail
+    /// #![deny(unused_must_use)]
+    /// # async fn f(locker: lockcore::Locker) {
+    /// locker.try_lock("job", &lockcore::LockOptions::new()).await;
+    /// # }
+    /// ```
+    ///
+    /// ```
+    /// #![deny(unused_must_use)]
+    /// # async fn f(locker: lockcore::Locker) -> lockcore::Result<()> {
+    /// if let Some(_guard) = locker.try_lock("job", &lockcore::LockOptions::new()).await? {
+    ///     // ... the critical section: the lock is held until `_guard` goes out of scope ...
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// Cancel safety: dropping the future before it completes may leave the lock held by nobody
     /// reachable until the TTL runs out (the request may have reached the server); it never leaves
     /// it held longer.
@@ -179,6 +201,7 @@ impl Locker {
     /// # Errors
     /// `InvalidName`, `InvalidConfig` or `Unsupported` before any I/O; `Unavailable` or `Backend`
     /// when the backend fails.
+    #[must_use = "the lock is released as soon as its guard is dropped: bind the result (`let guard = ...` or `let _guard = ...`, not `let _ = ...`)"]
     pub async fn try_lock(
         &self,
         name: impl IntoLockName,
