@@ -88,7 +88,8 @@ impl LockOptions {
     /// attempt has heard from the server for this long (each failed with
     /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable): refused, reset, or no answer
     /// within the backend's response timeout), the wait ends with the last such error, deadline
-    /// or not. [`DEFAULT_RETRY_UNAVAILABLE`] (30 s) by default; zero gives up at the first.
+    /// or not; an attempt that hears nothing for this long is cut off. [`DEFAULT_RETRY_UNAVAILABLE`]
+    /// (30 s) by default; zero is refused with `InvalidConfig`.
     pub fn retry_unavailable_for(mut self, limit: Duration) -> Self {
         self.retry_unavailable = limit;
         self
@@ -221,7 +222,8 @@ impl LockOptions {
     /// # Errors
     /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for a TTL of zero, above
     /// [`MAX_TTL`], outside the backend's range, a bad [label](LockOptions::label) or not above the backend's drift margin (the
-    /// guard would be born lost), a permit limit of 0 or above [`MAX_PERMITS`], or a bad renewal policy (including one whose first renewal
+    /// guard would be born lost), a permit limit of 0 or above [`MAX_PERMITS`], a zero
+    /// [`LockOptions::retry_unavailable_for`], or a bad renewal policy (including one whose first renewal
     /// would come after the lease's validity ends);
     /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) for a required feature the backend
     /// lacks.
@@ -240,6 +242,11 @@ impl LockOptions {
                 "ttl {:?} is outside this backend's range {:?}..={:?}",
                 self.ttl, caps.min_ttl, caps.max_ttl
             )));
+        }
+        if self.retry_unavailable.is_zero() {
+            return Err(Error::invalid_config(
+                "retry_unavailable_for must be greater than zero",
+            ));
         }
         if self.wait.is_some_and(|w| w > MAX_TTL * 52) {
             return Err(Error::invalid_config(

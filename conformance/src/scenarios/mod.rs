@@ -21,6 +21,7 @@ mod names;
 mod primitive_leases;
 mod primitives;
 mod renewal;
+mod silent;
 mod support;
 mod waiting;
 
@@ -97,6 +98,16 @@ pub fn all() -> Vec<Scenario> {
             cancellation::cancelled_wait_leaves_nothing,
             always,
             "dropping a pending lock() leaves no lock and no queue entry behind"
+        ),
+        scenario!(
+            cancellation::given_up_waiters_leave_nothing,
+            always,
+            "waiters that gave up (a wait timeout, a dropped lock()) and then shut their client down leave nothing behind: the next holder gets the lock within 1 s of the release"
+        ),
+        scenario!(
+            silent::wait_deadline_against_a_silent_server,
+            needs_lost_replies,
+            "against a server that answers nothing, lock() returns Unavailable by its wait deadline plus the stated slack, and without a deadline after its retry_unavailable_for (2 s), not after every attempt's response timeout"
         ),
         scenario!(
             cancellation::cancelled_acquire_leaves_nothing,

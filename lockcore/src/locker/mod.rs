@@ -462,7 +462,12 @@ impl Locker {
             let heard = || req.waiting.marks() != marks;
             let run = self.inner.backend.acquire(req, deadline);
             tokio::pin!(run);
-            let mut give_up_at = unheard.as_ref().map(|(since, _)| *since + retry_limit);
+            // The first attempt of a run is bounded too: one the server never answers may
+            // have no response timeout of its own to end it.
+            let mut give_up_at = unheard
+                .as_ref()
+                .map_or(started, |(since, _)| *since)
+                .checked_add(retry_limit);
             let cut_at = deadline.map(|d| d + WAIT_DEADLINE_SLACK);
             let result = loop {
                 let Some(at) = cut_at.into_iter().chain(give_up_at).min() else {
@@ -506,16 +511,17 @@ impl Locker {
                 attempt = 0;
             }
             let since = unheard.as_ref().map_or(started, |(since, _)| *since);
-            if deadline.is_some_and(|d| now >= d) || now.duration_since(since) >= retry_limit {
+            let give_up = since.checked_add(retry_limit);
+            if deadline.is_some_and(|d| now >= d) || give_up.is_some_and(|g| now >= g) {
                 return Err(err);
             }
-            let mut wake = (now + RETRY_BACKOFF.delay(attempt)).min(since + retry_limit);
-            if let Some(d) = deadline {
-                wake = wake.min(d);
+            let mut wake = now + RETRY_BACKOFF.delay(attempt);
+            for bound in deadline.into_iter().chain(give_up) {
+                wake = wake.min(bound);
             }
             tracing::debug!(error = %format!("{err:#}"), lock = req.name.as_str(), attempt, "lock wait: transient error, retrying");
             tokio::time::sleep_until(wake).await;
-            if Instant::now() >= since + retry_limit {
+            if give_up.is_some_and(|g| Instant::now() >= g) {
                 return Err(err);
             }
             unheard = Some((since, err));
