@@ -197,3 +197,8 @@ pub(super) fn needs_notified_revoke(c: &Capabilities, h: &dyn Harness) -> Result
     needs_revoke(c, h)?;
     needs_notify(c, h)
 }
+
+pub(super) fn needs_shared_notify(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    needs_shared(c, h)?;
+    needs_notify(c, h)
+}

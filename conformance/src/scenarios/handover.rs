@@ -107,7 +107,7 @@ pub(super) async fn last_reader_leaving_hands_over_promptly(ctx: &Ctx) -> Outcom
 
 /// A crashed holder's lease runs out while a client waits: the waiter gets the lock after the
 /// holder's validity deadline, and within a quarter of the TTL (a poller's backoff cap) and
-/// 300 ms (scaled) of the lease's end, not seconds later.
+/// 500 ms (scaled) of the lease's end, not seconds later.
 pub(super) async fn expired_lease_hands_over_promptly(ctx: &Ctx) -> Outcome {
     let (h, w) = (ctx.crashable_client().await?, ctx.client().await?);
     let name = ctx.name("x");
@@ -121,7 +121,7 @@ pub(super) async fn expired_lease_hands_over_promptly(ctx: &Ctx) -> Outcome {
         .wait_timeout(ttl * 3 + ctx.bound(Duration::from_secs(10)));
     let task = waiting(ctx, &w, &w, &name, &wait).await?;
     let ends = acquired + ttl;
-    let bound = ttl / 4 + ctx.bound(Duration::from_millis(300));
+    let bound = ttl / 4 + ctx.bound(Duration::from_millis(500));
     let (g, got) = granted_within(task, ends, bound, "the holder's lease running out").await?;
     check!(
         got >= valid_until,

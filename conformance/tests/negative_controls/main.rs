@@ -134,6 +134,7 @@ fn lease_never_renewed_is_caught() {
             "multi_lock_lost_when_any_member_is_lost",
             // Nor a leader's key deleted behind it.
             "revoked_leader_notices_while_renewing",
+            "revocation_noticed",
         ])
     );
 }

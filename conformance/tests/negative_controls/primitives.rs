@@ -76,7 +76,7 @@ pub(super) enum PrimitiveFlaw {
 
 /// How late a waiter gets the lock on the path whose wake-up a `*WakeLate` flaw loses (a
 /// safety poll's interval).
-const LATE: Duration = Duration::from_millis(1500);
+const LATE: Duration = Duration::from_millis(2000);
 
 /// How long a writer's mark lasts under [`PrimitiveFlaw::WriterMarkLapses`].
 const WRITER_MARK: Duration = Duration::from_secs(2);
