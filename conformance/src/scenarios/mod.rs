@@ -11,12 +11,14 @@ mod context;
 mod election;
 mod expiry;
 mod fencing;
+mod handover;
 mod herd;
 mod inspect;
 mod latency;
 mod leadership;
 mod lost_replies;
 mod multi;
+mod multi_cancel;
 mod names;
 mod primitive_leases;
 mod primitives;
@@ -32,9 +34,10 @@ use crate::harness::BoxFuture;
 use self::applies::{
     always, needs_atomic_multi, needs_clock_skew, needs_counting, needs_extend_sets_ttl,
     needs_fair, needs_fencing, needs_inspect, needs_lease_loss, needs_lost_detection,
-    needs_lost_replies, needs_native_renewal, needs_notify, needs_other_namespace,
-    needs_permit_expiry, needs_permits, needs_reply_delay, needs_revoke, needs_shared,
-    needs_shared_fencing, needs_shared_notify, needs_ttl_expiry,
+    needs_lost_replies, needs_native_renewal, needs_notified_permits, needs_notified_revoke,
+    needs_notified_shared, needs_notify, needs_other_namespace, needs_permit_expiry, needs_permits,
+    needs_reply_delay, needs_revoke, needs_shared, needs_shared_fencing, needs_shared_notify,
+    needs_ttl_expiry,
 };
 pub use self::context::{Ctx, Failure, Outcome, Scenario};
 use self::waiting::needs_thread_cpu_clock;
@@ -373,6 +376,36 @@ pub fn all() -> Vec<Scenario> {
             primitive_leases::permit_won_by_waiting_returns_after_crash,
             needs_permit_expiry,
             "semaphore: a holder granted its permit from the queue (it waited) that crashes gets it back after its validity deadline, within half a TTL of its lease's end: a queued grant carries the waiter's TTL"
+        ),
+        scenario!(
+            primitive_leases::writer_waiting_past_its_marks_holds_readers_back,
+            needs_shared,
+            "read-write lock: a writer waiting behind a reader for 6 s (past every writer's mark, queue entry and session timer) still holds back a reader tried after each second of its wait, and gets the lock when the reader leaves"
+        ),
+        scenario!(
+            handover::freed_permit_hands_over_promptly,
+            needs_notified_permits,
+            "semaphore with notification: a waiter for one of 2 held permits gets the one given back within 400 ms"
+        ),
+        scenario!(
+            handover::last_reader_leaving_hands_over_promptly,
+            needs_notified_shared,
+            "read-write lock with notification: a writer waiting behind two readers gets the lock within 400 ms of the last one leaving"
+        ),
+        scenario!(
+            handover::expired_lease_hands_over_promptly,
+            needs_ttl_expiry,
+            "a client waiting on a crashed holder's lock gets it after the holder's validity deadline and within a quarter TTL + 500 ms of its lease's end (not TTL + 3 s)"
+        ),
+        scenario!(
+            handover::revoked_lock_hands_over_promptly,
+            needs_notified_revoke,
+            "with notification: a lock force-released behind its holder while a client waits is the waiter's within 400 ms"
+        ),
+        scenario!(
+            multi_cancel::cancelled_set_take_leaves_nothing,
+            always,
+            "a try_lock_all of 3 free names cancelled during the take (0 to 1.5 typical takes, and 5 to 40 ms in): every member free for another client within the TTL + 250 ms"
         ),
     ]
 }
