@@ -187,6 +187,7 @@
 //! exclusive only (`GET_LOCK`).
 #![deny(missing_docs)]
 
+mod compat;
 mod config;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod conns;
@@ -469,7 +470,8 @@ impl SqlBackend {
 }
 
 fn capabilities(config: &Parsed) -> Capabilities {
-    let c = strategy_capabilities(config.dialect, config.strategy);
+    let mut c = strategy_capabilities(config.dialect, config.strategy);
+    c.compatibility = compat::table(config.dialect);
     match config.interop {
         Some(peer) => peer.capabilities(c),
         None => c,

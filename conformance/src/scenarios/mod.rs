@@ -7,6 +7,7 @@
 mod applies;
 mod basics;
 mod cancellation;
+mod compat;
 mod context;
 mod election;
 mod expiry;
@@ -15,6 +16,7 @@ mod herd;
 mod inspect;
 mod latency;
 mod lost_replies;
+mod lost_reply_modes;
 mod multi;
 mod names;
 mod primitives;
@@ -33,6 +35,7 @@ use self::applies::{
     needs_permit_expiry, needs_permits, needs_reply_delay, needs_revoke, needs_shared,
     needs_shared_fencing, needs_ttl_expiry,
 };
+pub(crate) use self::compat::scenario_name as compat_scenario_name;
 pub use self::context::{Ctx, Failure, Outcome, Scenario};
 use self::waiting::needs_thread_cpu_clock;
 
@@ -331,5 +334,28 @@ pub fn all() -> Vec<Scenario> {
             always,
             "a leader whose renewals stop is deposed when its lease runs out: its lost signal fires before the next candidate is elected"
         ),
+        scenario!(
+            lost_reply_modes::lost_shared_acquire_reply_is_retried_safely,
+            |c, h| needs_lost_replies(c, h).and(needs_shared(c, h)),
+            "a shared acquire whose reply was lost: the retry gets its own share at once, writers stay out, nothing is left behind"
+        ),
+        scenario!(
+            lost_reply_modes::lost_permit_acquire_reply_is_retried_safely,
+            |c, h| needs_lost_replies(c, h).and(needs_permits(c, h)),
+            "a permit acquire whose reply was lost: the retry holds one permit, not two, and nothing is left behind"
+        ),
+        scenario!(
+            lost_reply_modes::lost_multi_lock_reply_is_retried_safely,
+            needs_lost_replies,
+            "a multi-lock whose reply was lost: the retry gets the whole set at once, and nothing is left behind"
+        ),
+        scenario!(
+            lost_reply_modes::lost_campaign_reply_is_retried_safely,
+            needs_lost_replies,
+            "a campaign whose reply was lost: the candidate is elected at once, alone, and nothing is left behind"
+        ),
     ]
+    .into_iter()
+    .chain(compat::scenarios())
+    .collect()
 }
