@@ -22,7 +22,7 @@ use std::task::Poll;
 
 use tokio::time::Instant;
 
-use crate::locker::{PendingGuard, RETRY_BACKOFF, RETRY_GIVE_UP, SetTry};
+use crate::locker::{PendingGuard, RETRY_BACKOFF, SetTry};
 use crate::{
     Error, ErrorKind, IntoLockName, LockGuard, LockMode, LockName, LockOptions, Locker, LostReason,
     Result,
@@ -268,7 +268,7 @@ impl Locker {
                     let now = Instant::now();
                     let (since, n) = *failures.get_or_insert((now, 0));
                     if deadline.is_some_and(|d| now >= d)
-                        || now.duration_since(since) >= RETRY_GIVE_UP
+                        || now.duration_since(since) >= options.retry_unavailable_value()
                     {
                         release_all(held.into_iter().map(|(_, g)| g).collect()).await;
                         return Err(e);

@@ -12,7 +12,7 @@ use crate::harness::{UrlHarness, labels};
 
 /// This tool's version, the git commit of the source tree it was built from (recorded by
 /// `build.rs` at build time; `-dirty` with local changes) and the build profile.
-fn provenance() -> Provenance {
+pub(crate) fn provenance() -> Provenance {
     // The commit the binary was built from (build.rs), not the commit of whatever checkout it
     // runs beside; empty when it was built outside a git checkout.
     let git_commit = Some(env!("LOCKSMITH_BUILD_COMMIT"))

@@ -195,7 +195,7 @@ fn count(b: &BackendReport, status: Status) -> usize {
 }
 
 /// `YYYY-MM-DD HH:MM UTC` of a Unix time (from the `time` crate's calendar).
-fn utc_date(unix: u64) -> String {
+pub fn utc_date(unix: u64) -> String {
     let Ok(t) = i64::try_from(unix)
         .map_err(drop)
         .and_then(|u| time::OffsetDateTime::from_unix_timestamp(u).map_err(drop))
