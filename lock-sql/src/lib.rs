@@ -261,6 +261,7 @@
 //! row ([`lockcore::backend::acquire_detached_for`]).
 #![deny(missing_docs)]
 
+mod compat;
 mod config;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod conns;
@@ -543,7 +544,8 @@ impl SqlBackend {
 }
 
 fn capabilities(config: &Parsed) -> Capabilities {
-    let c = strategy_capabilities(config.dialect, config.strategy);
+    let mut c = strategy_capabilities(config.dialect, config.strategy);
+    c.compatibility = compat::table(config.dialect);
     match config.interop {
         Some(peer) => peer.capabilities(c),
         None => c,

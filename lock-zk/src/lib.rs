@@ -89,8 +89,10 @@
 //!   that come after it (no writer starves), and locksmith's exclusive and shared locks on one
 //!   name exclude each other.
 //! * **Permits** ([`LockMode::Permit`](lockcore::LockMode)): a permit's node is
-//!   `_c_<owner-token>-__PERMIT__<limit>-<seq>` (the limit in the name: one listing shows every
-//!   holder's limit). It holds when fewer than `limit` nodes are lower; otherwise it watches the
+//!   `_c_<owner-token>-__PERMIT__<limit>-lock-<seq>` (the limit in the name: one listing shows
+//!   every holder's limit; the `lock-` before the sequence makes Curator's `InterProcessMutex`,
+//!   which sorts children by the text after the last `lock-`, queue behind permit holders
+//!   instead of holding beside them; nodes of earlier releases, without it, still count). It holds when fewer than `limit` nodes are lower; otherwise it watches the
 //!   `limit` nodes right before it (a release frees a place for the first waiter whichever
 //!   holder leaves, and wakes at most the `limit` waiters right behind the node that left, never
 //!   the whole queue). Not available with `interop=kazoo` (kazoo has no semaphore of this
@@ -105,8 +107,15 @@
 //!   (`-lock-`) after its own and does not wait for them, and Curator's `InterProcessMutex` does
 //!   not see `__READ__` nodes: on a name shared with Curator's read-write lock, take the lock
 //!   only in shared mode from locksmith. With `interop=kazoo`, kazoo's `ReadLock`, `WriteLock`
-//!   and `Lock` exclude locksmith's readers and writers as kazoo's own. Curator's and kazoo's
-//!   semaphores use other layouts and do not see locksmith's permits. locksmith releases
+//!   exclude locksmith's readers and writers as kazoo's own, and kazoo's plain `Lock` excludes
+//!   locksmith's writers; kazoo's plain `Lock` does not see readers (`__rlock__`), locksmith's
+//!   or kazoo's own `ReadLock`'s (a limit of kazoo's recipe: on a name with readers, kazoo
+//!   clients take a `WriteLock`, never a plain `Lock`). Curator's `InterProcessMutex` waits for
+//!   locksmith's permit holders (their nodes end in `lock-<seq>`), and a locksmith permit asked
+//!   for while a Curator mutex node is ahead is refused with `Conflict` (a name is a mutex or a
+//!   semaphore). Curator's and kazoo's semaphores use other layouts and do not see locksmith's
+//!   permits. The compatibility table ([`lockcore::Capabilities::compatibility_table`]) lists
+//!   every pair. locksmith releases
 //!   before these modes existed do not see readers or permits: upgrade every client of a name
 //!   before using them on it.
 //!
@@ -181,6 +190,7 @@
 
 mod admin;
 mod backend;
+mod compat;
 mod config;
 mod connect;
 mod contenders;
