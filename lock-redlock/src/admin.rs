@@ -44,7 +44,7 @@ impl RedlockBackend {
             .inner
             .per_node(self.inner.cfg.response_timeout, move |_, mut c| {
                 let keys = keys.clone();
-                async move { node::revoke_with_shares(&mut c, &keys).await }
+                async move { node::revoke_with_shares(&mut c, &keys, None).await }
             })
             .collect::<Vec<_>>()
             .await;

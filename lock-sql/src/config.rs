@@ -1,4 +1,5 @@
-//! URL parsing: our own parameters are taken out, everything else goes to sqlx untouched.
+//! URL parsing: our own parameters are taken out, the driver's ones that sqlx reads go to sqlx
+//! untouched, any other is refused.
 
 use std::fmt;
 
@@ -103,7 +104,8 @@ fn default_op_timeout() -> Duration {
 }
 
 /// This crate's URL parameters (taken out of the URL; the driver's, [`sqlx_params`], go to sqlx).
-pub(crate) const OWN_PARAMS: &[&str] = &["strategy", "table", "pool_max", "op_timeout_ms", "interop"];
+pub(crate) const OWN_PARAMS: &[&str] =
+    &["strategy", "table", "pool_max", "op_timeout_ms", "interop"];
 
 /// The query parameters sqlx 0.9's PostgreSQL driver reads (`PgConnectOptions::parse_from_url`),
 /// every spelling it accepts; `options[NAME]` (one server option) is accepted besides these.
@@ -199,6 +201,10 @@ fn check_sqlx_param(dialect: Dialect, scheme: &str, key: &str) -> Result<()> {
 }
 
 impl Config {
+    /// This crate's own URL parameters, taken out of the URL; the driver's ones that pass
+    /// through to sqlx are [`sqlx_params`]'s, and any other is refused.
+    pub const URL_PARAMS: &'static [&'static str] = OWN_PARAMS;
+
     /// A configuration for `url` with every setting at its default.
     pub fn new(url: impl Into<String>) -> Config {
         Config {
@@ -213,7 +219,8 @@ impl Config {
 
     /// Parses a URL: this crate's parameters (`strategy`, `table`, `pool_max`,
     /// `op_timeout_ms`) are read by the same deserializer as a config file and taken out; the
-    /// rest of the URL is left for sqlx.
+    /// rest of the URL is left for sqlx (its parameters are checked against [`sqlx_params`] when
+    /// the backend is built, for a URL and a config file's `url` alike).
     ///
     /// # Errors
     /// `InvalidConfig` for a malformed URL or a bad value (the URL is never quoted).
@@ -280,7 +287,7 @@ pub(crate) struct Parsed {
     /// The URL for sqlx: our parameters removed, secrets included (never print it).
     pub(crate) sqlx_url: String,
     /// The URL with every secret replaced by `***` (the user-info password and the values of
-    /// secret-looking query parameters such as `password=` and `sslpassword=`), for describe()
+    /// secret-looking query parameters such as `password=` and `sslkey=`), for describe()
     /// and errors.
     pub(crate) redacted: String,
     /// Every secret the URL carries (decoded and as written), to scrub them from any error text
@@ -494,7 +501,7 @@ mod tests {
         assert_eq!(c.sqlx_url, "mysql://u:p@h/db");
     }
 
-    /// A password in any part of the URL (user info, `?password=`, `sslpassword=`), encoded or
+    /// A password in any part of the URL (user info, `?password=`, `sslkey=`), encoded or
     /// not, never shows in the redacted URL, in Debug, or in scrubbed error text.
     #[test]
     fn secrets_from_every_part_of_the_url_never_show() {
@@ -528,7 +535,10 @@ mod tests {
     fn parameters_sqlx_does_not_read_are_refused_and_named() {
         for (url, key) in [
             ("postgres://u:s3cret@h/db?stratgy=row-lock", "stratgy"),
-            ("postgresql://h/db?sslmod=verify-full&sslrootcert=ca.pem", "sslmod"),
+            (
+                "postgresql://h/db?sslmod=verify-full&sslrootcert=ca.pem",
+                "sslmod",
+            ),
             ("postgres://h/db?sslpassword=s3cret", "sslpassword"),
             ("postgres://h/db?connect_timeout=5", "connect_timeout"),
             ("postgres://h/db?options[]=x", "options[]"),
@@ -543,7 +553,10 @@ mod tests {
             let msg = e.to_string();
             assert!(!msg.contains("s3cret"), "{msg}");
             if lockcore::config::is_plain_key(key) {
-                assert!(msg.contains(&format!("unknown query parameter `{key}`")), "{msg}");
+                assert!(
+                    msg.contains(&format!("unknown query parameter `{key}`")),
+                    "{msg}"
+                );
             }
             assert!(msg.contains("strategy, table"), "the accepted ones: {msg}");
             // A config file's url is checked alike.

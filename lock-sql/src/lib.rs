@@ -46,10 +46,16 @@
 //!   counter); waiting, fairness and session-bound locks are the row-lock strategy's. See
 //!   [`Interop`].
 //!
-//! Every other parameter (`sslmode`, `ssl-mode`, `application_name`, ...) goes to sqlx as is.
+//! The driver's parameters that sqlx 0.9 reads go to sqlx as they are ([`sqlx_params`] lists
+//! them per database, every spelling sqlx reads: `sslmode`, `sslrootcert`, `application_name`,
+//! ... on PostgreSQL; `ssl-mode`, `ssl-ca`, ... on MySQL/MariaDB; `mode`, `cache`, ... on
+//! SQLite). Any other parameter is refused with `InvalidConfig` naming it and listing the
+//! accepted ones: sqlx ignores a parameter it does not read, so a misspelled `sslmode` would
+//! connect without checking the certificate, and a misspelled `strategy` would take locks
+//! that do not exclude the other strategy's.
 //! Secrets never appear in `Debug`, [`Backend::describe`], logs or errors, wherever the URL
 //! carries them: the user-info password and any secret-looking query parameter (`password=`,
-//! `sslpassword=`, ...).
+//! `sslkey=`, ...).
 //!
 //! **TLS**: `sslmode=require` (PostgreSQL) and `ssl-mode=required` (MySQL) encrypt but do **not**
 //! verify the server's certificate: anyone on the path can pose as the server. Use

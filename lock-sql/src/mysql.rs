@@ -884,8 +884,7 @@ impl MyBackend {
                 id => Ok(Some(lease.with_fencing(id))),
             }
         };
-        let won =
-            lockcore::backend::acquire_detached(&req.background, Some(bound), attempt).await?;
+        let won = lockcore::backend::acquire_detached_for(req, Some(bound), attempt).await?;
         Ok(won.map(|l| Acquired::new(l, sent_at)))
     }
 
@@ -1045,8 +1044,7 @@ impl MyBackend {
             };
             Ok(reply?.map(|f| lease.with_fencing(f)))
         };
-        let won =
-            lockcore::backend::acquire_detached(&req.background, Some(bound), attempt).await?;
+        let won = lockcore::backend::acquire_detached_for(req, Some(bound), attempt).await?;
         Ok(won.map(|l| Acquired::new(l, sent_at)))
     }
 }

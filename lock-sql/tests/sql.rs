@@ -1598,7 +1598,9 @@ async fn drop_pg_lock_table(conn: &mut sqlx::PgConnection, t: &str) {
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "DROP TABLE IF EXISTS {t}, {t}_shares, {t}_waits; \
          DROP FUNCTION IF EXISTS {t}_sacq1(text, text, float8, text, int8, text); \
-         DROP FUNCTION IF EXISTS {t}_srel1(text, text, text)"
+         DROP FUNCTION IF EXISTS {t}_sacq2(text, text, float8, text, int8, text); \
+         DROP FUNCTION IF EXISTS {t}_srel1(text, text, text); \
+         DROP FUNCTION IF EXISTS {t}_lheld1(text, bool)"
     )))
     .execute(conn)
     .await
@@ -1610,7 +1612,7 @@ async fn pg_share_functions(conn: &mut sqlx::PgConnection, t: &str) -> Vec<(Stri
     sqlx::query_as(
         "SELECT proname::text, xmin::text FROM pg_proc WHERE proname IN ($1, $2) ORDER BY 1",
     )
-    .bind(format!("{t}_sacq1"))
+    .bind(format!("{t}_sacq2"))
     .bind(format!("{t}_srel1"))
     .fetch_all(conn)
     .await
@@ -1637,7 +1639,7 @@ async fn pg_lease_share_functions_are_created_once_by_concurrent_connects() {
     let mut conn = pg_session().await;
     let created = pg_share_functions(&mut conn, &t).await;
     let names: Vec<&str> = created.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, [format!("{t}_sacq1"), format!("{t}_srel1")]);
+    assert_eq!(names, [format!("{t}_sacq2"), format!("{t}_srel1")]);
     let later = client(&url).await;
     assert_eq!(
         pg_share_functions(&mut conn, &t).await,
@@ -1734,7 +1736,7 @@ async fn pg_lease_share_function_reads_an_older_clients_share_committed_while_it
     let pg = conformance::require_env("LOCK_TEST_POSTGRES_URL").unwrap();
     let watch = sqlx::PgPool::connect(&pg).await.unwrap();
     let bound = Duration::from_secs(10).mul_f64(conformance::time_scale());
-    let call = format!("%{t}_sacq1%");
+    let call = format!("%{t}_sacq2%");
     faultkit::wait_until("the share function waiting for the row", bound, || {
         let (watch, call) = (watch.clone(), call.clone());
         async move {

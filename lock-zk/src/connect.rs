@@ -183,9 +183,8 @@ impl ZkBackend {
         c.renew = RenewKind::Native;
         c.lost_detection = true;
         // Session loss is reported by the session task; a lock node deleted behind its holder
-        // (an operator's force release) is noticed at the holder's next renewal or check only
-        // (no per-lease watch: one session task per client).
-        c.revoke_detection = false;
+        // (an operator's force release) by the lease's watch on its own node.
+        c.revoke_detection = true;
         c.reentrant = false;
         // A crashed holder's node lives until its session times out, one session timeout
         // after its last heartbeat whatever the TTL asked for (earlier than the TTL when the
@@ -209,7 +208,7 @@ impl ZkBackend {
             )
         };
         c.notes = vec![
-            "a lock node deleted behind its holder (force release) is noticed at the holder's next renewal or extend, not by itself".into(),
+            "a lock node deleted behind its holder (force release) is noticed at once: each held lease watches its own node (one exists request per acquisition), and its lost signal fires when the server reports the node deleted".into(),
             format!(
                 "the lease is the ZooKeeper session (negotiated timeout {} ms): a crashed holder's lock frees one session timeout after its last heartbeat, independent of the TTL",
                 session_timeout.as_millis()

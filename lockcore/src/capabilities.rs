@@ -51,8 +51,11 @@ pub struct Capabilities {
     /// The backend itself reports a lost lease (session expiry, dropped connection) besides the
     /// contract's renewal and validity checks.
     pub lost_detection: bool,
-    /// Part of `lost_detection`: the backend also notices by itself, long before the TTL, a lock
-    /// deleted behind its holder (an operator's force release), not only at the next renewal.
+    /// The backend notices by itself, within a second, a lock deleted behind its holder (an
+    /// operator's [`force_release`](crate::Locker::force_release): a watch on the holder's own
+    /// node or key, a revoke message, a release notification), not only at the next renewal.
+    /// A backend may declare it without `lost_detection` (which also covers a session or
+    /// connection lost).
     pub revoke_detection: bool,
     /// `extend(ttl)` sets the lease to the TTL asked for, longer or shorter. Backends whose
     /// server fixes a lease's TTL at grant time (etcd) keep the granted one and report it.

@@ -66,12 +66,14 @@ pub use capabilities::{Capabilities, MAX_TTL, RenewKind, WaitKind};
 pub use election::{Leader, LeaderWatch, Leadership};
 pub use error::{Error, ErrorKind, Result, WithLockError};
 pub use inspect::{AcquiredClock, Holder, LockInfo, Share};
-pub use locker::{LockGuard, Locker};
+pub use locker::{LockGuard, Locker, WAIT_DEADLINE_SLACK};
 pub use lost::{Ended, LostReason, LostSignal, Risk};
 pub use mode::{LockMode, MAX_PERMITS, Support};
 pub use multi::MultiGuard;
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN};
-pub use options::{AutoRenew, DEFAULT_MAX_HOLD, DEFAULT_TTL, Fencing, LockOptions};
+pub use options::{
+    AutoRenew, DEFAULT_MAX_HOLD, DEFAULT_RETRY_UNAVAILABLE, DEFAULT_TTL, Fencing, LockOptions,
+};
 pub use secret::Secret;
 pub use waiting::WaitMark;
 

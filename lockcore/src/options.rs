@@ -13,6 +13,11 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// (`lock()` has no default wait deadline: like tokio's `Mutex`, Redisson, Curator, `flock` and
 /// `etcdctl lock`, it waits until acquired unless [`LockOptions::wait_timeout`] asks for one.)
 pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(3600);
+/// How long `lock()` keeps retrying when the lock service cannot be reached, by default: 30
+/// seconds of nothing but [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable), whether
+/// the server refuses connections at once or answers nothing at all
+/// ([`LockOptions::retry_unavailable_for`]).
+pub const DEFAULT_RETRY_UNAVAILABLE: Duration = Duration::from_secs(30);
 
 /// How `lock()` waits, what lease it asks for and whether it renews it.
 ///
@@ -41,6 +46,7 @@ pub struct LockOptions {
     reentrant: bool,
     label: Option<String>,
     mode: LockMode,
+    retry_unavailable: Duration,
 }
 
 impl Default for LockOptions {
@@ -54,6 +60,7 @@ impl Default for LockOptions {
             reentrant: false,
             label: None,
             mode: LockMode::Exclusive,
+            retry_unavailable: DEFAULT_RETRY_UNAVAILABLE,
         }
     }
 }
@@ -77,6 +84,22 @@ impl LockOptions {
     pub fn wait_timeout(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);
         self
+    }
+
+    /// How long `lock()` keeps retrying while the lock service cannot be reached: once no
+    /// attempt has heard from the server for this long (each failed with
+    /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable): refused, reset, or no answer
+    /// within the backend's response timeout), the wait ends with the last such error, deadline
+    /// or not. [`DEFAULT_RETRY_UNAVAILABLE`] (30 s) by default; zero gives up at the first.
+    pub fn retry_unavailable_for(mut self, limit: Duration) -> Self {
+        self.retry_unavailable = limit;
+        self
+    }
+
+    /// How long `lock()` retries an unreachable lock service
+    /// ([`LockOptions::retry_unavailable_for`]).
+    pub fn retry_unavailable_value(&self) -> Duration {
+        self.retry_unavailable
     }
 
     /// `lock()` waits without a deadline (drop the future to give up): the default, to undo a

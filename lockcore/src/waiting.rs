@@ -5,7 +5,7 @@
 //! place, instead of sleeping and hoping.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::LockName;
@@ -53,6 +53,9 @@ struct MarkEntry {
     board: Arc<WaitBoard>,
     name: LockName,
     marked: AtomicBool,
+    /// Every call of [`WaitMark::mark`], counted: `lock()` learns from it whether an attempt
+    /// heard from the server (it found the lock held) before it failed.
+    marks: AtomicU64,
 }
 
 impl WaitMark {
@@ -63,6 +66,7 @@ impl WaitMark {
                 board,
                 name,
                 marked: AtomicBool::new(false),
+                marks: AtomicU64::new(0),
             })),
         }
     }
@@ -71,11 +75,20 @@ impl WaitMark {
     /// woken (subscribed, queued, or polling). Call it after the attempt that follows any
     /// subscription, so that a release from now on reaches the waiter.
     pub fn mark(&self) {
-        if let Some(e) = &self.entry
-            && !e.marked.swap(true, Ordering::AcqRel)
-        {
-            e.board.add(&e.name);
+        if let Some(e) = &self.entry {
+            e.marks.fetch_add(1, Ordering::AcqRel);
+            if !e.marked.swap(true, Ordering::AcqRel) {
+                e.board.add(&e.name);
+            }
         }
+    }
+
+    /// How many times [`WaitMark::mark`] was called: a change across an attempt says the
+    /// server answered it (the lock was found held).
+    pub(crate) fn marks(&self) -> u64 {
+        self.entry
+            .as_ref()
+            .map_or(0, |e| e.marks.load(Ordering::Acquire))
     }
 
     /// The call ended: no longer counted.

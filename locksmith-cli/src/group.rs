@@ -54,7 +54,7 @@ pub const FORWARDED: &[Signal] = &[
 /// Signals that ask locksmith to end: after forwarding one, the group gets SIGKILL if it is
 /// still running `--kill-grace` later.
 pub fn is_termination_request(sig: Signal) -> bool {
-    [Signal::TERM, Signal::INT, Signal::HUP, Signal::QUIT].contains(&sig)
+    TERMINATION.contains(&sig)
 }
 
 /// The signal's name for messages (`SIGTERM`).
@@ -74,25 +74,50 @@ pub fn name(sig: Signal) -> String {
     )
 }
 
-/// Every delivery of the given signals, in one stream. Locksmith's default reaction to each
-/// (ending or stopping) is replaced by this stream from now on. A signal whose handler cannot
-/// be installed is left alone.
-pub fn catch(signals: &[Signal]) -> mpsc::UnboundedReceiver<Signal> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    for &sig in signals {
-        let Ok(mut stream) = signal(SignalKind::from_raw(sig.as_raw())) else {
-            continue;
+/// The termination requests ([`is_termination_request`]): caught from the start of the wait,
+/// so that none ends locksmith before its clean-up.
+pub const TERMINATION: &[Signal] = &[Signal::TERM, Signal::INT, Signal::HUP, Signal::QUIT];
+
+/// The signals caught so far, delivered into one stream. Locksmith's default reaction to each
+/// (ending or stopping) is replaced by the stream from the moment it is caught, for the rest
+/// of the process. A signal whose handler cannot be installed is left alone.
+pub struct Signals {
+    tx: mpsc::UnboundedSender<Signal>,
+    caught: Vec<Signal>,
+}
+
+impl Signals {
+    /// Catches `signals`; their deliveries come out of the receiver.
+    pub fn catch(signals: &[Signal]) -> (Signals, mpsc::UnboundedReceiver<Signal>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut caught = Signals {
+            tx,
+            caught: Vec::new(),
         };
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            while stream.recv().await.is_some() {
-                if tx.send(sig).is_err() {
-                    break;
-                }
-            }
-        });
+        caught.add(signals);
+        (caught, rx)
     }
-    rx
+
+    /// Catches `signals` too, into the same stream (each signal once, however often named).
+    pub fn add(&mut self, signals: &[Signal]) {
+        for &sig in signals {
+            if self.caught.contains(&sig) {
+                continue;
+            }
+            let Ok(mut stream) = signal(SignalKind::from_raw(sig.as_raw())) else {
+                continue;
+            };
+            self.caught.push(sig);
+            let tx = self.tx.clone();
+            tokio::spawn(async move {
+                while stream.recv().await.is_some() {
+                    if tx.send(sig).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    }
 }
 
 /// The command running in its own process group under the guard.
@@ -240,7 +265,7 @@ fn guard(command: Vec<OsString>) -> u8 {
     rt.block_on(async move {
         // The guard is in the group, so it gets every signal locksmith forwards to the group;
         // the command gets them directly. The guard only checks whether locksmith is gone.
-        let mut signals = catch(FORWARDED);
+        let (_caught, mut signals) = Signals::catch(FORWARDED);
         let mut child = match Command::new(program)
             .args(args)
             .env_remove(PARENT_ENV)

@@ -199,14 +199,33 @@ struct RunArgs {
     /// never beside a plain `run` (a writer) of the same name; a waiting writer goes first.
     #[arg(long)]
     shared: bool,
-    /// The lock's name.
-    name: String,
+    /// The lock's name. A name that begins with `-` goes after --name instead.
+    #[arg(required_unless_present = "name_option", value_name = "NAME")]
+    name: Option<String>,
+    /// The lock's name, in place of the NAME argument: for a name that begins with `-`
+    /// (`--name=-job` or `--name -job`).
+    #[arg(
+        long = "name",
+        id = "name_option",
+        value_name = "NAME",
+        conflicts_with = "name",
+        allow_hyphen_values = true
+    )]
+    name_option: Option<String>,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, num_args = 1.., value_name = "COMMAND")]
     command: Vec<String>,
 }
 
 impl RunArgs {
+    /// The lock's name, from the NAME argument or --name.
+    fn lock_name(&self) -> &str {
+        self.name
+            .as_deref()
+            .or(self.name_option.as_deref())
+            .unwrap_or_default()
+    }
+
     /// What the run takes: the lock alone, a share (`--shared`) or a permit (`--permits N`).
     fn mode(&self) -> locksmith::LockMode {
         match (self.permits, self.shared) {
@@ -232,13 +251,25 @@ guard process that kills the whole group if locksmith dies (even by SIGKILL: Lin
 parent-death signal). Every catchable signal sent to locksmith (SIGINT, SIGTERM, SIGHUP,
 SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGWINCH, SIGTSTP, SIGCONT, ...) is forwarded to the
 whole group; after SIGTERM, SIGINT, SIGHUP or SIGQUIT the group gets SIGKILL if it is still
-running --kill-grace later. The command never runs without the lock: when the lock is at
-risk (no renewal has landed and at most half the TTL of validity is left: the lock service is
-slow or unreachable), is lost (a renewal is refused), or --max-hold is reached, the group gets
-SIGTERM, then SIGKILL after --kill-grace or shortly before the lock's validity ends, whichever
-comes first (at once when the lock is already lost). Processes the command leaves behind in its
-group are terminated the same way before the lock is released. (Being in its own group, the command cannot read
-from the terminal; give it input from a file or pipe.)
+running --kill-grace later. While locksmith runs, the command runs only under the lock: when
+the lock is at risk (no renewal has landed and at most half the TTL of validity is left: the
+lock service is slow or unreachable), is lost (a renewal is refused), or --max-hold is reached,
+the group gets SIGTERM, then SIGKILL after --kill-grace or shortly before the lock's validity
+ends, whichever comes first (at once when the lock is already lost). Processes the command
+leaves behind in its group are terminated the same way before the lock is released. What
+this cannot cover: while locksmith itself is stopped (SIGSTOP, a frozen VM) it cannot act, and
+the lease may run out under a command that keeps running; the command then learns nothing
+until locksmith resumes and ends it. Pass LOCKSMITH_FENCING_TOKEN to what the command writes
+where that matters. (Being in its own group, the command cannot read from the terminal; give
+it input from a file or pipe.)
+
+Every way out cleans up before locksmith exits (for 5 s at most; past that, what is left frees
+with its TTL or session): the release after the command, and the queue entry of a wait that
+timed out, failed, or was ended by SIGTERM, SIGINT, SIGHUP or SIGQUIT (then locksmith exits
+with 128+N without running the command), so no one queued behind it waits for its session
+or lease to end.
+
+A lock name that begins with `-` goes after --name (`--name=-job`).
 
 The command runs with LOCKSMITH_LOCK_NAME and, where the backend gives fencing tokens,
 LOCKSMITH_FENCING_TOKEN in its environment (pass the token to whatever you write to).
@@ -248,6 +279,7 @@ server, use sqlite:///path/to/locks.db.
 Exit codes:
   the command's own   it ran and exited (128+N if it was killed by signal N)
   75 (--busy-exit-code) the lock was busy (--nonblock / --wait 0) or the wait timed out
+  128+N               signal N (SIGTERM, SIGINT, SIGHUP, SIGQUIT) ended the wait
   70                  the lock was lost while the command ran; it was terminated
   124                 --max-hold was reached; the command was terminated
   69                  the lock service could not be reached (see --connect-timeout) or failed
@@ -502,7 +534,7 @@ mod tests {
         assert_eq!(a.wait, Wait::For(Duration::ZERO));
         assert_eq!(a.ttl, Duration::from_secs(5));
         assert_eq!(a.max_hold, Duration::from_secs(3600));
-        assert_eq!(a.name, "job");
+        assert_eq!(a.lock_name(), "job");
         assert_eq!(a.command, ["echo", "-n", "hi"]);
         // Garbage durations and a missing command are usage errors.
         assert!(

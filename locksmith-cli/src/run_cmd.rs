@@ -18,6 +18,10 @@ use crate::group::{self, Group};
 /// Must run on the main thread (see [`Group::spawn`]).
 pub async fn run(args: RunArgs) -> u8 {
     if locksmith::scheme_of(&args.url).is_ok_and(|s| s == "memory") {
+        // A bad memory URL (an unknown parameter) is reported as such first, like any URL's.
+        if let Err(e) = locksmith::connect(&args.url).await {
+            return fail(&e);
+        }
         eprintln!(
             "locksmith: memory:// locks exist inside one process only, so they cannot keep two \
              `locksmith run` processes apart; on one host without a server use \
@@ -38,9 +42,27 @@ pub async fn run(args: RunArgs) -> u8 {
                 return exit::UNAVAILABLE;
             }
         };
-    let guard = match acquire(&locker, &args).await {
+    // From here on a termination request ends locksmith through its clean-up, never by the
+    // signal's default action: while waiting, the wait is given up and its queue entry removed;
+    // while the command runs, the request is forwarded to it (`supervise`).
+    let (signals, mut requests) = group::Signals::catch(group::TERMINATION);
+    let acquired = tokio::select! {
+        acquired = acquire(&locker, &args) => acquired,
+        Some(sig) = requests.recv() => {
+            // The wait is dropped: its clean-up (a queue entry) runs on the locker's background.
+            finish(&locker, &args).await;
+            eprintln!(
+                "locksmith: {} while waiting for lock {:?}; gave up without running the command",
+                group::name(sig),
+                args.lock_name()
+            );
+            return 128u8.saturating_add(u8::try_from(sig.as_raw()).unwrap_or(0));
+        }
+    };
+    let guard = match acquired {
         Ok(Some(g)) => g,
         Ok(None) => {
+            finish(&locker, &args).await;
             if !args.quiet {
                 let how = match args.wait() {
                     Wait::For(d) if !d.is_zero() => format!(" after waiting {}", show(d)),
@@ -48,27 +70,46 @@ pub async fn run(args: RunArgs) -> u8 {
                 };
                 eprintln!(
                     "locksmith: lock {:?} is busy{how}; not running the command",
-                    args.name
+                    args.lock_name()
                 );
             }
             return args.busy_exit_code;
         }
-        Err(e) => return fail(&e),
+        Err(e) => {
+            finish(&locker, &args).await;
+            return fail(&e);
+        }
     };
 
-    let mut env = vec![("LOCKSMITH_LOCK_NAME", args.name.clone())];
+    let mut env = vec![("LOCKSMITH_LOCK_NAME", args.lock_name().to_owned())];
     if let Some(token) = guard.fencing_token() {
         env.push(("LOCKSMITH_FENCING_TOKEN", token.to_string()));
     }
     let code = match Group::spawn(&args.command, &env) {
-        Ok(group) => supervise(group, &guard, &args).await,
+        Ok(group) => supervise(group, &guard, &args, signals, requests).await,
         Err(e) => {
             eprintln!("locksmith: cannot start the command's guard process: {e}");
             exit::CANNOT_EXECUTE
         }
     };
-    release(guard, &locker, &args.name).await;
+    release(guard, &locker, &args).await;
     code
+}
+
+/// How long locksmith waits, before it exits, for its clean-up to reach the lock service (a
+/// release, a given-up wait's queue entry): past it, what is left frees with its TTL or session.
+const CLEAN_UP_BOUND: Duration = Duration::from_secs(5);
+
+/// Every way out after connecting: waits for the locker's background work (a dropped wait's
+/// queue entry, a release), up to [`CLEAN_UP_BOUND`], so that the runtime's end at exit does
+/// not drop it.
+async fn finish(locker: &Locker, args: &RunArgs) {
+    if let Err(e) = locker.shutdown(CLEAN_UP_BOUND).await {
+        eprintln!(
+            "locksmith: clean-up of lock {:?} unfinished: {e:#}",
+            args.lock_name()
+        );
+    }
 }
 
 /// Takes the lock: one attempt for `--wait 0`, else waits. `Ok(None)` when busy / timed out.
@@ -81,13 +122,13 @@ async fn acquire(locker: &Locker, args: &RunArgs) -> locksmith::Result<Option<Lo
         opts = opts.label(label.as_str());
     }
     match args.wait() {
-        Wait::For(d) if d.is_zero() => locker.try_lock(args.name.as_str(), &opts).await,
+        Wait::For(d) if d.is_zero() => locker.try_lock(args.lock_name(), &opts).await,
         wait => {
             let opts = match wait {
                 Wait::Forever => opts.wait_forever(),
                 Wait::For(d) => opts.wait_timeout(d),
             };
-            match locker.lock(args.name.as_str(), &opts).await {
+            match locker.lock(args.lock_name(), &opts).await {
                 Ok(g) => Ok(Some(g)),
                 Err(e) if e.kind() == ErrorKind::Timeout => Ok(None),
                 Err(e) => Err(e),
@@ -113,12 +154,12 @@ async fn end_at_risk(group: &mut Group, args: &RunArgs, risk: Risk, hold_end: In
     match risk {
         Risk::Lost(reason) => eprintln!(
             "locksmith: lock {:?} lost ({reason}); terminating the command at once",
-            args.name
+            args.lock_name()
         ),
         Risk::Ending { .. } => eprintln!(
             "locksmith: lock {:?} at risk: no renewal landed and its validity ends in {}; \
              terminating the command (SIGKILL in {} at the latest)",
-            args.name,
+            args.lock_name(),
             show(kill_by.saturating_duration_since(now) + kill_lead(args)),
             show(grace_until(args, kill_by))
         ),
@@ -133,7 +174,7 @@ async fn end_at_max_hold(group: &mut Group, args: &RunArgs, kill_by: Instant) ->
         "locksmith: --max-hold {} reached: terminating the command (lock {:?} is released \
          after it)",
         show(args.max_hold),
-        args.name
+        args.lock_name()
     );
     let _ = group::terminate(group, grace_until(args, kill_by)).await;
     exit::MAX_HOLD
@@ -142,7 +183,10 @@ async fn end_at_max_hold(group: &mut Group, args: &RunArgs, kill_by: Instant) ->
 /// How long the lock may be held: --max-hold for the command, then --kill-grace for it to exit
 /// and the lead SIGKILL keeps before the lease ends, so the command stops under the lock.
 fn lock_hold(args: &RunArgs) -> Duration {
-    args.max_hold + args.kill_grace + kill_lead(args)
+    // Saturating: a hold too long for the library is refused by it (exit 78), never a panic.
+    args.max_hold
+        .saturating_add(args.kill_grace)
+        .saturating_add(kill_lead(args))
 }
 
 /// When the warning comes that the lease may end: with at most this much validity left and no
@@ -168,7 +212,13 @@ fn grace_until(args: &RunArgs, kill_by: Instant) -> Duration {
 /// Waits for the command's group while forwarding signals to it; terminates it when the lock
 /// is lost, --max-hold is reached, or a forwarded termination request is not obeyed within
 /// --kill-grace. Returns locksmith's exit code once nothing of the group is left.
-async fn supervise(mut group: Group, guard: &LockGuard, args: &RunArgs) -> u8 {
+async fn supervise(
+    mut group: Group,
+    guard: &LockGuard,
+    args: &RunArgs,
+    mut signals: group::Signals,
+    mut requests: tokio::sync::mpsc::UnboundedReceiver<Signal>,
+) -> u8 {
     let pgid = group.pgid;
     let signal = guard.lost();
     let at_risk = signal.at_risk(risk_margin(args));
@@ -179,7 +229,10 @@ async fn supervise(mut group: Group, guard: &LockGuard, args: &RunArgs) -> u8 {
     let mut hold_bound = false;
     let lost = signal.lost();
     tokio::pin!(lost);
-    let mut signals = group::catch(group::FORWARDED);
+    // The termination requests are caught already (since the wait); now every other signal
+    // the command should get, into the same stream.
+    signals.add(group::FORWARDED);
+    let signals = &mut requests;
     // The command is told to stop at --max-hold; the library keeps the lease until the kill
     // grace after it has run out (`lock_hold`), so that the command stops under the lock.
     let hold_end = guard.acquired_at() + lock_hold(args);
@@ -234,15 +287,25 @@ async fn supervise(mut group: Group, guard: &LockGuard, args: &RunArgs) -> u8 {
     code
 }
 
-async fn release(guard: LockGuard, locker: &Locker, name: &str) {
-    match guard.release().await {
+async fn release(guard: LockGuard, locker: &Locker, args: &RunArgs) {
+    let name = args.lock_name();
+    // Bounded as the rest of the clean-up: past the bound, the lock frees with its TTL.
+    let released = tokio::time::timeout(CLEAN_UP_BOUND, guard.release())
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::timeout(format!(
+                "no answer within {}",
+                show(CLEAN_UP_BOUND)
+            )))
+        });
+    match released {
         Ok(()) => {}
         Err(e) if e.kind() == ErrorKind::NotHeld => {}
         Err(e) => eprintln!(
             "locksmith: releasing lock {name:?} failed ({e:#}); it frees when its TTL runs out"
         ),
     }
-    locker.flush().await;
+    finish(locker, args).await;
 }
 
 /// Prints a lock error and maps it to an exit code.

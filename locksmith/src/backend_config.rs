@@ -198,6 +198,208 @@ mod tests {
         }
     }
 
+    /// The `memory` and `url` variants refuse unknown fields like every other variant; a
+    /// `namespace` beside `url` is refused, not ignored (the URL says it; two sources could
+    /// contradict each other). Both parsed before.
+    #[test]
+    fn memory_and_url_variants_refuse_unknown_fields() {
+        for json in [
+            r#"{"backend": "memory", "stor": "x"}"#,
+            r#"{"backend": "memory", "store": "x", "namespace": "app"}"#,
+            r#"{"backend": "url", "url": "redis://h", "namespace": "app"}"#,
+            r#"{"backend": "url", "url": "memory://", "store": "x"}"#,
+        ] {
+            let e = parse(json).unwrap_err();
+            assert!(e.contains("unknown field"), "{json}: {e}");
+        }
+        for pairs in [
+            vec![("backend", "memory"), ("stor", "x")],
+            vec![("backend", "url"), ("url", "memory://"), ("namespace", "a")],
+        ] {
+            let pairs = pairs
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+            let e = Config::from_pairs(pairs).unwrap_err();
+            assert_eq!(e.kind(), lockcore::ErrorKind::InvalidConfig);
+            assert!(e.to_string().contains("unknown field"), "{e}");
+        }
+    }
+
+    fn pairs(text: &str) -> Vec<(String, String)> {
+        text.split_whitespace()
+            .map(|kv| {
+                let (k, v) = kv.split_once('=').unwrap();
+                (k.to_owned(), v.to_owned())
+            })
+            .collect()
+    }
+
+    /// Every backend's config read from text pairs (as the environment gives them) equals the
+    /// same config read from JSON, numbers, flags, durations and lists included. Read through
+    /// serde's tagged enum directly, every number and list field failed ("invalid type: string").
+    #[test]
+    fn every_backends_config_reads_from_text_pairs_numbers_and_lists_included() {
+        let mut cases = vec![
+            (
+                r#"{"backend": "memory", "store": "jobs"}"#,
+                "backend=memory store=jobs",
+            ),
+            (
+                r#"{"backend": "url", "url": "memory://x"}"#,
+                "backend=url url=memory://x",
+            ),
+        ];
+        #[cfg(feature = "redis")]
+        cases.push((
+            r#"{"backend": "redis", "nodes": ["h1:6379", "h2:6380"], "cluster": true, "db": 0,
+                "password": "pw", "namespace": "app", "min_replicas": 1,
+                "replica_timeout_ms": 300, "poll_ms": 40, "connect_timeout_ms": 900,
+                "response_timeout_ms": 800, "tls": false, "interop": "redis-py"}"#,
+            "backend=redis nodes=h1:6379,h2:6380 cluster=true db=0 password=pw namespace=app \
+             min_replicas=1 replica_timeout_ms=300 poll_ms=40 connect_timeout_ms=900 \
+             response_timeout_ms=800 tls=false interop=redis-py",
+        ));
+        #[cfg(feature = "postgres")]
+        cases.push((
+            r#"{"backend": "postgres", "url": "postgres://h/db?sslmode=verify-full",
+                "strategy": "row-lock", "table": "t1", "pool_max": 4, "op_timeout_ms": 3000,
+                "interop": "sqlx"}"#,
+            "backend=postgres url=postgres://h/db?sslmode=verify-full strategy=row-lock \
+             table=t1 pool_max=4 op_timeout_ms=3000 interop=sqlx",
+        ));
+        #[cfg(feature = "mysql")]
+        cases.push((
+            r#"{"backend": "mysql", "url": "mysql://h/db", "pool_max": 2, "op_timeout_ms": 700}"#,
+            "backend=mysql url=mysql://h/db pool_max=2 op_timeout_ms=700",
+        ));
+        #[cfg(feature = "sqlite")]
+        cases.push((
+            r#"{"backend": "sqlite", "url": "sqlite:///tmp/x.db", "pool_max": 3}"#,
+            "backend=sqlite url=sqlite:///tmp/x.db pool_max=3",
+        ));
+        #[cfg(feature = "zk")]
+        cases.push((
+            r#"{"backend": "zk", "hosts": ["z1:2181", "z2:2182"], "chroot": "/app",
+                "namespace": "locks", "session_timeout_ms": 4000, "digest": "u:pw",
+                "lost_after_disconnect": 0.5, "interop": "kazoo"}"#,
+            "backend=zk hosts=z1:2181,z2:2182 chroot=/app namespace=locks \
+             session_timeout_ms=4000 digest=u:pw lost_after_disconnect=0.5 interop=kazoo",
+        ));
+        #[cfg(feature = "etcd")]
+        cases.push((
+            r#"{"backend": "etcd", "hosts": ["e1:2379", "e2:2379"], "tls": true, "user": "u",
+                "password": "pw", "ca": "/etc/ca.pem", "domain": "etcd.local",
+                "namespace": "app", "timeout_ms": 1500}"#,
+            "backend=etcd hosts=e1:2379,e2:2379 tls=true user=u password=pw ca=/etc/ca.pem \
+             domain=etcd.local namespace=app timeout_ms=1500",
+        ));
+        #[cfg(feature = "redlock")]
+        cases.push((
+            r#"{"backend": "redlock", "masters": [{"nodes": ["r1:6379"], "password": "pw"},
+                {"nodes": ["r2:6379"], "password": "pw"}, {"nodes": ["r3:6379"], "password": "pw"}],
+                "node_timeout_ms": 200}"#,
+            "backend=redlock masters=redis://:pw@r1:6379,redis://:pw@r2:6379,redis://:pw@r3:6379 \
+             node_timeout_ms=200",
+        ));
+        for (json, text) in cases {
+            let from_json = parse(json).unwrap();
+            let from_pairs =
+                Config::from_pairs(pairs(text)).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(from_pairs, from_json, "{text}");
+        }
+    }
+
+    /// Bad pairs: no backend, an unknown or uncompiled one, an unknown or repeated key, a bad
+    /// number; never quoting a value.
+    #[test]
+    fn bad_pairs_are_refused_by_name() {
+        for (text, says) in [
+            ("store=x", "`backend` is missing"),
+            ("backend=memory backend=url", "`backend` is given twice"),
+            ("backend=gopher", "unknown backend `gopher`"),
+            ("backend=memory stor=hunter2", "unknown field `stor`"),
+            #[cfg(feature = "zk")]
+            (
+                "backend=zk hosts=h session_timeout_ms=hunter2",
+                "session_timeout_ms",
+            ),
+            #[cfg(feature = "postgres")]
+            (
+                "backend=postgres url=postgres://h/d pool_max=4 pool_max=5",
+                "pool_max",
+            ),
+            #[cfg(feature = "redis")]
+            (
+                "backend=redis nodes=h nodez=hunter2",
+                "unknown field `nodez`",
+            ),
+        ] {
+            let e = Config::from_pairs(pairs(text)).unwrap_err();
+            assert_eq!(e.kind(), lockcore::ErrorKind::InvalidConfig, "{text}");
+            let msg = e.to_string();
+            assert!(msg.contains(says), "{text}: {msg}");
+            assert!(!msg.contains("hunter2"), "{text}: {msg}");
+        }
+    }
+
+    /// The environment reader takes the variables with the prefix, keys lowercased, and
+    /// ignores the others.
+    #[test]
+    fn environment_variables_with_the_prefix_are_the_keys() {
+        let vars = |list: &[(&str, &str)]| -> Vec<(OsString, OsString)> {
+            list.iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect()
+        };
+        let c = Config::from_vars(
+            "APP_LOCK_",
+            vars(&[
+                ("APP_LOCK_BACKEND", "memory"),
+                ("APP_LOCK_STORE", "s1"),
+                ("PATH", "/bin"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            c,
+            Config::Memory {
+                store: Some("s1".into())
+            }
+        );
+        #[cfg(feature = "zk")]
+        {
+            let c = Config::from_vars(
+                "APP_LOCK_",
+                vars(&[
+                    ("APP_LOCK_BACKEND", "zk"),
+                    ("APP_LOCK_HOSTS", "z1:2181,z2:2181"),
+                    ("APP_LOCK_SESSION_TIMEOUT_MS", "4000"),
+                ]),
+            )
+            .unwrap();
+            let Config::Zk(zk) = c else { panic!("{c:?}") };
+            assert_eq!(zk.hosts, ["z1:2181", "z2:2181"]);
+            assert_eq!(zk.session_timeout, std::time::Duration::from_secs(4));
+        }
+        for (prefix, list, says) in [
+            ("", vec![("BACKEND", "memory")], "the prefix is empty"),
+            (
+                "APP_LOCK_",
+                vec![("PATH", "/bin")],
+                "no variable starts with APP_LOCK_",
+            ),
+            (
+                "APP_LOCK_",
+                vec![("APP_LOCK_BACKEND", "memory"), ("APP_LOCK_STOR", "x")],
+                "`stor`",
+            ),
+        ] {
+            let e = Config::from_vars(prefix, vars(&list)).unwrap_err();
+            assert!(e.to_string().contains(says), "{e}");
+        }
+    }
+
     #[cfg(feature = "postgres")]
     #[tokio::test]
     async fn a_sql_variant_refuses_another_database() {
@@ -205,6 +407,30 @@ mod tests {
         let e = connect_config(c).await.unwrap_err();
         assert_eq!(e.kind(), lockcore::ErrorKind::InvalidConfig);
         assert!(!e.to_string().contains("hunter2"));
+    }
+
+    /// A flat JSON config as text pairs: lists joined by commas, a Redlock master (one node)
+    /// as its `redis://` URL.
+    fn json_to_pairs(json: &str) -> Vec<(String, String)> {
+        use serde_json::Value;
+        let text = |v: &Value| match v {
+            Value::String(s) => s.clone(),
+            Value::Object(master) => format!("redis://{}", master["nodes"][0].as_str().unwrap()),
+            other => other.to_string(),
+        };
+        let Value::Object(fields) = serde_json::from_str(json).unwrap() else {
+            panic!("{json}")
+        };
+        fields
+            .iter()
+            .map(|(k, v)| {
+                let v = match v {
+                    Value::Array(items) => items.iter().map(text).collect::<Vec<_>>().join(","),
+                    v => text(v),
+                };
+                (k.clone(), v)
+            })
+            .collect()
     }
 
     /// A backend's config file (JSON) from its test URL.
@@ -281,6 +507,12 @@ mod tests {
                 continue;
             };
             let json = to_json(&url).expect(var);
+            // The same settings as environment variables give them read the same.
+            assert_eq!(
+                Config::from_pairs(json_to_pairs(&json)).expect(var),
+                parse(&json).unwrap(),
+                "{var}"
+            );
             let by_config = connect_config(parse(&json).unwrap()).await.expect(var);
             let by_url = crate::connect(&url).await.expect(var);
             // lock() with a deadline, not one try: a Redlock vote can time out on a busy machine.

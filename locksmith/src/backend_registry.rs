@@ -242,6 +242,19 @@ fn memory_store(url: &str) -> Result<String> {
         .split_once("://")
         .map(|(_, rest)| rest)
         .ok_or_else(|| Error::invalid_config("a memory URL looks like memory://[store]"))?;
+    if let Some((_, query)) = rest.split_once('?') {
+        // A memory URL has no parameters: refuse one as every backend refuses an unknown
+        // one, named (query_pairs refuses a name that is not plain without quoting it).
+        let what = "memory URL";
+        let pairs = lockcore::config::query_pairs(what, query)?;
+        let named = pairs
+            .first()
+            .map(|(key, _)| format!("unknown query parameter `{key}`"))
+            .unwrap_or_else(|| "a `?` without parameters".to_owned());
+        return Err(Error::invalid_config(format!(
+            "{what}: {named} (memory://[store] takes none)"
+        )));
+    }
     let store = rest.trim_end_matches('/');
     if store.is_empty() {
         return Ok("default".to_owned());
@@ -287,5 +300,29 @@ mod tests {
             }
         }
         assert!(backend_for_scheme("memory").unwrap().compiled.is_some());
+    }
+
+    /// A memory URL's query is refused, its parameter named (before, the whole store part was
+    /// refused as a bad store name, the parameter unnamed).
+    #[test]
+    fn memory_urls_refuse_parameters_by_name() {
+        for (url, named) in [
+            ("memory://jobs?stor=x", Some("`stor`")),
+            ("memory://?namespace=a", Some("`namespace`")),
+            ("memory://jobs?", None),
+            ("memory://jobs?Sekrit=1", None),
+        ] {
+            let e = memory_store(url).unwrap_err();
+            assert_eq!(e.kind(), lockcore::ErrorKind::InvalidConfig, "{url}");
+            let msg = e.to_string();
+            if let Some(named) = named {
+                assert!(
+                    msg.contains(&format!("unknown query parameter {named}")),
+                    "{msg}"
+                );
+            }
+            assert!(!msg.contains("Sekrit"), "{msg}");
+        }
+        assert_eq!(memory_store("memory://jobs/").unwrap(), "jobs");
     }
 }

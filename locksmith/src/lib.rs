@@ -117,6 +117,30 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # URL parameters
+//!
+//! Every URL kind refuses a query parameter it does not read: `InvalidConfig` naming it and
+//! listing the accepted ones (the `locksmith` command exits 78), so a misspelled `strategy` or
+//! `sslmode` never runs with the default instead. On SQL URLs only the parameters sqlx reads
+//! pass through to it ([`lock_sql::sqlx_params`], every spelling sqlx 0.9 reads; sqlx itself
+//! ignores the others). A test checks this table against the code:
+//!
+//! <!-- url-params -->
+//! | URL | accepted query parameters |
+//! |---|---|
+//! | `memory://` | none |
+//! | `redis://`, `rediss://`, `redis+cluster://`, `rediss+cluster://`, `redis+sentinel://`, `rediss+sentinel://` | `namespace`, `min_replicas`, `replica_timeout_ms`, `tls_ca`, `poll_ms`, `connect_timeout_ms`, `response_timeout_ms`, `interop` |
+//! | `postgres://`, `postgresql://` | `strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`; to sqlx: `sslmode`, `ssl-mode`, `sslrootcert`, `ssl-root-cert`, `ssl-ca`, `sslcert`, `ssl-cert`, `sslkey`, `ssl-key`, `statement-cache-capacity`, `host`, `hostaddr`, `port`, `dbname`, `user`, `password`, `application_name`, `options`, `options[NAME]` |
+//! | `mysql://`, `mariadb://` | `strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`; to sqlx: `sslmode`, `ssl-mode`, `sslca`, `ssl-ca`, `sslcert`, `ssl-cert`, `sslkey`, `ssl-key`, `charset`, `collation`, `statement-cache-capacity`, `socket`, `timezone`, `time-zone` |
+//! | `sqlite://` | `strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`; to sqlx: `mode`, `cache`, `immutable`, `vfs` |
+//! | `zk://` | `session_timeout_ms`, `namespace`, `digest`, `lost_after_disconnect`, `interop` |
+//! | `redlock://`, `redlocks://` | `node_timeout_ms`, `namespace`, `tls_ca`, `poll_ms`, `connect_timeout_ms`, `response_timeout_ms` |
+//! | `etcd://`, `etcds://` | `ca`, `domain`, `timeout_ms` |
+//! <!-- /url-params -->
+//!
+//! [`Config`] fields are refused alike when unknown, in every variant (`memory` and `url`
+//! included: a `namespace` beside `url` is refused, since the URL says it).
+//!
 //! # Synchronous programs
 //!
 //! `locksmith::blocking` (feature `blocking`) gives the same locks to code without async: blocking
@@ -125,9 +149,11 @@
 //!
 //! # Configuration without URLs
 //!
-//! [`Config`] takes a backend's settings from a config file or the environment (any serde
-//! format; unknown keys are refused, values are validated exactly as the URL's), and
-//! [`connect_config`] builds the locker. A URL's query and a config file are read by the same
+//! [`Config`] takes a backend's settings from a config file (any serde format) or the
+//! environment ([`Config::from_env`]: `APP_LOCK_BACKEND=zk`, `APP_LOCK_HOSTS=z1,z2`,
+//! `APP_LOCK_SESSION_TIMEOUT_MS=4000`; [`Config::from_pairs`] for other flat `key=value`
+//! sources), unknown keys refused, values validated exactly as the URL's, and
+//! [`connect_config`] builds the locker. A URL's query and the environment are read by the same
 //! deserializer ([`lockcore::config::from_pairs`]):
 //!
 //! ```no_run

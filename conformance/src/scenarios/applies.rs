@@ -179,3 +179,8 @@ pub(super) fn needs_shared_fencing(c: &Capabilities, h: &dyn Harness) -> Result<
     needs_shared(c, h)?;
     needs_fencing(c, h)
 }
+
+pub(super) fn needs_shared_notify(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    needs_shared(c, h)?;
+    needs_notify(c, h)
+}

@@ -14,9 +14,11 @@ mod fencing;
 mod herd;
 mod inspect;
 mod latency;
+mod leadership;
 mod lost_replies;
 mod multi;
 mod names;
+mod primitive_leases;
 mod primitives;
 mod renewal;
 mod support;
@@ -31,7 +33,7 @@ use self::applies::{
     needs_fair, needs_fencing, needs_inspect, needs_lease_loss, needs_lost_detection,
     needs_lost_replies, needs_native_renewal, needs_notify, needs_other_namespace,
     needs_permit_expiry, needs_permits, needs_reply_delay, needs_revoke, needs_shared,
-    needs_shared_fencing, needs_ttl_expiry,
+    needs_shared_fencing, needs_shared_notify, needs_ttl_expiry,
 };
 pub use self::context::{Ctx, Failure, Outcome, Scenario};
 use self::waiting::needs_thread_cpu_clock;
@@ -167,6 +169,11 @@ pub fn all() -> Vec<Scenario> {
             "a backend declaring lost_detection reports a lock taken away behind the holder by itself, long before the TTL"
         ),
         scenario!(
+            renewal::revocation_noticed,
+            needs_revoke,
+            "force_release behind a renewing holder: its lost signal fires within 1 s where revoke_detection is declared (TTL 30 s: no renewal explains it), else by its next renewal"
+        ),
+        scenario!(
             waiting::fifo_order,
             needs_fair,
             "8 waiters, each seen queued before the next comes, are served in arrival order where fairness is declared"
@@ -292,6 +299,11 @@ pub fn all() -> Vec<Scenario> {
             "read-write lock: a writer whose wait behind a reader timed out holds later readers back for 6 s at most, not for the readers' TTL (30 s)"
         ),
         scenario!(
+            primitives::every_reader_woken_by_one_release,
+            needs_shared_notify,
+            "read-write lock: one writer's release lets all 6 readers waiting behind it (3 in each of 2 clients, safety-net poll 10 s where the backend has one) hold within 1 s"
+        ),
+        scenario!(
             primitives::fencing_increases_across_modes,
             needs_shared_fencing,
             "read-write lock with fencing: every reader and writer gets a token above all earlier ones, across modes"
@@ -330,6 +342,26 @@ pub fn all() -> Vec<Scenario> {
             election::old_leader_lost_before_new_leader,
             always,
             "a leader whose renewals stop is deposed when its lease runs out: its lost signal fires before the next candidate is elected"
+        ),
+        scenario!(
+            leadership::revoked_leader_notices_while_renewing,
+            needs_revoke,
+            "a renewing leader whose key is deleted behind it: a new leader is elected, and the old one's lost signal fires within a TTL of the deletion, from a renewal that found the key gone"
+        ),
+        scenario!(
+            primitive_leases::renewed_writer_still_excludes_readers,
+            needs_shared,
+            "read-write lock: a writer renewed 6 times (every third of a TTL) still excludes readers and other writers after each renewal"
+        ),
+        scenario!(
+            primitive_leases::renewed_permit_counts_and_expires_on_time,
+            needs_permits,
+            "semaphore: two holders of 2 permits renewed 6 times still fill it after each renewal; where leases end by TTL, one that then crashes gets its permit back after its validity deadline, within half a TTL (and a renewal in flight) of its lease's end"
+        ),
+        scenario!(
+            primitive_leases::permit_won_by_waiting_returns_after_crash,
+            needs_permit_expiry,
+            "semaphore: a holder granted its permit from the queue (it waited) that crashes gets it back after its validity deadline, within half a TTL of its lease's end: a queued grant carries the waiter's TTL"
         ),
     ]
 }

@@ -102,7 +102,18 @@ pub(super) async fn settle_waiters(
     name: &LockName,
     waiters: &[&Locker],
 ) -> Outcome {
-    let n = waiters.len();
+    settle_waiting_calls(ctx, observer, name, waiters, waiters.len()).await
+}
+
+/// [`settle_waiters`] for `n` `lock` calls in all among the clients of `waiters` (each client
+/// listed once, however many of the calls are its own).
+pub(super) async fn settle_waiting_calls(
+    ctx: &Ctx,
+    observer: &Locker,
+    name: &LockName,
+    waiters: &[&Locker],
+    n: usize,
+) -> Outcome {
     let give_up = Instant::now() + ctx.bound(Duration::from_secs(10));
     loop {
         let seen = match observer.backend().queued_waiters(name).await {

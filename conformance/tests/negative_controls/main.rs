@@ -90,6 +90,8 @@ fn fixed_lock_value_is_caught() {
             "no_resurrection",
             "release_racing_expiry_keeps_next_holder",
             "stale_release_keeps_new_holder",
+            // The new leader's value is the old one's: the old leader's renewals extend it.
+            "revoked_leader_notices_while_renewing",
         ],
         // The deposed leader's release on drop frees the new leader's lock, when it lands
         // before the new leader resigns.
@@ -127,6 +129,8 @@ fn lease_never_renewed_is_caught() {
             "no_resurrection",
             // A member revoked behind a set is never noticed: the false renewals keep it valid.
             "multi_lock_lost_when_any_member_is_lost",
+            // Nor a leader's key deleted behind it.
+            "revoked_leader_notices_while_renewing",
         ])
     );
 }
@@ -335,6 +339,10 @@ fn a_permit_too_many_is_caught() {
             "permits_never_exceed_the_limit",
             // The crashed holder's permit is not missed: a third of two was free.
             "crashed_permit_returns_after_its_ttl",
+            // A third holder beside two renewed ones.
+            "renewed_permit_counts_and_expires_on_time",
+            // The waiter takes the third permit of two at once: it never waits.
+            "permit_won_by_waiting_returns_after_crash",
         ])
     );
 }
@@ -373,7 +381,10 @@ fn a_leader_replaced_before_its_lost_signal_is_caught() {
 fn a_permit_outliving_its_crashed_holder_is_caught() {
     assert_eq!(
         failing_primitives(PrimitiveFlaw::PermitOutlivesCrash),
-        set(&["crashed_permit_returns_after_its_ttl"])
+        set(&[
+            "crashed_permit_returns_after_its_ttl",
+            "permit_won_by_waiting_returns_after_crash",
+        ])
     );
 }
 
@@ -390,5 +401,59 @@ fn a_sequence_declared_atomic_is_caught() {
     assert_eq!(
         failing_primitives(PrimitiveFlaw::MultiIsASequence),
         set(&["atomic_multi_lock_is_never_seen_partial"])
+    );
+}
+
+#[test]
+fn sets_taken_in_each_clients_order_are_caught() {
+    let failed = failing_primitives(PrimitiveFlaw::MultiInClientOrder);
+    // A try_lock_all waiting for a busy member breaks the other set scenarios too.
+    assert!(
+        failed.contains("multi_locks_in_opposite_orders_never_deadlock"),
+        "{failed:?}"
+    );
+}
+
+#[test]
+fn a_writer_renewed_as_a_share_is_caught() {
+    assert_eq!(
+        failing_primitives(PrimitiveFlaw::WriterRenewedAsShare),
+        set(&["renewed_writer_still_excludes_readers"])
+    );
+}
+
+#[test]
+fn a_permit_renewed_too_short_is_caught() {
+    assert_eq!(
+        failing_primitives(PrimitiveFlaw::PermitRenewalShortens),
+        set(&["renewed_permit_counts_and_expires_on_time"])
+    );
+}
+
+#[test]
+fn a_permit_renewed_too_long_is_caught() {
+    assert_eq!(
+        failing_primitives(PrimitiveFlaw::PermitRenewalLengthens),
+        set(&["renewed_permit_counts_and_expires_on_time"])
+    );
+}
+
+#[test]
+fn a_queued_permit_without_its_ttl_is_caught() {
+    assert_eq!(
+        failing_primitives(PrimitiveFlaw::QueuedPermitLeaks),
+        set(&["permit_won_by_waiting_returns_after_crash"])
+    );
+}
+
+#[test]
+fn a_leader_blind_to_its_revocation_is_caught() {
+    assert_eq!(
+        failing_primitives(PrimitiveFlaw::RenewalBlindToRevocation),
+        set(&[
+            "revoked_leader_notices_while_renewing",
+            // The set's renewal of the revoked member succeeds too.
+            "multi_lock_lost_when_any_member_is_lost",
+        ])
     );
 }

@@ -43,8 +43,27 @@ const RETRY_BACKOFF: Backoff = Backoff {
     max: Duration::from_secs(1),
 };
 
-/// How long `Unavailable` errors must persist before `lock()` gives up on them.
-const RETRY_GIVE_UP: Duration = Duration::from_secs(30);
+/// How far past its wait deadline `lock()` may return: an attempt still in flight then (a
+/// server that answers nothing) is cut off this long after the deadline, and its clean-up
+/// handed to the background ([`Locker::flush`]).
+pub const WAIT_DEADLINE_SLACK: Duration = Duration::from_millis(250);
+
+/// The error of a wait cut off while its attempt had heard nothing from the server: the last
+/// `Unavailable` error of the run, or a new one when the first attempt is the silent one.
+fn no_answer(last: Option<Error>, when: &str) -> Error {
+    let silent = Error::unavailable(
+        format!("no answer from the lock service {when}"),
+        "the attempt in flight was cut off; its clean-up runs in the background",
+    );
+    match last {
+        Some(last) => Error::new(
+            ErrorKind::Unavailable,
+            format!("no answer from the lock service {when}; the last failure: {last:#}"),
+        )
+        .with_source(silent),
+        None => silent,
+    }
+}
 
 /// A client of one lock backend. Cheap to clone; clones share the backend connection(s).
 ///
@@ -209,13 +228,22 @@ impl Locker {
     /// serve waiters FIFO.
     ///
     /// Transient errors do not end the wait: an `Unavailable` error (a dropped connection, a
-    /// server restarting) is retried with exponential backoff and full jitter (10 ms doubling up
-    /// to 1 s, never past the deadline). The wait ends with the last `Unavailable` error only
-    /// when the deadline passes, or when the errors persist: every attempt failed, each within
-    /// 1 s, for 30 s. Other errors end the wait at once.
+    /// server restarting, no answer within the backend's response timeout) is retried with
+    /// exponential backoff and full jitter (10 ms doubling up to 1 s, never past the deadline).
+    /// The wait ends with `Unavailable` once no attempt has heard from the server for
+    /// [`LockOptions::retry_unavailable_for`] (30 s by default), whether the server refuses at
+    /// once or answers nothing at all; an attempt that found the lock held heard it. Other errors
+    /// end the wait at once.
     ///
-    /// Cancel safety: dropping the future removes this waiter from any queue; a lock granted in
-    /// the instant before the drop is left to expire after its TTL at the latest.
+    /// With a wait timeout, the call returns by the deadline plus [`WAIT_DEADLINE_SLACK`]
+    /// (250 ms) whatever the server does: `Timeout` when the lock stayed held, `Unavailable` when
+    /// the server could not be reached or did not answer. An attempt still in flight then is
+    /// cut off, and what it may have left on the server is cleaned up in the background
+    /// ([`Locker::flush`], [`Locker::shutdown`]).
+    ///
+    /// Cancel safety: dropping the future removes this waiter from any queue (in the background:
+    /// [`Locker::shutdown`] waits for it); a lock granted in the instant before the drop is
+    /// released in the background too, or left to expire after its TTL at the latest.
     ///
     /// # Errors
     /// `Timeout` when the deadline passes; `Unavailable` as above; otherwise as
@@ -242,7 +270,7 @@ impl Locker {
             backend = &*self.inner.telemetry.backend,
         );
         let result = self
-            .acquire_retrying(&req.request, deadline)
+            .acquire_retrying(&req.request, deadline, options.retry_unavailable_value())
             .instrument(wait_span)
             .await;
         // Dropped with the request when the call is cancelled.
@@ -347,6 +375,36 @@ impl Locker {
         self.inner.background.idle().await
     }
 
+    /// The last call before a program ends (or its runtime shuts down): waits, for `within` at
+    /// most, until the background work of this client and its clones has finished, as
+    /// [`Locker::flush`] does: the releases of dropped guards, the removal of the queue entry of
+    /// every `lock()` that gave up or was dropped while waiting (a ZooKeeper node, an etcd key,
+    /// which would otherwise stay until the session ends or the lease runs out, and hold off
+    /// everyone queued behind it), the undoing of partial acquisitions. A runtime that shuts
+    /// down drops this work unfinished, so a process that exits without it can leave its locks
+    /// and queue entries to expire.
+    ///
+    /// Guards still held are not touched: release them first (or drop them; their release is
+    /// then part of what this waits for). The client stays usable; work started after this call
+    /// is not waited for.
+    ///
+    /// Cancel safe.
+    ///
+    /// # Errors
+    /// `Timeout` when work is still running after `within` (a lock service that does not
+    /// answer): what that work would have freed frees with its TTL or session instead.
+    pub async fn shutdown(&self, within: Duration) -> Result<()> {
+        if tokio::time::timeout(within, self.flush()).await.is_ok() {
+            return Ok(());
+        }
+        Err(Error::timeout(format!(
+            "{} background clean-up(s) of {} still running after {within:?}; what they would \
+             free frees with its TTL or session",
+            self.pending_releases(),
+            self.describe()
+        )))
+    }
+
     /// How many of this client's [`Locker::lock`] calls on `name` wait now: their backend said
     /// so ([`AcquireRequest::waiting`]) once an attempt found the lock held and a release or
     /// expiry would reach them, and they have not returned. For dashboards, and for tests that
@@ -361,36 +419,83 @@ impl Locker {
         self.inner.background.pending()
     }
 
-    /// The backend's wait, retrying `Unavailable` errors as [`Locker::lock`] documents.
+    /// The backend's wait, retrying `Unavailable` errors as [`Locker::lock`] documents: an
+    /// attempt still in flight is cut off at the deadline plus [`WAIT_DEADLINE_SLACK`], and at
+    /// the end of `retry_limit` without a word from the server (dropping it starts the backend's
+    /// cancel clean-up).
     async fn acquire_retrying(
         &self,
         req: &AcquireRequest,
         deadline: Option<Instant>,
+        retry_limit: Duration,
     ) -> Result<Option<Acquired>> {
-        let mut first_failure: Option<Instant> = None;
+        // Since when no attempt has heard from the server (each failed `Unavailable` without
+        // finding the lock held), and the last of those failures.
+        let mut unheard: Option<(Instant, Error)> = None;
         let mut attempt = 0u32;
         loop {
             let started = Instant::now();
-            let err = match self.inner.backend.acquire(req, deadline).await {
+            let marks = req.waiting.marks();
+            let heard = || req.waiting.marks() != marks;
+            let run = self.inner.backend.acquire(req, deadline);
+            tokio::pin!(run);
+            let mut give_up_at = unheard.as_ref().map(|(since, _)| *since + retry_limit);
+            let cut_at = deadline.map(|d| d + WAIT_DEADLINE_SLACK);
+            let result = loop {
+                let Some(at) = cut_at.into_iter().chain(give_up_at).min() else {
+                    break run.as_mut().await;
+                };
+                tokio::select! {
+                    biased;
+                    r = run.as_mut() => break r,
+                    () = tokio::time::sleep_until(at) => {}
+                }
+                if cut_at.is_some_and(|c| Instant::now() >= c) {
+                    // Past the deadline: whether the lock stayed held or the server is silent.
+                    return if heard() {
+                        Ok(None)
+                    } else {
+                        Err(no_answer(
+                            unheard.map(|(_, e)| e),
+                            "before the wait's deadline",
+                        ))
+                    };
+                }
+                if heard() {
+                    // The server answers (the lock is held): no longer a failure run.
+                    unheard = None;
+                    give_up_at = None;
+                } else {
+                    return Err(no_answer(
+                        unheard.map(|(_, e)| e),
+                        &format!("for {retry_limit:?} (LockOptions::retry_unavailable_for)"),
+                    ));
+                }
+            };
+            let err = match result {
                 Err(e) if e.kind() == ErrorKind::Unavailable => e,
                 other => return other,
             };
             let now = Instant::now();
-            if now.duration_since(started) >= RETRY_BACKOFF.max {
+            if heard() {
                 // That attempt reached the server and waited before failing: a new failure run.
-                first_failure = None;
+                unheard = None;
                 attempt = 0;
             }
-            let since = *first_failure.get_or_insert(started);
-            if deadline.is_some_and(|d| now >= d) || now.duration_since(since) >= RETRY_GIVE_UP {
+            let since = unheard.as_ref().map_or(started, |(since, _)| *since);
+            if deadline.is_some_and(|d| now >= d) || now.duration_since(since) >= retry_limit {
                 return Err(err);
             }
-            let mut wake = now + RETRY_BACKOFF.delay(attempt);
+            let mut wake = (now + RETRY_BACKOFF.delay(attempt)).min(since + retry_limit);
             if let Some(d) = deadline {
                 wake = wake.min(d);
             }
             tracing::debug!(error = %format!("{err:#}"), lock = req.name.as_str(), attempt, "lock wait: transient error, retrying");
             tokio::time::sleep_until(wake).await;
+            if Instant::now() >= since + retry_limit {
+                return Err(err);
+            }
+            unheard = Some((since, err));
             attempt = attempt.saturating_add(1);
         }
     }
