@@ -322,7 +322,7 @@ impl Locker {
         &self,
         name: impl IntoLockName,
         value: &str,
-        options: &LockOptions,
+        options: &lockcore::CampaignOptions,
     ) -> Result<Leadership> {
         let leadership = self.block_on(self.locker.campaign(name, value, options))?;
         Ok(Leadership {
