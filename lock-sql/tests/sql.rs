@@ -1922,3 +1922,34 @@ async fn mysql_share_procedures_and_statements_exclude_each_other() {
     calls.flush().await;
     statements.flush().await;
 }
+
+/// Issue 37: a wrong password is `Auth` (it was `Backend`), and the error keeps the server's
+/// words whole: the password was replaced wherever it occurred as a substring, so a one-letter
+/// password `e` showed as `***rror communicating with databas***`.
+#[tokio::test]
+async fn a_wrong_one_letter_password_is_auth_with_the_message_intact() {
+    for (var, words) in [
+        ("LOCK_TEST_POSTGRES_URL", "password authentication failed"),
+        ("LOCK_TEST_MYSQL_URL", "Access denied"),
+    ] {
+        let Some(good) = conformance::require_env(var) else {
+            continue;
+        };
+        let mut url = url::Url::parse(&good).unwrap();
+        let letter = if url.password() == Some("e") {
+            "a"
+        } else {
+            "e"
+        };
+        url.set_password(Some(letter)).unwrap();
+        let e = SqlBackend::connect(url.as_str()).await.unwrap_err();
+        let shown = format!("{e:#}");
+        assert_eq!(e.kind(), ErrorKind::Auth, "{var}: {shown}");
+        assert!(shown.contains(words), "{var}: {shown}");
+        // Stars only where a password field was blanked (`:***@`, `password=***`).
+        for (i, _) in shown.match_indices("***") {
+            let before = shown[..i].chars().last();
+            assert!(matches!(before, Some(':' | '=')), "{var}: {shown}");
+        }
+    }
+}

@@ -26,7 +26,7 @@ impl ZkBackend {
     /// Cancel safety: dropping the future may leave some nodes deleted and others not.
     ///
     /// # Errors
-    /// `InvalidName`; `Unavailable` or `Backend` (NoAuth included) from ZooKeeper.
+    /// `InvalidName`; `Unavailable`, `Auth` (NoAuth) or `Backend` from ZooKeeper.
     pub async fn force_release(&self, name: impl IntoLockName) -> Result<usize> {
         let parent = self.lock_path(name)?;
         let client = self.live_session(None).await?.client.clone();

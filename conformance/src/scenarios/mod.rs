@@ -7,6 +7,7 @@
 mod applies;
 mod basics;
 mod cancellation;
+mod compat;
 mod context;
 mod election;
 mod expiry;
@@ -17,12 +18,14 @@ mod inspect;
 mod latency;
 mod leadership;
 mod lost_replies;
+mod lost_reply_modes;
 mod multi;
 mod multi_cancel;
 mod names;
 mod primitive_leases;
 mod primitives;
 mod renewal;
+mod silent;
 mod skew;
 mod support;
 mod waiting;
@@ -39,6 +42,7 @@ use self::applies::{
     needs_reply_delay, needs_revoke, needs_shared, needs_shared_fencing, needs_shared_notify,
     needs_skewed_client, needs_skewed_permits, needs_ttl_expiry,
 };
+pub(crate) use self::compat::scenario_name as compat_scenario_name;
 pub use self::context::{Ctx, Failure, Outcome, Scenario};
 use self::waiting::needs_thread_cpu_clock;
 
@@ -101,6 +105,16 @@ pub fn all() -> Vec<Scenario> {
             cancellation::cancelled_wait_leaves_nothing,
             always,
             "dropping a pending lock() leaves no lock and no queue entry behind"
+        ),
+        scenario!(
+            cancellation::given_up_waiters_leave_nothing,
+            always,
+            "waiters that gave up (a wait timeout, a dropped lock()) and then shut their client down leave nothing behind: the next holder gets the lock within 1 s of the release"
+        ),
+        scenario!(
+            silent::wait_deadline_against_a_silent_server,
+            needs_lost_replies,
+            "against a server that answers nothing, lock() returns Unavailable by its wait deadline plus the stated slack, and without a deadline after its retry_unavailable_for (2 s), not after every attempt's response timeout"
         ),
         scenario!(
             cancellation::cancelled_acquire_leaves_nothing,
@@ -348,6 +362,26 @@ pub fn all() -> Vec<Scenario> {
             "a leader whose renewals stop is deposed when its lease runs out: its lost signal fires before the next candidate is elected"
         ),
         scenario!(
+            lost_reply_modes::lost_shared_acquire_reply_is_retried_safely,
+            |c, h| needs_lost_replies(c, h).and(needs_shared(c, h)),
+            "a shared acquire whose reply was lost: the retry gets its own share at once, writers stay out, nothing is left behind"
+        ),
+        scenario!(
+            lost_reply_modes::lost_permit_acquire_reply_is_retried_safely,
+            |c, h| needs_lost_replies(c, h).and(needs_permits(c, h)),
+            "a permit acquire whose reply was lost: the retry holds one permit, not two, and nothing is left behind"
+        ),
+        scenario!(
+            lost_reply_modes::lost_multi_lock_reply_is_retried_safely,
+            needs_lost_replies,
+            "a multi-lock whose reply was lost: the retry gets the whole set at once, and nothing is left behind"
+        ),
+        scenario!(
+            lost_reply_modes::lost_campaign_reply_is_retried_safely,
+            needs_lost_replies,
+            "a campaign whose reply was lost: the candidate is elected at once, alone, and nothing is left behind"
+        ),
+        scenario!(
             leadership::revoked_leader_notices_while_renewing,
             needs_revoke,
             "a renewing leader whose key is deleted behind it: a new leader is elected, and the old one's lost signal fires within a TTL of the deletion, from a renewal that found the key gone"
@@ -408,4 +442,7 @@ pub fn all() -> Vec<Scenario> {
             "a try_lock_all of 3 free names cancelled during the take (0 to 1.5 typical takes, and 5 to 40 ms in): every member free for another client within the TTL + 250 ms"
         ),
     ]
+    .into_iter()
+    .chain(compat::scenarios())
+    .collect()
 }

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use lockcore::{ErrorKind, Locker};
+use lockcore::{CampaignOptions, ErrorKind, Locker};
 
 use super::context::{Ctx, Failure, Outcome};
 use super::support::{check, must_be_held, must_try, ok_or};
@@ -71,7 +71,10 @@ pub(super) async fn skewed_candidate_cannot_depose_leader(ctx: &Ctx) -> Outcome 
     let a = ctx.client().await?;
     let skewed = skewed_client(ctx).await?;
     let name = ctx.name("leader");
-    let opts = ctx.opts(ctx.ttl(Duration::from_secs(10)));
+    let opts = CampaignOptions::new()
+        .ttl(ctx.ttl(Duration::from_secs(10)))
+        .no_auto_renew()
+        .wait_timeout(ctx.bound(Duration::from_secs(30)));
     let leader = ok_or(a.campaign(&name, "leader", &opts).await, "the campaign")?;
     let short = opts
         .clone()

@@ -86,8 +86,11 @@ fn fixed_lock_value_is_caught() {
             "extend_after_expiry_not_held",
             // The lost guard's release on drop frees the next holder's lock.
             "extend_honours_ttl",
-            // A retry after a lost reply cannot tell its own grant from anyone's: it waits.
+            // A retry after a lost reply cannot tell its own grant from anyone's: it waits
+            // (a lock's, a multi-lock's, a campaign's).
             "lost_acquire_reply_is_retried_safely",
+            "lost_campaign_reply_is_retried_safely",
+            "lost_multi_lock_reply_is_retried_safely",
             "lost_signal_on_expiry",
             "mutual_exclusion_across_expiry",
             "no_resurrection",
@@ -155,6 +158,8 @@ fn getset_timestamp_lock_is_caught() {
         // own grant, and waits for it to expire.
         &[
             "lost_acquire_reply_is_retried_safely",
+            "lost_campaign_reply_is_retried_safely",
+            "lost_multi_lock_reply_is_retried_safely",
             "skewed_clock_cannot_steal",
             // The candidate's GETSET takes over a timestamp its clock says has passed.
             "skewed_candidate_cannot_depose_leader",
@@ -292,7 +297,11 @@ fn herd_behind_a_declared_queue_is_caught() {
 fn retry_waiting_on_its_own_lost_grant_is_caught() {
     assert_eq!(
         failing(Flaw::RetryWaitsOnOwnGrant),
-        set(&["lost_acquire_reply_is_retried_safely"])
+        set(&[
+            "lost_acquire_reply_is_retried_safely",
+            "lost_campaign_reply_is_retried_safely",
+            "lost_multi_lock_reply_is_retried_safely",
+        ])
     );
 }
 
