@@ -27,6 +27,11 @@ pub enum ErrorKind {
     /// permit limit, or as a semaphore by some and a mutex or read-write lock by others. Not
     /// contention: waiting would not help. Nothing was changed.
     Conflict,
+    /// The tokio runtime the [`Locker`](crate::Locker) was made on has shut down (a `static`
+    /// locker shared by `#[tokio::test]`s, each with a runtime of its own): its connections,
+    /// renewals and background releases ran there. Refused before any I/O; make a locker on the
+    /// runtime that uses it.
+    RuntimeGone,
 }
 
 impl ErrorKind {
@@ -41,6 +46,7 @@ impl ErrorKind {
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Backend => "backend error",
             ErrorKind::Conflict => "conflict",
+            ErrorKind::RuntimeGone => "runtime gone",
         }
     }
 }
@@ -316,6 +322,7 @@ mod tests {
             ErrorKind::Unavailable,
             ErrorKind::Backend,
             ErrorKind::Conflict,
+            ErrorKind::RuntimeGone,
         ];
         for k in &all {
             match k {
@@ -326,7 +333,8 @@ mod tests {
                 | ErrorKind::Unsupported
                 | ErrorKind::Unavailable
                 | ErrorKind::Backend
-                | ErrorKind::Conflict => {}
+                | ErrorKind::Conflict
+                | ErrorKind::RuntimeGone => {}
             }
         }
         all
