@@ -213,6 +213,17 @@ impl crate::ReplyLoser for ProxiesLosingReplies {
             })
             .sum()
     }
+    fn silence(&self, on: bool) -> bool {
+        let mode = if on {
+            ProxyMode::Blackhole
+        } else {
+            ProxyMode::Pass
+        };
+        for p in &self.0 {
+            p.set_mode(mode);
+        }
+        true
+    }
 }
 
 /// The ports of the loopback endpoints (`127.0.0.1:port`, `localhost:port`) in `url`, in order,

@@ -76,6 +76,16 @@
 //! (`poll_ms`). Single node or sentinel only (a cluster is refused), without `min_replicas`.
 //! [`Interop`] and the capabilities' notes say what holds in each mode.
 //!
+//! **The default layout and the modes on one name exclude each other**, in both orders: a
+//! mode's acquire script first checks the name's key on locksmith's default layout
+//! (`<namespace>:{<name>}:lock`, same `namespace`) and its shares and permits, and writes that
+//! key (its owner, its TTL) beside the peer's record; extend and release keep the two together.
+//! So a fleet can move between the default layout and `interop=` one service at a time without
+//! two holders, and the two modes exclude each other too. The real peers read only their own
+//! key: a redis-py or Redisson client and a locksmith client on the default layout do not see
+//! each other (a declared limit of the compatibility table: locksmith clients that share names
+//! with a peer use its mode). See [`lockcore::Capabilities::compatibility_table`].
+//!
 //! `min_replicas` narrows the failover window of Redis's asynchronous replication but does not
 //! close it: `WAIT` only says that replicas received the write, not that a failover will promote
 //! one of them. A failover can therefore lose a fresh lock (two holders); the fencing counter
@@ -382,6 +392,9 @@ impl RedisBackend {
                     .into(),
             );
         }
+        if !cfg.cluster {
+            c.compatibility = interop::compatibility();
+        }
         match cfg.interop {
             Some(peer) => peer.capabilities(c),
             None => c,
@@ -528,7 +541,7 @@ impl RedisBackend {
         if self.inner.revocations.is_some() {
             self.inner
                 .node
-                .watch_revoked(req.token.to_hex(), req.lost.clone());
+                .watch_revoked(req.token.uuid().as_u128(), req.lost.clone());
         }
         self.lease(req, fence)
     }
@@ -919,7 +932,7 @@ impl fmt::Debug for RedisLease {
 impl Drop for RedisLease {
     fn drop(&mut self) {
         if !self.behind_attempt && self.inner.revocations.is_some() {
-            self.inner.node.unwatch_revoked(&self.token.to_hex());
+            self.inner.node.unwatch_revoked(self.token.uuid().as_u128());
         }
     }
 }

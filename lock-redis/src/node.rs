@@ -1073,15 +1073,16 @@ impl Node {
         Ok(Some(waiting))
     }
 
-    /// A held lease of `token` (hex) whose `lost` fires when a revocation notice names it
-    /// (only once [`Node::listen_for_revocations`] has run; a no-op before). Pair it with
+    /// A held lease of `token` (the owner token's 128 bits, [`lockcore::OwnerToken::uuid`])
+    /// whose `lost` fires when a revocation notice names it (only once
+    /// [`Node::listen_for_revocations`] has run; a no-op before). Pair it with
     /// [`Node::unwatch_revoked`].
-    pub fn watch_revoked(&self, token: String, lost: LostNotifier) {
+    pub fn watch_revoked(&self, token: u128, lost: LostNotifier) {
         self.subs.registry.revocations.watch(token, lost);
     }
 
     /// The lease of `token` is no longer held here.
-    pub fn unwatch_revoked(&self, token: &str) {
+    pub fn unwatch_revoked(&self, token: u128) {
         self.subs.registry.revocations.unwatch(token);
     }
 

@@ -208,6 +208,7 @@ impl ZkBackend {
                 lost_after.as_millis()
             )
         };
+        c.compatibility = crate::compat::table();
         c.notes = vec![
             "a lock node deleted behind its holder (force release) is noticed at once: each held lease watches its own node (one exists request per acquisition), and its lost signal fires when the server reports the node deleted".into(),
             format!(
@@ -226,7 +227,7 @@ impl ZkBackend {
             },
             "plain TCP only: TLS is not wired (the zookeeper-client crate has it behind its tls feature)".into(),
             "fencing token = creation zxid of the holder's node (one counter across exclusive, shared and permit holders); FIFO by sequence number; one release wakes one waiter (a permit's release at most `limit`, the waiters right behind it)".into(),
-            "shared holders in Curator's InterProcessReadWriteLock layout (__READ__ readers; kazoo's __rlock__ with interop=kazoo): a waiting writer queues later readers; permits as __PERMIT__<limit>- nodes; another use of a held name (another limit, a permit beside a lock) is a Conflict".into(),
+            "shared holders in Curator's InterProcessReadWriteLock layout (__READ__ readers; kazoo's __rlock__ with interop=kazoo): a waiting writer queues later readers; permits as __PERMIT__<limit>-lock- nodes (which Curator's InterProcessMutex queues behind); another use of a held name (another limit, a permit beside a lock) is a Conflict".into(),
             match interop {
                 Interop::Kazoo => "interop=kazoo: nodes named as kazoo's Lock names them (kazoo waits for them); Curator and go-zookeeper clients must not use these lock nodes (they do not order kazoo's names by sequence)".into(),
                 _ => "Curator's protected-mode node names: Curator's InterProcessMutex and go-zookeeper's Lock on the same node exclude locksmith and are excluded; kazoo needs interop=kazoo or extra_lock_patterns=[\"-lock-\"]".into(),

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::Support;
+use crate::{Compatibility, Support};
 
 /// The longest TTL accepted by the contract; a backend may declare a smaller range
 /// ([`Capabilities::max_ttl`]).
@@ -107,9 +107,19 @@ pub struct Capabilities {
     pub atomic_multi: Support,
     /// Free text for the report: caveats of this backend's guarantees.
     pub notes: Vec<String>,
+    /// The backend's own ways to take a name beyond the contract's (its other settings, the
+    /// peers it follows) and their cells, or cells of the contract's ways it declares
+    /// otherwise; [`Capabilities::compatibility_table`] is the whole table.
+    pub compatibility: Compatibility,
 }
 
 impl Capabilities {
+    /// The whole compatibility table: the contract's ways these capabilities allow
+    /// ([`Compatibility::core`]) with the backend's own ([`Capabilities::compatibility`]).
+    pub fn compatibility_table(&self) -> Compatibility {
+        Compatibility::core(self).merged(&self.compatibility)
+    }
+
     /// The margin taken off a lease of `ttl`: `ttl * drift_ppm / 1e6 + drift_fixed`.
     pub fn drift_margin(&self, ttl: Duration) -> Duration {
         let rate = ttl.as_nanos().saturating_mul(u128::from(self.drift_ppm)) / 1_000_000;
@@ -144,6 +154,7 @@ impl Default for Capabilities {
             permits: Support::no("not declared by this backend"),
             atomic_multi: Support::no("not declared by this backend"),
             notes: Vec::new(),
+            compatibility: Compatibility::default(),
         }
     }
 }

@@ -88,7 +88,8 @@ impl LockOptions {
     /// attempt has heard from the server for this long (each failed with
     /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable): refused, reset, or no answer
     /// within the backend's response timeout), the wait ends with the last such error, deadline
-    /// or not. [`DEFAULT_RETRY_UNAVAILABLE`] (30 s) by default; zero gives up at the first.
+    /// or not; an attempt that hears nothing for this long is cut off. [`DEFAULT_RETRY_UNAVAILABLE`]
+    /// (30 s) by default; zero is refused with `InvalidConfig`.
     pub fn retry_unavailable_for(mut self, limit: Duration) -> Self {
         self.retry_unavailable = limit;
         self
@@ -221,7 +222,8 @@ impl LockOptions {
     /// # Errors
     /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for a TTL of zero, above
     /// [`MAX_TTL`], outside the backend's range, a bad [label](LockOptions::label) or not above the backend's drift margin (the
-    /// guard would be born lost), a permit limit of 0 or above [`MAX_PERMITS`], or a bad renewal policy (including one whose first renewal
+    /// guard would be born lost), a permit limit of 0 or above [`MAX_PERMITS`], a zero
+    /// [`LockOptions::retry_unavailable_for`], or a bad renewal policy (including one whose first renewal
     /// would come after the lease's validity ends);
     /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) for a required feature the backend
     /// lacks.
@@ -240,6 +242,11 @@ impl LockOptions {
                 "ttl {:?} is outside this backend's range {:?}..={:?}",
                 self.ttl, caps.min_ttl, caps.max_ttl
             )));
+        }
+        if self.retry_unavailable.is_zero() {
+            return Err(Error::invalid_config(
+                "retry_unavailable_for must be greater than zero",
+            ));
         }
         if self.wait.is_some_and(|w| w > MAX_TTL * 52) {
             return Err(Error::invalid_config(
@@ -321,20 +328,37 @@ impl Fencing {
     }
 }
 
-/// Background renewal of a lease (a watchdog), always bounded by a maximum hold time so that a
-/// stuck holder cannot keep a lock forever.
+/// Background renewal of a lease (a watchdog): bounded by a maximum hold time
+/// ([`AutoRenew::until`], what every lock gets by default: [`DEFAULT_MAX_HOLD`]) so that a stuck
+/// holder cannot keep a lock forever, or renewed until the guard is released or lost
+/// ([`AutoRenew::forever`], what a [leadership](crate::Locker::campaign) gets by default).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AutoRenew {
-    max_hold: Duration,
+    /// `None`: no maximum ([`AutoRenew::forever`]).
+    max_hold: Option<Duration>,
     interval_fraction: f64,
 }
 
 impl AutoRenew {
     /// Renews every third of the TTL until `max_hold` has passed since the lock was acquired;
-    /// after that the lease runs out at most one TTL later (never later than `max_hold`).
+    /// after that the lease runs out at most one TTL later (never later than `max_hold`), and
+    /// the guard's lost signal fires with
+    /// [`LostReason::MaxHoldReached`](crate::LostReason::MaxHoldReached) (logged at `WARN`, as
+    /// every loss is: see [`telemetry`](crate::telemetry)).
     pub fn until(max_hold: Duration) -> Self {
         AutoRenew {
-            max_hold,
+            max_hold: Some(max_hold),
+            interval_fraction: 1.0 / 3.0,
+        }
+    }
+
+    /// Renews every third of the TTL for as long as the guard exists: no maximum hold time. The
+    /// lease ends only when the guard is released or dropped, or lost (a refused renewal, the
+    /// server unreachable past the validity deadline). For holders that must last (a leader, a
+    /// singleton service); a stuck holder then keeps the lock until its process dies.
+    pub fn forever() -> Self {
+        AutoRenew {
+            max_hold: None,
             interval_fraction: 1.0 / 3.0,
         }
     }
@@ -345,8 +369,8 @@ impl AutoRenew {
         self
     }
 
-    /// The maximum hold time.
-    pub fn max_hold(&self) -> Duration {
+    /// The maximum hold time (`None`: [`AutoRenew::forever`]).
+    pub fn max_hold(&self) -> Option<Duration> {
         self.max_hold
     }
 
@@ -355,13 +379,16 @@ impl AutoRenew {
         self.interval_fraction
     }
 
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         if !(0.05..=0.8).contains(&self.interval_fraction) {
             return Err(Error::invalid_config(
                 "auto-renew interval fraction must be between 0.05 and 0.8 of the ttl",
             ));
         }
-        if self.max_hold.is_zero() || self.max_hold > MAX_TTL * 52 {
+        if self
+            .max_hold
+            .is_some_and(|hold| hold.is_zero() || hold > MAX_TTL * 52)
+        {
             return Err(Error::invalid_config(
                 "auto-renew max hold time must be above zero and at most a year",
             ));

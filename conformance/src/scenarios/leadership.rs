@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use lockcore::{AutoRenew, Instant, LostReason};
+use lockcore::{AutoRenew, CampaignOptions, Instant, LostReason};
 
 use super::context::{Ctx, Outcome};
 use super::support::{check, ok_or};
@@ -18,7 +18,10 @@ pub(super) async fn revoked_leader_notices_while_renewing(ctx: &Ctx) -> Outcome 
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let name = ctx.name("leader");
     let ttl = ctx.ttl(Duration::from_millis(900));
-    let renewing = ctx.opts(ttl).auto_renew(AutoRenew::until(ttl * 50));
+    let renewing = CampaignOptions::new()
+        .ttl(ttl)
+        .wait_timeout(ctx.bound(Duration::from_secs(30)))
+        .auto_renew(AutoRenew::until(ttl * 50));
     let old = ok_or(
         a.campaign(&name, "old", &renewing).await,
         "the first campaign",
@@ -26,8 +29,9 @@ pub(super) async fn revoked_leader_notices_while_renewing(ctx: &Ctx) -> Outcome 
     let lost = old.lost();
     ok_or(ctx.harness.revoke(&name).await, "revoking the leader's key")?;
     let revoked = Instant::now();
-    let opts = ctx
-        .opts(ctx.ttl(Duration::from_secs(30)))
+    let opts = CampaignOptions::new()
+        .ttl(ctx.ttl(Duration::from_secs(30)))
+        .no_auto_renew()
         .wait_timeout(ctx.bound(Duration::from_secs(10)));
     let new = ok_or(
         b.campaign(&name, "new", &opts).await,

@@ -7,20 +7,25 @@
 mod applies;
 mod basics;
 mod cancellation;
+mod compat;
 mod context;
 mod election;
 mod expiry;
 mod fencing;
+mod handover;
 mod herd;
 mod inspect;
 mod latency;
 mod leadership;
 mod lost_replies;
+mod lost_reply_modes;
 mod multi;
+mod multi_cancel;
 mod names;
 mod primitive_leases;
 mod primitives;
 mod renewal;
+mod silent;
 mod support;
 mod waiting;
 
@@ -31,10 +36,12 @@ use crate::harness::BoxFuture;
 use self::applies::{
     always, needs_atomic_multi, needs_clock_skew, needs_counting, needs_extend_sets_ttl,
     needs_fair, needs_fencing, needs_inspect, needs_lease_loss, needs_lost_detection,
-    needs_lost_replies, needs_native_renewal, needs_notify, needs_other_namespace,
-    needs_permit_expiry, needs_permits, needs_reply_delay, needs_revoke, needs_shared,
-    needs_shared_fencing, needs_shared_notify, needs_ttl_expiry,
+    needs_lost_replies, needs_native_renewal, needs_notified_permits, needs_notified_revoke,
+    needs_notified_shared, needs_notify, needs_other_namespace, needs_permit_expiry, needs_permits,
+    needs_reply_delay, needs_revoke, needs_shared, needs_shared_fencing, needs_shared_notify,
+    needs_ttl_expiry,
 };
+pub(crate) use self::compat::scenario_name as compat_scenario_name;
 pub use self::context::{Ctx, Failure, Outcome, Scenario};
 use self::waiting::needs_thread_cpu_clock;
 
@@ -97,6 +104,16 @@ pub fn all() -> Vec<Scenario> {
             cancellation::cancelled_wait_leaves_nothing,
             always,
             "dropping a pending lock() leaves no lock and no queue entry behind"
+        ),
+        scenario!(
+            cancellation::given_up_waiters_leave_nothing,
+            always,
+            "waiters that gave up (a wait timeout, a dropped lock()) and then shut their client down leave nothing behind: the next holder gets the lock within 1 s of the release"
+        ),
+        scenario!(
+            silent::wait_deadline_against_a_silent_server,
+            needs_lost_replies,
+            "against a server that answers nothing, lock() returns Unavailable by its wait deadline plus the stated slack, and without a deadline after its retry_unavailable_for (2 s), not after every attempt's response timeout"
         ),
         scenario!(
             cancellation::cancelled_acquire_leaves_nothing,
@@ -344,6 +361,26 @@ pub fn all() -> Vec<Scenario> {
             "a leader whose renewals stop is deposed when its lease runs out: its lost signal fires before the next candidate is elected"
         ),
         scenario!(
+            lost_reply_modes::lost_shared_acquire_reply_is_retried_safely,
+            |c, h| needs_lost_replies(c, h).and(needs_shared(c, h)),
+            "a shared acquire whose reply was lost: the retry gets its own share at once, writers stay out, nothing is left behind"
+        ),
+        scenario!(
+            lost_reply_modes::lost_permit_acquire_reply_is_retried_safely,
+            |c, h| needs_lost_replies(c, h).and(needs_permits(c, h)),
+            "a permit acquire whose reply was lost: the retry holds one permit, not two, and nothing is left behind"
+        ),
+        scenario!(
+            lost_reply_modes::lost_multi_lock_reply_is_retried_safely,
+            needs_lost_replies,
+            "a multi-lock whose reply was lost: the retry gets the whole set at once, and nothing is left behind"
+        ),
+        scenario!(
+            lost_reply_modes::lost_campaign_reply_is_retried_safely,
+            needs_lost_replies,
+            "a campaign whose reply was lost: the candidate is elected at once, alone, and nothing is left behind"
+        ),
+        scenario!(
             leadership::revoked_leader_notices_while_renewing,
             needs_revoke,
             "a renewing leader whose key is deleted behind it: a new leader is elected, and the old one's lost signal fires within a TTL of the deletion, from a renewal that found the key gone"
@@ -363,5 +400,38 @@ pub fn all() -> Vec<Scenario> {
             needs_permit_expiry,
             "semaphore: a holder granted its permit from the queue (it waited) that crashes gets it back after its validity deadline, within half a TTL of its lease's end: a queued grant carries the waiter's TTL"
         ),
+        scenario!(
+            primitive_leases::writer_waiting_past_its_marks_holds_readers_back,
+            needs_shared,
+            "read-write lock: a writer waiting behind a reader for 6 s (past every writer's mark, queue entry and session timer) still holds back a reader tried after each second of its wait, and gets the lock when the reader leaves"
+        ),
+        scenario!(
+            handover::freed_permit_hands_over_promptly,
+            needs_notified_permits,
+            "semaphore with notification: a waiter for one of 2 held permits gets the one given back within 400 ms"
+        ),
+        scenario!(
+            handover::last_reader_leaving_hands_over_promptly,
+            needs_notified_shared,
+            "read-write lock with notification: a writer waiting behind two readers gets the lock within 400 ms of the last one leaving"
+        ),
+        scenario!(
+            handover::expired_lease_hands_over_promptly,
+            needs_ttl_expiry,
+            "a client waiting on a crashed holder's lock gets it after the holder's validity deadline and within a quarter TTL + 500 ms of its lease's end (not TTL + 3 s)"
+        ),
+        scenario!(
+            handover::revoked_lock_hands_over_promptly,
+            needs_notified_revoke,
+            "with notification: a lock force-released behind its holder while a client waits is the waiter's within 400 ms"
+        ),
+        scenario!(
+            multi_cancel::cancelled_set_take_leaves_nothing,
+            always,
+            "a try_lock_all of 3 free names cancelled during the take (0 to 1.5 typical takes, and 5 to 40 ms in): every member free for another client within the TTL + 250 ms"
+        ),
     ]
+    .into_iter()
+    .chain(compat::scenarios())
+    .collect()
 }

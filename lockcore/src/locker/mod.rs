@@ -38,7 +38,7 @@ pub use self::guard::LockGuard;
 use self::inner::LockerInner;
 
 /// How `lock()` spaces its retries of `Unavailable` errors.
-const RETRY_BACKOFF: Backoff = Backoff {
+pub(crate) const RETRY_BACKOFF: Backoff = Backoff {
     initial: Duration::from_millis(10),
     max: Duration::from_secs(1),
 };
@@ -112,6 +112,12 @@ impl Locker {
     /// The backend's capabilities.
     pub fn capabilities(&self) -> &Capabilities {
         self.inner.backend.capabilities()
+    }
+
+    /// The backend's compatibility table: for every pair of ways to take one name, whether
+    /// they exclude, share or refuse (see [`compatibility`](crate::compatibility)).
+    pub fn compatibility(&self) -> crate::Compatibility {
+        self.capabilities().compatibility_table()
     }
 
     /// The backend, described with secrets redacted.
@@ -462,7 +468,12 @@ impl Locker {
             let heard = || req.waiting.marks() != marks;
             let run = self.inner.backend.acquire(req, deadline);
             tokio::pin!(run);
-            let mut give_up_at = unheard.as_ref().map(|(since, _)| *since + retry_limit);
+            // The first attempt of a run is bounded too: one the server never answers may
+            // have no response timeout of its own to end it.
+            let mut give_up_at = unheard
+                .as_ref()
+                .map_or(started, |(since, _)| *since)
+                .checked_add(retry_limit);
             let cut_at = deadline.map(|d| d + WAIT_DEADLINE_SLACK);
             let result = loop {
                 let Some(at) = cut_at.into_iter().chain(give_up_at).min() else {
@@ -506,16 +517,17 @@ impl Locker {
                 attempt = 0;
             }
             let since = unheard.as_ref().map_or(started, |(since, _)| *since);
-            if deadline.is_some_and(|d| now >= d) || now.duration_since(since) >= retry_limit {
+            let give_up = since.checked_add(retry_limit);
+            if deadline.is_some_and(|d| now >= d) || give_up.is_some_and(|g| now >= g) {
                 return Err(err);
             }
-            let mut wake = (now + RETRY_BACKOFF.delay(attempt)).min(since + retry_limit);
-            if let Some(d) = deadline {
-                wake = wake.min(d);
+            let mut wake = now + RETRY_BACKOFF.delay(attempt);
+            for bound in deadline.into_iter().chain(give_up) {
+                wake = wake.min(bound);
             }
             tracing::debug!(error = %format!("{err:#}"), lock = req.name.as_str(), attempt, "lock wait: transient error, retrying");
             tokio::time::sleep_until(wake).await;
-            if Instant::now() >= since + retry_limit {
+            if give_up.is_some_and(|g| Instant::now() >= g) {
                 return Err(err);
             }
             unheard = Some((since, err));
@@ -535,12 +547,39 @@ impl Locker {
         names: &[LockName],
         options: &LockOptions,
     ) -> Result<std::result::Result<Vec<LockGuard>, usize>> {
-        let pending = names
+        let pending = self.set_requests(names, options)?;
+        match self.try_set(pending, options).await {
+            SetTry::Won(guards) => Ok(Ok(guards)),
+            SetTry::Busy(i) => Ok(Err(i)),
+            SetTry::Failed(e, _) => Err(e),
+        }
+    }
+
+    /// The requests of one attempt at the set `names` (an owner token each).
+    pub(crate) fn set_requests(
+        &self,
+        names: &[LockName],
+        options: &LockOptions,
+    ) -> Result<Vec<PendingGuard>> {
+        names
             .iter()
             .map(|name| self.request(name.clone(), options))
-            .collect::<Result<Vec<_>>>()?;
+            .collect()
+    }
+
+    /// One attempt at a set with the requests `pending` (from [`Locker::set_requests`]); a
+    /// failed attempt gives them back, so that a retry re-sends the very same requests (their
+    /// owner tokens), as [`Locker::lock`] retries an `Unavailable` attempt: the first copy may
+    /// have been applied, and the backend takes a same-token re-send as its own.
+    ///
+    /// Cancel safety: as [`Locker::try_lock_set`].
+    pub(crate) async fn try_set(
+        &self,
+        pending: Vec<PendingGuard>,
+        options: &LockOptions,
+    ) -> SetTry {
         let reqs: Vec<AcquireRequest> = pending.iter().map(|p| p.request.clone()).collect();
-        let span = self.acquire_span(&names[0], "try_all");
+        let span = self.acquire_span(&reqs[0].name, "try_all");
         let started = Instant::now();
         let result = self
             .inner
@@ -554,12 +593,18 @@ impl Locker {
             Err(_) => Outcome::Error,
         };
         self.record_acquire(&span, false, outcome, started);
-        match result? {
-            SetAttempt::All(acquired) if acquired.len() == pending.len() => Ok(Ok(pending
-                .into_iter()
-                .zip(acquired)
-                .map(|(p, a)| self.guard(p, a, options))
-                .collect())),
+        let attempt = match result {
+            Ok(a) => a,
+            Err(e) => return SetTry::Failed(e, pending),
+        };
+        match attempt {
+            SetAttempt::All(acquired) if acquired.len() == pending.len() => SetTry::Won(
+                pending
+                    .into_iter()
+                    .zip(acquired)
+                    .map(|(p, a)| self.guard(p, a, options))
+                    .collect(),
+            ),
             SetAttempt::All(acquired) => {
                 let n = acquired.len();
                 // Release what came back (owner-checked) before reporting the broken backend.
@@ -569,24 +614,28 @@ impl Locker {
                         let _ = lease.release().await;
                     });
                 }
-                Err(Error::new(
+                let e = Error::new(
                     ErrorKind::Backend,
                     format!(
                         "{} returned {n} leases for a set of {}",
                         self.describe(),
                         pending.len()
                     ),
-                ))
+                );
+                SetTry::Failed(e, pending)
             }
-            SetAttempt::Busy(i) if i < names.len() => Ok(Err(i)),
-            SetAttempt::Busy(i) => Err(Error::new(
-                ErrorKind::Backend,
-                format!(
-                    "{} reported member {i} of a set of {} busy",
-                    self.describe(),
-                    names.len()
-                ),
-            )),
+            SetAttempt::Busy(i) if i < pending.len() => SetTry::Busy(i),
+            SetAttempt::Busy(i) => {
+                let e = Error::new(
+                    ErrorKind::Backend,
+                    format!(
+                        "{} reported member {i} of a set of {} busy",
+                        self.describe(),
+                        pending.len()
+                    ),
+                );
+                SetTry::Failed(e, pending)
+            }
         }
     }
 
@@ -613,6 +662,16 @@ impl Locker {
         let PendingGuard { request, signal } = pending;
         LockGuard::start(&self.inner, request, signal, acquired, options)
     }
+}
+
+/// How one attempt at a set ended ([`Locker::try_set`]).
+pub(crate) enum SetTry {
+    /// Every member, in order.
+    Won(Vec<LockGuard>),
+    /// The index of the first member found busy.
+    Busy(usize),
+    /// The attempt failed; its requests, to re-send as they are.
+    Failed(Error, Vec<PendingGuard>),
 }
 
 pub(crate) struct PendingGuard {
