@@ -43,8 +43,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::{
-    Capabilities, Error, Instant, IntoLockName, Leader, LockInfo, LockName, LockOptions,
-    LostReason, LostSignal, OwnerToken, Result, WithLockError,
+    CampaignOptions, Capabilities, Error, Instant, IntoLockName, Leader, LockInfo, LockName,
+    LockOptions, LostReason, LostSignal, OwnerToken, Result, WithLockError,
 };
 
 /// How long the last `Locker` or guard to be dropped waits for pending background releases
@@ -322,7 +322,7 @@ impl Locker {
         &self,
         name: impl IntoLockName,
         value: &str,
-        options: &LockOptions,
+        options: &CampaignOptions,
     ) -> Result<Leadership> {
         let leadership = self.block_on(self.locker.campaign(name, value, options))?;
         Ok(Leadership {
