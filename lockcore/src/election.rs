@@ -350,7 +350,7 @@ mod tests {
     #[tokio::test]
     async fn leader_changes_come_as_a_stream() {
         let locker = Locker::new(MemoryBackend::connect("leader_changes_stream"));
-        let opts = LockOptions::new().ttl(Duration::from_secs(10));
+        let opts = CampaignOptions::new().ttl(Duration::from_secs(10));
         let changes = locker
             .watch_leader("elected", Duration::from_millis(10))
             .unwrap()

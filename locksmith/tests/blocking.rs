@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use locksmith::blocking;
-use locksmith::{CampaignOptions, ErrorKind, LockOptions, WithLockError};
+use locksmith::{ErrorKind, LockOptions, WithLockError};
 
 fn scaled(ms: u64) -> Duration {
     Duration::from_millis(ms).mul_f64(conformance::time_scale())
@@ -226,7 +226,11 @@ fn parity_with_the_async_api(url: &str) {
     let election = unique("parity-election");
     assert_eq!(b.leader(election.as_str()).unwrap(), None);
     let leadership = a
-        .campaign(election.as_str(), "10.0.0.7:80", &CampaignOptions::new())
+        .campaign(
+            election.as_str(),
+            "10.0.0.7:80",
+            &locksmith::CampaignOptions::new(),
+        )
         .unwrap();
     assert!(leadership.is_leader() && !leadership.lost().is_lost());
     let leader = b.leader(election.as_str()).unwrap().expect("a leader");
