@@ -547,7 +547,7 @@ fn markdown(
     cells: &[Vec<String>],
 ) -> String {
     use std::fmt::Write;
-    let provenance = crate::report_cmd::provenance();
+    let provenance = crate::provenance::provenance();
     let cores = std::thread::available_parallelism().map_or(0, usize::from);
     let load = |c: &Conditions| c.load.clone().unwrap_or_else(|| "unknown".into());
     let mut out = String::new();

@@ -12,6 +12,7 @@ mod bench;
 mod duration;
 mod group;
 mod harness;
+mod provenance;
 mod renew_bench;
 mod report_cmd;
 mod run_cmd;
