@@ -33,6 +33,11 @@ pub enum ErrorKind {
     /// authentication and permission errors, ZooKeeper `AuthFailed`/`NoAuth`). The same kind on
     /// every backend; retrying does not help. Nothing was changed.
     Auth,
+    /// The tokio runtime the [`Locker`](crate::Locker) was made on has shut down (a `static`
+    /// locker shared by `#[tokio::test]`s, each with a runtime of its own): its connections,
+    /// renewals and background releases ran there. Refused before any I/O; make a locker on the
+    /// runtime that uses it.
+    RuntimeGone,
 }
 
 impl ErrorKind {
@@ -48,6 +53,7 @@ impl ErrorKind {
             ErrorKind::Backend => "backend error",
             ErrorKind::Conflict => "conflict",
             ErrorKind::Auth => "authentication failed",
+            ErrorKind::RuntimeGone => "runtime gone",
         }
     }
 }
@@ -341,6 +347,7 @@ mod tests {
             ErrorKind::Backend,
             ErrorKind::Conflict,
             ErrorKind::Auth,
+            ErrorKind::RuntimeGone,
         ];
         for k in &all {
             match k {
@@ -352,7 +359,8 @@ mod tests {
                 | ErrorKind::Unavailable
                 | ErrorKind::Backend
                 | ErrorKind::Conflict
-                | ErrorKind::Auth => {}
+                | ErrorKind::Auth
+                | ErrorKind::RuntimeGone => {}
             }
         }
         all

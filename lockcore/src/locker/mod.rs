@@ -12,6 +12,7 @@ mod guard;
 mod inner;
 mod lease;
 pub(crate) use lease::GuardShared;
+mod liveness;
 #[cfg(test)]
 mod tests;
 mod turn;
@@ -68,7 +69,10 @@ fn no_answer(last: Option<Error>, when: &str) -> Error {
 /// A client of one lock backend. Cheap to clone; clones share the backend connection(s).
 ///
 /// Create it inside a tokio runtime: guards dropped without an explicit release are released by
-/// a task spawned on that runtime.
+/// a task spawned on that runtime, and its leases are renewed there. It may be called from
+/// another runtime while that one runs; once it has shut down (a `static` locker shared by
+/// `#[tokio::test]`s, each with its own runtime), every call that would take, inspect or free
+/// a lock fails at once with [`ErrorKind::RuntimeGone`], before any I/O.
 #[derive(Clone)]
 pub struct Locker {
     inner: Arc<LockerInner>,
@@ -105,6 +109,7 @@ impl Locker {
                 runtime: Handle::current(),
                 waiting: Arc::default(),
                 watchdog: Default::default(),
+                liveness: liveness::Liveness::on(&Handle::current()),
             }),
         }
     }
@@ -142,6 +147,7 @@ impl Locker {
     /// [`Capabilities::inspect`], before any I/O; `Unavailable` or `Backend` when the backend
     /// fails.
     pub async fn inspect(&self, name: impl IntoLockName) -> Result<LockInfo> {
+        self.inner.liveness.check()?;
         let name = name.into_lock_name()?;
         if !self.capabilities().inspect {
             return Err(Error::unsupported(format!(
@@ -165,6 +171,7 @@ impl Locker {
     /// [`Capabilities::force_release`], before any I/O; `Unavailable` or `Backend` when the
     /// backend fails.
     pub async fn force_release(&self, name: impl IntoLockName) -> Result<bool> {
+        self.inner.liveness.check()?;
         let name = name.into_lock_name()?;
         if !self.capabilities().force_release {
             return Err(Error::unsupported(format!(
@@ -205,8 +212,8 @@ impl Locker {
     /// it held longer.
     ///
     /// # Errors
-    /// `InvalidName`, `InvalidConfig` or `Unsupported` before any I/O; `Unavailable` or `Backend`
-    /// when the backend fails.
+    /// `InvalidName`, `InvalidConfig`, `Unsupported` or `RuntimeGone` (the locker's runtime has
+    /// shut down) before any I/O; `Unavailable` or `Backend` when the backend fails.
     #[must_use = "the lock is released as soon as its guard is dropped: bind the result (`let guard = ...` or `let _guard = ...`, not `let _ = ...`)"]
     pub async fn try_lock(
         &self,
@@ -644,6 +651,7 @@ impl Locker {
         name: impl IntoLockName,
         options: &LockOptions,
     ) -> Result<PendingGuard> {
+        self.inner.liveness.check()?;
         let name = name.into_lock_name()?;
         options.validate(self.capabilities())?;
         let (notifier, signal) = LostNotifier::new();
