@@ -1,5 +1,5 @@
-//! What built this binary, for the figures' and reports' records (report and bench both
-//! stamp it; a file of its own so neither imports the other).
+//! Where a report's or a bench file's figures come from: this tool's version, the commit it was
+//! built from and its build profile.
 
 use conformance::Provenance;
 
