@@ -244,6 +244,17 @@ pub trait Harness: Send + Sync + 'static {
         ))
     }
 
+    /// A new client whose safety-net poll (the periodic re-check a notified waiter makes in
+    /// case a notification was lost) is as long as the backend allows up to 10 s (`poll_ms=10000`
+    /// where the URL has it), so that a waiter its notification missed shows as a late grant,
+    /// not one hidden by the next poll. The default is [`Harness::client`]: a backend without
+    /// such a setting waits on its notification alone.
+    ///
+    /// Cancel safe: a dropped connect leaves nothing behind.
+    async fn client_with_long_poll(&self) -> Result<Locker> {
+        self.client().await
+    }
+
     /// The shortest TTL the scenarios should use with this backend (its timing floor, for
     /// example ZooKeeper's minimum session timeout). Scenario TTLs are at least this.
     fn min_scenario_ttl(&self) -> Duration {

@@ -77,6 +77,10 @@ pub struct BackendReport {
     pub server_version: Option<String>,
     /// The declared capabilities (`None` if no client could connect).
     pub capabilities: Option<Capabilities>,
+    /// The backend's whole compatibility table
+    /// ([`Capabilities::compatibility_table`]); each client cell's result is its `compat_`
+    /// scenario's.
+    pub compatibility: Option<lockcore::Compatibility>,
     /// One result per scenario, in suite order.
     pub results: Vec<ScenarioResult>,
     /// Latency and hand-over figures, if measured.
@@ -179,6 +183,7 @@ pub async fn run_selected(
                 backend: String::new(),
                 server_version: None,
                 capabilities: None,
+                compatibility: None,
                 results: scenarios::all()
                     .iter()
                     .filter(|s| selected(s.name))
@@ -230,6 +235,7 @@ pub async fn run_selected(
         label,
         backend,
         server_version,
+        compatibility: Some(caps.compatibility_table()),
         capabilities: Some(caps),
         results,
         figures,

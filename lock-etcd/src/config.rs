@@ -80,6 +80,10 @@ const WHAT: &str = "etcd URL";
 const URL_PARAMS: &[&str] = &["ca", "domain", "timeout_ms"];
 
 impl Config {
+    /// The query parameters a URL may carry; any other is refused with `InvalidConfig`, named
+    /// (the `locksmith` facade's docs list them per URL kind, checked by a test).
+    pub const URL_PARAMS: &'static [&'static str] = URL_PARAMS;
+
     /// Checks a configuration however it was made (a URL, a file); normalizes hosts and
     /// namespace.
     ///

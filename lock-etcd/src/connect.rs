@@ -37,8 +37,8 @@ impl EtcdBackend {
     ///
     /// # Errors
     /// [`ErrorKind::InvalidConfig`] for a malformed URL or an unreadable CA file (before any
-    /// I/O), and for credentials the server refuses; [`ErrorKind::Unavailable`] when no member
-    /// answers (or none passes TLS verification); [`ErrorKind::Backend`] for other refusals.
+    /// I/O); [`ErrorKind::Auth`] for credentials the server refuses; [`ErrorKind::Unavailable`]
+    /// when no member answers (or none passes TLS verification); [`ErrorKind::Backend`] for other refusals.
     pub async fn connect(url: &str) -> Result<EtcdBackend> {
         Self::from_config(Config::parse(url)?).await
     }
@@ -209,6 +209,7 @@ impl EtcdBackend {
         // time) count what the server really gave.
         c.min_ttl = Duration::from_millis(1);
         c.max_ttl = MAX_TTL;
+        c.compatibility = crate::compat::table();
         c.notes = vec![
             "the TTL is an etcd lease in whole seconds (rounded up, at least the server's minimum lease TTL); the TTL granted is what the validity counts".into(),
             "held leases are renewed by the contract (auto_renew or extend: one keep-alive on the client's one keep-alive stream each, until the maximum hold time), queued waiters' leases by the client itself on that stream; a crashed holder's lock frees one TTL after its last renewal".into(),

@@ -160,6 +160,7 @@
 
 mod admin;
 mod backend;
+mod compat;
 mod config;
 mod connect;
 mod errors;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use faultkit::{PeerCommand, PeerProcess, Window, check_windows, now_unix_micros, unix_micros_at};
 use lock_etcd::EtcdBackend;
-use lockcore::{Instant, LockOptions, Locker};
+use lockcore::{CampaignOptions, Instant, LockOptions, Locker};
 
 fn url() -> Option<String> {
     conformance::require_env("LOCK_TEST_ETCD_URL")
@@ -401,8 +401,10 @@ async fn created(backend: &EtcdBackend, key: &str) -> (u64, i64) {
     (u64::try_from(kv.create_revision()).unwrap(), kv.lease())
 }
 
-fn elect_opts() -> LockOptions {
-    opts().ttl(Duration::from_secs(10))
+fn elect_opts() -> CampaignOptions {
+    CampaignOptions::new()
+        .ttl(Duration::from_secs(10))
+        .wait_timeout(scaled(60))
 }
 
 /// A locksmith leader is what `etcdctl elect -l` (etcd's `Election::Observe`) prints: its key,

@@ -50,7 +50,14 @@ impl Layout {
 
     /// Appends the holder-metadata key of `name` to `out` (as `Inner::keys(name).holder`).
     fn push_holder_key(&self, out: &mut String, name: &LockName) {
-        node::push_key(out, &self.namespace, name, "holder");
+        // Under `interop=redis-py` the second key is the default layout's lock key, which the
+        // mode writes beside the peer's (no mode batches its renewals now: each checks that
+        // key too, see `Interop::batched_renewals`).
+        let suffix = match self.interop {
+            Some(Interop::RedisPy) => "lock",
+            _ => "holder",
+        };
+        node::push_key(out, &self.namespace, name, suffix);
     }
 
     /// Appends what the lock records as the owner of `token` (as `RedisLease::owner`: the

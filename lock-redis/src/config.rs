@@ -188,6 +188,10 @@ fn parse_host_port(part: &str, default_port: u16) -> Result<(String, u16)> {
 }
 
 impl Config {
+    /// The query parameters a URL may carry; any other is refused with `InvalidConfig`, named
+    /// (the `locksmith` facade's docs list them per URL kind, checked by a test).
+    pub const URL_PARAMS: &'static [&'static str] = URL_PARAMS;
+
     /// Parses `redis://`, `rediss://`, `redis+cluster://`, `rediss+cluster://`,
     /// `redis+sentinel://` and `rediss+sentinel://` URLs.
     ///

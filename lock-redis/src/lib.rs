@@ -35,12 +35,14 @@
 //! * **Waiting** (`lock()`): one attempt; if held, subscribe to the lock's channel, attempt again
 //!   (so a release between the first attempt and the subscription is not missed), then sleep
 //!   until a release message naming this waiter as the queue's head (shares: any release
-//!   message), the holder's `PTTL` (expiry publishes nothing; only the queue's head, or for
+//!   message, which wakes every reader of every client at once, and one permit waiter per
+//!   client), the holder's `PTTL` (expiry publishes nothing; only the queue's head, or for
 //!   shares one waiter per client and name, sleeps until it: no herd at expiry), the
 //!   safety-net poll (`poll_ms`, jittered; it also keeps the queue entry alive) or the
-//!   deadline, whichever comes first. Each client has one RESP3 pub/sub connection (opened on
-//!   the first wait, resubscribing after reconnects) shared by all its waiters; waiters of one
-//!   name share one subscription.
+//!   deadline, whichever comes first. Each client has one RESP3 pub/sub connection (opened at
+//!   connect on a single node, where it subscribes to the namespace's revocation notices, see
+//!   [`Capabilities::revoke_detection`]; on a cluster on the first wait; resubscribing after
+//!   reconnects) shared by all its waiters; waiters of one name share one subscription.
 //!
 //! # URL
 //!
@@ -73,6 +75,16 @@
 //! announces nothing on release: waiters here see a redis-py release at their next poll
 //! (`poll_ms`). Single node or sentinel only (a cluster is refused), without `min_replicas`.
 //! [`Interop`] and the capabilities' notes say what holds in each mode.
+//!
+//! **The default layout and the modes on one name exclude each other**, in both orders: a
+//! mode's acquire script first checks the name's key on locksmith's default layout
+//! (`<namespace>:{<name>}:lock`, same `namespace`) and its shares and permits, and writes that
+//! key (its owner, its TTL) beside the peer's record; extend and release keep the two together.
+//! So a fleet can move between the default layout and `interop=` one service at a time without
+//! two holders, and the two modes exclude each other too. The real peers read only their own
+//! key: a redis-py or Redisson client and a locksmith client on the default layout do not see
+//! each other (a declared limit of the compatibility table: locksmith clients that share names
+//! with a peer use its mode). See [`lockcore::Capabilities::compatibility_table`].
 //!
 //! `min_replicas` narrows the failover window of Redis's asynchronous replication but does not
 //! close it: `WAIT` only says that replicas received the write, not that a failover will promote
@@ -118,6 +130,7 @@ mod interop;
 pub mod node;
 mod queue;
 mod registration;
+mod revoked;
 mod shares;
 mod subs;
 
@@ -163,6 +176,9 @@ struct Inner {
     interop: Option<Interop>,
     caps: Capabilities,
     describe: String,
+    /// The namespace's revocation channel, subscribed (see [`revoked`]): `None` on a cluster,
+    /// under `interop=`, or when the subscription failed at connect.
+    revocations: Option<node::Waiting>,
 }
 
 impl Inner {
@@ -201,7 +217,7 @@ impl RedisBackend {
     /// # Errors
     /// `InvalidConfig` for a malformed URL, an unknown or malformed parameter, or an unreadable
     /// `tls_ca` file (the URL, which may hold a password, is never quoted); `Unavailable` when the
-    /// server cannot be reached; `Backend` when it refuses the connection (wrong password).
+    /// server cannot be reached; `Auth` when it refuses the credentials (wrong password).
     pub async fn connect(url: &str) -> Result<RedisBackend> {
         Self::from_config(Config::parse(url)?).await
     }
@@ -282,6 +298,15 @@ impl RedisBackend {
         let caps = Self::capabilities_for(&cfg);
         let describe = cfg.redacted();
         let interop = cfg.interop;
+        // Before the first lock: a revocation of a lock this client holds must find it
+        // listening.
+        let revocations = match interop {
+            Some(_) => None,
+            None => node.listen_for_revocations().await.unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot subscribe to revocation notices; a revoked lock is noticed at its next renewal");
+                None
+            }),
+        };
         let renewals =
             (!cfg.cluster && wait_conn.is_none() && interop.is_none_or(Interop::batched_renewals))
                 .then(|| {
@@ -299,6 +324,7 @@ impl RedisBackend {
                 interop,
                 caps,
                 describe,
+                revocations,
             }),
         })
     }
@@ -311,6 +337,9 @@ impl RedisBackend {
         c.fair = true;
         c.wait = WaitKind::Notify;
         c.lost_detection = false;
+        // force_release tells the holder's client on the namespace's revocation channel (a
+        // single node's own layout; see `revoked`).
+        c.revoke_detection = !cfg.cluster && cfg.interop.is_none();
         c.reentrant = false;
         c.expiry_after_ttl = true;
         c.force_release = true;
@@ -349,7 +378,11 @@ impl RedisBackend {
              net for lost messages (the poll also keeps its queue entry alive)"
                 .into(),
             "lost leases are detected by the contract (renewal refused, validity deadline), not \
-             by the backend"
+             by the backend; a force_release publishes the owner tokens it took away on the \
+             namespace's revocation channel (<namespace>:revoked, subscribed by every client at \
+             connect), and their holders' lost signals fire at once (single node only; a notice \
+             sent while a client's pub/sub connection is down is lost: its next renewal finds \
+             out)"
                 .into(),
         ];
         if cfg.cluster {
@@ -358,6 +391,9 @@ impl RedisBackend {
                  7) on the lock's slot, not a broadcast to every node"
                     .into(),
             );
+        }
+        if !cfg.cluster {
+            c.compatibility = interop::compatibility();
         }
         match cfg.interop {
             Some(peer) => peer.capabilities(c),
@@ -393,11 +429,18 @@ impl RedisBackend {
     /// How many lock names this client holds pub/sub subscriptions (or pending unsubscriptions)
     /// for; zero once no `lock()` call waits.
     pub fn waited_names(&self) -> usize {
-        self.inner.node.subscriptions().tracked()
+        // Not the namespace's revocation channel, which the client keeps for its lifetime.
+        let revocations = usize::from(self.inner.revocations.is_some());
+        self.inner
+            .node
+            .subscriptions()
+            .tracked()
+            .saturating_sub(revocations)
     }
 
     /// Deletes the lock `name` whoever holds it, as an administrator would, and wakes its
-    /// waiters. Returns whether it was held. The holder learns it at its next renewal.
+    /// waiters. Returns whether it was held. The holder learns it at once from the revocation
+    /// notice (single node, see [`Capabilities::revoke_detection`]), else at its next renewal.
     /// [`Locker::force_release`](lockcore::Locker::force_release) does the same on every
     /// backend.
     ///
@@ -410,7 +453,10 @@ impl RedisBackend {
         let mut conn = self.inner.node.conn();
         match self.inner.interop {
             Some(peer) => peer.revoke(&mut conn, &keys).await,
-            None => node::revoke_with_shares(&mut conn, &keys).await,
+            None => {
+                let notice = node::revocation_channel(&self.inner.node.config().namespace);
+                node::revoke_with_shares(&mut conn, &keys, Some(&notice)).await
+            }
         }
     }
 
@@ -431,13 +477,9 @@ impl RedisBackend {
     /// `waits`: the attempt belongs to a waiting `lock()`, whose writer marks itself as waiting
     /// behind shared holders (see [`shares`]); a `try_lock` marks nothing.
     async fn attempt(&self, req: &AcquireRequest, keys: &Keys, waits: bool) -> Result<Attempt> {
-        let in_flight = ReleaseIfCancelled::arm(
-            RedisLease {
-                behind_attempt: true,
-                ..self.lease(req, None)
-            },
-            &req.background,
-        );
+        let mut behind = self.lease(req, None);
+        behind.behind_attempt = true;
+        let in_flight = ReleaseIfCancelled::arm(behind, &req.background);
         let outcome = if req.mode != LockMode::Exclusive {
             // WAIT blocks its connection: with min_replicas, shares go through the WAIT one.
             let (mut conn, replicas) = match &self.inner.wait_conn {
@@ -457,7 +499,7 @@ impl RedisBackend {
                 .await
                 .map(|attempt| match attempt {
                     ShareAttempt::Won { fence } => {
-                        Attempt::Won(Acquired::new(self.lease(req, Some(fence)), sent_at))
+                        Attempt::Won(Acquired::new(self.won_lease(req, Some(fence)), sent_at))
                     }
                     ShareAttempt::Held { wait } => Attempt::Held {
                         pttl: wait,
@@ -491,6 +533,17 @@ impl RedisBackend {
             share: req.mode != LockMode::Exclusive,
             behind_attempt: false,
         }
+    }
+
+    /// The lease of a won attempt, its lost signal reachable by a revocation notice (see
+    /// [`revoked`]) until the lease is dropped.
+    fn won_lease(&self, req: &AcquireRequest, fence: Option<u64>) -> RedisLease {
+        if self.inner.revocations.is_some() {
+            self.inner
+                .node
+                .watch_revoked(req.token.uuid().as_u128(), req.lost.clone());
+        }
+        self.lease(req, fence)
     }
 
     /// How long a writer's mark (see [`shares`]) lasts: past the writer's next attempt, which
@@ -543,7 +596,7 @@ impl RedisBackend {
     ) -> Attempt {
         match attempt {
             NodeAttempt::Won { fence } => {
-                Attempt::Won(Acquired::new(self.lease(req, fence), sent_at))
+                Attempt::Won(Acquired::new(self.won_lease(req, fence), sent_at))
             }
             NodeAttempt::Held { pttl } => Attempt::Held {
                 pttl,
@@ -657,8 +710,9 @@ impl Backend for RedisBackend {
     }
 
     /// Waits by notification (see the crate docs): exclusive waiters in the name's server-side
-    /// queue (see [`queue`]), woken only when a release names them as its head; shares (and
-    /// every waiter under `interop=`) woken one per client by any release.
+    /// queue (see [`queue`]), woken only when a release names them as its head; readers woken all
+    /// at once, in every client, by any release that names no queue head; permits (and every
+    /// waiter under `interop=`) woken one per client by any release.
     ///
     /// Cancel safety: dropping the future unregisters the waiter (the last waiter of a name
     /// unsubscribes in the background) and takes it out of the queue in the background (on
@@ -726,7 +780,12 @@ impl Backend for RedisBackend {
         let mut expiry = ExpiryWatch::new(waiting.channel());
         loop {
             // Registered before the attempt: a release published while it is in flight wakes us.
-            let notified = waiting.channel().notify.notified();
+            // Readers on their own notify: a release wakes all of them, not one per client.
+            let notified = if req.mode == LockMode::Shared {
+                waiting.channel().readers.notified()
+            } else {
+                waiting.channel().notify.notified()
+            };
             tokio::pin!(notified);
             notified.as_mut().enable();
             // Subscribed now: this attempt sees any release that came before the subscription.
@@ -867,6 +926,14 @@ impl fmt::Debug for RedisLease {
             .field("token", &self.token)
             .field("fencing", &self.fencing_token())
             .finish()
+    }
+}
+
+impl Drop for RedisLease {
+    fn drop(&mut self) {
+        if !self.behind_attempt && self.inner.revocations.is_some() {
+            self.inner.node.unwatch_revoked(self.token.uuid().as_u128());
+        }
     }
 }
 

@@ -16,6 +16,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockcore::backend::LostNotifier;
 use lockcore::{Error, ErrorKind, LockName, Result};
 use redis::Script;
 
@@ -23,6 +24,7 @@ pub use crate::config::Config;
 pub use crate::conn::Conn;
 use crate::conn::{Factory, PubSubOpener};
 pub use crate::error::map_err;
+pub use crate::revoked::channel as revocation_channel;
 pub use crate::subs::RELEASED;
 pub use crate::subs::{Channel, ExpiryWatch, QueuedWake, Subscriptions, Waiting};
 
@@ -111,8 +113,19 @@ return r
 /// `PUBLISH`, or `SPUBLISH` on a cluster). `KEYS[3..]`, where given: the name's shares and its
 /// other keys (see [`shares`](crate::shares)), deleted too; held if either was. `KEYS[6..7]`,
 /// where given: the waiters' queue (see [`queue`](crate::queue)), whose head is told.
+/// `ARGV[3]`, where given: the namespace's revocation channel (see
+/// [`revoked`](crate::revoked)), told the owner tokens taken away (the lock key's and the
+/// shares').
 const REVOKE_LUA: &str = concat!(
     r"
+local owners = {}
+if ARGV[3] then
+  local owner = redis.call('GET', KEYS[1])
+  if owner then table.insert(owners, owner) end
+  if KEYS[3] then
+    for _, t in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do table.insert(owners, t) end
+  end
+end
 redis.call('DEL', KEYS[2])
 local shared = 0
 if KEYS[3] then
@@ -120,6 +133,7 @@ if KEYS[3] then
   redis.call('DEL', KEYS[4], KEYS[5])
 end
 if redis.call('DEL', KEYS[1]) + shared == 0 then return 0 end
+if #owners > 0 then redis.call(ARGV[2], ARGV[3], table.concat(owners, ' ')) end
 if not KEYS[6] then
   redis.call(ARGV[2], ARGV[1], 'revoked')
   return 1
@@ -753,18 +767,24 @@ pub(crate) fn publish_command(conn: &Conn) -> &'static str {
 /// # Errors
 /// `Unavailable` or `Backend` when the server fails.
 pub async fn revoke(conn: &mut Conn, keys: &Keys) -> Result<bool> {
-    revoke_keys(conn, keys, &[&keys.lock, &keys.holder]).await
+    revoke_keys(conn, keys, &[&keys.lock, &keys.holder], None).await
 }
 
 /// [`revoke`], and every shared holder or permit of the name (see
 /// [`shares`](crate::shares)), its waiting writer's mark and its queue with it; the queue's
-/// head is told.
+/// head is told. With `notice` (the namespace's revocation channel, [`revocation_channel`];
+/// single node only, a cluster gives `None`), the holders' clients are told too: their lost
+/// signals fire at once (see [`Node::listen_for_revocations`]).
 ///
 /// Cancel safety: as [`revoke`].
 ///
 /// # Errors
 /// As [`revoke`].
-pub async fn revoke_with_shares(conn: &mut Conn, keys: &Keys) -> Result<bool> {
+pub async fn revoke_with_shares(
+    conn: &mut Conn,
+    keys: &Keys,
+    notice: Option<&str>,
+) -> Result<bool> {
     let sk = crate::shares::ShareKeys::of(keys);
     revoke_keys(
         conn,
@@ -778,19 +798,27 @@ pub async fn revoke_with_shares(conn: &mut Conn, keys: &Keys) -> Result<bool> {
             &sk.queue,
             &sk.queue_exp,
         ],
+        notice.filter(|_| matches!(conn, Conn::Single(_))),
     )
     .await
 }
 
-async fn revoke_keys(conn: &mut Conn, keys: &Keys, key_list: &[&str]) -> Result<bool> {
+async fn revoke_keys(
+    conn: &mut Conn,
+    keys: &Keys,
+    key_list: &[&str],
+    notice: Option<&str>,
+) -> Result<bool> {
     let publish = publish_command(conn);
     let mut inv = scripts().revoke.prepare_invoke();
     for k in key_list {
         inv.key(*k);
     }
+    inv.arg(&keys.channel).arg(publish);
+    if let Some(channel) = notice {
+        inv.arg(channel);
+    }
     let n: i64 = inv
-        .arg(&keys.channel)
-        .arg(publish)
         .invoke_async(conn)
         .await
         .map_err(|e| map_err("revoke failed", e))?;
@@ -980,7 +1008,7 @@ impl Node {
     ///
     /// # Errors
     /// `InvalidConfig` for an unreadable `tls_ca` file or bad TLS settings; `Unavailable` when
-    /// the server cannot be reached; `Backend` when it refuses the connection (wrong password).
+    /// the server cannot be reached; `Auth` when it refuses the credentials (wrong password).
     pub async fn connect(cfg: &Config) -> Result<Node> {
         Self::connect_with(cfg, Factory::new(cfg)?).await
     }
@@ -1022,6 +1050,40 @@ impl Node {
     /// This node's release-notification subscriptions.
     pub fn subscriptions(&self) -> &Arc<Subscriptions> {
         &self.subs
+    }
+
+    /// Subscribes to the namespace's revocation channel ([`revocation_channel`]; single node
+    /// only: `Ok(None)` on a cluster), so that [`Node::watch_revoked`] leases learn of a
+    /// [`revoke_with_shares`] with a notice at once. Keep the returned subscription for as long
+    /// as the leases should hear (it is renewed after reconnects; a notice sent while the
+    /// pub/sub connection was down is lost, and the lease's renewal finds out instead).
+    ///
+    /// Cancel safety: a dropped call leaves the client not listening (or listening, with the
+    /// subscription dropped: the channel is unsubscribed).
+    ///
+    /// # Errors
+    /// `Unavailable` or `Backend` when the pub/sub connection or the `SUBSCRIBE` fails.
+    pub async fn listen_for_revocations(&self) -> Result<Option<Waiting>> {
+        if matches!(self.conn, Conn::Cluster(_)) {
+            return Ok(None);
+        }
+        let channel = revocation_channel(&self.cfg.namespace);
+        let waiting = self.subs.join(&channel).await?;
+        self.subs.registry.revocations.listen_on(channel);
+        Ok(Some(waiting))
+    }
+
+    /// A held lease of `token` (the owner token's 128 bits, [`lockcore::OwnerToken::uuid`])
+    /// whose `lost` fires when a revocation notice names it (only once
+    /// [`Node::listen_for_revocations`] has run; a no-op before). Pair it with
+    /// [`Node::unwatch_revoked`].
+    pub fn watch_revoked(&self, token: u128, lost: LostNotifier) {
+        self.subs.registry.revocations.watch(token, lost);
+    }
+
+    /// The lease of `token` is no longer held here.
+    pub fn unwatch_revoked(&self, token: u128) {
+        self.subs.registry.revocations.unwatch(token);
     }
 
     /// The keys of `name` in this node's namespace.

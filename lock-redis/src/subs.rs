@@ -19,6 +19,11 @@ pub struct Channel {
     /// Woken one waiter at a time on a release message (no thundering herd among local waiters),
     /// and all at once after a resubscription (messages may have been lost while disconnected).
     pub notify: Notify,
+    /// The waiters of this client that ask for a shared (read) hold: all woken at once by a
+    /// release message that names no queue head, and after a resubscription. A writer's
+    /// release lets every reader in, so waking one per client (as [`Channel::notify`] does)
+    /// would leave the others to their safety-net poll.
+    pub readers: Notify,
     /// Whether the server subscription exists. The async mutex also orders the SUBSCRIBE and
     /// UNSUBSCRIBE of one channel, so a waiter arriving while the last one leaves cannot end up
     /// unsubscribed.
@@ -140,6 +145,9 @@ impl Drop for ExpiryWatch<'_> {
                 // take this wake for a copy of one it already acted on.
                 self.channel.set_last_message(None);
                 self.channel.notify.notify_one();
+                // The role's holder may have been a reader; the readers re-check, and one of
+                // them takes the role over.
+                self.channel.readers.notify_waiters();
             }
         }
     }
@@ -184,6 +192,8 @@ struct Entry {
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
     channels: Mutex<HashMap<String, Entry>>,
+    /// The held leases a revocation notice reaches (see [`crate::revoked`]).
+    pub(crate) revocations: crate::revoked::Revocations,
 }
 
 impl Registry {
@@ -202,6 +212,7 @@ impl Registry {
         for entry in self.lock().values() {
             entry.channel.set_last_message(None);
             entry.channel.notify.notify_waiters();
+            entry.channel.readers.notify_waiters();
             entry.channel.wake_all_queued();
         }
     }
@@ -245,6 +256,9 @@ impl Registry {
         };
         // Kept only when it names its release: the plain `released` of a single-node release
         // tells nothing apart, and costs no allocation on that path.
+        if self.revocations.dispatch(name, raw) {
+            return;
+        }
         let message = release.filter(|m| *m != RELEASED).map(Arc::from);
         let channels = self.lock();
         if let Some(entry) = channels.get(name) {
@@ -255,9 +269,13 @@ impl Registry {
                 entry.channel.wake_queued(head);
             } else if wake_all {
                 entry.channel.notify.notify_waiters();
+                entry.channel.readers.notify_waiters();
                 entry.channel.wake_all_queued();
             } else {
                 entry.channel.notify.notify_one();
+                // Every reader can go (a share freed by a reader wakes them for nothing, but
+                // readers wait only behind a writer or a writer's mark: rare).
+                entry.channel.readers.notify_waiters();
             }
         }
     }

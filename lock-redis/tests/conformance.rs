@@ -28,6 +28,13 @@ impl Harness for RedisHarness {
         true
     }
 
+    /// `poll_ms=10000`: a waiter whose release message never reached it waits 5 to 10 s.
+    async fn client_with_long_poll(&self) -> Result<Locker> {
+        Ok(Locker::new(
+            RedisBackend::connect(&url_with_param(&self.url, "poll_ms", "10000")).await?,
+        ))
+    }
+
     fn can_open_other_namespace(&self) -> bool {
         // Under interop= a lock is the peer's (the exact name, or the peer's key): the
         // `namespace` setting does not apply, by design.

@@ -111,7 +111,8 @@ impl RedlockBackend {
             .find_map(OnceLock::get)
             .map(|w| ExpiryWatch::new(w.channel()));
         // Armed before every vote: a release published while it is in flight wakes us.
-        let mut armed = subs.0.arm();
+        let reader = req.mode == LockMode::Shared;
+        let mut armed = subs.0.arm(reader);
         // A release names the head of each master's queue of waiters: this waiter is woken by
         // a release naming it (kept for it if it comes while a vote is in flight), and by no
         // other, so a release wakes about one waiter of all clients, not one per client.
@@ -131,7 +132,14 @@ impl RedlockBackend {
                 }
                 tokio::select! {
                     i = first_of(&mut armed) => {
-                        match subs.0.on_wake(armed.channels[i].last_message()) {
+                        // Every reader a release woke votes: they can all hold together, so a
+                        // vote of another reader of this client covers nothing of theirs.
+                        let woken = if reader {
+                            Some(subs.0.vote())
+                        } else {
+                            subs.0.on_wake(armed.channels[i].last_message())
+                        };
+                        match woken {
                             Some(vote) => woken_vote = Some(vote),
                             None => {
                                 // A copy of a release a vote of this client covers: sleep on
@@ -147,7 +155,7 @@ impl RedlockBackend {
                     _ = first_head(&heads) => {}
                     _ = tokio::time::sleep_until(at) => {}
                 }
-                armed = subs.0.arm();
+                armed = subs.0.arm(reader);
             }
             // Dropped untold when the attempt fails or the call is cancelled: a release left to
             // this vote goes to another waiter.
@@ -175,7 +183,7 @@ impl RedlockBackend {
             if released_meanwhile && !split {
                 // A release landed on some master after this vote reached it: vote again at
                 // once (a split vote's retry below comes soon anyway).
-                armed = subs.0.arm();
+                armed = subs.0.arm(reader);
                 next_vote = None;
                 continue;
             }
@@ -261,6 +269,7 @@ impl RedlockBackend {
         let sent_at = Instant::now();
         let mut pending = {
             let (keys, token, ticket) = (keys.clone(), token.clone(), ticket.cloned());
+            let holder = holder.clone();
             inner.per_node(inner.cfg.node_timeout(ttl), move |i, mut c| {
                 let (keys, token, holder) = (keys.clone(), token.clone(), holder.clone());
                 let ticket = ticket.clone();
@@ -281,12 +290,16 @@ impl RedlockBackend {
             })
         };
         let mut others = vec![false; n];
+        let mut placed = vec![false; n];
         let (mut won, mut held, mut failed) = (0, 0, 0);
         let mut pttls = Vec::new();
         let mut errors: Vec<(usize, Result<()>)> = Vec::new();
         while let Some((i, r)) = pending.next().await {
             match r {
-                Ok(NodeAttempt::Won { .. }) => won += 1,
+                Ok(NodeAttempt::Won { .. }) => {
+                    placed[i] = true;
+                    won += 1;
+                }
                 Ok(NodeAttempt::Held { pttl }) => {
                     others[i] = true;
                     held += 1;
@@ -319,7 +332,11 @@ impl RedlockBackend {
                 ttl: Mutex::new(ttl),
                 valid_until: Mutex::new(sent_at + ttl - inner.caps.drift_margin(ttl)),
                 shared,
+                holder,
+                placed: Arc::new(Mutex::new(placed)),
+                token_bits: req.token.uuid().as_u128(),
             };
+            lease.watch_revocations(&req.lost);
             return Ok(Attempt::Won(Acquired::new(lease, sent_at)));
         }
         // Undo on every node that may hold our key, including those whose answer was lost,
@@ -368,6 +385,7 @@ impl RedlockBackend {
                         joining: (0..inner.slots.len())
                             .map(|_| AtomicBool::new(false))
                             .collect(),
+                        joined: tokio::sync::Notify::new(),
                         users: AtomicUsize::new(0),
                         idle_since: Mutex::new(Instant::now()),
                     })
@@ -377,7 +395,6 @@ impl RedlockBackend {
             entry
         };
         self.start_sweeper();
-        let mut joins = Vec::new();
         for (i, slot) in inner.slots.iter().enumerate() {
             if entry.waitings[i].get().is_some() || entry.joining[i].swap(true, Ordering::AcqRel) {
                 continue;
@@ -389,7 +406,7 @@ impl RedlockBackend {
             // Joined in a task: a slow node's subscription completes (and is used by the next
             // wait) without holding this waiter up past the node timeout.
             let (entry, timeout) = (entry.clone(), inner.cfg.connect_timeout);
-            joins.push(tokio::spawn(async move {
+            tokio::spawn(async move {
                 let joined =
                     tokio::time::timeout(timeout, node.subscriptions().join(&entry.channel)).await;
                 match joined {
@@ -402,14 +419,23 @@ impl RedlockBackend {
                     Err(_) => tracing::debug!("SUBSCRIBE on a redlock master timed out"),
                 }
                 entry.joining[i].store(false, Ordering::Release);
-            }));
+                entry.joined.notify_waiters();
+            });
         }
-        if !joins.is_empty() {
-            let _ = tokio::time::timeout(
-                inner.cfg.node_timeout(ttl),
-                futures::future::join_all(joins),
-            )
-            .await;
+        // This waiter's joins, and those another waiter of this client started just before
+        // (it skipped them above): a waiter that armed its notifications before they were in
+        // would hear no release on those masters and sleep until its safety poll.
+        let until = Instant::now() + inner.cfg.node_timeout(ttl);
+        loop {
+            let joined = entry.joined.notified();
+            tokio::pin!(joined);
+            joined.as_mut().enable();
+            let pending = (0..inner.slots.len()).any(|i| {
+                entry.waitings[i].get().is_none() && entry.joining[i].load(Ordering::Acquire)
+            });
+            if !pending || tokio::time::timeout_at(until, joined).await.is_err() {
+                break;
+            }
         }
         SubsUse(entry)
     }

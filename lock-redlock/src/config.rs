@@ -54,7 +54,10 @@ pub(crate) struct Parsed {
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct Config {
-    /// One configuration per master (a single host each), in voting order.
+    /// One configuration per master (a single host each), in voting order: each a
+    /// [`lock_redis::Config`] (a table of fields) or its `redis[s]://` URL (text, so that a
+    /// list of masters can be one environment variable: `masters=redis://r1,redis://r2,...`).
+    #[serde(deserialize_with = "de_masters")]
     pub masters: Vec<node::Config>,
     /// How long one master may take to answer one vote before it counts as lost
     /// (`node_timeout_ms`); by default a tenth of the lock's TTL, within 50 ms..=1 s.
@@ -64,6 +67,40 @@ pub struct Config {
         with = "lockcore::config::millis_opt"
     )]
     pub node_timeout: Option<Duration>,
+}
+
+/// One master: its fields, or its `redis[s]://` URL.
+struct Master(node::Config);
+
+impl<'de> serde::Deserialize<'de> for Master {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct MasterVisitor;
+        impl<'de> serde::de::Visitor<'de> for MasterVisitor {
+            type Value = Master;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a Redis node's config fields or its redis:// URL")
+            }
+            fn visit_str<E: serde::de::Error>(self, url: &str) -> std::result::Result<Master, E> {
+                // lock-redis's errors never quote the URL.
+                node::Config::parse(url).map(Master).map_err(E::custom)
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> std::result::Result<Master, A::Error> {
+                serde::Deserialize::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(Master)
+            }
+        }
+        d.deserialize_any(MasterVisitor)
+    }
+}
+
+fn de_masters<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Vec<node::Config>, D::Error> {
+    let masters: Vec<Master> = serde::Deserialize::deserialize(d)?;
+    Ok(masters.into_iter().map(|m| m.0).collect())
 }
 
 /// The least per-node timeout derived from a TTL (see [`Parsed::node_timeout`]).

@@ -25,6 +25,38 @@ pub(crate) struct RedlockLease {
     pub(crate) valid_until: Mutex<Instant>,
     /// A reader's share on each master (`LockMode::Shared`), not the lock key.
     pub(crate) shared: bool,
+    /// The holder metadata the acquire wrote beside the key (written again by a repair).
+    pub(crate) holder: Arc<str>,
+    /// By master: whether this lease's key was placed there (won by the acquire, or by a
+    /// renewal's repair since). A renewal repairs the hold on the others (see
+    /// [`Lease::extend`]); one of these found without the key lost it (revoked, expired early,
+    /// restarted empty) and is never taken again.
+    pub(crate) placed: Arc<Mutex<Vec<bool>>>,
+    /// The owner token's 128 bits, as the masters' revocation notices name it (see
+    /// [`RedlockLease::watch_revocations`]).
+    pub(crate) token_bits: u128,
+}
+
+impl RedlockLease {
+    /// Lets every connected master's revocation notice fire `lost` (a `force_release` publishes
+    /// on every master; one notice is enough). Undone on drop.
+    pub(crate) fn watch_revocations(&self, lost: &lockcore::backend::LostNotifier) {
+        for slot in &self.inner.slots {
+            if let Some(node) = lock_mutex(&slot.node).as_ref() {
+                node.watch_revoked(self.token_bits, lost.clone());
+            }
+        }
+    }
+}
+
+impl Drop for RedlockLease {
+    fn drop(&mut self) {
+        for slot in &self.inner.slots {
+            if let Some(node) = lock_mutex(&slot.node).as_ref() {
+                node.unwatch_revoked(self.token_bits);
+            }
+        }
+    }
 }
 
 impl RedlockLease {
@@ -68,6 +100,16 @@ impl Lease for RedlockLease {
     /// once; granted when a majority confirmed within the validity recomputed from when it was
     /// sent (awaited that long), exactly as for a writer.
     ///
+    /// Repair: on a master where the acquire did not place the key (its vote there lost a
+    /// split, or the answer came too late) and the renewal finds none, the key is taken there
+    /// now if that master has the name free (`SET NX`; the waiters' queue is not consulted:
+    /// the lock is this holder's on a majority already), and counts as a confirmation.
+    /// So a lock that stood on exactly a majority spreads to every master that answers, and
+    /// losing one master later does not end it. A master where the key was placed and is now
+    /// missing is never taken again: the key was revoked or lost there, and taking it back
+    /// could undo a `force_release`. The masters never placed are a minority, so a repair
+    /// alone never makes a majority.
+    ///
     /// Cancel safety: dropping the future may have extended the lease on some masters; it stays
     /// owner-checked.
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
@@ -80,14 +122,33 @@ impl Lease for RedlockLease {
         let budget = ttl.saturating_sub(drift).max(inner.cfg.node_timeout(ttl));
         let pending = {
             let (keys, token, shared) = (self.keys.clone(), self.token.clone(), self.shared);
-            inner.per_node(budget, move |_, mut c| {
-                let (keys, token) = (keys.clone(), token.clone());
+            let (holder, placed) = (self.holder.clone(), self.placed.clone());
+            let was_placed = lock_mutex(&self.placed).clone();
+            inner.per_node(budget, move |i, mut c| {
+                let (keys, token, holder) = (keys.clone(), token.clone(), holder.clone());
+                let (placed, repairs) = (placed.clone(), !was_placed[i]);
                 async move {
-                    if shared {
-                        node::extend_share(&mut c, &keys, &token, ttl).await
+                    let extended = if shared {
+                        node::extend_share(&mut c, &keys, &token, ttl).await?
                     } else {
-                        node::extend(&mut c, &keys, &token, ttl).await
+                        node::extend(&mut c, &keys, &token, ttl).await?
+                    };
+                    if extended {
+                        // Its key is there (a late vote of the acquire's, say): from now on,
+                        // missing there means lost there.
+                        if repairs {
+                            lock_mutex(&placed)[i] = true;
+                        }
+                        return Ok(true);
                     }
+                    if !repairs {
+                        return Ok(false);
+                    }
+                    let repaired = repair(&mut c, &keys, &token, &holder, ttl, shared).await?;
+                    if repaired {
+                        lock_mutex(&placed)[i] = true;
+                    }
+                    Ok(repaired)
                 }
             })
         };
@@ -144,4 +205,25 @@ impl Lease for RedlockLease {
             }
         }
     }
+}
+
+/// Takes the key (a reader: its share) of a held lease on one master that does not have it,
+/// if the name is free there: see [`Lease::extend`]. Returns whether it took it.
+async fn repair(
+    c: &mut node::Conn,
+    keys: &Keys,
+    token: &str,
+    holder: &str,
+    ttl: Duration,
+    shared: bool,
+) -> Result<bool> {
+    let attempt = if shared {
+        node::acquire_share(c, keys, token, holder, ttl, Duration::ZERO).await?
+    } else {
+        // The bare script: no fencing counter (the masters keep none), no queue, no readers'
+        // check (readers cannot hold a majority beside this writer's: a share found there is
+        // a losing vote's, about to be undone).
+        node::acquire(c, keys, token, holder, ttl, false).await?
+    };
+    Ok(matches!(attempt, node::NodeAttempt::Won { .. }))
 }

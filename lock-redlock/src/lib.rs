@@ -52,18 +52,33 @@
 //!   (`poll_ms`; a waiter with many ahead of it in the queue polls every `k` polls, `k = 1 +
 //!   ahead / 16`, at most 8: 60 idle waiters send a master 44 scripts a second where they sent
 //!   94). Subscriptions linger a few seconds after a wait, so a busy lock does not pay
-//!   `SUBSCRIBE`/`UNSUBSCRIBE` on every wait.
+//!   `SUBSCRIBE`/`UNSUBSCRIBE` on every wait. Readers (shared waiters) are woken apart: every
+//!   release message that names no queue head wakes all of them, in every client, and each
+//!   votes (a writer's release lets them all in; one reader's vote covers no other's).
 //! * **Extend**: owner-checked compare-and-`PEXPIRE` on every node; it succeeds only when a
 //!   majority confirmed within the validity, which is recomputed from the moment the renewal was
 //!   sent (confirmations are awaited that long, not only one node timeout). When a majority refuses, the lease is reported `NotHeld` (the guard's lost signal
 //!   fires); when too few nodes answer, the renewal fails and the contract fires the lost signal
-//!   at the validity deadline.
+//!   at the validity deadline. Each renewal also **repairs the hold**: on a master where the
+//!   acquire did not place the key (a split vote under contention leaves a lock on exactly a
+//!   majority) and the name is free, it takes the key now, so a lock spreads to every master
+//!   that answers and one master lost later does not end it. A master that had the key and
+//!   lost it (revoked, expired early, restarted empty) is never taken back: the never-placed
+//!   masters are a minority, so a repair alone never makes a majority, and a `force_release`
+//!   stays final.
 //! * **Release**: owner-checked compare-and-delete (publishing on the node's channel) sent to
 //!   every node at once; released when a majority confirmed (the rest finish in the
 //!   background). Confirmations are awaited until the lease's validity ends (at least one node
 //!   timeout), so a lock that sits on exactly a majority is not reported unreleased because one
 //!   of its masters answered late.
-//! * **Nodes down**: with a minority down, locks work as before; with a majority down, attempts
+//! * **Revocation**: a `force_release` deletes the lock on every master and publishes the owner
+//!   tokens it took away on each master's revocation channel (`<namespace>:revoked`), which
+//!   every client subscribes to on every master at connect (and again after a reconnection);
+//!   the holder's lost signal fires on the first notice, not at its next renewal
+//!   ([`Capabilities::revoke_detection`](lockcore::Capabilities::revoke_detection)).
+//! * **Nodes down**: with a minority down, locks work as before (a held lock too, once a
+//!   renewal has repaired it onto every master that answers: a lock standing on exactly a
+//!   majority survives one of them going down only after that renewal); with a majority down, attempts
 //!   fail with `Unavailable` at once (a node's failure counts when its connection errs or its
 //!   per-node timeout passes). Nodes that were down at connect time, or later, are reconnected
 //!   in the background; `connect` itself needs a majority reachable.

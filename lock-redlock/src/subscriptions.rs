@@ -23,6 +23,8 @@ pub(crate) struct NameSubs {
     /// This client's votes on the name and the releases they cover (see [`NameSubs::on_wake`]).
     pub(crate) votes: Mutex<Votes>,
     pub(crate) joining: Vec<AtomicBool>,
+    /// Woken when a join of [`NameSubs::joining`] ends (subscribed or not).
+    pub(crate) joined: tokio::sync::Notify,
     pub(crate) users: AtomicUsize,
     pub(crate) idle_since: Mutex<Instant>,
 }
@@ -120,13 +122,26 @@ pub(crate) const RELEASE_PREFIX: &str = "release:";
 pub(crate) struct Armed<'a> {
     pub(crate) notified: Vec<Notified<'a>>,
     pub(crate) channels: Vec<&'a lock_redis::node::Channel>,
+    /// A reader's: armed on the channels' [`readers`](lock_redis::node::Channel::readers), which
+    /// a release wakes all at once (a writer's release lets every reader in), not one per
+    /// client.
+    pub(crate) reader: bool,
+}
+
+/// The notify a waiter of `channel` sleeps on: a reader's, or everyone else's.
+fn notify_of(channel: &lock_redis::node::Channel, reader: bool) -> &tokio::sync::Notify {
+    if reader {
+        &channel.readers
+    } else {
+        &channel.notify
+    }
 }
 
 impl Armed<'_> {
     /// A new notification for master `i` in place of the one that fired (the others stay
     /// registered, so nothing published meanwhile is missed).
     pub(crate) fn rearm(&mut self, i: usize) {
-        let mut n = Box::pin(self.channels[i].notify.notified());
+        let mut n = Box::pin(notify_of(self.channels[i], self.reader).notified());
         n.as_mut().enable();
         self.notified[i] = n;
     }
@@ -134,8 +149,9 @@ impl Armed<'_> {
 
 impl NameSubs {
     /// One enabled notification future per subscribed node, after discarding a permit left by a
-    /// message that arrived while nobody waited (it would wake this waiter for nothing).
-    pub(crate) fn arm(&self) -> Armed<'_> {
+    /// message that arrived while nobody waited (it would wake this waiter for nothing); a
+    /// `reader`'s on the channels' readers' notify (see [`Armed::reader`]).
+    pub(crate) fn arm(&self, reader: bool) -> Armed<'_> {
         let channels: Vec<_> = self
             .waitings
             .iter()
@@ -145,15 +161,20 @@ impl NameSubs {
         let notified = channels
             .iter()
             .map(|c| {
-                let mut n = Box::pin(c.notify.notified());
+                let notify = notify_of(c, reader);
+                let mut n = Box::pin(notify.notified());
                 if n.as_mut().enable() {
-                    n = Box::pin(c.notify.notified());
+                    n = Box::pin(notify.notified());
                     n.as_mut().enable();
                 }
                 n
             })
             .collect();
-        Armed { notified, channels }
+        Armed {
+            notified,
+            channels,
+            reader,
+        }
     }
 
     /// A vote not caused by a message (the first after subscribing, the holder's expiry, a

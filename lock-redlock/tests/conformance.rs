@@ -29,6 +29,13 @@ impl Harness for RedlockHarness {
         true
     }
 
+    /// `poll_ms=10000`: a waiter whose release message never reached it waits 5 to 10 s.
+    async fn client_with_long_poll(&self) -> Result<Locker> {
+        Ok(Locker::new(
+            RedlockBackend::connect(&url_with_param(&self.url, "poll_ms", "10000")).await?,
+        ))
+    }
+
     fn can_open_other_namespace(&self) -> bool {
         true
     }

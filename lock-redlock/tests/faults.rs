@@ -729,3 +729,75 @@ async fn one_master_under_two_names_is_refused_when_it_comes_back() {
         "{msg}"
     );
 }
+
+/// Issue 35: a lock standing on exactly 3 of the 5 masters (two votes lost to a contender's
+/// keys, as a split vote under contention leaves it) is repaired onto the other two by its
+/// next renewal once they are free, so one of its three masters paused afterwards does not
+/// end it: it stays valid and exclusive for three TTLs, no lost signal. Before the repair, the
+/// renewal found 2 confirmations, 2 refusals and a silent master, and the holder lost the lock
+/// at its validity deadline ("at risk: no renewal landed").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_master_paused_while_the_lock_stands_on_three() {
+    let mut cluster = Cluster::start().await;
+    let (a, b) = (cluster.client().await, cluster.client().await);
+    let n = name("stands-on-three");
+    let key = RedlockBackend::connect(&cluster.url())
+        .await
+        .expect("connect")
+        .lock_key(&n);
+    // A contender's votes on masters 3 and 4 (a split vote's leftovers).
+    for m in &cluster.masters[3..] {
+        m.cli(&["SET", &key, "contender", "PX", "600000"])
+            .await
+            .expect("SET");
+    }
+    let ttl = scaled(Duration::from_secs(3));
+    let renewing = LockOptions::new()
+        .ttl(ttl)
+        .wait_timeout(scaled(Duration::from_secs(15)));
+    let g = a.lock(&n, &renewing).await.expect("lock on masters 0-2");
+    let lost = g.lost();
+    // The contender's keys go (its undo); the holder's next renewal takes masters 3 and 4.
+    for m in &cluster.masters[3..] {
+        assert_eq!(
+            m.cli(&["GET", &key]).await.expect("GET").trim(),
+            "contender"
+        );
+        m.cli(&["DEL", &key]).await.expect("DEL");
+    }
+    let repaired_by = Instant::now() + ttl + scaled(Duration::from_secs(3));
+    for (i, m) in cluster.masters.iter().enumerate().skip(3) {
+        while m.cli(&["EXISTS", &key]).await.expect("EXISTS").trim() != "1" {
+            assert!(
+                Instant::now() < repaired_by,
+                "the holder's renewals never put its key on master {i}: the lock still stands \
+                 on exactly 3 of 5 masters"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    cluster.masters[0]
+        .process()
+        .pause()
+        .expect("SIGSTOP master 0");
+    let paused = Instant::now();
+    while paused.elapsed() < ttl * 3 {
+        assert!(
+            !lost.is_lost(),
+            "the lock was lost {:?} after one of its masters paused: {:?}",
+            paused.elapsed(),
+            lost.reason()
+        );
+        assert!(
+            b.try_lock(&n, &opts()).await.expect("try_lock").is_none(),
+            "another client won the lock while it was held"
+        );
+        tokio::time::sleep(scaled(Duration::from_millis(200))).await;
+    }
+    assert!(
+        g.is_valid(),
+        "the guard is invalid after a minority master paused"
+    );
+    cluster.masters[0].process().resume().expect("SIGCONT");
+    g.release().await.expect("release");
+}

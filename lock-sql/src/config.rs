@@ -1,4 +1,5 @@
-//! URL parsing: our own parameters are taken out, everything else goes to sqlx untouched.
+//! URL parsing: our own parameters are taken out, the driver's ones that sqlx reads go to sqlx
+//! untouched, any other is refused.
 
 use std::fmt;
 
@@ -102,10 +103,108 @@ fn default_op_timeout() -> Duration {
     Duration::from_secs(5)
 }
 
-/// This crate's URL parameters (taken out of the URL; every other one goes to sqlx).
-const OWN_PARAMS: &[&str] = &["strategy", "table", "pool_max", "op_timeout_ms", "interop"];
+/// This crate's URL parameters (taken out of the URL; the driver's, [`sqlx_params`], go to sqlx).
+pub(crate) const OWN_PARAMS: &[&str] =
+    &["strategy", "table", "pool_max", "op_timeout_ms", "interop"];
+
+/// The query parameters sqlx 0.9's PostgreSQL driver reads (`PgConnectOptions::parse_from_url`),
+/// every spelling it accepts; `options[NAME]` (one server option) is accepted besides these.
+const POSTGRES_SQLX_PARAMS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
+
+/// The query parameters sqlx 0.9's MySQL driver reads (`MySqlConnectOptions::parse_from_url`).
+/// It reads no `ssl_mode`, `sslrootcert`, `user` or `password` (it ignores them silently).
+const MYSQL_SQLX_PARAMS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslca",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "charset",
+    "collation",
+    "statement-cache-capacity",
+    "socket",
+    "timezone",
+    "time-zone",
+];
+
+/// The query parameters sqlx 0.9's SQLite driver reads (`SqliteConnectOptions::from_db_and_params`).
+const SQLITE_SQLX_PARAMS: &[&str] = &["mode", "cache", "immutable", "vfs"];
+
+/// The driver's query parameters that pass through to sqlx for a URL scheme (`postgres`,
+/// `postgresql`, `mysql`, `mariadb`, `sqlite`), every spelling sqlx 0.9 reads; `None` for
+/// another scheme. Any other parameter but this crate's own (`strategy`, `table`, `pool_max`,
+/// `op_timeout_ms`, `interop`) is refused with
+/// `InvalidConfig`: sqlx ignores a parameter it does not know, so a misspelled `sslmode` would
+/// connect without checking the certificate, and a misspelled `strategy` would take locks that
+/// do not exclude the other strategy's. PostgreSQL also takes `options[NAME]` (one server option).
+///
+/// ```
+/// assert!(lock_sql::sqlx_params("postgres").unwrap().contains(&"sslrootcert"));
+/// assert!(!lock_sql::sqlx_params("mysql").unwrap().contains(&"ssl_mode"));
+/// assert_eq!(lock_sql::sqlx_params("redis"), None);
+/// ```
+pub fn sqlx_params(scheme: &str) -> Option<&'static [&'static str]> {
+    Dialect::of_scheme(scheme).map(Dialect::sqlx_params)
+}
+
+/// Refuses a query parameter sqlx would not read for this database (see [`sqlx_params`]),
+/// naming it (unless it does not look like a parameter name: it may be a misplaced secret) and
+/// listing the accepted ones.
+fn check_sqlx_param(dialect: Dialect, scheme: &str, key: &str) -> Result<()> {
+    let known = dialect.sqlx_params();
+    let server_option = dialect == Dialect::Postgres
+        && key
+            .strip_prefix("options[")
+            .and_then(|k| k.strip_suffix(']'))
+            .is_some_and(|k| !k.is_empty() && !k.contains(['[', ']']));
+    if known.contains(&key) || server_option {
+        return Ok(());
+    }
+    let named = if lockcore::config::is_plain_key(key) {
+        format!("`{key}`")
+    } else {
+        "(its name is not shown: not a plain lowercase name)".to_owned()
+    };
+    let options = if dialect == Dialect::Postgres {
+        ", options[NAME]"
+    } else {
+        ""
+    };
+    Err(Error::invalid_config(format!(
+        "{WHAT}: unknown query parameter {named} on {scheme}:// (accepted: {}; passed to sqlx: \
+         {}{options})",
+        OWN_PARAMS.join(", "),
+        known.join(", ")
+    )))
+}
 
 impl Config {
+    /// This crate's own URL parameters, taken out of the URL; the driver's ones that pass
+    /// through to sqlx are [`sqlx_params`]'s, and any other is refused.
+    pub const URL_PARAMS: &'static [&'static str] = OWN_PARAMS;
+
     /// A configuration for `url` with every setting at its default.
     pub fn new(url: impl Into<String>) -> Config {
         Config {
@@ -120,7 +219,8 @@ impl Config {
 
     /// Parses a URL: this crate's parameters (`strategy`, `table`, `pool_max`,
     /// `op_timeout_ms`) are read by the same deserializer as a config file and taken out; the
-    /// rest of the URL is left for sqlx.
+    /// rest of the URL is left for sqlx (its parameters are checked against [`sqlx_params`] when
+    /// the backend is built, for a URL and a config file's `url` alike).
     ///
     /// # Errors
     /// `InvalidConfig` for a malformed URL or a bad value (the URL is never quoted).
@@ -153,6 +253,15 @@ pub(crate) enum Dialect {
 }
 
 impl Dialect {
+    /// The driver's query parameters sqlx reads for this database (see [`sqlx_params`]).
+    fn sqlx_params(self) -> &'static [&'static str] {
+        match self {
+            Dialect::Postgres => POSTGRES_SQLX_PARAMS,
+            Dialect::MySql => MYSQL_SQLX_PARAMS,
+            Dialect::Sqlite => SQLITE_SQLX_PARAMS,
+        }
+    }
+
     /// The database a (lowercase) URL scheme names.
     pub(crate) fn of_scheme(scheme: &str) -> Option<Dialect> {
         match scheme {
@@ -178,12 +287,9 @@ pub(crate) struct Parsed {
     /// The URL for sqlx: our parameters removed, secrets included (never print it).
     pub(crate) sqlx_url: String,
     /// The URL with every secret replaced by `***` (the user-info password and the values of
-    /// secret-looking query parameters such as `password=` and `sslpassword=`), for describe()
+    /// secret-looking query parameters such as `password=` and `sslkey=`), for describe()
     /// and errors.
     pub(crate) redacted: String,
-    /// Every secret the URL carries (decoded and as written), to scrub them from any error text
-    /// that might echo them.
-    secrets: Vec<lockcore::Secret>,
 }
 
 impl fmt::Debug for Parsed {
@@ -232,15 +338,6 @@ impl Parsed {
                 url.scheme()
             )));
         };
-        let mut secrets = Vec::new();
-        if let Some(p) = url.password().filter(|p| !p.is_empty()) {
-            secrets.push(p.to_owned());
-            secrets.push(
-                percent_encoding::percent_decode_str(p)
-                    .decode_utf8_lossy()
-                    .into_owned(),
-            );
-        }
         let Config {
             strategy,
             table,
@@ -264,9 +361,7 @@ impl Parsed {
                     "`{k}` is a setting of its own in a config, not a parameter of its url"
                 )));
             }
-            if is_secret_param(&k) && !v.is_empty() {
-                secrets.push(v.clone().into_owned());
-            }
+            check_sqlx_param(dialect, url.scheme(), &k)?;
             passthrough.push((k.into_owned(), v.into_owned()))
         }
         if dialect == Dialect::Sqlite && strategy == Strategy::RowLock {
@@ -329,20 +424,6 @@ impl Parsed {
                     (k.as_str(), v)
                 }));
         }
-        // Also the raw (still percent-encoded) forms of the query secrets, longest first so a
-        // secret containing another is replaced whole.
-        for (k, v) in url
-            .query()
-            .unwrap_or("")
-            .split('&')
-            .filter_map(|kv| kv.split_once('='))
-        {
-            if is_secret_param(k) && !v.is_empty() {
-                secrets.push(v.to_owned());
-            }
-        }
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        secrets.dedup();
         Ok(Parsed {
             dialect,
             strategy,
@@ -352,18 +433,14 @@ impl Parsed {
             interop,
             sqlx_url,
             redacted: shown.to_string(),
-            secrets: secrets.into_iter().map(lockcore::Secret::new).collect(),
         })
     }
 
-    /// Removes every secret of the URL from text that may echo it.
-    pub(crate) fn scrub(&self, mut text: String) -> String {
-        for s in &self.secrets {
-            if text.contains(s.expose()) {
-                text = text.replace(s.expose(), "***");
-            }
-        }
-        text
+    /// Text from the driver (an error message) with any URL in it and any secret `key=value`
+    /// redacted ([`lockcore::secret::redact_text`]): by structure, never by searching for the
+    /// password, which would reveal it (a one-letter password turned every `e` into `***`).
+    pub(crate) fn scrub(&self, text: String) -> String {
+        lockcore::secret::redact_text(&text)
     }
 }
 
@@ -391,21 +468,24 @@ mod tests {
         assert_eq!(c.sqlx_url, "mysql://u:p@h/db");
     }
 
-    /// A password in any part of the URL (user info, `?password=`, `sslpassword=`), encoded or
-    /// not, never shows in the redacted URL, in Debug, or in scrubbed error text.
+    /// A password in any part of the URL (user info, `?password=`, `sslkey=`), encoded or
+    /// not, never shows in the redacted URL, in Debug, or in scrubbed error text that echoes the
+    /// URL.
     #[test]
     fn secrets_from_every_part_of_the_url_never_show() {
         for url in [
             "postgres://u@h/db?password=hunter2%40x&sslmode=verify-full",
-            "postgres://u:hunter2%40x@h/db?sslpassword=hunter2%40x",
-            "mysql://u@h/db?password=hunter2@x&strategy=row-lock",
+            "postgres://u:hunter2%40x@h/db?password=hunter2%40x",
+            "mysql://u:hunter2%40x@h/db?ssl-key=hunter2@x&strategy=row-lock",
             "postgres://h/db?user=u&password=hunter2%40x",
         ] {
             let c = Parsed::parse(url).unwrap();
             for shown in [
                 c.redacted.clone(),
                 format!("{c:?}"),
-                c.scrub("error: password hunter2@x / hunter2%40x rejected".to_string()),
+                c.scrub(format!(
+                    "error: cannot connect to '{url}' (password=hunter2@x)"
+                )),
             ] {
                 assert!(!shown.contains("hunter2"), "{url}: {shown}");
             }
@@ -415,6 +495,63 @@ mod tests {
         let c = Parsed::parse("postgres://u@h/db?sslmode=verify-full").unwrap();
         assert_eq!(c.redacted, "postgres://u@h/db?sslmode=verify-full");
         assert_eq!(c.scrub("x".into()), "x");
+        // Issue 37: scrubbing searched the text for the password, so a one-letter password
+        // showed wherever its letter did (`***rror communicating with databas***`).
+        let c = Parsed::parse("postgres://e:e@h/db?password=a").unwrap();
+        let text = "error communicating with database: password authentication failed";
+        assert_eq!(c.scrub(text.to_string()), text);
+    }
+
+    /// A parameter sqlx does not read is refused, named, with the accepted ones listed: sqlx
+    /// would ignore it (a misspelled `sslmode` connects without checking the certificate, a
+    /// misspelled `strategy` takes locks that do not exclude the other strategy's). Every
+    /// spelling sqlx reads passes. Before the allowlist, every one of these connected.
+    #[test]
+    fn parameters_sqlx_does_not_read_are_refused_and_named() {
+        for (url, key) in [
+            ("postgres://u:s3cret@h/db?stratgy=row-lock", "stratgy"),
+            (
+                "postgresql://h/db?sslmod=verify-full&sslrootcert=ca.pem",
+                "sslmod",
+            ),
+            ("postgres://h/db?sslpassword=s3cret", "sslpassword"),
+            ("postgres://h/db?connect_timeout=5", "connect_timeout"),
+            ("postgres://h/db?options[]=x", "options[]"),
+            ("mysql://u:s3cret@h/db?ssl_mode=verify_identity", "ssl_mode"),
+            ("mariadb://h/db?sslrootcert=ca.pem", "sslrootcert"),
+            ("mysql://h/db?password=s3cret", "password"),
+            ("mysql://h/db?tabel=x", "tabel"),
+            ("sqlite:///tmp/x.db?journal_mode=wal", "journal_mode"),
+        ] {
+            let e = Parsed::parse(url).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{url}");
+            let msg = e.to_string();
+            assert!(!msg.contains("s3cret"), "{msg}");
+            if lockcore::config::is_plain_key(key) {
+                assert!(
+                    msg.contains(&format!("unknown query parameter `{key}`")),
+                    "{msg}"
+                );
+            }
+            assert!(msg.contains("strategy, table"), "the accepted ones: {msg}");
+            // A config file's url is checked alike.
+            let file = Config::new(url.replace(&format!("{key}="), "x_unknown="));
+            let e = Parsed::from_config(file).unwrap_err();
+            assert!(e.to_string().contains("`x_unknown`"), "{e}");
+        }
+        for url in [
+            "postgres://u:p@h/db?sslmode=verify-full&sslrootcert=ca.pem&sslcert=c.pem&sslkey=k.pem",
+            "postgres://h/db?ssl-mode=require&ssl-root-cert=a&ssl-ca=b&ssl-cert=c&ssl-key=d",
+            "postgres://h/db?statement-cache-capacity=10&host=h2&hostaddr=127.0.0.1&port=5433",
+            "postgres://h/db?dbname=x&user=u&password=p&application_name=app&options=-c%20a%3Db",
+            "postgres://h/db?options[search_path]=app&strategy=row-lock",
+            "mysql://h/db?sslmode=required&ssl-mode=verify_ca&sslca=a&ssl-ca=b&sslcert=c",
+            "mariadb://h/db?ssl-cert=c&sslkey=k&ssl-key=k&charset=utf8mb4&collation=utf8mb4_bin",
+            "mysql://h/db?statement-cache-capacity=5&socket=/tmp/s&timezone=%2B00:00&time-zone=x",
+            "sqlite:///tmp/x.db?mode=rwc&cache=shared&immutable=false&vfs=unix",
+        ] {
+            Parsed::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+        }
     }
 
     #[test]

@@ -331,8 +331,12 @@ impl MyBackend {
             row_unlock: format!("SELECT RELEASE_LOCK({key})"),
             holder: format!("SELECT IS_USED_LOCK({key})"),
             // One statement per attempt, idempotent for the same token. Assignments run left
-            // to right and see earlier ones: owner is decided first, the rest follow only if it
-            // is ours. LAST_INSERT_ID reports the outcome in the OK packet: 1 for a new row
+            // to right and see earlier ones: owner is decided first (`@locksmith_took`), the
+            // rest follow only if it was taken. A retry with the same token (an attempt whose
+            // reply was lost) passes the same checks as a first attempt: its own row is
+            // retaken only while no live share holds the name (a reader may have come once its
+            // lease ran out; taking the row then would hold beside it and clear
+            // `shares_until`, letting the next writer in too). LAST_INSERT_ID reports the outcome in the OK packet: 1 for a new row
             // (from VALUES), the new fence if taken over or retaken, 0 if someone else holds it,
             // [`HELD_BY_READERS`] or [`HELD_BY_PERMITS`] if live shares hold it (the fence
             // column unchanged: LEAST(.., 0) adds nothing). A waiting writer held back by
@@ -344,17 +348,17 @@ impl MyBackend {
                 "INSERT INTO {t} (name, owner, fence, expires_at, holder_meta, acquired_at) \
                  VALUES (?, ?, LAST_INSERT_ID(1), {now} + INTERVAL ? MICROSECOND, ?, {now}) \
                  ON DUPLICATE KEY UPDATE \
-                   owner = IF(({shares_held} = 0 AND (owner IS NULL OR expires_at <= {now})) \
-                     OR owner = VALUES(owner), VALUES(owner), owner), \
-                   fence = IF(owner = VALUES(owner), LAST_INSERT_ID(fence + 1), \
+                   owner = IF(@locksmith_took := ({shares_held} = 0 AND (owner IS NULL \
+                       OR expires_at <= {now} OR owner = VALUES(owner))), VALUES(owner), owner), \
+                   fence = IF(@locksmith_took, LAST_INSERT_ID(fence + 1), \
                      fence + LEAST(0, LAST_INSERT_ID(@locksmith_shares))), \
-                   expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at), \
-                   holder_meta = IF(owner = VALUES(owner), VALUES(holder_meta), holder_meta), \
-                   acquired_at = IF(owner = VALUES(owner), VALUES(acquired_at), acquired_at), \
-                   writer_until = IF(owner = VALUES(owner), NULL, \
+                   expires_at = IF(@locksmith_took, VALUES(expires_at), expires_at), \
+                   holder_meta = IF(@locksmith_took, VALUES(holder_meta), holder_meta), \
+                   acquired_at = IF(@locksmith_took, VALUES(acquired_at), acquired_at), \
+                   writer_until = IF(@locksmith_took, NULL, \
                      IF(? > 0 AND @locksmith_shares <> 0, {now} + INTERVAL ? MICROSECOND, \
                        writer_until)), \
-                   shares_until = IF(owner = VALUES(owner), NULL, shares_until)"
+                   shares_until = IF(@locksmith_took, NULL, shares_until)"
             ),
             // A no-op update: the row locked exclusively at once (a shared lock taken by a
             // duplicate-key insert and upgraded afterwards deadlocks two such transactions).
@@ -880,8 +884,7 @@ impl MyBackend {
                 id => Ok(Some(lease.with_fencing(id))),
             }
         };
-        let won =
-            lockcore::backend::acquire_detached(&req.background, Some(bound), attempt).await?;
+        let won = lockcore::backend::acquire_detached_for(req, Some(bound), attempt).await?;
         Ok(won.map(|l| Acquired::new(l, sent_at)))
     }
 
@@ -1041,8 +1044,7 @@ impl MyBackend {
             };
             Ok(reply?.map(|f| lease.with_fencing(f)))
         };
-        let won =
-            lockcore::backend::acquire_detached(&req.background, Some(bound), attempt).await?;
+        let won = lockcore::backend::acquire_detached_for(req, Some(bound), attempt).await?;
         Ok(won.map(|l| Acquired::new(l, sent_at)))
     }
 }

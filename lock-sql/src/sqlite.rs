@@ -399,7 +399,7 @@ impl LiteBackend {
             }
         };
         let sent_at = Instant::now();
-        let won = lockcore::backend::acquire_detached(&req.background, None, attempt).await?;
+        let won = lockcore::backend::acquire_detached_for(req, None, attempt).await?;
         Ok(won.map(|l| Acquired::new(l, sent_at)))
     }
 

@@ -1598,7 +1598,9 @@ async fn drop_pg_lock_table(conn: &mut sqlx::PgConnection, t: &str) {
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "DROP TABLE IF EXISTS {t}, {t}_shares, {t}_waits; \
          DROP FUNCTION IF EXISTS {t}_sacq1(text, text, float8, text, int8, text); \
-         DROP FUNCTION IF EXISTS {t}_srel1(text, text, text)"
+         DROP FUNCTION IF EXISTS {t}_sacq2(text, text, float8, text, int8, text); \
+         DROP FUNCTION IF EXISTS {t}_srel1(text, text, text); \
+         DROP FUNCTION IF EXISTS {t}_lheld1(text, bool)"
     )))
     .execute(conn)
     .await
@@ -1610,7 +1612,7 @@ async fn pg_share_functions(conn: &mut sqlx::PgConnection, t: &str) -> Vec<(Stri
     sqlx::query_as(
         "SELECT proname::text, xmin::text FROM pg_proc WHERE proname IN ($1, $2) ORDER BY 1",
     )
-    .bind(format!("{t}_sacq1"))
+    .bind(format!("{t}_sacq2"))
     .bind(format!("{t}_srel1"))
     .fetch_all(conn)
     .await
@@ -1637,7 +1639,7 @@ async fn pg_lease_share_functions_are_created_once_by_concurrent_connects() {
     let mut conn = pg_session().await;
     let created = pg_share_functions(&mut conn, &t).await;
     let names: Vec<&str> = created.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, [format!("{t}_sacq1"), format!("{t}_srel1")]);
+    assert_eq!(names, [format!("{t}_sacq2"), format!("{t}_srel1")]);
     let later = client(&url).await;
     assert_eq!(
         pg_share_functions(&mut conn, &t).await,
@@ -1734,7 +1736,7 @@ async fn pg_lease_share_function_reads_an_older_clients_share_committed_while_it
     let pg = conformance::require_env("LOCK_TEST_POSTGRES_URL").unwrap();
     let watch = sqlx::PgPool::connect(&pg).await.unwrap();
     let bound = Duration::from_secs(10).mul_f64(conformance::time_scale());
-    let call = format!("%{t}_sacq1%");
+    let call = format!("%{t}_sacq2%");
     faultkit::wait_until("the share function waiting for the row", bound, || {
         let (watch, call) = (watch.clone(), call.clone());
         async move {
@@ -1919,4 +1921,35 @@ async fn mysql_share_procedures_and_statements_exclude_each_other() {
     }
     calls.flush().await;
     statements.flush().await;
+}
+
+/// Issue 37: a wrong password is `Auth` (it was `Backend`), and the error keeps the server's
+/// words whole: the password was replaced wherever it occurred as a substring, so a one-letter
+/// password `e` showed as `***rror communicating with databas***`.
+#[tokio::test]
+async fn a_wrong_one_letter_password_is_auth_with_the_message_intact() {
+    for (var, words) in [
+        ("LOCK_TEST_POSTGRES_URL", "password authentication failed"),
+        ("LOCK_TEST_MYSQL_URL", "Access denied"),
+    ] {
+        let Some(good) = conformance::require_env(var) else {
+            continue;
+        };
+        let mut url = url::Url::parse(&good).unwrap();
+        let letter = if url.password() == Some("e") {
+            "a"
+        } else {
+            "e"
+        };
+        url.set_password(Some(letter)).unwrap();
+        let e = SqlBackend::connect(url.as_str()).await.unwrap_err();
+        let shown = format!("{e:#}");
+        assert_eq!(e.kind(), ErrorKind::Auth, "{var}: {shown}");
+        assert!(shown.contains(words), "{var}: {shown}");
+        // Stars only where a password field was blanked (`:***@`, `password=***`).
+        for (i, _) in shown.match_indices("***") {
+            let before = shown[..i].chars().last();
+            assert!(matches!(before, Some(':' | '=')), "{var}: {shown}");
+        }
+    }
 }

@@ -126,6 +126,10 @@ const URL_PARAMS: &[&str] = &[
 ];
 
 impl Config {
+    /// The query parameters a URL may carry; any other is refused with `InvalidConfig`, named
+    /// (the `locksmith` facade's docs list them per URL kind, checked by a test).
+    pub const URL_PARAMS: &'static [&'static str] = URL_PARAMS;
+
     /// Checks a configuration however it was made (a URL, a file); normalizes the hosts.
     ///
     /// # Errors

@@ -57,8 +57,9 @@ impl ZkBackend {
     /// # Errors
     /// [`ErrorKind::InvalidConfig`](lockcore::ErrorKind::InvalidConfig) for a malformed URL
     /// (before any I/O); [`ErrorKind::Unavailable`](lockcore::ErrorKind::Unavailable) when no
-    /// server answers; [`ErrorKind::Backend`](lockcore::ErrorKind::Backend) when the server
-    /// refuses (for example NoAuth on an existing namespace node).
+    /// server answers; [`ErrorKind::Auth`](lockcore::ErrorKind::Auth) when the credentials do
+    /// not open the namespace node (NoAuth, AuthFailed);
+    /// [`ErrorKind::Backend`](lockcore::ErrorKind::Backend) when the server refuses otherwise.
     pub async fn connect(url: &str) -> Result<ZkBackend> {
         Self::open(Config::parse(url)?).await
     }
@@ -183,9 +184,8 @@ impl ZkBackend {
         c.renew = RenewKind::Native;
         c.lost_detection = true;
         // Session loss is reported by the session task; a lock node deleted behind its holder
-        // (an operator's force release) is noticed at the holder's next renewal or check only
-        // (no per-lease watch: one session task per client).
-        c.revoke_detection = false;
+        // (an operator's force release) by the lease's watch on its own node.
+        c.revoke_detection = true;
         c.reentrant = false;
         // A crashed holder's node lives until its session times out, one session timeout
         // after its last heartbeat whatever the TTL asked for (earlier than the TTL when the
@@ -208,8 +208,9 @@ impl ZkBackend {
                 lost_after.as_millis()
             )
         };
+        c.compatibility = crate::compat::table();
         c.notes = vec![
-            "a lock node deleted behind its holder (force release) is noticed at the holder's next renewal or extend, not by itself".into(),
+            "a lock node deleted behind its holder (force release) is noticed at once: each held lease watches its own node (one exists request per acquisition), and its lost signal fires when the server reports the node deleted".into(),
             format!(
                 "the lease is the ZooKeeper session (negotiated timeout {} ms): a crashed holder's lock frees one session timeout after its last heartbeat, independent of the TTL",
                 session_timeout.as_millis()
@@ -226,7 +227,7 @@ impl ZkBackend {
             },
             "plain TCP only: TLS is not wired (the zookeeper-client crate has it behind its tls feature)".into(),
             "fencing token = creation zxid of the holder's node (one counter across exclusive, shared and permit holders); FIFO by sequence number; one release wakes one waiter (a permit's release at most `limit`, the waiters right behind it)".into(),
-            "shared holders in Curator's InterProcessReadWriteLock layout (__READ__ readers; kazoo's __rlock__ with interop=kazoo): a waiting writer queues later readers; permits as __PERMIT__<limit>- nodes; another use of a held name (another limit, a permit beside a lock) is a Conflict".into(),
+            "shared holders in Curator's InterProcessReadWriteLock layout (__READ__ readers; kazoo's __rlock__ with interop=kazoo): a waiting writer queues later readers; permits as __PERMIT__<limit>-lock- nodes (which Curator's InterProcessMutex queues behind); another use of a held name (another limit, a permit beside a lock) is a Conflict".into(),
             match interop {
                 Interop::Kazoo => "interop=kazoo: nodes named as kazoo's Lock names them (kazoo waits for them); Curator and go-zookeeper clients must not use these lock nodes (they do not order kazoo's names by sequence)".into(),
                 _ => "Curator's protected-mode node names: Curator's InterProcessMutex and go-zookeeper's Lock on the same node exclude locksmith and are excluded; kazoo needs interop=kazoo or extra_lock_patterns=[\"-lock-\"]".into(),

@@ -59,8 +59,11 @@ impl Interop {
         Some(match (self, mode) {
             (Interop::Curator, LockMode::Exclusive) => format!("_c_{owner_hex}-{CURATOR_MARK}"),
             (Interop::Curator, LockMode::Shared) => format!("_c_{owner_hex}-{CURATOR_READ_MARK}"),
+            // Ends in Curator's `lock-`, so that Curator's `InterProcessMutex` (which sorts
+            // every child by the text after the last `lock-`) queues behind a permit holder by
+            // sequence instead of sorting it after its own node and holding beside it.
             (Interop::Curator, LockMode::Permit { limit }) => {
-                format!("_c_{owner_hex}-{PERMIT_MARK}{limit}-")
+                format!("_c_{owner_hex}-{PERMIT_MARK}{limit}-{CURATOR_MARK}")
             }
             (Interop::Kazoo, LockMode::Exclusive) => format!("{owner_hex}{KAZOO_MARK}"),
             (Interop::Kazoo, LockMode::Shared) => format!("{owner_hex}{KAZOO_READ_MARK}"),
@@ -133,7 +136,13 @@ pub(crate) fn parse(name: &str) -> Option<(i64, Shape, Role)> {
     if !seq.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let (shape, role) = if head.ends_with(CURATOR_MARK) || head.ends_with(CURATOR_WRITE_MARK) {
+    // A permit's node: `…__PERMIT__<limit>-lock-` (or, from releases before Curator's mutex
+    // was made to see permits, `…__PERMIT__<limit>-`).
+    let permit = permit_limit(head.strip_suffix(CURATOR_MARK).unwrap_or(head))
+        .or_else(|| permit_limit(head));
+    let (shape, role) = if let Some(limit) = permit {
+        (Shape::Curator, Role::Permit(limit))
+    } else if head.ends_with(CURATOR_MARK) || head.ends_with(CURATOR_WRITE_MARK) {
         (Shape::Curator, Role::Writer)
     } else if head.ends_with(CURATOR_READ_MARK) {
         (Shape::Curator, Role::Reader)
@@ -142,13 +151,18 @@ pub(crate) fn parse(name: &str) -> Option<(i64, Shape, Role)> {
     } else if head.ends_with(KAZOO_READ_MARK) {
         (Shape::Kazoo, Role::Reader)
     } else {
-        let limit = head.strip_suffix('-')?.rsplit_once(PERMIT_MARK)?.1;
-        if limit.is_empty() || !limit.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        (Shape::Curator, Role::Permit(limit.parse().ok()?))
+        return None;
     };
     Some((seq.parse().ok()?, shape, role))
+}
+
+/// The limit of a permit node's name before its sequence (`…__PERMIT__<limit>-`).
+fn permit_limit(head: &str) -> Option<u32> {
+    let limit = head.strip_suffix('-')?.rsplit_once(PERMIT_MARK)?.1;
+    if limit.is_empty() || !limit.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    limit.parse().ok()
 }
 
 /// The role of a contender's node name (one [`queue`] returned).
@@ -303,8 +317,16 @@ mod tests {
         assert_eq!(kazoo_reader, format!("{t}__rlock__0000000001"));
         assert_eq!(parse(&kazoo_reader), Some((1, Shape::Kazoo, Role::Reader)));
         let permit = name(Interop::Curator, LockMode::Permit { limit: 12 }).unwrap();
-        assert_eq!(permit, format!("_c_{t}-__PERMIT__12-0000000001"));
+        assert_eq!(permit, format!("_c_{t}-__PERMIT__12-lock-0000000001"));
         assert_eq!(parse(&permit), Some((1, Shape::Curator, Role::Permit(12))));
+        // Curator's mutex sorts by the text after the last `lock-`: the sequence.
+        let curator_sort = |n: &str| n.rsplit_once("lock-").map_or(n, |(_, s)| s).to_owned();
+        assert_eq!(curator_sort(&permit), "0000000001");
+        // A permit node of an earlier release is still a permit.
+        assert_eq!(
+            parse(&format!("_c_{t}-__PERMIT__12-0000000002")),
+            Some((2, Shape::Curator, Role::Permit(12)))
+        );
         assert_eq!(name(Interop::Kazoo, LockMode::Permit { limit: 12 }), None);
     }
 

@@ -89,8 +89,10 @@
 //!   that come after it (no writer starves), and locksmith's exclusive and shared locks on one
 //!   name exclude each other.
 //! * **Permits** ([`LockMode::Permit`](lockcore::LockMode)): a permit's node is
-//!   `_c_<owner-token>-__PERMIT__<limit>-<seq>` (the limit in the name: one listing shows every
-//!   holder's limit). It holds when fewer than `limit` nodes are lower; otherwise it watches the
+//!   `_c_<owner-token>-__PERMIT__<limit>-lock-<seq>` (the limit in the name: one listing shows
+//!   every holder's limit; the `lock-` before the sequence makes Curator's `InterProcessMutex`,
+//!   which sorts children by the text after the last `lock-`, queue behind permit holders
+//!   instead of holding beside them; nodes of earlier releases, without it, still count). It holds when fewer than `limit` nodes are lower; otherwise it watches the
 //!   `limit` nodes right before it (a release frees a place for the first waiter whichever
 //!   holder leaves, and wakes at most the `limit` waiters right behind the node that left, never
 //!   the whole queue). Not available with `interop=kazoo` (kazoo has no semaphore of this
@@ -105,8 +107,15 @@
 //!   (`-lock-`) after its own and does not wait for them, and Curator's `InterProcessMutex` does
 //!   not see `__READ__` nodes: on a name shared with Curator's read-write lock, take the lock
 //!   only in shared mode from locksmith. With `interop=kazoo`, kazoo's `ReadLock`, `WriteLock`
-//!   and `Lock` exclude locksmith's readers and writers as kazoo's own. Curator's and kazoo's
-//!   semaphores use other layouts and do not see locksmith's permits. locksmith releases
+//!   exclude locksmith's readers and writers as kazoo's own, and kazoo's plain `Lock` excludes
+//!   locksmith's writers; kazoo's plain `Lock` does not see readers (`__rlock__`), locksmith's
+//!   or kazoo's own `ReadLock`'s (a limit of kazoo's recipe: on a name with readers, kazoo
+//!   clients take a `WriteLock`, never a plain `Lock`). Curator's `InterProcessMutex` waits for
+//!   locksmith's permit holders (their nodes end in `lock-<seq>`), and a locksmith permit asked
+//!   for while a Curator mutex node is ahead is refused with `Conflict` (a name is a mutex or a
+//!   semaphore). Curator's and kazoo's semaphores use other layouts and do not see locksmith's
+//!   permits. The compatibility table ([`lockcore::Capabilities::compatibility_table`]) lists
+//!   every pair. locksmith releases
 //!   before these modes existed do not see readers or permits: upgrade every client of a name
 //!   before using them on it.
 //!
@@ -153,8 +162,9 @@
 //!
 //! # Sessions and the lost signal
 //!
-//! One task per backend (not per lease) watches the session and keeps the registry of held
-//! leases. Held leases are reported lost:
+//! One task per backend watches the session and keeps the registry of held leases; each held
+//! lease also watches its own node (one `exists` and one task per lease). Held leases are
+//! reported lost:
 //! * at once when the connection drops ([`LostReason::ConnectionLost`]; Curator's standard
 //!   policy: a suspended connection is a lost lock, since the session may be expiring on the
 //!   server), or after `lost_after_disconnect` x the session timeout when that is set;
@@ -165,8 +175,10 @@
 //! * when the session expires ([`LostReason::SessionExpired`]). The backend then opens a new
 //!   session, as Curator does: later acquisitions work without rebuilding the backend, and
 //!   waiters of the old session queue again on the new one within their deadline;
-//! * when the node was deleted by someone else: at the next `extend` (auto-renewal), which is
-//!   refused ([`LostReason::RenewalRefused`]).
+//! * when the node was deleted by someone else (an operator's force release, Curator's or
+//!   kazoo's tools included): at once, when the server reports the lease's watch on its own
+//!   node ([`LostReason::RenewalRefused`]; `Capabilities::revoke_detection`), and in any case
+//!   at the next `extend` (auto-renewal), which is refused.
 //!
 //! The remaining window: the lost signal comes at most 2/3 of the session timeout after the
 //! holder last reached the leader, before the server can expire the session; a holder paused
@@ -178,6 +190,7 @@
 
 mod admin;
 mod backend;
+mod compat;
 mod config;
 mod connect;
 mod contenders;

@@ -393,6 +393,7 @@ impl ZkBackend {
         sent_at: Instant,
     ) -> Acquired {
         let id = session.register(req.lost.clone(), &self.inner.stats);
+        self.watch_own_node(session, &path, id);
         if let Some((parent, _)) = path.rsplit_once('/') {
             self.note_outcome(parent, true);
         }
@@ -404,6 +405,31 @@ impl ZkBackend {
             czxid,
         };
         Acquired::new(lease, sent_at)
+    }
+}
+
+impl ZkBackend {
+    /// Watches the node of held lease `id`: deleted behind its holder (an operator's force
+    /// release), the lease's lost signal fires when the server tells, not at the next renewal.
+    /// One request (the watch rides on an `exists`), and a task that ends when the node goes
+    /// (the holder's own release included, which has unregistered the lease first) or the
+    /// session ends (the session task reports that).
+    fn watch_own_node(&self, session: &Arc<Session>, path: &str, id: u64) {
+        let (session, backend, path) = (session.clone(), self.clone(), path.to_owned());
+        tokio::spawn(async move {
+            let gone = match session.client.check_and_watch_stat(&path).await {
+                Ok((Some(_), watcher)) => {
+                    watcher.changed().await.event_type == zk::EventType::NodeDeleted
+                }
+                // Already gone: revoked at once, or released (then no longer registered).
+                Ok((None, _)) => true,
+                // The session's trouble: its task reports the loss; renewals check the node.
+                Err(_) => false,
+            };
+            if gone {
+                session.revoked(id, &backend.inner.stats);
+            }
+        });
     }
 }
 

@@ -60,6 +60,22 @@ impl Session {
         id
     }
 
+    /// The node of lease `id` was deleted behind it (an operator's force release, seen by the
+    /// lease's watch on its own node): reports it lost, if it is still held (a release
+    /// unregisters before it deletes, so its own delete reports nothing).
+    pub(crate) fn revoked(&self, id: u64, stats: &Stats) {
+        let lost = self.registry().leases.remove(&id);
+        if let Some(lost) = lost
+            && lost.fire(LostReason::RenewalRefused)
+        {
+            bump(&stats.lost_fired);
+            tracing::debug!(
+                session = self.id,
+                "zookeeper lock node deleted behind its holder"
+            );
+        }
+    }
+
     pub(crate) fn unregister(&self, id: u64) {
         self.registry().leases.remove(&id);
     }

@@ -397,6 +397,51 @@ async fn readers_and_writers_across_clients(
 
 // ---------------------------------------------------------------------------------- Curator
 
+/// Issue 33: Curator's `InterProcessMutex` sorted locksmith's permit nodes after its own (their
+/// names had no `lock-`) and held beside a permit holder. It queues behind the permit now, and
+/// holds only once the permit is released; a locksmith permit asked for while Curator's node
+/// is ahead is refused (`Conflict`: a name is a mutex or a semaphore).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_mutex_waits_for_locksmith_permit_holders() {
+    let Some(url) = url() else { return };
+    let backend = ZkBackend::connect(&url).await.unwrap();
+    let locker = Locker::new(backend.clone());
+    let name = unique("interop-permit-curator");
+    let path = backend.lock_path(name.as_str()).unwrap();
+    let permit = locker
+        .try_lock(&name, &opts().permits(2))
+        .await
+        .unwrap()
+        .expect("free");
+    let mut mutex = curator(&url, &path, &["hold"]);
+    let client = backend.client();
+    assert!(
+        eventually(scaled(60), || async {
+            client
+                .list_children(&path)
+                .await
+                .is_ok_and(|c| c.len() == 2)
+        })
+        .await,
+        "Curator's mutex did not queue behind locksmith's permit"
+    );
+    match locker.try_lock(&name, &opts().permits(2)).await {
+        Err(e) if e.kind() == lockcore::ErrorKind::Conflict => {}
+        Ok(Some(_)) => panic!("a second permit was given beside Curator's mutex node"),
+        other => panic!("a permit behind Curator's mutex: expected Conflict, got {other:?}"),
+    }
+    let released = now_unix_micros();
+    permit.release().await.unwrap();
+    let curator_held = held(&mut mutex, scaled(20)).await;
+    assert!(
+        curator_held > released,
+        "Curator's mutex held at {curator_held} µs, before locksmith's permit was released at {released} µs: two holders"
+    );
+    mutex.send("").await.unwrap();
+    mutex.expect("RELEASED", scaled(20)).await.unwrap();
+    mutex.wait(scaled(20)).await.unwrap();
+}
+
 /// The issue-23 defect: `locksmith run` started while Curator held the path ran at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curator_holds_locksmith_waits() {

@@ -458,7 +458,44 @@ where
     F: FnOnce(CallerGone) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Result<T>> + Send + 'static,
 {
-    let detached = detach(background, attempt);
+    bounded(caller_bound, detach(background, None, attempt)).await
+}
+
+/// [`acquire_detached`] for one attempt of `req`, which the caller may send again with the same
+/// owner token after this one's bound (a [`Locker::lock`](crate::Locker::lock) retrying an
+/// `Unavailable` error). What this attempt wins after its caller left is released in the
+/// background only once the request is over (no attempt of it can be claimed any more, and
+/// no guard of it holds) or its guard's lease ended: a retry that took the same row (same token)
+/// as its own is never freed under its guard. Within the request's TTL at most: past it, what
+/// this attempt won has expired, and the row, if still held under the token, is the guard's.
+///
+/// Cancel safe, as [`acquire_detached`].
+pub async fn acquire_detached_for<T, F, Fut>(
+    req: &AcquireRequest,
+    caller_bound: Option<crate::Instant>,
+    attempt: F,
+) -> Result<T>
+where
+    T: AttemptOutcome,
+    F: FnOnce(CallerGone) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+{
+    let request = LateRelease {
+        watch: req.lost.watch(),
+        ttl: req.ttl,
+    };
+    bounded(
+        caller_bound,
+        detach(&req.background, Some(request), attempt),
+    )
+    .await
+}
+
+/// The outcome of a detached attempt, waited for until `caller_bound` at most.
+async fn bounded<T>(
+    caller_bound: Option<crate::Instant>,
+    detached: impl std::future::Future<Output = Option<Result<T>>>,
+) -> Result<T> {
     let outcome = match caller_bound {
         Some(bound) => tokio::time::timeout_at(bound, detached)
             .await
@@ -479,8 +516,41 @@ where
     })
 }
 
+/// When the release of a late win of one request may run (see [`acquire_detached_for`]).
+struct LateRelease {
+    watch: crate::lost::RequestWatch,
+    ttl: Duration,
+}
+
+impl LateRelease {
+    /// `release` once the request is over or its guard ended; skipped if the request's TTL
+    /// passes first.
+    async fn after_the_request(self, release: CleanUpTask) {
+        if self.watch.over_within(self.ttl).await {
+            release.await;
+        } else {
+            tracing::debug!(
+                "a late win of a request still holding under its token was not released: the \
+                 row is its guard's (or has expired)"
+            );
+        }
+    }
+}
+
+/// The release of a late win: at once, or once its request is over (see [`LateRelease`]).
+fn late_release(request: Option<LateRelease>, release: CleanUpTask) -> CleanUpTask {
+    match request {
+        None => release,
+        Some(request) => Box::pin(request.after_the_request(release)),
+    }
+}
+
 /// [`acquire_detached`] without a bound: `None` when the attempt did not run.
-async fn detach<T, F, Fut>(background: &Background, attempt: F) -> Option<Result<T>>
+async fn detach<T, F, Fut>(
+    background: &Background,
+    request: Option<LateRelease>,
+    attempt: F,
+) -> Option<Result<T>>
 where
     T: AttemptOutcome,
     F: FnOnce(CallerGone) -> Fut + Send + 'static,
@@ -490,6 +560,10 @@ where
     let gone = CallerGone(Arc::new(std::sync::atomic::AtomicBool::new(false)));
     let _mark_gone = MarkGoneOnDrop(gone.clone());
     let flag = gone.clone();
+    // Shared by the attempt's task and the caller's unclaimed outcome: whichever finds a lease
+    // nobody claims releases it.
+    let request = Arc::new(std::sync::Mutex::new(request));
+    let late = request.clone();
     background.spawn(async move {
         if flag.is_gone() {
             return;
@@ -499,12 +573,14 @@ where
             && let Some(release) = release_all(outcome.into_leases())
         {
             // The caller is gone: nobody else will use or release these leases.
-            release.await;
+            let request = late.lock().ok().and_then(|mut r| r.take());
+            late_release(request, release).await;
         }
     });
     let mut outcome = UnclaimedOutcome {
         rx: Some(rx),
         background: background.clone(),
+        request,
     };
     let rx = outcome.rx.as_mut().expect("set above");
     let won = rx.await.ok();
@@ -521,6 +597,9 @@ where
 struct UnclaimedOutcome<T: AttemptOutcome> {
     rx: Option<tokio::sync::oneshot::Receiver<Result<T>>>,
     background: Background,
+    /// The request of a late win, when the attempt was one of a request's
+    /// ([`acquire_detached_for`]).
+    request: Arc<std::sync::Mutex<Option<LateRelease>>>,
 }
 
 impl<T: AttemptOutcome> Drop for UnclaimedOutcome<T> {
@@ -532,7 +611,8 @@ impl<T: AttemptOutcome> Drop for UnclaimedOutcome<T> {
         if let Ok(Ok(outcome)) = rx.try_recv()
             && let Some(release) = release_all(outcome.into_leases())
         {
-            self.background.spawn(release);
+            let request = self.request.lock().ok().and_then(|mut r| r.take());
+            self.background.spawn(late_release(request, release));
         }
     }
 }
@@ -1155,5 +1235,95 @@ mod tests {
             Backoff::for_ttl(Duration::from_millis(1)).max,
             Duration::from_millis(10)
         );
+    }
+
+    /// A late win of one request is never released under the guard of its retry: the first
+    /// attempt is answered (a win) after its caller's bound, while the caller's retry with the
+    /// same owner token has won and is held. Its background release (by token: the same row
+    /// as the retry's) waits until the guard ends, then runs; a request over without a guard
+    /// has it released at once. Regression: it was released at once, freeing the row the
+    /// retry's guard held (SQL leases: the caller held a guard on nothing).
+    #[tokio::test]
+    async fn a_late_win_is_not_released_under_the_retry_that_holds_its_row() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let released = Arc::new(AtomicUsize::new(0));
+        let req = AcquireRequest::new(
+            LockName::new("late-win").unwrap(),
+            OwnerToken::random(),
+            Duration::from_secs(60),
+        );
+        let (answer, answered) = tokio::sync::oneshot::channel::<()>();
+        let (done, finished) = tokio::sync::oneshot::channel::<()>();
+        let late = CountedLease(released.clone());
+        let first = acquire_detached_for(
+            &req,
+            Some(Instant::now() + Duration::from_millis(20)),
+            move |_gone| async move {
+                let _ = answered.await;
+                let _ = done.send(());
+                Ok(Some(late))
+            },
+        )
+        .await;
+        assert_eq!(
+            first.unwrap_err().kind(),
+            crate::ErrorKind::Unavailable,
+            "no answer within the caller's bound"
+        );
+        // The retry, same request and token, wins and is claimed: its guard keeps the
+        // request's lost notifier (as a LockGuard does).
+        let retry = CountedLease(released.clone());
+        let won = acquire_detached_for(&req, None, move |_gone| async move { Ok(Some(retry)) })
+            .await
+            .unwrap();
+        assert!(won.is_some());
+        let guard = req.lost.clone();
+        let background = req.background.clone();
+        drop(req);
+        // The first attempt's late answer: a win.
+        answer.send(()).unwrap();
+        finished.await.unwrap();
+        let idle = tokio::time::timeout(Duration::from_millis(300), background.idle()).await;
+        assert!(idle.is_err(), "the late win's release waits for the guard");
+        assert_eq!(
+            released.load(Ordering::SeqCst),
+            0,
+            "a late win was released while its request's guard held the same row"
+        );
+        // The guard ends: the late win is released then.
+        drop(guard);
+        background.idle().await;
+        assert_eq!(released.load(Ordering::SeqCst), 1);
+    }
+
+    /// A late win of a request over without a guard (the caller gave up) is released at once.
+    #[tokio::test]
+    async fn a_late_win_of_a_request_given_up_is_released() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let released = Arc::new(AtomicUsize::new(0));
+        let req = AcquireRequest::new(
+            LockName::new("late-win-given-up").unwrap(),
+            OwnerToken::random(),
+            Duration::from_secs(60),
+        );
+        let (answer, answered) = tokio::sync::oneshot::channel::<()>();
+        let late = CountedLease(released.clone());
+        let first = acquire_detached_for(
+            &req,
+            Some(Instant::now() + Duration::from_millis(20)),
+            move |_gone| async move {
+                let _ = answered.await;
+                Ok(Some(late))
+            },
+        )
+        .await;
+        assert!(first.is_err());
+        let background = req.background.clone();
+        drop(req);
+        answer.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), background.idle())
+            .await
+            .expect("released at once");
+        assert_eq!(released.load(Ordering::SeqCst), 1);
     }
 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::Support;
+use crate::{Compatibility, Support};
 
 /// The longest TTL accepted by the contract; a backend may declare a smaller range
 /// ([`Capabilities::max_ttl`]).
@@ -51,13 +51,19 @@ pub struct Capabilities {
     /// The backend itself reports a lost lease (session expiry, dropped connection) besides the
     /// contract's renewal and validity checks.
     pub lost_detection: bool,
-    /// Part of `lost_detection`: the backend also notices by itself, long before the TTL, a lock
-    /// deleted behind its holder (an operator's force release), not only at the next renewal.
+    /// The backend notices by itself, within a second, a lock deleted behind its holder (an
+    /// operator's [`force_release`](crate::Locker::force_release): a watch on the holder's own
+    /// node or key, a revoke message, a release notification), not only at the next renewal.
+    /// A backend may declare it without `lost_detection` (which also covers a session or
+    /// connection lost).
     pub revoke_detection: bool,
     /// `extend(ttl)` sets the lease to the TTL asked for, longer or shorter. Backends whose
     /// server fixes a lease's TTL at grant time (etcd) keep the granted one and report it.
     pub extend_sets_ttl: bool,
-    /// The same holder may acquire a lock it already holds.
+    /// The same holder may acquire a lock it already holds. No backend here is: a lock held by
+    /// this process is contention for it too (`try_lock` gives `Ok(None)`; the conformance
+    /// suite's `reentrancy_as_declared` checks it). There is no option asking for reentrancy:
+    /// count nested holds in the application if it needs them.
     pub reentrant: bool,
     /// A crashed holder's lock is held until its TTL runs out, and not freed before. Backends
     /// whose locks die with the holder's connection free them at once instead.
@@ -68,9 +74,9 @@ pub struct Capabilities {
     /// early: a documented violation, which `skewed_clock_cannot_steal` does not count as a
     /// pass.
     pub expiry_on_client_clock: bool,
-    /// [`Backend::force_release`](crate::Backend::force_release) works.
+    /// [`Backend::force_release`](crate::backend::Backend::force_release) works.
     pub force_release: bool,
-    /// [`Backend::inspect`](crate::Backend::inspect) works: the backend reports whether a lock
+    /// [`Backend::inspect`](crate::backend::Backend::inspect) works: the backend reports whether a lock
     /// is held, by whom (the [`Holder`](crate::Holder) metadata it stores at acquire) and for
     /// how long.
     pub inspect: bool,
@@ -101,9 +107,19 @@ pub struct Capabilities {
     pub atomic_multi: Support,
     /// Free text for the report: caveats of this backend's guarantees.
     pub notes: Vec<String>,
+    /// The backend's own ways to take a name beyond the contract's (its other settings, the
+    /// peers it follows) and their cells, or cells of the contract's ways it declares
+    /// otherwise; [`Capabilities::compatibility_table`] is the whole table.
+    pub compatibility: Compatibility,
 }
 
 impl Capabilities {
+    /// The whole compatibility table: the contract's ways these capabilities allow
+    /// ([`Compatibility::core`]) with the backend's own ([`Capabilities::compatibility`]).
+    pub fn compatibility_table(&self) -> Compatibility {
+        Compatibility::core(self).merged(&self.compatibility)
+    }
+
     /// The margin taken off a lease of `ttl`: `ttl * drift_ppm / 1e6 + drift_fixed`.
     pub fn drift_margin(&self, ttl: Duration) -> Duration {
         let rate = ttl.as_nanos().saturating_mul(u128::from(self.drift_ppm)) / 1_000_000;
@@ -138,6 +154,7 @@ impl Default for Capabilities {
             permits: Support::no("not declared by this backend"),
             atomic_multi: Support::no("not declared by this backend"),
             notes: Vec::new(),
+            compatibility: Compatibility::default(),
         }
     }
 }

@@ -13,8 +13,117 @@
 use std::time::Duration;
 
 use crate::{
-    Error, Holder, IntoLockName, LockGuard, LockName, LockOptions, Locker, LostSignal, Result,
+    AutoRenew, DEFAULT_TTL, Error, Fencing, Holder, IntoLockName, LockGuard, LockName, LockOptions,
+    Locker, LostSignal, Result,
 };
+
+/// How [`Locker::campaign`] waits and keeps its leadership: the lease's TTL, the wait for
+/// election, the renewal. There is no mode: a leadership is exclusive by construction (a
+/// campaign given [`LockOptions`] with `shared()` or `permits(2)` used to elect every
+/// candidate), and no maximum hold time unless one is asked for: a leader renews until it
+/// resigns or is lost.
+///
+/// The defaults: TTL [`DEFAULT_TTL`] (30 s), wait until elected, renewed with
+/// [`AutoRenew::forever`].
+///
+/// ```compile_fail
+/// # async fn f(locker: lockcore::Locker) {
+/// // A campaign takes no lock options, so no mode: this does not compile.
+/// let _ = locker
+///     .campaign("leader", "10.0.0.1", &lockcore::LockOptions::new().shared())
+///     .await;
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct CampaignOptions {
+    ttl: Duration,
+    wait: Option<Duration>,
+    /// `None`: no renewal ([`CampaignOptions::no_auto_renew`]).
+    auto_renew: Option<AutoRenew>,
+}
+
+impl Default for CampaignOptions {
+    fn default() -> Self {
+        CampaignOptions {
+            ttl: DEFAULT_TTL,
+            wait: None,
+            auto_renew: Some(AutoRenew::forever()),
+        }
+    }
+}
+
+impl CampaignOptions {
+    /// TTL 30 s, wait until elected, renewed until resigned or lost.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The leadership lease's TTL: a leader that neither renews nor resigns is deposed after it.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long [`Locker::campaign`] waits to be elected before returning
+    /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) (as [`LockOptions::wait_timeout`]).
+    pub fn wait_timeout(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// Waits to be elected without a deadline (the default).
+    pub fn wait_forever(mut self) -> Self {
+        self.wait = None;
+        self
+    }
+
+    /// How the leadership is renewed: [`AutoRenew::forever`] by default;
+    /// [`AutoRenew::until`] deposes the leader at a maximum hold time.
+    pub fn auto_renew(mut self, renew: AutoRenew) -> Self {
+        self.auto_renew = Some(renew);
+        self
+    }
+
+    /// No renewal: the leader is deposed one TTL after its election (or its last extend by
+    /// hand through [`Leadership::guard`]).
+    pub fn no_auto_renew(mut self) -> Self {
+        self.auto_renew = None;
+        self
+    }
+
+    /// The TTL.
+    pub fn ttl_value(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The wait timeout, `None` for no deadline.
+    pub fn wait_value(&self) -> Option<Duration> {
+        self.wait
+    }
+
+    /// The renewal policy (`None`: no renewal).
+    pub fn auto_renew_value(&self) -> Option<&AutoRenew> {
+        self.auto_renew.as_ref()
+    }
+
+    /// The exclusive lock a campaign takes: its value as the holder label, and a fencing token
+    /// wherever the backend gives them (the term; observers read the value from the metadata
+    /// that a backend may store only with a token, PostgreSQL's row lock).
+    fn lock_options(&self, value: &str) -> LockOptions {
+        let mut options = LockOptions::new()
+            .ttl(self.ttl)
+            .label(value)
+            .fencing(Fencing::IfAvailable);
+        options = match self.wait {
+            Some(wait) => options.wait_timeout(wait),
+            None => options.wait_forever(),
+        };
+        match &self.auto_renew {
+            Some(renew) => options.auto_renew(renew.clone()),
+            None => options.no_auto_renew(),
+        }
+    }
+}
 
 /// This client's leadership of a name, from [`Locker::campaign`]. Dropped without
 /// [`Leadership::resign`], it resigns in the background.
@@ -109,6 +218,39 @@ impl LeaderWatch {
             tokio::time::sleep(self.every).await;
         }
     }
+
+    /// The changes of leader as a [`Stream`](futures::Stream): each item is what
+    /// [`LeaderWatch::changed`] returns, the first the current state. The stream ends after the
+    /// first error (a backend that cannot be read is not retried here).
+    ///
+    /// Changes are found by reading the leader every `every` (the contract has no way for a
+    /// backend to push them); changes closer together than `every` show as one.
+    ///
+    /// ```
+    /// # async fn f(locker: lockcore::Locker) -> lockcore::Result<()> {
+    /// use futures::StreamExt;
+    /// let changes = locker
+    ///     .watch_leader("scheduler", std::time::Duration::from_millis(200))?
+    ///     .into_stream();
+    /// let mut changes = std::pin::pin!(changes);
+    /// while let Some(leader) = changes.next().await {
+    ///     match leader? {
+    ///         Some(l) => println!("leader {:?} (term {:?})", l.value, l.term),
+    ///         None => println!("no leader"),
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn into_stream(self) -> impl futures::Stream<Item = Result<Option<Leader>>> + Send {
+        futures::stream::unfold(Some(self), |watch| async move {
+            let mut watch = watch?;
+            match watch.changed().await {
+                Ok(leader) => Some((Ok(leader), Some(watch))),
+                Err(e) => Some((Err(e), None)),
+            }
+        })
+    }
 }
 
 fn key(l: &Option<Leader>) -> Option<(Option<u64>, Option<&str>)> {
@@ -119,10 +261,10 @@ impl Locker {
     /// Campaigns for the leadership of `name` with `value` (the candidate's address, at most
     /// 256 bytes, no control characters: it is stored as the lock's holder label, readable by
     /// every client; on etcd the leader key's value, as etcd's own election stores it): waits
-    /// as [`Locker::lock`] does (the options' wait timeout, TTL and renewal apply; the
-    /// leadership is renewed while it is held), and returns once elected.
-    /// A campaign asks for a fencing token even under
-    /// [`LockOptions::no_fencing`](crate::LockOptions::no_fencing): it is the term.
+    /// as [`Locker::lock`] does for the name's exclusive lock (the options' wait timeout and
+    /// TTL apply), and returns once elected. The leadership is renewed until it is resigned or
+    /// lost, with no maximum hold time unless the [`CampaignOptions`] ask for one. It asks for
+    /// a fencing token wherever the backend gives them: it is the term.
     ///
     /// Cancel safety: as [`Locker::lock`]; a candidate dropped while waiting leaves nothing.
     ///
@@ -132,15 +274,9 @@ impl Locker {
         &self,
         name: impl IntoLockName,
         value: &str,
-        options: &LockOptions,
+        options: &CampaignOptions,
     ) -> Result<Leadership> {
-        // A leader's term is its token, and observers read its value from the metadata that
-        // a backend may store only with a token (PostgreSQL's row lock): a campaign never
-        // skips it, whatever the options say.
-        let mut options = options.clone().label(value);
-        if !options.fencing_value().wanted() {
-            options = options.fencing(crate::Fencing::IfAvailable);
-        }
+        let options = options.lock_options(value);
         let mut pending = self.request(name, &options)?;
         pending.request.campaign = true;
         let guard = self.wait_for(pending, &options).await?;
@@ -189,5 +325,54 @@ impl Locker {
             every: every.max(Duration::from_millis(10)),
             last: None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+
+    use super::*;
+    use crate::memory::MemoryBackend;
+
+    async fn next(
+        changes: &mut (impl futures::Stream<Item = Result<Option<Leader>>> + Unpin),
+    ) -> Option<Leader> {
+        tokio::time::timeout(Duration::from_secs(10), changes.next())
+            .await
+            .expect("a change within the bound")
+            .expect("the stream goes on")
+            .unwrap()
+    }
+
+    /// Issue 37: leader changes as a `Stream`: the current state first, then each election and
+    /// resignation.
+    #[tokio::test]
+    async fn leader_changes_come_as_a_stream() {
+        let locker = Locker::new(MemoryBackend::connect("leader_changes_stream"));
+        let opts = CampaignOptions::new().ttl(Duration::from_secs(10));
+        let changes = locker
+            .watch_leader("elected", Duration::from_millis(10))
+            .unwrap()
+            .into_stream();
+        let mut changes = std::pin::pin!(changes);
+        assert_eq!(next(&mut changes).await, None, "no leader at first");
+        let first = locker.campaign("elected", "a:1", &opts).await.unwrap();
+        let first_term = first.term();
+        let seen = next(&mut changes).await.expect("a leader");
+        assert_eq!(
+            (seen.value.as_deref(), seen.term),
+            (Some("a:1"), first_term)
+        );
+        first.resign().await.unwrap();
+        assert_eq!(next(&mut changes).await, None, "resigned");
+        let second = locker.campaign("elected", "b:2", &opts).await.unwrap();
+        let seen = next(&mut changes).await.expect("a leader");
+        assert_eq!(
+            (seen.value.as_deref(), seen.term),
+            (Some("b:2"), second.term())
+        );
+        assert!(second.term() > first_term);
+        second.resign().await.unwrap();
     }
 }

@@ -20,10 +20,12 @@
 //! Every guard, from [`Locker::lock`], [`Locker::try_lock`] or [`Locker::with_lock`], is renewed
 //! in the background while it exists (every third of the TTL), as Redisson's watchdog, Curator
 //! and etcd sessions do: a 45 s job under the 30 s default TTL keeps its lock. The TTL only
-//! bounds how long a *crashed* holder keeps the lock. Renewal always stops at a maximum hold
-//! time, [`DEFAULT_MAX_HOLD`] (one hour) unless [`LockOptions::auto_renew`] names another; the
-//! lease then ends ([`LostReason::MaxHoldReached`]) and the lock is released. Releasing or
-//! dropping the guard stops the renewal. [`LockOptions::no_auto_renew`] opts out: the lease then
+//! bounds how long a *crashed* holder keeps the lock. A lock's renewal stops at a maximum hold
+//! time, [`DEFAULT_MAX_HOLD`] (one hour) unless [`LockOptions::auto_renew`] names another or
+//! [`AutoRenew::forever`] (no maximum); the lease then ends ([`LostReason::MaxHoldReached`],
+//! logged at `WARN`) and the lock is released. A [leadership](Locker::campaign) has no maximum
+//! unless its [`CampaignOptions`] ask for one: a leader renews until it resigns or is lost.
+//! Releasing or dropping the guard stops the renewal. [`LockOptions::no_auto_renew`] opts out: the lease then
 //! ends one TTL after it was acquired (or last [extended](LockGuard::extend)), guard or not.
 //!
 //! ```
@@ -40,11 +42,27 @@
 //! guard.release().await?;
 //! # Ok(()) }
 //! ```
+//!
+//! # One name, one lock: the compatibility table
+//!
+//! A name can be taken many ways: an exclusive lock, a shared lock, one of N permits, a member
+//! of a multi-lock, a campaign ([`Locker::campaign`], exclusive by construction: its
+//! [`CampaignOptions`] have no mode), and per backend its other settings (a SQL strategy,
+//! PostgreSQL's transaction lock, an `interop=` layout) and the peers those follow. Each
+//! backend declares, beside its [`Capabilities`], what every pair does
+//! ([`Capabilities::compatibility_table`], [`Locker::compatibility`]): exclude, share, refuse
+//! with a typed error, or a documented limit with its reason (a peer that reads only its own
+//! layout). The conformance suite's `compat_*` family checks each cell the suite can take on
+//! the real servers, `locksmith report` shows the table with each cell's result, and the
+//! backends' own tests check the cells of their settings and peers. Multi-locks and the
+//! blocking API take the modes of their options as single locks do (a set of readers, a set
+//! of permits): no mode is meaningless there, so none is refused.
 #![deny(missing_docs)]
 
 pub mod backend;
 mod capabilities;
 mod compact_time;
+pub mod compatibility;
 pub mod config;
 mod election;
 mod error;
@@ -57,13 +75,14 @@ mod multi;
 mod name;
 mod options;
 pub mod registry;
-mod secret;
+pub mod secret;
 pub mod telemetry;
 mod waiting;
 
 pub use backend::OwnerToken;
 pub use capabilities::{Capabilities, MAX_TTL, RenewKind, WaitKind};
-pub use election::{Leader, LeaderWatch, Leadership};
+pub use compatibility::{Cell, Compatibility, Relation, Way, WayKind};
+pub use election::{CampaignOptions, Leader, LeaderWatch, Leadership};
 pub use error::{Error, ErrorKind, Result, WithLockError};
 pub use inspect::{AcquiredClock, Holder, LockInfo, Share};
 pub use locker::{LockGuard, Locker, WAIT_DEADLINE_SLACK};

@@ -193,7 +193,30 @@ impl Drop for LostNotifier {
     }
 }
 
+/// A look at one request's lifetime from a late attempt of it (see
+/// [`crate::backend::acquire_detached_for`]): the request's notifier state, without counting as
+/// one of its notifiers.
+pub(crate) struct RequestWatch(Arc<NotifierInner>);
+
+impl RequestWatch {
+    /// Waits until the request is over (its last notifier gone: no attempt of it can still be
+    /// claimed and no guard of it holds) or its guard's lease ended (released or abandoned):
+    /// true. False when `within` passed first (the request or its guard lives on).
+    pub(crate) async fn over_within(self, within: Duration) -> bool {
+        let over = self.0.wait_for(|s| {
+            (s.notifiers.load(Ordering::Acquire) == 0 || s.ended.load(Ordering::Acquire))
+                .then_some(())
+        });
+        tokio::time::timeout(within, over).await.is_ok()
+    }
+}
+
 impl LostNotifier {
+    /// A watch of this request's lifetime that does not keep it alive.
+    pub(crate) fn watch(&self) -> RequestWatch {
+        RequestWatch(self.0.clone())
+    }
+
     /// A new notifier and its signal.
     pub fn new() -> (LostNotifier, LostSignal) {
         let inner = Arc::new(NotifierInner {

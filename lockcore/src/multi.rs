@@ -22,6 +22,7 @@ use std::task::Poll;
 
 use tokio::time::Instant;
 
+use crate::locker::{PendingGuard, RETRY_BACKOFF, SetTry};
 use crate::{
     Error, ErrorKind, IntoLockName, LockGuard, LockMode, LockName, LockOptions, Locker, LostReason,
     Result,
@@ -180,6 +181,7 @@ impl Locker {
     ///
     /// # Errors
     /// As [`Locker::lock_all`], without `Timeout`.
+    #[must_use = "the lock is released as soon as its guard is dropped: bind the result (`let guard = ...` or `let _guard = ...`, not `let _ = ...`)"]
     pub async fn try_lock_all<N: IntoLockName>(
         &self,
         names: impl IntoIterator<Item = N>,
@@ -222,7 +224,9 @@ impl Locker {
     /// own wait, with its retries of transient errors), then the rest in one attempt while
     /// holding that member. A lost attempt lets the member go before waiting for the next busy
     /// one: nothing is held while waiting, so overlapping sets never deadlock. An `Unavailable`
-    /// attempt waits on the first member the same way, which retries as [`Locker::lock`] does.
+    /// attempt is re-sent as it is (the same owner tokens, with [`Locker::lock`]'s backoff and
+    /// give-up), so that a set the server applied but whose reply was lost is this call's own
+    /// at once, not a stranger's grant waited out until its TTL.
     async fn lock_all_atomic(
         &self,
         names: &[LockName],
@@ -231,6 +235,11 @@ impl Locker {
     ) -> Result<MultiGuard> {
         // The member won by waiting, with its index in `names`.
         let mut held: Option<(usize, LockGuard)> = None;
+        // The requests of an attempt that failed `Unavailable`, re-sent as they are (the same
+        // owner tokens: the server may have applied the first copy, and takes a same-token
+        // re-send as its own), with when that run of failures began and how many there were.
+        let mut resend: Option<Vec<PendingGuard>> = None;
+        let mut failures: Option<(Instant, u32)> = None;
         loop {
             let rest: Vec<LockName> = names
                 .iter()
@@ -238,25 +247,48 @@ impl Locker {
                 .filter(|(i, _)| held.as_ref().is_none_or(|(h, _)| h != i))
                 .map(|(_, n)| n.clone())
                 .collect();
-            let attempt = if rest.is_empty() {
-                Ok(Ok(Vec::new()))
-            } else {
-                self.try_lock_set(&rest, options).await
+            let attempt = match (rest.is_empty(), resend.take()) {
+                (true, _) => SetTry::Won(Vec::new()),
+                (false, Some(pending)) => self.try_set(pending, options).await,
+                (false, None) => match self.set_requests(&rest, options) {
+                    Ok(pending) => self.try_set(pending, options).await,
+                    Err(e) => SetTry::Failed(e, Vec::new()),
+                },
             };
             let busy = match attempt {
-                Ok(Ok(mut guards)) => {
+                SetTry::Won(mut guards) => {
                     if let Some((i, g)) = held.take() {
                         guards.insert(i, g);
                     }
                     return Ok(MultiGuard { guards });
                 }
-                Ok(Err(i)) => &rest[i],
-                Err(e) if e.kind() == ErrorKind::Unavailable => &rest[0],
-                Err(e) => {
+                SetTry::Busy(i) => &rest[i],
+                SetTry::Failed(e, pending)
+                    if e.kind() == ErrorKind::Unavailable && !pending.is_empty() =>
+                {
+                    let now = Instant::now();
+                    let (since, n) = *failures.get_or_insert((now, 0));
+                    if deadline.is_some_and(|d| now >= d)
+                        || now.duration_since(since) >= options.retry_unavailable_value()
+                    {
+                        release_all(held.into_iter().map(|(_, g)| g).collect()).await;
+                        return Err(e);
+                    }
+                    let mut wake = now + RETRY_BACKOFF.delay(n);
+                    if let Some(d) = deadline {
+                        wake = wake.min(d);
+                    }
+                    tokio::time::sleep_until(wake).await;
+                    failures = Some((since, n.saturating_add(1)));
+                    resend = Some(pending);
+                    continue;
+                }
+                SetTry::Failed(e, _) => {
                     release_all(held.into_iter().map(|(_, g)| g).collect()).await;
                     return Err(e);
                 }
             };
+            failures = None;
             let at = names
                 .iter()
                 .position(|n| n == busy)

@@ -43,7 +43,6 @@ pub struct LockOptions {
     auto_renew: Option<AutoRenew>,
     fencing: Fencing,
     require_fair: bool,
-    reentrant: bool,
     label: Option<String>,
     mode: LockMode,
     retry_unavailable: Duration,
@@ -57,7 +56,6 @@ impl Default for LockOptions {
             auto_renew: Some(AutoRenew::until(DEFAULT_MAX_HOLD)),
             fencing: Fencing::IfAvailable,
             require_fair: false,
-            reentrant: false,
             label: None,
             mode: LockMode::Exclusive,
             retry_unavailable: DEFAULT_RETRY_UNAVAILABLE,
@@ -160,13 +158,6 @@ impl LockOptions {
     /// served first come, first served.
     pub fn require_fair(mut self, yes: bool) -> Self {
         self.require_fair = yes;
-        self
-    }
-
-    /// Ask for a reentrant lock. No backend here is reentrant, so this is refused with
-    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) unless a backend declares it.
-    pub fn reentrant(mut self, yes: bool) -> Self {
-        self.reentrant = yes;
         self
     }
 
@@ -291,11 +282,6 @@ impl LockOptions {
             )));
         }
         self.mode.supported_by(caps).map_err(Error::unsupported)?;
-        if self.reentrant && self.mode != LockMode::Exclusive {
-            return Err(Error::unsupported(
-                "reentrancy applies to exclusive locks only",
-            ));
-        }
         if self.fencing == Fencing::Required && !caps.fencing {
             return Err(Error::unsupported("this backend gives no fencing tokens"));
         }
@@ -303,9 +289,6 @@ impl LockOptions {
             return Err(Error::unsupported(
                 "this backend does not serve waiters in FIFO order",
             ));
-        }
-        if self.reentrant && !caps.reentrant {
-            return Err(Error::unsupported("this backend's locks are not reentrant"));
         }
         Ok(())
     }
@@ -345,20 +328,37 @@ impl Fencing {
     }
 }
 
-/// Background renewal of a lease (a watchdog), always bounded by a maximum hold time so that a
-/// stuck holder cannot keep a lock forever.
+/// Background renewal of a lease (a watchdog): bounded by a maximum hold time
+/// ([`AutoRenew::until`], what every lock gets by default: [`DEFAULT_MAX_HOLD`]) so that a stuck
+/// holder cannot keep a lock forever, or renewed until the guard is released or lost
+/// ([`AutoRenew::forever`], what a [leadership](crate::Locker::campaign) gets by default).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AutoRenew {
-    max_hold: Duration,
+    /// `None`: no maximum ([`AutoRenew::forever`]).
+    max_hold: Option<Duration>,
     interval_fraction: f64,
 }
 
 impl AutoRenew {
     /// Renews every third of the TTL until `max_hold` has passed since the lock was acquired;
-    /// after that the lease runs out at most one TTL later (never later than `max_hold`).
+    /// after that the lease runs out at most one TTL later (never later than `max_hold`), and
+    /// the guard's lost signal fires with
+    /// [`LostReason::MaxHoldReached`](crate::LostReason::MaxHoldReached) (logged at `WARN`, as
+    /// every loss is: see [`telemetry`](crate::telemetry)).
     pub fn until(max_hold: Duration) -> Self {
         AutoRenew {
-            max_hold,
+            max_hold: Some(max_hold),
+            interval_fraction: 1.0 / 3.0,
+        }
+    }
+
+    /// Renews every third of the TTL for as long as the guard exists: no maximum hold time. The
+    /// lease ends only when the guard is released or dropped, or lost (a refused renewal, the
+    /// server unreachable past the validity deadline). For holders that must last (a leader, a
+    /// singleton service); a stuck holder then keeps the lock until its process dies.
+    pub fn forever() -> Self {
+        AutoRenew {
+            max_hold: None,
             interval_fraction: 1.0 / 3.0,
         }
     }
@@ -369,8 +369,8 @@ impl AutoRenew {
         self
     }
 
-    /// The maximum hold time.
-    pub fn max_hold(&self) -> Duration {
+    /// The maximum hold time (`None`: [`AutoRenew::forever`]).
+    pub fn max_hold(&self) -> Option<Duration> {
         self.max_hold
     }
 
@@ -379,13 +379,16 @@ impl AutoRenew {
         self.interval_fraction
     }
 
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         if !(0.05..=0.8).contains(&self.interval_fraction) {
             return Err(Error::invalid_config(
                 "auto-renew interval fraction must be between 0.05 and 0.8 of the ttl",
             ));
         }
-        if self.max_hold.is_zero() || self.max_hold > MAX_TTL * 52 {
+        if self
+            .max_hold
+            .is_some_and(|hold| hold.is_zero() || hold > MAX_TTL * 52)
+        {
             return Err(Error::invalid_config(
                 "auto-renew max hold time must be above zero and at most a year",
             ));
@@ -418,10 +421,6 @@ mod tests {
                     .auto_renew(AutoRenew::until(Duration::from_secs(1)).interval_fraction(0.99))
             ),
             Some(ErrorKind::InvalidConfig)
-        );
-        assert_eq!(
-            kind(LockOptions::new().reentrant(true)),
-            Some(ErrorKind::Unsupported)
         );
         assert_eq!(
             kind(LockOptions::new().require_fencing(true)),

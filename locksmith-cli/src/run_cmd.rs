@@ -18,6 +18,10 @@ use crate::group::{self, Group};
 /// Must run on the main thread (see [`Group::spawn`]).
 pub async fn run(args: RunArgs) -> u8 {
     if locksmith::scheme_of(&args.url).is_ok_and(|s| s == "memory") {
+        // A bad memory URL (an unknown parameter) is reported as such first, like any URL's.
+        if let Err(e) = locksmith::connect(&args.url).await {
+            return fail(&e);
+        }
         eprintln!(
             "locksmith: memory:// locks exist inside one process only, so they cannot keep two \
              `locksmith run` processes apart; on one host without a server use \
@@ -312,6 +316,7 @@ fn fail(e: &Error) -> u8 {
         | ErrorKind::InvalidName
         | ErrorKind::Unsupported
         | ErrorKind::Conflict => exit::CONFIG,
+        ErrorKind::Auth => exit::AUTH,
         _ => exit::UNAVAILABLE,
     }
 }

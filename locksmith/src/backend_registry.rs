@@ -5,7 +5,7 @@
 //!
 //! Adding a backend: a crate exporting a [`lockcore::registry::Registration`], a cargo feature
 //! in `locksmith/Cargo.toml`, and one entry in the [`registry!`] call at the end of this file
-//! (the README's "Adding a backend" section has the whole list).
+//! (CONTRIBUTING.md, "Adding a backend", has the whole list).
 
 use lockcore::registry::{Connecting, HarnessHints, OtherNamespace};
 use lockcore::{Error, Locker, Result, Secret, memory};
@@ -101,7 +101,11 @@ macro_rules! registry {
         /// # Ok(()) }
         /// ```
         #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
-        #[serde(tag = "backend", rename_all = "lowercase")]
+        // deny_unknown_fields: the `memory` and `url` variants' own (the other variants' types
+        // deny theirs). A field beside `url` (`namespace`...) is refused rather than applied:
+        // the URL already says everything, and a second source for a setting could contradict
+        // it without anyone noticing.
+        #[serde(tag = "backend", rename_all = "lowercase", deny_unknown_fields)]
         #[non_exhaustive]
         pub enum Config {
             /// The in-process reference backend (tests, one process).
@@ -120,6 +124,37 @@ macro_rules! registry {
                 #[cfg(feature = $feature)]
                 $variant($config),
             )*
+        }
+
+        /// Reads the fields of a registered backend's variant from text pairs (all but
+        /// `backend`) into its own config type, so that numbers and lists are parsed as that
+        /// type asks ([`lockcore::config::from_pairs`]); `None` for `memory`, `url` and unknown
+        /// names. `Some(Err)` names the missing cargo feature of a known backend not compiled in.
+        pub(crate) fn variant_from_pairs(
+            backend: &str,
+            pairs: Vec<(String, String)>,
+        ) -> Option<Result<Config>> {
+            let _ = &pairs;
+            match backend {
+                $(
+                    $feature => {
+                        #[cfg(feature = $feature)]
+                        return Some(
+                            lockcore::config::from_pairs::<$config>(
+                                concat!($feature, " config"),
+                                pairs,
+                            )
+                            .map(Config::$variant),
+                        );
+                        #[cfg(not(feature = $feature))]
+                        return Some(Err(Error::invalid_config(concat!(
+                            "backend `", $feature, "`: locksmith was built without the `",
+                            $feature, "` feature"
+                        ))));
+                    }
+                )*
+                _ => None,
+            }
         }
 
         /// Connects a [`Config`] of a registered backend.
@@ -207,6 +242,19 @@ fn memory_store(url: &str) -> Result<String> {
         .split_once("://")
         .map(|(_, rest)| rest)
         .ok_or_else(|| Error::invalid_config("a memory URL looks like memory://[store]"))?;
+    if let Some((_, query)) = rest.split_once('?') {
+        // A memory URL has no parameters: refuse one as every backend refuses an unknown
+        // one, named (query_pairs refuses a name that is not plain without quoting it).
+        let what = "memory URL";
+        let pairs = lockcore::config::query_pairs(what, query)?;
+        let named = pairs
+            .first()
+            .map(|(key, _)| format!("unknown query parameter `{key}`"))
+            .unwrap_or_else(|| "a `?` without parameters".to_owned());
+        return Err(Error::invalid_config(format!(
+            "{what}: {named} (memory://[store] takes none)"
+        )));
+    }
     let store = rest.trim_end_matches('/');
     if store.is_empty() {
         return Ok("default".to_owned());
@@ -252,5 +300,29 @@ mod tests {
             }
         }
         assert!(backend_for_scheme("memory").unwrap().compiled.is_some());
+    }
+
+    /// A memory URL's query is refused, its parameter named (before, the whole store part was
+    /// refused as a bad store name, the parameter unnamed).
+    #[test]
+    fn memory_urls_refuse_parameters_by_name() {
+        for (url, named) in [
+            ("memory://jobs?stor=x", Some("`stor`")),
+            ("memory://?namespace=a", Some("`namespace`")),
+            ("memory://jobs?", None),
+            ("memory://jobs?Sekrit=1", None),
+        ] {
+            let e = memory_store(url).unwrap_err();
+            assert_eq!(e.kind(), lockcore::ErrorKind::InvalidConfig, "{url}");
+            let msg = e.to_string();
+            if let Some(named) = named {
+                assert!(
+                    msg.contains(&format!("unknown query parameter {named}")),
+                    "{msg}"
+                );
+            }
+            assert!(!msg.contains("Sekrit"), "{msg}");
+        }
+        assert_eq!(memory_store("memory://jobs/").unwrap(), "jobs");
     }
 }

@@ -99,6 +99,82 @@ mod tests {
         }
     }
 
+    /// The crate docs' table of URL parameters lists, for every registered scheme, exactly the
+    /// parameters the backend's code accepts.
+    #[cfg(all(
+        feature = "redis",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "sqlite",
+        feature = "zk",
+        feature = "redlock",
+        feature = "etcd"
+    ))]
+    #[test]
+    fn the_url_parameters_table_in_the_docs_matches_the_code() {
+        let docs = include_str!("lib.rs");
+        let table = docs
+            .split("<!-- url-params -->")
+            .nth(1)
+            .and_then(|t| t.split("<!-- /url-params -->").next())
+            .expect("the table's markers");
+        let ticked = |cell: &str| -> Vec<String> {
+            cell.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect()
+        };
+        let mut rows = std::collections::BTreeMap::new();
+        for line in table.lines().map(|l| l.trim_start_matches("//!").trim()) {
+            let Some(row) = line.strip_prefix("| `") else {
+                continue;
+            };
+            let (schemes, params) = row.split_once(" | ").expect(line);
+            for scheme in ticked(&format!("`{schemes}")) {
+                let scheme = scheme.trim_end_matches("://").to_owned();
+                assert!(rows.insert(scheme, ticked(params)).is_none(), "{line}");
+            }
+        }
+        let owned = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let mut n = 0;
+        for backend in crate::backends() {
+            for scheme in backend.schemes {
+                n += 1;
+                let want = match backend.name {
+                    "memory" => Vec::new(),
+                    "redis" => owned(lock_redis::Config::URL_PARAMS),
+                    "postgres" | "mysql" | "sqlite" => {
+                        let mut all = owned(lock_sql::Config::URL_PARAMS);
+                        all.extend(owned(lock_sql::sqlx_params(scheme).unwrap()));
+                        if backend.name == "postgres" {
+                            all.push("options[NAME]".to_owned());
+                        }
+                        all
+                    }
+                    "zk" => owned(lock_zk::Config::URL_PARAMS),
+                    "etcd" => owned(lock_etcd::Config::URL_PARAMS),
+                    // A master's Redis parameters, but those Redlock refuses (no replicas to
+                    // wait for, no peer speaking its quorum).
+                    "redlock" => ["node_timeout_ms"]
+                        .into_iter()
+                        .chain(lock_redis::Config::URL_PARAMS.iter().copied().filter(|p| {
+                            !["min_replicas", "replica_timeout_ms", "interop"].contains(p)
+                        }))
+                        .map(str::to_owned)
+                        .collect(),
+                    other => panic!("the table does not know backend {other}"),
+                };
+                assert_eq!(rows.get(*scheme), Some(&want), "{scheme}://");
+            }
+        }
+        assert_eq!(
+            rows.len(),
+            n,
+            "the table has a scheme the registry does not"
+        );
+    }
+
     #[test]
     fn schemes() {
         assert_eq!(scheme_of("REDIS+Cluster://x").unwrap(), "redis+cluster");

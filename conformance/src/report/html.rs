@@ -252,6 +252,8 @@ impl Report {
         }
         let _ = writeln!(w, "</tbody></table></div>");
 
+        w.push_str(&super::compat_table::html(&self.backends));
+
         // Figures.
         let _ = writeln!(
             w,

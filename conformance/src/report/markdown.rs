@@ -156,6 +156,7 @@ impl Report {
             let _ = writeln!(w);
         }
 
+        w.push_str(&super::compat_table::markdown(&self.backends, md_cell));
         let _ = writeln!(w, "\n## Figures\n");
         let _ = writeln!(w, "{FIGURES_LEGEND}\n");
         let _ = writeln!(w, "| backend | {} |", FIGURE_COLUMNS.join(" | "));

@@ -3,10 +3,12 @@
 //!
 //! This file is the report's model (what ran, the results, and which of them need a note).
 //! The renderings live apart and use it, never the other way round: `text` (formatting both
-//! renderings share), `markdown`, `html` (with `charts` and `page.css`), `fault_matrix` (the
+//! renderings share), `markdown`, `html` (with `charts` and `page.css`), `compat_table` (the
+//! compatibility section of both), `fault_matrix` (the
 //! fault suite's sections of both) and `files` (writing all three).
 
 mod charts;
+mod compat_table;
 mod fault_matrix;
 mod files;
 mod html;
@@ -193,7 +195,7 @@ fn count(b: &BackendReport, status: Status) -> usize {
 }
 
 /// `YYYY-MM-DD HH:MM UTC` of a Unix time (from the `time` crate's calendar).
-fn utc_date(unix: u64) -> String {
+pub fn utc_date(unix: u64) -> String {
     let Ok(t) = i64::try_from(unix)
         .map_err(drop)
         .and_then(|u| time::OffsetDateTime::from_unix_timestamp(u).map_err(drop))

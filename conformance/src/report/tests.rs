@@ -27,6 +27,7 @@ fn backend(label: &str, results: Vec<ScenarioResult>, figures: Option<Figures>) 
         label: label.to_string(),
         backend: format!("{label}://host (password redacted)"),
         server_version: (label == "memory").then(|| "memory 7.0.15".to_string()),
+        compatibility: Some(caps.compatibility_table()),
         capabilities: Some(caps),
         results,
         figures,

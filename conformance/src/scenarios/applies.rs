@@ -179,3 +179,26 @@ pub(super) fn needs_shared_fencing(c: &Capabilities, h: &dyn Harness) -> Result<
     needs_shared(c, h)?;
     needs_fencing(c, h)
 }
+
+pub(super) fn needs_notified_permits(
+    c: &Capabilities,
+    h: &dyn Harness,
+) -> Result<(), &'static str> {
+    needs_permits(c, h)?;
+    needs_notify(c, h)
+}
+
+pub(super) fn needs_notified_shared(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    needs_shared(c, h)?;
+    needs_notify(c, h)
+}
+
+pub(super) fn needs_notified_revoke(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    needs_revoke(c, h)?;
+    needs_notify(c, h)
+}
+
+pub(super) fn needs_shared_notify(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    needs_shared(c, h)?;
+    needs_notify(c, h)
+}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lockcore::Instant;
+use lockcore::{CampaignOptions, Instant};
 
 use super::context::{Ctx, Outcome};
 use super::support::{check, ok_or};
@@ -17,8 +17,9 @@ use super::support::{check, ok_or};
 /// a watch sees the leadership change hands.
 pub(super) async fn one_leader_at_a_time(ctx: &Ctx) -> Outcome {
     let name = ctx.name("leader");
-    let opts = ctx
-        .fenced_opts(ctx.ttl(Duration::from_secs(30)))
+    let opts = CampaignOptions::new()
+        .ttl(ctx.ttl(Duration::from_secs(30)))
+        .no_auto_renew()
         .wait_timeout(ctx.bound(Duration::from_secs(20)));
     let observer = ctx.client().await?;
     let leaders = Arc::new(AtomicUsize::new(0));
@@ -131,12 +132,11 @@ pub(super) async fn old_leader_lost_before_new_leader(ctx: &Ctx) -> Outcome {
     let name = ctx.name("leader");
     let ttl = ctx.ttl(Duration::from_millis(1000));
     let old = ok_or(
-        a.campaign(&name, "old", &ctx.opts(ttl)).await,
+        a.campaign(&name, "old", &campaign_opts(ctx, ttl)).await,
         "the first campaign",
     )?;
     let lost = old.lost();
-    let opts = ctx
-        .opts(ctx.ttl(Duration::from_secs(30)))
+    let opts = campaign_opts(ctx, ctx.ttl(Duration::from_secs(30)))
         .wait_timeout(ttl * 3 + ctx.bound(Duration::from_secs(5)));
     let new = ok_or(b.campaign(&name, "new", &opts).await, "the second campaign")?;
     let elected = Instant::now();
@@ -154,4 +154,12 @@ pub(super) async fn old_leader_lost_before_new_leader(ctx: &Ctx) -> Outcome {
     }
     drop(old);
     ok_or(new.resign().await, "resign")
+}
+
+/// A campaign as [`Ctx::opts`] takes a lock: `ttl`, the suite's wait bound, no renewal.
+fn campaign_opts(ctx: &Ctx, ttl: Duration) -> CampaignOptions {
+    CampaignOptions::new()
+        .ttl(ttl)
+        .wait_timeout(ctx.bound(Duration::from_secs(30)))
+        .no_auto_renew()
 }

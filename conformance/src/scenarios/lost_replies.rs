@@ -16,7 +16,7 @@ use crate::harness::ReplyLoser;
 
 /// A client whose replies can be lost, warmed up on another name (connections open, scripts
 /// loaded, sessions made), so that the lost reply is the operation's own.
-async fn losing_client(ctx: &Ctx) -> Result<(Locker, Arc<dyn ReplyLoser>), Failure> {
+pub(super) async fn losing_client(ctx: &Ctx) -> Result<(Locker, Arc<dyn ReplyLoser>), Failure> {
     let (c, loser) = ok_or(
         ctx.harness.client_losing_replies().await,
         "connecting a client whose replies can be lost",

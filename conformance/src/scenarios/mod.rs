@@ -7,16 +7,22 @@
 mod applies;
 mod basics;
 mod cancellation;
+mod compat;
 mod context;
 mod election;
 mod expiry;
 mod fencing;
+mod handover;
 mod herd;
 mod inspect;
 mod latency;
+mod leadership;
 mod lost_replies;
+mod lost_reply_modes;
 mod multi;
+mod multi_cancel;
 mod names;
+mod primitive_leases;
 mod primitives;
 mod renewal;
 mod silent;
@@ -30,10 +36,12 @@ use crate::harness::BoxFuture;
 use self::applies::{
     always, needs_atomic_multi, needs_clock_skew, needs_counting, needs_extend_sets_ttl,
     needs_fair, needs_fencing, needs_inspect, needs_lease_loss, needs_lost_detection,
-    needs_lost_replies, needs_native_renewal, needs_notify, needs_other_namespace,
-    needs_permit_expiry, needs_permits, needs_reply_delay, needs_revoke, needs_shared,
-    needs_shared_fencing, needs_ttl_expiry,
+    needs_lost_replies, needs_native_renewal, needs_notified_permits, needs_notified_revoke,
+    needs_notified_shared, needs_notify, needs_other_namespace, needs_permit_expiry, needs_permits,
+    needs_reply_delay, needs_revoke, needs_shared, needs_shared_fencing, needs_shared_notify,
+    needs_ttl_expiry,
 };
+pub(crate) use self::compat::scenario_name as compat_scenario_name;
 pub use self::context::{Ctx, Failure, Outcome, Scenario};
 use self::waiting::needs_thread_cpu_clock;
 
@@ -105,7 +113,7 @@ pub fn all() -> Vec<Scenario> {
         scenario!(
             silent::wait_deadline_against_a_silent_server,
             needs_lost_replies,
-            "against a server that answers nothing, lock() returns Unavailable by its wait deadline plus the stated slack, and without a deadline after its retry_unavailable_for (2 s), not after every attempt's response timeout"
+            "against a server that answers nothing, lock() returns Unavailable (Timeout where the backend bounds its requests by the deadline) by its wait deadline plus the stated slack, and Unavailable without a deadline after its retry_unavailable_for (2 s), not after every attempt's response timeout"
         ),
         scenario!(
             cancellation::cancelled_acquire_leaves_nothing,
@@ -176,6 +184,11 @@ pub fn all() -> Vec<Scenario> {
             renewal::lost_detection_as_declared,
             needs_lost_detection,
             "a backend declaring lost_detection reports a lock taken away behind the holder by itself, long before the TTL"
+        ),
+        scenario!(
+            renewal::revocation_noticed,
+            needs_revoke,
+            "force_release behind a renewing holder: its lost signal fires within 1 s where revoke_detection is declared (TTL 30 s: no renewal explains it), else by its next renewal"
         ),
         scenario!(
             waiting::fifo_order,
@@ -303,6 +316,11 @@ pub fn all() -> Vec<Scenario> {
             "read-write lock: a writer whose wait behind a reader timed out holds later readers back for 6 s at most, not for the readers' TTL (30 s)"
         ),
         scenario!(
+            primitives::every_reader_woken_by_one_release,
+            needs_shared_notify,
+            "read-write lock: one writer's release lets all 6 readers waiting behind it (3 in each of 2 clients, safety-net poll 10 s where the backend has one) hold within 1 s"
+        ),
+        scenario!(
             primitives::fencing_increases_across_modes,
             needs_shared_fencing,
             "read-write lock with fencing: every reader and writer gets a token above all earlier ones, across modes"
@@ -342,5 +360,78 @@ pub fn all() -> Vec<Scenario> {
             always,
             "a leader whose renewals stop is deposed when its lease runs out: its lost signal fires before the next candidate is elected"
         ),
+        scenario!(
+            lost_reply_modes::lost_shared_acquire_reply_is_retried_safely,
+            |c, h| needs_lost_replies(c, h).and(needs_shared(c, h)),
+            "a shared acquire whose reply was lost: the retry gets its own share at once, writers stay out, nothing is left behind"
+        ),
+        scenario!(
+            lost_reply_modes::lost_permit_acquire_reply_is_retried_safely,
+            |c, h| needs_lost_replies(c, h).and(needs_permits(c, h)),
+            "a permit acquire whose reply was lost: the retry holds one permit, not two, and nothing is left behind"
+        ),
+        scenario!(
+            lost_reply_modes::lost_multi_lock_reply_is_retried_safely,
+            needs_lost_replies,
+            "a multi-lock whose reply was lost: the retry gets the whole set at once, and nothing is left behind"
+        ),
+        scenario!(
+            lost_reply_modes::lost_campaign_reply_is_retried_safely,
+            needs_lost_replies,
+            "a campaign whose reply was lost: the candidate is elected at once, alone, and nothing is left behind"
+        ),
+        scenario!(
+            leadership::revoked_leader_notices_while_renewing,
+            needs_revoke,
+            "a renewing leader whose key is deleted behind it: a new leader is elected, and the old one's lost signal fires within a TTL of the deletion, from a renewal that found the key gone"
+        ),
+        scenario!(
+            primitive_leases::renewed_writer_still_excludes_readers,
+            needs_shared,
+            "read-write lock: a writer renewed 6 times (every third of a TTL) still excludes readers and other writers after each renewal"
+        ),
+        scenario!(
+            primitive_leases::renewed_permit_counts_and_expires_on_time,
+            needs_permits,
+            "semaphore: two holders of 2 permits renewed 6 times still fill it after each renewal; where leases end by TTL, one that then crashes gets its permit back after its validity deadline, within half a TTL (and a renewal in flight) of its lease's end"
+        ),
+        scenario!(
+            primitive_leases::permit_won_by_waiting_returns_after_crash,
+            needs_permit_expiry,
+            "semaphore: a holder granted its permit from the queue (it waited) that crashes gets it back after its validity deadline, within half a TTL of its lease's end: a queued grant carries the waiter's TTL"
+        ),
+        scenario!(
+            primitive_leases::writer_waiting_past_its_marks_holds_readers_back,
+            needs_shared,
+            "read-write lock: a writer waiting behind a reader for 6 s (past every writer's mark, queue entry and session timer) still holds back a reader tried after each second of its wait, and gets the lock when the reader leaves"
+        ),
+        scenario!(
+            handover::freed_permit_hands_over_promptly,
+            needs_notified_permits,
+            "semaphore with notification: a waiter for one of 2 held permits gets the one given back within 400 ms"
+        ),
+        scenario!(
+            handover::last_reader_leaving_hands_over_promptly,
+            needs_notified_shared,
+            "read-write lock with notification: a writer waiting behind two readers gets the lock within 400 ms of the last one leaving"
+        ),
+        scenario!(
+            handover::expired_lease_hands_over_promptly,
+            needs_ttl_expiry,
+            "a client waiting on a crashed holder's lock gets it after the holder's validity deadline and within a quarter TTL + 500 ms of its lease's end (not TTL + 3 s)"
+        ),
+        scenario!(
+            handover::revoked_lock_hands_over_promptly,
+            needs_notified_revoke,
+            "with notification: a lock force-released behind its holder while a client waits is the waiter's within 400 ms"
+        ),
+        scenario!(
+            multi_cancel::cancelled_set_take_leaves_nothing,
+            always,
+            "a try_lock_all of 3 free names cancelled during the take (0 to 1.5 typical takes, and 5 to 40 ms in): every member free for another client within the TTL + 250 ms"
+        ),
     ]
+    .into_iter()
+    .chain(compat::scenarios())
+    .collect()
 }

@@ -77,24 +77,86 @@ pub(super) async fn multi_lock_is_all_or_nothing(ctx: &Ctx) -> Outcome {
     all_free(&observer, &[&x, &y, &z], ctx, "after the set's release").await
 }
 
-/// Two clients take the same two names in opposite orders, over and over, at once: every
-/// round completes (a client taking them in the order given would deadlock with the other
-/// until a deadline).
+/// Two clients take the same two names in opposite orders, and every round completes (a
+/// client taking them in the order given would deadlock with the other until a deadline).
+///
+/// The overlap is forced, not hoped for: in each of 3 gated rounds a third client holds both
+/// names until both clients' `lock_all` wait (seen in the backend's queue, or marked waiting),
+/// then lets both go at once, so that a backend taking members in the order given hands each
+/// client its first name and leaves both waiting for the other's. Then 10 free rounds each,
+/// where a client holding the set keeps it until the other waits for it (or has finished).
 pub(super) async fn multi_locks_in_opposite_orders_never_deadlock(ctx: &Ctx) -> Outcome {
+    const GATED: usize = 3;
+    const ROUNDS: usize = 10;
     let (p, q) = (ctx.name("p"), ctx.name("q"));
     let opts = ctx
         .opts(ctx.ttl(Duration::from_secs(30)))
         .wait_timeout(ctx.bound(Duration::from_secs(10)));
-    let mut tasks = Vec::new();
-    for order in [[p.clone(), q.clone()], [q.clone(), p.clone()]] {
-        let client = ctx.client().await?;
-        let opts = opts.clone();
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..10 {
-                let set = client.lock_all(order.clone(), &opts).await?;
+    // Clients made one after the other: the gate, then the two takers.
+    let gate = ctx.client().await?;
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let orders = [[p.clone(), q.clone()], [q.clone(), p.clone()]];
+    let round_bound = ctx.bound(Duration::from_secs(5));
+    for round in 1..=GATED {
+        let held = [
+            must_try(&gate, &p, &opts, "the gate's first name").await?,
+            must_try(&gate, &q, &opts, "the gate's second name").await?,
+        ];
+        let mut sets = Vec::new();
+        for (client, order) in [&a, &b].into_iter().zip(orders.clone()) {
+            let (client, opts) = (client.clone(), opts.clone());
+            sets.push(tokio::spawn(async move {
+                let set = client.lock_all(order, &opts).await?;
                 tokio::task::yield_now().await;
+                set.release().await
+            }));
+        }
+        settle_on_either(ctx, &gate, [&p, &q], [&a, &b]).await?;
+        let released = futures::future::join_all(held.map(|g| g.release())).await;
+        for r in released {
+            ok_or(r, "the gate's release")?;
+        }
+        let both = tokio::time::timeout(round_bound, futures::future::join_all(&mut sets)).await;
+        let Ok(done) = both else {
+            for t in &sets {
+                t.abort();
+            }
+            return Err(format!(
+                "gated round {round}: the two sets, let go at once, were not both taken and \
+                 released within {round_bound:?}: the clients deadlocked (each holding the \
+                 name it took first)"
+            ));
+        };
+        for r in done {
+            ok_or(
+                ok_or(r, "a client's round")?,
+                &format!("gated round {round}'s lock_all or release"),
+            )?;
+        }
+    }
+    let finished = Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
+    let clients = [a, b];
+    let mut tasks = Vec::new();
+    for (me, order) in orders.into_iter().enumerate() {
+        let (client, other) = (clients[me].clone(), clients[1 - me].clone());
+        let (opts, finished, names) = (opts.clone(), finished.clone(), [p.clone(), q.clone()]);
+        let hold_bound = round_bound;
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let set = client.lock_all(order.clone(), &opts).await?;
+                // Held until the other client waits for the set (or is done): the rounds
+                // overlap for real, whatever the speed of the backend.
+                let give_up = Instant::now() + hold_bound;
+                while !finished[1 - me].load(Ordering::SeqCst) && Instant::now() < give_up {
+                    let waits = other.waiting(&names[0])? + other.waiting(&names[1])?;
+                    if waits > 0 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
                 set.release().await?;
             }
+            finished[me].store(true, Ordering::SeqCst);
             Ok::<_, lockcore::Error>(())
         }));
     }
@@ -105,6 +167,50 @@ pub(super) async fn multi_locks_in_opposite_orders_never_deadlock(ctx: &Ctx) -> 
         )?;
     }
     Ok(())
+}
+
+/// Waits until each of `clients` waits on one of `names`: the backend's queue holds as many
+/// waiters over the names as there are clients, where it reports one; else each client's own
+/// count of its calls marked waiting. Never a sleep: a backend that shows neither fails.
+async fn settle_on_either(
+    ctx: &Ctx,
+    observer: &Locker,
+    names: [&LockName; 2],
+    clients: [&Locker; 2],
+) -> Outcome {
+    let give_up = Instant::now() + ctx.bound(Duration::from_secs(10));
+    loop {
+        let mut queued = Some(0);
+        for name in names {
+            match observer.backend().queued_waiters(name).await {
+                Ok(n) => queued = queued.map(|q| q + n),
+                Err(e) if e.kind() == ErrorKind::Unsupported => queued = None,
+                Err(e) => return Err(format!("Backend::queued_waiters: {e}")),
+            }
+        }
+        let settled = match queued {
+            Some(n) => n >= clients.len(),
+            None => {
+                let mut all = true;
+                for c in clients {
+                    let marked = ok_or(c.waiting(names[0]), "Locker::waiting")?
+                        + ok_or(c.waiting(names[1]), "Locker::waiting")?;
+                    all &= marked > 0;
+                }
+                all
+            }
+        };
+        if settled {
+            return Ok(());
+        }
+        check!(
+            Instant::now() < give_up,
+            "the two clients' lock_all never both showed as waiting on {:?} or {:?}",
+            names[0].as_str(),
+            names[1].as_str()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 /// A lock_all dropped while it waits for its second member leaves its first member free: the
@@ -178,33 +284,51 @@ pub(super) async fn multi_lock_lost_when_any_member_is_lost(ctx: &Ctx) -> Outcom
     Ok(())
 }
 
-/// On a backend that takes a set in one request ([`Capabilities::atomic_multi`]): two clients
-/// take and release the set of four names over and over while an observer takes the set's
-/// last name whenever it can and, holding it, tries each other member. No client may hold part
-/// of a set: while the observer holds the last name no set is held (a set is taken whole, and
-/// released in canonical order, the last name last), so every other member is free. A set
-/// taken one member at a time shows as a member held there.
+/// On a backend that takes a set in one request ([`Capabilities::atomic_multi`]): four
+/// clients take and release the set of four names over and over while an observer, holding the
+/// set's last name (so that every attempt of theirs must fail whole), looks at the other members
+/// one at a time (with `inspect`, which takes nothing: a look that took a member would hold it
+/// back from the takers, and close the window it looks for). No client may hold part of a set:
+/// while the observer holds the last name every other member is free.
+///
+/// The window is counted, not hoped for: a look counts only when a taker's attempt was in
+/// flight from before the look was sent until after its answer (more attempts started before
+/// the look than had ended after it), and the observer keeps looking, yielding between looks so
+/// that the takers run, until 100 such looks were made. A set taken one member at a time holds
+/// a member for much of each attempt, and four takers keep the first member taken nearly all
+/// the time: the project's control is caught in 20 runs of 20.
 ///
 /// [`Capabilities::atomic_multi`]: lockcore::Capabilities::atomic_multi
 pub(super) async fn atomic_multi_lock_is_never_seen_partial(ctx: &Ctx) -> Outcome {
-    const LOOKS: u64 = 30;
+    /// Looks made while a taker's attempt was in flight.
+    const INSIDE: u64 = 100;
+    /// Sets the takers must have taken whole (between the observer's holds).
+    const SETS: u64 = 5;
+    /// Clients taking the set: while one holds part of it, the others' attempts fail fast, and
+    /// the next takes the first member as soon as it is let go.
+    const TAKERS: usize = 4;
     let names: Vec<LockName> = (1..=4).map(|i| ctx.name(&format!("m{i}"))).collect();
     let last = names
         .iter()
         .max_by(|a, b| a.as_str().as_bytes().cmp(b.as_str().as_bytes()))
         .expect("four names")
         .clone();
+    let others: Vec<LockName> = names.iter().filter(|n| **n != last).cloned().collect();
     let opts = ctx.opts(ctx.ttl(Duration::from_secs(30)));
     let stop = Arc::new(AtomicBool::new(false));
-    let taken = Arc::new(AtomicU64::new(0));
+    let attempts = Arc::new(Attempts::default());
     let mut takers = Vec::new();
-    for _ in 0..2 {
+    for _ in 0..TAKERS {
         let client = ctx.client().await?;
-        let (names, opts, stop, taken) = (names.clone(), opts.clone(), stop.clone(), taken.clone());
+        let (names, opts, stop, attempts) =
+            (names.clone(), opts.clone(), stop.clone(), attempts.clone());
         takers.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                if let Some(set) = client.try_lock_all(names.clone(), &opts).await? {
-                    taken.fetch_add(1, Ordering::Relaxed);
+            while !stop.load(Ordering::SeqCst) {
+                attempts.started.fetch_add(1, Ordering::SeqCst);
+                let set = client.try_lock_all(names.clone(), &opts).await;
+                attempts.ended.fetch_add(1, Ordering::SeqCst);
+                if let Some(set) = set? {
+                    attempts.taken.fetch_add(1, Ordering::SeqCst);
                     tokio::task::yield_now().await;
                     set.release().await?;
                 }
@@ -214,10 +338,11 @@ pub(super) async fn atomic_multi_lock_is_never_seen_partial(ctx: &Ctx) -> Outcom
         }));
     }
     let observer = ctx.client().await?;
-    let give_up = Instant::now() + ctx.bound(Duration::from_secs(30));
-    let mut looks = 0u64;
+    let within = ctx.bound(Duration::from_secs(30));
+    let give_up = Instant::now() + within;
+    let (mut looks, mut inside) = (0u64, 0u64);
     let mut partial = None;
-    while partial.is_none() && (looks < LOOKS || taken.load(Ordering::Relaxed) < LOOKS) {
+    'holds: while inside < INSIDE || attempts.taken.load(Ordering::SeqCst) < SETS {
         if Instant::now() >= give_up {
             break;
         }
@@ -232,41 +357,96 @@ pub(super) async fn atomic_multi_lock_is_never_seen_partial(ctx: &Ctx) -> Outcom
                 break;
             }
         };
-        for name in names.iter().filter(|n| **n != last) {
-            match observer.try_lock(name, &opts).await {
-                Ok(Some(g)) => ok_or(g.release().await, "the observer's release")?,
-                Ok(None) => {
-                    partial = Some(format!(
-                        "while the observer held the set's last name {:?}, {:?} was held: \
-                         part of a set was taken (look {looks}, {} sets taken so far)",
-                        last.as_str(),
-                        name.as_str(),
-                        taken.load(Ordering::Relaxed)
-                    ));
-                    break;
-                }
-                Err(e) => {
-                    partial = Some(format!("the observer's try_lock: {e}"));
-                    break;
-                }
+        // Hold the last name for a few looks inside attempts, then let the takers take sets.
+        let until = inside + 8;
+        while inside < until && Instant::now() < give_up {
+            let name = &others[(looks % others.len() as u64) as usize];
+            let started_before = attempts.started.load(Ordering::SeqCst);
+            let look = look_at(ctx, &observer, name, &opts).await;
+            let ended_after = attempts.ended.load(Ordering::SeqCst);
+            looks += 1;
+            if started_before > ended_after {
+                inside += 1;
             }
+            let why = match look {
+                Ok(false) => {
+                    // The takers run between looks, on a runtime of any size.
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                Ok(true) => format!(
+                    "while the observer held the set's last name {:?}, {:?} was held: part of \
+                     a set was taken (look {looks}, {inside} inside attempts, {} sets taken \
+                     so far)",
+                    last.as_str(),
+                    name.as_str(),
+                    attempts.taken.load(Ordering::SeqCst)
+                ),
+                Err(e) => e,
+            };
+            partial = Some(why);
+            ok_or(held.release().await, "the observer's release")?;
+            break 'holds;
         }
         ok_or(held.release().await, "the observer's release")?;
-        looks += 1;
+        // The takers take a set whole before the next hold (or a while passes).
+        let taken = attempts.taken.load(Ordering::SeqCst);
+        let wait_until = give_up.min(Instant::now() + ctx.bound(Duration::from_secs(1)));
+        while attempts.taken.load(Ordering::SeqCst) == taken && Instant::now() < wait_until {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
-    stop.store(true, Ordering::Relaxed);
+    stop.store(true, Ordering::SeqCst);
     for t in takers {
         ok_or(ok_or(t.await, "a taker's loop")?, "a taker's try_lock_all")?;
     }
     if let Some(why) = partial {
         return Err(why);
     }
-    let taken = taken.load(Ordering::Relaxed);
+    let taken = attempts.taken.load(Ordering::SeqCst);
     check!(
-        looks >= LOOKS && taken >= LOOKS,
-        "within {:?}: the observer looked {looks} times and the clients took {taken} sets, \
-         {LOOKS} of each needed to observe anything",
-        ctx.bound(Duration::from_secs(30))
+        inside >= INSIDE && taken >= SETS,
+        "within {within:?}: {inside} of the observer's {looks} looks fell inside a taker's \
+         attempt ({INSIDE} needed to observe anything) and the clients took {taken} sets \
+         ({SETS} needed)"
     );
     Ok(())
+}
+
+/// Whether `name` is held, seen by `observer`: with [`Locker::inspect`] where the backend
+/// declares it (a look that takes nothing, so that it never holds a member back from the
+/// takers), else with a `try_lock` released at once.
+async fn look_at(
+    ctx: &Ctx,
+    observer: &Locker,
+    name: &LockName,
+    opts: &lockcore::LockOptions,
+) -> Result<bool, String> {
+    if ctx.caps.inspect {
+        let info = observer
+            .inspect(name)
+            .await
+            .map_err(|e| format!("the observer's inspect: {e}"))?;
+        return Ok(info.held);
+    }
+    match observer.try_lock(name, opts).await {
+        Ok(Some(g)) => g
+            .release()
+            .await
+            .map(|()| false)
+            .map_err(|e| format!("the observer's release: {e}")),
+        Ok(None) => Ok(true),
+        Err(e) => Err(format!("the observer's try_lock: {e}")),
+    }
+}
+
+/// The takers' attempts at the set in [`atomic_multi_lock_is_never_seen_partial`].
+#[derive(Default)]
+struct Attempts {
+    /// Attempts sent.
+    started: AtomicU64,
+    /// Attempts answered.
+    ended: AtomicU64,
+    /// Attempts that took the set.
+    taken: AtomicU64,
 }

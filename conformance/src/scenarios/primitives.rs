@@ -13,7 +13,9 @@ use std::time::Duration;
 use lockcore::{ErrorKind, Instant, LockGuard, LockName, LockOptions, Locker};
 
 use super::context::{Ctx, Outcome};
-use super::support::{check, must_be_held, must_try, ok_or, race_for, settle_waiters};
+use super::support::{
+    check, must_be_held, must_try, ok_or, race_for, settle_waiters, settle_waiting_calls,
+};
 
 const LIMIT: u32 = 3;
 
@@ -284,6 +286,90 @@ pub(super) async fn waiting_writer_is_not_starved(ctx: &Ctx) -> Outcome {
     ok_or(gr.release().await, "the reader's release")?;
     ok_or(ok_or(writer.await, "writer task")?, "the writer's lock()")?;
     ok_or(ok_or(reader.await, "reader task")?, "the reader's lock()")
+}
+
+/// Readers waiting behind a writer in each of the clients of [`every_reader_woken_by_one_release`].
+const READERS_PER_CLIENT: usize = 3;
+
+/// Read-write: one writer's release lets every reader waiting behind it in, at once, in every
+/// client: 3 readers in each of 2 clients whose safety-net poll is long (10 s where the backend
+/// has one), so that a reader its release did not wake shows as seconds late.
+pub(super) async fn every_reader_woken_by_one_release(ctx: &Ctx) -> Outcome {
+    let long_poll = || async {
+        ok_or(
+            ctx.harness.client_with_long_poll().await,
+            "connecting a client with a long safety-net poll",
+        )
+    };
+    let (w, r1, r2) = (ctx.client().await?, long_poll().await?, long_poll().await?);
+    let name = ctx.name("rw");
+    let ttl = ctx.ttl(Duration::from_secs(30));
+    let (read, write) = (ctx.opts(ttl).shared(), ctx.opts(ttl));
+    let gw = must_try(&w, &name, &write, "the writer").await?;
+    let (granted, mut grants) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for (client, reader) in [&r1, &r2]
+        .into_iter()
+        .flat_map(|c| (0..READERS_PER_CLIENT).map(move |i| (c, i)))
+    {
+        let (client, name, read, granted) =
+            (client.clone(), name.clone(), read.clone(), granted.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = client.lock(&name, &read).await?;
+            let _ = granted.send((reader, Instant::now(), g));
+            Ok::<_, lockcore::Error>(())
+        }));
+    }
+    let readers = 2 * READERS_PER_CLIENT;
+    // Every reader waiting where the backend shows it (its queue, or its calls marked
+    // waiting). A backend that queues a client's own waiters for a name inside the client (the
+    // PostgreSQL row lock) shows one per client: then those two wait on the server, the others
+    // behind them in their clients, and all must be let in as promptly.
+    let clients = [&r1, &r2];
+    let some = ctx.bound(Duration::from_secs(2));
+    if settle_waiting_calls(&w, &name, &clients, readers, some)
+        .await
+        .is_err()
+    {
+        let rest = ctx.bound(Duration::from_secs(10));
+        settle_waiting_calls(&w, &name, &clients, clients.len(), rest).await?;
+    }
+    let released = Instant::now();
+    ok_or(gw.release().await, "the writer's release")?;
+    // Every grant is awaited (for the report, up to 20 s: a reader left to its poll comes
+    // 5 to 10 s late), then the latest is held to the bound.
+    let give_up = released + ctx.bound(Duration::from_secs(20));
+    let mut late = Vec::new();
+    let mut guards = Vec::new();
+    while guards.len() < readers {
+        match tokio::time::timeout_at(give_up, grants.recv()).await {
+            Ok(Some((_, at, g))) => {
+                late.push(at.saturating_duration_since(released));
+                guards.push(g);
+            }
+            Ok(None) => break,
+            Err(_) => break,
+        }
+    }
+    late.sort();
+    let bound = ctx.bound(Duration::from_secs(1));
+    check!(
+        guards.len() == readers && late.last().is_some_and(|l| *l <= bound),
+        "{} of {readers} waiting readers (in 2 clients) held the lock after one writer's release; \
+         grants came {late:?} after it (bound {bound:?}): a release left readers to their poll",
+        guards.len()
+    );
+    for g in guards {
+        ok_or(g.release().await, "a reader's release")?;
+    }
+    for t in tasks {
+        ok_or(ok_or(t.await, "reader task")?, "a reader's lock()")?;
+    }
+    ctx.observe(format!(
+        "{readers} readers in 2 clients held {:?} after the writer's release",
+        late.last().copied().unwrap_or_default()
+    ));
+    Ok(())
 }
 
 /// Read-write with fencing: tokens increase across modes (reader, writer, reader), so that a

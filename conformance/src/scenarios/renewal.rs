@@ -177,6 +177,58 @@ pub(super) async fn lost_detection_as_declared(ctx: &Ctx) -> Outcome {
     Ok(())
 }
 
+/// `force_release` from another client, behind a renewing holder: the holder's lost signal
+/// fires, and its guard says invalid, within 1 s where the backend declares
+/// [`revoke_detection`](lockcore::Capabilities::revoke_detection) (it learns of the revocation
+/// itself: a watch, a message), with a TTL of 30 s so that no renewal (every 10 s) can explain
+/// it; otherwise by its next renewal (TTL 3 s: a third of it, plus 3 s), never only at the
+/// validity deadline.
+pub(super) async fn revocation_noticed(ctx: &Ctx) -> Outcome {
+    let a = ctx.client().await?;
+    let name = ctx.name("x");
+    let ttl = ctx.ttl(Duration::from_secs(if ctx.caps.revoke_detection {
+        30
+    } else {
+        3
+    }));
+    let opts = ctx.opts(ttl).auto_renew(AutoRenew::until(ttl * 10));
+    let g = must_try(&a, &name, &opts, "holder").await?;
+    let lost = g.lost();
+    let revoked = Instant::now();
+    ok_or(ctx.harness.revoke(&name).await, "force_release")?;
+    let (bound, why) = if ctx.caps.revoke_detection {
+        (
+            ctx.bound(Duration::from_secs(1)),
+            "revoke_detection is declared",
+        )
+    } else {
+        (
+            ttl / 3 + ctx.bound(Duration::from_secs(3)),
+            "revoke_detection is not declared: the next renewal must find out",
+        )
+    };
+    let reason = ok_or(
+        tokio::time::timeout(bound, lost.lost()).await,
+        &format!(
+            "{why}, but the holder's lost signal did not fire within {bound:?} of force_release (TTL {ttl:?})"
+        ),
+    )?;
+    let took = revoked.elapsed();
+    check!(
+        reason != LostReason::ValidityExpired,
+        "odd lost reason {reason}"
+    );
+    check!(
+        !g.is_valid(),
+        "the guard says valid after its lock was revoked and its lost signal fired"
+    );
+    ctx.observe(format!(
+        "revocation noticed {took:?} after force_release ({reason}; revoke_detection {})",
+        ctx.caps.revoke_detection
+    ));
+    Ok(())
+}
+
 pub(super) async fn native_lease_ends_with_session(ctx: &Ctx) -> Outcome {
     let (a, b) = (ctx.crashable_client().await?, ctx.client().await?);
     let name = ctx.name("x");

@@ -4,13 +4,17 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::Harness;
-use lockcore::backend::{AcquireRequest, Acquired, Backend, Backoff, SetAttempt, poll_acquire};
+use lockcore::backend::{
+    AcquireRequest, Acquired, Backend, Backoff, BoxLease, Lease, LostNotifier, SetAttempt,
+    poll_acquire,
+};
 use lockcore::memory::MemoryBackend;
-use lockcore::{Capabilities, Instant, LockInfo, LockMode, LockName, Locker, Result};
+use lockcore::{Capabilities, ErrorKind, Instant, LockInfo, LockMode, LockName, Locker, Result};
 
 /// The mistake a wrapped backend makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,11 +40,59 @@ pub(super) enum PrimitiveFlaw {
     /// Declares multi-locks atomic but takes a set one member at a time (a sequence of single
     /// acquisitions with a round trip between them): another client sees part of a set held.
     MultiIsASequence,
+    /// Takes a set one member at a time in the order its client was given (every other client
+    /// the reverse of the canonical order), waiting for a busy member while holding the ones
+    /// taken: two clients taking the same names in opposite orders deadlock.
+    MultiInClientOrder,
+    /// A writer's renewal rewrites its entry as a share: a renewed writer lets readers in.
+    WriterRenewedAsShare,
+    /// A permit's renewal writes its expiry in the wrong unit (the TTL's milliseconds taken as
+    /// microseconds): a renewed permit runs out at once, a permit too many.
+    PermitRenewalShortens,
+    /// A permit's renewal writes its expiry in the wrong unit the other way (a minute per
+    /// second): a renewed permit whose holder crashes comes back a minute late.
+    PermitRenewalLengthens,
+    /// A permit granted from the queue (to a waiter) is written without the waiter's TTL (a
+    /// minute per second): a holder that crashes after winning by waiting leaks it.
+    QueuedPermitLeaks,
+    /// A renewal that finds the lock gone (revoked behind the holder) reports success, and the
+    /// server's revocation notice is not listened to: a deposed leader keeps saying it leads.
+    RenewalBlindToRevocation,
+    /// A waiting writer's hold on new readers lapses after 2 s of waiting (its mark expires
+    /// and is not refreshed): the writer then polls, and later readers join the one holding.
+    WriterMarkLapses,
+    /// A permit given back wakes no waiter: the waiter gets it at a later look, [`LATE`] late.
+    PermitWakeLate,
+    /// The last reader leaving wakes no waiting writer: it gets the lock [`LATE`] late.
+    LastReaderWakeLate,
+    /// A lease running out wakes no waiter: it gets the lock [`LATE`] late.
+    ExpiryWakeLate,
+    /// A force release wakes no waiter: it gets the lock [`LATE`] late.
+    RevokeWakeLate,
+    /// A set is written without its expiry (a day) and given its TTL a round trip later: a
+    /// `try_lock_all` cancelled in between leaves the set held for a day.
+    SetTtlSetLater,
 }
+
+/// How late a waiter gets the lock on the path whose wake-up a `*WakeLate` flaw loses (a
+/// safety poll's interval).
+const LATE: Duration = Duration::from_millis(2000);
+
+/// How long a writer's mark lasts under [`PrimitiveFlaw::WriterMarkLapses`].
+const WRITER_MARK: Duration = Duration::from_secs(2);
+
+/// How long [`PrimitiveFlaw::MultiInClientOrder`] waits for a busy member while holding the
+/// members taken before it.
+const IN_ORDER_WAIT: Duration = Duration::from_secs(60);
 
 pub(super) struct WrappedHarness {
     store: String,
     flaw: PrimitiveFlaw,
+    /// Clients made so far: [`PrimitiveFlaw::MultiInClientOrder`] reverses every other one's
+    /// order.
+    clients: AtomicU64,
+    /// Force releases so far ([`PrimitiveFlaw::RevokeWakeLate`] tells a wait they ended).
+    revokes: Arc<AtomicU64>,
 }
 
 impl WrappedHarness {
@@ -48,6 +100,8 @@ impl WrappedHarness {
         WrappedHarness {
             store: format!("primitive-control-{:016x}", fastrand::u64(..)),
             flaw,
+            clients: AtomicU64::new(0),
+            revokes: Arc::default(),
         }
     }
 }
@@ -62,6 +116,8 @@ impl Harness for WrappedHarness {
         Ok(Locker::new(Wrapped {
             inner: MemoryBackend::connect(&self.store),
             flaw: self.flaw,
+            reversed: self.clients.fetch_add(1, Ordering::SeqCst) % 2 == 1,
+            revokes: self.revokes.clone(),
         }))
     }
 
@@ -70,6 +126,7 @@ impl Harness for WrappedHarness {
     }
 
     async fn revoke(&self, name: &LockName) -> Result<()> {
+        self.revokes.fetch_add(1, Ordering::SeqCst);
         MemoryBackend::connect(&self.store).force_release_now(name);
         Ok(())
     }
@@ -78,6 +135,10 @@ impl Harness for WrappedHarness {
 struct Wrapped {
     inner: MemoryBackend,
     flaw: PrimitiveFlaw,
+    /// This client takes sets in reverse ([`PrimitiveFlaw::MultiInClientOrder`]).
+    reversed: bool,
+    /// The harness's count of force releases.
+    revokes: Arc<AtomicU64>,
 }
 
 impl fmt::Debug for Wrapped {
@@ -102,9 +163,176 @@ impl Wrapped {
                 out.ttl = req.ttl * 60;
             }
             (PrimitiveFlaw::LeaseEndsEarly, LockMode::Exclusive) => out.ttl = req.ttl / 2,
+            (PrimitiveFlaw::RenewalBlindToRevocation, _) => out.lost = LostNotifier::new().0,
             _ => {}
         }
         Ok(out)
+    }
+
+    /// `acquired` with its lease wrapped, renewing as the flaw says.
+    fn wrap(&self, req: &AcquireRequest, acquired: Acquired) -> Acquired {
+        let Acquired {
+            lease,
+            sent_at,
+            granted_ttl,
+            ..
+        } = acquired;
+        let wrapped = WrappedLease {
+            inner: tokio::sync::Mutex::new(lease),
+            backend: self.inner.clone(),
+            req: req.clone(),
+            flaw: self.flaw,
+        };
+        let out = Acquired::new(wrapped, sent_at);
+        match granted_ttl {
+            Some(ttl) => out.with_granted_ttl(ttl),
+            None => out,
+        }
+    }
+
+    fn wrap_all(&self, reqs: &[AcquireRequest], attempt: SetAttempt) -> SetAttempt {
+        match attempt {
+            SetAttempt::All(won) => SetAttempt::All(
+                won.into_iter()
+                    .zip(reqs)
+                    .map(|(a, req)| self.wrap(req, a))
+                    .collect(),
+            ),
+            other => other,
+        }
+    }
+
+    /// The `*WakeLate` flaws: a wait on the flaw's path ends [`LATE`] after the lock freed;
+    /// `None` for other flaws and paths.
+    async fn late_wake(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+    ) -> Option<Result<Option<Acquired>>> {
+        let exclusive = req.mode == LockMode::Exclusive;
+        let on_path = match self.flaw {
+            PrimitiveFlaw::PermitWakeLate => matches!(req.mode, LockMode::Permit { .. }),
+            PrimitiveFlaw::LastReaderWakeLate
+            | PrimitiveFlaw::ExpiryWakeLate
+            | PrimitiveFlaw::RevokeWakeLate => exclusive,
+            _ => false,
+        };
+        if !on_path {
+            return None;
+        }
+        Some(self.wait_late(req, deadline).await)
+    }
+
+    async fn wait_late(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Acquired>> {
+        if let Some(a) = self.inner.try_acquire(req).await? {
+            return Ok(Some(self.wrap(req, a)));
+        }
+        // What the lock looked like when the wait began, to tell the path that freed it.
+        let before = self.inner.inspect(&req.name).await?;
+        let (began, revokes) = (Instant::now(), self.revokes.load(Ordering::SeqCst));
+        let Some(a) = self.inner.acquire(req, deadline).await? else {
+            return Ok(None);
+        };
+        let late = match self.flaw {
+            PrimitiveFlaw::PermitWakeLate => true,
+            PrimitiveFlaw::LastReaderWakeLate => {
+                before.mode == Some(LockMode::Shared) || !before.shares.is_empty()
+            }
+            PrimitiveFlaw::ExpiryWakeLate => before
+                .ttl_left
+                .is_some_and(|left| Instant::now() + Duration::from_millis(5) >= began + left),
+            PrimitiveFlaw::RevokeWakeLate => self.revokes.load(Ordering::SeqCst) != revokes,
+            _ => false,
+        };
+        if late {
+            tokio::time::sleep(LATE).await;
+        }
+        Ok(Some(self.wrap(req, a)))
+    }
+
+    /// [`PrimitiveFlaw::MultiInClientOrder`]: each member in this client's order, waiting for a
+    /// busy one while holding those taken.
+    async fn set_in_client_order(&self, reqs: &[AcquireRequest]) -> Result<SetAttempt> {
+        let mut order: Vec<usize> = (0..reqs.len()).collect();
+        if self.reversed {
+            order.reverse();
+        }
+        let mut won: Vec<(usize, Acquired)> = Vec::with_capacity(reqs.len());
+        for i in order {
+            let deadline = Instant::now() + IN_ORDER_WAIT;
+            match self.inner.acquire(&reqs[i], Some(deadline)).await {
+                Ok(Some(a)) => won.push((i, a)),
+                other => {
+                    for (_, a) in won {
+                        let _ = a.lease.release().await;
+                    }
+                    return other.map(|_| SetAttempt::Busy(i));
+                }
+            }
+        }
+        won.sort_by_key(|(i, _)| *i);
+        Ok(SetAttempt::All(won.into_iter().map(|(_, a)| a).collect()))
+    }
+}
+
+/// A lease of the memory backend, renewed with the flaw.
+struct WrappedLease {
+    /// Replaced when a renewal takes the lock again in another mode.
+    inner: tokio::sync::Mutex<BoxLease>,
+    backend: MemoryBackend,
+    req: AcquireRequest,
+    flaw: PrimitiveFlaw,
+}
+
+impl fmt::Debug for WrappedLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "WrappedLease({:?})", self.flaw)
+    }
+}
+
+#[async_trait]
+impl Lease for WrappedLease {
+    fn fencing_token(&self) -> Option<u64> {
+        self.inner.try_lock().ok().and_then(|l| l.fencing_token())
+    }
+
+    async fn extend(&self, ttl: Duration) -> Result<Duration> {
+        let mut inner = self.inner.lock().await;
+        match (self.flaw, self.req.mode) {
+            (PrimitiveFlaw::WriterRenewedAsShare, LockMode::Exclusive) => {
+                inner.extend(ttl).await?;
+                // The entry rewritten as a share of the same owner.
+                inner.release().await?;
+                let mut share = self.req.clone().with_mode(LockMode::Shared);
+                share.ttl = ttl;
+                match self.backend.try_acquire(&share).await? {
+                    Some(a) => *inner = a.lease,
+                    None => return Err(lockcore::Error::not_held("rewritten as a share")),
+                }
+                Ok(ttl)
+            }
+            (PrimitiveFlaw::PermitRenewalShortens, LockMode::Permit { .. }) => {
+                inner.extend(ttl / 1000).await?;
+                Ok(ttl)
+            }
+            (PrimitiveFlaw::PermitRenewalLengthens, LockMode::Permit { .. }) => {
+                inner.extend(ttl * 60).await?;
+                Ok(ttl)
+            }
+            (PrimitiveFlaw::RenewalBlindToRevocation, _) => match inner.extend(ttl).await {
+                Err(e) if e.kind() == ErrorKind::NotHeld => Ok(ttl),
+                other => other,
+            },
+            _ => inner.extend(ttl).await,
+        }
+    }
+
+    async fn release(&self) -> Result<()> {
+        self.inner.lock().await.release().await
     }
 }
 
@@ -115,7 +343,9 @@ impl Backend for Wrapped {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
-        self.inner.try_acquire(&self.flawed(req)?).await
+        let req = self.flawed(req)?;
+        let won = self.inner.try_acquire(&req).await?;
+        Ok(won.map(|a| self.wrap(&req, a)))
     }
 
     async fn acquire(
@@ -127,16 +357,62 @@ impl Backend for Wrapped {
             let backoff = Backoff::for_ttl(req.ttl.min(Duration::from_millis(400)));
             return poll_acquire(self, req, deadline, &backoff).await;
         }
-        self.inner.acquire(&self.flawed(req)?, deadline).await
+        if self.flaw == PrimitiveFlaw::WriterMarkLapses && req.mode == LockMode::Exclusive {
+            let marked = Instant::now() + WRITER_MARK;
+            let queued_until = deadline.map_or(marked, |d| d.min(marked));
+            if let Some(a) = self.inner.acquire(req, Some(queued_until)).await? {
+                return Ok(Some(self.wrap(req, a)));
+            }
+            let backoff = Backoff::for_ttl(req.ttl.min(Duration::from_millis(400)));
+            return poll_acquire(self, req, deadline, &backoff).await;
+        }
+        if let Some(late) = self.late_wake(req, deadline).await {
+            return late;
+        }
+        let mut req = self.flawed(req)?;
+        if self.flaw == PrimitiveFlaw::QueuedPermitLeaks
+            && matches!(req.mode, LockMode::Permit { .. })
+        {
+            if let Some(a) = self.inner.try_acquire(&req).await? {
+                return Ok(Some(self.wrap(&req, a)));
+            }
+            // Granted from the queue: without the waiter's TTL.
+            req.ttl *= 60;
+        }
+        let won = self.inner.acquire(&req, deadline).await?;
+        Ok(won.map(|a| self.wrap(&req, a)))
     }
 
     async fn try_acquire_all(&self, reqs: &[AcquireRequest]) -> Result<SetAttempt> {
+        if self.flaw == PrimitiveFlaw::MultiInClientOrder {
+            return self.set_in_client_order(reqs).await;
+        }
+        if self.flaw == PrimitiveFlaw::SetTtlSetLater {
+            let unbounded: Vec<AcquireRequest> = reqs
+                .iter()
+                .map(|r| {
+                    let mut r = r.clone();
+                    r.ttl = Duration::from_secs(24 * 3600);
+                    r
+                })
+                .collect();
+            let attempt = self.inner.try_acquire_all(&unbounded).await?;
+            if let SetAttempt::All(won) = &attempt {
+                // The second round trip sets the TTLs.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                for (a, r) in won.iter().zip(reqs) {
+                    a.lease.extend(r.ttl).await?;
+                }
+            }
+            return Ok(self.wrap_all(reqs, attempt));
+        }
         if self.flaw != PrimitiveFlaw::MultiIsASequence {
             let reqs = reqs
                 .iter()
                 .map(|r| self.flawed(r))
                 .collect::<Result<Vec<_>>>()?;
-            return self.inner.try_acquire_all(&reqs).await;
+            let attempt = self.inner.try_acquire_all(&reqs).await?;
+            return Ok(self.wrap_all(&reqs, attempt));
         }
         let mut won = Vec::with_capacity(reqs.len());
         for (i, req) in reqs.iter().enumerate() {
@@ -185,6 +461,16 @@ pub(super) fn is_primitive_scenario(name: &str) -> bool {
         "multi_lock_lost_when_any_member_is_lost",
         "one_leader_at_a_time",
         "old_leader_lost_before_new_leader",
+        "revoked_leader_notices_while_renewing",
+        "renewed_writer_still_excludes_readers",
+        "renewed_permit_counts_and_expires_on_time",
+        "permit_won_by_waiting_returns_after_crash",
+        "writer_waiting_past_its_marks_holds_readers_back",
+        "freed_permit_hands_over_promptly",
+        "last_reader_leaving_hands_over_promptly",
+        "expired_lease_hands_over_promptly",
+        "revoked_lock_hands_over_promptly",
+        "cancelled_set_take_leaves_nothing",
     ]
     .contains(&name)
 }

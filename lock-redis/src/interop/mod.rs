@@ -5,8 +5,66 @@
 //! declares). A mode never weakens mutual exclusion: every acquisition checks the peer's own
 //! record of the lock (the same key, the same test the peer makes) in one script.
 
+mod compat;
 mod redis_py;
 mod redisson;
+
+pub(crate) use compat::table as compatibility;
+
+/// The check every interop acquire script makes first, so that a name taken on locksmith's
+/// default layout (`<namespace>:{<name>}:lock`, or its shared holders and permits in
+/// `…:shares`) is held for this mode too: `KEYS[2]` is the default layout's lock key, `KEYS[3]`
+/// its shares; `$owner` the Lua expression of this acquisition's owner. Held by another owner,
+/// or by a live share or permit: the script returns `$held` (a Lua expression that may use
+/// `held_for`, the ms until the holder's lease may end). A winning script then writes the
+/// default layout's lock key with its owner and TTL beside the peer's record (and extends and
+/// deletes the two together), so that every default-layout script (exclusive, queued,
+/// shared, permits, multi-locks) sees the name held. A default-layout holder and an interop
+/// holder of one name therefore exclude each other in both orders. Re-run with the same owner
+/// (a re-sent script), the check is made again: nothing the first copy checked is skipped.
+macro_rules! default_layout_check_lua {
+    ($owner:literal, $held:literal) => {
+        concat!(
+            r"
+local mirror = redis.call('GET', KEYS[2])
+if mirror and mirror ~= ",
+            $owner,
+            r" then
+  local held_for = redis.call('PTTL', KEYS[2])
+  return ",
+            $held,
+            r"
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local live = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  if live[2] then
+    local held_for = tonumber(live[2]) - now
+    return ",
+            $held,
+            r"
+  end
+end
+"
+        )
+    };
+}
+pub(crate) use default_layout_check_lua;
+
+/// The default layout's shares key of a name whose default lock key is `mirror`
+/// (`<namespace>:{<name>}:lock`), as [`ShareKeys`](crate::shares::ShareKeys) names it.
+pub(crate) fn default_shares_key(mirror: &str) -> String {
+    let base = mirror.strip_suffix(":lock").unwrap_or(mirror);
+    format!("{base}:shares")
+}
+
+/// The default layout's release channel of a name whose default lock key is `mirror`
+/// ([`Keys::new`]'s `channel`).
+pub(crate) fn default_channel(mirror: &str) -> String {
+    let base = mirror.strip_suffix(":lock").unwrap_or(mirror);
+    format!("{base}:released")
+}
 
 use std::time::Duration;
 
@@ -17,7 +75,10 @@ use crate::node::{Keys, NodeAttempt};
 
 /// The lock client whose on-server layout and protocol a backend follows (`interop=` in the URL,
 /// `interop` in a config file). Without it, locksmith keeps its own layout
-/// (`<namespace>:{<name>}:lock` plus a fencing counter), which no other client reads.
+/// (`<namespace>:{<name>}:lock` plus a fencing counter), which no other client reads. A mode's
+/// holder also writes the default layout's lock key of the name (same namespace), and checks
+/// it and the name's shares first: locksmith clients on the default layout and on a mode
+/// exclude each other (a fleet can move from one to the other a service at a time).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize)]
 #[non_exhaustive]
 pub enum Interop {
@@ -48,7 +109,7 @@ impl Interop {
     pub(crate) fn keys(self, namespace: &str, name: &LockName) -> Keys {
         match self {
             Interop::RedisPy => redis_py::keys(namespace, name),
-            Interop::Redisson => redisson::keys(name),
+            Interop::Redisson => redisson::keys(namespace, name),
         }
     }
 
@@ -105,9 +166,10 @@ impl Interop {
     }
 
     /// Whether renewals of this mode may go through the batched compare-and-`PEXPIRE` of a
-    /// string key ([`crate::node::extend_many`]).
+    /// string key ([`crate::node::extend_many`]): no mode's may, since each renewal checks the
+    /// default layout's lock key too (see [`default_layout_check_lua`]).
     pub(crate) fn batched_renewals(self) -> bool {
-        self == Interop::RedisPy
+        false
     }
 
     /// The capabilities in this mode, from the default mode's.

@@ -14,6 +14,10 @@
 //! * `renewal/LockTask`: renewal is `PEXPIRE` if `HEXISTS name field`.
 //! * `forceUnlockAsync`: `DEL`, then the same publish.
 //!
+//! Beside the hash, the name's key on locksmith's default layout (checked first, with the
+//! name's shares and permits, and written, extended and deleted with the hash), so that
+//! locksmith clients without `interop=` exclude this mode's holders and the other way round.
+//!
 //! This side's field is `<owner token as a hyphenated UUID>:1` (a client id of its own, never
 //! Redisson's) with count 1: each acquisition is its own owner, never reentrant, so a Redisson
 //! client never mistakes it for its own. The acquire script is Redisson's test, made idempotent
@@ -27,51 +31,71 @@ use std::time::Duration;
 use lockcore::{LockName, OwnerToken, Result};
 use redis::Script;
 
+use super::{default_channel, default_layout_check_lua, default_shares_key};
 use crate::conn::Conn;
 use crate::error::map_err;
-use crate::node::{Keys, NodeAttempt, ttl_ms};
+use crate::node::{Keys, NodeAttempt, RELEASED, ttl_ms};
 
 /// Redisson's `LockPubSub.UNLOCK_MESSAGE` as it goes over the wire (a `LongCodec` 0).
 pub(crate) const UNLOCK_MESSAGE: &str = "0";
 
-/// `tryLockInnerAsync`'s test (`exists == 0 or hexists field`), idempotent for one owner: a new
-/// holder's field is set to 1, a holder that already has its field only gets its TTL back.
-/// Returns -3 (won; a PTTL is never below -2) or the holder's PTTL.
-const ACQUIRE_LUA: &str = r"
+/// The default layout's check ([`default_layout_check_lua`]), then `tryLockInnerAsync`'s test
+/// (`exists == 0 or hexists field`), idempotent for one owner: a new holder's field is set to
+/// 1, a holder that already has its field only gets its TTL back; the default layout's lock key
+/// `KEYS[2]` is written with the field and TTL beside it. KEYS hash, default lock key, default
+/// shares; ARGV TTL ms, field. Returns -3 (won; a PTTL is never below -2) or the holder's PTTL.
+const ACQUIRE_LUA: &str = concat!(
+    default_layout_check_lua!("ARGV[2]", "held_for"),
+    r"
 if redis.call('exists', KEYS[1]) == 0 then
   redis.call('hset', KEYS[1], ARGV[2], 1)
   redis.call('pexpire', KEYS[1], ARGV[1])
+  redis.call('set', KEYS[2], ARGV[2], 'PX', ARGV[1])
   return -3
 end
 if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
   redis.call('pexpire', KEYS[1], ARGV[1])
+  redis.call('set', KEYS[2], ARGV[2], 'PX', ARGV[1])
   return -3
 end
 return redis.call('pttl', KEYS[1])
-";
+"
+);
 
-/// `LockTask`'s renewal of one lock.
+/// `LockTask`'s renewal of one lock, and the default layout's key with it (refused when that
+/// is no longer this owner's: an operator freed it).
 const EXTEND_LUA: &str = r"
-if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+if redis.call('hexists', KEYS[1], ARGV[2]) == 1 and redis.call('get', KEYS[2]) == ARGV[2] then
   redis.call('pexpire', KEYS[1], ARGV[1])
+  redis.call('pexpire', KEYS[2], ARGV[1])
   return 1
 end
 return 0
 ";
 
 /// `unlockInnerAsync` for a count of 1 (this side never counts higher): delete and publish
-/// Redisson's unlock message.
+/// Redisson's unlock message; the default layout's key `KEYS[3]` goes too, and locksmith's
+/// default-layout waiters hear of it on `KEYS[4]`.
 const RELEASE_LUA: &str = r"
 if redis.call('hexists', KEYS[1], ARGV[2]) == 0 then
   return 0
 end
 redis.call('del', KEYS[1])
 redis.call('publish', KEYS[2], ARGV[1])
+if redis.call('get', KEYS[3]) == ARGV[2] then
+  redis.call('del', KEYS[3])
+  redis.call('publish', KEYS[4], ARGV[3])
+end
 return 1
 ";
 
-/// `forceUnlockAsync`.
+/// `forceUnlockAsync` (and the default layout's key, when one of the hash's fields wrote it).
 const REVOKE_LUA: &str = r"
+local m = redis.call('get', KEYS[3])
+if m and redis.call('hexists', KEYS[1], m) == 1 then
+  redis.call('del', KEYS[3])
+  redis.call('publish', KEYS[4], ARGV[2])
+end
 if redis.call('del', KEYS[1]) == 1 then
   redis.call('publish', KEYS[2], ARGV[1])
   return 1
@@ -105,15 +129,16 @@ pub(crate) fn channel(name: &str) -> String {
     }
 }
 
-/// The hash at the exact name and Redisson's channel.
-pub(crate) fn keys(name: &LockName) -> Keys {
+/// The hash at the exact name and Redisson's channel; `holder` is the default layout's lock key
+/// of the name (in `namespace`), which this mode writes beside the hash.
+pub(crate) fn keys(namespace: &str, name: &LockName) -> Keys {
+    let default = Keys::new(namespace, name);
     Keys {
         lock: name.as_str().to_owned(),
         fence: String::new(),
         channel: channel(name.as_str()),
         tag: name.escaped(),
-        // Redisson's scripts below keep no metadata key.
-        holder: String::new(),
+        holder: default.lock,
     }
 }
 
@@ -132,6 +157,8 @@ pub(crate) async fn acquire(
     let r: i64 = scripts()
         .acquire
         .key(&keys.lock)
+        .key(&keys.holder)
+        .key(default_shares_key(&keys.holder))
         .arg(ttl_ms(ttl))
         .arg(field)
         .invoke_async(conn)
@@ -156,6 +183,7 @@ pub(crate) async fn extend(
     let n: i64 = scripts()
         .extend
         .key(&keys.lock)
+        .key(&keys.holder)
         .arg(ttl_ms(ttl))
         .arg(field)
         .invoke_async(conn)
@@ -169,8 +197,11 @@ pub(crate) async fn release(conn: &mut Conn, keys: &Keys, field: &str) -> Result
         .release
         .key(&keys.lock)
         .key(&keys.channel)
+        .key(&keys.holder)
+        .key(default_channel(&keys.holder))
         .arg(UNLOCK_MESSAGE)
         .arg(field)
+        .arg(RELEASED)
         .invoke_async(conn)
         .await
         .map_err(|e| map_err("redisson release script failed", e))?;
@@ -182,7 +213,10 @@ pub(crate) async fn revoke(conn: &mut Conn, keys: &Keys) -> Result<bool> {
         .revoke
         .key(&keys.lock)
         .key(&keys.channel)
+        .key(&keys.holder)
+        .key(default_channel(&keys.holder))
         .arg(UNLOCK_MESSAGE)
+        .arg(RELEASED)
         .invoke_async(conn)
         .await
         .map_err(|e| map_err("redisson force unlock failed", e))?;
@@ -195,7 +229,7 @@ mod tests {
 
     #[test]
     fn layout_follows_redisson() {
-        let k = keys(&LockName::new("orders:42").unwrap());
+        let k = keys("locksmith", &LockName::new("orders:42").unwrap());
         assert_eq!(k.lock, "orders:42");
         assert_eq!(k.channel, "redisson_lock__channel:{orders:42}");
         // prefixName leaves a name that has a brace as it is.

@@ -65,6 +65,13 @@ impl PgBackend {
                         .bind(queue)
                         .bind(entry_ttl)
                         .fetch_one(c)
+                        .map(|r| match r {
+                            // A row lock or a transaction lock holds the name's key: busy.
+                            Err(e) if super::exclusion::key_busy(&e) => {
+                                Ok((None, None, None, false, 0))
+                            }
+                            other => other,
+                        })
                         .boxed()
                 })
                 .await;
@@ -89,7 +96,7 @@ impl PgBackend {
             })
         };
         let (won, (left, behind)) =
-            lockcore::backend::acquire_detached(&req.background, Some(bound), attempt).await?;
+            lockcore::backend::acquire_detached_for(req, Some(bound), attempt).await?;
         Ok((won.map(|l| Acquired::new(l, sent_at)), left, behind))
     }
 
@@ -140,6 +147,11 @@ impl PgBackend {
                         .bind(limit)
                         .bind(holder.clone())
                         .fetch_one(c)
+                        .map(|r| match r {
+                            // A row lock or a transaction lock holds the name's key: busy.
+                            Err(e) if super::exclusion::key_busy(&e) => Ok((None, None, false)),
+                            other => other,
+                        })
                         .boxed()
                 })
                 .await?;
@@ -155,7 +167,7 @@ impl PgBackend {
             })
         };
         let (won, wait) =
-            lockcore::backend::acquire_detached(&req.background, Some(bound), attempt).await?;
+            lockcore::backend::acquire_detached_for(req, Some(bound), attempt).await?;
         Ok((won.map(|l| Acquired::new(l, sent_at)), wait))
     }
 
@@ -586,6 +598,11 @@ impl PgBackend {
                                     .await;
                             let (fence, _, permits, _, _) = match row {
                                 Ok(r) => r,
+                                // A row lock or a transaction lock holds this member's key.
+                                Err(e) if super::exclusion::key_busy(&e) => {
+                                    tx.rollback().await?;
+                                    return Ok(Ok(crate::SetFound::Busy(i)));
+                                }
                                 Err(e) => {
                                     let _ = tx.rollback().await;
                                     return Err(e);

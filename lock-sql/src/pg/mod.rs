@@ -21,6 +21,7 @@ use crate::rowlock::guard_timeout;
 use crate::rowlock::{HealthChecks, Holding, Queues, RowLease};
 use crate::sql_errors::{db_code, map_err};
 
+pub(crate) mod exclusion;
 mod lease;
 mod rowlock;
 
@@ -56,14 +57,21 @@ pub(crate) fn queue_table(t: &str) -> String {
     format!("{stem}_waits")
 }
 
-/// The version of the share functions' protocol, part of their names: a change of their
-/// signature or of what they do on the tables is a new version (a new function beside the old,
-/// which older clients keep calling), never a replacement.
-const SHARE_FUNCTIONS_VERSION: u32 = 1;
+/// The version of each share function's protocol, part of its name: a change of its signature
+/// or of what it does on the tables is a new version (a new function beside the old, which
+/// older clients keep calling), never a replacement. The acquire is at 2: it takes the name's
+/// advisory key for its transaction first (see [`exclusion`]).
+const SHARE_ACQUIRE_VERSION: u32 = 2;
+const SHARE_RELEASE_VERSION: u32 = 1;
 
-/// A share function beside lock table `t` (see [`crate::shares::routine`]).
+/// A share function beside lock table `t` (see [`crate::shares::routine`]): `sacq` or `srel`.
 pub(crate) fn share_function(t: &str, what: &str) -> String {
-    crate::shares::routine(t, what, SHARE_FUNCTIONS_VERSION)
+    let version = if what == "sacq" {
+        SHARE_ACQUIRE_VERSION
+    } else {
+        SHARE_RELEASE_VERSION
+    };
+    crate::shares::routine(t, what, version)
 }
 
 type PgConns = Conns<PgConnectOptions, ()>;
@@ -190,8 +198,11 @@ fn ms(d: Duration) -> String {
 /// its fence returned (a retried attempt whose first try committed); another mode or limit
 /// among the live shares is a conflict, and so is a permit beside an exclusive holder; a reader
 /// waits for an exclusive holder or a waiting writer's mark, a permit while `limit` are held;
-/// otherwise the share is inserted with the row's next fence and `shares_until` follows it. It
-/// answers (fence if won, seconds to wait if known, conflict); an attempt that won nothing
+/// otherwise the share is inserted with the row's next fence and `shares_until` follows it.
+/// Before all that it takes the name's advisory key for its transaction (shared for a reader;
+/// see [`exclusion`]): when a row lock or a transaction lock has it, the call fails with
+/// `lock_not_available`, read as busy with no time to wait known. It answers (fence if won, seconds to wait if known, conflict); an
+/// attempt that won nothing
 /// commits without waiting for the WAL flush, as a lost exclusive attempt does (it wrote at most
 /// an empty lease row).
 ///
@@ -237,9 +248,10 @@ fn share_functions_ddl(
            OUT o_fence int8, OUT o_wait float8, OUT o_conflict bool) \
          LANGUAGE plpgsql VOLATILE AS $f$ \
          DECLARE v_ex float8; v_wr float8; v_n int8; v_min float8; v_other bool; v_mine int8; \
-           v_until timestamptz; \
+           v_until timestamptz; v_old text; \
          BEGIN \
            o_conflict := false; \
+           {takes_key} \
            LOOP \
              SELECT {row_left} INTO v_ex, v_wr FROM {t} l WHERE l.name = $1 FOR UPDATE; \
              EXIT WHEN FOUND; \
@@ -283,8 +295,10 @@ fn share_functions_ddl(
            {release_stmt} INTO v_n; \
            RETURN v_n; \
          END $f$; \
-         END IF; END $$",
+         END IF; {held} END $$",
         live_left = left("expires_at"),
+        takes_key = exclusion::share_takes_key(t),
+        held = exclusion::held_function_ddl(t),
     )
 }
 
@@ -434,7 +448,7 @@ impl PgBackend {
             "CASE WHEN got THEN {untimed} AND {} IS NOT NULL END",
             set_guard("$2")
         );
-        let wait_cond = format!("{untimed} AND {} IS NOT NULL", set_guard("$2"));
+        let wait_cond = try_cond.clone();
         let taken = |from: &str, cond: &str, holder: &str| {
             if interop {
                 uncounted(from, cond, holder)
@@ -447,11 +461,30 @@ impl PgBackend {
         // statement's commit, not while they hold.
         let row_sql = |shared: bool| {
             let f = if shared { "_shared" } else { "" };
-            let try_head =
-                format!("WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock{f}({key}) AS got)");
+            // Holding the key, a row lock backs off from a live lease of the name (unlocking
+            // the key at once): see `exclusion`. Not under interop, whose key is sqlx's.
+            let unless_leased = |got: &str| {
+                if interop {
+                    got.to_owned()
+                } else {
+                    exclusion::unless_leased(
+                        t,
+                        got,
+                        &format!("pg_advisory_unlock{f}({key})"),
+                        shared,
+                    )
+                }
+            };
+            let try_head = format!(
+                "WITH a AS MATERIALIZED (SELECT pg_try_advisory_lock{f}({key}) AS got), \
+                 l AS MATERIALIZED (SELECT {} AS got FROM a)",
+                unless_leased("got")
+            );
             let wait_head = format!(
                 "WITH s AS MATERIALIZED (SELECT set_config('lock_timeout', $3, true) AS t), \
-                 l AS MATERIALIZED (SELECT pg_advisory_lock{f}({key}) IS NULL AS x FROM s)"
+                 a AS MATERIALIZED (SELECT pg_advisory_lock{f}({key}) IS NULL AS x FROM s), \
+                 l AS MATERIALIZED (SELECT {} AS got FROM a)",
+                unless_leased("true")
             );
             RowSql {
                 try_fenced: format!("{try_head} {}", taken("l", &try_cond, "$3")),
@@ -490,6 +523,9 @@ impl PgBackend {
                 .boxed()
             })
             .await?;
+        // A lease attempt takes the name's advisory key for its transaction: busy while a row
+        // lock or a transaction lock has it (see `exclusion`).
+        let takes_key = exclusion::lease_key_ctes(t);
         let sql = Sql {
             row_exclusive: row_sql(false),
             row_shared: row_sql(true),
@@ -522,7 +558,10 @@ impl PgBackend {
             // flush (`lazy`: the setting is read at the statement's commit): the queue is soft
             // state, a crash loses nothing its waiters' next attempts do not make again, and a
             // won lease stays durable. The fourth column: someone is ahead (so the
-            // waiter does not wake at the holder's expiry: the head does).
+            // waiter does not wake at the holder's expiry: the head does). Nothing is written
+            // (no row locked, no mark) unless the name's advisory key was taken for the
+            // transaction (`k`): a row lock or a transaction lock holding it makes the attempt
+            // fail with lock_not_available after `exclusion::KEY_WAIT`, read as busy.
             lease_acquire: format!(
                 "WITH cur AS MATERIALIZED (\
                    SELECT owner, EXTRACT(EPOCH FROM (expires_at - clock_timestamp()))::float8 AS remaining, \
@@ -534,16 +573,19 @@ impl PgBackend {
                    AND w.mode = 'x' AND w.expires > clock_timestamp() \
                    AND (NOT EXISTS (SELECT 1 FROM me) OR (w.enqueued, w.waiter) < ((SELECT enqueued FROM me), $2)) \
                    AND NOT EXISTS (SELECT 1 FROM cur WHERE owner = $2 AND remaining > 0) LIMIT 1), \
+                 {takes_key} \
                  busy AS MATERIALIZED (SELECT CASE WHEN shares_left > 0 THEN shares_left \
                      ELSE remaining END AS remaining, shares_left > 0 AS by_shares FROM cur \
                    WHERE (owner IS NOT NULL AND owner <> $2 AND remaining > 0) OR shares_left > 0), \
                  mark AS (UPDATE {t} SET writer_until = clock_timestamp() + $5::float8 * interval '1 microsecond' \
-                   WHERE name = $1 AND $5::float8 > 0 AND EXISTS (SELECT 1 FROM busy WHERE by_shares)), \
+                   WHERE name = $1 AND $5::float8 > 0 AND EXISTS (SELECT 1 FROM busy WHERE by_shares) \
+                     AND (SELECT got FROM k)), \
                  won AS (\
                    INSERT INTO {t} AS l (name, owner, fence, expires_at, holder, acquired_at) \
                    SELECT $1, $2, 1, clock_timestamp() + $3::float8 * interval '1 microsecond', \
                      $4::text, clock_timestamp() \
                    WHERE NOT EXISTS (SELECT 1 FROM busy) AND NOT EXISTS (SELECT 1 FROM ahead) \
+                     AND (SELECT got FROM k) \
                    ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, fence = l.fence + 1, \
                      expires_at = EXCLUDED.expires_at, holder = EXCLUDED.holder, \
                      acquired_at = EXCLUDED.acquired_at, writer_until = NULL \

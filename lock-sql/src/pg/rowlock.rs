@@ -47,6 +47,8 @@ impl PgBackend {
         };
         let param = self.row_param(&req.name);
         let holder = req.holder.encode();
+        let backoff = lockcore::backend::Backoff::for_ttl(req.ttl);
+        let mut leased = 0u32;
         loop {
             // Not counted against pool_max: a holder keeps this connection.
             let mut c = match self.conns.get(self.conns.bound_by(deadline), false).await {
@@ -117,10 +119,27 @@ impl PgBackend {
                     );
                     return Ok(Some(Acquired::new(lease, answered_at)));
                 }
-                Ok(None) => {
+                Ok(None) if nowait => {
                     // Tried and busy: nothing held, the session is clean.
                     self.conns.put(c);
                     return Ok(None);
+                }
+                // A wait answers no row only when, once it held the key, a live lease held the
+                // name (the key was given back at once: see `exclusion`): the lease strategy
+                // holds it, and its expiry or release notifies nobody here. Look again after a
+                // backoff, until the deadline.
+                Ok(None) => {
+                    self.conns.put(c);
+                    let mut wake = Instant::now() + backoff.delay(leased);
+                    leased = leased.saturating_add(1);
+                    if let Some(d) = deadline {
+                        if Instant::now() >= d {
+                            return Ok(None);
+                        }
+                        wake = wake.min(d);
+                    }
+                    tokio::time::sleep_until(wake).await;
+                    continue;
                 }
                 // Only the advisory lock's wait runs under lock_timeout (the counter's row is
                 // waited for without it): timed out there, the session holds nothing.

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use crate::backend::{AcquireRequest, Acquired, Backend, OwnerToken};
 use crate::compact_time::{CompactDuration, CompactInstant};
-use crate::{Error, LockName, LockOptions, LostSignal, RenewKind, Result};
+use crate::{AutoRenew, Error, LockName, LockOptions, LostSignal, RenewKind, Result};
 
 use super::inner::LockerInner;
 use super::lease::GuardShared;
@@ -28,7 +28,7 @@ use super::lease::GuardShared;
 ///
 /// [`Locker`]: crate::Locker
 /// [`Locker::flush`]: crate::Locker::flush
-#[must_use = "the lock is released as soon as the guard is dropped"]
+#[must_use = "the lock is released as soon as the guard is dropped: bind it (`let guard = ...` or `let _guard = ...`; `let _ = ...` releases at once)"]
 pub struct LockGuard {
     /// The lease's state (name, token, TTL, validity, ...), shared with the watchdog: kept
     /// there once rather than copied here, so that a caller holding many guards pays for a few
@@ -68,7 +68,8 @@ impl LockGuard {
         // it, and the watchdog releases the lock there.
         let hold_deadline = options
             .auto_renew_value()
-            .map(|r| acquired.sent_at + r.max_hold());
+            .and_then(AutoRenew::max_hold)
+            .map(|hold| acquired.sent_at + hold);
         let telemetry = locker.telemetry.clone();
         telemetry.held.increment(1.0);
         let acquired_at = acquired.sent_at;

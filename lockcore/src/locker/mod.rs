@@ -39,7 +39,7 @@ pub use self::guard::LockGuard;
 use self::inner::LockerInner;
 
 /// How `lock()` spaces its retries of `Unavailable` errors.
-const RETRY_BACKOFF: Backoff = Backoff {
+pub(crate) const RETRY_BACKOFF: Backoff = Backoff {
     initial: Duration::from_millis(10),
     max: Duration::from_secs(1),
 };
@@ -119,6 +119,12 @@ impl Locker {
         self.inner.backend.capabilities()
     }
 
+    /// The backend's compatibility table: for every pair of ways to take one name, whether
+    /// they exclude, share or refuse (see [`compatibility`](crate::compatibility)).
+    pub fn compatibility(&self) -> crate::Compatibility {
+        self.capabilities().compatibility_table()
+    }
+
     /// The backend, described with secrets redacted.
     pub fn describe(&self) -> String {
         self.inner.backend.describe()
@@ -179,6 +185,28 @@ impl Locker {
     /// One attempt to take the lock: `Ok(None)` if someone else holds it (contention is not an
     /// error). The wait timeout in `options` is ignored.
     ///
+    /// The guard must be bound for as long as the lock is needed: `let _guard = ...` holds it
+    /// to the end of the scope, while `let _ = ...` (rustc's suggestion for an unused result)
+    /// drops it, and so releases the lock, at once. A result left unused is refused where
+    /// `unused_must_use` is denied:
+    ///
+    /// ```compile_fail
+    /// #![deny(unused_must_use)]
+    /// # async fn f(locker: lockcore::Locker) {
+    /// locker.try_lock("job", &lockcore::LockOptions::new()).await;
+    /// # }
+    /// ```
+    ///
+    /// ```
+    /// #![deny(unused_must_use)]
+    /// # async fn f(locker: lockcore::Locker) -> lockcore::Result<()> {
+    /// if let Some(_guard) = locker.try_lock("job", &lockcore::LockOptions::new()).await? {
+    ///     // ... the critical section: the lock is held until `_guard` goes out of scope ...
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// Cancel safety: dropping the future before it completes may leave the lock held by nobody
     /// reachable until the TTL runs out (the request may have reached the server); it never leaves
     /// it held longer.
@@ -186,6 +214,7 @@ impl Locker {
     /// # Errors
     /// `InvalidName`, `InvalidConfig`, `Unsupported` or `RuntimeGone` (the locker's runtime has
     /// shut down) before any I/O; `Unavailable` or `Backend` when the backend fails.
+    #[must_use = "the lock is released as soon as its guard is dropped: bind the result (`let guard = ...` or `let _guard = ...`, not `let _ = ...`)"]
     pub async fn try_lock(
         &self,
         name: impl IntoLockName,
@@ -525,12 +554,39 @@ impl Locker {
         names: &[LockName],
         options: &LockOptions,
     ) -> Result<std::result::Result<Vec<LockGuard>, usize>> {
-        let pending = names
+        let pending = self.set_requests(names, options)?;
+        match self.try_set(pending, options).await {
+            SetTry::Won(guards) => Ok(Ok(guards)),
+            SetTry::Busy(i) => Ok(Err(i)),
+            SetTry::Failed(e, _) => Err(e),
+        }
+    }
+
+    /// The requests of one attempt at the set `names` (an owner token each).
+    pub(crate) fn set_requests(
+        &self,
+        names: &[LockName],
+        options: &LockOptions,
+    ) -> Result<Vec<PendingGuard>> {
+        names
             .iter()
             .map(|name| self.request(name.clone(), options))
-            .collect::<Result<Vec<_>>>()?;
+            .collect()
+    }
+
+    /// One attempt at a set with the requests `pending` (from [`Locker::set_requests`]); a
+    /// failed attempt gives them back, so that a retry re-sends the very same requests (their
+    /// owner tokens), as [`Locker::lock`] retries an `Unavailable` attempt: the first copy may
+    /// have been applied, and the backend takes a same-token re-send as its own.
+    ///
+    /// Cancel safety: as [`Locker::try_lock_set`].
+    pub(crate) async fn try_set(
+        &self,
+        pending: Vec<PendingGuard>,
+        options: &LockOptions,
+    ) -> SetTry {
         let reqs: Vec<AcquireRequest> = pending.iter().map(|p| p.request.clone()).collect();
-        let span = self.acquire_span(&names[0], "try_all");
+        let span = self.acquire_span(&reqs[0].name, "try_all");
         let started = Instant::now();
         let result = self
             .inner
@@ -544,12 +600,18 @@ impl Locker {
             Err(_) => Outcome::Error,
         };
         self.record_acquire(&span, false, outcome, started);
-        match result? {
-            SetAttempt::All(acquired) if acquired.len() == pending.len() => Ok(Ok(pending
-                .into_iter()
-                .zip(acquired)
-                .map(|(p, a)| self.guard(p, a, options))
-                .collect())),
+        let attempt = match result {
+            Ok(a) => a,
+            Err(e) => return SetTry::Failed(e, pending),
+        };
+        match attempt {
+            SetAttempt::All(acquired) if acquired.len() == pending.len() => SetTry::Won(
+                pending
+                    .into_iter()
+                    .zip(acquired)
+                    .map(|(p, a)| self.guard(p, a, options))
+                    .collect(),
+            ),
             SetAttempt::All(acquired) => {
                 let n = acquired.len();
                 // Release what came back (owner-checked) before reporting the broken backend.
@@ -559,24 +621,28 @@ impl Locker {
                         let _ = lease.release().await;
                     });
                 }
-                Err(Error::new(
+                let e = Error::new(
                     ErrorKind::Backend,
                     format!(
                         "{} returned {n} leases for a set of {}",
                         self.describe(),
                         pending.len()
                     ),
-                ))
+                );
+                SetTry::Failed(e, pending)
             }
-            SetAttempt::Busy(i) if i < names.len() => Ok(Err(i)),
-            SetAttempt::Busy(i) => Err(Error::new(
-                ErrorKind::Backend,
-                format!(
-                    "{} reported member {i} of a set of {} busy",
-                    self.describe(),
-                    names.len()
-                ),
-            )),
+            SetAttempt::Busy(i) if i < pending.len() => SetTry::Busy(i),
+            SetAttempt::Busy(i) => {
+                let e = Error::new(
+                    ErrorKind::Backend,
+                    format!(
+                        "{} reported member {i} of a set of {} busy",
+                        self.describe(),
+                        pending.len()
+                    ),
+                );
+                SetTry::Failed(e, pending)
+            }
         }
     }
 
@@ -604,6 +670,16 @@ impl Locker {
         let PendingGuard { request, signal } = pending;
         LockGuard::start(&self.inner, request, signal, acquired, options)
     }
+}
+
+/// How one attempt at a set ended ([`Locker::try_set`]).
+pub(crate) enum SetTry {
+    /// Every member, in order.
+    Won(Vec<LockGuard>),
+    /// The index of the first member found busy.
+    Busy(usize),
+    /// The attempt failed; its requests, to re-send as they are.
+    Failed(Error, Vec<PendingGuard>),
 }
 
 pub(crate) struct PendingGuard {

@@ -421,22 +421,21 @@ impl<F: Future<Output = (u64, Renewed)>> Scheduler<F> {
             return;
         };
         let valid_until = e.shared.valid_until();
-        let Some(hold_deadline) = e
-            .shared
-            .hold_deadline
-            .get()
-            .filter(|_| e.shared.renew_interval().is_some())
-        else {
+        if e.shared.renew_interval().is_none() {
             e.next_renew = CompactInstant::new(None);
             self.schedule(id, valid_until);
             return;
-        };
+        }
         // The last renewal asks the server for what is left of the hold, so that the lock frees
-        // there even if the release at the deadline is lost.
-        let asked = e
-            .shared
-            .ttl()
-            .min(hold_deadline.saturating_duration_since(now));
+        // there even if the release at the deadline is lost. No hold deadline
+        // (`AutoRenew::forever`): every renewal asks for the whole TTL.
+        let asked = match e.shared.hold_deadline.get() {
+            Some(hold_deadline) => e
+                .shared
+                .ttl()
+                .min(hold_deadline.saturating_duration_since(now)),
+            None => e.shared.ttl(),
+        };
         if asked < min_ttl.max(Duration::from_millis(1)) {
             e.shared.validity().renewal_ended_by_hold();
             e.next_renew = CompactInstant::new(None);

@@ -1,0 +1,312 @@
+//! One name, one lock (issue 33): every way of taking a name on the SQL backends excludes every
+//! other way, whatever retries, late answers and strategies come between. Each test stages its
+//! sequence on the real servers (LOCK_TEST_* from scripts/servers.sh env; unset means skip,
+//! unless LOCK_TEST_REQUIRE_ALL is set).
+
+use std::time::Duration;
+
+use lock_sql::SqlBackend;
+use lockcore::backend::{AcquireRequest, Backend};
+use lockcore::{ErrorKind, LockMode, LockName, OwnerToken};
+
+/// `LOCK_TEST_TIME_SCALE` (1 when unset): bounds stretch with it on a loaded machine.
+fn scale() -> f64 {
+    std::env::var("LOCK_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|s: &f64| *s >= 1.0)
+        .unwrap_or(1.0)
+}
+
+fn scaled(d: Duration) -> Duration {
+    d.mul_f64(scale())
+}
+
+fn with_params(url: &str, params: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{params}")
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
+}
+
+fn sqlite_url() -> String {
+    match std::env::var("LOCK_TEST_SQLITE_URL") {
+        Ok(u) if !u.is_empty() => u,
+        _ => {
+            let _ = conformance::require_env("LOCK_TEST_SQLITE_URL");
+            let path =
+                std::env::temp_dir().join(format!("lock-sql-one-name-{}.db", std::process::id()));
+            format!("sqlite://{}", path.display())
+        }
+    }
+}
+
+/// (label, url) of every lease backend whose server is configured.
+fn lease_variants() -> Vec<(&'static str, String)> {
+    let mut v = Vec::new();
+    if let Some(pg) = conformance::require_env("LOCK_TEST_POSTGRES_URL") {
+        v.push(("pg-lease", with_params(&pg, "strategy=lease")));
+    }
+    if let Some(my) = conformance::require_env("LOCK_TEST_MYSQL_URL") {
+        v.push(("mysql-lease", with_params(&my, "strategy=lease")));
+    }
+    v.push(("sqlite-lease", sqlite_url()));
+    v
+}
+
+fn request(name: &LockName, mode: LockMode, ttl: Duration) -> AcquireRequest {
+    let mut req = AcquireRequest::new(name.clone(), OwnerToken::random(), ttl);
+    req.mode = mode;
+    req
+}
+
+/// Waits (polling `inspect`) until nobody holds `name`: a lease left to run out.
+async fn until_free(backend: &SqlBackend, name: &LockName) {
+    let bound = tokio::time::Instant::now() + scaled(Duration::from_secs(20));
+    loop {
+        let info = backend.inspect(name).await.expect("inspect");
+        if !info.held && info.shares.is_empty() {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < bound,
+            "{name}: still held: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An attempt re-sent with the same owner token (its first try committed, its reply was lost,
+/// its lease ran out, and another holder came in a mode that excludes it) re-checks everything
+/// the first try checked: it does not take the name beside that holder. Regression (MariaDB
+/// lease): the exclusive upsert retook its own row whatever the live shares, and cleared
+/// `shares_until`, so a writer held beside a reader, and the next writer too.
+#[tokio::test]
+async fn a_retried_attempt_rechecks_what_the_first_checked() {
+    let cases = [
+        (LockMode::Exclusive, LockMode::Shared),
+        (LockMode::Exclusive, LockMode::Permit { limit: 2 }),
+        (LockMode::Exclusive, LockMode::Exclusive),
+        (LockMode::Shared, LockMode::Exclusive),
+        (LockMode::Permit { limit: 1 }, LockMode::Permit { limit: 1 }),
+        (LockMode::Permit { limit: 2 }, LockMode::Exclusive),
+    ];
+    for (label, url) in lease_variants() {
+        let backend = SqlBackend::connect(&url).await.expect("connect");
+        let other = SqlBackend::connect(&url).await.expect("connect");
+        for (retried, intruder) in cases {
+            let name = LockName::new(unique("retry-recheck")).unwrap();
+            let case = format!("{label}: {retried} retried past a {intruder} holder");
+            // The first try commits; its reply is lost (the lease is never released).
+            let first = request(&name, retried, Duration::from_millis(300));
+            let won = backend.try_acquire(&first).await.expect("first try");
+            assert!(won.is_some(), "{case}: the first try took nothing");
+            std::mem::forget(won);
+            until_free(&backend, &name).await;
+            // Another holder comes once the lease ran out.
+            let held = request(&name, intruder, Duration::from_secs(30));
+            let intruding = other.try_acquire(&held).await.expect("intruder");
+            assert!(intruding.is_some(), "{case}: the intruder took nothing");
+            // The same request again, same token.
+            match backend.try_acquire(&first).await {
+                Ok(None) => {}
+                Err(e) if e.kind() == ErrorKind::Conflict => {}
+                Ok(Some(_)) => panic!("{case}: the retry holds beside the intruder"),
+                Err(e) => panic!("{case}: {e}"),
+            }
+            // The intruder still holds alone: a second writer gets nothing either.
+            let second = request(&name, LockMode::Exclusive, Duration::from_secs(30));
+            match other.try_acquire(&second).await {
+                Ok(None) => {}
+                Err(e) if e.kind() == ErrorKind::Conflict => {}
+                Ok(Some(_)) => panic!("{case}: a second writer holds beside the intruder"),
+                Err(e) => panic!("{case}: {e}"),
+            }
+            intruding.unwrap().lease.release().await.expect("release");
+        }
+    }
+}
+
+/// The PostgreSQL URL with `params`, if configured.
+fn pg_url(params: &str) -> Option<String> {
+    conformance::require_env("LOCK_TEST_POSTGRES_URL").map(|u| with_params(&u, params))
+}
+
+async fn locker(url: &str) -> lockcore::Locker {
+    lockcore::Locker::new(SqlBackend::connect(url).await.expect("connect"))
+}
+
+fn opts() -> lockcore::LockOptions {
+    lockcore::LockOptions::new().ttl(Duration::from_secs(30))
+}
+
+/// What a `try_lock` of a name held another way must answer: contention, promptly.
+async fn busy(locker: &lockcore::Locker, name: &str, o: &lockcore::LockOptions, case: &str) {
+    let started = tokio::time::Instant::now();
+    match locker.try_lock(name, o).await {
+        Ok(None) => {}
+        Ok(Some(_)) => panic!("{case}: granted beside the holder"),
+        Err(e) => panic!("{case}: {e} (contention is Ok(None))"),
+    }
+    let took = started.elapsed();
+    assert!(
+        took < scaled(Duration::from_secs(2)),
+        "{case}: contention took {took:?}"
+    );
+}
+
+/// The lease and row-lock strategies on one table (the default `locksmith_locks`) exclude each
+/// other per name, in both orders, writers and readers alike; lease readers and row-lock
+/// readers hold together. Regression: nothing connected them (two holders of one name).
+#[tokio::test]
+async fn pg_lease_and_row_lock_on_one_table_exclude_each_other() {
+    let (Some(lease_url), Some(row_url)) = (pg_url("strategy=lease"), pg_url("strategy=row-lock"))
+    else {
+        return;
+    };
+    let lease = locker(&lease_url).await;
+    let row = locker(&row_url).await;
+    let x = opts();
+    let r = opts().shared();
+    let p = opts().permits(2);
+    // (first holder, its options, the other, its options, whether they hold together)
+    let cases: [(&str, &lockcore::LockOptions, &lockcore::LockOptions, bool); 7] = [
+        ("lease x, row x", &x, &x, false),
+        ("lease r, row x", &r, &x, false),
+        ("lease x, row r", &x, &r, false),
+        ("lease p, row r", &p, &r, false),
+        ("lease p, row x", &p, &x, false),
+        ("lease r, row r", &r, &r, true),
+        ("lease x, row x (again)", &x, &x, false),
+    ];
+    for (case, lease_opts, row_opts, together) in cases {
+        for lease_first in [true, false] {
+            let name = unique("lease-row");
+            let case = format!("{case}, lease first: {lease_first}");
+            let (first, first_opts, second, second_opts) = if lease_first {
+                (&lease, lease_opts, &row, row_opts)
+            } else {
+                (&row, row_opts, &lease, lease_opts)
+            };
+            let held = first
+                .try_lock(name.as_str(), first_opts)
+                .await
+                .expect("first")
+                .expect("the first holder gets a free name");
+            if together {
+                let beside = second
+                    .try_lock(name.as_str(), second_opts)
+                    .await
+                    .expect("second");
+                assert!(beside.is_some(), "{case}: readers hold together");
+                beside.unwrap().release().await.unwrap();
+            } else {
+                busy(second, &name, second_opts, &case).await;
+            }
+            // The first holder keeps its lock meanwhile (a lease's renewal is not blocked).
+            held.extend(Duration::from_secs(30))
+                .await
+                .unwrap_or_else(|e| panic!("{case}: the holder's renewal failed: {e}"));
+            held.release().await.unwrap();
+            let after = second
+                .try_lock(name.as_str(), second_opts)
+                .await
+                .expect("after");
+            assert!(after.is_some(), "{case}: free once the first released");
+            after.unwrap().release().await.unwrap();
+        }
+    }
+}
+
+/// A lease holder and a row-lock holder of one name never hold at once while both wait for
+/// it in turns (the shape of two `locksmith run` commands, one per strategy, in a loop).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_lease_and_row_lock_waiters_take_turns() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (Some(lease_url), Some(row_url)) = (pg_url("strategy=lease"), pg_url("strategy=row-lock"))
+    else {
+        return;
+    };
+    let name = unique("lease-row-turns");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for url in [lease_url, row_url] {
+        let locker = locker(&url).await;
+        let (name, inside) = (name.clone(), inside.clone());
+        tasks.push(tokio::spawn(async move {
+            let o = opts().wait_timeout(scaled(Duration::from_secs(60)));
+            for _ in 0..12 {
+                let g = locker.lock(name.as_str(), &o).await.expect("lock");
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await.expect("release");
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("a locker's loop");
+    }
+}
+
+/// `PgXactLock` on the default table is never held beside a lease holder of its name, in both
+/// orders. A lease holder keeps renewing while a transaction lock waits for the name; a lease
+/// `try_lock` on a name a transaction lock holds is `Ok(None)` at once. Regression: the
+/// transaction lock was granted beside the lease, the lease's renewal then blocked on the
+/// transaction's row lock (lost), and a lease try_lock waited 5 s for `Unavailable`.
+#[tokio::test]
+async fn pg_xact_lock_and_leases_exclude_each_other() {
+    use sqlx::Connection;
+    let Some(lease_url) = pg_url("strategy=lease") else {
+        return;
+    };
+    let plain = conformance::require_env("LOCK_TEST_POSTGRES_URL").unwrap();
+    let lease = locker(&lease_url).await;
+    let xact = lock_sql::PgXactLock::new(lock_sql::DEFAULT_TABLE).unwrap();
+    let mut conn = sqlx::PgConnection::connect(&plain).await.unwrap();
+    for lease_opts in [opts(), opts().shared(), opts().permits(3)] {
+        let case = format!("{:?}", lease_opts.mode_value());
+        // Lease first.
+        let name = unique("xact-lease");
+        let held = lease.try_lock(name.as_str(), &lease_opts).await.unwrap();
+        let held = held.expect("a free name");
+        let mut tx = conn.begin().await.unwrap();
+        assert_eq!(
+            xact.try_lock(&mut tx, name.as_str()).await.unwrap(),
+            None,
+            "{case}: a transaction lock beside a lease holder"
+        );
+        tx.rollback().await.unwrap();
+        let mut tx = conn.begin().await.unwrap();
+        let e = xact
+            .lock(
+                &mut tx,
+                name.as_str(),
+                Some(scaled(Duration::from_millis(600))),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Timeout, "{case}: {e}");
+        held.extend(Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|e| panic!("{case}: the lease's renewal failed: {e}"));
+        // The wait ran out in a savepoint: the transaction goes on, and takes the name once
+        // the lease is released.
+        held.release().await.unwrap();
+        let token = xact
+            .lock(&mut tx, name.as_str(), Some(scaled(Duration::from_secs(5))))
+            .await
+            .unwrap();
+        assert!(token > 0);
+        // Transaction lock first: the lease is busy at once, in every mode.
+        busy(&lease, &name, &lease_opts, &case).await;
+        tx.commit().await.unwrap();
+        let after = lease.try_lock(name.as_str(), &lease_opts).await.unwrap();
+        assert!(after.is_some(), "{case}: free once the transaction ended");
+        after.unwrap().release().await.unwrap();
+    }
+}
