@@ -135,7 +135,7 @@ impl ClientProxies {
         !encrypted_scheme && !encrypted_param
     }
 
-    /// `url` rewritten as [`ClientProxies::url`] (without delay), with a [`ReplyLoser`] of
+    /// `url` rewritten as [`ClientProxies::url`] (without delay), with a [`ReplyLoser`](crate::ReplyLoser) of
     /// the client connecting to it: a lost reply resets the connection it came on, after the
     /// server applied the request.
     ///

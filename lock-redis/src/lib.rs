@@ -710,7 +710,7 @@ impl Backend for RedisBackend {
     }
 
     /// Waits by notification (see the crate docs): exclusive waiters in the name's server-side
-    /// queue (see [`queue`]), woken only when a release names them as its head; readers woken all
+    /// queue (see `queue`), woken only when a release names them as its head; readers woken all
     /// at once, in every client, by any release that names no queue head; permits (and every
     /// waiter under `interop=`) woken one per client by any release.
     ///

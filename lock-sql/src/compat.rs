@@ -2,9 +2,9 @@
 //! strategies on one table, PostgreSQL's transaction lock, the `interop=` modes and the peers
 //! they follow, on one name.
 //!
-//! The lease, the row lock and [`PgXactLock`](crate::PgXactLock) on one table exclude each
-//! other (the strategies' safety work of issue 33 makes every one of them see the others'
-//! holders). An `interop=` mode takes the peer's key, which locksmith's own strategies do not
+//! On PostgreSQL the lease, the row lock and [`PgXactLock`](crate::PgXactLock) on one table
+//! exclude each other (`pg::exclusion`); on MariaDB the lease and the row lock do not see each
+//! other yet (a declared limit). An `interop=` mode takes the peer's key, which locksmith's own strategies do not
 //! take: the two are a declared limit here (use one mode for every locksmith client of a
 //! name), not a silent one.
 
@@ -26,7 +26,7 @@ const OWN: [&str; 5] = [EXCLUSIVE, SHARED, PERMITS, MULTI, CAMPAIGN];
 
 /// The SQL backend's own ways and cells beyond the contract's, for `dialect`.
 pub(crate) fn table(dialect: Dialect) -> Compatibility {
-    let strategies = "lock-sql tests (issue 33: one name, every strategy)";
+    let strategies = "lock-sql tests/one_name.rs";
     let mut t = Compatibility::default();
     let (mode, peer, peer_about) = match dialect {
         Dialect::Postgres => (
@@ -70,6 +70,14 @@ pub(crate) fn table(dialect: Dialect) -> Compatibility {
             t = t.cell_tested_by(s, s2, Relation::Exclude, strategies);
         }
     }
+    if dialect == Dialect::MySql {
+        // PostgreSQL's strategies see each other (`pg::exclusion`); MariaDB's do not yet.
+        let apart = Relation::Limit(
+            "MariaDB: a lease (the lock row) and a row lock (GET_LOCK) on one table do not see              each other: use one strategy for every client of a table (crate docs)"
+                .into(),
+        );
+        t = t.cell(LEASE, ROW_LOCK, apart);
+    }
     let separate_keys = Relation::Limit(format!(
         "{mode} takes the peer's key, which locksmith's own strategies do not take: every \
          locksmith client of a name shared with the peer uses {mode}"
@@ -109,6 +117,11 @@ mod tests {
             let t = caps.compatibility_table();
             assert!(t.missing().is_empty(), "{dialect:?}: {:?}", t.missing());
         }
+        let my = table(Dialect::MySql);
+        assert_eq!(
+            my.relation(ROW_LOCK, LEASE).map(Relation::as_str),
+            Some("limit")
+        );
         let pg = table(Dialect::Postgres);
         assert_eq!(pg.relation(XACT, LEASE), Some(&Relation::Exclude));
         assert_eq!(pg.relation(ROW_LOCK, XACT), Some(&Relation::Exclude));

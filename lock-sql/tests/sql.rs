@@ -1175,11 +1175,13 @@ async fn pg_row_lock_holder_gets_no_other_mode_of_its_own_lock() {
     let err = a.lock(name.as_str(), &short).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
     r.release().await.unwrap();
-    let w = a
-        .try_lock(name.as_str(), &write)
-        .await
-        .unwrap()
-        .expect("a writer");
+    // `lock`, not `try_lock`: the writer's wait cut off above may have been granted on its
+    // connection just as it was given up, and that connection is closed in the background
+    // (the cancelled wait leaves nothing held, within a bound, not at once).
+    let settle = write
+        .clone()
+        .wait_timeout(Duration::from_secs(5).mul_f64(conformance::time_scale()));
+    let w = a.lock(name.as_str(), &settle).await.expect("a writer");
     assert!(
         a.try_lock(name.as_str(), &read).await.unwrap().is_none(),
         "a writer took a reader's lock beside its own"

@@ -26,6 +26,7 @@ mod primitive_leases;
 mod primitives;
 mod renewal;
 mod silent;
+mod skew;
 mod support;
 mod waiting;
 
@@ -39,7 +40,7 @@ use self::applies::{
     needs_lost_replies, needs_native_renewal, needs_notified_permits, needs_notified_revoke,
     needs_notified_shared, needs_notify, needs_other_namespace, needs_permit_expiry, needs_permits,
     needs_reply_delay, needs_revoke, needs_shared, needs_shared_fencing, needs_shared_notify,
-    needs_ttl_expiry,
+    needs_skewed_client, needs_skewed_permits, needs_ttl_expiry,
 };
 pub(crate) use self::compat::scenario_name as compat_scenario_name;
 pub use self::context::{Ctx, Failure, Outcome, Scenario};
@@ -424,6 +425,16 @@ pub fn all() -> Vec<Scenario> {
             handover::revoked_lock_hands_over_promptly,
             needs_notified_revoke,
             "with notification: a lock force-released behind its holder while a client waits is the waiter's within 400 ms"
+        ),
+        scenario!(
+            skew::skewed_client_cannot_sweep_permits,
+            needs_skewed_permits,
+            "semaphore: a client whose clock runs a minute ahead is refused a permit of a full one (TTL 10 s) by try_lock and a 500 ms lock, and the holders keep theirs"
+        ),
+        scenario!(
+            skew::skewed_candidate_cannot_depose_leader,
+            needs_skewed_client,
+            "election: a candidate whose clock runs a minute ahead, campaigning 500 ms against a leader with a 10 s lease, is not elected, and the leader still leads"
         ),
         scenario!(
             multi_cancel::cancelled_set_take_leaves_nothing,

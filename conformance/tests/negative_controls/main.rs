@@ -161,6 +161,8 @@ fn getset_timestamp_lock_is_caught() {
             "lost_campaign_reply_is_retried_safely",
             "lost_multi_lock_reply_is_retried_safely",
             "skewed_clock_cannot_steal",
+            // The candidate's GETSET takes over a timestamp its clock says has passed.
+            "skewed_candidate_cannot_depose_leader",
         ],
         // Its extend compares and writes in two steps: one racing another client's GETSET of
         // the expired timestamp overwrites the new holder's value, and both act at once (seen
@@ -371,6 +373,7 @@ fn a_permit_too_many_is_caught() {
             // The waiter takes the third permit of two at once: it never waits.
             "permit_won_by_waiting_returns_after_crash",
             "freed_permit_hands_over_promptly",
+            "skewed_client_cannot_sweep_permits",
         ])
     );
 }
@@ -545,4 +548,20 @@ fn a_set_given_its_ttl_a_round_trip_late_is_caught() {
     ]);
     assert!(failed.is_superset(&always), "{failed:?} misses {always:?}");
     assert!(failed.is_subset(&allowed), "{failed:?} outside {allowed:?}");
+}
+
+#[test]
+fn permits_swept_by_a_clients_clock_are_caught() {
+    assert_eq!(
+        failing_primitives(PrimitiveFlaw::PermitSweepByClientClock),
+        set(&["skewed_client_cannot_sweep_permits"])
+    );
+}
+
+#[test]
+fn a_leader_judged_by_a_candidates_clock_is_caught() {
+    assert_eq!(
+        failing_primitives(PrimitiveFlaw::LeaderJudgedByClientClock),
+        set(&["skewed_candidate_cannot_depose_leader"])
+    );
 }

@@ -72,6 +72,12 @@ pub(super) enum PrimitiveFlaw {
     /// A set is written without its expiry (a day) and given its TTL a round trip later: a
     /// `try_lock_all` cancelled in between leaves the set held for a day.
     SetTtlSetLater,
+    /// A client sweeps the permits it judges expired by its own clock before asking for one:
+    /// one whose clock runs ahead frees live holders' permits.
+    PermitSweepByClientClock,
+    /// A candidate judges the leader's expiry by its own clock and deletes a lease it finds
+    /// expired: one whose clock runs ahead deposes a live leader.
+    LeaderJudgedByClientClock,
 }
 
 /// How late a waiter gets the lock on the path whose wake-up a `*WakeLate` flaw loses (a
@@ -118,6 +124,21 @@ impl Harness for WrappedHarness {
             flaw: self.flaw,
             reversed: self.clients.fetch_add(1, Ordering::SeqCst) % 2 == 1,
             revokes: self.revokes.clone(),
+            clock_ahead: Duration::ZERO,
+        }))
+    }
+
+    fn can_skew_clock(&self) -> bool {
+        true
+    }
+
+    async fn client_with_clock_skew(&self, ahead: Duration) -> Result<Locker> {
+        Ok(Locker::new(Wrapped {
+            inner: MemoryBackend::connect(&self.store),
+            flaw: self.flaw,
+            reversed: self.clients.fetch_add(1, Ordering::SeqCst) % 2 == 1,
+            revokes: self.revokes.clone(),
+            clock_ahead: ahead,
         }))
     }
 
@@ -139,6 +160,8 @@ struct Wrapped {
     reversed: bool,
     /// The harness's count of force releases.
     revokes: Arc<AtomicU64>,
+    /// How far this client's clock runs ahead.
+    clock_ahead: Duration,
 }
 
 impl fmt::Debug for Wrapped {
@@ -200,6 +223,31 @@ impl Wrapped {
             ),
             other => other,
         }
+    }
+
+    /// The `*ByClientClock` flaws: before asking, delete the holders of `req`'s lock whose
+    /// lease this client's clock says has run out (the server's TTL left, judged against how
+    /// far this clock runs ahead).
+    async fn sweep_by_own_clock(&self, req: &AcquireRequest) -> Result<()> {
+        let on_path = match self.flaw {
+            PrimitiveFlaw::PermitSweepByClientClock => matches!(req.mode, LockMode::Permit { .. }),
+            PrimitiveFlaw::LeaderJudgedByClientClock => req.campaign,
+            _ => false,
+        };
+        if !on_path || self.clock_ahead.is_zero() {
+            return Ok(());
+        }
+        let info = self.inner.inspect(&req.name).await?;
+        let left = info
+            .shares
+            .iter()
+            .filter_map(|s| s.ttl_left)
+            .chain(info.ttl_left)
+            .min();
+        if left.is_some_and(|left| left < self.clock_ahead) {
+            self.inner.force_release_now(&req.name);
+        }
+        Ok(())
     }
 
     /// The `*WakeLate` flaws: a wait on the flaw's path ends [`LATE`] after the lock freed;
@@ -343,6 +391,7 @@ impl Backend for Wrapped {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
+        self.sweep_by_own_clock(req).await?;
         let req = self.flawed(req)?;
         let won = self.inner.try_acquire(&req).await?;
         Ok(won.map(|a| self.wrap(&req, a)))
@@ -353,6 +402,7 @@ impl Backend for Wrapped {
         req: &AcquireRequest,
         deadline: Option<Instant>,
     ) -> Result<Option<Acquired>> {
+        self.sweep_by_own_clock(req).await?;
         if self.flaw == PrimitiveFlaw::WritersDoNotQueue && req.mode == LockMode::Exclusive {
             let backoff = Backoff::for_ttl(req.ttl.min(Duration::from_millis(400)));
             return poll_acquire(self, req, deadline, &backoff).await;
@@ -471,6 +521,8 @@ pub(super) fn is_primitive_scenario(name: &str) -> bool {
         "expired_lease_hands_over_promptly",
         "revoked_lock_hands_over_promptly",
         "cancelled_set_take_leaves_nothing",
+        "skewed_client_cannot_sweep_permits",
+        "skewed_candidate_cannot_depose_leader",
     ]
     .contains(&name)
 }
