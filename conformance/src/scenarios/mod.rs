@@ -114,7 +114,7 @@ pub fn all() -> Vec<Scenario> {
         scenario!(
             silent::wait_deadline_against_a_silent_server,
             needs_lost_replies,
-            "against a server that answers nothing, lock() returns Unavailable by its wait deadline plus the stated slack, and without a deadline after its retry_unavailable_for (2 s), not after every attempt's response timeout"
+            "against a server that answers nothing, lock() returns Unavailable (Timeout where the backend bounds its requests by the deadline) by its wait deadline plus the stated slack, and Unavailable without a deadline after its retry_unavailable_for (2 s), not after every attempt's response timeout"
         ),
         scenario!(
             cancellation::cancelled_acquire_leaves_nothing,
