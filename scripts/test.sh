@@ -109,6 +109,13 @@ phase install bash scripts/install-servers.sh
 phase fmt cargo fmt --all --check
 phase noprotoc no_protobuf_build_step
 phase clippy without_protoc cargo clippy --workspace --all-targets --all-features -- -D warnings
+# The API docs build without a warning (broken or private links, output collisions), every
+# feature on, as docs.rs builds them.
+phase doc without_protoc env RUSTDOCFLAGS='-D warnings' cargo doc --workspace --no-deps --all-features
+# Every publishable crate packages (its manifest, its files, its dependencies publishable too;
+# the vendored etcd client included). --no-verify: the verify step would build every crate
+# again from its package, a second full build.
+phase package without_protoc cargo package --workspace --no-verify --allow-dirty --quiet
 
 if [[ ${LOCKSMITH_REUSE_SERVERS:-0} == 1 ]] && scripts/servers.sh status >/dev/null 2>&1; then
   echo "==> servers: reusing the running ones (LOCKSMITH_REUSE_SERVERS=1)"

@@ -42,6 +42,14 @@ pub trait ReplyLoser: Send + Sync {
 
     /// Disarms; how many replies the client lost so far.
     fn disarm(&self) -> u64;
+
+    /// `true`: from now on the server answers nothing to this client, as a paused server or
+    /// a cut network (every byte either way is dropped, connections stay open); `false`: it
+    /// answers again. Returns whether the loser can do it (the default cannot).
+    fn silence(&self, on: bool) -> bool {
+        let _ = on;
+        false
+    }
 }
 
 /// A holder process that holds a lock (see [`Harness::skewed_holder_process`]): dropping it

@@ -5,6 +5,7 @@
 mod escape;
 pub mod faults;
 mod harness;
+pub mod holder;
 mod measure;
 mod proxied;
 pub mod report;

@@ -135,7 +135,7 @@ impl ClientProxies {
         !encrypted_scheme && !encrypted_param
     }
 
-    /// `url` rewritten as [`ClientProxies::url`] (without delay), with a [`ReplyLoser`] of
+    /// `url` rewritten as [`ClientProxies::url`] (without delay), with a [`ReplyLoser`](crate::ReplyLoser) of
     /// the client connecting to it: a lost reply resets the connection it came on, after the
     /// server applied the request.
     ///
@@ -212,6 +212,17 @@ impl crate::ReplyLoser for ProxiesLosingReplies {
                 p.replies_lost() as u64
             })
             .sum()
+    }
+    fn silence(&self, on: bool) -> bool {
+        let mode = if on {
+            ProxyMode::Blackhole
+        } else {
+            ProxyMode::Pass
+        };
+        for p in &self.0 {
+            p.set_mode(mode);
+        }
+        true
     }
 }
 

@@ -1,6 +1,7 @@
 //! locksmith's fault scenarios (issue 10): every backend under holder crashes and pauses, server
 //! restarts, partitions, leader loss and slow replies, on real topologies started by
-//! [`faultkit`]. The `locksmith-holder` binary of this crate is the holder process.
+//! [`faultkit`]. The `locksmith-holder` binary of this crate is the holder process
+//! ([`conformance::holder`]).
 //!
 //! Each scenario is written once over a lock-service URL ([`Target`]) and produces a
 //! [`FaultCell`] for the report's Faults matrix: holds, violation (with counts), or not
@@ -12,7 +13,6 @@ mod cut_member;
 mod fault;
 mod generic;
 mod held;
-pub mod holder;
 mod holder_process;
 mod lost_replies;
 mod redis;
@@ -42,7 +42,7 @@ pub fn faults() -> Vec<FaultInfo> {
 }
 
 /// Every backend the matrix covers on this build, with the topology each runs on: the fault
-/// targets ([`target::TARGETS`]) of the backends the registry has compiled in.
+/// targets (`TARGETS` in `src/target.rs`) of the backends the registry has compiled in.
 pub fn backends() -> Vec<(&'static str, Kind)> {
     target::TARGETS
         .iter()

@@ -36,9 +36,9 @@ impl EtcdBackend {
     /// connections being closed.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidConfig`] for a malformed URL or an unreadable CA file (before any
-    /// I/O), and for credentials the server refuses; [`ErrorKind::Unavailable`] when no member
-    /// answers (or none passes TLS verification); [`ErrorKind::Backend`] for other refusals.
+    /// [`ErrorKind::InvalidConfig`](lockcore::ErrorKind::InvalidConfig) for a malformed URL or an unreadable CA file (before any
+    /// I/O); [`ErrorKind::Auth`](lockcore::ErrorKind::Auth) for credentials the server refuses; [`ErrorKind::Unavailable`](lockcore::ErrorKind::Unavailable)
+    /// when no member answers (or none passes TLS verification); [`ErrorKind::Backend`](lockcore::ErrorKind::Backend) for other refusals.
     pub async fn connect(url: &str) -> Result<EtcdBackend> {
         Self::from_config(Config::parse(url)?).await
     }
@@ -111,7 +111,7 @@ impl EtcdBackend {
     /// `namespace` (as a URL's path says it: `app/locks`; empty: `locksmith`, as a URL without
     /// one). The backend opens its one watch and one keep-alive stream on that channel. Unlike
     /// a backend from a URL it does not track which members answer (the client's own balancing
-    /// applies), and [`describe`](lockcore::Backend::describe) names the client
+    /// applies), and [`describe`](lockcore::backend::Backend::describe) names the client
     /// (`application-client`), not its endpoints.
     ///
     /// ```no_run

@@ -13,6 +13,10 @@ pub(crate) fn map_err(what: impl Into<String>, e: etcd_client::Error) -> Error {
         // gRPC codes: 1 cancelled, 3 invalid argument, 4 deadline exceeded, 14 unavailable.
         E::GRpcStatus(s) => match s.code() as i32 {
             1 | 4 | 14 => Error::unavailable(what, e),
+            // 7 permission denied (a user without the role), 16 unauthenticated (no or an
+            // invalid token); a wrong user or password is code 3 with this message.
+            7 | 16 => Error::auth(what, e),
+            3 if s.message().contains("authentication failed") => Error::auth(what, e),
             // tonic reports a connection reset mid-request (a member killed or restarted) as
             // code 2 "transport error": transient, as 14 is (the faults matrix's server_restart).
             2 if s.message() == "transport error" => Error::unavailable(what, e),

@@ -57,9 +57,9 @@
 //! * A live holder whose lease ran out unrenewed deletes its key at the lease's end (the server
 //!   itself expires leases only on a 500 ms sweep), so a lease ends at its TTL.
 //! * Lost signal: the key deleted behind the holder (revoked, expired, admin delete) or a
-//!   keep-alive of its lease refused ([`LostReason::RenewalRefused`]); the lease ran out
-//!   unrenewed ([`LostReason::ValidityExpired`], as the contract's own validity deadline); and
-//!   [`LostReason::ConnectionLost`] in one case only: after an extend to another TTL whose
+//!   keep-alive of its lease refused ([`LostReason::RenewalRefused`](lockcore::LostReason::RenewalRefused)); the lease ran out
+//!   unrenewed ([`LostReason::ValidityExpired`](lockcore::LostReason::ValidityExpired), as the contract's own validity deadline); and
+//!   [`LostReason::ConnectionLost`](lockcore::LostReason::ConnectionLost) in one case only: after an extend to another TTL whose
 //!   outcome is unknown, no keep-alive of the lease the key may have moved to was acknowledged
 //!   before that lease may expire. (A held lease is renewed by the contract's `extend`, whose
 //!   failures end the validity, not by a background keep-alive.) A deletion is matched to the

@@ -3,9 +3,15 @@
 use lockcore::Error;
 use redis::RedisError;
 
-/// Maps a client error: connection, I/O and timeouts are `Unavailable`, the rest `Backend`.
+/// Maps a client error: refused credentials (`WRONGPASS`, `NOAUTH`, a user without the rights,
+/// `NOPERM`) are `Auth`; connection, I/O and timeouts are `Unavailable`; the rest `Backend`.
 pub fn map_err(msg: &str, e: RedisError) -> Error {
     use redis::{ErrorKind as K, ServerErrorKind as S};
+    if e.kind() == K::AuthenticationFailed
+        || matches!(e.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
+    {
+        return Error::auth(msg.to_owned(), e);
+    }
     // Transient states of a server or cluster (loading, failover, resharding) are Unavailable too.
     let transient = matches!(
         e.kind(),

@@ -217,7 +217,7 @@ impl RedisBackend {
     /// # Errors
     /// `InvalidConfig` for a malformed URL, an unknown or malformed parameter, or an unreadable
     /// `tls_ca` file (the URL, which may hold a password, is never quoted); `Unavailable` when the
-    /// server cannot be reached; `Backend` when it refuses the connection (wrong password).
+    /// server cannot be reached; `Auth` when it refuses the credentials (wrong password).
     pub async fn connect(url: &str) -> Result<RedisBackend> {
         Self::from_config(Config::parse(url)?).await
     }
@@ -541,7 +541,7 @@ impl RedisBackend {
         if self.inner.revocations.is_some() {
             self.inner
                 .node
-                .watch_revoked(req.token.to_hex(), req.lost.clone());
+                .watch_revoked(req.token.uuid().as_u128(), req.lost.clone());
         }
         self.lease(req, fence)
     }
@@ -710,7 +710,7 @@ impl Backend for RedisBackend {
     }
 
     /// Waits by notification (see the crate docs): exclusive waiters in the name's server-side
-    /// queue (see [`queue`]), woken only when a release names them as its head; readers woken all
+    /// queue (see `queue`), woken only when a release names them as its head; readers woken all
     /// at once, in every client, by any release that names no queue head; permits (and every
     /// waiter under `interop=`) woken one per client by any release.
     ///
@@ -932,7 +932,7 @@ impl fmt::Debug for RedisLease {
 impl Drop for RedisLease {
     fn drop(&mut self) {
         if !self.behind_attempt && self.inner.revocations.is_some() {
-            self.inner.node.unwatch_revoked(&self.token.to_hex());
+            self.inner.node.unwatch_revoked(self.token.uuid().as_u128());
         }
     }
 }

@@ -265,7 +265,7 @@ pub struct AcquireWith {
     pub fencing: bool,
     /// Pipeline `WAIT` behind the script.
     pub replicas: Option<Replicas>,
-    /// Respect shared holders (see [`shares`](crate::shares)), marking this writer as waiting
+    /// Respect shared holders (see `shares`), marking this writer as waiting
     /// for this long (zero: no mark).
     pub beside_shares: Option<Duration>,
     /// Respect the name's queue of exclusive waiters (only with `beside_shares`): a free lock
@@ -277,7 +277,7 @@ pub struct AcquireWith {
 /// As [`acquire`]; with `replicas`, `WAIT` is pipelined behind the script (still one round
 /// trip) and the number of replicas that acknowledged is returned too. `WAIT` blocks the
 /// connection it runs on: use a connection of its own for it. With `beside_shares` (the
-/// writer mark's slack, see [`shares`](crate::shares)), live shared holders of the name hold
+/// writer mark's slack, see `shares`), live shared holders of the name hold
 /// it too (this writer is marked as waiting for that long), and a name held as a semaphore is a
 /// `Conflict`; fencing is then always on.
 ///
@@ -635,7 +635,7 @@ pub struct WaitingVote {
 }
 
 /// Takes a shared (reader's) lease for `token` with TTL `ttl` on one server, without a fencing
-/// counter: the single-node read-write protocol of [`shares`](crate::shares) (a sorted set of
+/// counter: the single-node read-write protocol of `shares` (a sorted set of
 /// readers beside the lock key, expiring on the server's clock), the one a single Redis node
 /// runs for [`LockMode::Shared`](lockcore::LockMode::Shared). Refused (`Held`) while an
 /// exclusive holder or a waiting writer's mark (see [`acquire_waiting`]) is there; `pttl` is
@@ -771,7 +771,7 @@ pub async fn revoke(conn: &mut Conn, keys: &Keys) -> Result<bool> {
 }
 
 /// [`revoke`], and every shared holder or permit of the name (see
-/// [`shares`](crate::shares)), its waiting writer's mark and its queue with it; the queue's
+/// `shares`), its waiting writer's mark and its queue with it; the queue's
 /// head is told. With `notice` (the namespace's revocation channel, [`revocation_channel`];
 /// single node only, a cluster gives `None`), the holders' clients are told too: their lost
 /// signals fire at once (see [`Node::listen_for_revocations`]).
@@ -1008,7 +1008,7 @@ impl Node {
     ///
     /// # Errors
     /// `InvalidConfig` for an unreadable `tls_ca` file or bad TLS settings; `Unavailable` when
-    /// the server cannot be reached; `Backend` when it refuses the connection (wrong password).
+    /// the server cannot be reached; `Auth` when it refuses the credentials (wrong password).
     pub async fn connect(cfg: &Config) -> Result<Node> {
         Self::connect_with(cfg, Factory::new(cfg)?).await
     }
@@ -1073,15 +1073,16 @@ impl Node {
         Ok(Some(waiting))
     }
 
-    /// A held lease of `token` (hex) whose `lost` fires when a revocation notice names it
-    /// (only once [`Node::listen_for_revocations`] has run; a no-op before). Pair it with
+    /// A held lease of `token` (the owner token's 128 bits, [`lockcore::OwnerToken::uuid`])
+    /// whose `lost` fires when a revocation notice names it (only once
+    /// [`Node::listen_for_revocations`] has run; a no-op before). Pair it with
     /// [`Node::unwatch_revoked`].
-    pub fn watch_revoked(&self, token: String, lost: LostNotifier) {
+    pub fn watch_revoked(&self, token: u128, lost: LostNotifier) {
         self.subs.registry.revocations.watch(token, lost);
     }
 
     /// The lease of `token` is no longer held here.
-    pub fn unwatch_revoked(&self, token: &str) {
+    pub fn unwatch_revoked(&self, token: u128) {
         self.subs.registry.revocations.unwatch(token);
     }
 

@@ -18,16 +18,17 @@ pub fn channel(namespace: &str) -> String {
     format!("{namespace}:revoked")
 }
 
-/// The leases of one client that a revocation notice can reach, by owner token (hex).
+/// The leases of one client that a revocation notice can reach, by owner token (its 128 bits:
+/// no allocation per held lease, which the lease's byte budget counts).
 #[derive(Debug, Default)]
 pub(crate) struct Revocations {
     /// The revocation channel, once this client subscribed to it.
     channel: OnceLock<String>,
-    held: Mutex<HashMap<String, LostNotifier>>,
+    held: Mutex<HashMap<u128, LostNotifier>>,
 }
 
 impl Revocations {
-    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, LostNotifier>> {
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<u128, LostNotifier>> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -41,16 +42,16 @@ impl Revocations {
     }
 
     /// Registers a held lease: a notice naming `token` fires `lost`.
-    pub(crate) fn watch(&self, token: String, lost: LostNotifier) {
+    pub(crate) fn watch(&self, token: u128, lost: LostNotifier) {
         if self.listening() {
             self.held().insert(token, lost);
         }
     }
 
     /// The lease of `token` is gone (released, lost or dropped).
-    pub(crate) fn unwatch(&self, token: &str) {
+    pub(crate) fn unwatch(&self, token: u128) {
         if self.listening() {
-            self.held().remove(token);
+            self.held().remove(&token);
         }
     }
 
@@ -65,8 +66,11 @@ impl Revocations {
             return true;
         };
         let held = self.held();
-        for token in message.split(' ') {
-            if let Some(lost) = held.get(token) {
+        let tokens = message
+            .split(' ')
+            .filter_map(|t| u128::from_str_radix(t, 16).ok());
+        for token in tokens {
+            if let Some(lost) = held.get(&token) {
                 // The server took the lease away: what a refused renewal would have said.
                 lost.fire(LostReason::RenewalRefused);
             }

@@ -153,7 +153,7 @@ impl Drop for ExpiryWatch<'_> {
     }
 }
 
-/// A queued waiter's registration on its [`Channel`] (see [`Channel::queued`]).
+/// A queued waiter's registration on its [`Channel`] (see `Channel::queued`).
 pub struct QueuedWake {
     channel: Arc<Channel>,
     token: String,
@@ -421,7 +421,7 @@ impl Waiting {
     }
 
     /// Registers this waiter as queued with `token` in the name's server-side queue (see
-    /// [`crate::queue`]): a message naming it as the queue's head wakes the returned
+    /// `crate::queue`): a message naming it as the queue's head wakes the returned
     /// [`QueuedWake`] (a wake-up that comes before the waiter waits is kept for it), and no
     /// other. Dropping it unregisters.
     pub fn queued(&self, token: &str) -> QueuedWake {

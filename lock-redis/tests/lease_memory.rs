@@ -38,7 +38,9 @@ fn live_bytes() -> i64 {
 /// heap's spare capacity, which depends on where N falls between two doublings). The budget is
 /// the measured figure with room for the tables' growth, and still fails a return to the
 /// layout before. Measured: 441-444 over three runs at 10,000 leases (2026-12-05, debug build,
-/// `cargo test -p lock-redis --test lease_memory -- --nocapture`).
+/// `cargo test -p lock-redis --test lease_memory -- --nocapture`); 497 with the client's
+/// revocation registry (issue 35: an entry of 128-bit owner token and lost notifier per held
+/// lease, 2026-12-05, one run).
 const BUDGET_PER_LEASE: i64 = 520;
 
 async fn take(

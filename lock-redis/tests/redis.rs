@@ -217,6 +217,8 @@ async fn bad_urls_are_invalid_config_and_never_show_the_password() {
         let wrong = url.replacen("://:", &format!("://:{PW}"), 1);
         let e = RedisBackend::connect(&wrong).await.unwrap_err();
         assert!(!format!("{e} {e:?}").contains(PW), "{e:?}");
+        // Refused credentials: the kind every backend gives them (issue 37: Backend here).
+        assert_eq!(e.kind(), ErrorKind::Auth, "{e:#}");
     }
     for var in ["LOCK_TEST_REDIS_AUTH_URL", "LOCK_TEST_REDIS_ACL_URL"] {
         let Some(url) = require_env(var) else {

@@ -334,7 +334,9 @@ impl RedlockBackend {
                 shared,
                 holder,
                 placed: Arc::new(Mutex::new(placed)),
+                token_bits: req.token.uuid().as_u128(),
             };
+            lease.watch_revocations(&req.lost);
             return Ok(Attempt::Won(Acquired::new(lease, sent_at)));
         }
         // Undo on every node that may hold our key, including those whose answer was lost,

@@ -40,11 +40,12 @@ impl RedlockBackend {
     /// `Unavailable` when fewer than a majority of the masters answered.
     pub async fn force_release(&self, name: &LockName) -> Result<bool> {
         let keys = Arc::new(Keys::new(&self.inner.cfg.namespace, name));
+        let notice: Arc<str> = node::revocation_channel(&self.inner.cfg.namespace).into();
         let results = self
             .inner
             .per_node(self.inner.cfg.response_timeout, move |_, mut c| {
-                let keys = keys.clone();
-                async move { node::revoke_with_shares(&mut c, &keys, None).await }
+                let (keys, notice) = (keys.clone(), notice.clone());
+                async move { node::revoke_with_shares(&mut c, &keys, Some(&notice)).await }
             })
             .collect::<Vec<_>>()
             .await;

@@ -49,8 +49,8 @@ impl RedlockBackend {
     ///
     /// # Errors
     /// `InvalidConfig` for a malformed URL (never quoted), an unreadable `tls_ca` file, or two
-    /// nodes that reach the same Redis server (the same `run_id`, under two names); `Backend`
-    /// when a master refuses the connection (wrong password); `Unavailable` when fewer than a
+    /// nodes that reach the same Redis server (the same `run_id`, under two names); `Auth`
+    /// when a master refuses the credentials (wrong password); `Unavailable` when fewer than a
     /// majority of the masters can be reached.
     pub async fn connect(url: &str) -> Result<RedlockBackend> {
         Self::from_config(Config::parse(url)?).await
@@ -84,6 +84,7 @@ impl RedlockBackend {
                     reconnecting: AtomicBool::new(false),
                     last_try: Mutex::new(Some(Instant::now())),
                     identity: identity.clone(),
+                    revocations: Mutex::new(None),
                 })
             })
             .collect();
@@ -101,6 +102,7 @@ impl RedlockBackend {
                 }
             };
             let run_id = run_id_of(s, &node).await;
+            *lock_mutex(&s.revocations) = crate::slots::listen(&node, s.connect_timeout).await;
             Ok((node, run_id))
         }))
         .await;
@@ -190,6 +192,9 @@ pub(crate) fn capabilities(cfg: &Parsed) -> Capabilities {
     c.fair = false;
     c.wait = WaitKind::Notify;
     c.lost_detection = false;
+    // force_release publishes the owner tokens it took away on every master's revocation
+    // channel, which every client subscribes to at connect (see `lock_redis::node`).
+    c.revoke_detection = true;
     c.reentrant = false;
     c.expiry_after_ttl = true;
     c.force_release = true;

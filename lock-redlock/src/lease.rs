@@ -32,6 +32,31 @@ pub(crate) struct RedlockLease {
     /// [`Lease::extend`]); one of these found without the key lost it (revoked, expired early,
     /// restarted empty) and is never taken again.
     pub(crate) placed: Arc<Mutex<Vec<bool>>>,
+    /// The owner token's 128 bits, as the masters' revocation notices name it (see
+    /// [`RedlockLease::watch_revocations`]).
+    pub(crate) token_bits: u128,
+}
+
+impl RedlockLease {
+    /// Lets every connected master's revocation notice fire `lost` (a `force_release` publishes
+    /// on every master; one notice is enough). Undone on drop.
+    pub(crate) fn watch_revocations(&self, lost: &lockcore::backend::LostNotifier) {
+        for slot in &self.inner.slots {
+            if let Some(node) = lock_mutex(&slot.node).as_ref() {
+                node.watch_revoked(self.token_bits, lost.clone());
+            }
+        }
+    }
+}
+
+impl Drop for RedlockLease {
+    fn drop(&mut self) {
+        for slot in &self.inner.slots {
+            if let Some(node) = lock_mutex(&slot.node).as_ref() {
+                node.unwatch_revoked(self.token_bits);
+            }
+        }
+    }
 }
 
 impl RedlockLease {

@@ -71,6 +71,11 @@
 //!   background). Confirmations are awaited until the lease's validity ends (at least one node
 //!   timeout), so a lock that sits on exactly a majority is not reported unreleased because one
 //!   of its masters answered late.
+//! * **Revocation**: a `force_release` deletes the lock on every master and publishes the owner
+//!   tokens it took away on each master's revocation channel (`<namespace>:revoked`), which
+//!   every client subscribes to on every master at connect (and again after a reconnection);
+//!   the holder's lost signal fires on the first notice, not at its next renewal
+//!   ([`Capabilities::revoke_detection`](lockcore::Capabilities::revoke_detection)).
 //! * **Nodes down**: with a minority down, locks work as before (a held lock too, once a
 //!   renewal has repaired it onto every master that answers: a lock standing on exactly a
 //!   majority survives one of them going down only after that renewal); with a majority down, attempts

@@ -25,6 +25,26 @@ pub(crate) struct Slot {
     pub(crate) last_try: Mutex<Option<Instant>>,
     /// What all slots of one client share to tell their servers apart.
     pub(crate) identity: Arc<Identity>,
+    /// The node's subscription to its revocation notices (see [`listen`]), kept while the
+    /// node is this slot's.
+    pub(crate) revocations: Mutex<Option<node::Waiting>>,
+}
+
+/// Subscribes `node` to its revocation notices (a `force_release` names the owner tokens it
+/// took away; the leases watching them fire their lost signal), within `timeout`; `None`
+/// (logged) when it cannot: those leases learn of a revocation at their next renewal.
+pub(crate) async fn listen(node: &Node, timeout: Duration) -> Option<node::Waiting> {
+    match tokio::time::timeout(timeout, node.listen_for_revocations()).await {
+        Ok(Ok(w)) => w,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "cannot subscribe to a redlock master's revocation notices");
+            None
+        }
+        Err(_) => {
+            tracing::debug!("subscribing to a redlock master's revocation notices timed out");
+            None
+        }
+    }
 }
 
 /// The masters' identities, shared by the slots of one client: a vote counts once per
@@ -107,6 +127,8 @@ impl Slot {
             if let Ok(Ok(n)) =
                 tokio::time::timeout(slot.connect_timeout, Node::connect(&slot.cfg)).await
             {
+                let revocations = listen(&n, slot.connect_timeout).await;
+                *lock_mutex(&slot.revocations) = revocations;
                 slot.install(Arc::new(n)).await;
             }
             slot.reconnecting.store(false, Ordering::Release);

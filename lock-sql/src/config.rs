@@ -290,9 +290,6 @@ pub(crate) struct Parsed {
     /// secret-looking query parameters such as `password=` and `sslkey=`), for describe()
     /// and errors.
     pub(crate) redacted: String,
-    /// Every secret the URL carries (decoded and as written), to scrub them from any error text
-    /// that might echo them.
-    secrets: Vec<lockcore::Secret>,
 }
 
 impl fmt::Debug for Parsed {
@@ -341,15 +338,6 @@ impl Parsed {
                 url.scheme()
             )));
         };
-        let mut secrets = Vec::new();
-        if let Some(p) = url.password().filter(|p| !p.is_empty()) {
-            secrets.push(p.to_owned());
-            secrets.push(
-                percent_encoding::percent_decode_str(p)
-                    .decode_utf8_lossy()
-                    .into_owned(),
-            );
-        }
         let Config {
             strategy,
             table,
@@ -374,9 +362,6 @@ impl Parsed {
                 )));
             }
             check_sqlx_param(dialect, url.scheme(), &k)?;
-            if is_secret_param(&k) && !v.is_empty() {
-                secrets.push(v.clone().into_owned());
-            }
             passthrough.push((k.into_owned(), v.into_owned()))
         }
         if dialect == Dialect::Sqlite && strategy == Strategy::RowLock {
@@ -439,20 +424,6 @@ impl Parsed {
                     (k.as_str(), v)
                 }));
         }
-        // Also the raw (still percent-encoded) forms of the query secrets, longest first so a
-        // secret containing another is replaced whole.
-        for (k, v) in url
-            .query()
-            .unwrap_or("")
-            .split('&')
-            .filter_map(|kv| kv.split_once('='))
-        {
-            if is_secret_param(k) && !v.is_empty() {
-                secrets.push(v.to_owned());
-            }
-        }
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        secrets.dedup();
         Ok(Parsed {
             dialect,
             strategy,
@@ -462,18 +433,14 @@ impl Parsed {
             interop,
             sqlx_url,
             redacted: shown.to_string(),
-            secrets: secrets.into_iter().map(lockcore::Secret::new).collect(),
         })
     }
 
-    /// Removes every secret of the URL from text that may echo it.
-    pub(crate) fn scrub(&self, mut text: String) -> String {
-        for s in &self.secrets {
-            if text.contains(s.expose()) {
-                text = text.replace(s.expose(), "***");
-            }
-        }
-        text
+    /// Text from the driver (an error message) with any URL in it and any secret `key=value`
+    /// redacted ([`lockcore::secret::redact_text`]): by structure, never by searching for the
+    /// password, which would reveal it (a one-letter password turned every `e` into `***`).
+    pub(crate) fn scrub(&self, text: String) -> String {
+        lockcore::secret::redact_text(&text)
     }
 }
 
@@ -502,7 +469,8 @@ mod tests {
     }
 
     /// A password in any part of the URL (user info, `?password=`, `sslkey=`), encoded or
-    /// not, never shows in the redacted URL, in Debug, or in scrubbed error text.
+    /// not, never shows in the redacted URL, in Debug, or in scrubbed error text that echoes the
+    /// URL.
     #[test]
     fn secrets_from_every_part_of_the_url_never_show() {
         for url in [
@@ -515,7 +483,9 @@ mod tests {
             for shown in [
                 c.redacted.clone(),
                 format!("{c:?}"),
-                c.scrub("error: password hunter2@x / hunter2%40x rejected".to_string()),
+                c.scrub(format!(
+                    "error: cannot connect to '{url}' (password=hunter2@x)"
+                )),
             ] {
                 assert!(!shown.contains("hunter2"), "{url}: {shown}");
             }
@@ -525,6 +495,11 @@ mod tests {
         let c = Parsed::parse("postgres://u@h/db?sslmode=verify-full").unwrap();
         assert_eq!(c.redacted, "postgres://u@h/db?sslmode=verify-full");
         assert_eq!(c.scrub("x".into()), "x");
+        // Issue 37: scrubbing searched the text for the password, so a one-letter password
+        // showed wherever its letter did (`***rror communicating with databas***`).
+        let c = Parsed::parse("postgres://e:e@h/db?password=a").unwrap();
+        let text = "error communicating with database: password authentication failed";
+        assert_eq!(c.scrub(text.to_string()), text);
     }
 
     /// A parameter sqlx does not read is refused, named, with the accepted ones listed: sqlx

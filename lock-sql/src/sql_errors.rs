@@ -4,13 +4,16 @@ use lockcore::{Error, Result};
 
 use crate::config::Parsed;
 
-/// Maps a sqlx error: connection-level failures, and the server refusing or ending a session
-/// for want of resources (too many connections, shutting down, the session killed), are
-/// `Unavailable`; the rest `Backend`. The text is scrubbed of every secret of the URL in case a
-/// driver echoes it.
+/// Maps a sqlx error: refused credentials are `Auth`; connection-level failures, and the server
+/// refusing or ending a session for want of resources (too many connections, shutting down, the
+/// session killed), are `Unavailable`; the rest `Backend`. Any URL or secret parameter in the
+/// text is redacted in case a driver echoes it.
 pub(crate) fn map_err(config: &Parsed, what: &str, e: sqlx::Error) -> Error {
     let text = config.scrub(e.to_string());
     let msg = format!("{what}: {text}");
+    if is_auth_code(&e) {
+        return Error::new(lockcore::ErrorKind::Auth, msg);
+    }
     if is_unavailable_code(&e) {
         return Error::new(lockcore::ErrorKind::Unavailable, msg);
     }
@@ -48,6 +51,29 @@ pub(crate) fn is_unavailable_code(e: &sqlx::Error) -> bool {
         return code.starts_with("08")
             || code.starts_with("53")
             || matches!(&*code, "57P01" | "57P02" | "57P03" | "57P04" | "57P05");
+    }
+    false
+}
+
+/// Server errors that refuse the credentials: PostgreSQL class 28 (28P01 invalid password,
+/// 28000 invalid authorization: no `pg_hba.conf` entry, unknown role); MySQL/MariaDB 1045
+/// (access denied: user or password) and 1698 (access denied to a user that authenticates
+/// otherwise, such as by socket).
+pub(crate) fn is_auth_code(e: &sqlx::Error) -> bool {
+    let Some(d) = e.as_database_error() else {
+        return false;
+    };
+    // Unused where only SQLite is built (SQLite has no credentials).
+    let _ = d;
+    #[cfg(feature = "mysql")]
+    if let Some(m) = d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return matches!(m.number(), 1045 | 1698);
+    }
+    #[cfg(feature = "postgres")]
+    if d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+        .is_some()
+    {
+        return d.code().unwrap_or_default().starts_with("28");
     }
     false
 }

@@ -1175,11 +1175,13 @@ async fn pg_row_lock_holder_gets_no_other_mode_of_its_own_lock() {
     let err = a.lock(name.as_str(), &short).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
     r.release().await.unwrap();
-    let w = a
-        .try_lock(name.as_str(), &write)
-        .await
-        .unwrap()
-        .expect("a writer");
+    // `lock`, not `try_lock`: the writer's wait cut off above may have been granted on its
+    // connection just as it was given up, and that connection is closed in the background
+    // (the cancelled wait leaves nothing held, within a bound, not at once).
+    let settle = write
+        .clone()
+        .wait_timeout(Duration::from_secs(5).mul_f64(conformance::time_scale()));
+    let w = a.lock(name.as_str(), &settle).await.expect("a writer");
     assert!(
         a.try_lock(name.as_str(), &read).await.unwrap().is_none(),
         "a writer took a reader's lock beside its own"
@@ -1921,4 +1923,35 @@ async fn mysql_share_procedures_and_statements_exclude_each_other() {
     }
     calls.flush().await;
     statements.flush().await;
+}
+
+/// Issue 37: a wrong password is `Auth` (it was `Backend`), and the error keeps the server's
+/// words whole: the password was replaced wherever it occurred as a substring, so a one-letter
+/// password `e` showed as `***rror communicating with databas***`.
+#[tokio::test]
+async fn a_wrong_one_letter_password_is_auth_with_the_message_intact() {
+    for (var, words) in [
+        ("LOCK_TEST_POSTGRES_URL", "password authentication failed"),
+        ("LOCK_TEST_MYSQL_URL", "Access denied"),
+    ] {
+        let Some(good) = conformance::require_env(var) else {
+            continue;
+        };
+        let mut url = url::Url::parse(&good).unwrap();
+        let letter = if url.password() == Some("e") {
+            "a"
+        } else {
+            "e"
+        };
+        url.set_password(Some(letter)).unwrap();
+        let e = SqlBackend::connect(url.as_str()).await.unwrap_err();
+        let shown = format!("{e:#}");
+        assert_eq!(e.kind(), ErrorKind::Auth, "{var}: {shown}");
+        assert!(shown.contains(words), "{var}: {shown}");
+        // Stars only where a password field was blanked (`:***@`, `password=***`).
+        for (i, _) in shown.match_indices("***") {
+            let before = shown[..i].chars().last();
+            assert!(matches!(before, Some(':' | '=')), "{var}: {shown}");
+        }
+    }
 }

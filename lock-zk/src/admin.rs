@@ -12,9 +12,12 @@ use crate::contenders::{self, Role};
 use crate::errors::{map_err, retry};
 
 impl ZkBackend {
-    /// Deletes every contender node of `name` (the holder's and the waiters'), as an operator's
-    /// override: the holder's lease is refused at its next renewal and waiters queue again.
-    /// Returns how many nodes were deleted. Needs an identity allowed to delete them (the same
+    /// Deletes the holders' contender nodes of `name` (an exclusive holder's, the readers'
+    /// ahead of the first writer, a semaphore's first `limit`), as an operator's override: a
+    /// holder's lease is refused at its next renewal, and the waiters, left in the queue, are
+    /// handed the lock as on a release. (Deleting the waiters' nodes too let a waiter granted
+    /// between two deletions hold a lock whose node was then gone.) Returns how many nodes
+    /// were deleted. Needs an identity allowed to delete them (the same
     /// digest user).
     ///
     /// Prefer [`Locker::force_release`](lockcore::Locker::force_release), the same on every
@@ -23,7 +26,7 @@ impl ZkBackend {
     /// Cancel safety: dropping the future may leave some nodes deleted and others not.
     ///
     /// # Errors
-    /// `InvalidName`; `Unavailable` or `Backend` (NoAuth included) from ZooKeeper.
+    /// `InvalidName`; `Unavailable`, `Auth` (NoAuth) or `Backend` from ZooKeeper.
     pub async fn force_release(&self, name: impl IntoLockName) -> Result<usize> {
         let parent = self.lock_path(name)?;
         let client = self.live_session(None).await?.client.clone();
@@ -32,8 +35,11 @@ impl ZkBackend {
             Err(zk::Error::NoNode) => return Ok(0),
             Err(e) => return Err(map_err("listing contenders", e)),
         };
+        let queued = queue(&children, &parent, &HashSet::new());
+        let roles: Vec<Role> = queued.iter().map(|(_, c)| contenders::role(c)).collect();
+        let held = contenders::holders(&roles);
         let mut deleted = 0;
-        for (_, child) in queue(&children, &parent, &HashSet::new()) {
+        for &(_, child) in &queued[..held] {
             let path = format!("{parent}/{child}");
             match retry(|| client.delete(&path, None)).await {
                 Ok(()) => deleted += 1,

@@ -122,7 +122,7 @@ impl ZkBackend {
     }
 
     /// How long a disconnection lasts before held leases are reported lost with
-    /// [`LostReason::ConnectionLost`]: zero (at once) unless `lost_after_disconnect` was set.
+    /// [`LostReason::ConnectionLost`](lockcore::LostReason::ConnectionLost): zero (at once) unless `lost_after_disconnect` was set.
     pub fn lost_after_disconnect(&self) -> Duration {
         self.inner.lost_after_disconnect
     }

@@ -57,8 +57,9 @@ impl ZkBackend {
     /// # Errors
     /// [`ErrorKind::InvalidConfig`](lockcore::ErrorKind::InvalidConfig) for a malformed URL
     /// (before any I/O); [`ErrorKind::Unavailable`](lockcore::ErrorKind::Unavailable) when no
-    /// server answers; [`ErrorKind::Backend`](lockcore::ErrorKind::Backend) when the server
-    /// refuses (for example NoAuth on an existing namespace node).
+    /// server answers; [`ErrorKind::Auth`](lockcore::ErrorKind::Auth) when the credentials do
+    /// not open the namespace node (NoAuth, AuthFailed);
+    /// [`ErrorKind::Backend`](lockcore::ErrorKind::Backend) when the server refuses otherwise.
     pub async fn connect(url: &str) -> Result<ZkBackend> {
         Self::open(Config::parse(url)?).await
     }

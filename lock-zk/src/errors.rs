@@ -28,6 +28,9 @@ pub(crate) fn map_err(what: impl Into<String>, e: zk::Error) -> Error {
         // with ConnectionLoss, so it is Unavailable (lock() retries it within its deadline, a
         // server restart must not end a wait with an error).
         E::Custom(_) if is_connection_failure(&e) => Error::unavailable(what, e),
+        // Credentials refused (SASL), or none that a node's ACL asks for (digest auth is taken
+        // as given at connect; a wrong password shows as NoAuth on the first protected node).
+        E::AuthFailed | E::NoAuth => Error::auth(what, e),
         _ => Error::backend(what, e),
     }
 }

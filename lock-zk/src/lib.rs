@@ -162,20 +162,23 @@
 //!
 //! # Sessions and the lost signal
 //!
-//! One task per backend (not per lease) watches the session and keeps the registry of held
-//! leases. Held leases are reported lost:
-//! * at once when the connection drops ([`LostReason::ConnectionLost`]; Curator's standard
+//! One task per backend watches the session and keeps the registry of held leases; each held
+//! lease also watches its own node (one `exists` and one task per lease). Held leases are
+//! reported lost:
+//! * at once when the connection drops ([`LostReason::ConnectionLost`](lockcore::LostReason::ConnectionLost); Curator's standard
 //!   policy: a suspended connection is a lost lock, since the session may be expiring on the
 //!   server), or after `lost_after_disconnect` x the session timeout when that is set;
 //! * when a `sync` sent every third of the session timeout while leases are held is not
-//!   answered within a third of the session timeout ([`LostReason::ConnectionLost`]): the
+//!   answered within a third of the session timeout ([`LostReason::ConnectionLost`](lockcore::LostReason::ConnectionLost)): the
 //!   connection looks alive but the server cannot reach the leader (a follower cut off from the
 //!   quorum keeps answering pings while the leader expires the session);
-//! * when the session expires ([`LostReason::SessionExpired`]). The backend then opens a new
+//! * when the session expires ([`LostReason::SessionExpired`](lockcore::LostReason::SessionExpired)). The backend then opens a new
 //!   session, as Curator does: later acquisitions work without rebuilding the backend, and
 //!   waiters of the old session queue again on the new one within their deadline;
-//! * when the node was deleted by someone else: at the next `extend` (auto-renewal), which is
-//!   refused ([`LostReason::RenewalRefused`]).
+//! * when the node was deleted by someone else (an operator's force release, Curator's or
+//!   kazoo's tools included): at once, when the server reports the lease's watch on its own
+//!   node ([`LostReason::RenewalRefused`](lockcore::LostReason::RenewalRefused); `Capabilities::revoke_detection`), and in any case
+//!   at the next `extend` (auto-renewal), which is refused.
 //!
 //! The remaining window: the lost signal comes at most 2/3 of the session timeout after the
 //! holder last reached the leader, before the server can expire the session; a holder paused

@@ -394,9 +394,10 @@ async fn digest_acl_protects_lock_nodes() {
     assert!(busy.is_none());
     assert!(g.is_valid());
     g.release().await.unwrap();
-    // Free: mallory may not queue under alice's lock node.
+    // Free: mallory may not queue under alice's lock node: refused credentials, the kind every
+    // backend gives them (issue 37: it was Backend here).
     let err = mallory_locker.try_lock(&name, &opts()).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    assert_eq!(err.kind(), ErrorKind::Auth, "{err}");
     assert!(!err.to_string().contains("pw"), "{err}");
 }
 

@@ -60,7 +60,10 @@ pub struct Capabilities {
     /// `extend(ttl)` sets the lease to the TTL asked for, longer or shorter. Backends whose
     /// server fixes a lease's TTL at grant time (etcd) keep the granted one and report it.
     pub extend_sets_ttl: bool,
-    /// The same holder may acquire a lock it already holds.
+    /// The same holder may acquire a lock it already holds. No backend here is: a lock held by
+    /// this process is contention for it too (`try_lock` gives `Ok(None)`; the conformance
+    /// suite's `reentrancy_as_declared` checks it). There is no option asking for reentrancy:
+    /// count nested holds in the application if it needs them.
     pub reentrant: bool,
     /// A crashed holder's lock is held until its TTL runs out, and not freed before. Backends
     /// whose locks die with the holder's connection free them at once instead.
@@ -71,9 +74,9 @@ pub struct Capabilities {
     /// early: a documented violation, which `skewed_clock_cannot_steal` does not count as a
     /// pass.
     pub expiry_on_client_clock: bool,
-    /// [`Backend::force_release`](crate::Backend::force_release) works.
+    /// [`Backend::force_release`](crate::backend::Backend::force_release) works.
     pub force_release: bool,
-    /// [`Backend::inspect`](crate::Backend::inspect) works: the backend reports whether a lock
+    /// [`Backend::inspect`](crate::backend::Backend::inspect) works: the backend reports whether a lock
     /// is held, by whom (the [`Holder`](crate::Holder) metadata it stores at acquire) and for
     /// how long.
     pub inspect: bool,

@@ -218,6 +218,39 @@ impl LeaderWatch {
             tokio::time::sleep(self.every).await;
         }
     }
+
+    /// The changes of leader as a [`Stream`](futures::Stream): each item is what
+    /// [`LeaderWatch::changed`] returns, the first the current state. The stream ends after the
+    /// first error (a backend that cannot be read is not retried here).
+    ///
+    /// Changes are found by reading the leader every `every` (the contract has no way for a
+    /// backend to push them); changes closer together than `every` show as one.
+    ///
+    /// ```
+    /// # async fn f(locker: lockcore::Locker) -> lockcore::Result<()> {
+    /// use futures::StreamExt;
+    /// let changes = locker
+    ///     .watch_leader("scheduler", std::time::Duration::from_millis(200))?
+    ///     .into_stream();
+    /// let mut changes = std::pin::pin!(changes);
+    /// while let Some(leader) = changes.next().await {
+    ///     match leader? {
+    ///         Some(l) => println!("leader {:?} (term {:?})", l.value, l.term),
+    ///         None => println!("no leader"),
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn into_stream(self) -> impl futures::Stream<Item = Result<Option<Leader>>> + Send {
+        futures::stream::unfold(Some(self), |watch| async move {
+            let mut watch = watch?;
+            match watch.changed().await {
+                Ok(leader) => Some((Ok(leader), Some(watch))),
+                Err(e) => Some((Err(e), None)),
+            }
+        })
+    }
 }
 
 fn key(l: &Option<Leader>) -> Option<(Option<u64>, Option<&str>)> {
@@ -292,5 +325,54 @@ impl Locker {
             every: every.max(Duration::from_millis(10)),
             last: None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+
+    use super::*;
+    use crate::memory::MemoryBackend;
+
+    async fn next(
+        changes: &mut (impl futures::Stream<Item = Result<Option<Leader>>> + Unpin),
+    ) -> Option<Leader> {
+        tokio::time::timeout(Duration::from_secs(10), changes.next())
+            .await
+            .expect("a change within the bound")
+            .expect("the stream goes on")
+            .unwrap()
+    }
+
+    /// Issue 37: leader changes as a `Stream`: the current state first, then each election and
+    /// resignation.
+    #[tokio::test]
+    async fn leader_changes_come_as_a_stream() {
+        let locker = Locker::new(MemoryBackend::connect("leader_changes_stream"));
+        let opts = CampaignOptions::new().ttl(Duration::from_secs(10));
+        let changes = locker
+            .watch_leader("elected", Duration::from_millis(10))
+            .unwrap()
+            .into_stream();
+        let mut changes = std::pin::pin!(changes);
+        assert_eq!(next(&mut changes).await, None, "no leader at first");
+        let first = locker.campaign("elected", "a:1", &opts).await.unwrap();
+        let first_term = first.term();
+        let seen = next(&mut changes).await.expect("a leader");
+        assert_eq!(
+            (seen.value.as_deref(), seen.term),
+            (Some("a:1"), first_term)
+        );
+        first.resign().await.unwrap();
+        assert_eq!(next(&mut changes).await, None, "resigned");
+        let second = locker.campaign("elected", "b:2", &opts).await.unwrap();
+        let seen = next(&mut changes).await.expect("a leader");
+        assert_eq!(
+            (seen.value.as_deref(), seen.term),
+            (Some("b:2"), second.term())
+        );
+        assert!(second.term() > first_term);
+        second.resign().await.unwrap();
     }
 }

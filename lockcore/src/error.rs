@@ -17,7 +17,7 @@ pub enum ErrorKind {
     /// Release or extend of a lease that is no longer the caller's (expired, taken over or
     /// already released). Nothing was changed.
     NotHeld,
-    /// The backend cannot do what was asked (for example fencing tokens or reentrancy).
+    /// The backend cannot do what was asked (for example fencing tokens or FIFO waiting).
     Unsupported,
     /// The backend could not be reached or did not answer in time; the outcome may be unknown.
     Unavailable,
@@ -27,6 +27,17 @@ pub enum ErrorKind {
     /// permit limit, or as a semaphore by some and a mutex or read-write lock by others. Not
     /// contention: waiting would not help. Nothing was changed.
     Conflict,
+    /// The server refused the credentials: a wrong user or password, none given where the
+    /// server needs them, or a user without the rights for the lock's commands (Redis
+    /// `WRONGPASS`/`NOAUTH`/`NOPERM`, PostgreSQL 28P01/28000, MySQL/MariaDB 1045, etcd's
+    /// authentication and permission errors, ZooKeeper `AuthFailed`/`NoAuth`). The same kind on
+    /// every backend; retrying does not help. Nothing was changed.
+    Auth,
+    /// The tokio runtime the [`Locker`](crate::Locker) was made on has shut down (a `static`
+    /// locker shared by `#[tokio::test]`s, each with a runtime of its own): its connections,
+    /// renewals and background releases ran there. Refused before any I/O; make a locker on the
+    /// runtime that uses it.
+    RuntimeGone,
 }
 
 impl ErrorKind {
@@ -41,6 +52,8 @@ impl ErrorKind {
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Backend => "backend error",
             ErrorKind::Conflict => "conflict",
+            ErrorKind::Auth => "authentication failed",
+            ErrorKind::RuntimeGone => "runtime gone",
         }
     }
 }
@@ -129,6 +142,11 @@ impl Error {
         Error::new(ErrorKind::Conflict, message)
     }
 
+    /// Shorthand for an [`ErrorKind::Auth`] error with its source.
+    pub fn auth(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Error::new(ErrorKind::Auth, message).with_source(source)
+    }
+
     /// Shorthand for an [`ErrorKind::Timeout`] error.
     pub fn timeout(message: impl Into<String>) -> Self {
         Error::new(ErrorKind::Timeout, message)
@@ -148,15 +166,27 @@ impl fmt::Debug for Error {
     }
 }
 
-/// An error and its causes on one line, `error: cause: cause of the cause`.
+/// An error and its causes on one line, `error: cause: cause of the cause`, each cause once,
+/// with any URL or secret parameter a client's text may echo redacted
+/// ([`redact_text`](crate::secret::redact_text)).
+///
+/// Some client errors print their cause in their own `Display` and return it from `source()`
+/// too (the Redis client's I/O and server errors print exactly their source's text): a cause
+/// whose text ends what was printed before it is not printed again.
 struct ChainDisplay<'a>(&'a (dyn std::error::Error + 'static));
 
 impl fmt::Display for ChainDisplay<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)?;
+        let shown = |e: &dyn std::error::Error| crate::secret::redact_text(&e.to_string());
+        let mut previous = shown(self.0);
+        f.write_str(&previous)?;
         let mut cause = self.0.source();
         while let Some(e) = cause {
-            write!(f, ": {e}")?;
+            let text = shown(e);
+            if !previous.ends_with(&text) {
+                write!(f, ": {text}")?;
+            }
+            previous = text;
             cause = e.source();
         }
         Ok(())
@@ -316,6 +346,8 @@ mod tests {
             ErrorKind::Unavailable,
             ErrorKind::Backend,
             ErrorKind::Conflict,
+            ErrorKind::Auth,
+            ErrorKind::RuntimeGone,
         ];
         for k in &all {
             match k {
@@ -326,7 +358,9 @@ mod tests {
                 | ErrorKind::Unsupported
                 | ErrorKind::Unavailable
                 | ErrorKind::Backend
-                | ErrorKind::Conflict => {}
+                | ErrorKind::Conflict
+                | ErrorKind::Auth
+                | ErrorKind::RuntimeGone => {}
             }
         }
         all
@@ -384,5 +418,48 @@ mod tests {
                 Some("refused by peer")
             );
         }
+    }
+
+    /// An error that prints its source's text as its own and returns it from `source()` too,
+    /// as the Redis client's errors do.
+    #[derive(Debug)]
+    struct Echo(std::io::Error);
+
+    impl fmt::Display for Echo {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            self.0.fmt(f)
+        }
+    }
+
+    impl std::error::Error for Echo {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    /// A client error that echoes its URL shows it redacted, in `{:#}` and `{:?}`.
+    #[test]
+    fn a_cause_that_echoes_a_url_shows_it_redacted() {
+        let e = Error::unavailable("connecting", "cannot reach redis://app:s3cret@cache:6379/0");
+        for shown in [format!("{e:#}"), format!("{e:?}")] {
+            assert!(!shown.contains("s3cret"), "{shown}");
+            assert!(shown.contains("redis://app:***@cache:6379/0"), "{shown}");
+        }
+    }
+
+    /// Issue 37: with `{:#}`, a Redis error printed its cause twice
+    /// (`unavailable: connect: Connection refused: Connection refused`).
+    #[test]
+    fn a_cause_that_echoes_its_source_is_printed_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        let e = Error::unavailable("connecting to cache:6379", Echo(io));
+        assert_eq!(
+            format!("{e:#}"),
+            "unavailable: connecting to cache:6379: Connection refused"
+        );
+        assert_eq!(
+            format!("{e:?}"),
+            "Error { kind: Unavailable, message: \"connecting to cache:6379\", source: Connection refused }"
+        );
     }
 }

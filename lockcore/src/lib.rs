@@ -75,7 +75,7 @@ mod multi;
 mod name;
 mod options;
 pub mod registry;
-mod secret;
+pub mod secret;
 pub mod telemetry;
 mod waiting;
 

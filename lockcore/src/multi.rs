@@ -181,6 +181,7 @@ impl Locker {
     ///
     /// # Errors
     /// As [`Locker::lock_all`], without `Timeout`.
+    #[must_use = "the lock is released as soon as its guard is dropped: bind the result (`let guard = ...` or `let _guard = ...`, not `let _ = ...`)"]
     pub async fn try_lock_all<N: IntoLockName>(
         &self,
         names: impl IntoIterator<Item = N>,

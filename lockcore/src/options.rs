@@ -43,7 +43,6 @@ pub struct LockOptions {
     auto_renew: Option<AutoRenew>,
     fencing: Fencing,
     require_fair: bool,
-    reentrant: bool,
     label: Option<String>,
     mode: LockMode,
     retry_unavailable: Duration,
@@ -57,7 +56,6 @@ impl Default for LockOptions {
             auto_renew: Some(AutoRenew::until(DEFAULT_MAX_HOLD)),
             fencing: Fencing::IfAvailable,
             require_fair: false,
-            reentrant: false,
             label: None,
             mode: LockMode::Exclusive,
             retry_unavailable: DEFAULT_RETRY_UNAVAILABLE,
@@ -90,7 +88,8 @@ impl LockOptions {
     /// attempt has heard from the server for this long (each failed with
     /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable): refused, reset, or no answer
     /// within the backend's response timeout), the wait ends with the last such error, deadline
-    /// or not. [`DEFAULT_RETRY_UNAVAILABLE`] (30 s) by default; zero gives up at the first.
+    /// or not; an attempt that hears nothing for this long is cut off. [`DEFAULT_RETRY_UNAVAILABLE`]
+    /// (30 s) by default; zero is refused with `InvalidConfig`.
     pub fn retry_unavailable_for(mut self, limit: Duration) -> Self {
         self.retry_unavailable = limit;
         self
@@ -162,13 +161,6 @@ impl LockOptions {
         self
     }
 
-    /// Ask for a reentrant lock. No backend here is reentrant, so this is refused with
-    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) unless a backend declares it.
-    pub fn reentrant(mut self, yes: bool) -> Self {
-        self.reentrant = yes;
-        self
-    }
-
     /// A label stored with the lock's holder metadata (host, process id, when acquired), for
     /// operators: [`Locker::inspect`](crate::Locker::inspect) and `locksmith status` show it
     /// (say, `"nightly backup, job 4711"`). At most
@@ -230,7 +222,8 @@ impl LockOptions {
     /// # Errors
     /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for a TTL of zero, above
     /// [`MAX_TTL`], outside the backend's range, a bad [label](LockOptions::label) or not above the backend's drift margin (the
-    /// guard would be born lost), a permit limit of 0 or above [`MAX_PERMITS`], or a bad renewal policy (including one whose first renewal
+    /// guard would be born lost), a permit limit of 0 or above [`MAX_PERMITS`], a zero
+    /// [`LockOptions::retry_unavailable_for`], or a bad renewal policy (including one whose first renewal
     /// would come after the lease's validity ends);
     /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) for a required feature the backend
     /// lacks.
@@ -249,6 +242,11 @@ impl LockOptions {
                 "ttl {:?} is outside this backend's range {:?}..={:?}",
                 self.ttl, caps.min_ttl, caps.max_ttl
             )));
+        }
+        if self.retry_unavailable.is_zero() {
+            return Err(Error::invalid_config(
+                "retry_unavailable_for must be greater than zero",
+            ));
         }
         if self.wait.is_some_and(|w| w > MAX_TTL * 52) {
             return Err(Error::invalid_config(
@@ -284,11 +282,6 @@ impl LockOptions {
             )));
         }
         self.mode.supported_by(caps).map_err(Error::unsupported)?;
-        if self.reentrant && self.mode != LockMode::Exclusive {
-            return Err(Error::unsupported(
-                "reentrancy applies to exclusive locks only",
-            ));
-        }
         if self.fencing == Fencing::Required && !caps.fencing {
             return Err(Error::unsupported("this backend gives no fencing tokens"));
         }
@@ -296,9 +289,6 @@ impl LockOptions {
             return Err(Error::unsupported(
                 "this backend does not serve waiters in FIFO order",
             ));
-        }
-        if self.reentrant && !caps.reentrant {
-            return Err(Error::unsupported("this backend's locks are not reentrant"));
         }
         Ok(())
     }
@@ -431,10 +421,6 @@ mod tests {
                     .auto_renew(AutoRenew::until(Duration::from_secs(1)).interval_fraction(0.99))
             ),
             Some(ErrorKind::InvalidConfig)
-        );
-        assert_eq!(
-            kind(LockOptions::new().reentrant(true)),
-            Some(ErrorKind::Unsupported)
         );
         assert_eq!(
             kind(LockOptions::new().require_fencing(true)),

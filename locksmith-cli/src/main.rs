@@ -31,6 +31,10 @@ pub mod exit {
     pub const UNAVAILABLE: u8 = 69;
     /// Bad URL, lock name, TTL or option (sysexits EX_CONFIG).
     pub const CONFIG: u8 = 78;
+    /// The lock service refused the credentials: wrong user or password, or a user without the
+    /// rights ([`ErrorKind::Auth`](locksmith::ErrorKind::Auth) on every backend; sysexits
+    /// EX_NOPERM).
+    pub const AUTH: u8 = 77;
     /// The command was found but could not be executed (shell convention).
     pub const CANNOT_EXECUTE: u8 = 126;
     /// The command was not found (shell convention).
@@ -81,11 +85,11 @@ enum Command {
     /// Internal: the process holding the leases of `bench --renewals`.
     #[command(name = "__renew-worker", hide = true)]
     RenewWorker(RenewWorkerArgs),
-    /// The fault suite's holder process (`report --faults` runs it): takes a lock and reports
-    /// it as JSON lines until killed.
+    /// The holder process of the report's crash scenarios: takes a lock and reports it as JSON
+    /// lines until killed.
     #[command(hide = true)]
     Holder {
-        /// The holder's flags (see the `faults` crate's `holder` module).
+        /// The holder's flags (see `conformance::holder`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -99,15 +103,14 @@ struct ReportArgs {
     /// Skip the benchmark (latency and hand-over figures).
     #[arg(long)]
     no_bench: bool,
-    /// Also run the fault suite and put its Faults matrix (and the fault times table) beside
-    /// the scenario matrix: every backend under holder kill and pause, server restart,
+    /// Put a fault matrix beside the scenario matrix (the Faults matrix and the fault times
+    /// table): the JSON file the fault suite writes (`cargo run -p faults --bin
+    /// locksmith-faults -- FILE`: every backend under holder kill and pause, server restart,
     /// partition, leader loss, slow replies, quorum loss, a node restarted empty and a clock
-    /// jump, on throw-away topologies started for it on free loopback ports (Redis, Redis +
-    /// sentinels, PostgreSQL, MariaDB, a ZooKeeper ensemble, a 3-member etcd cluster, 5 Redlock
-    /// masters, SQLite; needs the server packages of scripts/install-servers.sh; a few
-    /// minutes). The URLs are not used by it.
-    #[arg(long)]
-    faults: bool,
+    /// jump, on throw-away topologies; not part of this command, which needs no server
+    /// packages).
+    #[arg(long, value_name = "FILE")]
+    faults: Option<PathBuf>,
     /// Run only these scenarios (comma-separated names; the tests use it).
     #[arg(long, hide = true, value_delimiter = ',')]
     scenarios: Vec<String>,
@@ -283,6 +286,7 @@ Exit codes:
   70                  the lock was lost while the command ran; it was terminated
   124                 --max-hold was reached; the command was terminated
   69                  the lock service could not be reached (see --connect-timeout) or failed
+  77                  the lock service refused the credentials (wrong user or password)
   78                  bad URL, lock name, TTL or option; --permits N while the name is held
                       with another N, or as a plain lock (a conflict); a backend that cannot
                       give --permits or --shared
@@ -448,13 +452,17 @@ async fn dispatch(command: Command) -> u8 {
                 &urls,
                 &a.out,
                 (!a.no_bench).then(bench::Plan::default),
-                a.faults,
+                a.faults.as_deref(),
                 &a.scenarios,
             )
             .await
         }
         Command::Holder { args } => {
-            faults::holder::holder_main(args).await;
+            conformance::holder::holder_main(
+                args,
+                |url| async move { locksmith::connect(&url).await },
+            )
+            .await;
             0
         }
         // Run on the main thread by `main`.

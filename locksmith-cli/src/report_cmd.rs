@@ -50,9 +50,17 @@ pub async fn report(
     urls: &[String],
     out: &Path,
     bench: Option<Plan>,
-    with_faults: bool,
+    faults: Option<&Path>,
     only: &[String],
 ) -> u8 {
+    // Read first: a file that is not there fails before the suite runs.
+    let faults = match faults.map(read_faults).transpose() {
+        Ok(matrix) => matrix,
+        Err(e) => {
+            eprintln!("locksmith: {e}");
+            return 2;
+        }
+    };
     if let Some(unknown) = only
         .iter()
         .find(|o| !scenarios::all().iter().any(|s| s.name == o.as_str()))
@@ -130,8 +138,8 @@ pub async fn report(
         backends.push(result);
     }
     let mut report = Report::new(backends).with_provenance(provenance());
-    if with_faults {
-        report = report.with_faults(run_faults().await);
+    if let Some(matrix) = faults {
+        report = report.with_faults(matrix);
     }
     match report.write_to(out) {
         Ok(paths) => {
@@ -156,23 +164,10 @@ pub async fn report(
     }
 }
 
-/// The fault suite on throw-away topologies, holders being this executable's hidden `holder`
-/// subcommand; prints each backend's cells as they come.
-async fn run_faults() -> conformance::FaultMatrix {
-    if let Ok(exe) = std::env::current_exe() {
-        faults::set_holder_command(exe, vec!["holder".into()]);
-    }
-    eprintln!("==> faults: starting topologies (a few minutes)");
-    let matrix = faults::run_matrix(faults::backends(), 3).await;
-    for c in &matrix.cells {
-        eprintln!(
-            "[faults] {:<20} {:<15} {:<10}{} {}",
-            c.backend,
-            c.fault,
-            c.outcome.as_str(),
-            if c.is_defect() { " (undocumented)" } else { "" },
-            c.note.trim()
-        );
-    }
-    matrix
+/// The fault matrix the fault suite wrote (`cargo run -p faults --bin locksmith-faults`).
+fn read_faults(path: &Path) -> Result<conformance::FaultMatrix, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read the fault matrix {}: {e}", path.display()))?;
+    serde_json::from_str(&text)
+        .map_err(|e| format!("{} is not a fault matrix: {e}", path.display()))
 }

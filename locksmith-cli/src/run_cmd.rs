@@ -316,6 +316,7 @@ fn fail(e: &Error) -> u8 {
         | ErrorKind::InvalidName
         | ErrorKind::Unsupported
         | ErrorKind::Conflict => exit::CONFIG,
+        ErrorKind::Auth => exit::AUTH,
         _ => exit::UNAVAILABLE,
     }
 }

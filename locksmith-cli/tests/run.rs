@@ -554,3 +554,70 @@ fn memory_urls_are_refused() {
     assert!(stderr(&out).contains("sqlite://"), "{}", stderr(&out));
     assert!(!ran.exists());
 }
+
+/// `url` with the password of its user info replaced by one letter that is not the password.
+fn with_one_letter_password(url: &str) -> (String, String) {
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (userinfo, host) = rest.split_once('@').unwrap();
+    let (user, password) = userinfo.split_once(':').unwrap();
+    let letter = if password == "e" { "a" } else { "e" };
+    (
+        format!("{scheme}://{user}:{letter}@{host}"),
+        letter.to_owned(),
+    )
+}
+
+/// Issue 37: a wrong password is one kind on every backend (`Auth`) and one exit code (77);
+/// the message keeps the server's words whole (the SQL backend replaced a one-letter password
+/// wherever its letter occurred: `***rror communicating with databas***`), and prints each
+/// cause once.
+#[test]
+fn wrong_credentials_exit_77_with_the_message_intact_on_every_backend() {
+    let cases = [
+        ("LOCK_TEST_POSTGRES_URL", "password authentication failed"),
+        ("LOCK_TEST_MYSQL_URL", "Access denied"),
+        ("LOCK_TEST_REDIS_AUTH_URL", "authentication failed"),
+        ("LOCK_TEST_ETCD_TLS_URL", "authentication failed"),
+    ];
+    for (var, words) in cases {
+        let Some(url) = conformance::require_env(var) else {
+            continue;
+        };
+        let (wrong, letter) = with_one_letter_password(&url);
+        let name = format!("auth-{:08x}", fastrand::u32(..));
+        let out = run_cmd(&wrong, &["--connect-timeout", "20", &name, "--", "true"])
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert_eq!(code(&out), 77, "{var}: {err}");
+        assert!(err.contains(words), "{var}: {err}");
+        // Stars only where a password field was blanked (`:***@`, `password=***`).
+        for (i, _) in err.match_indices("***") {
+            let before = err[..i].chars().last();
+            assert!(matches!(before, Some(':' | '=')), "{var}: {err}");
+        }
+        assert!(!err.contains(&format!(":{letter}@")), "{var}: {err}");
+        let segments: Vec<&str> = err.trim().split(": ").collect();
+        for pair in segments.windows(2) {
+            assert_ne!(pair[0], pair[1], "{var}: a cause printed twice: {err}");
+        }
+    }
+}
+
+/// Issue 37: with `{:#}` (the CLI's error line) a Redis error printed its cause twice
+/// (`...: Connection refused (os error 111): Connection refused (os error 111)`).
+#[test]
+fn an_unreachable_redis_prints_its_cause_once() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let url = format!("redis://127.0.0.1:{port}");
+    let out = run_cmd(&url, &["--connect-timeout", "20", "job", "--", "true"])
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(code(&out), 69, "{err}");
+    let refused = err.matches("refused").count();
+    assert_eq!(refused, 1, "{err}");
+}

@@ -43,8 +43,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::{
-    Capabilities, Error, Instant, IntoLockName, LockName, LockOptions, LostSignal, OwnerToken,
-    Result, WithLockError,
+    CampaignOptions, Capabilities, Error, Instant, IntoLockName, Leader, LockInfo, LockName,
+    LockOptions, LostReason, LostSignal, OwnerToken, Result, WithLockError,
 };
 
 /// How long the last `Locker` or guard to be dropped waits for pending background releases
@@ -194,6 +194,7 @@ impl Locker {
     ///
     /// # Panics
     /// Inside an async runtime.
+    #[must_use = "the lock is released as soon as its guard is dropped: bind the result (`let guard = ...` or `let _guard = ...`, not `let _ = ...`)"]
     pub fn try_lock(
         &self,
         name: impl IntoLockName,
@@ -245,6 +246,103 @@ impl Locker {
         }
     }
 
+    /// Every lock of `names`, waiting up to the options' wait timeout, as
+    /// [`crate::Locker::lock_all`].
+    ///
+    /// # Errors
+    /// As [`crate::Locker::lock_all`].
+    ///
+    /// # Panics
+    /// Inside an async runtime.
+    pub fn lock_all<N: IntoLockName>(
+        &self,
+        names: impl IntoIterator<Item = N>,
+        options: &LockOptions,
+    ) -> Result<MultiGuard> {
+        let set = self.block_on(self.locker.lock_all(names, options))?;
+        Ok(MultiGuard {
+            set: Some(set),
+            runtime: self.runtime.clone(),
+        })
+    }
+
+    /// One attempt at every lock of `names`, as [`crate::Locker::try_lock_all`]: `Ok(None)`
+    /// (nothing held) when one of them is held by someone else.
+    ///
+    /// # Errors
+    /// As [`crate::Locker::try_lock_all`].
+    ///
+    /// # Panics
+    /// Inside an async runtime.
+    #[must_use = "the locks are released as soon as their guard is dropped: bind the result (`let guard = ...` or `let _guard = ...`, not `let _ = ...`)"]
+    pub fn try_lock_all<N: IntoLockName>(
+        &self,
+        names: impl IntoIterator<Item = N>,
+        options: &LockOptions,
+    ) -> Result<Option<MultiGuard>> {
+        let set = self.block_on(self.locker.try_lock_all(names, options))?;
+        Ok(set.map(|set| MultiGuard {
+            set: Some(set),
+            runtime: self.runtime.clone(),
+        }))
+    }
+
+    /// Who holds `name`, as [`crate::Locker::inspect`]. Reads only.
+    ///
+    /// # Errors
+    /// As [`crate::Locker::inspect`].
+    ///
+    /// # Panics
+    /// Inside an async runtime.
+    pub fn inspect(&self, name: impl IntoLockName) -> Result<LockInfo> {
+        self.block_on(self.locker.inspect(name))
+    }
+
+    /// Frees `name` whoever holds it, as [`crate::Locker::force_release`]: whether something
+    /// was released.
+    ///
+    /// # Errors
+    /// As [`crate::Locker::force_release`].
+    ///
+    /// # Panics
+    /// Inside an async runtime.
+    pub fn force_release(&self, name: impl IntoLockName) -> Result<bool> {
+        self.block_on(self.locker.force_release(name))
+    }
+
+    /// Campaigns for the leadership of `name` with `value` and returns once elected, as
+    /// [`crate::Locker::campaign`].
+    ///
+    /// # Errors
+    /// As [`crate::Locker::campaign`].
+    ///
+    /// # Panics
+    /// Inside an async runtime.
+    pub fn campaign(
+        &self,
+        name: impl IntoLockName,
+        value: &str,
+        options: &CampaignOptions,
+    ) -> Result<Leadership> {
+        let leadership = self.block_on(self.locker.campaign(name, value, options))?;
+        Ok(Leadership {
+            leadership: Some(leadership),
+            runtime: self.runtime.clone(),
+        })
+    }
+
+    /// The current leader of `name` (`None` when there is none), as
+    /// [`crate::Locker::leader`]. Reads only.
+    ///
+    /// # Errors
+    /// As [`crate::Locker::leader`].
+    ///
+    /// # Panics
+    /// Inside an async runtime.
+    pub fn leader(&self, name: impl IntoLockName) -> Result<Option<Leader>> {
+        self.block_on(self.locker.leader(name))
+    }
+
     /// Waits until every background release of dropped guards has finished (see
     /// [`crate::Locker::flush`]).
     ///
@@ -264,7 +362,7 @@ impl Locker {
 
 /// A held lock of a blocking [`Locker`]; released when dropped (in the background, on the
 /// locker's runtime, which lives until the release is done).
-#[must_use = "the lock is released as soon as the guard is dropped"]
+#[must_use = "the lock is released as soon as the guard is dropped: bind it (`let guard = ...` or `let _guard = ...`; `let _ = ...` releases at once)"]
 pub struct LockGuard {
     /// Always `Some` until `release` or drop; dropped before `runtime`.
     guard: Option<crate::LockGuard>,
@@ -345,5 +443,144 @@ impl Drop for LockGuard {
         // The async guard hands its release to the locker's runtime; `runtime` (dropped after
         // this) keeps that runtime alive until the release is done.
         drop(self.guard.take());
+    }
+}
+
+/// Every lock of a blocking [`Locker::lock_all`] or [`Locker::try_lock_all`], held together;
+/// released when dropped (in the background, as a [`LockGuard`] is).
+#[must_use = "dropping a MultiGuard releases every lock at once"]
+pub struct MultiGuard {
+    /// Always `Some` until `release` or drop; dropped before `runtime`.
+    set: Option<crate::MultiGuard>,
+    runtime: Arc<Runtime>,
+}
+
+impl fmt::Debug for MultiGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("blocking::MultiGuard")
+            .field(self.inner())
+            .finish()
+    }
+}
+
+impl MultiGuard {
+    fn inner(&self) -> &crate::MultiGuard {
+        self.set.as_ref().expect("present until release or drop")
+    }
+
+    /// The names, in canonical order.
+    pub fn names(&self) -> Vec<&LockName> {
+        self.inner().names()
+    }
+
+    /// Each lock's fencing token, in canonical order (`None` where the backend gives none).
+    pub fn fencing_tokens(&self) -> Vec<Option<u64>> {
+        self.inner().fencing_tokens()
+    }
+
+    /// Until when every lock is surely held: the earliest validity deadline.
+    pub fn valid_until(&self) -> Instant {
+        self.inner().valid_until()
+    }
+
+    /// Whether every lock is still valid and none is known lost: check it before each step
+    /// that needs the locks.
+    pub fn is_valid(&self) -> bool {
+        self.inner().is_valid()
+    }
+
+    /// The first lock known lost and why, or `None` while none is.
+    pub fn lost(&self) -> Option<(LockName, LostReason)> {
+        self.inner().guards().iter().find_map(|g| {
+            let lost = g.lost();
+            lost.reason().map(|why| (g.name().clone(), why))
+        })
+    }
+
+    /// Releases every lock, as [`crate::MultiGuard::release`].
+    ///
+    /// # Errors
+    /// As [`crate::MultiGuard::release`].
+    ///
+    /// # Panics
+    /// Inside an async runtime.
+    pub fn release(mut self) -> Result<()> {
+        let set = self.set.take().expect("present until release or drop");
+        self.runtime.block_on(set.release())
+    }
+}
+
+impl Drop for MultiGuard {
+    fn drop(&mut self) {
+        // As LockGuard's drop: the releases run on the runtime `runtime` keeps alive.
+        drop(self.set.take());
+    }
+}
+
+/// This client's leadership of a name, from a blocking [`Locker::campaign`]. Dropped without
+/// [`Leadership::resign`], it resigns in the background.
+#[must_use = "dropping a Leadership resigns at once"]
+pub struct Leadership {
+    /// Always `Some` until `resign` or drop; dropped before `runtime`.
+    leadership: Option<crate::Leadership>,
+    runtime: Arc<Runtime>,
+}
+
+impl fmt::Debug for Leadership {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("blocking::Leadership")
+            .field(self.inner())
+            .finish()
+    }
+}
+
+impl Leadership {
+    fn inner(&self) -> &crate::Leadership {
+        self.leadership
+            .as_ref()
+            .expect("present until resign or drop")
+    }
+
+    /// The term (see [`crate::Leadership::term`]).
+    pub fn term(&self) -> Option<u64> {
+        self.inner().term()
+    }
+
+    /// The value this leader campaigned with.
+    pub fn value(&self) -> &str {
+        self.inner().value()
+    }
+
+    /// The lost signal: its `is_lost` answers at once; stop acting as leader once it says so.
+    pub fn lost(&self) -> LostSignal {
+        self.inner().lost()
+    }
+
+    /// Whether this client is surely still the leader: check it before each step that needs
+    /// the leadership.
+    pub fn is_leader(&self) -> bool {
+        self.inner().is_leader()
+    }
+
+    /// Steps down, as [`crate::Leadership::resign`].
+    ///
+    /// # Errors
+    /// As [`crate::Leadership::resign`].
+    ///
+    /// # Panics
+    /// Inside an async runtime.
+    pub fn resign(mut self) -> Result<()> {
+        let leadership = self
+            .leadership
+            .take()
+            .expect("present until resign or drop");
+        self.runtime.block_on(leadership.resign())
+    }
+}
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        // As LockGuard's drop: the resignation runs on the runtime `runtime` keeps alive.
+        drop(self.leadership.take());
     }
 }

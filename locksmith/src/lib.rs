@@ -15,9 +15,16 @@
 //! | `redlock://h1:p1,h2:p2,...`, `redlocks://...` | Redlock over N independent Redis masters | `redlock` |
 //! | `etcd://host:port[,host:port][/prefix]`, `etcds://` (TLS) | etcd v3 | `etcd` |
 //!
+//! **The [`guide`]** covers choosing a backend, each primitive (mutex, read-write lock,
+//! semaphore, multi-lock, leader election), options, interop with other lock clients, the
+//! operators' tools, what each backend promises under faults, and measured figures; every
+//! example in it is compiled and run by the test command.
+//!
 //! A URL whose backend was not compiled in is refused with
 //! [`ErrorKind::InvalidConfig`] ("built without the `redis` feature"); no error message ever
-//! contains a URL's password (see [`redact_url`]).
+//! contains a URL's password (see [`redact_url`]: the password field is blanked, the text is
+//! never searched for the password). Credentials a server refuses are [`ErrorKind::Auth`] on
+//! every backend (`locksmith run` exits 77 for them).
 //!
 //! # Example
 //!
@@ -55,7 +62,7 @@
 //! left and the queued waiters ([`LockInfo`]); [`Locker::force_release`] frees a lock whoever
 //! holds it (its holder's lost signal fires). Both are gated by [`Capabilities::inspect`] and
 //! [`Capabilities::force_release`] (`Unsupported` before any I/O where not declared); the
-//! README's operators' section has the table of what each backend stores, and the CLI has
+//! [operators' chapter](guide::operators) has the table of what each backend stores, and the CLI has
 //! `locksmith status NAME` and `locksmith unlock NAME --force`.
 //!
 //! ```
@@ -78,11 +85,14 @@
 //!
 //! | backend | feature | URL parameters and config type |
 //! |---|---|---|
-//! | Redis (single, Cluster, Sentinel) | `redis` | [lock-redis](https://docs.rs/lock-redis) crate docs (URL table, `interop`), `lock_redis::Config` |
-//! | PostgreSQL, MySQL/MariaDB, SQLite | `postgres`, `mysql`, `sqlite` | [lock-sql](https://docs.rs/lock-sql) crate docs (`strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`), `lock_sql::Config` |
-//! | ZooKeeper | `zk` | [lock-zk](https://docs.rs/lock-zk) crate docs (`session_timeout_ms`, `namespace`, `digest`, `lost_after_disconnect`, `interop`), `lock_zk::Config` |
-//! | etcd v3 | `etcd` | [lock-etcd](https://docs.rs/lock-etcd) crate docs (`ca`, `domain`, `timeout_ms`), `lock_etcd::Config` |
-//! | Redlock | `redlock` | [lock-redlock](https://docs.rs/lock-redlock) crate docs (Redis parameters + `node_timeout_ms`), `lock_redlock::Config` |
+//! | Redis (single, Cluster, Sentinel) | `redis` | `lock_redis` crate docs (URL table, `interop`), `lock_redis::Config` |
+//! | PostgreSQL, MySQL/MariaDB, SQLite | `postgres`, `mysql`, `sqlite` | `lock_sql` crate docs (`strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`), `lock_sql::Config` |
+//! | ZooKeeper | `zk` | `lock_zk` crate docs (`session_timeout_ms`, `namespace`, `digest`, `lost_after_disconnect`, `interop`), `lock_zk::Config` |
+//! | etcd v3 | `etcd` | `lock_etcd` crate docs (`ca`, `domain`, `timeout_ms`), `lock_etcd::Config` |
+//! | Redlock | `redlock` | `lock_redlock` crate docs (Redis parameters + `node_timeout_ms`), `lock_redlock::Config` |
+//!
+//! Each backend crate is re-exported under its own name with its feature (`locksmith::lock_redis`,
+//! ...), so its docs are part of this crate's when the feature is on.
 //!
 //! ```no_run
 //! # async fn demo() -> locksmith::Result<()> {
@@ -136,8 +146,9 @@
 //! # Synchronous programs
 //!
 //! `locksmith::blocking` (feature `blocking`) gives the same locks to code without async: blocking
-//! `lock`, `try_lock` and `with_lock`, on a runtime thread of its own that outlives every guard
-//! it hands out.
+//! `lock`, `try_lock`, `with_lock`, `lock_all` / `try_lock_all`, `inspect`, `force_release`,
+//! `campaign` / `leader`, on a runtime thread of its own that outlives every guard it hands
+//! out.
 //!
 //! # Configuration without URLs
 //!
@@ -175,6 +186,14 @@
 //! The backend crates are re-exported under their own names (`locksmith::lock_redis`, ...)
 //! with their features. Each constructor's docs say what it shares and what it opens.
 //!
+//! # Locking inside your own PostgreSQL transaction
+//!
+//! `lock_sql::PgXactLock` (feature `postgres`) takes the lock inside a sqlx transaction the
+//! application already has (`pg_advisory_xact_lock`): it is released by the transaction's commit
+//! or rollback, so the lock covers exactly the writes it commits. It uses the row-lock strategy's
+//! key and fencing counter, so it excludes, and is excluded by, `postgres://...?strategy=row-lock`
+//! lockers of the same name and table.
+//!
 //! # Tracing and metrics
 //!
 //! Every locker emits `tracing` spans (`lock.acquire`, `lock.wait`, `lock.release`,
@@ -187,8 +206,9 @@
 //! # Failure modes
 //!
 //! A distributed lock is a lease: it can end while its holder still believes it holds it. What
-//! each backend does under each fault was observed on real servers (the Faults matrix of
-//! `locksmith report --faults`; the README has the table):
+//! each backend does under each fault was observed on real servers (the Faults matrix the
+//! fault suite writes, `cargo run -p faults --bin locksmith-faults`; the [faults
+//! chapter](guide::faults) has the table):
 //!
 //! * **Holder pause** (GC, SIGSTOP, swap) past the TTL: another client takes the lock; the
 //!   paused holder resumes still "holding" it until it checks. Check [`LockGuard::lost`] or
@@ -208,7 +228,7 @@
 //!   stores (no lost grants); Redlock stays safe only while clocks and pauses stay within its
 //!   drift margin.
 //! * **Partition**: the holder's lost signal fires before its validity ends, so before another
-//!   client can win, on every backend measured (margins in the README).
+//!   client can win, on every backend measured (margins in the [faults chapter](guide::faults)).
 //!
 #![deny(missing_docs)]
 
@@ -216,6 +236,7 @@ mod backend_config;
 mod backend_registry;
 #[cfg(feature = "blocking")]
 pub mod blocking;
+pub mod guide;
 mod url;
 
 pub use lockcore::*;

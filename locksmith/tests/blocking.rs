@@ -181,3 +181,73 @@ fn blocking_calls_from_async_code_panic_with_a_clear_message() {
         .unwrap_or_default();
     assert!(text.contains("runtime"), "{text}");
 }
+
+/// Issue 37: the blocking API at parity with the async one: `inspect`, `force_release`,
+/// `lock_all` / `try_lock_all`, `campaign` / `leader`.
+fn parity_with_the_async_api(url: &str) {
+    let a = blocking::connect(url).unwrap();
+    let b = blocking::connect(url).unwrap();
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(10))
+        .wait_timeout(scaled(2_000))
+        .label("blocking-parity");
+    let name = unique("parity");
+
+    // inspect and force_release.
+    let guard = a.lock(name.as_str(), &opts).unwrap();
+    let info = b.inspect(name.as_str()).unwrap();
+    assert!(info.held, "{info:?}");
+    assert_eq!(
+        info.holder.as_ref().and_then(|h| h.label.as_deref()),
+        Some("blocking-parity"),
+        "{info:?}"
+    );
+    assert!(b.force_release(name.as_str()).unwrap(), "it was held");
+    assert!(!b.inspect(name.as_str()).unwrap().held);
+    let _ = guard.release();
+
+    // lock_all / try_lock_all: a set, and contention on one of its names is Ok(None).
+    let (x, y) = (unique("parity-x"), unique("parity-y"));
+    let set = a.lock_all([x.as_str(), y.as_str()], &opts).unwrap();
+    assert!(set.is_valid() && set.lost().is_none());
+    assert_eq!(set.names().len(), 2);
+    assert!(
+        b.try_lock_all([y.as_str()], &opts).unwrap().is_none(),
+        "contention is Ok(None)"
+    );
+    set.release().unwrap();
+    let again = b
+        .try_lock_all([x.as_str(), y.as_str()], &opts)
+        .unwrap()
+        .expect("free after release");
+    again.release().unwrap();
+
+    // campaign / leader / resign.
+    let election = unique("parity-election");
+    assert_eq!(b.leader(election.as_str()).unwrap(), None);
+    let leadership = a
+        .campaign(
+            election.as_str(),
+            "10.0.0.7:80",
+            &locksmith::CampaignOptions::new(),
+        )
+        .unwrap();
+    assert!(leadership.is_leader() && !leadership.lost().is_lost());
+    let leader = b.leader(election.as_str()).unwrap().expect("a leader");
+    assert_eq!(leader.value.as_deref(), Some("10.0.0.7:80"));
+    assert_eq!(leader.term, leadership.term());
+    leadership.resign().unwrap();
+    assert_eq!(b.leader(election.as_str()).unwrap(), None);
+}
+
+#[test]
+fn parity_with_the_async_api_memory() {
+    parity_with_the_async_api(&unique("memory://parity"));
+}
+
+#[test]
+fn parity_with_the_async_api_redis() {
+    if let Some(url) = conformance::require_env("LOCK_TEST_REDIS_URL") {
+        parity_with_the_async_api(&url);
+    }
+}

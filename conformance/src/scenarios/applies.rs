@@ -180,7 +180,44 @@ pub(super) fn needs_shared_fencing(c: &Capabilities, h: &dyn Harness) -> Result<
     needs_fencing(c, h)
 }
 
+pub(super) fn needs_notified_permits(
+    c: &Capabilities,
+    h: &dyn Harness,
+) -> Result<(), &'static str> {
+    needs_permits(c, h)?;
+    needs_notify(c, h)
+}
+
+pub(super) fn needs_notified_shared(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    needs_shared(c, h)?;
+    needs_notify(c, h)
+}
+
+pub(super) fn needs_notified_revoke(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    needs_revoke(c, h)?;
+    needs_notify(c, h)
+}
+
 pub(super) fn needs_shared_notify(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
     needs_shared(c, h)?;
     needs_notify(c, h)
+}
+
+pub(super) fn needs_skewed_client(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    if c.expiry_on_client_clock {
+        Err(
+            "expiry is judged on the clients' host clock (declared): a client whose clock runs ahead frees live leases, a documented violation",
+        )
+    } else if h.can_skew_clock() {
+        Ok(())
+    } else {
+        Err(
+            "the harness cannot skew an in-process client's clock (a primitive has no holder process)",
+        )
+    }
+}
+
+pub(super) fn needs_skewed_permits(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    needs_permits(c, h)?;
+    needs_skewed_client(c, h)
 }

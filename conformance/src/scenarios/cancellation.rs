@@ -81,6 +81,81 @@ pub(super) async fn cancelled_wait_leaves_nothing(ctx: &Ctx) -> Outcome {
     ok_or(g.release().await, "release")
 }
 
+/// Two clients give up waiting, one by its wait timeout and one by being dropped, and then shut
+/// down as a program ending would ([`Locker::shutdown`]), staying connected (so that no
+/// session's end does their clean-up for them): once the holder releases, the next client gets
+/// the lock within 1 s.
+pub(super) async fn given_up_waiters_leave_nothing(ctx: &Ctx) -> Outcome {
+    let (a, b, c, d) = (
+        ctx.client().await?,
+        ctx.client().await?,
+        ctx.client().await?,
+        ctx.client().await?,
+    );
+    let name = ctx.name("x");
+    let ttl = ctx.ttl(Duration::from_secs(30));
+    let opts = ctx.opts(ttl);
+    let g = must_try(&a, &name, &opts, "holder").await?;
+    match b
+        .lock(
+            &name,
+            &opts
+                .clone()
+                .wait_timeout(ctx.bound(Duration::from_millis(300))),
+        )
+        .await
+    {
+        Err(e) if e.kind() == ErrorKind::Timeout => {}
+        other => {
+            return Err(format!(
+                "a wait on a held lock: expected Timeout, got {:?}",
+                other.map(|g| g.name().clone())
+            ));
+        }
+    }
+    let forever = opts.clone().wait_forever();
+    let mut dropped = Box::pin(c.lock(&name, &forever));
+    let waiter = [&c];
+    tokio::select! {
+        r = &mut dropped => return Err(format!(
+            "a waiter finished while the lock was held: {:?}",
+            r.map(|g| g.name().clone())
+        )),
+        settled = settle_waiters(ctx, &d, &name, &waiter) => settled?,
+    }
+    drop(dropped);
+    let within = ctx.bound(Duration::from_secs(5));
+    ok_or(
+        b.shutdown(within).await,
+        "shutdown of the client that timed out",
+    )?;
+    ok_or(
+        c.shutdown(within).await,
+        "shutdown of the client dropped while waiting",
+    )?;
+    ok_or(g.release().await, "release")?;
+    let start = Instant::now();
+    let g = ok_or(
+        d.lock(
+            &name,
+            &opts
+                .clone()
+                .wait_timeout(ttl + ctx.bound(Duration::from_secs(5))),
+        )
+        .await,
+        "the next client after the waiters gave up",
+    )?;
+    let took = start.elapsed();
+    let bound = ctx.bound(Duration::from_secs(1));
+    check!(
+        took <= bound,
+        "the next holder got the lock only {took:?} after the release (bound {bound:?}, TTL \
+         {ttl:?}): a waiter that gave up left something behind"
+    );
+    ctx.observe(format!("the next holder {took:?} after the release"));
+    ok_or(g.release().await, "release")
+}
+
 /// Where the backend reports its queue, waits until at most `n` waiters are queued on `name`
 /// (a dropped waiter's entry gone), failing after a bound; nothing to wait for where it does
 /// not.

@@ -12,6 +12,7 @@ mod context;
 mod election;
 mod expiry;
 mod fencing;
+mod handover;
 mod herd;
 mod inspect;
 mod latency;
@@ -19,10 +20,13 @@ mod leadership;
 mod lost_replies;
 mod lost_reply_modes;
 mod multi;
+mod multi_cancel;
 mod names;
 mod primitive_leases;
 mod primitives;
 mod renewal;
+mod silent;
+mod skew;
 mod support;
 mod waiting;
 
@@ -33,9 +37,10 @@ use crate::harness::BoxFuture;
 use self::applies::{
     always, needs_atomic_multi, needs_clock_skew, needs_counting, needs_extend_sets_ttl,
     needs_fair, needs_fencing, needs_inspect, needs_lease_loss, needs_lost_detection,
-    needs_lost_replies, needs_native_renewal, needs_notify, needs_other_namespace,
-    needs_permit_expiry, needs_permits, needs_reply_delay, needs_revoke, needs_shared,
-    needs_shared_fencing, needs_shared_notify, needs_ttl_expiry,
+    needs_lost_replies, needs_native_renewal, needs_notified_permits, needs_notified_revoke,
+    needs_notified_shared, needs_notify, needs_other_namespace, needs_permit_expiry, needs_permits,
+    needs_reply_delay, needs_revoke, needs_shared, needs_shared_fencing, needs_shared_notify,
+    needs_skewed_client, needs_skewed_permits, needs_ttl_expiry,
 };
 pub(crate) use self::compat::scenario_name as compat_scenario_name;
 pub use self::context::{Ctx, Failure, Outcome, Scenario};
@@ -100,6 +105,16 @@ pub fn all() -> Vec<Scenario> {
             cancellation::cancelled_wait_leaves_nothing,
             always,
             "dropping a pending lock() leaves no lock and no queue entry behind"
+        ),
+        scenario!(
+            cancellation::given_up_waiters_leave_nothing,
+            always,
+            "waiters that gave up (a wait timeout, a dropped lock()) and then shut their client down leave nothing behind: the next holder gets the lock within 1 s of the release"
+        ),
+        scenario!(
+            silent::wait_deadline_against_a_silent_server,
+            needs_lost_replies,
+            "against a server that answers nothing, lock() returns Unavailable by its wait deadline plus the stated slack, and without a deadline after its retry_unavailable_for (2 s), not after every attempt's response timeout"
         ),
         scenario!(
             cancellation::cancelled_acquire_leaves_nothing,
@@ -385,6 +400,46 @@ pub fn all() -> Vec<Scenario> {
             primitive_leases::permit_won_by_waiting_returns_after_crash,
             needs_permit_expiry,
             "semaphore: a holder granted its permit from the queue (it waited) that crashes gets it back after its validity deadline, within half a TTL of its lease's end: a queued grant carries the waiter's TTL"
+        ),
+        scenario!(
+            primitive_leases::writer_waiting_past_its_marks_holds_readers_back,
+            needs_shared,
+            "read-write lock: a writer waiting behind a reader for 6 s (past every writer's mark, queue entry and session timer) still holds back a reader tried after each second of its wait, and gets the lock when the reader leaves"
+        ),
+        scenario!(
+            handover::freed_permit_hands_over_promptly,
+            needs_notified_permits,
+            "semaphore with notification: a waiter for one of 2 held permits gets the one given back within 400 ms"
+        ),
+        scenario!(
+            handover::last_reader_leaving_hands_over_promptly,
+            needs_notified_shared,
+            "read-write lock with notification: a writer waiting behind two readers gets the lock within 400 ms of the last one leaving"
+        ),
+        scenario!(
+            handover::expired_lease_hands_over_promptly,
+            needs_ttl_expiry,
+            "a client waiting on a crashed holder's lock gets it after the holder's validity deadline and within a quarter TTL + 500 ms of its lease's end (not TTL + 3 s)"
+        ),
+        scenario!(
+            handover::revoked_lock_hands_over_promptly,
+            needs_notified_revoke,
+            "with notification: a lock force-released behind its holder while a client waits is the waiter's within 400 ms"
+        ),
+        scenario!(
+            skew::skewed_client_cannot_sweep_permits,
+            needs_skewed_permits,
+            "semaphore: a client whose clock runs a minute ahead is refused a permit of a full one (TTL 10 s) by try_lock and a 500 ms lock, and the holders keep theirs"
+        ),
+        scenario!(
+            skew::skewed_candidate_cannot_depose_leader,
+            needs_skewed_client,
+            "election: a candidate whose clock runs a minute ahead, campaigning 500 ms against a leader with a 10 s lease, is not elected, and the leader still leads"
+        ),
+        scenario!(
+            multi_cancel::cancelled_set_take_leaves_nothing,
+            always,
+            "a try_lock_all of 3 free names cancelled during the take (0 to 1.5 typical takes, and 5 to 40 ms in): every member free for another client within the TTL + 250 ms"
         ),
     ]
     .into_iter()

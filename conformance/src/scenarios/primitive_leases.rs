@@ -177,3 +177,52 @@ async fn permit_back_on_time(
     );
     ok_or(g.release().await, "release")
 }
+
+/// Read-write: a writer that has waited behind a reader for longer than any of a backend's
+/// own timers (a writer's mark lasts 2 s on Redis and 3 s on the SQL leases past the writer's
+/// last attempt; queue entries and sessions have theirs) still holds later readers back: a
+/// reader tried after 1, 2, ... 6 s of the writer's wait is refused each time, and the writer
+/// gets the lock when the first reader leaves.
+pub(super) async fn writer_waiting_past_its_marks_holds_readers_back(ctx: &Ctx) -> Outcome {
+    const LOOKS: u32 = 6;
+    let (r1, r2, w) = (
+        ctx.client().await?,
+        ctx.client().await?,
+        ctx.client().await?,
+    );
+    let name = ctx.name("rw");
+    let ttl = ctx.ttl(Duration::from_secs(30));
+    let read = ctx.opts(ttl).shared();
+    let g1 = must_try(&r1, &name, &read, "the first reader").await?;
+    let writer = {
+        let (w, name, opts) = (w.clone(), name.clone(), ctx.opts(ttl).wait_forever());
+        tokio::spawn(async move { w.lock(&name, &opts).await })
+    };
+    settle_waiters(ctx, &r1, &name, &[&w]).await?;
+    let queued = Instant::now();
+    let step = ctx.bound(Duration::from_secs(1));
+    for k in 1..=LOOKS {
+        tokio::time::sleep_until(queued + step * k).await;
+        check!(
+            !writer.is_finished(),
+            "the writer returned while the first reader held the lock"
+        );
+        must_be_held(
+            &r2,
+            &name,
+            &read,
+            &format!(
+                "a reader {:?} after a writer queued behind a reader",
+                step * k
+            ),
+        )
+        .await?;
+    }
+    ok_or(g1.release().await, "the first reader's release")?;
+    let bound = ctx.bound(Duration::from_secs(10));
+    let gw = tokio::time::timeout(bound, writer).await.map_err(|_| {
+        format!("the writer did not get the lock within {bound:?} of the reader's release")
+    })?;
+    let gw = ok_or(ok_or(gw, "the writer's task")?, "the writer's lock()")?;
+    ok_or(gw.release().await, "the writer's release")
+}

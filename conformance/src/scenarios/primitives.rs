@@ -321,7 +321,19 @@ pub(super) async fn every_reader_woken_by_one_release(ctx: &Ctx) -> Outcome {
         }));
     }
     let readers = 2 * READERS_PER_CLIENT;
-    settle_waiting_calls(ctx, &w, &name, &[&r1, &r2], readers).await?;
+    // Every reader waiting where the backend shows it (its queue, or its calls marked
+    // waiting). A backend that queues a client's own waiters for a name inside the client (the
+    // PostgreSQL row lock) shows one per client: then those two wait on the server, the others
+    // behind them in their clients, and all must be let in as promptly.
+    let clients = [&r1, &r2];
+    let some = ctx.bound(Duration::from_secs(2));
+    if settle_waiting_calls(&w, &name, &clients, readers, some)
+        .await
+        .is_err()
+    {
+        let rest = ctx.bound(Duration::from_secs(10));
+        settle_waiting_calls(&w, &name, &clients, clients.len(), rest).await?;
+    }
     let released = Instant::now();
     ok_or(gw.release().await, "the writer's release")?;
     // Every grant is awaited (for the report, up to 20 s: a reader left to its poll comes

@@ -102,19 +102,20 @@ pub(super) async fn settle_waiters(
     name: &LockName,
     waiters: &[&Locker],
 ) -> Outcome {
-    settle_waiting_calls(ctx, observer, name, waiters, waiters.len()).await
+    let give_up = ctx.bound(Duration::from_secs(10));
+    settle_waiting_calls(observer, name, waiters, waiters.len(), give_up).await
 }
 
 /// [`settle_waiters`] for `n` `lock` calls in all among the clients of `waiters` (each client
-/// listed once, however many of the calls are its own).
+/// listed once, however many of the calls are its own), failing after `give_up`.
 pub(super) async fn settle_waiting_calls(
-    ctx: &Ctx,
     observer: &Locker,
     name: &LockName,
     waiters: &[&Locker],
     n: usize,
+    give_up: Duration,
 ) -> Outcome {
-    let give_up = Instant::now() + ctx.bound(Duration::from_secs(10));
+    let give_up = Instant::now() + give_up;
     loop {
         let seen = match observer.backend().queued_waiters(name).await {
             Ok(queued) => queued,

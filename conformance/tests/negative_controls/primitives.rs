@@ -58,7 +58,34 @@ pub(super) enum PrimitiveFlaw {
     /// A renewal that finds the lock gone (revoked behind the holder) reports success, and the
     /// server's revocation notice is not listened to: a deposed leader keeps saying it leads.
     RenewalBlindToRevocation,
+    /// A waiting writer's hold on new readers lapses after 2 s of waiting (its mark expires
+    /// and is not refreshed): the writer then polls, and later readers join the one holding.
+    WriterMarkLapses,
+    /// A permit given back wakes no waiter: the waiter gets it at a later look, [`LATE`] late.
+    PermitWakeLate,
+    /// The last reader leaving wakes no waiting writer: it gets the lock [`LATE`] late.
+    LastReaderWakeLate,
+    /// A lease running out wakes no waiter: it gets the lock [`LATE`] late.
+    ExpiryWakeLate,
+    /// A force release wakes no waiter: it gets the lock [`LATE`] late.
+    RevokeWakeLate,
+    /// A set is written without its expiry (a day) and given its TTL a round trip later: a
+    /// `try_lock_all` cancelled in between leaves the set held for a day.
+    SetTtlSetLater,
+    /// A client sweeps the permits it judges expired by its own clock before asking for one:
+    /// one whose clock runs ahead frees live holders' permits.
+    PermitSweepByClientClock,
+    /// A candidate judges the leader's expiry by its own clock and deletes a lease it finds
+    /// expired: one whose clock runs ahead deposes a live leader.
+    LeaderJudgedByClientClock,
 }
+
+/// How late a waiter gets the lock on the path whose wake-up a `*WakeLate` flaw loses (a
+/// safety poll's interval).
+const LATE: Duration = Duration::from_millis(2000);
+
+/// How long a writer's mark lasts under [`PrimitiveFlaw::WriterMarkLapses`].
+const WRITER_MARK: Duration = Duration::from_secs(2);
 
 /// How long [`PrimitiveFlaw::MultiInClientOrder`] waits for a busy member while holding the
 /// members taken before it.
@@ -70,6 +97,8 @@ pub(super) struct WrappedHarness {
     /// Clients made so far: [`PrimitiveFlaw::MultiInClientOrder`] reverses every other one's
     /// order.
     clients: AtomicU64,
+    /// Force releases so far ([`PrimitiveFlaw::RevokeWakeLate`] tells a wait they ended).
+    revokes: Arc<AtomicU64>,
 }
 
 impl WrappedHarness {
@@ -78,6 +107,7 @@ impl WrappedHarness {
             store: format!("primitive-control-{:016x}", fastrand::u64(..)),
             flaw,
             clients: AtomicU64::new(0),
+            revokes: Arc::default(),
         }
     }
 }
@@ -93,6 +123,22 @@ impl Harness for WrappedHarness {
             inner: MemoryBackend::connect(&self.store),
             flaw: self.flaw,
             reversed: self.clients.fetch_add(1, Ordering::SeqCst) % 2 == 1,
+            revokes: self.revokes.clone(),
+            clock_ahead: Duration::ZERO,
+        }))
+    }
+
+    fn can_skew_clock(&self) -> bool {
+        true
+    }
+
+    async fn client_with_clock_skew(&self, ahead: Duration) -> Result<Locker> {
+        Ok(Locker::new(Wrapped {
+            inner: MemoryBackend::connect(&self.store),
+            flaw: self.flaw,
+            reversed: self.clients.fetch_add(1, Ordering::SeqCst) % 2 == 1,
+            revokes: self.revokes.clone(),
+            clock_ahead: ahead,
         }))
     }
 
@@ -101,6 +147,7 @@ impl Harness for WrappedHarness {
     }
 
     async fn revoke(&self, name: &LockName) -> Result<()> {
+        self.revokes.fetch_add(1, Ordering::SeqCst);
         MemoryBackend::connect(&self.store).force_release_now(name);
         Ok(())
     }
@@ -111,6 +158,10 @@ struct Wrapped {
     flaw: PrimitiveFlaw,
     /// This client takes sets in reverse ([`PrimitiveFlaw::MultiInClientOrder`]).
     reversed: bool,
+    /// The harness's count of force releases.
+    revokes: Arc<AtomicU64>,
+    /// How far this client's clock runs ahead.
+    clock_ahead: Duration,
 }
 
 impl fmt::Debug for Wrapped {
@@ -172,6 +223,83 @@ impl Wrapped {
             ),
             other => other,
         }
+    }
+
+    /// The `*ByClientClock` flaws: before asking, delete the holders of `req`'s lock whose
+    /// lease this client's clock says has run out (the server's TTL left, judged against how
+    /// far this clock runs ahead).
+    async fn sweep_by_own_clock(&self, req: &AcquireRequest) -> Result<()> {
+        let on_path = match self.flaw {
+            PrimitiveFlaw::PermitSweepByClientClock => matches!(req.mode, LockMode::Permit { .. }),
+            PrimitiveFlaw::LeaderJudgedByClientClock => req.campaign,
+            _ => false,
+        };
+        if !on_path || self.clock_ahead.is_zero() {
+            return Ok(());
+        }
+        let info = self.inner.inspect(&req.name).await?;
+        let left = info
+            .shares
+            .iter()
+            .filter_map(|s| s.ttl_left)
+            .chain(info.ttl_left)
+            .min();
+        if left.is_some_and(|left| left < self.clock_ahead) {
+            self.inner.force_release_now(&req.name);
+        }
+        Ok(())
+    }
+
+    /// The `*WakeLate` flaws: a wait on the flaw's path ends [`LATE`] after the lock freed;
+    /// `None` for other flaws and paths.
+    async fn late_wake(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+    ) -> Option<Result<Option<Acquired>>> {
+        let exclusive = req.mode == LockMode::Exclusive;
+        let on_path = match self.flaw {
+            PrimitiveFlaw::PermitWakeLate => matches!(req.mode, LockMode::Permit { .. }),
+            PrimitiveFlaw::LastReaderWakeLate
+            | PrimitiveFlaw::ExpiryWakeLate
+            | PrimitiveFlaw::RevokeWakeLate => exclusive,
+            _ => false,
+        };
+        if !on_path {
+            return None;
+        }
+        Some(self.wait_late(req, deadline).await)
+    }
+
+    async fn wait_late(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Acquired>> {
+        if let Some(a) = self.inner.try_acquire(req).await? {
+            return Ok(Some(self.wrap(req, a)));
+        }
+        // What the lock looked like when the wait began, to tell the path that freed it.
+        let before = self.inner.inspect(&req.name).await?;
+        let (began, revokes) = (Instant::now(), self.revokes.load(Ordering::SeqCst));
+        let Some(a) = self.inner.acquire(req, deadline).await? else {
+            return Ok(None);
+        };
+        let late = match self.flaw {
+            PrimitiveFlaw::PermitWakeLate => true,
+            PrimitiveFlaw::LastReaderWakeLate => {
+                before.mode == Some(LockMode::Shared) || !before.shares.is_empty()
+            }
+            PrimitiveFlaw::ExpiryWakeLate => before
+                .ttl_left
+                .is_some_and(|left| Instant::now() + Duration::from_millis(5) >= began + left),
+            PrimitiveFlaw::RevokeWakeLate => self.revokes.load(Ordering::SeqCst) != revokes,
+            _ => false,
+        };
+        if late {
+            tokio::time::sleep(LATE).await;
+        }
+        Ok(Some(self.wrap(req, a)))
     }
 
     /// [`PrimitiveFlaw::MultiInClientOrder`]: each member in this client's order, waiting for a
@@ -263,6 +391,7 @@ impl Backend for Wrapped {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
+        self.sweep_by_own_clock(req).await?;
         let req = self.flawed(req)?;
         let won = self.inner.try_acquire(&req).await?;
         Ok(won.map(|a| self.wrap(&req, a)))
@@ -273,9 +402,22 @@ impl Backend for Wrapped {
         req: &AcquireRequest,
         deadline: Option<Instant>,
     ) -> Result<Option<Acquired>> {
+        self.sweep_by_own_clock(req).await?;
         if self.flaw == PrimitiveFlaw::WritersDoNotQueue && req.mode == LockMode::Exclusive {
             let backoff = Backoff::for_ttl(req.ttl.min(Duration::from_millis(400)));
             return poll_acquire(self, req, deadline, &backoff).await;
+        }
+        if self.flaw == PrimitiveFlaw::WriterMarkLapses && req.mode == LockMode::Exclusive {
+            let marked = Instant::now() + WRITER_MARK;
+            let queued_until = deadline.map_or(marked, |d| d.min(marked));
+            if let Some(a) = self.inner.acquire(req, Some(queued_until)).await? {
+                return Ok(Some(self.wrap(req, a)));
+            }
+            let backoff = Backoff::for_ttl(req.ttl.min(Duration::from_millis(400)));
+            return poll_acquire(self, req, deadline, &backoff).await;
+        }
+        if let Some(late) = self.late_wake(req, deadline).await {
+            return late;
         }
         let mut req = self.flawed(req)?;
         if self.flaw == PrimitiveFlaw::QueuedPermitLeaks
@@ -294,6 +436,25 @@ impl Backend for Wrapped {
     async fn try_acquire_all(&self, reqs: &[AcquireRequest]) -> Result<SetAttempt> {
         if self.flaw == PrimitiveFlaw::MultiInClientOrder {
             return self.set_in_client_order(reqs).await;
+        }
+        if self.flaw == PrimitiveFlaw::SetTtlSetLater {
+            let unbounded: Vec<AcquireRequest> = reqs
+                .iter()
+                .map(|r| {
+                    let mut r = r.clone();
+                    r.ttl = Duration::from_secs(24 * 3600);
+                    r
+                })
+                .collect();
+            let attempt = self.inner.try_acquire_all(&unbounded).await?;
+            if let SetAttempt::All(won) = &attempt {
+                // The second round trip sets the TTLs.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                for (a, r) in won.iter().zip(reqs) {
+                    a.lease.extend(r.ttl).await?;
+                }
+            }
+            return Ok(self.wrap_all(reqs, attempt));
         }
         if self.flaw != PrimitiveFlaw::MultiIsASequence {
             let reqs = reqs
@@ -354,6 +515,14 @@ pub(super) fn is_primitive_scenario(name: &str) -> bool {
         "renewed_writer_still_excludes_readers",
         "renewed_permit_counts_and_expires_on_time",
         "permit_won_by_waiting_returns_after_crash",
+        "writer_waiting_past_its_marks_holds_readers_back",
+        "freed_permit_hands_over_promptly",
+        "last_reader_leaving_hands_over_promptly",
+        "expired_lease_hands_over_promptly",
+        "revoked_lock_hands_over_promptly",
+        "cancelled_set_take_leaves_nothing",
+        "skewed_client_cannot_sweep_permits",
+        "skewed_candidate_cannot_depose_leader",
     ]
     .contains(&name)
 }

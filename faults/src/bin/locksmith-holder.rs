@@ -1,6 +1,8 @@
-//! The holder process of the fault scenarios (see [`faults::holder`]).
+//! The holder process of the fault scenarios (see [`conformance::holder`]).
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    faults::holder::holder_main(std::env::args().skip(1).collect()).await
+    let args = std::env::args().skip(1).collect();
+    conformance::holder::holder_main(args, |url| async move { locksmith::connect(&url).await })
+        .await
 }

@@ -28,7 +28,7 @@ use super::lease::GuardShared;
 ///
 /// [`Locker`]: crate::Locker
 /// [`Locker::flush`]: crate::Locker::flush
-#[must_use = "the lock is released as soon as the guard is dropped"]
+#[must_use = "the lock is released as soon as the guard is dropped: bind it (`let guard = ...` or `let _guard = ...`; `let _ = ...` releases at once)"]
 pub struct LockGuard {
     /// The lease's state (name, token, TTL, validity, ...), shared with the watchdog: kept
     /// there once rather than copied here, so that a caller holding many guards pays for a few

@@ -11,6 +11,7 @@ use crate::telemetry::Telemetry;
 use crate::waiting::WaitBoard;
 
 use super::lease::GuardShared;
+use super::liveness::Liveness;
 use super::watchdog::Watchdog;
 
 pub(super) struct LockerInner {
@@ -24,6 +25,8 @@ pub(super) struct LockerInner {
     pub(super) waiting: Arc<WaitBoard>,
     /// Renews this client's leases and watches their deadlines: one task for all of them.
     pub(super) watchdog: Watchdog,
+    /// Whether `runtime` still runs.
+    pub(super) liveness: Liveness,
 }
 
 impl LockerInner {

@@ -12,6 +12,7 @@ mod guard;
 mod inner;
 mod lease;
 pub(crate) use lease::GuardShared;
+mod liveness;
 #[cfg(test)]
 mod tests;
 mod turn;
@@ -68,7 +69,10 @@ fn no_answer(last: Option<Error>, when: &str) -> Error {
 /// A client of one lock backend. Cheap to clone; clones share the backend connection(s).
 ///
 /// Create it inside a tokio runtime: guards dropped without an explicit release are released by
-/// a task spawned on that runtime.
+/// a task spawned on that runtime, and its leases are renewed there. It may be called from
+/// another runtime while that one runs; once it has shut down (a `static` locker shared by
+/// `#[tokio::test]`s, each with its own runtime), every call that would take, inspect or free
+/// a lock fails at once with [`ErrorKind::RuntimeGone`], before any I/O.
 #[derive(Clone)]
 pub struct Locker {
     inner: Arc<LockerInner>,
@@ -105,6 +109,7 @@ impl Locker {
                 runtime: Handle::current(),
                 waiting: Arc::default(),
                 watchdog: Default::default(),
+                liveness: liveness::Liveness::on(&Handle::current()),
             }),
         }
     }
@@ -142,6 +147,7 @@ impl Locker {
     /// [`Capabilities::inspect`], before any I/O; `Unavailable` or `Backend` when the backend
     /// fails.
     pub async fn inspect(&self, name: impl IntoLockName) -> Result<LockInfo> {
+        self.inner.liveness.check()?;
         let name = name.into_lock_name()?;
         if !self.capabilities().inspect {
             return Err(Error::unsupported(format!(
@@ -165,6 +171,7 @@ impl Locker {
     /// [`Capabilities::force_release`], before any I/O; `Unavailable` or `Backend` when the
     /// backend fails.
     pub async fn force_release(&self, name: impl IntoLockName) -> Result<bool> {
+        self.inner.liveness.check()?;
         let name = name.into_lock_name()?;
         if !self.capabilities().force_release {
             return Err(Error::unsupported(format!(
@@ -178,13 +185,36 @@ impl Locker {
     /// One attempt to take the lock: `Ok(None)` if someone else holds it (contention is not an
     /// error). The wait timeout in `options` is ignored.
     ///
+    /// The guard must be bound for as long as the lock is needed: `let _guard = ...` holds it
+    /// to the end of the scope, while `let _ = ...` (rustc's suggestion for an unused result)
+    /// drops it, and so releases the lock, at once. A result left unused is refused where
+    /// `unused_must_use` is denied:
+    ///
+    /// ```compile_fail
+    /// #![deny(unused_must_use)]
+    /// # async fn f(locker: lockcore::Locker) {
+    /// locker.try_lock("job", &lockcore::LockOptions::new()).await;
+    /// # }
+    /// ```
+    ///
+    /// ```
+    /// #![deny(unused_must_use)]
+    /// # async fn f(locker: lockcore::Locker) -> lockcore::Result<()> {
+    /// if let Some(_guard) = locker.try_lock("job", &lockcore::LockOptions::new()).await? {
+    ///     // ... the critical section: the lock is held until `_guard` goes out of scope ...
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// Cancel safety: dropping the future before it completes may leave the lock held by nobody
     /// reachable until the TTL runs out (the request may have reached the server); it never leaves
     /// it held longer.
     ///
     /// # Errors
-    /// `InvalidName`, `InvalidConfig` or `Unsupported` before any I/O; `Unavailable` or `Backend`
-    /// when the backend fails.
+    /// `InvalidName`, `InvalidConfig`, `Unsupported` or `RuntimeGone` (the locker's runtime has
+    /// shut down) before any I/O; `Unavailable` or `Backend` when the backend fails.
+    #[must_use = "the lock is released as soon as its guard is dropped: bind the result (`let guard = ...` or `let _guard = ...`, not `let _ = ...`)"]
     pub async fn try_lock(
         &self,
         name: impl IntoLockName,
@@ -445,7 +475,12 @@ impl Locker {
             let heard = || req.waiting.marks() != marks;
             let run = self.inner.backend.acquire(req, deadline);
             tokio::pin!(run);
-            let mut give_up_at = unheard.as_ref().map(|(since, _)| *since + retry_limit);
+            // The first attempt of a run is bounded too: one the server never answers may
+            // have no response timeout of its own to end it.
+            let mut give_up_at = unheard
+                .as_ref()
+                .map_or(started, |(since, _)| *since)
+                .checked_add(retry_limit);
             let cut_at = deadline.map(|d| d + WAIT_DEADLINE_SLACK);
             let result = loop {
                 let Some(at) = cut_at.into_iter().chain(give_up_at).min() else {
@@ -489,16 +524,17 @@ impl Locker {
                 attempt = 0;
             }
             let since = unheard.as_ref().map_or(started, |(since, _)| *since);
-            if deadline.is_some_and(|d| now >= d) || now.duration_since(since) >= retry_limit {
+            let give_up = since.checked_add(retry_limit);
+            if deadline.is_some_and(|d| now >= d) || give_up.is_some_and(|g| now >= g) {
                 return Err(err);
             }
-            let mut wake = (now + RETRY_BACKOFF.delay(attempt)).min(since + retry_limit);
-            if let Some(d) = deadline {
-                wake = wake.min(d);
+            let mut wake = now + RETRY_BACKOFF.delay(attempt);
+            for bound in deadline.into_iter().chain(give_up) {
+                wake = wake.min(bound);
             }
             tracing::debug!(error = %format!("{err:#}"), lock = req.name.as_str(), attempt, "lock wait: transient error, retrying");
             tokio::time::sleep_until(wake).await;
-            if Instant::now() >= since + retry_limit {
+            if give_up.is_some_and(|g| Instant::now() >= g) {
                 return Err(err);
             }
             unheard = Some((since, err));
@@ -615,6 +651,7 @@ impl Locker {
         name: impl IntoLockName,
         options: &LockOptions,
     ) -> Result<PendingGuard> {
+        self.inner.liveness.check()?;
         let name = name.into_lock_name()?;
         options.validate(self.capabilities())?;
         let (notifier, signal) = LostNotifier::new();

@@ -10,7 +10,8 @@
 //! The URL comes from the environment (`--url` also works by hand): a command line is
 //! readable by every user of the machine, and the URL may carry a password.
 //!
-//! (also `locksmith holder ...`, a hidden subcommand of the CLI.) Prints one JSON line per
+//! (The `faults` crate's `locksmith-holder` binary, and `locksmith holder ...`, a hidden
+//! subcommand of the CLI, for the report's crash scenarios.) Prints one JSON line per
 //! event ([`faultkit::HolderEvent`]): `connected`, `acquired` (fencing token, validity), then
 //! loops: `checked` (is the lease valid?), a pause of `--work-ms` (the window a SIGSTOP lands
 //! in), a `write` to the fenced resource with its token (if `--resource`), and an `extend` (if
@@ -21,7 +22,7 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use faultkit::HolderEvent;
-use locksmith::{AutoRenew, LockOptions};
+use lockcore::{AutoRenew, LockOptions, Locker};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 fn emit(e: HolderEvent) {
@@ -112,16 +113,22 @@ fn parse(args: Vec<String>) -> Args {
     a
 }
 
-/// Runs a holder with `args` (the command line without the program name); never returns
-/// while the lock is held: the holder loops until it is killed. Exits the process on errors.
+/// Runs a holder with `args` (the command line without the program name), connecting with
+/// `connect` (the program's own: `locksmith::connect`, which knows every backend compiled in);
+/// never returns while the lock is held: the holder loops until it is killed. Exits the
+/// process on errors.
 ///
 /// Cancel safety: dropping the future drops the guard (released in the background).
-pub async fn holder_main(args: Vec<String>) {
+pub async fn holder_main<F, Fut>(args: Vec<String>, connect: F)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = lockcore::Result<Locker>>,
+{
     // Die with the test that started us, even when it is killed.
     #[cfg(target_os = "linux")]
     let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
     let args = parse(args);
-    let locker = locksmith::connect(&args.url)
+    let locker = connect(args.url.clone())
         .await
         .unwrap_or_else(|e| fail(format!("connect: {e}")));
     emit(HolderEvent::now("connected"));
@@ -140,7 +147,7 @@ pub async fn holder_main(args: Vec<String>) {
     }
     let guard = match locker.lock(args.name.as_str(), &opts).await {
         Ok(g) => g,
-        Err(e) if e.kind() == locksmith::ErrorKind::Timeout => {
+        Err(e) if e.kind() == lockcore::ErrorKind::Timeout => {
             // The wait's clean-up (a queue entry deleted) runs in the background: finished
             // before exiting, or the entry stays until its session or lease expires and the
             // next holder queues behind it.
@@ -156,7 +163,7 @@ pub async fn holder_main(args: Vec<String>) {
         valid_for_us: Some(
             guard
                 .valid_until()
-                .saturating_duration_since(locksmith::Instant::now())
+                .saturating_duration_since(lockcore::Instant::now())
                 .as_micros() as u64,
         ),
         ..HolderEvent::now("acquired")
