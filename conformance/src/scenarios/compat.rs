@@ -80,12 +80,14 @@ impl Held {
 }
 
 /// Takes `name` the `kind` way, once: `Ok(None)` when kept out (contention; a campaign that
-/// was not elected at once).
+/// was not elected at once). A campaign for a free name (`free`) waits a bound for its
+/// election: on a backend whose waiting campaign queues first, a zero wait gives up at once.
 async fn take(
     ctx: &Ctx,
     locker: &Locker,
     kind: WayKind,
     name: &LockName,
+    free: bool,
 ) -> lockcore::Result<Option<Held>> {
     let ttl = ctx.ttl(Duration::from_secs(30));
     let opts = ctx.opts(ttl);
@@ -99,17 +101,23 @@ async fn take(
             .await?
             .map(Held::Guard),
         WayKind::MultiMember => {
-            let other = format!("{}-other-{:08x}", name.as_str(), fastrand::u32(..));
+            // Short: a name with its suffix stays within GET_LOCK's 64 characters.
+            let other = format!("{}o", name.as_str());
             locker
                 .try_lock_all([name.as_str(), other.as_str()], &opts)
                 .await?
                 .map(Held::Set)
         }
         WayKind::Campaign => {
+            let wait = if free {
+                ctx.bound(Duration::from_secs(10))
+            } else {
+                Duration::ZERO
+            };
             let once = CampaignOptions::new()
                 .ttl(ttl)
                 .no_auto_renew()
-                .wait_timeout(Duration::ZERO);
+                .wait_timeout(wait);
             match locker.campaign(name, "compat", &once).await {
                 Ok(l) => Some(Held::Leader(l)),
                 Err(e) if e.kind() == ErrorKind::Timeout => None,
@@ -130,12 +138,12 @@ pub(super) async fn cell(ctx: &Ctx, first: WayKind, second: WayKind) -> Outcome 
         .ok_or_else(|| format!("no cell {f} then {s}"))?
         .clone();
     let (a, b) = (ctx.client().await?, ctx.client().await?);
-    let name = ctx.name("compat");
-    let held = take(ctx, &a, first, &name)
+    let name = ctx.name("c");
+    let held = take(ctx, &a, first, &name, true)
         .await
         .map_err(|e| format!("taking the free name {f}: {e}"))?
         .ok_or_else(|| format!("the free name was not taken {f}"))?;
-    let second_try = take(ctx, &b, second, &name).await;
+    let second_try = take(ctx, &b, second, &name, false).await;
     let verdict = match (&relation, second_try) {
         (Relation::Exclude, Ok(None)) => Ok(()),
         (Relation::Exclude, Err(e)) if e.kind() == ErrorKind::Conflict => {
