@@ -162,7 +162,8 @@ async fn tls_masters_with_their_own_passwords_lock_exclude_and_release() {
         !shown.contains(&masters[0].password),
         "a password in {shown}"
     );
-    // Each master checks its own password: one wrong password is refused, and not echoed.
+    // Each master checks its own password: one wrong password is refused as `Auth` (the one
+    // kind for refused credentials on every backend), and not echoed.
     let mut wrong = url(&masters, &format!("?tls_ca={}", ca.display()));
     wrong = wrong.replacen(&masters[1].password, "not-the-password", 1);
     let refused = bounded(
@@ -172,7 +173,7 @@ async fn tls_masters_with_their_own_passwords_lock_exclude_and_release() {
     .await
     .map(|_| ())
     .expect_err("a master accepted a wrong password");
-    assert_eq!(refused.kind(), ErrorKind::Backend, "{refused:?}");
+    assert_eq!(refused.kind(), ErrorKind::Auth, "{refused:?}");
     assert!(format!("{refused:?}").contains("WRONGPASS"), "{refused:?}");
     let shown = format!("{refused:?} {refused}");
     assert!(!shown.contains("not-the-password"), "{shown}");
