@@ -874,15 +874,16 @@ impl SetMember {
 /// none and the index of the first member not won.
 pub(crate) type SetWon<L> = (Vec<L>, Option<usize>);
 
-/// [`lockcore::backend::acquire_detached`] for a set taken in one transaction (see
+/// [`lockcore::backend::acquire_detached_for`] for a set taken in one transaction (see
 /// [`Backend::try_acquire_all`]): the attempt's leases become the set's acquisitions, all sent
 /// at `sent_at`. The caller waits until `caller_bound` at most. A set won for a caller gone is
-/// released member by member, in order, in the background.
+/// released member by member, in order, in the background, once the members' requests are
+/// over (a retry of the set with the same tokens holds the same rows: never freed under it).
 ///
 /// Cancel safe: what a dropped call's attempt wins is released.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) async fn run_set_detached<L, F, Fut>(
-    background: &lockcore::backend::Background,
+    reqs: &[lockcore::backend::AcquireRequest],
     sent_at: lockcore::Instant,
     caller_bound: Option<lockcore::Instant>,
     attempt: F,
@@ -893,7 +894,7 @@ where
     Fut: std::future::Future<Output = Result<SetWon<L>>> + Send + 'static,
 {
     use lockcore::backend::SetAttempt;
-    match lockcore::backend::acquire_detached(background, caller_bound, attempt).await? {
+    match lockcore::backend::acquire_detached_for(reqs, caller_bound, attempt).await? {
         (_, Some(busy)) => Ok(SetAttempt::Busy(busy)),
         (won, None) => Ok(SetAttempt::All(
             won.into_iter().map(|l| Acquired::new(l, sent_at)).collect(),

@@ -884,7 +884,12 @@ impl MyBackend {
                 id => Ok(Some(lease.with_fencing(id))),
             }
         };
-        let won = lockcore::backend::acquire_detached_for(req, Some(bound), attempt).await?;
+        let won = lockcore::backend::acquire_detached_for(
+            std::slice::from_ref(req),
+            Some(bound),
+            attempt,
+        )
+        .await?;
         Ok(won.map(|l| Acquired::new(l, sent_at)))
     }
 
@@ -1044,7 +1049,12 @@ impl MyBackend {
             };
             Ok(reply?.map(|f| lease.with_fencing(f)))
         };
-        let won = lockcore::backend::acquire_detached_for(req, Some(bound), attempt).await?;
+        let won = lockcore::backend::acquire_detached_for(
+            std::slice::from_ref(req),
+            Some(bound),
+            attempt,
+        )
+        .await?;
         Ok(won.map(|l| Acquired::new(l, sent_at)))
     }
 }
@@ -1357,7 +1367,7 @@ impl MyBackend {
                 Some(found) => found?.into_won(leases, MyLease::with_fencing),
             }
         };
-        crate::run_set_detached(&reqs[0].background, sent_at, Some(bound), attempt).await
+        crate::run_set_detached(reqs, sent_at, Some(bound), attempt).await
     }
 }
 

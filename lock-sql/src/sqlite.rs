@@ -399,7 +399,8 @@ impl LiteBackend {
             }
         };
         let sent_at = Instant::now();
-        let won = lockcore::backend::acquire_detached_for(req, None, attempt).await?;
+        let won = lockcore::backend::acquire_detached_for(std::slice::from_ref(req), None, attempt)
+            .await?;
         Ok(won.map(|l| Acquired::new(l, sent_at)))
     }
 
@@ -671,7 +672,7 @@ impl LiteBackend {
             };
             found.into_won(leases, |l, fencing| LiteLease { fencing, ..l })
         };
-        crate::run_set_detached(&reqs[0].background, sent_at, None, attempt).await
+        crate::run_set_detached(reqs, sent_at, None, attempt).await
     }
 }
 

@@ -461,17 +461,22 @@ where
     bounded(caller_bound, detach(background, None, attempt)).await
 }
 
-/// [`acquire_detached`] for one attempt of `req`, which the caller may send again with the same
-/// owner token after this one's bound (a [`Locker::lock`](crate::Locker::lock) retrying an
-/// `Unavailable` error). What this attempt wins after its caller left is released in the
-/// background only once the request is over (no attempt of it can be claimed any more, and
-/// no guard of it holds) or its guard's lease ended: a retry that took the same row (same token)
-/// as its own is never freed under its guard. Within the request's TTL at most: past it, what
-/// this attempt won has expired, and the row, if still held under the token, is the guard's.
+/// [`acquire_detached`] for one attempt of `reqs` (one request, or a set's members in order),
+/// which the caller may send again with the same owner tokens after this one's bound (a
+/// [`Locker::lock`](crate::Locker::lock) retrying an `Unavailable` error, or a set retried the
+/// same way). What this attempt wins after its caller left is released in the background only
+/// once every one of its requests is over (no attempt of it can be claimed any more, and no
+/// guard of it holds) or its guard's lease ended: a retry that took the same rows (same
+/// tokens) as its own is never freed under its guards. Within the requests' longest TTL at
+/// most: past it, what this attempt won has expired, and a row still held under its token is
+/// a guard's. The attempt runs on the first request's [`Background`].
 ///
 /// Cancel safe, as [`acquire_detached`].
+///
+/// # Panics
+/// When `reqs` is empty (a backend always has the request it attempts).
 pub async fn acquire_detached_for<T, F, Fut>(
-    req: &AcquireRequest,
+    reqs: &[AcquireRequest],
     caller_bound: Option<crate::Instant>,
     attempt: F,
 ) -> Result<T>
@@ -480,13 +485,14 @@ where
     F: FnOnce(CallerGone) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Result<T>> + Send + 'static,
 {
+    let first = reqs.first().expect("an attempt of no request");
     let request = LateRelease {
-        watch: req.lost.watch(),
-        ttl: req.ttl,
+        watches: reqs.iter().map(|r| r.lost.watch()).collect(),
+        ttl: reqs.iter().map(|r| r.ttl).max().unwrap_or_default(),
     };
     bounded(
         caller_bound,
-        detach(&req.background, Some(request), attempt),
+        detach(&first.background, Some(request), attempt),
     )
     .await
 }
@@ -516,24 +522,29 @@ async fn bounded<T>(
     })
 }
 
-/// When the release of a late win of one request may run (see [`acquire_detached_for`]).
+/// When the release of a late win of one request, or of a set's requests, may run (see
+/// [`acquire_detached_for`]).
 struct LateRelease {
-    watch: crate::lost::RequestWatch,
+    watches: Vec<crate::lost::RequestWatch>,
     ttl: Duration,
 }
 
 impl LateRelease {
-    /// `release` once the request is over or its guard ended; skipped if the request's TTL
+    /// `release` once every request is over or its guard ended; skipped if the longest TTL
     /// passes first.
     async fn after_the_request(self, release: CleanUpTask) {
-        if self.watch.over_within(self.ttl).await {
-            release.await;
-        } else {
-            tracing::debug!(
-                "a late win of a request still holding under its token was not released: the \
-                 row is its guard's (or has expired)"
-            );
+        let deadline = Instant::now() + self.ttl;
+        for watch in self.watches {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !watch.over_within(left).await {
+                tracing::debug!(
+                    "a late win of a request still holding under its token was not released: \
+                     the row is its guard's (or has expired)"
+                );
+                return;
+            }
         }
+        release.await;
     }
 }
 
@@ -1237,26 +1248,21 @@ mod tests {
         );
     }
 
-    /// A late win of one request is never released under the guard of its retry: the first
-    /// attempt is answered (a win) after its caller's bound, while the caller's retry with the
-    /// same owner token has won and is held. Its background release (by token: the same row
-    /// as the retry's) waits until the guard ends, then runs; a request over without a guard
-    /// has it released at once. Regression: it was released at once, freeing the row the
-    /// retry's guard held (SQL leases: the caller held a guard on nothing).
-    #[tokio::test]
-    async fn a_late_win_is_not_released_under_the_retry_that_holds_its_row() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        let released = Arc::new(AtomicUsize::new(0));
-        let req = AcquireRequest::new(
-            LockName::new("late-win").unwrap(),
-            OwnerToken::random(),
-            Duration::from_secs(60),
-        );
+    /// A first attempt of `reqs` answered after its caller's bound: returns its (failed) outcome
+    /// and the sender that lets it answer a win, a lease counted in `released` when released;
+    /// `answered` fires once that win has been handed back.
+    async fn late_attempt(
+        reqs: &[AcquireRequest],
+        released: &Arc<std::sync::atomic::AtomicUsize>,
+    ) -> (
+        tokio::sync::oneshot::Sender<()>,
+        tokio::sync::oneshot::Receiver<()>,
+    ) {
         let (answer, answered) = tokio::sync::oneshot::channel::<()>();
         let (done, finished) = tokio::sync::oneshot::channel::<()>();
         let late = CountedLease(released.clone());
         let first = acquire_detached_for(
-            &req,
+            reqs,
             Some(Instant::now() + Duration::from_millis(20)),
             move |_gone| async move {
                 let _ = answered.await;
@@ -1270,12 +1276,37 @@ mod tests {
             crate::ErrorKind::Unavailable,
             "no answer within the caller's bound"
         );
+        (answer, finished)
+    }
+
+    fn request(name: &str) -> AcquireRequest {
+        AcquireRequest::new(
+            LockName::new(name).unwrap(),
+            OwnerToken::random(),
+            Duration::from_secs(60),
+        )
+    }
+
+    /// A late win of one request is never released under the guard of its retry: the first
+    /// attempt is answered (a win) after its caller's bound, while the caller's retry with the
+    /// same owner token has won and is held. Its background release (by token: the same row
+    /// as the retry's) waits until the guard ends, then runs; a request over without a guard
+    /// has it released at once. Regression: it was released at once, freeing the row the
+    /// retry's guard held (SQL leases: the caller held a guard on nothing).
+    #[tokio::test]
+    async fn a_late_win_is_not_released_under_the_retry_that_holds_its_row() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let released = Arc::new(AtomicUsize::new(0));
+        let req = request("late-win");
+        let (answer, finished) = late_attempt(std::slice::from_ref(&req), &released).await;
         // The retry, same request and token, wins and is claimed: its guard keeps the
         // request's lost notifier (as a LockGuard does).
         let retry = CountedLease(released.clone());
-        let won = acquire_detached_for(&req, None, move |_gone| async move { Ok(Some(retry)) })
-            .await
-            .unwrap();
+        let won = acquire_detached_for(std::slice::from_ref(&req), None, move |_gone| async move {
+            Ok(Some(retry))
+        })
+        .await
+        .unwrap();
         assert!(won.is_some());
         let guard = req.lost.clone();
         let background = req.background.clone();
@@ -1296,31 +1327,41 @@ mod tests {
         assert_eq!(released.load(Ordering::SeqCst), 1);
     }
 
+    /// A set's late win waits for every member's request: released only once the last
+    /// member's guard of the set's retry ended. Regression: sets went through the plain
+    /// `acquire_detached`, which released a late win at once under the retry's guards.
+    #[tokio::test]
+    async fn a_late_set_win_waits_for_every_member_of_the_retry() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let released = Arc::new(AtomicUsize::new(0));
+        let reqs = [request("late-set-a"), request("late-set-b")];
+        let (answer, finished) = late_attempt(&reqs, &released).await;
+        // The retry's guards: one per member, keeping each request's notifier.
+        let (a, b) = (reqs[0].lost.clone(), reqs[1].lost.clone());
+        let background = reqs[0].background.clone();
+        drop(reqs);
+        answer.send(()).unwrap();
+        finished.await.unwrap();
+        drop(a);
+        let idle = tokio::time::timeout(Duration::from_millis(300), background.idle()).await;
+        assert!(idle.is_err(), "released while member b's guard still held");
+        assert_eq!(released.load(Ordering::SeqCst), 0);
+        drop(b);
+        background.idle().await;
+        assert_eq!(released.load(Ordering::SeqCst), 1);
+    }
+
     /// A late win of a request over without a guard (the caller gave up) is released at once.
     #[tokio::test]
     async fn a_late_win_of_a_request_given_up_is_released() {
         use std::sync::atomic::{AtomicUsize, Ordering};
         let released = Arc::new(AtomicUsize::new(0));
-        let req = AcquireRequest::new(
-            LockName::new("late-win-given-up").unwrap(),
-            OwnerToken::random(),
-            Duration::from_secs(60),
-        );
-        let (answer, answered) = tokio::sync::oneshot::channel::<()>();
-        let late = CountedLease(released.clone());
-        let first = acquire_detached_for(
-            &req,
-            Some(Instant::now() + Duration::from_millis(20)),
-            move |_gone| async move {
-                let _ = answered.await;
-                Ok(Some(late))
-            },
-        )
-        .await;
-        assert!(first.is_err());
+        let req = request("late-win-given-up");
+        let (answer, finished) = late_attempt(std::slice::from_ref(&req), &released).await;
         let background = req.background.clone();
         drop(req);
         answer.send(()).unwrap();
+        finished.await.unwrap();
         tokio::time::timeout(Duration::from_secs(10), background.idle())
             .await
             .expect("released at once");

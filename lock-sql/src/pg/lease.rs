@@ -95,8 +95,12 @@ impl PgBackend {
                 ),
             })
         };
-        let (won, (left, behind)) =
-            lockcore::backend::acquire_detached_for(req, Some(bound), attempt).await?;
+        let (won, (left, behind)) = lockcore::backend::acquire_detached_for(
+            std::slice::from_ref(req),
+            Some(bound),
+            attempt,
+        )
+        .await?;
         Ok((won.map(|l| Acquired::new(l, sent_at)), left, behind))
     }
 
@@ -166,8 +170,12 @@ impl PgBackend {
                 None => (None, wait.and_then(crate::shares::secs)),
             })
         };
-        let (won, wait) =
-            lockcore::backend::acquire_detached_for(req, Some(bound), attempt).await?;
+        let (won, wait) = lockcore::backend::acquire_detached_for(
+            std::slice::from_ref(req),
+            Some(bound),
+            attempt,
+        )
+        .await?;
         Ok((won.map(|l| Acquired::new(l, sent_at)), wait))
     }
 
@@ -635,6 +643,6 @@ impl PgBackend {
                 Some(found) => found?.into_won(leases, PgLease::with_fencing),
             }
         };
-        crate::run_set_detached(&reqs[0].background, sent_at, Some(bound), attempt).await
+        crate::run_set_detached(reqs, sent_at, Some(bound), attempt).await
     }
 }
