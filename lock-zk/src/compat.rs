@@ -164,17 +164,11 @@ pub(crate) fn table() -> Compatibility {
 
 #[cfg(test)]
 mod tests {
-    use lockcore::{Capabilities, Support};
-
     use super::*;
 
     #[test]
     fn the_table_has_every_cell() {
-        let mut caps = Capabilities::default();
-        caps.shared = Support::Yes;
-        caps.permits = Support::Yes;
-        caps.compatibility = table();
-        let t = caps.compatibility_table();
+        let t = table().beside_every_mode();
         assert!(t.missing().is_empty(), "{:?}", t.missing());
         // The issue-33 cells: Curator's mutex waits for permit holders; kazoo's plain Lock and
         // readers are a declared limit, not a silent one.

@@ -301,6 +301,18 @@ impl Compatibility {
         out
     }
 
+    /// A backend's own table (its settings and peers) as it stands beside every core way
+    /// (exclusive, shared, permits, multi-lock member, campaign): the whole table a backend
+    /// declaring every mode would show. Its tests check it has no [`Compatibility::missing`]
+    /// cell.
+    pub fn beside_every_mode(&self) -> Compatibility {
+        let mut caps = Capabilities::default();
+        caps.shared = Support::Yes;
+        caps.permits = Support::Yes;
+        caps.compatibility = self.clone();
+        caps.compatibility_table()
+    }
+
     /// This table with `other`'s ways and cells added (`other` wins where both have one).
     pub fn merged(mut self, other: &Compatibility) -> Compatibility {
         for w in &other.ways {
