@@ -306,11 +306,13 @@ impl Compatibility {
     /// declaring every mode would show. Its tests check it has no [`Compatibility::missing`]
     /// cell.
     pub fn beside_every_mode(&self) -> Compatibility {
-        let mut caps = Capabilities::default();
-        caps.shared = Support::Yes;
-        caps.permits = Support::Yes;
-        caps.compatibility = self.clone();
-        caps.compatibility_table()
+        Capabilities {
+            shared: Support::Yes,
+            permits: Support::Yes,
+            compatibility: self.clone(),
+            ..Capabilities::default()
+        }
+        .compatibility_table()
     }
 
     /// This table with `other`'s ways and cells added (`other` wins where both have one).
