@@ -10,7 +10,7 @@ use tracing::Instrument;
 
 use crate::backend::{Background, BoxLease, LostNotifier, OwnerToken};
 use crate::compact_time::{CompactDuration, CompactInstant};
-use crate::lost::{LostHook, Validity};
+use crate::lost::{HookedBy, LostHook, Validity};
 
 use super::turn::Turn;
 use crate::telemetry::Telemetry;
@@ -46,6 +46,11 @@ pub(crate) struct GuardShared {
     pub(super) watch: Option<WatchRef<GuardShared>>,
     /// Whether the watchdog has a renewal of it in flight (stopped when the guard ends).
     pub(super) renewal: RenewSlot,
+}
+
+/// A lease's losses are told to its state (the lost signal's notifier holds it weakly).
+impl HookedBy for LostNotifier {
+    type Hook = GuardShared;
 }
 
 impl LostHook for GuardShared {

@@ -10,7 +10,6 @@
 mod guard;
 mod inner;
 mod lease;
-pub(crate) use lease::GuardShared;
 mod liveness;
 #[cfg(test)]
 mod tests;
