@@ -1,4 +1,5 @@
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::*;
@@ -233,16 +234,13 @@ fn backoff_is_full_jitter_and_capped() {
     );
 }
 
-/// A first attempt of `reqs` answered after its caller's bound: returns its (failed) outcome
-/// and the sender that lets it answer a win, a lease counted in `released` when released;
-/// `answered` fires once that win has been handed back.
+/// A first attempt of `reqs` answered after its caller's bound (its caller got
+/// `Unavailable`): [`LateAttempt::win`] lets it answer a win, a lease counted in `released`
+/// when released.
 async fn late_attempt(
     reqs: &[AcquireRequest],
     released: &Arc<std::sync::atomic::AtomicUsize>,
-) -> (
-    tokio::sync::oneshot::Sender<()>,
-    tokio::sync::oneshot::Receiver<()>,
-) {
+) -> LateAttempt {
     let (answer, answered) = tokio::sync::oneshot::channel::<()>();
     let (done, finished) = tokio::sync::oneshot::channel::<()>();
     let late = CountedLease(released.clone());
@@ -261,7 +259,29 @@ async fn late_attempt(
         crate::ErrorKind::Unavailable,
         "no answer within the caller's bound"
     );
-    (answer, finished)
+    LateAttempt { answer, finished }
+}
+
+/// The attempt of [`late_attempt`], still waiting to answer.
+struct LateAttempt {
+    answer: tokio::sync::oneshot::Sender<()>,
+    finished: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl LateAttempt {
+    /// The late answer, a win: returns once the attempt has handed it back.
+    async fn win(self) {
+        self.answer.send(()).unwrap();
+        self.finished.await.unwrap();
+    }
+}
+
+/// The late win's release is still held back (a guard of its request lives): nothing is
+/// released within a while.
+async fn assert_release_held(background: &Background, released: &AtomicUsize, why: &str) {
+    let idle = tokio::time::timeout(Duration::from_millis(300), background.idle()).await;
+    assert!(idle.is_err(), "{why}");
+    assert_eq!(released.load(Ordering::SeqCst), 0, "{why}");
 }
 
 fn request(name: &str) -> AcquireRequest {
@@ -280,10 +300,9 @@ fn request(name: &str) -> AcquireRequest {
 /// retry's guard held (SQL leases: the caller held a guard on nothing).
 #[tokio::test]
 async fn a_late_win_is_not_released_under_the_retry_that_holds_its_row() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     let released = Arc::new(AtomicUsize::new(0));
     let req = request("late-win");
-    let (answer, finished) = late_attempt(std::slice::from_ref(&req), &released).await;
+    let late = late_attempt(std::slice::from_ref(&req), &released).await;
     // The retry, same request and token, wins and is claimed: its guard keeps the
     // request's lost notifier (as a LockGuard does).
     let retry = CountedLease(released.clone());
@@ -297,15 +316,13 @@ async fn a_late_win_is_not_released_under_the_retry_that_holds_its_row() {
     let background = req.background.clone();
     drop(req);
     // The first attempt's late answer: a win.
-    answer.send(()).unwrap();
-    finished.await.unwrap();
-    let idle = tokio::time::timeout(Duration::from_millis(300), background.idle()).await;
-    assert!(idle.is_err(), "the late win's release waits for the guard");
-    assert_eq!(
-        released.load(Ordering::SeqCst),
-        0,
-        "a late win was released while its request's guard held the same row"
-    );
+    late.win().await;
+    assert_release_held(
+        &background,
+        &released,
+        "a late win was released while its request's guard held the same row",
+    )
+    .await;
     // The guard ends: the late win is released then.
     drop(guard);
     background.idle().await;
@@ -317,20 +334,21 @@ async fn a_late_win_is_not_released_under_the_retry_that_holds_its_row() {
 /// `acquire_detached`, which released a late win at once under the retry's guards.
 #[tokio::test]
 async fn a_late_set_win_waits_for_every_member_of_the_retry() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     let released = Arc::new(AtomicUsize::new(0));
     let reqs = [request("late-set-a"), request("late-set-b")];
-    let (answer, finished) = late_attempt(&reqs, &released).await;
+    let late = late_attempt(&reqs, &released).await;
     // The retry's guards: one per member, keeping each request's notifier.
     let (a, b) = (reqs[0].lost.clone(), reqs[1].lost.clone());
     let background = reqs[0].background.clone();
     drop(reqs);
-    answer.send(()).unwrap();
-    finished.await.unwrap();
+    late.win().await;
     drop(a);
-    let idle = tokio::time::timeout(Duration::from_millis(300), background.idle()).await;
-    assert!(idle.is_err(), "released while member b's guard still held");
-    assert_eq!(released.load(Ordering::SeqCst), 0);
+    assert_release_held(
+        &background,
+        &released,
+        "released while member b's guard held",
+    )
+    .await;
     drop(b);
     background.idle().await;
     assert_eq!(released.load(Ordering::SeqCst), 1);
@@ -339,14 +357,12 @@ async fn a_late_set_win_waits_for_every_member_of_the_retry() {
 /// A late win of a request over without a guard (the caller gave up) is released at once.
 #[tokio::test]
 async fn a_late_win_of_a_request_given_up_is_released() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     let released = Arc::new(AtomicUsize::new(0));
     let req = request("late-win-given-up");
-    let (answer, finished) = late_attempt(std::slice::from_ref(&req), &released).await;
+    let late = late_attempt(std::slice::from_ref(&req), &released).await;
     let background = req.background.clone();
     drop(req);
-    answer.send(()).unwrap();
-    finished.await.unwrap();
+    late.win().await;
     tokio::time::timeout(Duration::from_secs(10), background.idle())
         .await
         .expect("released at once");

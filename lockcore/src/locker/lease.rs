@@ -257,11 +257,7 @@ mod tests {
     fn the_lease_state_stays_small() {
         // With its reference counts and malloc's header, 120 bytes fit a 144-byte chunk (issue
         // 24: 100,000 leases on one client). The validity is in the lost signal's state.
-        assert!(
-            size_of::<super::GuardShared>() <= 120,
-            "{} bytes",
-            size_of::<super::GuardShared>()
-        );
+        assert_size_at_most!(super::GuardShared, 120);
         assert!(size_of::<crate::LockGuard>() <= 24);
     }
 }

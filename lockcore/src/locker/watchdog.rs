@@ -429,11 +429,7 @@ mod tests {
     fn a_record_stays_small() {
         // One per watched lease in the map, and one item per lease in the heap (issue 24:
         // 100,000 auto-renewed leases on one client).
-        assert!(
-            size_of::<Entry>() <= 24,
-            "{} bytes per record",
-            size_of::<Entry>()
-        );
+        assert_size_at_most!(Entry, 24);
         assert!(size_of::<Reverse<HeapItem>>() <= 24);
     }
 }

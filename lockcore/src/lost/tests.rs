@@ -82,11 +82,7 @@ async fn lost_at_is_the_first_report_or_the_passed_deadline() {
 fn the_shared_state_stays_small() {
     // One allocation per lease for the signal and the validity: with its reference counts
     // and malloc's header, 88 bytes fit a 112-byte chunk (issue 24).
-    assert!(
-        size_of::<NotifierInner>() <= 88,
-        "{} bytes",
-        size_of::<NotifierInner>()
-    );
+    assert_size_at_most!(NotifierInner, 88);
     assert_eq!(size_of::<LostSignal>(), 8);
 }
 
