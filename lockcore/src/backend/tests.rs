@@ -276,6 +276,12 @@ impl LateAttempt {
     }
 }
 
+/// The late win is released (once) when the background is done.
+async fn assert_released_once(background: &Background, released: &AtomicUsize) {
+    background.idle().await;
+    assert_eq!(released.load(Ordering::SeqCst), 1);
+}
+
 /// The late win's release is still held back (a guard of its request lives): nothing is
 /// released within a while.
 async fn assert_release_held(background: &Background, released: &AtomicUsize, why: &str) {
@@ -325,8 +331,7 @@ async fn a_late_win_is_not_released_under_the_retry_that_holds_its_row() {
     .await;
     // The guard ends: the late win is released then.
     drop(guard);
-    background.idle().await;
-    assert_eq!(released.load(Ordering::SeqCst), 1);
+    assert_released_once(&background, &released).await;
 }
 
 /// A set's late win waits for every member's request: released only once the last
@@ -350,8 +355,7 @@ async fn a_late_set_win_waits_for_every_member_of_the_retry() {
     )
     .await;
     drop(b);
-    background.idle().await;
-    assert_eq!(released.load(Ordering::SeqCst), 1);
+    assert_released_once(&background, &released).await;
 }
 
 /// A late win of a request over without a guard (the caller gave up) is released at once.
