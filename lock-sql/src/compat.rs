@@ -3,8 +3,8 @@
 //! they follow, on one name.
 //!
 //! On PostgreSQL the lease, the row lock and [`PgXactLock`](crate::PgXactLock) on one table
-//! exclude each other (`pg::exclusion`); on MariaDB the lease and the row lock do not see each
-//! other yet (a declared limit). An `interop=` mode takes the peer's key, which locksmith's own strategies do not
+//! exclude each other (`pg::exclusion`); on MariaDB the lease and the row lock do
+//! (`mysql_exclusion`). An `interop=` mode takes the peer's key, which locksmith's own strategies do not
 //! take: the two are a declared limit here (use one mode for every locksmith client of a
 //! name), not a silent one.
 
@@ -70,14 +70,6 @@ pub(crate) fn table(dialect: Dialect) -> Compatibility {
             t = t.cell_tested_by(s, s2, Relation::Exclude, strategies);
         }
     }
-    if dialect == Dialect::MySql {
-        // PostgreSQL's strategies see each other (`pg::exclusion`); MariaDB's do not yet.
-        let apart = Relation::Limit(
-            "MariaDB: a lease (the lock row) and a row lock (GET_LOCK) on one table do not see              each other: use one strategy for every client of a table (crate docs)"
-                .into(),
-        );
-        t = t.cell(LEASE, ROW_LOCK, apart);
-    }
     let separate_keys = Relation::Limit(format!(
         "{mode} takes the peer's key, which locksmith's own strategies do not take: every \
          locksmith client of a name shared with the peer uses {mode}"
@@ -112,10 +104,8 @@ mod tests {
             assert!(t.missing().is_empty(), "{dialect:?}: {:?}", t.missing());
         }
         let my = table(Dialect::MySql);
-        assert_eq!(
-            my.relation(ROW_LOCK, LEASE).map(Relation::as_str),
-            Some("limit")
-        );
+        assert_eq!(my.relation(ROW_LOCK, LEASE), Some(&Relation::Exclude));
+        assert_eq!(my.relation(LEASE, ROW_LOCK), Some(&Relation::Exclude));
         let pg = table(Dialect::Postgres);
         assert_eq!(pg.relation(XACT, LEASE), Some(&Relation::Exclude));
         assert_eq!(pg.relation(ROW_LOCK, XACT), Some(&Relation::Exclude));
