@@ -243,8 +243,13 @@
 //! `PgAdvisoryLock::new(name)` key: it excludes sqlx's lock and other `interop=sqlx` row
 //! locks, and *not* leases, default-layout row locks or `PgXactLock` of the name (another key;
 //! they cannot see each other). Under `interop=get_lock` (MariaDB) the key is `GET_LOCK(name)`:
-//! it excludes that peer and other `interop=get_lock` row locks, not default-layout row locks
-//! (`GET_LOCK` on a SHA-1 of database, table and name) nor leases.
+//! it excludes that peer and other `interop=get_lock` row locks; holding it, the row lock also
+//! takes the default layout's key (`GET_LOCK` on a SHA-1 of database, table and name, the same
+//! wait) and looks at the leases as a default-layout row lock does, so it excludes
+//! default-layout row locks and leases of the name too, in both orders. The peer itself takes
+//! only `GET_LOCK(name)`: it excludes `interop=get_lock` clients, not default-layout ones (a
+//! declared limit: give every locksmith client of a name shared with the peer
+//! `interop=get_lock`).
 //!
 //! **MariaDB**, one table: leases among themselves as in the PostgreSQL table (exclusive,
 //! shared, permits); row locks among themselves (exclusive only); a lease (any mode, or a

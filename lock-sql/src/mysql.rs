@@ -302,7 +302,8 @@ impl MyBackend {
         // Under interop=get_lock, the exact name (as the peers call GET_LOCK); the statements
         // are otherwise the same (no token is handed out, a peer bumps nothing: acquisitions
         // take `GET_LOCK` alone).
-        let key = if config.interop == Some(crate::Interop::GetLock) {
+        let interop = config.interop == Some(crate::Interop::GetLock);
+        let key = if interop {
             "?".to_owned()
         } else {
             crate::mysql_exclusion::name_key("?", t)
@@ -334,10 +335,14 @@ impl MyBackend {
             // outcome back in the OK packet (`RowOutcome::of_fenced`). The holder's metadata
             // rides in the same statement. Never under interop=get_lock (no token).
             row_acquire: crate::mysql_exclusion::row_acquire_fenced(t, &st),
-            row_lock_check: crate::mysql_exclusion::row_lock_check(t, &st),
+            row_lock_check: crate::mysql_exclusion::row_lock_check(t, &st, interop),
             key_used: crate::mysql_exclusion::key_used(t),
-            row_acquire_unfenced: format!("SELECT COALESCE(GET_LOCK({key}, ?), 0) = 1"),
-            row_unlock: format!("SELECT RELEASE_LOCK({key})"),
+            row_acquire_unfenced: if interop {
+                crate::mysql_exclusion::interop_acquire(t)
+            } else {
+                format!("SELECT COALESCE(GET_LOCK({key}, ?), 0) = 1")
+            },
+            row_unlock: crate::mysql_exclusion::row_unlock(t, interop),
             holder: format!("SELECT IS_USED_LOCK({key})"),
             // One statement per attempt, idempotent for the same token. Assignments run left
             // to right and see earlier ones: owner is decided first (`@locksmith_took`), the
@@ -725,8 +730,8 @@ impl MyBackend {
         let holder = req.holder.encode();
         // A token only where one is handed out: a peer of interop=get_lock bumps no counter.
         let fenced = req.fencing.wanted() && self.config.interop.is_none();
-        // The default layout's row lock backs off from a live lease of the name.
-        let checks_leases = self.config.interop.is_none();
+        // Under interop=get_lock the peer's key and the default layout's are taken.
+        let interop = self.config.interop.is_some();
         let backoff = lockcore::backend::Backoff::for_ttl(req.ttl);
         let mut leased = 0u32;
         let mut c = match self.conns.get(self.conns.bound_by(deadline), false).await {
@@ -789,32 +794,33 @@ impl MyBackend {
                         .await?;
                     return Ok(RowOutcome::of_fenced(r.rows_affected(), r.last_insert_id()));
                 }
-                let got: bool = sqlx::query_scalar(AssertSqlSafe(sql.row_acquire_unfenced.clone()))
+                let mut q = sqlx::query_scalar(AssertSqlSafe(sql.row_acquire_unfenced.clone()))
                     .bind(name)
-                    .bind(wait.as_secs_f64())
-                    .fetch_one(&mut *conn)
-                    .await?;
+                    .bind(wait.as_secs_f64());
+                if interop {
+                    // The default layout's key too (`mysql_exclusion::interop_acquire`).
+                    q = q.bind(name).bind(wait.as_secs_f64()).bind(name);
+                }
+                let got: bool = q.fetch_one(&mut *conn).await?;
                 if !got {
                     return Ok(RowOutcome::Busy);
                 }
-                if !checks_leases {
-                    return Ok(RowOutcome::Taken(0));
-                }
                 // Holding the key: a live lease gives it back (`crate::mysql_exclusion`).
-                let leased: Option<bool> =
-                    sqlx::query_scalar(AssertSqlSafe(sql.row_lock_check.clone()))
-                        .bind(name)
-                        .bind(name)
-                        .bind(name)
-                        .fetch_optional(&mut *conn)
-                        .await?;
+                let check = sql.row_lock_check.clone();
+                let mut q = sqlx::query_scalar(AssertSqlSafe(check.clone()));
+                for _ in 0..crate::mysql_exclusion::params(&check) {
+                    q = q.bind(name);
+                }
+                let leased: Option<bool> = q.fetch_optional(&mut *conn).await?;
                 Ok(if leased == Some(true) {
                     RowOutcome::Leased
                 } else {
                     RowOutcome::Taken(0)
                 })
             };
-            let bound = Instant::now() + wait + self.config.op_timeout;
+            // Under interop, two waits (the peer's key, then the default layout's).
+            let waits = if interop { 2 } else { 1 };
+            let bound = Instant::now() + wait * waits + self.config.op_timeout;
             let res = match tokio::time::timeout_at(bound, q).await {
                 Ok(r) => r,
                 Err(_) => return Err(self.conns.timed_out("taking a row lock")),
@@ -1218,10 +1224,12 @@ impl Holding for MyHolding {
     async fn unlock(&mut self) -> sqlx::Result<bool> {
         let sql = self.sql.row_unlock.clone();
         let name = self.name.clone();
-        let r: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql))
-            .bind(name)
-            .fetch_one(&mut self.checked().conn.raw)
-            .await?;
+        let mut q = sqlx::query_scalar(AssertSqlSafe(sql.clone()));
+        // Each parameter is the name (`mysql_exclusion::row_unlock`).
+        for _ in 0..crate::mysql_exclusion::params(&sql) {
+            q = q.bind(name.clone());
+        }
+        let r: Option<i64> = q.fetch_one(&mut self.checked().conn.raw).await?;
         Ok(r == Some(1))
     }
 

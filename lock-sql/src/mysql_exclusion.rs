@@ -60,15 +60,48 @@ pub(crate) fn leased(st: &str, name: &str) -> String {
 }
 
 /// The row lock's check when it wants no token (`GET_LOCK` alone, nothing written): run once
-/// the key is held, a locking read of the lock row that gives the key back if a live lease
-/// holds the name. Parameters: the name (shares), the name (key), the name (row). No row: no
-/// lease (nothing answered).
-pub(crate) fn row_lock_check(t: &str, st: &str) -> String {
+/// the key is held, a locking read of the lock row that gives the key back (both keys under
+/// `interop`) if a live lease holds the name. Every parameter is the name ([`params`]). No
+/// row: no lease (nothing answered).
+pub(crate) fn row_lock_check(t: &str, st: &str, interop: bool) -> String {
     format!(
-        "SELECT IF({}, RELEASE_LOCK({}) IS NOT NULL, 0) FROM {t} WHERE name = ? \
-         LOCK IN SHARE MODE",
+        "SELECT IF({}, {} IS NOT NULL, 0) FROM {t} WHERE name = ? LOCK IN SHARE MODE",
         leased(st, "?"),
-        name_key("?", t),
+        release(t, interop),
+    )
+}
+
+/// A SQL expression releasing the keys a row lock holds (`interop`: the peer's, the exact
+/// name, and the default layout's), 1 when every one was held; its parameters are the name.
+fn release(t: &str, interop: bool) -> String {
+    let own = format!("COALESCE(RELEASE_LOCK({}), 0)", name_key("?", t));
+    if interop {
+        format!("(COALESCE(RELEASE_LOCK(?), 0) * {own})")
+    } else {
+        own
+    }
+}
+
+/// The row lock's unlock statement: 1 when the keys were held. Every parameter is the name.
+pub(crate) fn row_unlock(t: &str, interop: bool) -> String {
+    format!("SELECT {}", release(t, interop))
+}
+
+/// How many parameters `sql` (a statement whose every parameter is the name) takes.
+pub(crate) fn params(sql: &str) -> usize {
+    sql.matches('?').count()
+}
+
+/// `interop=get_lock`'s acquisition: `GET_LOCK(name)` as the peers take it, then, holding it,
+/// the default layout's key of the name (the same wait), which default-layout row locks take
+/// and leases look at: an interop holder and a default-layout holder of one name exclude each
+/// other as two default-layout holders do. 1 when both were taken; the first is given back
+/// when the second was not. Parameters: name, wait (s), name, wait (s), name.
+pub(crate) fn interop_acquire(t: &str) -> String {
+    format!(
+        "SELECT COALESCE(CASE WHEN GET_LOCK(?, ?) = 1 THEN \
+           IF(GET_LOCK({}, ?) = 1, 1, LEAST(0, RELEASE_LOCK(?))) ELSE 0 END, 0) = 1",
+        name_key("?", t)
     )
 }
 

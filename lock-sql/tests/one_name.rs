@@ -409,3 +409,31 @@ async fn pg_xact_lock_and_leases_exclude_each_other() {
         after.unwrap().release().await.unwrap();
     }
 }
+
+/// MariaDB: a row lock under `interop=get_lock` (the peers' `GET_LOCK(name)`) and the default
+/// layout's leases (every mode) and row locks (with a token or without) of one name exclude
+/// each other, in both orders. Regression: the interop holder took only the peer's key, which
+/// the default layout neither takes nor looks at (two holders of one name).
+#[tokio::test]
+async fn mysql_interop_get_lock_and_the_default_layout_exclude_each_other() {
+    let Some(interop_url) = my_url("strategy=row-lock&interop=get_lock") else {
+        return;
+    };
+    let x = opts();
+    let r = opts().shared();
+    let p = opts().permits(2);
+    let bare = opts().no_fencing();
+    let leases: [Case<'_>; 3] = [
+        ("lease x, interop", &x, &x, false),
+        ("lease r, interop", &r, &x, false),
+        ("lease p, interop", &p, &x, false),
+    ];
+    let row_locks: [Case<'_>; 2] = [
+        ("row x, interop", &x, &x, false),
+        ("row x without a token, interop", &bare, &x, false),
+    ];
+    let lease_url = my_url("strategy=lease").unwrap();
+    lease_and_row_lock_exclude(&lease_url, &interop_url, &leases).await;
+    let row_url = my_url("strategy=row-lock").unwrap();
+    lease_and_row_lock_exclude(&row_url, &interop_url, &row_locks).await;
+}
