@@ -172,6 +172,26 @@ impl Locker {
     /// declaring [`Capabilities::atomic_multi`](crate::Capabilities::atomic_multi), an
     /// exclusive set is one request that takes every lock or none.
     ///
+    /// Bind the guard for as long as the locks are needed (`let _ = ...` releases them at
+    /// once). A result left unused is refused where `unused_must_use` is denied:
+    ///
+    /// ```compile_fail
+    /// #![deny(unused_must_use)]
+    /// # async fn f(locker: lockcore::Locker) {
+    /// locker.try_lock_all(["a", "b"], &lockcore::LockOptions::new()).await;
+    /// # }
+    /// ```
+    ///
+    /// ```
+    /// #![deny(unused_must_use)]
+    /// # async fn f(locker: lockcore::Locker) -> lockcore::Result<()> {
+    /// let Some(_both) = locker.try_lock_all(["a", "b"], &lockcore::LockOptions::new()).await? else {
+    ///     return Ok(()); // one of them is held by someone else
+    /// };
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// Cancel safety: as [`Locker::lock_all`].
     ///
     /// # Errors
