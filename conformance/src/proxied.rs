@@ -265,7 +265,11 @@ mod tests {
         ));
         assert!(!ClientProxies::sees_clear_text("etcds://127.0.0.1:1"));
         // Redlock's TLS scheme: its masters' replies cannot be picked by lock name either.
-        assert!(!ClientProxies::sees_clear_text("redlocks://127.0.0.1:1,127.0.0.1:2"));
-        assert!(ClientProxies::sees_clear_text("redlock://127.0.0.1:1,127.0.0.1:2"));
+        assert!(!ClientProxies::sees_clear_text(
+            "redlocks://127.0.0.1:1,127.0.0.1:2"
+        ));
+        assert!(ClientProxies::sees_clear_text(
+            "redlock://127.0.0.1:1,127.0.0.1:2"
+        ));
     }
 }
