@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::backend::{AcquireRequest, Acquired, ReleaseIfCancelled};
-use lockcore::{Error, Instant, LockMode, Result};
+use lockcore::{Instant, LockMode, Result};
 
 use crate::client::Inner;
 use crate::conn::Conn;
@@ -14,6 +14,7 @@ use crate::exclusive::{Asker, acquire_queued};
 use crate::keys::Keys;
 use crate::node::{AcquireWith, NodeAttempt, Replicas};
 use crate::queue;
+use crate::script::under_replicated;
 use crate::shares::{self, ShareAttempt};
 
 pub(crate) enum Attempt {
@@ -165,15 +166,7 @@ impl Inner {
             Ok((attempt, Some(n), position)) if n >= i64::from(replicas.count) => {
                 return Ok(self.outcome(req, (attempt, position), sent_at));
             }
-            Ok((_, acked, _)) => Error::new(
-                lockcore::ErrorKind::Unavailable,
-                format!(
-                    "only {} of {} replicas acknowledged the lock within {:?}; released it",
-                    acked.unwrap_or(0),
-                    replicas.count,
-                    replicas.timeout
-                ),
-            ),
+            Ok((_, acked, _)) => under_replicated("the lock", acked, replicas, "; released it"),
             // Whether the script ran is unknown: release in case it did (owner-checked).
             Err(e) => e,
         };

@@ -13,6 +13,7 @@ use crate::client::Inner;
 use crate::keys::Keys;
 use crate::node;
 use crate::queue;
+use crate::script::under_replicated;
 use crate::shares;
 
 impl Inner {
@@ -146,16 +147,9 @@ impl Lease for RedisLease {
         if !held {
             return Err(not_held());
         }
-        let acked = acked.unwrap_or(0);
-        if acked < i64::from(replicas.count) {
-            return Err(Error::new(
-                lockcore::ErrorKind::Unavailable,
-                format!(
-                    "only {acked} of {} replicas acknowledged the extension within {:?}; the \
-                     lease's validity is not extended",
-                    replicas.count, replicas.timeout
-                ),
-            ));
+        if acked.unwrap_or(0) < i64::from(replicas.count) {
+            let then = "; the lease's validity is not extended";
+            return Err(under_replicated("the extension", acked, replicas, then));
         }
         Ok(ttl)
     }

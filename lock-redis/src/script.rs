@@ -123,11 +123,12 @@ pub(crate) async fn run_flag(
 }
 
 /// The acknowledgement `WAIT` asked for and did not get: the write may be lost in a failover.
-pub(crate) fn under_replicated(what: &str, acked: Option<i64>, r: &Replicas) -> Error {
+/// `what` the write (`the lock`, ...), `then` what was done about it (may be empty).
+pub(crate) fn under_replicated(what: &str, acked: Option<i64>, r: &Replicas, then: &str) -> Error {
     Error::new(
         ErrorKind::Unavailable,
         format!(
-            "only {} of {} replicas acknowledged the {what} within {:?}",
+            "only {} of {} replicas acknowledged {what} within {:?}{then}",
             acked.unwrap_or(0),
             r.count,
             r.timeout

@@ -252,7 +252,7 @@ pub(crate) async fn acquire(
         if let Err(e) = release(conn, keys, token).await {
             tracing::warn!(error = %e, "could not release an under-replicated share; it frees after its ttl");
         }
-        return Err(under_replicated("share", acked, &r));
+        return Err(under_replicated("the share", acked, &r, ""));
     }
     match grant {
         Grant::Won(fence) => Ok(ShareAttempt::Won {
@@ -292,7 +292,7 @@ pub(crate) async fn extend(
         && n == 1
         && acked.unwrap_or(0) < i64::from(r.count)
     {
-        return Err(under_replicated("share's extension", acked, &r));
+        return Err(under_replicated("the share's extension", acked, &r, ""));
     }
     Ok(n == 1)
 }

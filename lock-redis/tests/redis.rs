@@ -135,8 +135,7 @@ impl Contended {
 
     /// A waiter's `lock()` in a task of its own.
     fn spawn_waiter(&self) -> tokio::task::JoinHandle<lockcore::Result<lockcore::LockGuard>> {
-        let (waiter, name) = (self.waiter.clone(), self.name.clone());
-        tokio::spawn(async move { waiter.lock(&name, &opts(Duration::from_secs(30))).await })
+        spawn_lock(&self.waiter, &self.name, opts(Duration::from_secs(30)))
     }
 
     /// Waits (bounded) until the channel's subscriber count of the `kinds` (`NUMSUB`,
@@ -166,6 +165,24 @@ impl Contended {
         })
         .await;
     }
+}
+
+/// `locker.lock(name)` in a task of its own.
+fn spawn_lock(
+    locker: &Locker,
+    name: &LockName,
+    options: LockOptions,
+) -> tokio::task::JoinHandle<lockcore::Result<lockcore::LockGuard>> {
+    let (locker, name) = (locker.clone(), name.clone());
+    tokio::spawn(async move { locker.lock(&name, &options).await })
+}
+
+/// Waits (bounded) until the server's queue of `name` has `n` live waiters.
+async fn until_queued(what: &str, backend: &RedisBackend, name: &LockName, n: usize) {
+    eventually(what, || async {
+        backend.queued_waiters(name).await.unwrap() == n
+    })
+    .await;
 }
 
 /// Classic and sharded subscriptions.
@@ -788,10 +805,7 @@ async fn a_crashed_waiters_entry_expires_on_the_server_clock_then_the_next_waite
         })
     };
     queued_rx.recv().unwrap();
-    eventually("the doomed waiter is queued", || async {
-        backend.queued_waiters(&name).await.unwrap() == 1
-    })
-    .await;
+    until_queued("the doomed waiter is queued", &backend, &name, 1).await;
     let (scores, now) = queue_expiries(&mut raw, &backend, &name).await;
     assert_eq!(scores.len(), 1);
     let left = scores[0] - now;
@@ -804,14 +818,8 @@ async fn a_crashed_waiters_entry_expires_on_the_server_clock_then_the_next_waite
 
     let next_url = with_query(&url, "poll_ms=200");
     let next = Locker::new(RedisBackend::connect(&next_url).await.unwrap());
-    let task = {
-        let (next, name) = (next.clone(), name.clone());
-        tokio::spawn(async move { next.lock(&name, &opts(ttl)).await })
-    };
-    eventually("the next waiter is queued behind it", || async {
-        backend.queued_waiters(&name).await.unwrap() == 2
-    })
-    .await;
+    let task = spawn_lock(&next, &name, opts(ttl));
+    until_queued("the next waiter is queued behind it", &backend, &name, 2).await;
     let released = Instant::now();
     g.release().await.unwrap();
     // The dead head's turn: nobody else, not even a try_lock, takes the free lock.
@@ -847,23 +855,11 @@ async fn a_cancelled_head_leaves_the_queue_and_the_next_waiter_is_told() {
     let ttl = Duration::from_secs(30);
     let g = holder.try_lock(&name, &opts(ttl)).await.unwrap().unwrap();
     let first = client_of(&url).await;
-    let head = {
-        let (first, name) = (first.clone(), name.clone());
-        tokio::spawn(async move { first.lock(&name, &opts(ttl)).await })
-    };
-    eventually("the first waiter is queued", || async {
-        backend.queued_waiters(&name).await.unwrap() == 1
-    })
-    .await;
+    let head = spawn_lock(&first, &name, opts(ttl));
+    until_queued("the first waiter is queued", &backend, &name, 1).await;
     let second = client_of(&url).await;
-    let next = {
-        let (second, name) = (second.clone(), name.clone());
-        tokio::spawn(async move { second.lock(&name, &opts(ttl)).await })
-    };
-    eventually("the second waiter is queued", || async {
-        backend.queued_waiters(&name).await.unwrap() == 2
-    })
-    .await;
+    let next = spawn_lock(&second, &name, opts(ttl));
+    until_queued("the second waiter is queued", &backend, &name, 2).await;
     // A third waiter that gives up: it leaves the queue when its wait times out.
     let third = client_of(&url).await;
     let short = opts(ttl).wait_timeout(Duration::from_millis(300));
