@@ -14,19 +14,9 @@ use crate::node::ExpiryWatch;
 use crate::queue;
 
 impl Inner {
-    /// Waits by notification (see the crate docs): exclusive waiters in the name's server-side
-    /// queue (see `queue`), woken only when a release names them as its head; readers woken all
-    /// at once, in every client, by any release that names no queue head; permits (and every
-    /// waiter under `interop=`) woken one per client by any release.
-    ///
-    /// Cancel safety: dropping the future unregisters the waiter (the last waiter of a name
-    /// unsubscribes in the background) and takes it out of the queue in the background (on
-    /// the connection of its attempts, so after an attempt still in flight; the next head is
-    /// told if it was the head of a free lock); a lock won by an attempt in flight at the drop
-    /// is released in the background. A waiter that times out or fails leaves the queue the
-    /// same way. A crashed waiter's entry expires on the server's clock within
-    /// `poll_ms + 2 s` of its last attempt.
-    /// The waiting `acquire` of [`RedisBackend`](crate::RedisBackend) (see its docs).
+    /// The waiting `acquire` of [`RedisBackend`](crate::RedisBackend): see its docs for whom a
+    /// release wakes and for cancellation safety (a dropped waiter unregisters, and leaves the
+    /// queue in the background on the connection of its attempts).
     pub(crate) async fn wait_for(
         self: &Arc<Self>,
         req: &AcquireRequest,
