@@ -241,8 +241,11 @@
 //!
 //! **Interop layouts.** Under `interop=sqlx` (PostgreSQL row lock) the key is sqlx's
 //! `PgAdvisoryLock::new(name)` key: it excludes sqlx's lock and other `interop=sqlx` row
-//! locks, and *not* leases, default-layout row locks or `PgXactLock` of the name (another key;
-//! they cannot see each other). Under `interop=get_lock` (MariaDB) the key is `GET_LOCK(name)`:
+//! locks; holding it, the row lock also tries the default layout's key (not waiting for it
+//! while it holds sqlx's: busy, and a waiting `lock()` looks again with a backoff) and backs
+//! off from a live lease as a default-layout row lock does, so it excludes leases,
+//! default-layout row locks and `PgXactLock` of the name too, in both orders (sqlx's own
+//! `PgAdvisoryLock` takes only its key: it does not see the default layout). Under `interop=get_lock` (MariaDB) the key is `GET_LOCK(name)`:
 //! it excludes that peer and other `interop=get_lock` row locks; holding it, the row lock also
 //! takes the default layout's key (`GET_LOCK` on a SHA-1 of database, table and name, the same
 //! wait) and looks at the leases as a default-layout row lock does, so it excludes
