@@ -272,6 +272,16 @@
 //! statements) do not look at the key. Row-lock clients create `<table>_shares` too (their
 //! check reads it).
 //!
+//! *Cost* (MariaDB): an `IS_USED_LOCK` in each lease attempt; the fenced row lock's upsert
+//! reads the row's lease columns (and the shares table while `shares_until` is ahead); a row
+//! lock without a token takes a second statement (the locking read). Measured on 2026-12-05
+//! with `examples/sql_bench URL 1 0.5` (release builds of the commit before and after, run
+//! interleaved three times each, MariaDB on loopback, a 2-core machine at load 13..17: the
+//! figures are noisy), uncontended `try_lock` + release p50: lease 342/573/345 µs before,
+//! 393/717/395 µs after; row lock with a token 196/203/174 µs before, 275/273/230 µs after;
+//! row lock without a token (`SQL_BENCH_FENCING=off`) 97/97/99 µs before, 255/249/234 µs
+//! after.
+//!
 //! **SQLite**: leases only, as in the PostgreSQL table among leases.
 //!
 //! **Retries.** An attempt re-sent with the same owner token (a lost reply, retried by
