@@ -20,6 +20,10 @@ use super::support::ok_or;
 /// traffic has made acquisitions since the last (it runs for real), and it goes on through the
 /// round. A set that waits for both members to be free at one instant loses every attempt here
 /// and times out (the memory backend without the bound: 2,701 single acquisitions in the 5 s).
+///
+/// Only on a [fair](lockcore::Capabilities::fair) backend: the set is had once each member's
+/// single wait has come round, and without FIFO order a single waiter has no bound either
+/// (the traffic's next `lock()` of a name just released may win it again and again).
 pub(super) async fn multi_lock_progresses_under_member_traffic(ctx: &Ctx) -> Outcome {
     const TRAFFIC: usize = 4;
     const ROUNDS: usize = 3;
