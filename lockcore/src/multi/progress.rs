@@ -11,7 +11,7 @@
 
 use tokio::time::Instant;
 
-use super::{MultiGuard, release_all, set_timeout};
+use super::{MultiGuard, release_all, set_timeout, waiting_until};
 use crate::{LockName, LockOptions, Locker, Result};
 
 /// How many lost all-or-nothing attempts at a set [`Locker::lock_all`] makes before it takes
@@ -35,12 +35,7 @@ impl Locker {
     ) -> Result<MultiGuard> {
         let mut guards = Vec::with_capacity(names.len());
         for name in names {
-            let opts = match deadline {
-                None => options.clone(),
-                Some(d) => options
-                    .clone()
-                    .wait_timeout(d.saturating_duration_since(Instant::now())),
-            };
+            let opts = waiting_until(options, deadline);
             match self.lock(name.clone(), &opts).await {
                 Ok(g) => guards.push(g),
                 Err(e) => {
