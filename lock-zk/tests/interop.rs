@@ -569,43 +569,6 @@ async fn kazoo_mode_refuses_names_kazoo_maps_elsewhere() {
     ok.release().await.unwrap();
 }
 
-/// A locksmith waiter in a client of its own whose runtime ends once it stops waiting, as a
-/// process exits: it queues behind the holder and gives up at `wait` (its wait timeout, or with
-/// `dropped` its `lock()` future dropped then), and calls [`Locker::shutdown`] before its
-/// runtime is dropped.
-fn exiting_waiter(
-    url: String,
-    name: String,
-    wait: Duration,
-    dropped: bool,
-) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let locker = Locker::new(ZkBackend::connect(&url).await.unwrap());
-            if dropped {
-                let opts = opts();
-                assert!(
-                    tokio::time::timeout(wait, locker.lock(&name, &opts))
-                        .await
-                        .is_err(),
-                    "the waiter took a held lock"
-                );
-            } else {
-                let err = locker
-                    .lock(&name, &opts().wait_timeout(wait))
-                    .await
-                    .unwrap_err();
-                assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
-            }
-            locker.shutdown(scaled(10)).await.unwrap();
-        });
-    })
-}
-
 /// Issue 35: locksmith waiters that give up (one at its wait timeout, one dropped while
 /// waiting), each in a client whose runtime then ends as a process exits, leave no node ahead
 /// of a Curator `InterProcessMutex` queued behind them: Curator holds within 1 s (scaled) of
@@ -629,8 +592,11 @@ async fn locksmith_waiters_that_exit_leave_nothing_ahead_of_curator() {
         }
     };
     let wait = scaled(8);
-    let waiters = [false, true]
-        .map(|dropped| exiting_waiter(url.clone(), name.as_str().to_owned(), wait, dropped));
+    let waiters = [false, true].map(|dropped| {
+        let url = url.clone();
+        let connect = move || async move { Ok(Locker::new(ZkBackend::connect(&url).await?)) };
+        conformance::exiting_waiter(connect, name.as_str().to_owned(), opts(), wait, dropped)
+    });
     assert!(
         eventually(scaled(20), || children(3)).await,
         "the two locksmith waiters did not queue behind the holder"
