@@ -730,6 +730,21 @@ async fn one_master_under_two_names_is_refused_when_it_comes_back() {
     );
 }
 
+/// The lock key of `n`, set on masters 3 and 4 by a contender (a split vote's leftovers, for 10
+/// minutes), so that the next acquisition stands on exactly masters 0-2.
+async fn contender_on_3_and_4(cluster: &Cluster, n: &LockName) -> String {
+    let key = RedlockBackend::connect(&cluster.url())
+        .await
+        .expect("connect")
+        .lock_key(n);
+    for m in &cluster.masters[3..] {
+        m.cli(&["SET", &key, "contender", "PX", "600000"])
+            .await
+            .expect("SET");
+    }
+    key
+}
+
 /// Issue 35: a lock standing on exactly 3 of the 5 masters (two votes lost to a contender's
 /// keys, as a split vote under contention leaves it) is repaired onto the other two by its
 /// next renewal once they are free, so one of its three masters paused afterwards does not
@@ -741,16 +756,7 @@ async fn one_master_paused_while_the_lock_stands_on_three() {
     let mut cluster = Cluster::start().await;
     let (a, b) = (cluster.client().await, cluster.client().await);
     let n = name("stands-on-three");
-    let key = RedlockBackend::connect(&cluster.url())
-        .await
-        .expect("connect")
-        .lock_key(&n);
-    // A contender's votes on masters 3 and 4 (a split vote's leftovers).
-    for m in &cluster.masters[3..] {
-        m.cli(&["SET", &key, "contender", "PX", "600000"])
-            .await
-            .expect("SET");
-    }
+    let key = contender_on_3_and_4(&cluster, &n).await;
     let ttl = scaled(Duration::from_secs(3));
     let renewing = LockOptions::new()
         .ttl(ttl)
@@ -813,15 +819,7 @@ async fn a_failed_renewal_undoes_its_repairs() {
     let cluster = Cluster::start().await;
     let a = cluster.client().await;
     let n = name("undo-repairs");
-    let key = RedlockBackend::connect(&cluster.url())
-        .await
-        .expect("connect")
-        .lock_key(&n);
-    for m in &cluster.masters[3..] {
-        m.cli(&["SET", &key, "contender", "PX", "600000"])
-            .await
-            .expect("SET");
-    }
+    let key = contender_on_3_and_4(&cluster, &n).await;
     let ttl = scaled(Duration::from_secs(30));
     let g = a
         .lock(&n, &patient().ttl(ttl))
