@@ -240,7 +240,9 @@ impl Locker {
     /// attempt; when it loses, wait for the member found busy ([`Locker::lock`]: the backend's
     /// own wait, with its retries of transient errors), then the rest in one attempt while
     /// holding that member. A lost attempt lets the member go before waiting for the next busy
-    /// one: nothing is held while waiting, so overlapping sets never deadlock. An `Unavailable`
+    /// one: nothing is held while waiting, so overlapping sets never deadlock. After
+    /// [`ORDERED_AFTER_LOSSES`] lost attempts it takes the members in canonical order instead
+    /// (`progress`), which cannot deadlock either. An `Unavailable`
     /// attempt is re-sent as it is (the same owner tokens, with [`Locker::lock`]'s backoff and
     /// give-up), so that a set the server applied but whose reply was lost is this call's own
     /// at once, not a stranger's grant waited out until its TTL.
