@@ -3,6 +3,7 @@
 #![deny(missing_docs)]
 
 mod escape;
+mod exiting;
 pub mod faults;
 mod harness;
 pub mod holder;
@@ -17,6 +18,7 @@ use std::sync::Arc;
 
 use libtest_mimic::{Arguments, Failed, Trial};
 
+pub use exiting::exiting_waiter;
 pub use faults::{FaultCell, FaultInfo, FaultMatrix, FaultOutcome};
 pub use harness::{
     BoxFuture, FnHarness, Harness, HolderProcess, ReplyLoser, RequestCount, url_with_param,

@@ -571,3 +571,63 @@ async fn locksmith_leader_holds_off_an_etcdctl_campaign() {
         "etcdctl did not resign on SIGINT"
     );
 }
+
+/// Issue 35: locksmith waiters that give up (one at its wait timeout, one dropped while
+/// waiting), each in a client whose runtime then ends as a process exits, leave no key ahead of
+/// an `etcdctl lock` queued behind them: etcdctl holds within 1 s (scaled) of the holder's
+/// release, not when the waiters' leases run out (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locksmith_waiters_that_exit_leave_nothing_ahead_of_etcdctl() {
+    let Some(url) = url() else { return };
+    let backend = EtcdBackend::connect(&url).await.unwrap();
+    let locker = Locker::new(backend.clone());
+    let name = unique("interop-gave-up");
+    let prefix = backend.lock_prefix(name.as_str()).unwrap();
+    let guard = locker.lock(&name, &opts()).await.unwrap();
+    let keys = |n: usize| {
+        let (backend, prefix) = (&backend, &prefix);
+        async move { keys_under(backend, prefix).await == n }
+    };
+    let wait = scaled(8);
+    let waiters = [false, true].map(|dropped| {
+        let url = url.clone();
+        let connect = move || async move { Ok(Locker::new(EtcdBackend::connect(&url).await?)) };
+        conformance::exiting_waiter(connect, name.as_str().to_owned(), opts(), wait, dropped)
+    });
+    assert!(
+        eventually(scaled(20), || keys(3)).await,
+        "the two locksmith waiters did not queue behind the holder"
+    );
+    let mut args = etcdctl_args(&url, &prefix);
+    args.extend(["--", "sh", "-c", "echo HELD $(date +%s%6N)"].map(str::to_owned));
+    let mut peer = etcdctl(args);
+    assert!(
+        eventually(scaled(30), || keys(4)).await,
+        "etcdctl did not queue behind the locksmith waiters"
+    );
+    assert!(
+        waiters.iter().all(|w| !w.is_finished()),
+        "a locksmith waiter stopped waiting before etcdctl queued behind it"
+    );
+    for w in waiters {
+        tokio::task::spawn_blocking(move || w.join())
+            .await
+            .unwrap()
+            .expect("a locksmith waiter");
+    }
+    assert!(
+        keys(2).await,
+        "a locksmith waiter that gave up and exited left its key behind"
+    );
+    let released = now_unix_micros();
+    guard.release().await.unwrap();
+    let held = unix_micros_at(&peer.expect("HELD", scaled(20)).await.unwrap(), 1).unwrap();
+    let bound = scaled(1).as_micros() as u64;
+    assert!(
+        held > released && held - released < bound,
+        "etcdctl held {} ms after the holder's release (bound {} ms)",
+        (held as i64 - released as i64) / 1000,
+        bound / 1000
+    );
+    peer.wait(scaled(20)).await.unwrap();
+}

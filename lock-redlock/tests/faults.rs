@@ -730,6 +730,21 @@ async fn one_master_under_two_names_is_refused_when_it_comes_back() {
     );
 }
 
+/// The lock key of `n`, set on masters 3 and 4 by a contender (a split vote's leftovers, for 10
+/// minutes), so that the next acquisition stands on exactly masters 0-2.
+async fn contender_on_3_and_4(cluster: &Cluster, n: &LockName) -> String {
+    let key = RedlockBackend::connect(&cluster.url())
+        .await
+        .expect("connect")
+        .lock_key(n);
+    for m in &cluster.masters[3..] {
+        m.cli(&["SET", &key, "contender", "PX", "600000"])
+            .await
+            .expect("SET");
+    }
+    key
+}
+
 /// Issue 35: a lock standing on exactly 3 of the 5 masters (two votes lost to a contender's
 /// keys, as a split vote under contention leaves it) is repaired onto the other two by its
 /// next renewal once they are free, so one of its three masters paused afterwards does not
@@ -741,16 +756,7 @@ async fn one_master_paused_while_the_lock_stands_on_three() {
     let mut cluster = Cluster::start().await;
     let (a, b) = (cluster.client().await, cluster.client().await);
     let n = name("stands-on-three");
-    let key = RedlockBackend::connect(&cluster.url())
-        .await
-        .expect("connect")
-        .lock_key(&n);
-    // A contender's votes on masters 3 and 4 (a split vote's leftovers).
-    for m in &cluster.masters[3..] {
-        m.cli(&["SET", &key, "contender", "PX", "600000"])
-            .await
-            .expect("SET");
-    }
+    let key = contender_on_3_and_4(&cluster, &n).await;
     let ttl = scaled(Duration::from_secs(3));
     let renewing = LockOptions::new()
         .ttl(ttl)
@@ -800,4 +806,40 @@ async fn one_master_paused_while_the_lock_stands_on_three() {
     );
     cluster.masters[0].process().resume().expect("SIGCONT");
     g.release().await.expect("release");
+}
+
+/// Issue 35: a renewal that fails undoes the repairs it made. The lock stands on exactly masters
+/// 0-2 (a contender's votes on 3 and 4 at the acquire, then gone); its key is then deleted on
+/// 0-2 behind the holder, as a `force_release` landing just ahead of a renewal in flight does.
+/// The renewal finds 2 of 5 (its repairs on 3 and 4, which never had the key) and fails; those
+/// two repairs are undone at once, so the lost lease holds the name on no master. Before, they
+/// stayed until the TTL (30 s here), where they held the name from other clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_renewal_undoes_its_repairs() {
+    let cluster = Cluster::start().await;
+    let a = cluster.client().await;
+    let n = name("undo-repairs");
+    let key = contender_on_3_and_4(&cluster, &n).await;
+    let ttl = scaled(Duration::from_secs(30));
+    let g = a
+        .lock(&n, &patient().ttl(ttl))
+        .await
+        .expect("lock on masters 0-2");
+    for m in &cluster.masters {
+        m.cli(&["DEL", &key]).await.expect("DEL");
+    }
+    let err = g.extend(ttl).await.expect_err("a renewal finding 2 of 5");
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    let by = Instant::now() + scaled(Duration::from_secs(2));
+    for (i, m) in cluster.masters.iter().enumerate() {
+        while m.cli(&["EXISTS", &key]).await.expect("EXISTS").trim() != "0" {
+            assert!(
+                Instant::now() < by,
+                "master {i} still has the key of a renewal that failed: its repair was not \
+                 undone, and holds the name there until the TTL ({ttl:?})"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    drop(g);
 }

@@ -568,3 +568,69 @@ async fn kazoo_mode_refuses_names_kazoo_maps_elsewhere() {
         .expect("free");
     ok.release().await.unwrap();
 }
+
+/// Issue 35: locksmith waiters that give up (one at its wait timeout, one dropped while
+/// waiting), each in a client whose runtime then ends as a process exits, leave no node ahead
+/// of a Curator `InterProcessMutex` queued behind them: Curator holds within 1 s (scaled) of
+/// the holder's release, not when the waiters' sessions expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locksmith_waiters_that_exit_leave_nothing_ahead_of_curator() {
+    let Some(url) = url() else { return };
+    let url = format!("{url}?interop=curator");
+    let backend = ZkBackend::connect(&url).await.unwrap();
+    let locker = Locker::new(backend.clone());
+    let name = unique("interop-gave-up");
+    let path = backend.lock_path(name.as_str()).unwrap();
+    let guard = locker.lock(&name, &opts()).await.unwrap();
+    let children = |n: usize| {
+        let (client, path) = (backend.client(), path.clone());
+        async move {
+            client
+                .list_children(&path)
+                .await
+                .is_ok_and(|c| c.len() == n)
+        }
+    };
+    let wait = scaled(8);
+    let waiters = [false, true].map(|dropped| {
+        let url = url.clone();
+        let connect = move || async move { Ok(Locker::new(ZkBackend::connect(&url).await?)) };
+        conformance::exiting_waiter(connect, name.as_str().to_owned(), opts(), wait, dropped)
+    });
+    assert!(
+        eventually(scaled(20), || children(3)).await,
+        "the two locksmith waiters did not queue behind the holder"
+    );
+    let mut peer = curator(&url, &path, &["hold"]);
+    assert!(
+        eventually(scaled(60), || children(4)).await,
+        "Curator did not queue behind the locksmith waiters"
+    );
+    assert!(
+        waiters.iter().all(|w| !w.is_finished()),
+        "a locksmith waiter stopped waiting before Curator queued behind it"
+    );
+    for w in waiters {
+        tokio::task::spawn_blocking(move || w.join())
+            .await
+            .unwrap()
+            .expect("a locksmith waiter");
+    }
+    assert!(
+        children(2).await,
+        "a locksmith waiter that gave up and exited left its node behind"
+    );
+    let released = now_unix_micros();
+    guard.release().await.unwrap();
+    let held = held(&mut peer, scaled(20)).await;
+    let bound = scaled(1).as_micros() as u64;
+    assert!(
+        held > released && held - released < bound,
+        "Curator held {} ms after the holder's release (bound {} ms)",
+        (held as i64 - released as i64) / 1000,
+        bound / 1000
+    );
+    peer.send("").await.unwrap();
+    peer.expect("RELEASED", scaled(20)).await.unwrap();
+    peer.wait(scaled(20)).await.unwrap();
+}

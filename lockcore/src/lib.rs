@@ -122,7 +122,7 @@ pub use inspect::{AcquiredClock, Holder, LockInfo, Share};
 pub use locker::{LockGuard, Locker, WAIT_DEADLINE_SLACK};
 pub use lost::{Ended, LostReason, LostSignal, Risk};
 pub use mode::{LockMode, MAX_PERMITS, Support};
-pub use multi::MultiGuard;
+pub use multi::{MultiGuard, ORDERED_AFTER_LOSSES};
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN};
 pub use options::{
     AutoRenew, DEFAULT_MAX_HOLD, DEFAULT_RETRY_UNAVAILABLE, DEFAULT_TTL, Fencing, LockOptions,
