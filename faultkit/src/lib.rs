@@ -33,6 +33,26 @@
 //! [`Error`] carrying the tail of its log.
 #![deny(missing_docs)]
 
+/// `impl Deref` and `DerefMut` from a launcher to the engine it wraps (`derefs_to!(Etcd,
+/// cluster: Cluster)`): the engine's methods are the launcher's.
+macro_rules! derefs_to {
+    ($outer:ty, $field:ident: $target:ty) => {
+        impl std::ops::Deref for $outer {
+            type Target = $target;
+            fn deref(&self) -> &$target {
+                &self.$field
+            }
+        }
+
+        impl std::ops::DerefMut for $outer {
+            fn deref_mut(&mut self) -> &mut $target {
+                &mut self.$field
+            }
+        }
+    };
+}
+
+mod cluster;
 mod etcd;
 mod fence;
 mod holder;
@@ -44,10 +64,12 @@ mod process;
 mod proxy;
 mod redis;
 mod redis_monitor;
+mod sql_server;
 mod util;
 mod wire;
 mod zk;
 
+pub use cluster::Cluster;
 pub use etcd::Etcd;
 pub use fence::{FenceStats, FencedResource};
 pub use holder::{HOLDER_URL_ENV, Holder, HolderEvent, HolderSpec, libfaketime};
@@ -58,6 +80,7 @@ pub use process::ServerProcess;
 pub use proxy::{Direction, Pick, Proxy, ProxyMode, ReplyLoss, rewrite_url};
 pub use redis::{RedisFailover, RedisServer};
 pub use redis_monitor::RedisMonitor;
+pub use sql_server::SqlServer;
 pub use util::{
     Error, Result, TempDir, Timeouts, free_port, now_unix_micros, require_installed, wait_until,
 };

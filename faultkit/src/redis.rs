@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::process::ServerProcess;
-use crate::util::{Result, TempDir, Timeouts, free_port, run};
+use crate::util::{Result, TempDir, Timeouts, free_port, run, wait_for_other};
 
 /// Runs `redis-cli -p PORT args...` and returns its output.
 ///
@@ -299,20 +299,7 @@ impl RedisFailover {
     ///
     /// Cancel safe.
     pub async fn wait_failover(&self, old: usize, timeout: Duration) -> Result<usize> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            if let Some(new) = self.primary().await.ok()
-                && new != old
-            {
-                return Ok(new);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(crate::Error::msg(format!(
-                    "sentinel failover: none after {timeout:?}"
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for_other("sentinel failover", old, timeout, || self.primary()).await
     }
 
     /// The `ROLE` node `i` gives itself (`master` or `slave`).
