@@ -314,11 +314,8 @@ mod tests {
             format!("etcd://u:{secret}@h#frag"),
             format!("etcd://u:{secret}@h/../x"),
         ];
-        for url in &bad {
-            let e = Config::parse(url).expect_err(url);
+        for (url, e) in faultkit::refusals_without(secret, &bad, Config::parse) {
             assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{url}");
-            let shown = format!("{e} {e:?}");
-            assert!(!shown.contains(secret), "{url} leaked: {shown}");
         }
     }
 
@@ -330,17 +327,16 @@ mod tests {
         assert_eq!(file.validate().unwrap(), Config::parse("etcd://h").unwrap());
         let e = serde_json::from_str::<Config>(r#"{"hosts": ["h"], "timeout": 5}"#).unwrap_err();
         assert!(e.to_string().contains("unknown field `timeout`"), "{e}");
-        for bad in [
+        let bad = [
             r#"{"hosts": []}"#,
             r#"{"hosts": ["h"], "ca": "/ca.pem"}"#,
             r#"{"hosts": ["h"], "password": "hunter2"}"#,
             r#"{"hosts": ["h"], "namespace": "a/../b", "user": "u", "password": "hunter2"}"#,
             r#"{"hosts": ["h"], "timeout_ms": 0}"#,
-        ] {
-            let c: Config = serde_json::from_str(bad).unwrap();
-            let e = c.validate().unwrap_err();
-            assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{bad}");
-            assert!(!e.to_string().contains("hunter2"));
+        ];
+        let validate = |text: &str| serde_json::from_str::<Config>(text).unwrap().validate();
+        for (text, e) in faultkit::refusals_without("hunter2", &bad, validate) {
+            assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{text}");
         }
     }
 }

@@ -347,11 +347,8 @@ mod tests {
             format!("zk://h?digest=u:{secret}#frag"),
             format!("zk://h?digest=u:{secret}%FF"),
         ];
-        for url in &bad {
-            let e = Config::parse(url).expect_err(url);
+        for (url, e) in faultkit::refusals_without(secret, &bad, Config::parse) {
             assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{url}");
-            let shown = format!("{e} {e:?}");
-            assert!(!shown.contains(secret), "{url} leaked: {shown}");
         }
     }
 
@@ -370,18 +367,17 @@ mod tests {
         let e =
             serde_json::from_str::<Config>(r#"{"hosts": ["h"], "digest": "hunter2"}"#).unwrap_err();
         assert!(!e.to_string().contains("hunter2"), "{e}");
-        for bad in [
+        let bad = [
             r#"{"hosts": []}"#,
             r#"{"hosts": ["h:0"]}"#,
             r#"{"hosts": ["h"], "chroot": "/a/../b"}"#,
             r#"{"hosts": ["h"], "namespace": "zookeeper"}"#,
             r#"{"hosts": ["h"], "session_timeout_ms": 1}"#,
             r#"{"hosts": ["h"], "lost_after_disconnect": 0.9, "digest": "u:hunter2"}"#,
-        ] {
-            let c: Config = serde_json::from_str(bad).unwrap();
-            let e = c.validate().unwrap_err();
-            assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{bad}");
-            assert!(!e.to_string().contains("hunter2"));
+        ];
+        let validate = |text: &str| serde_json::from_str::<Config>(text).unwrap().validate();
+        for (text, e) in faultkit::refusals_without("hunter2", &bad, validate) {
+            assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{text}");
         }
     }
 }
