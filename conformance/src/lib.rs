@@ -6,6 +6,7 @@ mod escape;
 pub mod faults;
 mod harness;
 pub mod holder;
+pub mod interop;
 mod measure;
 mod proxied;
 pub mod report;
