@@ -9,6 +9,7 @@ pub mod holder;
 pub mod interop;
 mod measure;
 mod proxied;
+mod refusals;
 pub mod report;
 mod run;
 pub mod scenarios;
@@ -25,6 +26,7 @@ pub use harness::{
 };
 pub use measure::{Figures, MEASURE_TIME, ProcessHandover, ServerRequests, measure, measure_with};
 pub use proxied::{ClientProxies, ProxyGroup};
+pub use refusals::refuses_without_leaking;
 pub use report::{Provenance, Report, SCHEMA_VERSION, ScenarioInfo};
 pub use run::{
     BackendReport, Progress, ScenarioResult, Status, TIME_SCALE_ENV, run_all, run_scenario,

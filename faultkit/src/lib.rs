@@ -26,9 +26,6 @@
 //! * [`FencedResource`]: accepts a write only when its fencing token is at least the highest
 //!   seen, and counts stale writes rejected and accepted.
 //!
-//! * [`refusals_without`]: bad configurations are refused without repeating a secret they
-//!   held (the backends' config tests).
-//!
 //! This crate depends on no backend crate (backends use it as a dev-dependency). Servers come
 //! from the Debian packages `scripts/install-servers.sh` installs.
 //!
@@ -67,7 +64,6 @@ mod process;
 mod proxy;
 mod redis;
 mod redis_monitor;
-mod refusals;
 mod sql_server;
 mod util;
 mod wire;
@@ -84,7 +80,6 @@ pub use process::ServerProcess;
 pub use proxy::{Direction, Pick, Proxy, ProxyMode, ReplyLoss, rewrite_url};
 pub use redis::{RedisFailover, RedisServer, spawn_tls_redis};
 pub use redis_monitor::RedisMonitor;
-pub use refusals::refusals_without;
 pub use sql_server::SqlServer;
 pub use util::{
     Error, Result, TempDir, Timeouts, free_port, now_unix_micros, require_installed, wait_until,
