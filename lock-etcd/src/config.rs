@@ -184,15 +184,10 @@ impl Config {
     /// `InvalidConfig` for anything malformed or unknown (never quoting the password).
     pub fn parse(url: &str) -> Result<Config> {
         let parts = UrlParts::split(WHAT, url, UserInfoAt::LastAt)?;
-        let tls = if parts.scheme.eq_ignore_ascii_case("etcd") {
-            false
-        } else if parts.scheme.eq_ignore_ascii_case("etcds") {
-            true
-        } else {
-            return Err(Error::invalid_config(
-                "an etcd URL starts with etcd:// or etcds:// (TLS)",
-            ));
-        };
+        let tls = parts.scheme_among(
+            &["etcd", "etcds"],
+            "an etcd URL starts with etcd:// or etcds:// (TLS)",
+        )? == 1;
         let (user, password) = match parts.userinfo {
             None => (None, None),
             Some(info) => match decode_userinfo(WHAT, info)? {
@@ -205,17 +200,10 @@ impl Config {
             },
         };
         // The query goes through the same deserializer as a config file.
-        let mut config: Config =
-            lockcore::config::from_query(WHAT, parts.query, URL_PARAMS, &["hosts"])?;
-        let (authority, path) = (parts.hosts, parts.path);
-        if authority.is_empty() {
-            return Err(Error::invalid_config(
-                "an etcd URL needs at least one host:port",
-            ));
-        }
+        let (mut config, hosts): (Config, _) = parts.query_and_hosts(WHAT, URL_PARAMS, "hosts")?;
         config.tls = tls;
-        config.hosts = authority.split(',').map(str::to_owned).collect();
-        config.namespace = path.to_owned();
+        config.hosts = hosts;
+        config.namespace = parts.path.to_owned();
         config.user = user;
         config.password = password;
         config.validate()

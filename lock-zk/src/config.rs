@@ -205,25 +205,16 @@ impl Config {
     /// `InvalidConfig` for anything malformed or unknown (never quoting the password).
     pub fn parse(url: &str) -> Result<Config> {
         let parts = UrlParts::split(WHAT, url, UserInfoAt::HostPart)?;
-        if !parts.scheme.eq_ignore_ascii_case("zk") {
-            return Err(Error::invalid_config("a ZooKeeper URL starts with zk://"));
-        }
+        parts.scheme_among(&["zk"], "a ZooKeeper URL starts with zk://")?;
         if parts.userinfo.is_some() {
             return Err(Error::invalid_config(
                 "a zk:// URL carries no user info; pass credentials as ?digest=user:password",
             ));
         }
         // The query goes through the same deserializer as a config file.
-        let mut config: Config =
-            lockcore::config::from_query(WHAT, parts.query, URL_PARAMS, &["hosts"])?;
-        let (authority, path) = (parts.hosts, parts.path);
-        if authority.is_empty() {
-            return Err(Error::invalid_config(
-                "a zk:// URL needs at least one host:port",
-            ));
-        }
-        config.hosts = authority.split(',').map(str::to_owned).collect();
-        config.chroot = path.to_owned();
+        let (mut config, hosts): (Config, _) = parts.query_and_hosts(WHAT, URL_PARAMS, "hosts")?;
+        config.hosts = hosts;
+        config.chroot = parts.path.to_owned();
         config.validate()
     }
 }
