@@ -10,7 +10,7 @@ use lockcore::config::{
 use lockcore::{Error, Result, Secret};
 
 /// The key namespace when the URL gives no path.
-pub(crate) const DEFAULT_NAMESPACE: &str = "locksmith";
+pub(crate) use lockcore::config::DEFAULT_NAMESPACE;
 const DEFAULT_PORT: u16 = 2379;
 /// How long one request may take before it is reported `Unavailable`.
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -43,7 +43,7 @@ pub struct Config {
     /// `host:port` of each member (`host` alone takes 2379; IPv6 hosts in brackets).
     pub hosts: Vec<String>,
     /// The key prefix every lock lives under (no leading or trailing `/`).
-    #[serde(default = "default_namespace")]
+    #[serde(default = "lockcore::config::default_namespace")]
     pub namespace: String,
     /// The user (with `password`).
     #[serde(default)]
@@ -66,9 +66,6 @@ pub struct Config {
     pub timeout: Duration,
 }
 
-fn default_namespace() -> String {
-    DEFAULT_NAMESPACE.to_owned()
-}
 fn default_timeout() -> Duration {
     DEFAULT_TIMEOUT
 }
@@ -76,13 +73,11 @@ fn default_timeout() -> Duration {
 /// How errors name the URL.
 const WHAT: &str = "etcd URL";
 
-/// The query parameters of an etcd URL (the rest comes from its address part).
-const URL_PARAMS: &[&str] = &["ca", "domain", "timeout_ms"];
-
 impl Config {
-    /// The query parameters a URL may carry; any other is refused with `InvalidConfig`, named
-    /// (the `locksmith` facade's docs list them per URL kind, checked by a test).
-    pub const URL_PARAMS: &'static [&'static str] = URL_PARAMS;
+    /// The query parameters a URL may carry (the hosts, the namespace and the user info are its address part); any other is
+    /// refused with `InvalidConfig`, named (the `locksmith` facade's docs list them per URL
+    /// kind, checked by a test).
+    pub const URL_PARAMS: &'static [&'static str] = &["ca", "domain", "timeout_ms"];
 
     /// Checks a configuration however it was made (a URL, a file); normalizes hosts and
     /// namespace.
@@ -200,7 +195,8 @@ impl Config {
             },
         };
         // The query goes through the same deserializer as a config file.
-        let (mut config, hosts): (Config, _) = parts.query_and_hosts(WHAT, URL_PARAMS, "hosts")?;
+        let (mut config, hosts): (Config, _) =
+            parts.query_and_hosts(WHAT, Self::URL_PARAMS, "hosts")?;
         config.tls = tls;
         config.hosts = hosts;
         config.namespace = parts.path.to_owned();

@@ -12,7 +12,6 @@ use crate::contenders::Interop;
 /// for about this long, and a partitioned holder's lost signal fires within 2/3 of it.
 pub(crate) const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 /// The namespace (top-level node under the chroot) when the URL does not say.
-pub(crate) const DEFAULT_NAMESPACE: &str = "locksmith";
 const DEFAULT_PORT: u16 = 2181;
 const MIN_SESSION_TIMEOUT_MS: u64 = 100;
 const MAX_SESSION_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
@@ -83,7 +82,7 @@ pub struct Config {
     #[serde(default)]
     pub chroot: String,
     /// The node under the chroot that holds the locks.
-    #[serde(default = "default_namespace")]
+    #[serde(default = "lockcore::config::default_namespace")]
     pub namespace: String,
     /// The session timeout asked of the server (`session_timeout_ms`).
     #[serde(
@@ -106,9 +105,6 @@ pub struct Config {
     pub interop: Interop,
 }
 
-fn default_namespace() -> String {
-    DEFAULT_NAMESPACE.to_owned()
-}
 fn default_session_timeout() -> Duration {
     DEFAULT_SESSION_TIMEOUT
 }
@@ -116,19 +112,17 @@ fn default_session_timeout() -> Duration {
 /// How errors name the URL.
 const WHAT: &str = "zk:// URL";
 
-/// The query parameters of a `zk://` URL (the hosts and the chroot are its address part).
-const URL_PARAMS: &[&str] = &[
-    "session_timeout_ms",
-    "namespace",
-    "digest",
-    "lost_after_disconnect",
-    "interop",
-];
-
 impl Config {
-    /// The query parameters a URL may carry; any other is refused with `InvalidConfig`, named
-    /// (the `locksmith` facade's docs list them per URL kind, checked by a test).
-    pub const URL_PARAMS: &'static [&'static str] = URL_PARAMS;
+    /// The query parameters a URL may carry (the hosts and the chroot are its address part); any other is
+    /// refused with `InvalidConfig`, named (the `locksmith` facade's docs list them per URL
+    /// kind, checked by a test).
+    pub const URL_PARAMS: &'static [&'static str] = &[
+        "session_timeout_ms",
+        "namespace",
+        "digest",
+        "lost_after_disconnect",
+        "interop",
+    ];
 
     /// Checks a configuration however it was made (a URL, a file); normalizes the hosts.
     ///
@@ -212,7 +206,8 @@ impl Config {
             ));
         }
         // The query goes through the same deserializer as a config file.
-        let (mut config, hosts): (Config, _) = parts.query_and_hosts(WHAT, URL_PARAMS, "hosts")?;
+        let (mut config, hosts): (Config, _) =
+            parts.query_and_hosts(WHAT, Self::URL_PARAMS, "hosts")?;
         config.hosts = hosts;
         config.chroot = parts.path.to_owned();
         config.validate()

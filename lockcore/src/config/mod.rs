@@ -38,6 +38,15 @@ use serde::de::{self, DeserializeOwned, IntoDeserializer, Visitor};
 
 use crate::{Error, Result, Secret};
 
+/// The namespace (key prefix, node) every backend keeps its locks under when its URL or
+/// config does not say.
+pub const DEFAULT_NAMESPACE: &str = "locksmith";
+
+/// [`DEFAULT_NAMESPACE`], for `#[serde(default = "lockcore::config::default_namespace")]`.
+pub fn default_namespace() -> String {
+    DEFAULT_NAMESPACE.to_owned()
+}
+
 /// The scheme of a lock URL, lowercased (`redis+cluster` for `REDIS+CLUSTER://...`).
 ///
 /// # Errors
