@@ -11,6 +11,17 @@ use lockcore::{Instant, LockGuard, LockOptions, Locker};
 
 use crate::time_scale;
 
+/// A lock name no other test run uses: `prefix`, the time in nanoseconds, the process id and
+/// a counter (tests share their servers with other runs).
+pub fn unique(prefix: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}-{nanos:x}-{}-{n}", std::process::id())
+}
+
 /// `secs` seconds, scaled by the test time scale ([`time_scale`]).
 pub fn scaled_secs(secs: u64) -> Duration {
     Duration::from_secs(secs).mul_f64(time_scale())

@@ -9,24 +9,16 @@
 
 use std::time::Duration;
 
-use conformance::interop::{contend_with_peer, eventually, peer_holds_after, spawn_timed_lock};
+use conformance::interop::{
+    contend_with_peer, eventually, peer_holds_after, scaled_secs as scaled, spawn_timed_lock,
+    unique,
+};
 use faultkit::{PeerCommand, PeerProcess, now_unix_micros};
 use lock_etcd::EtcdBackend;
 use lockcore::{CampaignOptions, LockOptions, Locker};
 
 fn url() -> Option<String> {
     conformance::require_env("LOCK_TEST_ETCD_URL")
-}
-
-fn unique(prefix: &str) -> String {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    format!("{prefix}-{:x}-{}", t.as_nanos(), std::process::id())
-}
-
-fn scaled(secs: u64) -> Duration {
-    Duration::from_secs(secs).mul_f64(conformance::time_scale())
 }
 
 fn opts() -> LockOptions {

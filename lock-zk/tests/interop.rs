@@ -13,8 +13,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use conformance::interop::{
-    contend_with_peer, eventually, peer_held, peer_holds_after, release_peer, spawn_timed_lock,
-    wins_after_peer_releases,
+    contend_with_peer, eventually, peer_held, peer_holds_after, release_peer,
+    scaled_secs as scaled, spawn_timed_lock, unique, wins_after_peer_releases,
 };
 use faultkit::{PeerCommand, PeerProcess};
 use lock_zk::ZkBackend;
@@ -22,17 +22,6 @@ use lockcore::{ErrorKind, LockOptions, Locker};
 
 fn url() -> Option<String> {
     conformance::require_env("LOCK_TEST_ZK_URL")
-}
-
-fn unique(prefix: &str) -> String {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    format!("{prefix}-{:x}-{}", t.as_nanos(), std::process::id())
-}
-
-fn scaled(secs: u64) -> Duration {
-    Duration::from_secs(secs).mul_f64(conformance::time_scale())
 }
 
 fn opts() -> LockOptions {
