@@ -167,3 +167,30 @@ pub async fn wins_after_peer_releases(
     );
     guard
 }
+
+/// `first` takes the free lock `name`; `second`, another client of the same locks (built
+/// another way: from a URL, from an existing client), is refused it. Returns `first`'s guard.
+///
+/// # Panics
+/// When `first` does not get the lock or `second` gets it too.
+pub async fn held_by_one_client_only(
+    first: &Locker,
+    second: &Locker,
+    name: &str,
+    opts: &LockOptions,
+) -> LockGuard {
+    let guard = first.try_lock(name, opts).await.unwrap().expect("free");
+    let beside = second.try_lock(name, opts).await.unwrap();
+    assert!(beside.is_none(), "two clients of one lock both hold {name}");
+    guard
+}
+
+/// `locker` takes `name` within 5 scaled seconds (its holder released it) and releases it.
+///
+/// # Panics
+/// When it does not.
+pub async fn taken_and_released(locker: &Locker, name: &str, opts: &LockOptions) {
+    let opts = opts.clone().wait_timeout(scaled_secs(5));
+    let guard = locker.lock(name, &opts).await.unwrap();
+    guard.release().await.unwrap();
+}

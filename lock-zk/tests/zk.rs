@@ -5,7 +5,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::interop::{eventually, unique};
+use conformance::interop::{eventually, held_by_one_client_only, taken_and_released, unique};
 use conformance::url_with_param;
 use faultkit::{Proxy, ProxyMode};
 use lock_zk::ZkBackend;
@@ -758,31 +758,9 @@ async fn from_client_uses_the_applications_session() {
     );
     let name = unique("shared");
     let opts = LockOptions::new().ttl(Duration::from_secs(5));
-    let g = mine
-        .try_lock(name.as_str(), &opts)
-        .await
-        .unwrap()
-        .expect("free");
-    assert!(
-        by_url
-            .try_lock(name.as_str(), &opts)
-            .await
-            .unwrap()
-            .is_none()
-    );
+    let g = held_by_one_client_only(&mine, &by_url, &name, &opts).await;
     g.release().await.unwrap();
-    by_url
-        .lock(
-            name.as_str(),
-            &opts
-                .clone()
-                .wait_timeout(Duration::from_secs(5).mul_f64(conformance::time_scale())),
-        )
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    taken_and_released(&by_url, &name, &opts).await;
     for bad in ["../x", "a/b", "ns\n"] {
         let err = lock_zk::ZkBackend::from_client(client.clone(), bad)
             .await
