@@ -480,6 +480,30 @@ async fn voters_until_one_winner(
     script_tokens(&monitor.commands_from(asleep)[..seen - asleep])
 }
 
+/// Waits for one queued waiter to win ([`voters_until_one_winner`]) and asserts that `what`
+/// (a release, an expiry) woke only one of the client's waiters into votes on master 0; the
+/// `holder`'s token, if given, must have sent exactly its release there.
+async fn assert_one_client_vote(
+    monitor: &faultkit::RedisMonitor,
+    won_rx: &mut tokio::sync::mpsc::UnboundedReceiver<lockcore::Result<lockcore::LockGuard>>,
+    asleep: usize,
+    what: &str,
+    holder: Option<&str>,
+) {
+    let mut voters = voters_until_one_winner(monitor, won_rx, asleep).await;
+    if let Some(token) = holder {
+        let released = voters.remove(token);
+        assert_eq!(released, Some(1), "the holder's release on master 0");
+    }
+    assert_eq!(
+        voters.len(),
+        1,
+        "{what} woke {} waiters of one client into votes (scripts per owner token on master 0: \
+         {voters:?})",
+        voters.len()
+    );
+}
+
 /// How many commands `monitor` collected once it printed everything the server ran so far.
 async fn caught_up(monitor: &faultkit::RedisMonitor) -> usize {
     monitor
@@ -526,16 +550,8 @@ async fn one_release_wakes_one_vote_per_client() {
     let asleep = caught_up(&monitor).await;
 
     held.release().await.expect("release");
-    let mut voters = voters_until_one_winner(&monitor, &mut won_rx, asleep).await;
-    let released = voters.remove(&holder_token);
-    assert_eq!(released, Some(1), "the holder's release on master 0");
-    assert_eq!(
-        voters.len(),
-        1,
-        "one release woke {} waiters of one client into votes (scripts per owner token on \
-         master 0: {voters:?})",
-        voters.len()
-    );
+    let release = "one release";
+    assert_one_client_vote(&monitor, &mut won_rx, asleep, release, Some(&holder_token)).await;
 }
 
 /// A release lands on the masters one after another, and a waiter's vote can reach a master
@@ -638,14 +654,7 @@ async fn expiry_wakes_one_vote_per_client() {
     let monitor = cluster.masters[0].monitor().await.expect("MONITOR");
     let mut won_rx = queue_waiters(&cluster, &waiters, &n, 4).await;
     let asleep = caught_up(&monitor).await;
-    let voters = voters_until_one_winner(&monitor, &mut won_rx, asleep).await;
-    assert_eq!(
-        voters.len(),
-        1,
-        "the expiry woke {} waiters of one client into votes (scripts per owner token on \
-         master 0: {voters:?})",
-        voters.len()
-    );
+    assert_one_client_vote(&monitor, &mut won_rx, asleep, "the expiry", None).await;
 }
 
 /// Issue 19: one server listed under two names (`127.0.0.1` and `localhost`) would vote twice,
