@@ -4,14 +4,14 @@
 
 use lockcore::ErrorKind;
 
-/// Runs `parse` on each of `inputs` and asserts that it refuses every one with
-/// [`ErrorKind::InvalidConfig`] and that no refusal (its `Display` or its `Debug`) contains
-/// `secret`.
+/// Runs `parse` on each of `inputs`, with `{secret}` in it replaced by `secret`, and asserts
+/// that it refuses every one with [`ErrorKind::InvalidConfig`] and that no refusal (its
+/// `Display` or its `Debug`) contains `secret`.
 ///
 /// ```
 /// use lockcore::Error;
 /// let secret = "hunter2";
-/// let bad = [format!("user:{secret}@"), String::new()];
+/// let bad = ["user:{secret}@", ""];
 /// let parse = |s: &str| Err::<(), _>(Error::invalid_config(format!("bad input of {} bytes", s.len())));
 /// conformance::refuses_without_leaking(secret, &bad, parse);
 /// ```
@@ -25,7 +25,8 @@ pub fn refuses_without_leaking<S: AsRef<str>, T>(
     parse: impl Fn(&str) -> lockcore::Result<T>,
 ) {
     for input in inputs {
-        let input = input.as_ref();
+        let input = input.as_ref().replace("{secret}", secret);
+        let input = input.as_str();
         let Err(e) = parse(input) else {
             panic!("{input:?} was accepted");
         };
