@@ -657,6 +657,16 @@ async fn expiry_wakes_one_vote_per_client() {
     assert_one_client_vote(&monitor, &mut won_rx, asleep, "the expiry", None).await;
 }
 
+/// The refusal of a master listed twice: `InvalidConfig` naming nodes 1 and 2 as one server.
+fn assert_names_nodes_1_and_2_as_one_server(err: &lockcore::Error) {
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("nodes 1 (") && msg.contains(") and 2 (") && msg.contains("same Redis server"),
+        "{msg}"
+    );
+}
+
 /// Issue 19: one server listed under two names (`127.0.0.1` and `localhost`) would vote twice,
 /// and a majority of the list would not be a majority of the servers. `connect` asks every
 /// master which server it is (`run_id`) and refuses the list, naming both nodes. On the shared
@@ -680,12 +690,7 @@ async fn one_master_under_two_names_is_refused_at_connect() {
         .await
         .map(|_| ())
         .expect_err("connected with one master listed twice");
-    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
-    let msg = err.to_string();
-    assert!(
-        msg.contains("nodes 1 (") && msg.contains(") and 2 (") && msg.contains("same Redis server"),
-        "{msg}"
-    );
+    assert_names_nodes_1_and_2_as_one_server(&err);
 }
 
 /// The same, found later: the second name's server was down at connect (a majority was up), and
@@ -731,12 +736,7 @@ async fn one_master_under_two_names_is_refused_when_it_comes_back() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
-    let msg = err.to_string();
-    assert!(
-        msg.contains("nodes 1 (") && msg.contains(") and 2 (") && msg.contains("same Redis server"),
-        "{msg}"
-    );
+    assert_names_nodes_1_and_2_as_one_server(&err);
 }
 
 /// Issue 35: a lock standing on exactly 3 of the 5 masters (two votes lost to a contender's
