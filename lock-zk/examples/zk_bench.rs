@@ -11,24 +11,11 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use conformance::print_latencies as show;
 use lock_zk::ZkBackend;
 use lockcore::backend::Backend;
 use lockcore::{Instant, LockName, LockOptions, Locker};
 use tokio::io::{AsyncBufReadExt, BufReader};
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-fn show(what: &str, mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    let (p50, p99) = (pct(&v, 0.5), pct(&v, 0.99));
-    println!(
-        "{what:<38} n={:<5} p50={p50:>10.1?} p99={p99:>10.1?}",
-        v.len()
-    );
-    p50
-}
 
 fn opts() -> LockOptions {
     LockOptions::new().ttl(Duration::from_secs(30))
