@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use lockcore::config::{
-    UrlParts, UserInfoAt, check_millis, decode_userinfo, is_segment, parse_hosts,
+    UrlParts, UserInfoAt, check_millis, decode_userinfo, is_segment, millis, parse_hosts,
 };
 use lockcore::{Error, Result, Secret};
 
@@ -58,11 +58,7 @@ pub struct Config {
     #[serde(default)]
     pub domain: Option<String>,
     /// How long one request may take before it is reported `Unavailable` (`timeout_ms`).
-    #[serde(
-        rename = "timeout_ms",
-        with = "lockcore::config::millis",
-        default = "default_timeout"
-    )]
+    #[serde(rename = "timeout_ms", with = "millis", default = "default_timeout")]
     pub timeout: Duration,
 }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lockcore::config::{UrlParts, UserInfoAt, is_segment, parse_hosts};
+use lockcore::config::{UrlParts, UserInfoAt, is_segment, millis, parse_hosts};
 use lockcore::{Error, Result, Secret};
 
 use crate::contenders::Interop;
@@ -87,7 +87,7 @@ pub struct Config {
     /// The session timeout asked of the server (`session_timeout_ms`).
     #[serde(
         rename = "session_timeout_ms",
-        with = "lockcore::config::millis",
+        with = "millis",
         default = "default_session_timeout"
     )]
     pub session_timeout: Duration,
