@@ -24,9 +24,7 @@ pub use harness::{
     BoxFuture, FnHarness, Harness, HolderProcess, ReplyLoser, RequestCount, url_with_param,
     url_with_path,
 };
-pub use measure::{
-    Figures, MEASURE_TIME, ProcessHandover, ServerRequests, measure, measure_with, print_latencies,
-};
+pub use measure::{Figures, MEASURE_TIME, ProcessHandover, ServerRequests, measure, measure_with};
 pub use proxied::{ClientProxies, ProxyGroup};
 pub use refusals::refuses_without_leaking;
 pub use report::{Provenance, Report, SCHEMA_VERSION, ScenarioInfo};

@@ -300,20 +300,6 @@ pub async fn measure_with(harness: &dyn Harness, fencing: Fencing) -> lockcore::
     })
 }
 
-/// Prints one latency line of a benchmark (`what`, the count, p50 and p99, aligned like its
-/// other lines) and returns the p50.
-pub fn print_latencies(what: &str, mut samples: Vec<Duration>) -> Duration {
-    let (p50, p99) = (
-        percentile(&mut samples, 0.5),
-        percentile(&mut samples, 0.99),
-    );
-    println!(
-        "{what:<38} n={:<5} p50={p50:>10.1?} p99={p99:>10.1?}",
-        samples.len()
-    );
-    p50
-}
-
 fn percentile(samples: &mut [Duration], p: f64) -> Duration {
     samples.sort_unstable();
     samples[((samples.len() - 1) as f64 * p).round() as usize]
