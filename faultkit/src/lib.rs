@@ -4,7 +4,10 @@
 //!   [`ZooKeeper`], [`Etcd`]): each starts real server processes from Rust on free loopback
 //!   ports with a throw-away data directory, waits (with a timeout) until they serve, and kills
 //!   them when dropped (also on panic). Each member can be killed (`kill -9`), paused
-//!   (`SIGSTOP`), resumed (`SIGCONT`) and restarted with or without its data.
+//!   (`SIGSTOP`), resumed (`SIGCONT`) and restarted with or without its data. The replicated
+//!   servers share one engine ([`Cluster`]: members, cuts, leaders, restarts) and the SQL
+//!   servers another ([`SqlServer`]: URL, install, restart); each launcher gives only its
+//!   command line and how its server says it is ready, and dereferences to its engine.
 //! * Peer links ([`ZooKeeper::ensemble_with_peer_links`], [`Etcd::cluster_with_peer_links`]):
 //!   the members' peer traffic (ZooKeeper's quorum and election ports, etcd's peer port) passes
 //!   faultkit, so that `cut_member(i)` cuts one member off from its peers while its clients
