@@ -7,8 +7,10 @@ mod exiting;
 pub mod faults;
 mod harness;
 pub mod holder;
+pub mod interop;
 mod measure;
 mod proxied;
+mod refusals;
 pub mod report;
 mod run;
 pub mod scenarios;
@@ -28,6 +30,7 @@ pub use measure::{
     Figures, HandoverLatency, MEASURE_TIME, ProcessHandover, ServerRequests, measure, measure_with,
 };
 pub use proxied::{ClientProxies, ProxyGroup};
+pub use refusals::refuses_without_leaking;
 pub use report::{Provenance, Report, SCHEMA_VERSION, ScenarioInfo};
 pub use run::{
     BackendReport, Progress, ScenarioResult, Status, TIME_SCALE_ENV, run_all, run_scenario,

@@ -480,6 +480,30 @@ async fn voters_until_one_winner(
     script_tokens(&monitor.commands_from(asleep)[..seen - asleep])
 }
 
+/// Waits for one queued waiter to win ([`voters_until_one_winner`]) and asserts that `what`
+/// (a release, an expiry) woke only one of the client's waiters into votes on master 0; the
+/// `holder`'s token, if given, must have sent exactly its release there.
+async fn assert_one_client_vote(
+    monitor: &faultkit::RedisMonitor,
+    won_rx: &mut tokio::sync::mpsc::UnboundedReceiver<lockcore::Result<lockcore::LockGuard>>,
+    asleep: usize,
+    what: &str,
+    holder: Option<&str>,
+) {
+    let mut voters = voters_until_one_winner(monitor, won_rx, asleep).await;
+    if let Some(token) = holder {
+        let released = voters.remove(token);
+        assert_eq!(released, Some(1), "the holder's release on master 0");
+    }
+    assert_eq!(
+        voters.len(),
+        1,
+        "{what} woke {} waiters of one client into votes (scripts per owner token on master 0: \
+         {voters:?})",
+        voters.len()
+    );
+}
+
 /// How many commands `monitor` collected once it printed everything the server ran so far.
 async fn caught_up(monitor: &faultkit::RedisMonitor) -> usize {
     monitor
@@ -526,16 +550,8 @@ async fn one_release_wakes_one_vote_per_client() {
     let asleep = caught_up(&monitor).await;
 
     held.release().await.expect("release");
-    let mut voters = voters_until_one_winner(&monitor, &mut won_rx, asleep).await;
-    let released = voters.remove(&holder_token);
-    assert_eq!(released, Some(1), "the holder's release on master 0");
-    assert_eq!(
-        voters.len(),
-        1,
-        "one release woke {} waiters of one client into votes (scripts per owner token on \
-         master 0: {voters:?})",
-        voters.len()
-    );
+    let release = "one release";
+    assert_one_client_vote(&monitor, &mut won_rx, asleep, release, Some(&holder_token)).await;
 }
 
 /// A release lands on the masters one after another, and a waiter's vote can reach a master
@@ -638,13 +654,16 @@ async fn expiry_wakes_one_vote_per_client() {
     let monitor = cluster.masters[0].monitor().await.expect("MONITOR");
     let mut won_rx = queue_waiters(&cluster, &waiters, &n, 4).await;
     let asleep = caught_up(&monitor).await;
-    let voters = voters_until_one_winner(&monitor, &mut won_rx, asleep).await;
-    assert_eq!(
-        voters.len(),
-        1,
-        "the expiry woke {} waiters of one client into votes (scripts per owner token on \
-         master 0: {voters:?})",
-        voters.len()
+    assert_one_client_vote(&monitor, &mut won_rx, asleep, "the expiry", None).await;
+}
+
+/// The refusal of a master listed twice: `InvalidConfig` naming nodes 1 and 2 as one server.
+fn assert_names_nodes_1_and_2_as_one_server(err: &lockcore::Error) {
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("nodes 1 (") && msg.contains(") and 2 (") && msg.contains("same Redis server"),
+        "{msg}"
     );
 }
 
@@ -671,12 +690,7 @@ async fn one_master_under_two_names_is_refused_at_connect() {
         .await
         .map(|_| ())
         .expect_err("connected with one master listed twice");
-    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
-    let msg = err.to_string();
-    assert!(
-        msg.contains("nodes 1 (") && msg.contains(") and 2 (") && msg.contains("same Redis server"),
-        "{msg}"
-    );
+    assert_names_nodes_1_and_2_as_one_server(&err);
 }
 
 /// The same, found later: the second name's server was down at connect (a majority was up), and
@@ -722,12 +736,7 @@ async fn one_master_under_two_names_is_refused_when_it_comes_back() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
-    let msg = err.to_string();
-    assert!(
-        msg.contains("nodes 1 (") && msg.contains(") and 2 (") && msg.contains("same Redis server"),
-        "{msg}"
-    );
+    assert_names_nodes_1_and_2_as_one_server(&err);
 }
 
 /// The lock key of `n`, set on masters 3 and 4 by a contender (a split vote's leftovers, for 10

@@ -128,7 +128,7 @@ pub use options::{
     AutoRenew, DEFAULT_MAX_HOLD, DEFAULT_RETRY_UNAVAILABLE, DEFAULT_TTL, Fencing, LockOptions,
 };
 pub use secret::Secret;
-pub use waiting::WaitMark;
+pub use waiting::{WaitMark, acquire_within};
 
 /// The monotonic clock every deadline of the contract is on (tokio's, so paused test time
 /// applies).
