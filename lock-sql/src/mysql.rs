@@ -1350,7 +1350,7 @@ impl MyBackend {
             self.check_name(&r.name)?;
         }
         let sql = self.sql.lease_acquire.clone();
-        let members = crate::SetMember::of(reqs);
+        let members = crate::sets::SetMember::of(reqs);
         let leases: Vec<MyLease> = reqs.iter().map(|r| self.lease(r, 0)).collect();
         let conns = self.conns.clone();
         let bound = self.conns.bound();
@@ -1363,11 +1363,11 @@ impl MyBackend {
                 })
                 .await;
             match reply? {
-                None => Err(crate::set_abandoned()),
+                None => Err(crate::sets::set_abandoned()),
                 Some(found) => found?.into_won(leases, MyLease::with_fencing),
             }
         };
-        crate::run_set_detached(reqs, sent_at, Some(bound), attempt).await
+        crate::sets::run_set_detached(reqs, sent_at, Some(bound), attempt).await
     }
 }
 
@@ -1375,9 +1375,9 @@ impl MyBackend {
 async fn set_tx(
     c: &mut MySqlConnection,
     sql: &str,
-    members: &[crate::SetMember],
+    members: &[crate::sets::SetMember],
     gone: &lockcore::backend::CallerGone,
-) -> sqlx::Result<Result<crate::SetFound>> {
+) -> sqlx::Result<Result<crate::sets::SetFound>> {
     let mut tx = c.begin().await?;
     let mut fences = Vec::with_capacity(members.len());
     for (i, m) in members.iter().enumerate() {
@@ -1388,9 +1388,9 @@ async fn set_tx(
             .map(|r| r.last_insert_id());
         let found = match id {
             Ok(HELD_BY_PERMITS) => Err(crate::shares::conflict(LockMode::Exclusive)),
-            Ok(0 | HELD_BY_READERS) => Ok(crate::SetFound::Busy(i)),
+            Ok(0 | HELD_BY_READERS) => Ok(crate::sets::SetFound::Busy(i)),
             // ER_LOCK_DEADLOCK: InnoDB rolled the whole set back.
-            Err(e) if error_number(&e) == Some(1213) => Ok(crate::SetFound::Busy(i)),
+            Err(e) if error_number(&e) == Some(1213) => Ok(crate::sets::SetFound::Busy(i)),
             Err(e) => {
                 let _ = tx.rollback().await;
                 return Err(e);
@@ -1405,8 +1405,8 @@ async fn set_tx(
     }
     if gone.is_gone() {
         tx.rollback().await?;
-        return Ok(Ok(crate::SetFound::Abandoned));
+        return Ok(Ok(crate::sets::SetFound::Abandoned));
     }
     tx.commit().await?;
-    Ok(Ok(crate::SetFound::Won(fences)))
+    Ok(Ok(crate::sets::SetFound::Won(fences)))
 }

@@ -345,6 +345,25 @@ impl LiteBackend {
             .map_err(|e| map_err(&self.config, "SELECT 1", e))
     }
 
+    /// A `try_lock`'s attempt (see [`LiteBackend::attempt`]).
+    ///
+    /// Cancel safety: as [`LiteBackend::attempt`].
+    pub(crate) async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
+        self.attempt(req, false).await
+    }
+
+    /// No bare primitive is measured on a local file.
+    pub(crate) async fn bare_cycle(&self, _name: &LockName) -> Result<()> {
+        Err(Error::unsupported(
+            "sqlite: no bare primitive is measured (a local file)",
+        ))
+    }
+
+    /// SQLite has no server to count requests.
+    pub(crate) async fn server_requests(&self) -> Result<u64> {
+        Err(Error::unsupported("sqlite has no server to count requests"))
+    }
+
     /// One attempt. `waits`: it belongs to a waiting `lock()`, whose writer marks itself as
     /// waiting behind shared holders (a `try_lock` marks nothing).
     ///
@@ -647,7 +666,7 @@ impl LiteBackend {
         &self,
         reqs: &[AcquireRequest],
     ) -> Result<lockcore::backend::SetAttempt> {
-        let members = crate::SetMember::of(reqs);
+        let members = crate::sets::SetMember::of(reqs);
         let leases: Vec<LiteLease> = reqs
             .iter()
             .map(|r| LiteLease {
@@ -667,12 +686,12 @@ impl LiteBackend {
                 retry_busy_while(|| !gone.is_gone(), || set_tx(&pool, &sql, &members, &gone)).await;
             let found = match res {
                 Ok(found) => found?,
-                Err(e) if is_busy(&e) => crate::SetFound::Busy(0),
+                Err(e) if is_busy(&e) => crate::sets::SetFound::Busy(0),
                 Err(e) => return Err(map_err(&config, "acquiring a set of leases", e)),
             };
             found.into_won(leases, |l, fencing| LiteLease { fencing, ..l })
         };
-        crate::run_set_detached(reqs, sent_at, None, attempt).await
+        crate::sets::run_set_detached(reqs, sent_at, None, attempt).await
     }
 }
 
@@ -680,9 +699,9 @@ impl LiteBackend {
 async fn set_tx(
     pool: &SqlitePool,
     sql: &Sql,
-    members: &[crate::SetMember],
+    members: &[crate::sets::SetMember],
     gone: &CallerGone,
-) -> sqlx::Result<Result<crate::SetFound>> {
+) -> sqlx::Result<Result<crate::sets::SetFound>> {
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     let mut fences = Vec::with_capacity(members.len());
     for (i, m) in members.iter().enumerate() {
@@ -704,13 +723,13 @@ async fn set_tx(
         tx.rollback().await?;
         return Ok(match permits {
             Some(true) => Err(crate::shares::conflict(LockMode::Exclusive)),
-            _ => Ok(crate::SetFound::Busy(i)),
+            _ => Ok(crate::sets::SetFound::Busy(i)),
         });
     }
     if gone.is_gone() {
         tx.rollback().await?;
-        return Ok(Ok(crate::SetFound::Abandoned));
+        return Ok(Ok(crate::sets::SetFound::Abandoned));
     }
     tx.commit().await?;
-    Ok(Ok(crate::SetFound::Won(fences)))
+    Ok(Ok(crate::sets::SetFound::Won(fences)))
 }

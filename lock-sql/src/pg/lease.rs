@@ -579,7 +579,7 @@ impl PgBackend {
         reqs: &[AcquireRequest],
     ) -> Result<lockcore::backend::SetAttempt> {
         let sql = self.sql.lease_acquire.clone();
-        let members = crate::SetMember::of(reqs);
+        let members = crate::sets::SetMember::of(reqs);
         let leases: Vec<PgLease> = reqs.iter().map(|r| self.lease(r, 0)).collect();
         let entry_ttl = QUEUE_ENTRY_TTL.as_micros() as f64;
         let conns = self.conns.clone();
@@ -609,7 +609,7 @@ impl PgBackend {
                                 // A row lock or a transaction lock holds this member's key.
                                 Err(e) if super::exclusion::key_busy(&e) => {
                                     tx.rollback().await?;
-                                    return Ok(Ok(crate::SetFound::Busy(i)));
+                                    return Ok(Ok(crate::sets::SetFound::Busy(i)));
                                 }
                                 Err(e) => {
                                     let _ = tx.rollback().await;
@@ -624,25 +624,25 @@ impl PgBackend {
                                 Some(f) => fences.push(f as u64),
                                 None => {
                                     tx.rollback().await?;
-                                    return Ok(Ok(crate::SetFound::Busy(i)));
+                                    return Ok(Ok(crate::sets::SetFound::Busy(i)));
                                 }
                             }
                         }
                         if gone.is_gone() {
                             tx.rollback().await?;
-                            return Ok(Ok(crate::SetFound::Abandoned));
+                            return Ok(Ok(crate::sets::SetFound::Abandoned));
                         }
                         tx.commit().await?;
-                        Ok(Ok(crate::SetFound::Won(fences)))
+                        Ok(Ok(crate::sets::SetFound::Won(fences)))
                     }
                     .boxed()
                 })
                 .await;
             match reply? {
-                None => Err(crate::set_abandoned()),
+                None => Err(crate::sets::set_abandoned()),
                 Some(found) => found?.into_won(leases, PgLease::with_fencing),
             }
         };
-        crate::run_set_detached(reqs, sent_at, Some(bound), attempt).await
+        crate::sets::run_set_detached(reqs, sent_at, Some(bound), attempt).await
     }
 }
