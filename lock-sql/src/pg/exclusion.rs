@@ -29,7 +29,7 @@
 //! holders. Not under `interop=sqlx`, whose row lock is on sqlx's key, which leases do not
 //! take.
 
-use super::table_seed;
+use super::names::table_seed;
 
 /// The version of the lease check's protocol, part of its name (as for the share functions).
 const HELD_FUNCTION_VERSION: u32 = 1;
