@@ -26,6 +26,17 @@ pub(crate) enum Found<X> {
     Conflict,
 }
 
+impl<X> Found<X> {
+    /// This answer without what a busy attempt learnt of the wait (a set member's).
+    pub(crate) fn without_wait(self) -> Found<()> {
+        match self {
+            Found::Won(fence) => Found::Won(fence),
+            Found::Busy(_) => Found::Busy(()),
+            Found::Conflict => Found::Conflict,
+        }
+    }
+}
+
 /// The statements of a held lease or share, in one dialect: all a dialect gives
 /// [`SqlLease`].
 #[lockcore::backend::async_trait]
@@ -169,7 +180,10 @@ pub(crate) async fn take_members<DB, F>(
 ) -> sqlx::Result<Result<SetFound>>
 where
     DB: sqlx::Database,
-    F: for<'t> FnMut(&'t mut DB::Connection, &'t SetMember) -> BoxFuture<'t, sqlx::Result<Found<()>>>,
+    F: for<'t> FnMut(
+        &'t mut DB::Connection,
+        &'t SetMember,
+    ) -> BoxFuture<'t, sqlx::Result<Found<()>>>,
 {
     let mut fences = Vec::with_capacity(members.len());
     for (i, m) in members.iter().enumerate() {

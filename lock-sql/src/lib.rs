@@ -11,6 +11,8 @@ mod conns;
 mod inspect;
 mod interop;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod lease;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod registration;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod rowlock;

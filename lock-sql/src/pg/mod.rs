@@ -1,15 +1,12 @@
 //! PostgreSQL: row locks (a session advisory lock plus the lock row's committed fencing counter,
 //! one statement) and leases (read first, then one conditional upsert; LISTEN/NOTIFY wake-ups).
 
-use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use lockcore::backend::{
-    AcquireRequest, Acquired, CancelCleanUp, CleanUpIfCancelled, CleanUpTask, Lease,
-};
+use lockcore::backend::{AcquireRequest, Acquired, CancelCleanUp, CleanUpIfCancelled, CleanUpTask};
 use lockcore::{Error, Instant, LockInfo, LockMode, LockName, OwnerToken, Result, Share};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection};
@@ -24,6 +21,7 @@ use crate::sql_errors::{db_code, map_err};
 mod ddl;
 pub(crate) mod exclusion;
 mod lease;
+mod lease_wait;
 mod names;
 mod rowlock;
 mod statements;
@@ -60,6 +58,8 @@ pub(crate) struct PgBackend {
     config: Parsed,
     conns: Arc<PgConns>,
     sql: Arc<Sql>,
+    /// The statements of the leases this client holds.
+    held: Arc<lease::PgHeld>,
     queues: Arc<Queues>,
     /// The health checks of this client's held row locks.
     health: Arc<HealthChecks>,
@@ -143,12 +143,18 @@ impl PgBackend {
                 .boxed()
             })
             .await?;
-        let sql = Sql::new(config, version);
+        let sql = Arc::new(Sql::new(config, version));
+        let held = Arc::new(lease::PgHeld {
+            conns: conns.clone(),
+            sql: sql.clone(),
+            table: t.clone(),
+        });
 
         Ok(PgBackend {
             config: config.clone(),
             conns,
-            sql: Arc::new(sql),
+            sql,
+            held,
             queues: Arc::default(),
             health: Arc::default(),
             listen_opts: opts,
