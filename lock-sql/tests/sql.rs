@@ -6,49 +6,13 @@ use std::time::Duration;
 
 use lock_sql::SqlBackend;
 use lockcore::{ErrorKind, LockName, LockOptions, Locker, LostReason};
+use support::{
+    client, pg_url, sqlite_url, two_clients, unique, variants, variants_of, with_params,
+};
+
+mod support;
 
 const WAIT: Duration = Duration::from_secs(20);
-
-fn with_params(url: &str, params: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}{params}")
-}
-
-/// (label, url) of every variant whose server is configured.
-fn variants() -> Vec<(&'static str, String)> {
-    let mut v = Vec::new();
-    if let Some(pg) = conformance::require_env("LOCK_TEST_POSTGRES_URL") {
-        v.push(("pg-row-lock", with_params(&pg, "strategy=row-lock")));
-        v.push(("pg-lease", with_params(&pg, "strategy=lease")));
-    }
-    if let Some(my) = conformance::require_env("LOCK_TEST_MYSQL_URL") {
-        v.push(("mysql-row-lock", with_params(&my, "strategy=row-lock")));
-        v.push(("mysql-lease", with_params(&my, "strategy=lease")));
-    }
-    v.push(("sqlite-lease", sqlite_url()));
-    v
-}
-
-fn sqlite_url() -> String {
-    match std::env::var("LOCK_TEST_SQLITE_URL") {
-        Ok(u) if !u.is_empty() => u,
-        _ => {
-            // Falls back to a temp file only outside CI.
-            let _ = conformance::require_env("LOCK_TEST_SQLITE_URL");
-            let path =
-                std::env::temp_dir().join(format!("lock-sql-test-{}.db", std::process::id()));
-            format!("sqlite://{}", path.display())
-        }
-    }
-}
-
-async fn client(url: &str) -> Locker {
-    Locker::new(SqlBackend::connect(url).await.expect("connect"))
-}
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
-}
 
 #[tokio::test]
 async fn config_is_validated_before_connecting() {
@@ -110,8 +74,7 @@ async fn passwords_never_show() {
 #[tokio::test]
 async fn basic_exclusion_fencing_and_hostile_names() {
     for (label, url) in variants() {
-        let a = client(&url).await;
-        let b = client(&url).await;
+        let (a, b) = two_clients(&url).await;
         let opts = LockOptions::new()
             .ttl(Duration::from_secs(5))
             .wait_timeout(WAIT);
@@ -156,12 +119,8 @@ async fn basic_exclusion_fencing_and_hostile_names() {
 /// (ConnectionLost) and the waiter gets the lock with a larger fencing token.
 #[tokio::test]
 async fn killed_holder_connection_fires_lost_and_fencing_grows() {
-    for (label, url) in variants()
-        .into_iter()
-        .filter(|(l, _)| l.ends_with("row-lock"))
-    {
-        let holder = client(&url).await;
-        let waiter = client(&url).await;
+    for (label, url) in variants_of("row-lock") {
+        let (holder, waiter) = two_clients(&url).await;
         let admin = SqlBackend::connect(&url).await.unwrap();
         let name = unique("kill");
         let opts = LockOptions::new()
@@ -216,12 +175,8 @@ async fn killed_holder_connection_fires_lost_and_fencing_grows() {
 /// through the server-side idle-transaction guard, about ttl + 1 s later.
 #[tokio::test]
 async fn abandoned_row_lock_is_freed_by_the_server_guard() {
-    for (label, url) in variants()
-        .into_iter()
-        .filter(|(l, _)| l.ends_with("row-lock"))
-    {
-        let holder = client(&url).await;
-        let waiter = client(&url).await;
+    for (label, url) in variants_of("row-lock") {
+        let (holder, waiter) = two_clients(&url).await;
         let name = unique("abandon");
         let ttl = Duration::from_secs(1);
         let opts = LockOptions::new().ttl(ttl).wait_timeout(WAIT);
@@ -245,9 +200,8 @@ async fn abandoned_row_lock_is_freed_by_the_server_guard() {
 /// ttl after the database's now.
 #[tokio::test]
 async fn lease_takeover_after_expiry_uses_db_clock() {
-    for (label, url) in variants().into_iter().filter(|(l, _)| l.ends_with("lease")) {
-        let a = client(&url).await;
-        let b = client(&url).await;
+    for (label, url) in variants_of("lease") {
+        let (a, b) = two_clients(&url).await;
         let name = unique("expiry");
         let ttl = Duration::from_millis(800);
         let opts = LockOptions::new().ttl(ttl).wait_timeout(WAIT);
@@ -280,12 +234,8 @@ async fn lease_takeover_after_expiry_uses_db_clock() {
 /// end the holding transaction).
 #[tokio::test]
 async fn row_lock_survives_health_checks_and_renewals() {
-    for (label, url) in variants()
-        .into_iter()
-        .filter(|(l, _)| l.ends_with("row-lock"))
-    {
-        let a = client(&url).await;
-        let b = client(&url).await;
+    for (label, url) in variants_of("row-lock") {
+        let (a, b) = two_clients(&url).await;
         let name = unique("held");
         let ttl = Duration::from_millis(600);
         let opts = LockOptions::new()
@@ -309,12 +259,8 @@ async fn row_lock_survives_health_checks_and_renewals() {
 /// moment it started waiting (regression: the guard was born expired).
 #[tokio::test]
 async fn waiter_validity_counts_from_the_grant() {
-    for (label, url) in variants()
-        .into_iter()
-        .filter(|(l, _)| l.ends_with("row-lock"))
-    {
-        let a = client(&url).await;
-        let b = client(&url).await;
+    for (label, url) in variants_of("row-lock") {
+        let (a, b) = two_clients(&url).await;
         let name = unique("held");
         let ttl = Duration::from_millis(400);
         let opts = LockOptions::new()
@@ -942,11 +888,6 @@ async fn an_extended_share_keeps_writers_out_past_its_first_ttl() {
     }
 }
 
-/// The PostgreSQL URL with `params`, or `None` (skipped) when no server is configured.
-fn pg_url(params: &str) -> Option<String> {
-    conformance::require_env("LOCK_TEST_POSTGRES_URL").map(|pg| with_params(&pg, params))
-}
-
 /// Polls `queued_waiters` (faultkit's poll) until it reports `n`, within a scaled bound.
 async fn until_queued(locker: &Locker, name: &str, n: usize) {
     let name = LockName::new(name).unwrap();
@@ -1380,10 +1321,9 @@ async fn pg_lease_crashed_waiters_entry_expires_on_its_own() {
 /// (label, url) of every lease variant whose server is configured, SQLite in a file of its own
 /// (the shared test file is busy with other test binaries, whose write locks would stretch a
 /// set's transaction into retries).
-fn lease_variants() -> Vec<(&'static str, String)> {
-    variants()
+fn fresh_lease_variants() -> Vec<(&'static str, String)> {
+    variants_of("-lease")
         .into_iter()
-        .filter(|(label, _)| label.ends_with("-lease"))
         .map(|(label, url)| {
             if label == "sqlite-lease" {
                 let dir =
@@ -1404,7 +1344,7 @@ fn lease_variants() -> Vec<(&'static str, String)> {
 /// attempt consumed none), and released whole.
 #[tokio::test]
 async fn a_lease_set_with_a_member_held_by_a_peer_takes_nothing() {
-    for (label, url) in lease_variants() {
+    for (label, url) in fresh_lease_variants() {
         let (a, peer) = (client(&url).await, client(&url).await);
         assert!(a.capabilities().atomic_multi.is_yes(), "{label}");
         let opts = LockOptions::new().ttl(Duration::from_secs(30));
@@ -1536,7 +1476,7 @@ async fn pg_lease_set_does_not_jump_a_queue() {
 /// background work, and asks another client for every member.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_attempt_dropped_after_its_first_poll_leaves_nothing_held() {
-    for (label, url) in lease_variants() {
+    for (label, url) in fresh_lease_variants() {
         let backend = SqlBackend::connect(&url).await.unwrap();
         let other = Locker::new(SqlBackend::connect(&url).await.unwrap());
         for round in 0..10 {
