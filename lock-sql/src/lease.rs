@@ -26,6 +26,7 @@ pub(crate) enum Found<X> {
     Conflict,
 }
 
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 impl<X> Found<X> {
     /// This answer without what a busy attempt learnt of the wait (a set member's).
     pub(crate) fn without_wait(self) -> Found<()> {

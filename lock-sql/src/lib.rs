@@ -12,6 +12,8 @@ mod inspect;
 mod interop;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod lease;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod probes;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod registration;
 #[cfg(any(feature = "postgres", feature = "mysql"))]

@@ -1895,3 +1895,29 @@ async fn a_wrong_one_letter_password_is_auth_with_the_message_intact() {
         }
     }
 }
+
+/// What reports and benchmarks ask of a server answers on every variant: its version, a round
+/// trip, one cycle of the bare primitive, its request counter (which only grows); SQLite has no
+/// server to count requests or a bare primitive to measure (`Unsupported`).
+#[tokio::test]
+async fn server_probes_answer_on_every_variant() {
+    use lockcore::backend::Backend;
+    for (label, url) in variants() {
+        let b = SqlBackend::connect(&url).await.unwrap();
+        let version = b.server_version().await;
+        assert!(version.is_some_and(|v| !v.is_empty()), "{label}");
+        b.round_trip().await.unwrap();
+        let name = LockName::new(unique("probe")).unwrap();
+        if label.starts_with("sqlite") {
+            let kind = |r: lockcore::Result<()>| r.unwrap_err().kind();
+            assert_eq!(kind(b.bare_cycle(&name).await), ErrorKind::Unsupported);
+            let requests = b.server_requests().await.map(|_| ());
+            assert_eq!(kind(requests), ErrorKind::Unsupported);
+            continue;
+        }
+        let before = b.server_requests().await.unwrap();
+        b.bare_cycle(&name).await.unwrap();
+        b.bare_cycle(&name).await.unwrap();
+        assert!(b.server_requests().await.unwrap() >= before, "{label}");
+    }
+}

@@ -164,84 +164,40 @@ impl PgBackend {
 
     /// The server's version string, for the report.
     pub(crate) async fn server_version(&self) -> Result<String> {
-        self.conns
-            .run(self.conns.bound(), "SHOW server_version", |c| {
-                async move {
-                    sqlx::query_scalar::<_, String>("SHOW server_version")
-                        .fetch_one(c)
-                        .await
-                }
-                .boxed()
-            })
-            .await
-            .map(|v| format!("PostgreSQL {v}"))
+        let (v,): (String,) = crate::probes::fetch_row(&self.conns, "SHOW server_version").await?;
+        Ok(format!("PostgreSQL {v}"))
     }
 
     pub(crate) async fn ping(&self) -> Result<()> {
-        self.conns
-            .run(self.conns.bound(), "SELECT 1", |c| {
-                async move { sqlx::raw_sql("SELECT 1").execute(c).await.map(|_| ()) }.boxed()
-            })
-            .await
+        crate::probes::ping(&self.conns).await
     }
 
     /// The bare primitive of the strategy: row-lock `pg_advisory_lock` then `pg_advisory_unlock`
     /// on one connection; lease: an insert and a delete of a row.
     pub(crate) async fn bare_cycle(&self, name: &LockName) -> Result<()> {
-        let name = name.as_str().to_owned();
-        let t = self.config.table.clone();
-        let row_lock = self.config.strategy == Strategy::RowLock;
-        self.conns
-            .run(self.conns.bound(), "bare cycle", move |c| {
-                let name = name.clone();
-                let t = t.clone();
-                async move {
-                    if row_lock {
-                        sqlx::query("SELECT pg_advisory_lock(hashtext($1))")
-                            .bind(&name)
-                            .execute(&mut *c)
-                            .await?;
-                        sqlx::query("SELECT pg_advisory_unlock(hashtext($1))")
-                            .bind(&name)
-                            .execute(&mut *c)
-                            .await?;
-                    } else {
-                        let bare = format!("{name}\u{1}bare");
-                        sqlx::query(AssertSqlSafe(format!(
-                            "INSERT INTO {t} (name, owner) VALUES ($1, 'bare')"
-                        )))
-                        .bind(&bare)
-                        .execute(&mut *c)
-                        .await?;
-                        sqlx::query(AssertSqlSafe(format!("DELETE FROM {t} WHERE name = $1")))
-                            .bind(&bare)
-                            .execute(&mut *c)
-                            .await?;
-                    }
-                    Ok(())
-                }
-                .boxed()
-            })
-            .await
+        crate::probes::bare_cycle(
+            &self.conns,
+            name,
+            (
+                "SELECT pg_advisory_lock(hashtext($1))",
+                "SELECT pg_advisory_unlock(hashtext($1))",
+            ),
+            self.config.strategy == Strategy::RowLock,
+            (&self.config.table, "$1"),
+        )
+        .await
     }
 
     /// Transactions the server has finished (committed + rolled back), from
     /// `pg_stat_database`: every statement of this crate is one. Sessions publish their counts
     /// at most once a second, so read it a second after the load stops.
     pub(crate) async fn server_requests(&self) -> Result<u64> {
-        self.conns
-            .run(self.conns.bound(), "reading pg_stat_database", |c| {
-                async move {
-                    let n: i64 = sqlx::query_scalar(
-                        "SELECT (sum(xact_commit) + sum(xact_rollback))::int8 FROM pg_stat_database",
-                    )
-                    .fetch_one(c)
-                    .await?;
-                    Ok(n as u64)
-                }
-                .boxed()
-            })
-            .await
+        let (n,): (i64,) = crate::probes::fetch_row(
+            &self.conns,
+            "SELECT (sum(xact_commit) + sum(xact_rollback))::int8 FROM pg_stat_database",
+        )
+        .await?;
+        Ok(n as u64)
     }
 
     pub(crate) async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
