@@ -38,47 +38,45 @@ impl<X> Found<X> {
     }
 }
 
+/// Which lease a statement is about: the name, the holder's owner token, and whether it is a
+/// share (a shared holder's or a permit's row of the shares table) or the lock row.
+#[derive(Clone)]
+pub(crate) struct Held {
+    pub(crate) name: LockName,
+    pub(crate) token: OwnerToken,
+    pub(crate) share: bool,
+}
+
 /// The statements of a held lease or share, in one dialect: all a dialect gives
 /// [`SqlLease`].
 #[lockcore::backend::async_trait]
 pub(crate) trait LeaseStatements: Send + Sync + 'static {
-    /// Extends the lease (or the share, `share`) of `token` on `name` to `ttl` from now on the
-    /// database clock, if it is still held: the rows it matched (0: no longer held).
+    /// Extends `held` to `ttl` from now on the database clock, if it is still held: the rows
+    /// it matched (0: no longer held).
     ///
     /// Cancel safety: dropping the future may or may not have extended it.
-    async fn extend(
-        &self,
-        name: &LockName,
-        token: &OwnerToken,
-        ttl: Duration,
-        share: bool,
-    ) -> Result<u64>;
+    async fn extend(&self, held: &Held, ttl: Duration) -> Result<u64>;
 
-    /// Releases the lease (or the share) of `token` on `name` if it is still held, waking the
-    /// waiters as the dialect does: the rows it freed (0: no longer held).
+    /// Releases `held` if it is still held, waking the waiters as the dialect does: the rows
+    /// it freed (0: no longer held).
     ///
     /// Cancel safety: dropping the future may or may not have released it.
-    async fn release(&self, name: &LockName, token: &OwnerToken, share: bool) -> Result<u64>;
+    async fn release(&self, held: &Held) -> Result<u64>;
 }
 
 /// A lease (or a share: a row of the shares table) held through a dialect's statements.
 pub(crate) struct SqlLease<S> {
     statements: Arc<S>,
-    name: LockName,
-    token: OwnerToken,
+    held: Held,
     fencing: u64,
-    /// A shared holder's or a permit's lease (a row of the shares table), not the lock row.
-    share: bool,
 }
 
 impl<S> Clone for SqlLease<S> {
     fn clone(&self) -> Self {
         SqlLease {
             statements: self.statements.clone(),
-            name: self.name.clone(),
-            token: self.token,
+            held: self.held.clone(),
             fencing: self.fencing,
-            share: self.share,
         }
     }
 }
@@ -86,8 +84,8 @@ impl<S> Clone for SqlLease<S> {
 impl<S> fmt::Debug for SqlLease<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqlLease")
-            .field("name", &self.name)
-            .field("token", &self.token)
+            .field("name", &self.held.name)
+            .field("token", &self.held.token)
             .field("fencing", &self.fencing)
             .finish()
     }
@@ -96,12 +94,15 @@ impl<S> fmt::Debug for SqlLease<S> {
 impl<S> SqlLease<S> {
     /// The lease `req` asks for, not won yet (its fence comes with the win).
     pub(crate) fn of(statements: &Arc<S>, req: &AcquireRequest) -> Self {
-        SqlLease {
-            statements: statements.clone(),
+        let held = Held {
             name: req.name.clone(),
             token: req.token,
-            fencing: 0,
             share: req.mode != lockcore::LockMode::Exclusive,
+        };
+        SqlLease {
+            statements: statements.clone(),
+            held,
+            fencing: 0,
         }
     }
 
@@ -118,19 +119,13 @@ impl<S: LeaseStatements> Lease for SqlLease<S> {
     }
 
     async fn extend(&self, ttl: Duration) -> Result<Duration> {
-        let n = self
-            .statements
-            .extend(&self.name, &self.token, ttl, self.share)
-            .await?;
+        let n = self.statements.extend(&self.held, ttl).await?;
         crate::sql_errors::owner_checked(n)?;
         Ok(ttl)
     }
 
     async fn release(&self) -> Result<()> {
-        let n = self
-            .statements
-            .release(&self.name, &self.token, self.share)
-            .await?;
+        let n = self.statements.release(&self.held).await?;
         crate::sql_errors::owner_checked(n)
     }
 }

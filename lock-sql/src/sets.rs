@@ -20,16 +20,19 @@ pub(crate) struct SetMember {
 }
 
 impl SetMember {
+    /// The parameters of a single attempt.
+    pub(crate) fn one(r: &AcquireRequest) -> SetMember {
+        SetMember {
+            name: r.name.clone(),
+            token: r.token.to_hex(),
+            ttl: r.ttl,
+            holder: r.holder.encode(),
+        }
+    }
+
     /// The members of a set, in the order of its requests.
     pub(crate) fn of(reqs: &[AcquireRequest]) -> Vec<SetMember> {
-        reqs.iter()
-            .map(|r| SetMember {
-                name: r.name.clone(),
-                token: r.token.to_hex(),
-                ttl: r.ttl,
-                holder: r.holder.encode(),
-            })
-            .collect()
+        reqs.iter().map(SetMember::one).collect()
     }
 }
 

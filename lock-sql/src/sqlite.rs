@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use lockcore::backend::{AcquireRequest, Acquired, CallerGone};
-use lockcore::{Error, Instant, LockInfo, LockMode, LockName, OwnerToken, Result};
+use lockcore::{Error, Instant, LockInfo, LockMode, LockName, Result};
 use sqlx::AssertSqlSafe;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
 use crate::config::Parsed;
-use crate::lease::{Found, LeaseStatements, SqlLease};
+use crate::lease::{Found, Held, LeaseStatements, SqlLease};
 use crate::sql_errors::map_err;
 
 /// Unix time in seconds (millisecond resolution) on the database's clock.
@@ -475,20 +475,19 @@ struct LiteHeld {
 }
 
 impl LiteHeld {
-    /// Runs `sql` on `name`'s row of `token` (and `ttl`, where the statement takes it): the
-    /// rows it matched.
+    /// Runs `sql` on `held`'s row (and `ttl`, where the statement takes it): the rows it
+    /// matched.
     async fn update(
         &self,
         sql: &str,
-        name: &LockName,
-        token: &OwnerToken,
+        held: &Held,
         ttl: Option<Duration>,
         what: &str,
     ) -> Result<u64> {
-        let token = token.to_hex();
+        let token = held.token.to_hex();
         let r = retry_busy(|| {
             let q = sqlx::query(AssertSqlSafe(sql.to_owned()))
-                .bind(name.as_str())
+                .bind(held.name.as_str())
                 .bind(&token);
             // SQLite refuses a parameter the statement does not use.
             let q = match ttl {
@@ -505,31 +504,24 @@ impl LiteHeld {
 
 #[lockcore::backend::async_trait]
 impl LeaseStatements for LiteHeld {
-    async fn extend(
-        &self,
-        name: &LockName,
-        token: &OwnerToken,
-        ttl: Duration,
-        share: bool,
-    ) -> Result<u64> {
+    async fn extend(&self, held: &Held, ttl: Duration) -> Result<u64> {
         // A share's trigger raises `shares_until` with it.
-        let (sql, what) = if share {
+        let (sql, what) = if held.share {
             (&self.sql.share_extend, "extending a share")
         } else {
             (&self.sql.extend, "extending a lease")
         };
-        self.update(sql, name, token, Some(ttl), what).await
+        self.update(sql, held, Some(ttl), what).await
     }
 
-    async fn release(&self, name: &LockName, token: &OwnerToken, share: bool) -> Result<u64> {
-        if share {
-            return release_shares(&self.pool, &self.sql, name, Some(token.to_hex()))
+    async fn release(&self, held: &Held) -> Result<u64> {
+        if held.share {
+            return release_shares(&self.pool, &self.sql, &held.name, Some(held.token.to_hex()))
                 .await
                 .map_err(|e| map_err(&self.config, "releasing a share", e));
         }
         let sql = &self.sql.release;
-        self.update(sql, name, token, None, "releasing a lease")
-            .await
+        self.update(sql, held, None, "releasing a lease").await
     }
 }
 

@@ -176,15 +176,8 @@ async fn killed_holder_connection_fires_lost_and_fencing_grows() {
 #[tokio::test]
 async fn abandoned_row_lock_is_freed_by_the_server_guard() {
     for (label, url) in variants_of("row-lock") {
-        let (holder, waiter) = two_clients(&url).await;
-        let name = unique("abandon");
         let ttl = Duration::from_secs(1);
-        let opts = LockOptions::new().ttl(ttl).wait_timeout(WAIT);
-        let g = holder.lock(name.as_str(), &opts).await.unwrap();
-        let t0 = tokio::time::Instant::now();
-        g.abandon();
-        let g2 = waiter.lock(name.as_str(), &opts).await.unwrap();
-        let took = t0.elapsed();
+        let (took, _, g2) = taken_over_after_abandon(&url, "abandon", ttl).await;
         // Guard = ttl + 1 s (MariaDB rounds to whole seconds and checks with its own slack).
         assert!(took >= ttl, "{label}: freed after {took:?}, before the ttl");
         assert!(
@@ -196,25 +189,33 @@ async fn abandoned_row_lock_is_freed_by_the_server_guard() {
     }
 }
 
+/// A holder of a new name of `prefix` for `ttl` abandons it (a wedged process: nothing
+/// released, nothing renewed); another client, which finds it busy at once, waits for it.
+/// How long the other waited from the abandon, the first holder's fence, the other's guard.
+async fn taken_over_after_abandon(
+    url: &str,
+    prefix: &str,
+    ttl: Duration,
+) -> (Duration, Option<u64>, lockcore::LockGuard) {
+    let (a, b) = two_clients(url).await;
+    let name = unique(prefix);
+    let opts = LockOptions::new().ttl(ttl).wait_timeout(WAIT);
+    let g = a.lock(name.as_str(), &opts).await.unwrap();
+    let fence = g.fencing_token();
+    let t0 = tokio::time::Instant::now();
+    g.abandon();
+    assert!(b.try_lock(name.as_str(), &opts).await.unwrap().is_none());
+    let g2 = b.lock(name.as_str(), &opts).await.unwrap();
+    (t0.elapsed(), fence, g2)
+}
+
 /// Lease: an expired lease is taken over, judged on the database clock; the row's expiry is
 /// ttl after the database's now.
 #[tokio::test]
 async fn lease_takeover_after_expiry_uses_db_clock() {
     for (label, url) in variants_of("lease") {
-        let (a, b) = two_clients(&url).await;
-        let name = unique("expiry");
         let ttl = Duration::from_millis(800);
-        let opts = LockOptions::new().ttl(ttl).wait_timeout(WAIT);
-        let g = a.lock(name.as_str(), &opts).await.unwrap();
-        let f1 = g.fencing_token().unwrap();
-        let t0 = tokio::time::Instant::now();
-        g.abandon();
-        assert!(
-            b.try_lock(name.as_str(), &opts).await.unwrap().is_none(),
-            "{label}"
-        );
-        let g2 = b.lock(name.as_str(), &opts).await.unwrap();
-        let took = t0.elapsed();
+        let (took, f1, g2) = taken_over_after_abandon(&url, "expiry", ttl).await;
         assert!(
             took >= ttl - Duration::from_millis(50),
             "{label}: taken over after {took:?}"
@@ -223,7 +224,7 @@ async fn lease_takeover_after_expiry_uses_db_clock() {
             took < ttl + Duration::from_secs(3),
             "{label}: taken over after {took:?}"
         );
-        assert!(g2.fencing_token().unwrap() > f1, "{label}");
+        assert!(g2.fencing_token().unwrap() > f1.unwrap(), "{label}");
         // The first holder's lease is gone: its token no longer matches.
         g2.release().await.unwrap();
         eprintln!("{label}: taken over after {took:?}");

@@ -4,7 +4,8 @@
 //! transaction. The waits are in `lease_wait`.
 
 use super::*;
-use crate::lease::{Found, LeaseStatements, SqlLease};
+use crate::lease::{Found, Held, LeaseStatements, SqlLease};
+use crate::sets::SetMember;
 
 /// An exclusive attempt's answer: the won lease's fence, the holder's remaining seconds, whether
 /// permits hold the name, whether a queued waiter is ahead, and the `lazy` commit's count.
@@ -28,6 +29,32 @@ fn found(row: AttemptRow) -> Found<(Option<Duration>, bool)> {
     }
 }
 
+/// One exclusive attempt's statement (`sql`: `lease_acquire`) for `m`, with the writer's
+/// mark (µs from now, 0 for none) and whether a loser enters the waiters' queue. A row lock
+/// or a transaction lock holding the name's key makes it busy.
+async fn exclusive_row(
+    c: &mut PgConnection,
+    sql: String,
+    m: SetMember,
+    mark_us: f64,
+    queue: bool,
+) -> sqlx::Result<AttemptRow> {
+    let row = sqlx::query_as(AssertSqlSafe(sql))
+        .bind(m.name.as_str())
+        .bind(&m.token)
+        .bind(m.ttl.as_micros() as f64)
+        .bind(&m.holder)
+        .bind(mark_us)
+        .bind(queue)
+        .bind(QUEUE_ENTRY_TTL.as_micros() as f64)
+        .fetch_one(c)
+        .await;
+    match row {
+        Err(e) if super::exclusion::key_busy(&e) => Ok((None, None, None, false, 0)),
+        other => other,
+    }
+}
+
 /// A PostgreSQL lease's statements once held (see [`LeaseStatements`]).
 pub(super) struct PgHeld {
     pub(super) conns: Arc<PgConns>,
@@ -39,19 +66,14 @@ pub(super) type PgLease = SqlLease<PgHeld>;
 
 #[lockcore::backend::async_trait]
 impl LeaseStatements for PgHeld {
-    async fn extend(
-        &self,
-        name: &LockName,
-        token: &OwnerToken,
-        ttl: Duration,
-        share: bool,
-    ) -> Result<u64> {
+    async fn extend(&self, held: &Held, ttl: Duration) -> Result<u64> {
+        let share = held.share;
         let (what, sql) = if share {
             ("extending a share", self.sql.share_extend.clone())
         } else {
             ("extending a lease", self.sql.lease_extend.clone())
         };
-        let (name, token) = (name.as_str().to_owned(), token.to_hex());
+        let (name, token) = (held.name.as_str().to_owned(), held.token.to_hex());
         let us = ttl.as_micros() as f64;
         self.conns
             .run(self.conns.bound(), what, move |c| {
@@ -72,13 +94,13 @@ impl LeaseStatements for PgHeld {
             .await
     }
 
-    async fn release(&self, name: &LockName, token: &OwnerToken, share: bool) -> Result<u64> {
-        if share {
-            let token = Some(token.to_hex());
-            return release_shares(&self.conns, &self.sql, name, token, &self.table).await;
+    async fn release(&self, held: &Held) -> Result<u64> {
+        let (name, token) = (&held.name, held.token.to_hex());
+        if held.share {
+            return release_shares(&self.conns, &self.sql, name, Some(token), &self.table).await;
         }
         let sql = self.sql.lease_release.clone();
-        let (name, token) = (name.as_str().to_owned(), token.to_hex());
+        let name = name.as_str().to_owned();
         let table = self.table.clone();
         let n: i64 = self
             .conns
@@ -117,17 +139,13 @@ impl PgBackend {
             let (won, left) = self.share_attempt(req, bound).await?;
             return Ok((won, left, false));
         }
-        let token = req.token.to_hex();
-        let holder = req.holder.encode();
+        let member = SetMember::one(req);
         let sql = self.sql.lease_acquire.clone();
-        let name = req.name.as_str().to_owned();
-        let ttl = req.ttl.as_micros() as f64;
         let mark = if waits {
             crate::shares::WRITER_MARK.as_micros() as f64
         } else {
             0.0
         };
-        let entry_ttl = QUEUE_ENTRY_TTL.as_micros() as f64;
         let conns = self.conns.clone();
         let turn = match in_flight {
             Some(m) => Some(m.clone().lock_owned().await),
@@ -139,23 +157,7 @@ impl PgBackend {
             let _turn = turn;
             let reply: Option<AttemptRow> = conns
                 .run_unless_gone(&gone, bound, "acquiring a lease", move |c| {
-                    sqlx::query_as(AssertSqlSafe(sql.clone()))
-                        .bind(name.clone())
-                        .bind(token.clone())
-                        .bind(ttl)
-                        .bind(holder.clone())
-                        .bind(mark)
-                        .bind(queue)
-                        .bind(entry_ttl)
-                        .fetch_one(c)
-                        .map(|r| match r {
-                            // A row lock or a transaction lock holds the name's key: busy.
-                            Err(e) if super::exclusion::key_busy(&e) => {
-                                Ok((None, None, None, false, 0))
-                            }
-                            other => other,
-                        })
-                        .boxed()
+                    exclusive_row(c, sql.clone(), member.clone(), mark, queue).boxed()
                 })
                 .await?;
             Ok(reply.map(found))
@@ -268,9 +270,8 @@ impl PgBackend {
         reqs: &[AcquireRequest],
     ) -> Result<lockcore::backend::SetAttempt> {
         let sql = self.sql.lease_acquire.clone();
-        let members = crate::sets::SetMember::of(reqs);
+        let members = SetMember::of(reqs);
         let leases: Vec<PgLease> = reqs.iter().map(|r| SqlLease::of(&self.held, r)).collect();
-        let entry_ttl = QUEUE_ENTRY_TTL.as_micros() as f64;
         let conns = self.conns.clone();
         let bound = self.conns.bound();
         let sent_at = Instant::now();
@@ -281,24 +282,9 @@ impl PgBackend {
                     async move {
                         let tx = c.begin().await?;
                         crate::lease::take_members(tx, &members, &gone, |c, m| {
-                            let row = sqlx::query_as::<_, AttemptRow>(AssertSqlSafe(sql.clone()))
-                                .bind(m.name.as_str().to_owned())
-                                .bind(m.token.clone())
-                                .bind(m.ttl.as_micros() as f64)
-                                .bind(m.holder.clone())
-                                .bind(0.0f64)
-                                .bind(false)
-                                .bind(entry_ttl)
-                                .fetch_one(c);
-                            async move {
-                                match row.await {
-                                    Ok(row) => Ok(found(row).without_wait()),
-                                    // A row lock or a transaction lock holds this member's key.
-                                    Err(e) if super::exclusion::key_busy(&e) => Ok(Found::Busy(())),
-                                    Err(e) => Err(e),
-                                }
-                            }
-                            .boxed()
+                            exclusive_row(c, sql.clone(), m.clone(), 0.0, false)
+                                .map(|row| row.map(|row| found(row).without_wait()))
+                                .boxed()
                         })
                         .await
                     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use lockcore::backend::{AcquireRequest, Acquired, CancelCleanUp, CleanUpIfCancelled, CleanUpTask};
-use lockcore::{Error, Instant, LockInfo, LockMode, LockName, OwnerToken, Result, Share};
+use lockcore::{Error, Instant, LockInfo, LockMode, LockName, Result, Share};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection};
 use tokio::sync::{OnceCell, broadcast, oneshot};
@@ -164,39 +164,38 @@ impl PgBackend {
 
     /// The server's version string, for the report.
     pub(crate) async fn server_version(&self) -> Result<String> {
-        let (v,): (String,) = crate::probes::fetch_row(&self.conns, "SHOW server_version").await?;
+        let (v,): (String,) = self.conns.fetch_row("SHOW server_version").await?;
         Ok(format!("PostgreSQL {v}"))
     }
 
     pub(crate) async fn ping(&self) -> Result<()> {
-        crate::probes::ping(&self.conns).await
+        self.conns.ping().await
     }
 
     /// The bare primitive of the strategy: row-lock `pg_advisory_lock` then `pg_advisory_unlock`
     /// on one connection; lease: an insert and a delete of a row.
     pub(crate) async fn bare_cycle(&self, name: &LockName) -> Result<()> {
-        crate::probes::bare_cycle(
-            &self.conns,
-            name,
-            (
-                "SELECT pg_advisory_lock(hashtext($1))",
-                "SELECT pg_advisory_unlock(hashtext($1))",
-            ),
-            self.config.strategy == Strategy::RowLock,
-            (&self.config.table, "$1"),
-        )
-        .await
+        self.conns
+            .bare_cycle(
+                name,
+                (
+                    "SELECT pg_advisory_lock(hashtext($1))",
+                    "SELECT pg_advisory_unlock(hashtext($1))",
+                ),
+                self.config.strategy == Strategy::RowLock,
+                (&self.config.table, "$1"),
+            )
+            .await
     }
 
     /// Transactions the server has finished (committed + rolled back), from
     /// `pg_stat_database`: every statement of this crate is one. Sessions publish their counts
     /// at most once a second, so read it a second after the load stops.
     pub(crate) async fn server_requests(&self) -> Result<u64> {
-        let (n,): (i64,) = crate::probes::fetch_row(
-            &self.conns,
-            "SELECT (sum(xact_commit) + sum(xact_rollback))::int8 FROM pg_stat_database",
-        )
-        .await?;
+        let (n,): (i64,) = self
+            .conns
+            .fetch_row("SELECT (sum(xact_commit) + sum(xact_rollback))::int8 FROM pg_stat_database")
+            .await?;
         Ok(n as u64)
     }
 
