@@ -431,33 +431,26 @@ async fn postgres_backend_from_an_existing_pool_contends_with_the_url_one() {
             .await
             .unwrap(),
     );
-    let name = format!("from-pool-{:016x}", fastrand::u64(..));
-    let opts = LockOptions::new().ttl(Duration::from_secs(10));
-    let g = from_pool
-        .try_lock(name.as_str(), &opts)
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        by_url
-            .try_lock(name.as_str(), &opts)
-            .await
-            .unwrap()
-            .is_none()
-    );
-    g.release().await.unwrap();
-    let g = by_url
-        .try_lock(name.as_str(), &opts)
-        .await
-        .unwrap()
-        .unwrap();
-    g.release().await.unwrap();
+    exclude_each_other(&from_pool, &by_url, "row-lock").await;
     let err = SqlBackend::from_pg_pool(&pool, lock_sql::Strategy::Lease, "bad;name")
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidConfig);
     from_pool.flush().await;
     by_url.flush().await;
+}
+
+/// `a` takes a new name, `b` finds it busy; once `a` released it, `b` takes it.
+async fn exclude_each_other(a: &Locker, b: &Locker, label: &str) {
+    let name = unique("from-pool");
+    let opts = LockOptions::new().ttl(Duration::from_secs(10));
+    let g = a.try_lock(name.as_str(), &opts).await.unwrap().unwrap();
+    let busy = b.try_lock(name.as_str(), &opts).await.unwrap();
+    assert!(busy.is_none(), "{label}");
+    g.release().await.unwrap();
+    let opts = opts.wait_timeout(Duration::from_secs(10));
+    let g = b.lock(name.as_str(), &opts).await.unwrap();
+    g.release().await.unwrap();
 }
 
 /// As for PostgreSQL: a backend on the settings of the application's own MySQL/MariaDB pool
@@ -488,30 +481,7 @@ async fn mysql_backend_from_an_existing_pool_contends_with_the_url_one() {
                 .await
                 .unwrap(),
         );
-        let name = format!("from-pool-{:016x}", fastrand::u64(..));
-        let opts = LockOptions::new().ttl(Duration::from_secs(10));
-        let g = from_pool
-            .try_lock(name.as_str(), &opts)
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(
-            by_url
-                .try_lock(name.as_str(), &opts)
-                .await
-                .unwrap()
-                .is_none(),
-            "{query}"
-        );
-        g.release().await.unwrap();
-        let g = by_url
-            .lock(
-                name.as_str(),
-                &opts.clone().wait_timeout(Duration::from_secs(10)),
-            )
-            .await
-            .unwrap();
-        g.release().await.unwrap();
+        exclude_each_other(&from_pool, &by_url, query).await;
         from_pool.flush().await;
         by_url.flush().await;
     }

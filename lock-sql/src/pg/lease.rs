@@ -95,25 +95,13 @@ impl LeaseStatements for PgHeld {
     }
 
     async fn release(&self, held: &Held) -> Result<u64> {
-        let (name, token) = (&held.name, held.token.to_hex());
+        let token = Some(held.token.to_hex());
         if held.share {
-            return release_shares(&self.conns, &self.sql, name, Some(token), &self.table).await;
+            return release_shares(&self.conns, &self.sql, &held.name, token, &self.table).await;
         }
-        let sql = self.sql.lease_release.clone();
-        let name = name.as_str().to_owned();
-        let table = self.table.clone();
-        let n: i64 = self
-            .conns
-            .run(self.conns.bound(), "releasing a lease", move |c| {
-                sqlx::query_scalar(AssertSqlSafe(sql.clone()))
-                    .bind(name.clone())
-                    .bind(token.clone())
-                    .bind(table.clone())
-                    .fetch_one(c)
-                    .boxed()
-            })
-            .await?;
-        Ok(n.max(0) as u64)
+        let sql = &self.sql.lease_release;
+        let what = "releasing a lease";
+        release_counted(&self.conns, what, sql, &held.name, token, &self.table).await
     }
 }
 
@@ -234,13 +222,32 @@ pub(super) async fn release_shares(
     token: Option<String>,
     table: &str,
 ) -> Result<u64> {
-    let (sql, name, table) = (
-        sql.share_release.clone(),
-        name.as_str().to_owned(),
-        table.to_owned(),
-    );
+    release_counted(
+        conns,
+        "releasing shares",
+        &sql.share_release,
+        name,
+        token,
+        table,
+    )
+    .await
+}
+
+/// Runs a release statement (`sql`: the lease's or the shares') of `name` for `token` (`None`:
+/// every holder), whose notifications go to `table`'s channel: how many it released.
+///
+/// Cancel safety: dropping the future may or may not have released them.
+async fn release_counted(
+    conns: &PgConns,
+    what: &str,
+    sql: &str,
+    name: &LockName,
+    token: Option<String>,
+    table: &str,
+) -> Result<u64> {
+    let (sql, name, table) = (sql.to_owned(), name.as_str().to_owned(), table.to_owned());
     let n: i64 = conns
-        .run(conns.bound(), "releasing shares", move |c| {
+        .run(conns.bound(), what, move |c| {
             sqlx::query_scalar(AssertSqlSafe(sql.clone()))
                 .bind(name.clone())
                 .bind(token.clone())
