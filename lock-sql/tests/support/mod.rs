@@ -72,6 +72,11 @@ pub fn pg_url(params: &str) -> Option<String> {
     conformance::require_env("LOCK_TEST_POSTGRES_URL").map(|pg| with_params(&pg, params))
 }
 
+/// The MySQL/MariaDB URL with `params`, or `None` (skipped) when no server is configured.
+pub fn my_url(params: &str) -> Option<String> {
+    conformance::require_env("LOCK_TEST_MYSQL_URL").map(|my| with_params(&my, params))
+}
+
 /// A client of `url`.
 pub async fn client(url: &str) -> Locker {
     Locker::new(SqlBackend::connect(url).await.expect("connect"))
