@@ -4,7 +4,7 @@
 //!
 //! On PostgreSQL the lease, the row lock and [`PgXactLock`](crate::PgXactLock) on one table
 //! exclude each other (`pg::exclusion`); on MariaDB the lease and the row lock do
-//! (`mysql_exclusion`). MariaDB's `interop=get_lock` holder takes the default layout's key
+//! (`mysql/exclusion.rs`). MariaDB's `interop=get_lock` holder takes the default layout's key
 //! beside the peer's and looks at the leases: it excludes the default layout too. PostgreSQL's
 //! `interop=sqlx` takes the peer's key only, which locksmith's own strategies do not take: the
 //! two are a declared limit there (use one mode for every locksmith client of a name), not a
@@ -73,7 +73,7 @@ pub(crate) fn table(dialect: Dialect) -> Compatibility {
         }
     }
     // An interop holder takes the peer's key and then the default layout's, and looks at the
-    // leases as a default-layout row lock does (`mysql_exclusion::interop_acquire`).
+    // leases as a default-layout row lock does (`mysql::exclusion::interop_acquire`).
     let separate_keys = match dialect {
         Dialect::MySql => Relation::Exclude,
         _ => Relation::Limit(format!(

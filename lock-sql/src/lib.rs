@@ -26,10 +26,6 @@ mod sql_errors;
 
 #[cfg(feature = "mysql")]
 mod mysql;
-#[cfg(feature = "mysql")]
-mod mysql_exclusion;
-#[cfg(feature = "mysql")]
-mod mysql_procs;
 #[cfg(feature = "postgres")]
 mod pg;
 #[cfg(feature = "postgres")]

@@ -12,7 +12,7 @@ pub(crate) fn queue_table(t: &str) -> String {
 /// The version of each share function's protocol, part of its name: a change of its signature
 /// or of what it does on the tables is a new version (a new function beside the old, which
 /// older clients keep calling), never a replacement. The acquire is at 2: it takes the name's
-/// advisory key for its transaction first (see [`super::exclusion`]).
+/// advisory key for its transaction first (see `exclusion.rs`).
 const SHARE_ACQUIRE_VERSION: u32 = 2;
 const SHARE_RELEASE_VERSION: u32 = 1;
 
