@@ -205,3 +205,56 @@ where
     tx.commit().await?;
     Ok(Ok(SetFound::Won(fences)))
 }
+
+/// An exclusive set (see
+/// [`Backend::try_acquire_all`](lockcore::backend::Backend::try_acquire_all)) on a dialect
+/// whose connections are [`Conns`](crate::conns::Conns): one transaction on one connection,
+/// every member's statement (`member`) by [`take_members`], run detached by
+/// [`run_set_detached`](crate::sets::run_set_detached) with the operation bound; the leases of
+/// a committed set are `held`'s.
+///
+/// Cancel safety: a caller gone before the commit rolls the set back, and a set committed for
+/// a caller gone is released in the background.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn try_set_on<O, M, DB, S, F>(
+    conns: &Arc<crate::conns::Conns<O, M>>,
+    held: &Arc<S>,
+    reqs: &[AcquireRequest],
+    member: F,
+) -> Result<lockcore::backend::SetAttempt>
+where
+    O: sqlx::ConnectOptions + 'static,
+    O::Connection: sqlx::Connection<Database = DB> + Sized,
+    DB: sqlx::Database<Connection = O::Connection>,
+    M: Send + 'static,
+    S: LeaseStatements,
+    F: for<'t> Fn(&'t mut O::Connection, &'t SetMember) -> BoxFuture<'t, sqlx::Result<Found<()>>>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+{
+    use futures::FutureExt;
+    let members = SetMember::of(reqs);
+    let leases: Vec<SqlLease<S>> = reqs.iter().map(|r| SqlLease::of(held, r)).collect();
+    let conns = conns.clone();
+    let bound = conns.bound();
+    let sent_at = Instant::now();
+    let attempt = move |gone: CallerGone| async move {
+        let reply = conns
+            .run_unless_gone(&gone, bound, "acquiring a set of leases", |c| {
+                let (members, gone, member) = (members.clone(), gone.clone(), member.clone());
+                async move {
+                    let tx = sqlx::Connection::begin(c).await?;
+                    take_members(tx, &members, &gone, member).await
+                }
+                .boxed()
+            })
+            .await;
+        match reply? {
+            None => Err(crate::sets::set_abandoned()),
+            Some(found) => found?.into_won(leases, SqlLease::with_fencing),
+        }
+    };
+    crate::sets::run_set_detached(reqs, sent_at, Some(bound), attempt).await
+}

@@ -11,11 +11,10 @@ use crate::rowlock::{HealthChecks, Holding, Queues, RowLease};
 use crate::shares::Verdict;
 use crate::sql_errors::map_err;
 use futures::FutureExt;
-use lockcore::backend::{AcquireRequest, Acquired, Background, Lease};
-use lockcore::{Error, Instant, LockInfo, LockMode, LockName, OwnerToken, Result};
+use lockcore::backend::{AcquireRequest, Acquired, Background};
+use lockcore::{Error, Instant, LockInfo, LockMode, LockName, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError};
 use sqlx::{AssertSqlSafe, Connection};
-use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,9 +24,10 @@ mod exclusion;
 mod lease;
 mod procs;
 mod rowlock;
+mod shares;
 mod statements;
 
-use self::{lease::*, statements::*};
+use self::{lease::*, shares::*, statements::*};
 
 /// What we know of a MariaDB session: its id (to kill its lock wait when a waiter is dropped)
 /// and the `wait_timeout` (server-side idle guard, seconds) set on it, 0 for the default.
@@ -42,6 +42,8 @@ pub(crate) struct MyBackend {
     config: Parsed,
     conns: Arc<MyConns>,
     sql: Arc<Sql>,
+    /// The statements of the leases this client holds.
+    held: Arc<MyHeld>,
     queues: Arc<Queues>,
     /// The health checks of this client's held row locks.
     health: Arc<HealthChecks>,
@@ -86,10 +88,16 @@ impl MyBackend {
         let conns = Conns::new(opts, config, setup);
         let share_calls = ddl::create_schema(&conns, config).await?;
         let sql = Sql::new(config, share_calls);
+        let sql = Arc::new(sql);
+        let held = Arc::new(MyHeld {
+            conns: conns.clone(),
+            sql: sql.clone(),
+        });
         Ok(MyBackend {
             config: config.clone(),
             conns,
-            sql: Arc::new(sql),
+            sql,
+            held,
             queues: Arc::default(),
             health: Arc::default(),
         })
@@ -97,81 +105,38 @@ impl MyBackend {
 
     /// The server's version string, for the report.
     pub(crate) async fn server_version(&self) -> Result<String> {
-        self.conns
-            .run(self.conns.bound(), "SELECT VERSION()", |c| {
-                async move {
-                    sqlx::query_scalar::<_, String>("SELECT VERSION()")
-                        .fetch_one(c)
-                        .await
-                }
-                .boxed()
-            })
-            .await
+        let (v,): (String,) = self.conns.fetch_row("SELECT VERSION()").await?;
+        Ok(v)
     }
 
     pub(crate) async fn ping(&self) -> Result<()> {
-        self.conns
-            .run(self.conns.bound(), "SELECT 1", |c| {
-                async move { sqlx::raw_sql("SELECT 1").execute(c).await.map(|_| ()) }.boxed()
-            })
-            .await
+        self.conns.ping().await
     }
 
     /// The bare primitive of the strategy: row-lock `GET_LOCK` then `RELEASE_LOCK` on one
     /// connection; lease: an insert and a delete of a row.
     pub(crate) async fn bare_cycle(&self, name: &LockName) -> Result<()> {
-        let name = name.as_str().to_owned();
-        let t = self.config.table.clone();
-        let row_lock = self.config.strategy == Strategy::RowLock;
         self.conns
-            .run(self.conns.bound(), "bare cycle", move |c| {
-                let name = name.clone();
-                let t = t.clone();
-                async move {
-                    if row_lock {
-                        sqlx::query("SELECT GET_LOCK(SHA1(?), 10)")
-                            .bind(&name)
-                            .execute(&mut *c)
-                            .await?;
-                        sqlx::query("SELECT RELEASE_LOCK(SHA1(?))")
-                            .bind(&name)
-                            .execute(&mut *c)
-                            .await?;
-                    } else {
-                        let bare = format!("{name}\u{1}bare");
-                        sqlx::query(AssertSqlSafe(format!(
-                            "INSERT INTO {t} (name, owner) VALUES (?, 'bare')"
-                        )))
-                        .bind(&bare)
-                        .execute(&mut *c)
-                        .await?;
-                        sqlx::query(AssertSqlSafe(format!("DELETE FROM {t} WHERE name = ?")))
-                            .bind(&bare)
-                            .execute(&mut *c)
-                            .await?;
-                    }
-                    Ok(())
-                }
-                .boxed()
-            })
+            .bare_cycle(
+                name,
+                (
+                    "SELECT GET_LOCK(SHA1(?), 10)",
+                    "SELECT RELEASE_LOCK(SHA1(?))",
+                ),
+                self.config.strategy == Strategy::RowLock,
+                (&self.config.table, "?"),
+            )
             .await
     }
 
     /// Statements the server has run for clients (`SHOW GLOBAL STATUS` `Questions`; pings are
     /// not counted).
     pub(crate) async fn server_requests(&self) -> Result<u64> {
-        self.conns
-            .run(self.conns.bound(), "reading Questions", |c| {
-                async move {
-                    let (_, v): (String, String) =
-                        sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Questions'")
-                            .fetch_one(c)
-                            .await?;
-                    Ok(v.parse::<u64>().unwrap_or(0))
-                }
-                .boxed()
-            })
-            .await
+        let (_, v): (String, String) = self
+            .conns
+            .fetch_row("SHOW GLOBAL STATUS LIKE 'Questions'")
+            .await?;
+        Ok(v.parse::<u64>().unwrap_or(0))
     }
 
     /// Refuses, before any I/O, a name the interop peer would lock differently.

@@ -116,13 +116,8 @@ impl MyBackend {
         deadline: Option<Instant>,
         nowait: bool,
     ) -> Result<Option<Acquired>> {
-        let _turn = if nowait {
-            None
-        } else {
-            match self.queues.enter(req.name.as_str(), deadline).await {
-                Some(t) => Some(t),
-                None => return Ok(None),
-            }
+        let Some(_turn) = self.queues.turn(req.name.as_str(), deadline, nowait).await else {
+            return Ok(None);
         };
         let guard_s = guard_secs(req.ttl);
         let holder = req.holder.encode();
@@ -132,10 +127,8 @@ impl MyBackend {
         let interop = self.config.interop.is_some();
         let backoff = lockcore::backend::Backoff::for_ttl(req.ttl);
         let mut leased = 0u32;
-        let mut c = match self.conns.get(self.conns.bound_by(deadline), false).await {
-            Ok(c) => c,
-            Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
-            Err(e) => return Err(e),
+        let Some(mut c) = self.conns.get_for_wait(deadline).await? else {
+            return Ok(None);
         };
         let mut retried = false;
         loop {

@@ -62,8 +62,6 @@ pub(super) struct PgHeld {
     pub(super) table: String,
 }
 
-pub(super) type PgLease = SqlLease<PgHeld>;
-
 #[lockcore::backend::async_trait]
 impl LeaseStatements for PgHeld {
     async fn extend(&self, held: &Held, ttl: Duration) -> Result<u64> {
@@ -277,32 +275,11 @@ impl PgBackend {
         reqs: &[AcquireRequest],
     ) -> Result<lockcore::backend::SetAttempt> {
         let sql = self.sql.lease_acquire.clone();
-        let members = SetMember::of(reqs);
-        let leases: Vec<PgLease> = reqs.iter().map(|r| SqlLease::of(&self.held, r)).collect();
-        let conns = self.conns.clone();
-        let bound = self.conns.bound();
-        let sent_at = Instant::now();
-        let attempt = move |gone: lockcore::backend::CallerGone| async move {
-            let reply = conns
-                .run_unless_gone(&gone, bound, "acquiring a set of leases", |c| {
-                    let (sql, members, gone) = (sql.clone(), members.clone(), gone.clone());
-                    async move {
-                        let tx = c.begin().await?;
-                        crate::lease::take_members(tx, &members, &gone, |c, m| {
-                            exclusive_row(c, sql.clone(), m.clone(), 0.0, false)
-                                .map(|row| row.map(|row| found(row).without_wait()))
-                                .boxed()
-                        })
-                        .await
-                    }
-                    .boxed()
-                })
-                .await;
-            match reply? {
-                None => Err(crate::sets::set_abandoned()),
-                Some(found) => found?.into_won(leases, PgLease::with_fencing),
-            }
-        };
-        crate::sets::run_set_detached(reqs, sent_at, Some(bound), attempt).await
+        crate::lease::try_set_on(&self.conns, &self.held, reqs, move |c, m| {
+            exclusive_row(c, sql.clone(), m.clone(), 0.0, false)
+                .map(|row| row.map(|row| found(row).without_wait()))
+                .boxed()
+        })
+        .await
     }
 }
