@@ -106,7 +106,7 @@ impl Backend for SqlBackend {
     }
 
     async fn bare_cycle(&self, name: &LockName) -> Result<()> {
-        each_dialect!(&self.inner, b => b.bare_cycle(name).await)
+        crate::probes::bare_cycle(&self.inner, &self.config, name).await
     }
 
     /// The row lock's bare cycle is `pg_advisory_lock` / `GET_LOCK`, which wait.
@@ -115,11 +115,11 @@ impl Backend for SqlBackend {
     }
 
     async fn server_requests(&self) -> Result<u64> {
-        each_dialect!(&self.inner, b => b.server_requests().await)
+        crate::probes::server_requests(&self.inner).await
     }
 
     async fn server_version(&self) -> Option<String> {
-        each_dialect!(&self.inner, b => b.server_version().await).ok()
+        crate::probes::server_version(&self.inner).await.ok()
     }
 
     fn describe(&self) -> String {

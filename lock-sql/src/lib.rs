@@ -12,7 +12,7 @@ mod inspect;
 mod interop;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod lease;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod probes;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod registration;
@@ -258,7 +258,7 @@ impl SqlBackend {
     /// # Errors
     /// `Unavailable` or `Backend` when the database fails.
     pub async fn ping(&self) -> Result<()> {
-        each_dialect!(&self.inner, b => b.ping().await)
+        crate::probes::ping(&self.inner).await
     }
 }
 

@@ -1,13 +1,121 @@
-//! What reports and benchmarks ask of a server (PostgreSQL or MariaDB), on a pooled
-//! connection: one row of a statement (its version, its request counter), a round trip, the
-//! bare primitive a lock is measured against. Each dialect gives only the statements.
+//! What reports and benchmarks ask of a server, every dialect in one place: its version, a
+//! round trip, the bare primitive a lock is measured against, its request counter. On
+//! PostgreSQL and MariaDB each is a statement on a pooled connection (the dialect's statement
+//! here, run by [`Conns`]); SQLite has a library version and a round trip, no server.
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 use futures::FutureExt;
 use lockcore::{LockName, Result};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 use sqlx::{AssertSqlSafe, ConnectOptions};
 
+use crate::Inner;
+use crate::config::Parsed;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use crate::config::Strategy;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 use crate::conns::Conns;
 
+/// The server's version string, for reports.
+///
+/// Cancel safe.
+pub(crate) async fn server_version(inner: &Inner) -> Result<String> {
+    match inner {
+        #[cfg(feature = "postgres")]
+        Inner::Pg(b) => {
+            let (v,): (String,) = b.conns().fetch_row("SHOW server_version").await?;
+            Ok(format!("PostgreSQL {v}"))
+        }
+        #[cfg(feature = "mysql")]
+        Inner::My(b) => Ok(b
+            .conns()
+            .fetch_row::<(String,)>("SELECT VERSION()")
+            .await?
+            .0),
+        #[cfg(feature = "sqlite")]
+        Inner::Lite(b) => b.server_version().await,
+    }
+}
+
+/// A `SELECT 1` round trip (the floor of any lock operation).
+///
+/// Cancel safe.
+pub(crate) async fn ping(inner: &Inner) -> Result<()> {
+    match inner {
+        #[cfg(feature = "postgres")]
+        Inner::Pg(b) => b.conns().ping().await,
+        #[cfg(feature = "mysql")]
+        Inner::My(b) => b.conns().ping().await,
+        #[cfg(feature = "sqlite")]
+        Inner::Lite(b) => b.ping().await,
+    }
+}
+
+/// One cycle of the bare primitive of the strategy (see [`Conns::bare_cycle`]): row-lock
+/// `pg_advisory_lock` + unlock or `GET_LOCK` + `RELEASE_LOCK`; lease: a row's insert and
+/// delete. SQLite measures none (a local file).
+///
+/// Cancel safe.
+pub(crate) async fn bare_cycle(inner: &Inner, config: &Parsed, name: &LockName) -> Result<()> {
+    // Unused where only SQLite is built.
+    let _ = (name, config);
+    match inner {
+        #[cfg(feature = "postgres")]
+        Inner::Pg(b) => {
+            let lock = "SELECT pg_advisory_lock(hashtext($1))";
+            let unlock = "SELECT pg_advisory_unlock(hashtext($1))";
+            let lease = (config.table.as_str(), "$1");
+            let row_lock = config.strategy == Strategy::RowLock;
+            b.conns()
+                .bare_cycle(name, (lock, unlock), row_lock, lease)
+                .await
+        }
+        #[cfg(feature = "mysql")]
+        Inner::My(b) => {
+            let (lock, unlock) = (
+                "SELECT GET_LOCK(SHA1(?), 10)",
+                "SELECT RELEASE_LOCK(SHA1(?))",
+            );
+            let lease = (config.table.as_str(), "?");
+            let row_lock = config.strategy == Strategy::RowLock;
+            b.conns()
+                .bare_cycle(name, (lock, unlock), row_lock, lease)
+                .await
+        }
+        #[cfg(feature = "sqlite")]
+        Inner::Lite(_) => Err(lockcore::Error::unsupported(
+            "sqlite: no bare primitive is measured (a local file)",
+        )),
+    }
+}
+
+/// Requests the server has answered: PostgreSQL's finished transactions (`pg_stat_database`:
+/// every statement of this crate is one; sessions publish their counts at most once a second,
+/// so read it a second after the load stops), MariaDB's `Questions` (pings not counted).
+///
+/// Cancel safe.
+pub(crate) async fn server_requests(inner: &Inner) -> Result<u64> {
+    match inner {
+        #[cfg(feature = "postgres")]
+        Inner::Pg(b) => {
+            let sql = "SELECT (sum(xact_commit) + sum(xact_rollback))::int8 FROM pg_stat_database";
+            let (n,): (i64,) = b.conns().fetch_row(sql).await?;
+            Ok(n as u64)
+        }
+        #[cfg(feature = "mysql")]
+        Inner::My(b) => {
+            let sql = "SHOW GLOBAL STATUS LIKE 'Questions'";
+            let (_, v): (String, String) = b.conns().fetch_row(sql).await?;
+            Ok(v.parse::<u64>().unwrap_or(0))
+        }
+        #[cfg(feature = "sqlite")]
+        Inner::Lite(_) => Err(lockcore::Error::unsupported(
+            "sqlite has no server to count requests",
+        )),
+    }
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl<O, M, DB> Conns<O, M>
 where
     O: ConnectOptions,

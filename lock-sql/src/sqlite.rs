@@ -362,18 +362,6 @@ impl LiteBackend {
         self.attempt(req, false).await
     }
 
-    /// No bare primitive is measured on a local file.
-    pub(crate) async fn bare_cycle(&self, _name: &LockName) -> Result<()> {
-        Err(Error::unsupported(
-            "sqlite: no bare primitive is measured (a local file)",
-        ))
-    }
-
-    /// SQLite has no server to count requests.
-    pub(crate) async fn server_requests(&self) -> Result<u64> {
-        Err(Error::unsupported("sqlite has no server to count requests"))
-    }
-
     /// One attempt. `waits`: it belongs to a waiting `lock()`, whose writer marks itself as
     /// waiting behind shared holders (a `try_lock` marks nothing).
     ///

@@ -103,40 +103,9 @@ impl MyBackend {
         })
     }
 
-    /// The server's version string, for the report.
-    pub(crate) async fn server_version(&self) -> Result<String> {
-        let (v,): (String,) = self.conns.fetch_row("SELECT VERSION()").await?;
-        Ok(v)
-    }
-
-    pub(crate) async fn ping(&self) -> Result<()> {
-        self.conns.ping().await
-    }
-
-    /// The bare primitive of the strategy: row-lock `GET_LOCK` then `RELEASE_LOCK` on one
-    /// connection; lease: an insert and a delete of a row.
-    pub(crate) async fn bare_cycle(&self, name: &LockName) -> Result<()> {
-        self.conns
-            .bare_cycle(
-                name,
-                (
-                    "SELECT GET_LOCK(SHA1(?), 10)",
-                    "SELECT RELEASE_LOCK(SHA1(?))",
-                ),
-                self.config.strategy == Strategy::RowLock,
-                (&self.config.table, "?"),
-            )
-            .await
-    }
-
-    /// Statements the server has run for clients (`SHOW GLOBAL STATUS` `Questions`; pings are
-    /// not counted).
-    pub(crate) async fn server_requests(&self) -> Result<u64> {
-        let (_, v): (String, String) = self
-            .conns
-            .fetch_row("SHOW GLOBAL STATUS LIKE 'Questions'")
-            .await?;
-        Ok(v.parse::<u64>().unwrap_or(0))
+    /// This client's connections (for [`crate::probes`]).
+    pub(crate) fn conns(&self) -> &MyConns {
+        &self.conns
     }
 
     /// Refuses, before any I/O, a name the interop peer would lock differently.

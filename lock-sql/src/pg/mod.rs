@@ -162,41 +162,9 @@ impl PgBackend {
         })
     }
 
-    /// The server's version string, for the report.
-    pub(crate) async fn server_version(&self) -> Result<String> {
-        let (v,): (String,) = self.conns.fetch_row("SHOW server_version").await?;
-        Ok(format!("PostgreSQL {v}"))
-    }
-
-    pub(crate) async fn ping(&self) -> Result<()> {
-        self.conns.ping().await
-    }
-
-    /// The bare primitive of the strategy: row-lock `pg_advisory_lock` then `pg_advisory_unlock`
-    /// on one connection; lease: an insert and a delete of a row.
-    pub(crate) async fn bare_cycle(&self, name: &LockName) -> Result<()> {
-        self.conns
-            .bare_cycle(
-                name,
-                (
-                    "SELECT pg_advisory_lock(hashtext($1))",
-                    "SELECT pg_advisory_unlock(hashtext($1))",
-                ),
-                self.config.strategy == Strategy::RowLock,
-                (&self.config.table, "$1"),
-            )
-            .await
-    }
-
-    /// Transactions the server has finished (committed + rolled back), from
-    /// `pg_stat_database`: every statement of this crate is one. Sessions publish their counts
-    /// at most once a second, so read it a second after the load stops.
-    pub(crate) async fn server_requests(&self) -> Result<u64> {
-        let (n,): (i64,) = self
-            .conns
-            .fetch_row("SELECT (sum(xact_commit) + sum(xact_rollback))::int8 FROM pg_stat_database")
-            .await?;
-        Ok(n as u64)
+    /// This client's connections (for [`crate::probes`]).
+    pub(crate) fn conns(&self) -> &PgConns {
+        &self.conns
     }
 
     pub(crate) async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
