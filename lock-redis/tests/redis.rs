@@ -211,6 +211,10 @@ async fn bad_urls_are_invalid_config_and_never_show_the_password() {
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
     assert!(!format!("{e} {e:?}").contains(PW));
+    // Issue 37: `{:#}` printed the client's cause twice ("Connection refused: Connection
+    // refused"), the client's error echoing its own source.
+    let chain = format!("{e:#}");
+    assert_eq!(chain.matches("refused").count(), 1, "{chain}");
 
     if let Some(url) = require_env("LOCK_TEST_REDIS_AUTH_URL") {
         // A wrong password is refused, and not echoed either.
