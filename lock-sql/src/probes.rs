@@ -138,6 +138,42 @@ where
         .await
     }
 
+    /// The row `sql` answers for `name`, its only parameter (`what`: for errors).
+    ///
+    /// Cancel safe.
+    pub(crate) async fn row_of<R>(&self, what: &str, sql: &str, name: &str) -> Result<R>
+    where
+        R: for<'r> sqlx::FromRow<'r, DB::Row> + Send + Unpin + 'static,
+        for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    {
+        let (sql, name) = (sql.to_owned(), name.to_owned());
+        self.run(self.bound(), what, move |c| {
+            sqlx::query_as::<DB, R>(AssertSqlSafe(sql.clone()))
+                .bind(name.clone())
+                .fetch_one(c)
+                .boxed()
+        })
+        .await
+    }
+
+    /// Every row `sql` answers for `name`, its only parameter (`what`: for errors).
+    ///
+    /// Cancel safe.
+    pub(crate) async fn rows_of<R>(&self, what: &str, sql: &str, name: &str) -> Result<Vec<R>>
+    where
+        R: for<'r> sqlx::FromRow<'r, DB::Row> + Send + Unpin + 'static,
+        for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    {
+        let (sql, name) = (sql.to_owned(), name.to_owned());
+        self.run(self.bound(), what, move |c| {
+            sqlx::query_as::<DB, R>(AssertSqlSafe(sql.clone()))
+                .bind(name.clone())
+                .fetch_all(c)
+                .boxed()
+        })
+        .await
+    }
+
     /// A `SELECT 1` round trip.
     ///
     /// Cancel safe.

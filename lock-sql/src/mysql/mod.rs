@@ -168,16 +168,9 @@ impl MyBackend {
             .await?;
         if held == 0 {
             if !row_lock {
-                let (n, sql) = (name.as_str().to_owned(), self.sql.share_inspect.clone());
-                let rows: Vec<(String, u64, i64, Option<String>)> = self
-                    .conns
-                    .run(self.conns.bound(), "inspecting shares", move |c| {
-                        sqlx::query_as(AssertSqlSafe(sql.clone()))
-                            .bind(n.clone())
-                            .fetch_all(c)
-                            .boxed()
-                    })
-                    .await?;
+                let (what, sql) = ("inspecting shares", &self.sql.share_inspect);
+                let rows: Vec<(String, u64, i64, Option<String>)> =
+                    self.conns.rows_of(what, sql, name.as_str()).await?;
                 let rows = rows
                     .into_iter()
                     .map(|(m, f, us, h)| (m, f as i64, us as f64 / 1e6, h))
@@ -227,20 +220,8 @@ impl MyBackend {
             Strategy::RowLock => {
                 // The holder as the server knows it now (not a connection id recorded earlier,
                 // which may by then belong to another lock's holder), then killed by that id.
-                let sql = self.sql.holder.clone();
-                let holder: Option<i64> = self
-                    .conns
-                    .run(
-                        self.conns.bound(),
-                        "finding a row lock's holder",
-                        move |c| {
-                            sqlx::query_scalar(AssertSqlSafe(sql.clone()))
-                                .bind(name.clone())
-                                .fetch_one(c)
-                                .boxed()
-                        },
-                    )
-                    .await?;
+                let (what, sql) = ("finding a row lock's holder", &self.sql.holder);
+                let (holder,): (Option<i64>,) = self.conns.row_of(what, sql, &name).await?;
                 let Some(id) = holder.filter(|id| *id > 0) else {
                     return Ok(false);
                 };

@@ -201,15 +201,8 @@ impl PgBackend {
             // Exclusive waiters' live queue entries.
             Strategy::Lease => (name.as_str().to_owned(), self.sql.queued_lease.clone()),
         };
-        let n: i64 = self
-            .conns
-            .run(self.conns.bound(), "counting queued waiters", move |c| {
-                sqlx::query_scalar(AssertSqlSafe(sql.clone()))
-                    .bind(name.clone())
-                    .fetch_one(c)
-                    .boxed()
-            })
-            .await?;
+        let what = "counting queued waiters";
+        let (n,): (i64,) = self.conns.row_of(what, &sql, &name).await?;
         Ok(n.max(0) as usize)
     }
 
@@ -267,16 +260,9 @@ impl PgBackend {
     ///
     /// Cancel safe.
     async fn inspect_shares(&self, name: &LockName) -> Result<Option<LockInfo>> {
-        let (n, sql) = (name.as_str().to_owned(), self.sql.share_inspect.clone());
-        let rows: Vec<(String, i64, f64, Option<String>)> = self
-            .conns
-            .run(self.conns.bound(), "inspecting shares", move |c| {
-                sqlx::query_as(AssertSqlSafe(sql.clone()))
-                    .bind(n.clone())
-                    .fetch_all(c)
-                    .boxed()
-            })
-            .await?;
+        let (what, sql) = ("inspecting shares", &self.sql.share_inspect);
+        let rows: Vec<(String, i64, f64, Option<String>)> =
+            self.conns.rows_of(what, sql, name.as_str()).await?;
         Ok(crate::shares::info(name, rows))
     }
 
@@ -307,22 +293,9 @@ impl PgBackend {
                 Ok(n > 0 || shares > 0)
             }
             Strategy::RowLock => {
-                let name = param;
-                let sql = self.sql.revoke_row.clone();
-                let killed: Vec<bool> = self
-                    .conns
-                    .run(
-                        self.conns.bound(),
-                        "terminating a row lock's holder",
-                        move |c| {
-                            sqlx::query_scalar(AssertSqlSafe(sql.clone()))
-                                .bind(name.clone())
-                                .fetch_all(c)
-                                .boxed()
-                        },
-                    )
-                    .await?;
-                Ok(killed.into_iter().any(|k| k))
+                let (what, sql) = ("terminating a row lock's holder", &self.sql.revoke_row);
+                let killed: Vec<(bool,)> = self.conns.rows_of(what, sql, &param).await?;
+                Ok(killed.into_iter().any(|(k,)| k))
             }
         }
     }
