@@ -13,13 +13,15 @@ pub(super) const HELD_BY_PERMITS: u64 = (1 << 62) + 1;
 pub(super) struct Sql {
     pub(super) row_acquire: String,
     /// `GET_LOCK` alone, 1 when taken: for a holder that wants no token (and under
-    /// `interop=get_lock`, which hands none out): nothing written, no commit.
+    /// `interop=get_lock`, which hands none out: the peer's key, then the default layout's):
+    /// nothing written, no commit.
     pub(super) row_acquire_unfenced: String,
-    /// After an unfenced `GET_LOCK` (default layout): a live lease gives the key back.
+    /// After `row_acquire_unfenced` took its keys: a live lease gives them back.
     pub(super) row_lock_check: String,
     /// Whether a row lock holds the name's key (after an exclusive lease attempt created the
     /// row, see `crate::mysql::exclusion`).
     pub(super) key_used: String,
+    /// Gives back the keys a row lock holds (each parameter the name).
     pub(super) row_unlock: String,
     pub(super) holder: String,
     pub(super) lease_acquire: String,
