@@ -228,6 +228,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn defaults() {
+        let c = Config::parse("etcd://127.0.0.1:12379").unwrap();
+        assert!(!c.tls);
+        assert_eq!(c.namespace, DEFAULT_NAMESPACE);
+        assert_eq!(c.endpoints(), ["http://127.0.0.1:12379"]);
+        assert!(c.user.is_none() && c.password.is_none());
+        assert_eq!(Config::parse("ETCD://h/").unwrap().namespace, "locksmith");
+        assert_eq!(
+            Config::parse("etcd://h").unwrap().redacted(),
+            "etcd://h:2379/locksmith"
+        );
+    }
+
+    #[test]
     fn parses_full_url() {
         let c = Config::parse(
             "etcds://me:p%40ss%3Aw@h1:1,[::1]:2,h3/app/x?ca=/tmp/ca.pem&domain=localhost&timeout_ms=2500",
@@ -251,20 +265,6 @@ mod tests {
             "{shown}"
         );
         assert!(shown.contains("me:***@"), "{shown}");
-    }
-
-    #[test]
-    fn defaults() {
-        let c = Config::parse("etcd://127.0.0.1:12379").unwrap();
-        assert!(!c.tls);
-        assert_eq!(c.namespace, DEFAULT_NAMESPACE);
-        assert_eq!(c.endpoints(), ["http://127.0.0.1:12379"]);
-        assert!(c.user.is_none() && c.password.is_none());
-        assert_eq!(Config::parse("ETCD://h/").unwrap().namespace, "locksmith");
-        assert_eq!(
-            Config::parse("etcd://h").unwrap().redacted(),
-            "etcd://h:2379/locksmith"
-        );
     }
 
     #[test]
