@@ -1,6 +1,7 @@
-//! Parsing and validating `zk://` URLs. Nothing here ever echoes the digest password: error
+//! Parsing and validating `zk://` and `zks://` (TLS) URLs. Nothing here ever echoes the digest password: error
 //! messages name the parameter, never its value.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lockcore::config::{UrlParts, UserInfoAt, is_segment, parse_hosts};
@@ -77,6 +78,19 @@ impl Digest {
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct Config {
+    /// `zks`: TLS to the servers' secure client port (`secureClientPort`).
+    #[serde(default)]
+    pub tls: bool,
+    /// CA certificate (PEM) that verifies the servers (TLS only; required with TLS).
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
+    /// Client certificate chain (PEM) for servers that ask for one (`ssl.clientAuth`; TLS
+    /// only, with `key`).
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM; TLS only, with `cert`).
+    #[serde(default)]
+    pub key: Option<PathBuf>,
     /// `host:port` of each server (`host` alone takes port 2181; IPv6 hosts in brackets).
     pub hosts: Vec<String>,
     /// `""` or an absolute path (`/app`).
@@ -118,6 +132,9 @@ const WHAT: &str = "zk:// URL";
 
 /// The query parameters of a `zk://` URL (the hosts and the chroot are its address part).
 const URL_PARAMS: &[&str] = &[
+    "ca",
+    "cert",
+    "key",
     "session_timeout_ms",
     "namespace",
     "digest",
@@ -156,7 +173,40 @@ impl Config {
                 "namespace \"zookeeper\" is reserved by ZooKeeper at the root",
             ));
         }
+        self.check_tls()?;
         Ok(self)
+    }
+
+    /// `ca`, `cert` and `key` belong to TLS; TLS needs `ca` (no system roots are compiled in);
+    /// `cert` and `key` come together.
+    fn check_tls(&self) -> Result<()> {
+        let files = [("ca", &self.ca), ("cert", &self.cert), ("key", &self.key)];
+        for (param, file) in files {
+            match file {
+                Some(_) if !self.tls => {
+                    return Err(Error::invalid_config(format!(
+                        "{param}= is for zks:// (TLS) URLs only"
+                    )));
+                }
+                Some(path) if path.as_os_str().is_empty() => {
+                    return Err(Error::invalid_config(format!(
+                        "ZooKeeper `{param}` is empty"
+                    )));
+                }
+                _ => {}
+            }
+        }
+        if self.tls && self.ca.is_none() {
+            return Err(Error::invalid_config(
+                "a zks:// (TLS) URL needs ca=<PEM file of the CA that signed the servers' certificates>",
+            ));
+        }
+        if self.cert.is_some() != self.key.is_some() {
+            return Err(Error::invalid_config(
+                "ZooKeeper TLS client identity needs both cert= and key=",
+            ));
+        }
+        Ok(())
     }
 
     /// The connect string for the client: the hosts only (the chroot is applied by this crate,
@@ -173,7 +223,8 @@ impl Config {
     /// The URL with the password replaced by `***`.
     pub(crate) fn redacted(&self, negotiated: Option<Duration>) -> String {
         let mut s = format!(
-            "zk://{}{}?namespace={}&session_timeout_ms={}",
+            "{}://{}{}?namespace={}&session_timeout_ms={}",
+            if self.tls { "zks" } else { "zk" },
             self.connect_string(),
             self.chroot,
             self.namespace,
@@ -188,6 +239,12 @@ impl Config {
         if self.interop != Interop::default() {
             s.push_str(&format!("&interop={}", self.interop.as_str()));
         }
+        // Paths, as lock-etcd shows its `ca=`: where the files are, never what is in them.
+        for (param, file) in [("ca", &self.ca), ("cert", &self.cert), ("key", &self.key)] {
+            if let Some(path) = file {
+                s.push_str(&format!("&{param}={}", path.display()));
+            }
+        }
         if let Some(n) = negotiated {
             s.push_str(&format!(" (negotiated {} ms)", n.as_millis()));
         }
@@ -199,15 +256,21 @@ impl Config {
         s
     }
 
-    /// Parses a `zk://host:port[,host:port...][/chroot][?params]` URL.
+    /// Parses a `zk[s]://host:port[,host:port...][/chroot][?params]` URL (`zks`: TLS).
     ///
     /// # Errors
     /// `InvalidConfig` for anything malformed or unknown (never quoting the password).
     pub fn parse(url: &str) -> Result<Config> {
         let parts = UrlParts::split(WHAT, url, UserInfoAt::HostPart)?;
-        if !parts.scheme.eq_ignore_ascii_case("zk") {
-            return Err(Error::invalid_config("a ZooKeeper URL starts with zk://"));
-        }
+        let tls = if parts.scheme.eq_ignore_ascii_case("zk") {
+            false
+        } else if parts.scheme.eq_ignore_ascii_case("zks") {
+            true
+        } else {
+            return Err(Error::invalid_config(
+                "a ZooKeeper URL starts with zk:// or zks:// (TLS)",
+            ));
+        };
         if parts.userinfo.is_some() {
             return Err(Error::invalid_config(
                 "a zk:// URL carries no user info; pass credentials as ?digest=user:password",
@@ -222,6 +285,7 @@ impl Config {
                 "a zk:// URL needs at least one host:port",
             ));
         }
+        config.tls = tls;
         config.hosts = authority.split(',').map(str::to_owned).collect();
         config.chroot = path.to_owned();
         config.validate()
@@ -304,6 +368,30 @@ mod tests {
     }
 
     #[test]
+    fn parses_tls_url() {
+        let c = Config::parse(
+            "zks://h1:1,h2/app?ca=/etc/ca.pem&cert=/etc/me.pem&key=/etc/me.key&digest=me:pw",
+        )
+        .unwrap();
+        assert!(c.tls);
+        assert_eq!(c.ca.as_deref(), Some(std::path::Path::new("/etc/ca.pem")));
+        assert_eq!(c.cert.as_deref(), Some(std::path::Path::new("/etc/me.pem")));
+        assert_eq!(c.key.as_deref(), Some(std::path::Path::new("/etc/me.key")));
+        let shown = c.redacted(None);
+        assert!(
+            shown.starts_with("zks://h1:1,h2:2181/app?") && shown.contains("&ca=/etc/ca.pem"),
+            "{shown}"
+        );
+        assert!(!Config::parse("zk://h").unwrap().tls);
+        let file: Config =
+            serde_json::from_str(r#"{"tls": true, "hosts": ["h"], "ca": "/etc/ca.pem"}"#).unwrap();
+        assert_eq!(
+            file.validate().unwrap(),
+            Config::parse("zks://h?ca=/etc/ca.pem").unwrap()
+        );
+    }
+
+    #[test]
     fn defaults() {
         let c = Config::parse("zk://127.0.0.1:12181").unwrap();
         assert_eq!(c.chroot, "");
@@ -334,6 +422,15 @@ mod tests {
             "zk://h?session_timeout_ms=0".to_owned(),
             "zk://h?session_timeout_ms=".to_owned(),
             "zk://h?unknown=1".to_owned(),
+            "zk://h?ca=/x.pem".to_owned(),
+            "zk://h?cert=/c.pem&key=/k.pem".to_owned(),
+            "zks://h".to_owned(),
+            "zks://h?ca=".to_owned(),
+            "zks://h?ca=/x.pem&cert=/c.pem".to_owned(),
+            "zks://h?ca=/x.pem&key=/k.pem".to_owned(),
+            "zks://h?ca=/x.pem&ca=/y.pem".to_owned(),
+            "zks://h?ca=/x.pem&tls=false".to_owned(),
+            "zkss://h?ca=/x.pem".to_owned(),
             "zk://h?lost_after_disconnect=0.9".to_owned(),
             "zk://h?lost_after_disconnect=-0.1".to_owned(),
             "zk://h?lost_after_disconnect=NaN".to_owned(),
