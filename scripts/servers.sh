@@ -16,7 +16,8 @@
 #
 # Ports: redis 16379 (plain), 16380-16384 (Redlock), 16385 (requirepass + ACL user),
 #        16386 (TLS only), 17000-17002 (cluster; bus 27000-27002); postgres 15432;
-#        mariadb 13306; zookeeper 12181; etcd 12379 (client) / 12380 (peer);
+#        mariadb 13306; zookeeper 12181 (plain) / 12182 (TLS, client certificate required);
+#        etcd 12379 (client) / 12380 (peer);
 #        etcd with TLS + auth 12383 (client) / 12384 (peer).
 set -euo pipefail
 
@@ -33,7 +34,8 @@ REDIS_TLS_PORT=16386
 CLUSTER_PORTS=(17000 17001 17002)
 PG_PORT=15432
 MY_PORT=13306
-ZK_PORT=12181
+ZK_PORT=${LOCKSMITH_ZK_PORT:-12181}
+ZK_TLS_PORT=${LOCKSMITH_ZK_TLS_PORT:-12182}
 ETCD_PORT=12379
 ETCD_PEER_PORT=12380
 ETCD_TLS_PORT=${LOCKSMITH_ETCD_TLS_PORT:-12383}
@@ -64,7 +66,7 @@ T_ZK=60
 T_ETCD=30
 
 ALL_PORTS=("$REDIS_PORT" "${REDLOCK_PORTS[@]}" "$REDIS_AUTH_PORT" "$REDIS_TLS_PORT"
-  "${CLUSTER_PORTS[@]}" 27000 27001 27002 "$PG_PORT" "$MY_PORT" "$ZK_PORT"
+  "${CLUSTER_PORTS[@]}" 27000 27001 27002 "$PG_PORT" "$MY_PORT" "$ZK_PORT" "$ZK_TLS_PORT"
   "$ETCD_PORT" "$ETCD_PEER_PORT" "$ETCD_TLS_PORT" "$ETCD_TLS_PEER_PORT")
 # Process names we are allowed to kill when they hold one of our ports.
 OUR_COMMS='^(redis-server|redis-check-rdb|postgres|mariadbd|mysqld|java|etcd)$'
@@ -511,7 +513,11 @@ zk_classpath() {
   local cp=/usr/share/java/zookeeper.jar j
   [[ -f $cp ]] || die "$cp missing: run scripts/install-servers.sh"
   # zookeeper.jar's manifest Class-Path pulls in its dependencies (slf4j-api included);
-  # add one slf4j binding so the log is readable.
+  # add one slf4j binding so the log is readable. The secure client port runs on Netty, whose
+  # codec and resolver jars the manifest does not list.
+  for j in /usr/share/java/netty-codec.jar /usr/share/java/netty-resolver.jar; do
+    [[ -f $j ]] && cp+=":$j"
+  done
   for j in /usr/share/java/slf4j-simple.jar /usr/share/java/slf4j-jdk14.jar /usr/share/java/slf4j-nop.jar; do
     if [[ -f $j ]]; then
       cp+=":$j"
@@ -528,12 +534,22 @@ zk_4lw() {
   timeout 3 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1" && printf %s "$2" >&3 && cat <&3' _ "$ZK_PORT" "$1" 2>/dev/null
 }
 zk_srvr() { [[ $(zk_4lw srvr) == *Mode:* ]]; }
+# A TLS handshake on the secure client port that verifies the server and presents the client
+# certificate (the port requires one).
+zk_tls_ok() {
+  timeout 5 openssl s_client -connect "127.0.0.1:$ZK_TLS_PORT" -CAfile "$DIR/tls/ca.pem" \
+    -cert "$DIR/tls/server.pem" -key "$DIR/tls/server.key" -verify_return_error -brief \
+    </dev/null >/dev/null 2>&1
+}
 
 start_zookeeper() {
   local t0 d=$DIR/zk pid cp
   t0=$(now_us)
   mkdir -p "$d/data"
   cp=$(zk_classpath)
+  # The secure client port's key store: the gen_certs key and certificate in one PEM file.
+  cat "$DIR/tls/server.key" "$DIR/tls/server.pem" >"$d/keystore.pem"
+  chmod 600 "$d/keystore.pem"
   cat >"$d/zoo.cfg" <<EOF
 tickTime=500
 minSessionTimeout=1000
@@ -547,11 +563,19 @@ maxClientCnxns=0
 admin.enableServer=false
 4lw.commands.whitelist=srvr,mntr,ruok,stat,cons
 extendedTypesEnabled=true
+secureClientPort=$ZK_TLS_PORT
+secureClientPortAddress=127.0.0.1
+ssl.keyStore.location=$d/keystore.pem
+ssl.keyStore.type=PEM
+ssl.trustStore.location=$DIR/tls/ca.pem
+ssl.trustStore.type=PEM
+ssl.clientAuth=need
 EOF
   setsid java -Xmx256m -Xms64m -XX:+UseSerialGC -Djava.net.preferIPv4Stack=true \
     -Dzookeeper.admin.enableServer=false \
     -Dzookeeper.4lw.commands.whitelist=srvr,mntr,ruok,stat,cons \
     -Dzookeeper.extendedTypesEnabled=true \
+    -Dzookeeper.serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory \
     -Dorg.slf4j.simpleLogger.showDateTime=true \
     -Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS \
     -cp "$cp" org.apache.zookeeper.server.quorum.QuorumPeerMain "$d/zoo.cfg" \
@@ -559,6 +583,7 @@ EOF
   pid=$!
   echo "$pid" >"$d/zk.pid"
   wait_for "$T_ZK" "zookeeper srvr Mode:" "$d/zk.log" "$pid" zk_srvr
+  wait_for "$T_ZK" "zookeeper TLS $ZK_TLS_PORT" "$d/zk.log" "$pid" zk_tls_ok
   log "zookeeper: ready in $(elapsed "$t0") s (pid $pid)"
 }
 
@@ -745,6 +770,7 @@ print_env() {
     "LOCK_TEST_MYSQL_TLS_URL=mysql://$DB_USER:$DB_PASS@127.0.0.1:$MY_PORT/$DB_NAME?ssl-mode=verify_identity&ssl-ca=$DIR/tls/ca.pem"
     "LOCK_TEST_SQLITE_URL=sqlite://$DIR/locks.db"
     "LOCK_TEST_ZK_URL=zk://127.0.0.1:$ZK_PORT"
+    "LOCK_TEST_ZK_TLS_URL=zks://127.0.0.1:$ZK_TLS_PORT?ca=$DIR/tls/ca.pem&cert=$DIR/tls/server.pem&key=$DIR/tls/server.key"
     "LOCK_TEST_ETCD_URL=etcd://127.0.0.1:$ETCD_PORT"
     "LOCK_TEST_ETCD_TLS_URL=etcds://$ETCD_USER:$(urlencode "$ETCD_PASS")@127.0.0.1:$ETCD_TLS_PORT?ca=$DIR/tls/ca.pem"
     "LOCK_TEST_ZK_PID=$zk_pid"
@@ -775,6 +801,7 @@ status_all() {
   check "postgres $PG_PORT" pg_tcp_ok
   check "mariadb $MY_PORT" my_tcp_ok
   check "zookeeper $ZK_PORT" zk_srvr
+  check "zookeeper $ZK_TLS_PORT tls" zk_tls_ok
   check "etcd $ETCD_PORT" etcd_health
   check "etcd $ETCD_TLS_PORT tls+auth" etcd_tls_auth_ok
   return "$bad"

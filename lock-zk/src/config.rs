@@ -1,6 +1,7 @@
-//! Parsing and validating `zk://` URLs. Nothing here ever echoes the digest password: error
+//! Parsing and validating `zk://` and `zks://` (TLS) URLs. Nothing here ever echoes the digest password: error
 //! messages name the parameter, never its value.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lockcore::config::{UrlParts, UserInfoAt, is_segment, millis, parse_hosts};
@@ -76,6 +77,19 @@ impl Digest {
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct Config {
+    /// `zks`: TLS to the servers' secure client port (`secureClientPort`).
+    #[serde(default)]
+    pub tls: bool,
+    /// CA certificate (PEM) that verifies the servers (TLS only; required with TLS).
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
+    /// Client certificate chain (PEM) for servers that ask for one (`ssl.clientAuth`; TLS
+    /// only, with `key`).
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM; TLS only, with `cert`).
+    #[serde(default)]
+    pub key: Option<PathBuf>,
     /// `host:port` of each server (`host` alone takes port 2181; IPv6 hosts in brackets).
     pub hosts: Vec<String>,
     /// `""` or an absolute path (`/app`).
@@ -117,6 +131,9 @@ impl Config {
     /// refused with `InvalidConfig`, named (the `locksmith` facade's docs list them per URL
     /// kind, checked by a test).
     pub const URL_PARAMS: &'static [&'static str] = &[
+        "ca",
+        "cert",
+        "key",
         "session_timeout_ms",
         "namespace",
         "digest",
@@ -150,7 +167,40 @@ impl Config {
                 "namespace \"zookeeper\" is reserved by ZooKeeper at the root",
             ));
         }
+        self.check_tls()?;
         Ok(self)
+    }
+
+    /// `ca`, `cert` and `key` belong to TLS; TLS needs `ca` (no system roots are compiled in);
+    /// `cert` and `key` come together.
+    fn check_tls(&self) -> Result<()> {
+        let files = [("ca", &self.ca), ("cert", &self.cert), ("key", &self.key)];
+        for (param, file) in files {
+            match file {
+                Some(_) if !self.tls => {
+                    return Err(Error::invalid_config(format!(
+                        "{param}= is for zks:// (TLS) URLs only"
+                    )));
+                }
+                Some(path) if path.as_os_str().is_empty() => {
+                    return Err(Error::invalid_config(format!(
+                        "ZooKeeper `{param}` is empty"
+                    )));
+                }
+                _ => {}
+            }
+        }
+        if self.tls && self.ca.is_none() {
+            return Err(Error::invalid_config(
+                "a zks:// (TLS) URL needs ca=<PEM file of the CA that signed the servers' certificates>",
+            ));
+        }
+        if self.cert.is_some() != self.key.is_some() {
+            return Err(Error::invalid_config(
+                "ZooKeeper TLS client identity needs both cert= and key=",
+            ));
+        }
+        Ok(())
     }
 
     /// The connect string for the client: the hosts only (the chroot is applied by this crate,
@@ -167,7 +217,8 @@ impl Config {
     /// The URL with the password replaced by `***`.
     pub(crate) fn redacted(&self, negotiated: Option<Duration>) -> String {
         let mut s = format!(
-            "zk://{}{}?namespace={}&session_timeout_ms={}",
+            "{}://{}{}?namespace={}&session_timeout_ms={}",
+            if self.tls { "zks" } else { "zk" },
             self.connect_string(),
             self.chroot,
             self.namespace,
@@ -182,6 +233,12 @@ impl Config {
         if self.interop != Interop::default() {
             s.push_str(&format!("&interop={}", self.interop.as_str()));
         }
+        // Paths, as lock-etcd shows its `ca=`: where the files are, never what is in them.
+        for (param, file) in [("ca", &self.ca), ("cert", &self.cert), ("key", &self.key)] {
+            if let Some(path) = file {
+                s.push_str(&format!("&{param}={}", path.display()));
+            }
+        }
         if let Some(n) = negotiated {
             s.push_str(&format!(" (negotiated {} ms)", n.as_millis()));
         }
@@ -193,13 +250,16 @@ impl Config {
         s
     }
 
-    /// Parses a `zk://host:port[,host:port...][/chroot][?params]` URL.
+    /// Parses a `zk[s]://host:port[,host:port...][/chroot][?params]` URL (`zks`: TLS).
     ///
     /// # Errors
     /// `InvalidConfig` for anything malformed or unknown (never quoting the password).
     pub fn parse(url: &str) -> Result<Config> {
         let parts = UrlParts::split(WHAT, url, UserInfoAt::HostPart)?;
-        parts.scheme_among(&["zk"], "a ZooKeeper URL starts with zk://")?;
+        let tls = parts.scheme_among(
+            &["zk", "zks"],
+            "a ZooKeeper URL starts with zk:// or zks:// (TLS)",
+        )? == 1;
         if parts.userinfo.is_some() {
             return Err(Error::invalid_config(
                 "a zk:// URL carries no user info; pass credentials as ?digest=user:password",
@@ -210,6 +270,7 @@ impl Config {
             parts.query_and_hosts(WHAT, Self::URL_PARAMS, "hosts")?;
         config.hosts = hosts;
         config.chroot = parts.path.to_owned();
+        config.tls = tls;
         config.validate()
     }
 }
@@ -289,6 +350,30 @@ mod tests {
     }
 
     #[test]
+    fn parses_tls_url() {
+        let c = Config::parse(
+            "zks://h1:1,h2/app?ca=/etc/ca.pem&cert=/etc/me.pem&key=/etc/me.key&digest=me:pw",
+        )
+        .unwrap();
+        assert!(c.tls);
+        assert_eq!(c.ca.as_deref(), Some(std::path::Path::new("/etc/ca.pem")));
+        assert_eq!(c.cert.as_deref(), Some(std::path::Path::new("/etc/me.pem")));
+        assert_eq!(c.key.as_deref(), Some(std::path::Path::new("/etc/me.key")));
+        let shown = c.redacted(None);
+        assert!(
+            shown.starts_with("zks://h1:1,h2:2181/app?") && shown.contains("&ca=/etc/ca.pem"),
+            "{shown}"
+        );
+        assert!(!Config::parse("zk://h").unwrap().tls);
+        let file: Config =
+            serde_json::from_str(r#"{"tls": true, "hosts": ["h"], "ca": "/etc/ca.pem"}"#).unwrap();
+        assert_eq!(
+            file.validate().unwrap(),
+            Config::parse("zks://h?ca=/etc/ca.pem").unwrap()
+        );
+    }
+
+    #[test]
     fn defaults() {
         let c = Config::parse("zk://127.0.0.1:12181").unwrap();
         assert_eq!(c.chroot, "");
@@ -319,6 +404,15 @@ mod tests {
             "zk://h?session_timeout_ms=0",
             "zk://h?session_timeout_ms=",
             "zk://h?unknown=1",
+            "zk://h?ca=/x.pem",
+            "zk://h?cert=/c.pem&key=/k.pem",
+            "zks://h",
+            "zks://h?ca=",
+            "zks://h?ca=/x.pem&cert=/c.pem",
+            "zks://h?ca=/x.pem&key=/k.pem",
+            "zks://h?ca=/x.pem&ca=/y.pem",
+            "zks://h?ca=/x.pem&tls=false",
+            "zkss://h?ca=/x.pem",
             "zk://h?lost_after_disconnect=0.9",
             "zk://h?lost_after_disconnect=-0.1",
             "zk://h?lost_after_disconnect=NaN",

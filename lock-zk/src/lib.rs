@@ -4,10 +4,14 @@
 //!
 //! # URL
 //!
-//! `zk://host1:port1[,host2:port2...][/chroot][?params]` (port defaults to 2181). Parameters:
+//! `zk://host1:port1[,host2:port2...][/chroot][?params]` (port defaults to 2181), or
+//! `zks://...` for TLS to the servers' secure client port (`secureClientPort`; rustls with the
+//! ring provider, as every other backend here). Parameters:
 //!
 //! | parameter | default | meaning |
 //! |---|---|---|
+//! | `ca` | none (required with `zks://`) | PEM file of the CA that signed the servers' certificates; the server name checked is the host as written (an IP address in the certificate's SAN for `127.0.0.1`) |
+//! | `cert`, `key` | none | PEM files of a client certificate chain and its private key, for servers that ask for one (`ssl.clientAuth=need`, ZooKeeper's default); together, `zks://` only |
 //! | `session_timeout_ms` | 10000 | session timeout asked of the server (it clamps it to its `[minSessionTimeout, maxSessionTimeout]`) |
 //! | `namespace` | `locksmith` | top-level node (under the chroot) holding every lock |
 //! | `digest` | none | `user:password` for ZooKeeper `digest` auth; every node this backend creates then gets the ACL creator-all + world-read |
@@ -28,16 +32,12 @@
 //! client of the ensemble can delete a holder's node and take the lock. Use `digest` wherever
 //! the ensemble is shared.
 //!
-//! TLS: not wired yet; `zk://` connections are plain TCP. The `zookeeper-client` crate (0.11.2)
-//! has TLS behind its `tls` feature, which depends on rustls and futures-rustls with their
-//! default features: those compile the aws-lc-rs provider (the aws-lc-sys C library) beside
-//! the ring provider every other backend here uses, and a dependent cannot turn a dependency's
-//! default features off. With both providers compiled in, rustls has no default provider, and
-//! `rustls::ClientConfig::builder()`, which zookeeper-client's TLS connect calls, panics unless
-//! the application installs one (checked with zookeeper-client 0.11.2, rustls 0.23.48). Wiring
-//! TLS needs a zookeeper-client whose rustls dependencies leave the provider to its user (a
-//! patched copy, as `vendor/etcd-client` is for etcd), or this crate installing ring as the
-//! process's default provider, a global choice a library should not make for its application.
+//! TLS: a handshake the server refuses, or a server certificate the `ca=` did not sign, fails
+//! the connect with [`ErrorKind::Unavailable`](lockcore::ErrorKind) saying why (as a server
+//! that cannot be reached); unreadable or malformed `ca`/`cert`/`key` files are `InvalidConfig`
+//! naming the path, before any connection. `Debug` and `describe()` show the paths, never the
+//! files' contents. The client is `zookeeper-client` 0.11.2 from `vendor/zookeeper-client`,
+//! whose manifest takes rustls with ring instead of aws-lc-rs (its README says what changed).
 //!
 //! # The recipe
 //!

@@ -126,12 +126,63 @@ pub(crate) async fn open_client(config: &Config) -> Result<zk::Client> {
     }
     let hosts = config.connect_string();
     let connect_bound = config.session_timeout * 2 + Duration::from_secs(5);
-    match tokio::time::timeout(connect_bound, connector.connect(&hosts)).await {
+    let tls = if config.tls {
+        Some(tls_options(config)?)
+    } else {
+        None
+    };
+    let connect = async {
+        if let Some(tls) = tls {
+            connector.with_tls(tls).secure_connect(&hosts).await
+        } else {
+            connector.connect(&hosts).await
+        }
+    };
+    match tokio::time::timeout(connect_bound, connect).await {
         Ok(Ok(client)) => Ok(client),
+        // The client reports a failed handshake as no host answering, its cause only logged:
+        // say which settings decide a TLS handshake.
+        Ok(Err(e @ zk::Error::NoHosts)) if config.tls => Err(map_err(
+            format!(
+                "connecting to ZooKeeper at {hosts} over TLS (no server completed the handshake: \
+                 is it the secure client port, did ca= sign its certificate, does it require a \
+                 client certificate, cert= and key=?)"
+            ),
+            e,
+        )),
         Ok(Err(e)) => Err(map_err(format!("connecting to ZooKeeper at {hosts}"), e)),
         Err(_) => Err(Error::new(
             lockcore::ErrorKind::Unavailable,
             format!("connecting to ZooKeeper at {hosts}: no session within {connect_bound:?}"),
         )),
     }
+}
+
+/// The client's TLS settings from `ca=`, `cert=` and `key=` (validated: TLS has a CA).
+/// Unreadable or malformed files are `InvalidConfig` naming the path, never the contents.
+fn tls_options(config: &Config) -> Result<zk::TlsOptions> {
+    let read = |path: &std::path::Path| {
+        std::fs::read_to_string(path).map_err(|e| {
+            Error::invalid_config(format!("reading {}", path.display())).with_source(e)
+        })
+    };
+    let malformed = |what: String| {
+        move |e: zk::Error| Error::invalid_config(format!("{what}: not usable PEM")).with_source(e)
+    };
+    let mut options = zk::TlsOptions::new();
+    if let Some(ca) = &config.ca {
+        options = options
+            .with_pem_ca(&read(ca)?)
+            .map_err(malformed(format!("CA file {}", ca.display())))?;
+    }
+    if let (Some(cert), Some(key)) = (&config.cert, &config.key) {
+        options = options
+            .with_pem_identity(&read(cert)?, &read(key)?)
+            .map_err(malformed(format!(
+                "client certificate {} / key {}",
+                cert.display(),
+                key.display()
+            )))?;
+    }
+    Ok(options)
 }

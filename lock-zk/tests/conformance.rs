@@ -1,4 +1,5 @@
-//! The conformance suite against ZooKeeper (`LOCK_TEST_ZK_URL`).
+//! The conformance suite against ZooKeeper (`LOCK_TEST_ZK_URL`), and again over TLS to its
+//! secure client port (`LOCK_TEST_ZK_TLS_URL`, `zks://...?ca=...&cert=...&key=...`).
 //!
 //! Every client connects through faultkit proxies of its own so that `crash` can play a killed
 //! process: its connections and reconnections are reset, the session is never closed and
@@ -20,6 +21,7 @@ use lockcore::{LockGuard, LockName, Locker, Result};
 const SESSION_TIMEOUT_MS: u64 = 2000;
 
 struct ZkHarness {
+    label: &'static str,
     url: String,
     /// Every client's proxies (kept running, those of crashed clients resetting).
     proxies: ClientProxies,
@@ -34,7 +36,7 @@ fn key(locker: &Locker) -> usize {
 #[async_trait]
 impl Harness for ZkHarness {
     fn label(&self) -> String {
-        "zk".into()
+        self.label.into()
     }
 
     async fn client(&self) -> Result<Locker> {
@@ -113,11 +115,18 @@ impl Harness for ZkHarness {
 }
 
 fn main() -> std::process::ExitCode {
-    conformance::run_tests(vec![Target::new("zk", "LOCK_TEST_ZK_URL", |url| {
-        Arc::new(ZkHarness {
-            url: url_with_param(&url, "session_timeout_ms", &SESSION_TIMEOUT_MS.to_string()),
-            proxies: ClientProxies::new(),
-            groups: Mutex::new(HashMap::new()),
-        }) as Arc<dyn Harness>
-    })])
+    let target = |label: &'static str, var: &str| {
+        Target::new(label, var, move |url| {
+            Arc::new(ZkHarness {
+                label,
+                url: url_with_param(&url, "session_timeout_ms", &SESSION_TIMEOUT_MS.to_string()),
+                proxies: ClientProxies::new(),
+                groups: Mutex::new(HashMap::new()),
+            }) as Arc<dyn Harness>
+        })
+    };
+    conformance::run_tests(vec![
+        target("zk", "LOCK_TEST_ZK_URL"),
+        target("zk-tls", "LOCK_TEST_ZK_TLS_URL"),
+    ])
 }

@@ -219,7 +219,7 @@ registry! {
     /// SQLite (`url` is a `sqlite://path` URL).
     Sqlite(lock_sql::Config) = "sqlite", lock_sql::SQLITE, ["sqlite"];
     /// ZooKeeper.
-    Zk(lock_zk::Config) = "zk", lock_zk::REGISTRATION, ["zk"];
+    Zk(lock_zk::Config) = "zk", lock_zk::REGISTRATION, ["zk", "zks"];
     /// Redlock over independent Redis masters.
     Redlock(lock_redlock::Config) = "redlock", lock_redlock::REGISTRATION, ["redlock", "redlocks"];
     /// etcd v3.

@@ -11,7 +11,7 @@
 //! | `postgres://`, `postgresql://` | PostgreSQL | `postgres` |
 //! | `mysql://`, `mariadb://` | MySQL / MariaDB | `mysql` |
 //! | `sqlite://path` | SQLite | `sqlite` |
-//! | `zk://host:port[,host:port]/chroot` | ZooKeeper | `zk` |
+//! | `zk://host:port[,host:port]/chroot`, `zks://` (TLS) | ZooKeeper | `zk` |
 //! | `redlock://h1:p1,h2:p2,...`, `redlocks://...` | Redlock over N independent Redis masters | `redlock` |
 //! | `etcd://host:port[,host:port][/prefix]`, `etcds://` (TLS) | etcd v3 | `etcd` |
 //!
@@ -135,7 +135,7 @@
 //! | `postgres://`, `postgresql://` | `strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`; to sqlx: `sslmode`, `ssl-mode`, `sslrootcert`, `ssl-root-cert`, `ssl-ca`, `sslcert`, `ssl-cert`, `sslkey`, `ssl-key`, `statement-cache-capacity`, `host`, `hostaddr`, `port`, `dbname`, `user`, `password`, `application_name`, `options`, `options[NAME]` |
 //! | `mysql://`, `mariadb://` | `strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`; to sqlx: `sslmode`, `ssl-mode`, `sslca`, `ssl-ca`, `sslcert`, `ssl-cert`, `sslkey`, `ssl-key`, `charset`, `collation`, `statement-cache-capacity`, `socket`, `timezone`, `time-zone` |
 //! | `sqlite://` | `strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`; to sqlx: `mode`, `cache`, `immutable`, `vfs` |
-//! | `zk://` | `session_timeout_ms`, `namespace`, `digest`, `lost_after_disconnect`, `interop` |
+//! | `zk://`, `zks://` | `ca`, `cert`, `key`, `session_timeout_ms`, `namespace`, `digest`, `lost_after_disconnect`, `interop` |
 //! | `redlock://`, `redlocks://` | `node_timeout_ms`, `namespace`, `tls_ca`, `poll_ms`, `connect_timeout_ms`, `response_timeout_ms` |
 //! | `etcd://`, `etcds://` | `ca`, `domain`, `timeout_ms` |
 //! <!-- /url-params -->
@@ -393,6 +393,7 @@ mod tests {
             ("mariadb://u:pw@h/db", "mysql"),
             ("sqlite:///tmp/x.db", "sqlite"),
             ("zk://u:pw@h1:1,h2:2/chroot", "zk"),
+            ("zks://h1:1?ca=/ca.pem", "zk"),
             ("redlock://:pw@h1:1,:pw@h2:2,h3:3", "redlock"),
             ("redlocks://:pw@h1:1", "redlock"),
             ("etcd://u:pw@h1:1,h2:2/prefix", "etcd"),
