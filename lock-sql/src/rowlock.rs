@@ -337,6 +337,64 @@ impl ChecksState {
     }
 }
 
+/// How a row-lock acquisition waits: a try waits nowhere (`nowait`); a wait, until its
+/// `deadline` (`None`: for as long as it takes).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowWait {
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) nowait: bool,
+}
+
+impl RowWait {
+    /// A try: one attempt that waits nowhere.
+    pub(crate) fn try_now() -> RowWait {
+        RowWait {
+            deadline: None,
+            nowait: true,
+        }
+    }
+
+    /// A wait until `deadline`; one already past is a try.
+    pub(crate) fn until(deadline: Option<Instant>) -> RowWait {
+        RowWait {
+            deadline,
+            nowait: deadline.is_some_and(|d| d <= Instant::now()),
+        }
+    }
+}
+
+/// What one client's row locks share, whatever the dialect: the per-name queue of its waiters
+/// and the health checks of its holders.
+#[derive(Default)]
+pub(crate) struct RowLockClient {
+    pub(crate) queues: Arc<Queues>,
+    pub(crate) health: Arc<HealthChecks>,
+}
+
+impl RowLockClient {
+    /// Runs a dialect's `attempt` in this client's turn for `name` (a try needs no turn);
+    /// `Ok(None)` when the wait's deadline came first.
+    ///
+    /// Cancel safe: a dropped call leaves the queue, and drops the attempt (whose cancel safety
+    /// is the dialect's).
+    pub(crate) async fn in_turn<T>(
+        &self,
+        name: &LockName,
+        wait: RowWait,
+        attempt: impl std::future::Future<Output = Result<Option<T>>>,
+    ) -> Result<Option<T>> {
+        // This client's other waiters for the name queue here, not on the server.
+        let Some(_turn) = self
+            .queues
+            .turn(name.as_str(), wait.deadline, wait.nowait)
+            .await
+        else {
+            return Ok(None);
+        };
+        attempt.await
+    }
+}
+
 /// This client's waiters per name: only the first waits in the server's queue (on a connection
 /// of its own), the others wait here in arrival order. So many waiters on one busy name take
 /// one connection, not one each, and cannot use up the server's connections for other names.

@@ -77,6 +77,14 @@ impl Digest {
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct Config {
+    /// `host:port` of each server (`host` alone takes port 2181; IPv6 hosts in brackets).
+    pub hosts: Vec<String>,
+    /// `""` or an absolute path (`/app`).
+    #[serde(default)]
+    pub chroot: String,
+    /// The node under the chroot that holds the locks.
+    #[serde(default = "lockcore::config::default_namespace")]
+    pub namespace: String,
     /// `zks`: TLS to the servers' secure client port (`secureClientPort`).
     #[serde(default)]
     pub tls: bool,
@@ -90,14 +98,6 @@ pub struct Config {
     /// The client certificate's private key (PEM; TLS only, with `cert`).
     #[serde(default)]
     pub key: Option<PathBuf>,
-    /// `host:port` of each server (`host` alone takes port 2181; IPv6 hosts in brackets).
-    pub hosts: Vec<String>,
-    /// `""` or an absolute path (`/app`).
-    #[serde(default)]
-    pub chroot: String,
-    /// The node under the chroot that holds the locks.
-    #[serde(default = "lockcore::config::default_namespace")]
-    pub namespace: String,
     /// The session timeout asked of the server (`session_timeout_ms`).
     #[serde(
         rename = "session_timeout_ms",

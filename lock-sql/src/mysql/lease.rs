@@ -50,13 +50,13 @@ pub(super) struct MyHeld {
 }
 
 impl MyHeld {
-    /// Runs `sql` (`ttl` µs first where it takes one, then name and token): the rows it
-    /// matched.
+    /// Runs `sql` with its parameters in the order it binds them (`ttl` µs first where it
+    /// takes one, then `held`'s name and token): the rows it matched.
     async fn update(
         &self,
         sql: &str,
-        held: &Held,
         ttl: Option<Duration>,
+        held: &Held,
         what: &str,
     ) -> Result<u64> {
         let sql = sql.to_owned();
@@ -87,7 +87,7 @@ impl LeaseStatements for MyHeld {
             return extend_share(&self.conns, &self.sql, held, ttl).await;
         }
         let sql = &self.sql.lease_extend;
-        self.update(sql, held, Some(ttl), "extending a lease").await
+        self.update(sql, Some(ttl), held, "extending a lease").await
     }
 
     async fn release(&self, held: &Held) -> Result<u64> {
@@ -96,7 +96,7 @@ impl LeaseStatements for MyHeld {
             return release_shares(&self.conns, &self.sql, &held.name, token).await;
         }
         let sql = &self.sql.lease_release;
-        self.update(sql, held, None, "releasing a lease").await
+        self.update(sql, None, held, "releasing a lease").await
     }
 }
 

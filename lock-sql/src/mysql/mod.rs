@@ -7,7 +7,7 @@ use crate::conns::{Checked, Conns, is_conn_err};
 use crate::mysql::exclusion::RowOutcome;
 use crate::mysql::procs::ShareCalls;
 use crate::rowlock::guard_timeout;
-use crate::rowlock::{HealthChecks, Holding, Queues, RowLease};
+use crate::rowlock::{Holding, RowLease, RowLockClient, RowWait};
 use crate::shares::Verdict;
 use crate::sql_errors::map_err;
 use futures::FutureExt;
@@ -44,9 +44,8 @@ pub(crate) struct MyBackend {
     sql: Arc<Sql>,
     /// The statements of the leases this client holds.
     held: Arc<MyHeld>,
-    queues: Arc<Queues>,
-    /// The health checks of this client's held row locks.
-    health: Arc<HealthChecks>,
+    /// This client's row-lock waiters' queues and holders' health checks.
+    rows: RowLockClient,
 }
 
 fn error_number(e: &sqlx::Error) -> Option<u16> {
@@ -98,8 +97,7 @@ impl MyBackend {
             conns,
             sql,
             held,
-            queues: Arc::default(),
-            health: Arc::default(),
+            rows: RowLockClient::default(),
         })
     }
 
@@ -119,7 +117,11 @@ impl MyBackend {
     pub(crate) async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
         self.check_name(&req.name)?;
         match self.config.strategy {
-            Strategy::RowLock => self.row_acquire(req, None, true).await,
+            Strategy::RowLock => {
+                let wait = RowWait::try_now();
+                let attempt = self.row_acquire(req, wait);
+                self.rows.in_turn(&req.name, wait, attempt).await
+            }
             Strategy::Lease => self.lease_attempt(req, self.conns.bound(), false).await,
         }
     }
@@ -132,8 +134,9 @@ impl MyBackend {
         self.check_name(&req.name)?;
         match self.config.strategy {
             Strategy::RowLock => {
-                let nowait = deadline.is_some_and(|d| d <= Instant::now());
-                self.row_acquire(req, deadline, nowait).await
+                let wait = RowWait::until(deadline);
+                let attempt = self.row_acquire(req, wait);
+                self.rows.in_turn(&req.name, wait, attempt).await
             }
             // Leases poll: lib.rs drives lockcore's poller for them.
             Strategy::Lease => match self

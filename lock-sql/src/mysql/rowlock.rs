@@ -113,12 +113,8 @@ impl MyBackend {
     pub(super) async fn row_acquire(
         &self,
         req: &AcquireRequest,
-        deadline: Option<Instant>,
-        nowait: bool,
+        wait: RowWait,
     ) -> Result<Option<Acquired>> {
-        let Some(_turn) = self.queues.turn(req.name.as_str(), deadline, nowait).await else {
-            return Ok(None);
-        };
         let guard_s = guard_secs(req.ttl);
         let holder = req.holder.encode();
         // A token only where one is handed out: a peer of interop=get_lock bumps no counter.
@@ -127,7 +123,7 @@ impl MyBackend {
         let interop = self.config.interop.is_some();
         let backoff = lockcore::backend::Backoff::for_ttl(req.ttl);
         let mut leased = 0u32;
-        let Some(mut c) = self.conns.get_for_wait(deadline).await? else {
+        let Some(mut c) = self.conns.get_for_wait(wait.deadline).await? else {
             return Ok(None);
         };
         let mut retried = false;
@@ -137,35 +133,40 @@ impl MyBackend {
                     "SET SESSION wait_timeout = {guard_s}"
                 )))
                 .execute(&mut c.conn.raw);
-                match tokio::time::timeout_at(self.conns.bound_by(deadline), set).await {
+                match tokio::time::timeout_at(self.conns.bound_by(wait.deadline), set).await {
                     Ok(Ok(_)) => c.conn.meta.guard_s = guard_s,
                     Ok(Err(e)) if is_conn_err(&e) && c.reused && !retried => {
                         retried = true;
-                        c = self.conns.get(self.conns.bound_by(deadline), false).await?;
+                        c = self
+                            .conns
+                            .get(self.conns.bound_by(wait.deadline), false)
+                            .await?;
                         c.reused = false;
                         continue;
                     }
                     Ok(Err(e)) => return Err(map_err(&self.config, "setting the idle guard", e)),
-                    Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
+                    Err(_) if wait.deadline.is_some_and(|d| Instant::now() >= d) => {
+                        return Ok(None);
+                    }
                     Err(_) => return Err(self.conns.timed_out("setting the idle guard")),
                 }
             }
-            let wait = if nowait {
+            let chunk = if wait.nowait {
                 Duration::ZERO
             } else {
-                deadline.map_or(WAIT_CHUNK, |d| {
+                wait.deadline.map_or(WAIT_CHUNK, |d| {
                     d.saturating_duration_since(Instant::now()).min(WAIT_CHUNK)
                 })
             };
             // A dropped call leaves no waiter behind: the server does not notice a closed
             // socket during a lock wait, so the wait is killed from another connection.
-            let killer = (!nowait).then(|| Killer {
+            let killer = (!wait.nowait).then(|| Killer {
                 conns: self.conns.clone(),
                 id: c.conn.meta.id,
                 background: req.background.clone(),
                 armed: true,
             });
-            if !nowait {
+            if !wait.nowait {
                 // The blocking GET_LOCK is on its way: a release from now on reaches it (the
                 // server shows no waiter to ask).
                 req.waiting.mark();
@@ -179,7 +180,7 @@ impl MyBackend {
                         .bind(name)
                         .bind(holder)
                         .bind(name)
-                        .bind(wait.as_secs_f64())
+                        .bind(chunk.as_secs_f64())
                         .bind(name)
                         .execute(&mut *conn)
                         .await?;
@@ -187,10 +188,10 @@ impl MyBackend {
                 }
                 let mut q = sqlx::query_scalar(AssertSqlSafe(sql.row_acquire_unfenced.clone()))
                     .bind(name)
-                    .bind(wait.as_secs_f64());
+                    .bind(chunk.as_secs_f64());
                 if interop {
                     // The default layout's key too (`mysql::exclusion::interop_acquire`).
-                    q = q.bind(name).bind(wait.as_secs_f64()).bind(name);
+                    q = q.bind(name).bind(chunk.as_secs_f64()).bind(name);
                 }
                 let got: bool = q.fetch_one(&mut *conn).await?;
                 if !got {
@@ -211,7 +212,7 @@ impl MyBackend {
             };
             // Under interop, two waits (the peer's key, then the default layout's).
             let waits = if interop { 2 } else { 1 };
-            let bound = Instant::now() + wait * waits + self.config.op_timeout;
+            let bound = Instant::now() + chunk * waits + self.config.op_timeout;
             let res = match tokio::time::timeout_at(bound, q).await {
                 Ok(r) => r,
                 Err(_) => return Err(self.conns.timed_out("taking a row lock")),
@@ -236,13 +237,13 @@ impl MyBackend {
                         fenced.then_some(fence),
                         req.ttl,
                         req.lost.clone(),
-                        (&self.health, "mysql"),
+                        (&self.rows.health, "mysql"),
                     );
                     return Ok(Some(Acquired::new(lease, answered_at)));
                 }
                 Ok(RowOutcome::Busy) => {
                     // Busy (GET_LOCK timed out): nothing held.
-                    if nowait || deadline.is_some_and(|d| Instant::now() >= d) {
+                    if wait.nowait || wait.deadline.is_some_and(|d| Instant::now() >= d) {
                         self.put(c);
                         return Ok(None);
                     }
@@ -251,20 +252,23 @@ impl MyBackend {
                 // A live lease holds the name (the key was given back): its release or expiry
                 // notifies nobody here, so a waiting lock() looks again after a backoff.
                 Ok(RowOutcome::Leased) => {
-                    if nowait || deadline.is_some_and(|d| Instant::now() >= d) {
+                    if wait.nowait || wait.deadline.is_some_and(|d| Instant::now() >= d) {
                         self.put(c);
                         return Ok(None);
                     }
                     let mut wake = Instant::now() + backoff.delay(leased);
                     leased = leased.saturating_add(1);
-                    if let Some(d) = deadline {
+                    if let Some(d) = wait.deadline {
                         wake = wake.min(d);
                     }
                     tokio::time::sleep_until(wake).await;
                 }
                 Err(e) if is_conn_err(&e) && c.reused && !retried => {
                     retried = true;
-                    c = self.conns.get(self.conns.bound_by(deadline), false).await?;
+                    c = self
+                        .conns
+                        .get(self.conns.bound_by(wait.deadline), false)
+                        .await?;
                     c.reused = false;
                 }
                 Err(e) => return Err(map_err(&self.config, "taking a row lock", e)),

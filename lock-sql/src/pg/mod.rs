@@ -15,7 +15,7 @@ use tokio::sync::{OnceCell, broadcast, oneshot};
 use crate::config::{Parsed, Strategy};
 use crate::conns::{Checked, Conns, is_conn_err};
 use crate::rowlock::guard_timeout;
-use crate::rowlock::{HealthChecks, Holding, Queues, RowLease};
+use crate::rowlock::{Holding, RowLease, RowLockClient, RowWait};
 use crate::sql_errors::{db_code, map_err};
 
 mod ddl;
@@ -60,9 +60,8 @@ pub(crate) struct PgBackend {
     sql: Arc<Sql>,
     /// The statements of the leases this client holds.
     held: Arc<lease::PgHeld>,
-    queues: Arc<Queues>,
-    /// The health checks of this client's held row locks.
-    health: Arc<HealthChecks>,
+    /// This client's row-lock waiters' queues and holders' health checks.
+    rows: RowLockClient,
     listen_opts: PgConnectOptions,
     wakeups: OnceCell<Arc<Wakeups>>,
 }
@@ -155,8 +154,7 @@ impl PgBackend {
             conns,
             sql,
             held,
-            queues: Arc::default(),
-            health: Arc::default(),
+            rows: RowLockClient::default(),
             listen_opts: opts,
             wakeups: OnceCell::new(),
         })
@@ -169,7 +167,11 @@ impl PgBackend {
 
     pub(crate) async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
         match self.config.strategy {
-            Strategy::RowLock => self.row_acquire(req, None, true).await,
+            Strategy::RowLock => {
+                let wait = RowWait::try_now();
+                let attempt = self.row_acquire(req, wait);
+                self.rows.in_turn(&req.name, wait, attempt).await
+            }
             Strategy::Lease => Ok(self
                 .lease_attempt(req, self.conns.bound(), false, false, None)
                 .await?
@@ -184,8 +186,9 @@ impl PgBackend {
     ) -> Result<Option<Acquired>> {
         match self.config.strategy {
             Strategy::RowLock => {
-                let nowait = deadline.is_some_and(|d| d <= Instant::now());
-                self.row_acquire(req, deadline, nowait).await
+                let wait = RowWait::until(deadline);
+                let attempt = self.row_acquire(req, wait);
+                self.rows.in_turn(&req.name, wait, attempt).await
             }
             Strategy::Lease => self.lease_wait(req, deadline).await,
         }

@@ -23,13 +23,8 @@ impl PgBackend {
     pub(super) async fn row_acquire(
         &self,
         req: &AcquireRequest,
-        deadline: Option<Instant>,
-        nowait: bool,
+        wait: RowWait,
     ) -> Result<Option<Acquired>> {
-        // This client's other waiters for the name queue here, not on the server.
-        let Some(_turn) = self.queues.turn(req.name.as_str(), deadline, nowait).await else {
-            return Ok(None);
-        };
         let guard_ms = ms(guard_timeout(req.ttl));
         // The counter's commit (a WAL flush) is most of an acquisition's cost: made only when
         // the caller wants a token. Under interop the statements count nothing anyway.
@@ -51,10 +46,10 @@ impl PgBackend {
         let mut leased = 0u32;
         loop {
             // Not counted against pool_max: a holder keeps this connection.
-            let Some(mut c) = self.conns.get_for_wait(deadline).await? else {
+            let Some(mut c) = self.conns.get_for_wait(wait.deadline).await? else {
                 return Ok(None);
             };
-            let mut q = if nowait {
+            let mut q = if wait.nowait {
                 sqlx::query_scalar::<_, i64>(AssertSqlSafe(try_sql.clone()))
                     .bind(param.as_str())
                     .bind(&guard_ms)
@@ -62,7 +57,7 @@ impl PgBackend {
             } else {
                 // The blocking statement is on its way: a release from now on reaches it.
                 req.waiting.mark();
-                let timeout = deadline.map_or("0".to_owned(), |d| {
+                let timeout = wait.deadline.map_or("0".to_owned(), |d| {
                     ms(d.saturating_duration_since(Instant::now()))
                 });
                 sqlx::query_scalar::<_, i64>(AssertSqlSafe(wait_sql.clone()))
@@ -79,16 +74,16 @@ impl PgBackend {
             // (the server's lock_timeout ends it there; this cuts off a database that stopped
             // answering). A cut-off or dropped statement closes the connection with `c`, and
             // the server frees whatever the session held.
-            let bound = if nowait {
+            let bound = if wait.nowait {
                 Some(self.conns.bound())
             } else {
-                deadline
+                wait.deadline
             };
             let res = match bound {
                 Some(b) => {
                     match tokio::time::timeout_at(b, q.fetch_optional(&mut c.conn.raw)).await {
                         Ok(r) => r,
-                        Err(_) if !nowait => return Ok(None),
+                        Err(_) if !wait.nowait => return Ok(None),
                         Err(_) => return Err(self.conns.timed_out("trying a row lock")),
                     }
                 }
@@ -118,11 +113,11 @@ impl PgBackend {
                         fenced.then_some(fence as u64),
                         req.ttl,
                         req.lost.clone(),
-                        (&self.health, "postgres"),
+                        (&self.rows.health, "postgres"),
                     );
                     return Ok(Some(Acquired::new(lease, answered_at)));
                 }
-                Ok(None) if nowait => {
+                Ok(None) if wait.nowait => {
                     // Tried and busy: nothing held, the session is clean.
                     self.conns.put(c);
                     return Ok(None);
@@ -135,7 +130,7 @@ impl PgBackend {
                     self.conns.put(c);
                     let mut wake = Instant::now() + backoff.delay(leased);
                     leased = leased.saturating_add(1);
-                    if let Some(d) = deadline {
+                    if let Some(d) = wait.deadline {
                         if Instant::now() >= d {
                             return Ok(None);
                         }
