@@ -52,11 +52,9 @@ pub(super) fn needs_ttl_expiry(c: &Capabilities, _: &dyn Harness) -> Result<(), 
 }
 
 pub(super) fn needs_lost_detection(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
-    if !c.lost_detection {
-        Err("the backend does not declare lost_detection")
-    } else if !c.revoke_detection {
+    if c.loss_detection.bound().is_none() {
         Err(
-            "the backend notices a lock deleted behind its holder only at the next renewal (revoke_detection not declared)",
+            "the backend notices a lock deleted behind its holder only at the next renewal (loss_detection: at renewal)",
         )
     } else if !h.can_revoke() {
         Err("the harness cannot delete a lock behind its holder")

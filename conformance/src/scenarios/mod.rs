@@ -184,12 +184,12 @@ pub fn all() -> Vec<Scenario> {
         scenario!(
             renewal::lost_detection_as_declared,
             needs_lost_detection,
-            "a backend declaring lost_detection reports a lock taken away behind the holder by itself, long before the TTL"
+            "a lock taken away behind a holder that does not renew (TTL 30 s): the backend's own detection fires its lost signal within the bound loss_detection declares (pushed within X, checked every X) plus a scaled 150 ms"
         ),
         scenario!(
             renewal::revocation_noticed,
             needs_revoke,
-            "force_release behind a renewing holder: its lost signal fires within 1 s where revoke_detection is declared (TTL 30 s: no renewal explains it), else by its next renewal"
+            "force_release behind a renewing holder: its lost signal fires within the declared loss_detection bound plus a scaled 150 ms where one is declared (TTL 30 s: no renewal explains it), else by its next renewal"
         ),
         scenario!(
             waiting::fifo_order,

@@ -488,6 +488,9 @@ fn a_leader_blind_to_its_revocation_is_caught() {
             "revoked_leader_notices_while_renewing",
             // The set's renewal of the revoked member succeeds too.
             "multi_lock_lost_when_any_member_is_lost",
+            // The declared prompt detection never comes.
+            "lost_detection_as_declared",
+            "revocation_noticed",
         ])
     );
 }
@@ -563,5 +566,13 @@ fn a_leader_judged_by_a_candidates_clock_is_caught() {
     assert_eq!(
         failing_primitives(PrimitiveFlaw::LeaderJudgedByClientClock),
         set(&["skewed_candidate_cannot_depose_leader"])
+    );
+}
+
+#[test]
+fn a_loss_reported_late_is_caught() {
+    assert_eq!(
+        failing_primitives(PrimitiveFlaw::LossReportedLate),
+        set(&["lost_detection_as_declared", "revocation_noticed"])
     );
 }

@@ -14,7 +14,9 @@ use lockcore::backend::{
     poll_acquire,
 };
 use lockcore::memory::MemoryBackend;
-use lockcore::{Capabilities, ErrorKind, Instant, LockInfo, LockMode, LockName, Locker, Result};
+use lockcore::{
+    Capabilities, Ended, ErrorKind, Instant, LockInfo, LockMode, LockName, Locker, Result,
+};
 
 /// The mistake a wrapped backend makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,7 +80,14 @@ pub(super) enum PrimitiveFlaw {
     /// A candidate judges the leader's expiry by its own clock and deletes a lease it finds
     /// expired: one whose clock runs ahead deposes a live leader.
     LeaderJudgedByClientClock,
+    /// Declares the memory backend's prompt loss detection (pushed at once) but reports a
+    /// lease lost behind its holder [`LOSS_LATE`] late (a notification handled by a slow
+    /// loop): a revoked holder acts on a lock it no longer has for that long.
+    LossReportedLate,
 }
+
+/// How late [`PrimitiveFlaw::LossReportedLate`] reports a loss (the example).
+const LOSS_LATE: Duration = Duration::from_millis(300);
 
 /// How late a waiter gets the lock on the path whose wake-up a `*WakeLate` flaw loses (a
 /// safety poll's interval).
@@ -187,6 +196,7 @@ impl Wrapped {
             }
             (PrimitiveFlaw::LeaseEndsEarly, LockMode::Exclusive) => out.ttl = req.ttl / 2,
             (PrimitiveFlaw::RenewalBlindToRevocation, _) => out.lost = LostNotifier::new().0,
+            (PrimitiveFlaw::LossReportedLate, _) => out.lost = reported_late(&req.lost),
             _ => {}
         }
         Ok(out)
@@ -325,6 +335,20 @@ impl Wrapped {
         won.sort_by_key(|(i, _)| *i);
         Ok(SetAttempt::All(won.into_iter().map(|(_, a)| a).collect()))
     }
+}
+
+/// A notifier for the backend that passes a loss on to `lost` [`LOSS_LATE`] after it is
+/// reported ([`PrimitiveFlaw::LossReportedLate`]).
+fn reported_late(lost: &LostNotifier) -> LostNotifier {
+    let (notifier, signal) = LostNotifier::new();
+    let lost = lost.clone();
+    tokio::spawn(async move {
+        if let Ended::Lost(reason) = signal.ended().await {
+            tokio::time::sleep(LOSS_LATE).await;
+            lost.fire(reason);
+        }
+    });
+    notifier
 }
 
 /// A lease of the memory backend, renewed with the flaw.
@@ -523,6 +547,9 @@ pub(super) fn is_primitive_scenario(name: &str) -> bool {
         "cancelled_set_take_leaves_nothing",
         "skewed_client_cannot_sweep_permits",
         "skewed_candidate_cannot_depose_leader",
+        // The loss detection scenarios: the memory backend declares a bound, the toy store none.
+        "lost_detection_as_declared",
+        "revocation_noticed",
     ]
     .contains(&name)
 }
