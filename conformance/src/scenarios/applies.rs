@@ -173,6 +173,11 @@ pub(super) fn needs_shared(c: &Capabilities, _: &dyn Harness) -> Result<(), &'st
     }
 }
 
+pub(super) fn needs_shared_expiry(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    needs_shared(c, h)?;
+    needs_ttl_expiry(c, h)
+}
+
 pub(super) fn needs_shared_fencing(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
     needs_shared(c, h)?;
     needs_fencing(c, h)

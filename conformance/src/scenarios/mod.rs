@@ -39,8 +39,8 @@ use self::applies::{
     needs_fair, needs_fencing, needs_inspect, needs_lease_loss, needs_lost_detection,
     needs_lost_replies, needs_native_renewal, needs_notified_permits, needs_notified_revoke,
     needs_notified_shared, needs_notify, needs_other_namespace, needs_permit_expiry, needs_permits,
-    needs_reply_delay, needs_revoke, needs_shared, needs_shared_fencing, needs_shared_notify,
-    needs_skewed_client, needs_skewed_permits, needs_ttl_expiry,
+    needs_reply_delay, needs_revoke, needs_shared, needs_shared_expiry, needs_shared_fencing,
+    needs_shared_notify, needs_skewed_client, needs_skewed_permits, needs_ttl_expiry,
 };
 pub(crate) use self::compat::scenario_name as compat_scenario_name;
 pub use self::context::{Ctx, Failure, Outcome, Scenario};
@@ -400,6 +400,16 @@ pub fn all() -> Vec<Scenario> {
             primitive_leases::permit_won_by_waiting_returns_after_crash,
             needs_permit_expiry,
             "semaphore: a holder granted its permit from the queue (it waited) that crashes gets it back after its validity deadline, within half a TTL of its lease's end: a queued grant carries the waiter's TTL"
+        ),
+        scenario!(
+            primitive_leases::reader_won_by_waiting_returns_after_crash,
+            needs_shared_expiry,
+            "read-write lock: a reader granted its share when the writer before it left (it waited) that crashes gives it back after its validity deadline, within half a TTL of its lease's end: a share granted to a waiter carries the waiter's TTL"
+        ),
+        scenario!(
+            primitive_leases::writer_won_by_waiting_returns_after_crash,
+            needs_shared_expiry,
+            "read-write lock: a writer granted the lock when the reader before it left (it waited) that crashes gives it back after its validity deadline, within half a TTL of its lease's end: a writer granted from behind readers carries its TTL"
         ),
         scenario!(
             primitive_leases::writer_waiting_past_its_marks_holds_readers_back,

@@ -57,6 +57,14 @@ pub(super) enum PrimitiveFlaw {
     /// A permit granted from the queue (to a waiter) is written without the waiter's TTL (a
     /// minute per second): a holder that crashes after winning by waiting leaks it.
     QueuedPermitLeaks,
+    /// A share granted to a reader that waited (behind a writer) is written without the
+    /// reader's TTL (a minute per second): a reader that crashes after winning by waiting
+    /// leaks its share.
+    QueuedReaderLeaks,
+    /// A writer granted the lock from behind readers (it waited for them to leave) is written
+    /// without its TTL (a minute per second): a writer that crashes after winning by waiting
+    /// leaks the lock.
+    QueuedWriterLeaks,
     /// A renewal that finds the lock gone (revoked behind the holder) reports success, and the
     /// server's revocation notice is not listened to: a deposed leader keeps saying it leads.
     RenewalBlindToRevocation,
@@ -312,6 +320,20 @@ impl Wrapped {
         Ok(Some(self.wrap(req, a)))
     }
 
+    /// The `Queued*Leaks` flaws: whether a grant of `req` to a waiter is written without its
+    /// TTL (a writer's only behind readers: the read-write path's own grant).
+    async fn grants_waiters_without_ttl(&self, req: &AcquireRequest) -> Result<bool> {
+        Ok(match (self.flaw, req.mode) {
+            (PrimitiveFlaw::QueuedPermitLeaks, LockMode::Permit { .. }) => true,
+            (PrimitiveFlaw::QueuedReaderLeaks, LockMode::Shared) => true,
+            (PrimitiveFlaw::QueuedWriterLeaks, LockMode::Exclusive) => {
+                let info = self.inner.inspect(&req.name).await?;
+                info.mode == Some(LockMode::Shared) || !info.shares.is_empty()
+            }
+            _ => false,
+        })
+    }
+
     /// [`PrimitiveFlaw::MultiInClientOrder`]: each member in this client's order, waiting for a
     /// busy one while holding those taken.
     async fn set_in_client_order(&self, reqs: &[AcquireRequest]) -> Result<SetAttempt> {
@@ -444,9 +466,7 @@ impl Backend for Wrapped {
             return late;
         }
         let mut req = self.flawed(req)?;
-        if self.flaw == PrimitiveFlaw::QueuedPermitLeaks
-            && matches!(req.mode, LockMode::Permit { .. })
-        {
+        if self.grants_waiters_without_ttl(&req).await? {
             if let Some(a) = self.inner.try_acquire(&req).await? {
                 return Ok(Some(self.wrap(&req, a)));
             }
@@ -539,6 +559,8 @@ pub(super) fn is_primitive_scenario(name: &str) -> bool {
         "renewed_writer_still_excludes_readers",
         "renewed_permit_counts_and_expires_on_time",
         "permit_won_by_waiting_returns_after_crash",
+        "reader_won_by_waiting_returns_after_crash",
+        "writer_won_by_waiting_returns_after_crash",
         "writer_waiting_past_its_marks_holds_readers_back",
         "freed_permit_hands_over_promptly",
         "last_reader_leaving_hands_over_promptly",
