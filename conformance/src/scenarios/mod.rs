@@ -6,6 +6,7 @@
 
 mod applies;
 mod basics;
+mod cancel_points;
 mod cancellation;
 mod compat;
 mod context;
@@ -117,9 +118,24 @@ pub fn all() -> Vec<Scenario> {
             "against a server that answers nothing, lock() returns Unavailable (Timeout where the backend bounds its requests by the deadline) by its wait deadline plus the stated slack, and Unavailable without a deadline after its retry_unavailable_for (2 s), not after every attempt's response timeout"
         ),
         scenario!(
-            cancellation::cancelled_acquire_leaves_nothing,
+            cancel_points::cancelled_acquire_leaves_nothing,
             always,
-            "an acquire cancelled at any point leaves the lock free within the TTL"
+            "an acquire cancelled at any point (on the way to a free lock; waiting, just after the holder's release) leaves the lock free within the TTL + 250 ms"
+        ),
+        scenario!(
+            cancel_points::cancelled_shared_acquire_leaves_nothing,
+            needs_shared,
+            "read-write lock: a reader's acquire cancelled at any point (on the way to a free lock; waiting behind a writer, just after its release) leaves no share: a writer gets the lock within the TTL + 250 ms"
+        ),
+        scenario!(
+            cancel_points::cancelled_permit_acquire_leaves_nothing,
+            needs_permits,
+            "semaphore of one permit: an acquire cancelled at any point (on the way to a free permit; waiting, just after the holder gave it back) leaves the permit free within the TTL + 250 ms"
+        ),
+        scenario!(
+            cancel_points::cancelled_lock_all_leaves_nothing,
+            always,
+            "a lock_all of 3 names cancelled at any point (on the way to a free set; waiting on a busy member, just after its release) leaves every member free within the TTL + 250 ms"
         ),
         scenario!(
             basics::mutual_exclusion_under_contention,

@@ -92,7 +92,14 @@ pub(super) enum PrimitiveFlaw {
     /// lease lost behind its holder [`LOSS_LATE`] late (a notification handled by a slow
     /// loop): a revoked holder acts on a lock it no longer has for that long.
     LossReportedLate,
+    /// A reader's share is written without its expiry (a day) and given its TTL a round trip
+    /// later: a reader's acquire cancelled in between (on the wire, or granted as it waited)
+    /// leaves the share, and writers out, for a day.
+    ShareTtlSetLater,
 }
+
+/// The round trip between a [`PrimitiveFlaw::ShareTtlSetLater`] share and its TTL.
+const TTL_LATER: Duration = Duration::from_millis(20);
 
 /// How late [`PrimitiveFlaw::LossReportedLate`] reports a loss (the example).
 const LOSS_LATE: Duration = Duration::from_millis(300);
@@ -241,6 +248,34 @@ impl Wrapped {
             ),
             other => other,
         }
+    }
+
+    /// [`PrimitiveFlaw::ShareTtlSetLater`]: a share without expiry, its TTL set a round trip
+    /// later; `None` for other flaws and modes.
+    async fn share_ttl_later(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Option<Instant>>,
+    ) -> Option<Result<Option<Acquired>>> {
+        if self.flaw != PrimitiveFlaw::ShareTtlSetLater || req.mode != LockMode::Shared {
+            return None;
+        }
+        let mut unbounded = req.clone();
+        unbounded.ttl = Duration::from_secs(24 * 3600);
+        let won = match deadline {
+            None => self.inner.try_acquire(&unbounded).await,
+            Some(deadline) => self.inner.acquire(&unbounded, deadline).await,
+        };
+        Some(match won {
+            Ok(Some(a)) => {
+                tokio::time::sleep(TTL_LATER).await;
+                match a.lease.extend(req.ttl).await {
+                    Ok(_) => Ok(Some(self.wrap(req, a))),
+                    Err(e) => Err(e),
+                }
+            }
+            other => other,
+        })
     }
 
     /// The `*ByClientClock` flaws: before asking, delete the holders of `req`'s lock whose
@@ -438,6 +473,9 @@ impl Backend for Wrapped {
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
         self.sweep_by_own_clock(req).await?;
+        if let Some(won) = self.share_ttl_later(req, None).await {
+            return won;
+        }
         let req = self.flawed(req)?;
         let won = self.inner.try_acquire(&req).await?;
         Ok(won.map(|a| self.wrap(&req, a)))
@@ -464,6 +502,9 @@ impl Backend for Wrapped {
         }
         if let Some(late) = self.late_wake(req, deadline).await {
             return late;
+        }
+        if let Some(won) = self.share_ttl_later(req, Some(deadline)).await {
+            return won;
         }
         let mut req = self.flawed(req)?;
         if self.grants_waiters_without_ttl(&req).await? {
@@ -567,6 +608,9 @@ pub(super) fn is_primitive_scenario(name: &str) -> bool {
         "expired_lease_hands_over_promptly",
         "revoked_lock_hands_over_promptly",
         "cancelled_set_take_leaves_nothing",
+        "cancelled_shared_acquire_leaves_nothing",
+        "cancelled_permit_acquire_leaves_nothing",
+        "cancelled_lock_all_leaves_nothing",
         "skewed_client_cannot_sweep_permits",
         "skewed_candidate_cannot_depose_leader",
         // The loss detection scenarios: the memory backend declares a bound, the toy store none.
