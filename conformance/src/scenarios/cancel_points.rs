@@ -11,7 +11,7 @@ use std::time::Duration;
 use lockcore::{Instant, LockGuard, LockName, LockOptions, Locker, MultiGuard};
 
 use super::context::{Ctx, Failure, Outcome};
-use super::support::{must_try, ok_or, settle_waiters};
+use super::support::{must_try, ok_or, settle_pending};
 
 /// What the cancelled acquisition takes.
 #[derive(Clone, Copy, Debug)]
@@ -157,7 +157,6 @@ pub(super) async fn cancelled_take_leaves_nothing(ctx: &Ctx, take: Take) -> Outc
     }
     lat.sort();
     let typical = lat[2].max(Duration::from_micros(200));
-    let waiter = [&a];
     // Whatever a cancelled acquire left was asked for by a request sent before it was
     // cancelled, for one TTL: it must be gone a TTL after the cancellation (plus the server's
     // timer and a round trip).
@@ -177,24 +176,16 @@ pub(super) async fn cancelled_take_leaves_nothing(ctx: &Ctx, take: Take) -> Outc
         } else {
             format!("{} of a free lock cancelled after {cut:?}", take.what())
         };
-        let mut acquire = Box::pin(take.take(&a, &names, &opts));
+        let mut acquire = [Box::pin(take.take(&a, &names, &opts))];
         if contended {
             // The holder releases by itself: a long lease, so that it cannot run out while
             // the waiter settles on a loaded machine (the waiter would then win, and the case
             // prove nothing).
             let g = take.block(ctx, &h, &names).await?;
-            tokio::select! {
-                r = &mut acquire => {
-                    return Err(format!(
-                        "{} finished while the lock was held: {:?}",
-                        take.what(),
-                        r.map(|_| ())
-                    ));
-                }
-                settled = settle_waiters(ctx, &h, take.busy_name(&names), &waiter) => settled?,
-            }
+            settle_pending(ctx, &h, take.busy_name(&names), &[&a], &mut acquire).await?;
             ok_or(g.release().await, "the holder's release")?;
         }
+        let [mut acquire] = acquire;
         let outcome = tokio::time::timeout(cut, &mut acquire).await;
         drop(acquire);
         let cancelled = Instant::now();

@@ -5,7 +5,7 @@ use std::time::Duration;
 use lockcore::{ErrorKind, Instant, LockName, Locker};
 
 use super::context::{Ctx, Failure, Outcome};
-use super::support::{check, must_try, ok_or, settle_waiters};
+use super::support::{check, must_try, ok_or, settle_pending, settle_waiters};
 
 pub(super) async fn cancelled_wait_leaves_nothing(ctx: &Ctx) -> Outcome {
     let (a, b, c, d) = (
@@ -24,28 +24,12 @@ pub(super) async fn cancelled_wait_leaves_nothing(ctx: &Ctx) -> Outcome {
     // reports its queue, each dropped waiter's entry must go, promptly (a server may take a
     // moment to notice a waiter's connection is gone).
     let wait = opts.clone().wait_forever();
-    let mut first = Box::pin(b.lock(&name, &wait));
-    let (only_first, both) = ([&b], [&b, &d]);
-    tokio::select! {
-        r = &mut first => return Err(format!(
-            "the first waiter finished while the lock was held: {:?}",
-            r.map(|g| g.name().clone())
-        )),
-        settled = settle_waiters(ctx, &c, &name, &only_first) => settled?,
-    }
-    let mut second = Box::pin(d.lock(&name, &wait));
-    tokio::select! {
-        r = &mut first => return Err(format!(
-            "the first waiter finished while the lock was held: {:?}",
-            r.map(|g| g.name().clone())
-        )),
-        r = &mut second => return Err(format!(
-            "the second waiter finished while the lock was held: {:?}",
-            r.map(|g| g.name().clone())
-        )),
-        settled = settle_waiters(ctx, &c, &name, &both) => settled?,
-    }
-    drop(second);
+    let mut waiting = vec![Box::pin(b.lock(&name, &wait))];
+    settle_pending(ctx, &c, &name, &[&b], &mut waiting).await?;
+    waiting.push(Box::pin(d.lock(&name, &wait)));
+    settle_pending(ctx, &c, &name, &[&b, &d], &mut waiting).await?;
+    // The second.
+    drop(waiting.pop());
     d.flush().await;
     queue_drains_to(
         ctx,
@@ -55,7 +39,7 @@ pub(super) async fn cancelled_wait_leaves_nothing(ctx: &Ctx) -> Outcome {
         "the second waiter, dropped behind the first",
     )
     .await?;
-    drop(first);
+    drop(waiting);
     b.flush().await;
     queue_drains_to(ctx, &c, &name, 0, "the first waiter, dropped at the head").await?;
     ok_or(g.release().await, "release")?;
@@ -114,15 +98,8 @@ pub(super) async fn given_up_waiters_leave_nothing(ctx: &Ctx) -> Outcome {
         }
     }
     let forever = opts.clone().wait_forever();
-    let mut dropped = Box::pin(c.lock(&name, &forever));
-    let waiter = [&c];
-    tokio::select! {
-        r = &mut dropped => return Err(format!(
-            "a waiter finished while the lock was held: {:?}",
-            r.map(|g| g.name().clone())
-        )),
-        settled = settle_waiters(ctx, &d, &name, &waiter) => settled?,
-    }
+    let mut dropped = [Box::pin(c.lock(&name, &forever))];
+    settle_pending(ctx, &d, &name, &[&c], &mut dropped).await?;
     drop(dropped);
     let within = ctx.bound(Duration::from_secs(5));
     ok_or(

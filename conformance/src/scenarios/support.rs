@@ -106,6 +106,31 @@ pub(super) async fn settle_waiters(
     settle_waiting_calls(observer, name, waiters, waiters.len(), give_up).await
 }
 
+/// [`settle_waiters`] while `pending` (the waiters' own calls, not spawned) are polled: one that
+/// finishes first, while the lock should still be held, fails (the `i`th of `pending` named
+/// "waiter i").
+pub(super) async fn settle_pending<F, T>(
+    ctx: &Ctx,
+    observer: &Locker,
+    name: &LockName,
+    waiters: &[&Locker],
+    pending: &mut [std::pin::Pin<Box<F>>],
+) -> Outcome
+where
+    F: std::future::Future<Output = lockcore::Result<T>>,
+{
+    tokio::select! {
+        (r, i, _) = futures::future::select_all(pending.iter_mut()) => Err(format!(
+            "waiter {i} finished while the lock was held ({})",
+            match r {
+                Ok(_) => "with the lock".to_string(),
+                Err(e) => format!("failing: {e}"),
+            }
+        )),
+        settled = settle_waiters(ctx, observer, name, waiters) => settled,
+    }
+}
+
 /// [`settle_waiters`] for `n` `lock` calls in all among the clients of `waiters` (each client
 /// listed once, however many of the calls are its own), failing after `give_up`.
 pub(super) async fn settle_waiting_calls(
