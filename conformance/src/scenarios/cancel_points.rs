@@ -138,11 +138,7 @@ impl Take {
 /// after the release of a holder it waits for: everything it asked for is free for another
 /// client within the TTL (600 ms, scaled) and 250 ms of the cancellation.
 pub(super) async fn cancelled_take_leaves_nothing(ctx: &Ctx, take: Take) -> Outcome {
-    let (a, b, h) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [a, b, h] = ctx.clients().await?;
     let ttl = ctx.ttl(Duration::from_millis(600));
     let (opts, free) = (take.opts(ctx, ttl), take.free_opts(ctx, ttl));
     // The typical latency sets where the cancellation points fall.

@@ -8,12 +8,7 @@ use super::context::{Ctx, Failure, Outcome};
 use super::support::{check, must_try, ok_or, settle_pending, settle_waiters};
 
 pub(super) async fn cancelled_wait_leaves_nothing(ctx: &Ctx) -> Outcome {
-    let (a, b, c, d) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [a, b, c, d] = ctx.clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_secs(30));
     let opts = ctx.opts(ttl);
@@ -70,12 +65,7 @@ pub(super) async fn cancelled_wait_leaves_nothing(ctx: &Ctx) -> Outcome {
 /// session's end does their clean-up for them): once the holder releases, the next client gets
 /// the lock within 1 s.
 pub(super) async fn given_up_waiters_leave_nothing(ctx: &Ctx) -> Outcome {
-    let (a, b, c, d) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [a, b, c, d] = ctx.clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_secs(30));
     let opts = ctx.opts(ttl);
@@ -175,11 +165,7 @@ pub(super) async fn grant_at_drop_leaves_nothing(ctx: &Ctx) -> Outcome {
     let bound = ctx.bound(Duration::from_secs(3));
     let mut lanes = Vec::new();
     for lane in 0..LANES {
-        let (holder, waiter, next) = (
-            ctx.client().await?,
-            ctx.client().await?,
-            ctx.client().await?,
-        );
+        let [holder, waiter, next] = ctx.clients().await?;
         let (name, opts) = (ctx.name(&format!("l{lane}")), opts.clone());
         lanes.push(async move {
             for round in 0..ROUNDS {

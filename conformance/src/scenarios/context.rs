@@ -76,6 +76,19 @@ impl Ctx {
             .map_err(|e| format!("connecting a client failed: {e}"))
     }
 
+    /// `N` new independent clients ([`Ctx::client`]).
+    ///
+    /// Cancel safe.
+    pub async fn clients<const N: usize>(&self) -> Result<[Locker; N], Failure> {
+        let mut clients = Vec::with_capacity(N);
+        for _ in 0..N {
+            clients.push(self.client().await?);
+        }
+        Ok(clients
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("N clients made")))
+    }
+
     /// A new client for a holder the scenario will crash ([`Harness::crashable_client`]).
     ///
     /// Cancel safe.

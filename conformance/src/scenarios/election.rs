@@ -92,7 +92,7 @@ pub(super) async fn one_leader_at_a_time(ctx: &Ctx) -> Outcome {
         observer.watch_leader(&name, Duration::from_millis(20)),
         "watch_leader",
     )?;
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let la = ok_or(a.campaign(&name, "first", &opts).await, "a campaign")?;
     let bound = ctx.bound(Duration::from_secs(5));
     let seen = ok_or(
@@ -128,7 +128,7 @@ pub(super) async fn one_leader_at_a_time(ctx: &Ctx) -> Outcome {
 /// A leader whose renewals stop (a paused process) is deposed when its lease runs out: its
 /// lost signal fires before the next candidate is elected, never after (two leaders).
 pub(super) async fn old_leader_lost_before_new_leader(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let name = ctx.name("leader");
     let ttl = ctx.ttl(Duration::from_millis(1000));
     let old = ok_or(

@@ -156,11 +156,7 @@ async fn lose_lease(ctx: &Ctx, name: &LockName) -> Outcome {
 }
 
 pub(super) async fn extend_after_expiry_not_held(ctx: &Ctx) -> Outcome {
-    let (a, b, c) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [a, b, c] = ctx.clients().await?;
     let ttl = ctx.ttl(Duration::from_millis(400));
     let opts = ctx.opts(ttl);
     let takeover = opts
@@ -210,11 +206,7 @@ pub(super) async fn extend_after_expiry_not_held(ctx: &Ctx) -> Outcome {
 }
 
 pub(super) async fn stale_release_keeps_new_holder(ctx: &Ctx) -> Outcome {
-    let (a, b, c) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [a, b, c] = ctx.clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_millis(400));
     let opts = ctx.opts(ttl);
@@ -241,11 +233,7 @@ pub(super) async fn stale_release_keeps_new_holder(ctx: &Ctx) -> Outcome {
 }
 
 pub(super) async fn release_racing_expiry_keeps_next_holder(ctx: &Ctx) -> Outcome {
-    let (a, b, c) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [a, b, c] = ctx.clients().await?;
     let ttl = ctx.ttl(Duration::from_millis(300));
     let opts = ctx.opts(ttl);
     // Release at several points around the moment the lease runs out, most within a few
@@ -284,7 +272,7 @@ pub(super) async fn release_racing_expiry_keeps_next_holder(ctx: &Ctx) -> Outcom
 }
 
 pub(super) async fn extend_honours_ttl(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_millis(600));
     let opts = ctx.opts(ttl);
@@ -346,11 +334,7 @@ pub(super) async fn extend_honours_ttl(ctx: &Ctx) -> Outcome {
 }
 
 pub(super) async fn no_resurrection(ctx: &Ctx) -> Outcome {
-    let (a, b, c) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [a, b, c] = ctx.clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_millis(400));
     let opts = ctx.opts(ttl);

@@ -63,11 +63,7 @@ async fn granted_within(
 /// Semaphore with notification: a waiter for one of 2 permits, both held, gets the one given
 /// back within 400 ms (scaled) of its release.
 pub(super) async fn freed_permit_hands_over_promptly(ctx: &Ctx) -> Outcome {
-    let (a, b, w) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [a, b, w] = ctx.clients().await?;
     let name = ctx.name("sem");
     let opts = ctx.opts(ctx.ttl(Duration::from_secs(30))).permits(2);
     let ga = must_try(&a, &name, &opts, "the first permit holder").await?;
@@ -83,11 +79,7 @@ pub(super) async fn freed_permit_hands_over_promptly(ctx: &Ctx) -> Outcome {
 /// Read-write with notification: a writer waiting behind two readers gets the lock within
 /// 400 ms (scaled) of the last reader leaving.
 pub(super) async fn last_reader_leaving_hands_over_promptly(ctx: &Ctx) -> Outcome {
-    let (r1, r2, w) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [r1, r2, w] = ctx.clients().await?;
     let name = ctx.name("rw");
     let ttl = ctx.ttl(Duration::from_secs(30));
     let read = ctx.opts(ttl).shared();
@@ -134,7 +126,7 @@ pub(super) async fn expired_lease_hands_over_promptly(ctx: &Ctx) -> Outcome {
 /// With notification: a lock force-released behind its holder while a client waits is the
 /// waiter's within 400 ms (scaled) of the revocation.
 pub(super) async fn revoked_lock_hands_over_promptly(ctx: &Ctx) -> Outcome {
-    let (h, w) = (ctx.client().await?, ctx.client().await?);
+    let [h, w] = ctx.clients().await?;
     let name = ctx.name("x");
     let opts = ctx.opts(ctx.ttl(Duration::from_secs(30)));
     let g = must_try(&h, &name, &opts, "the holder").await?;

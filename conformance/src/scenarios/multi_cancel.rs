@@ -15,7 +15,7 @@ use super::support::ok_or;
 /// TTL (600 ms, scaled) and 250 ms of the cancellation. A set written without its expiry, and
 /// given its TTL a round trip later, stays held for good when cancelled in between.
 pub(super) async fn cancelled_set_take_leaves_nothing(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let ttl = ctx.ttl(Duration::from_millis(600));
     let opts = ctx.opts(ttl);
     let set =

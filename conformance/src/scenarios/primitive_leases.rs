@@ -39,7 +39,7 @@ where
 /// Read-write: a writer renewed several times still excludes readers and other writers (a
 /// renewal that rewrites its entry as a share lets readers in).
 pub(super) async fn renewed_writer_still_excludes_readers(ctx: &Ctx) -> Outcome {
-    let (w, r) = (ctx.client().await?, ctx.client().await?);
+    let [w, r] = ctx.clients().await?;
     let name = ctx.name("rw");
     let ttl = ctx.ttl(Duration::from_millis(600));
     let write = ctx.opts(ttl).auto_renew(AutoRenew::until(ttl * 20));
@@ -273,11 +273,7 @@ async fn lease_back_on_time(
 /// gets the lock when the first reader leaves.
 pub(super) async fn writer_waiting_past_its_marks_holds_readers_back(ctx: &Ctx) -> Outcome {
     const LOOKS: u32 = 6;
-    let (r1, r2, w) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [r1, r2, w] = ctx.clients().await?;
     let name = ctx.name("rw");
     let ttl = ctx.ttl(Duration::from_secs(30));
     let read = ctx.opts(ttl).shared();

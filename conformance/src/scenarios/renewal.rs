@@ -2,15 +2,15 @@
 
 use std::time::Duration;
 
-use lockcore::{AutoRenew, Instant, LostReason};
+use lockcore::{AutoRenew, Instant, LockGuard, LostReason};
 
-use super::context::{Ctx, Outcome};
+use super::context::{Ctx, Failure, Outcome};
 use super::support::{
     check, drop_lost_guard_then_release_new, must_be_held, must_try, ok_or, race_for,
 };
 
 pub(super) async fn auto_renew_keeps_lock(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_millis(500));
     let opts = ctx.opts(ttl).auto_renew(AutoRenew::until(ttl * 20));
@@ -35,7 +35,7 @@ pub(super) async fn auto_renew_keeps_lock(ctx: &Ctx) -> Outcome {
 }
 
 pub(super) async fn auto_renew_stops_at_max_hold(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_millis(400));
     let max_hold = ttl * 3;
@@ -85,7 +85,7 @@ pub(super) async fn auto_renew_stops_at_max_hold(ctx: &Ctx) -> Outcome {
 }
 
 pub(super) async fn lost_signal_on_expiry(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_millis(500));
     let g = must_try(&a, &name, &ctx.opts(ttl), "holder").await?;
@@ -176,26 +176,8 @@ pub(super) async fn lost_detection_as_declared(ctx: &Ctx) -> Outcome {
     // No renewal and a long TTL: only the backend's own detection can fire the signal in time.
     let ttl = ctx.ttl(Duration::from_secs(30));
     let g = must_try(&a, &name, &ctx.opts(ttl), "holder").await?;
-    let lost = g.lost();
-    // Counted from when the revocation is done (the harness's own round trips aside).
-    ok_or(ctx.harness.revoke(&name).await, "revoke")?;
-    let revoked = Instant::now();
-    let reason = ok_or(
-        tokio::time::timeout_at(revoked + bound, lost.lost()).await,
-        &format!(
-            "loss_detection is declared {:?}, but the lost signal did not fire within {bound:?} of the lock being taken away (TTL {ttl:?})",
-            ctx.caps.loss_detection
-        ),
-    )?;
-    let took = revoked.elapsed();
-    check!(
-        reason != LostReason::ValidityExpired,
-        "odd lost reason {reason}"
-    );
-    check!(
-        !g.is_valid(),
-        "the guard says valid after its lock was revoked"
-    );
+    let why = format!("loss_detection is declared {:?}", ctx.caps.loss_detection);
+    let (took, _) = revoke_and_await_loss(ctx, &g, bound, &why).await?;
     ctx.observe(format!(
         "loss reported {took:?} after the revocation (declared {:?}, bound {bound:?})",
         ctx.caps.loss_detection
@@ -217,21 +199,40 @@ pub(super) async fn revocation_noticed(ctx: &Ctx) -> Outcome {
     let ttl = ctx.ttl(Duration::from_secs(if declared.is_some() { 30 } else { 3 }));
     let opts = ctx.opts(ttl).auto_renew(AutoRenew::until(ttl * 10));
     let g = must_try(&a, &name, &opts, "holder").await?;
-    let lost = g.lost();
-    ok_or(ctx.harness.revoke(&name).await, "force_release")?;
-    let revoked = Instant::now();
-    let (bound, why) = if let Some(bound) = declared {
-        (bound, "loss_detection declares a bound")
-    } else {
-        (
+    let (bound, why) = match declared {
+        Some(bound) => (bound, "loss_detection declares a bound"),
+        None => (
             ttl / 3 + ctx.bound(Duration::from_secs(3)),
             "loss_detection is at renewal: the next renewal must find out",
-        )
+        ),
     };
+    let (took, reason) = revoke_and_await_loss(ctx, &g, bound, why).await?;
+    ctx.observe(format!(
+        "revocation noticed {took:?} after force_release ({reason}; loss_detection {:?})",
+        ctx.caps.loss_detection
+    ));
+    Ok(())
+}
+
+/// Revokes the lock of `g` behind it (`force_release` through the harness) and waits for its
+/// lost signal: it must fire within `bound` of the revocation (`why` that bound), for another
+/// reason than its validity running out, and leave the guard invalid. How long it took (from
+/// when the revocation was done: the harness's own round trips aside), and the reason.
+async fn revoke_and_await_loss(
+    ctx: &Ctx,
+    g: &LockGuard,
+    bound: Duration,
+    why: &str,
+) -> Result<(Duration, LostReason), Failure> {
+    let lost = g.lost();
+    ok_or(ctx.harness.revoke(g.name()).await, "force_release")?;
+    let revoked = Instant::now();
     let reason = ok_or(
         tokio::time::timeout_at(revoked + bound, lost.lost()).await,
         &format!(
-            "{why}, but the holder's lost signal did not fire within {bound:?} of force_release (TTL {ttl:?})"
+            "{why}, but the holder's lost signal did not fire within {bound:?} of the lock being \
+             taken away (TTL {:?})",
+            g.ttl()
         ),
     )?;
     let took = revoked.elapsed();
@@ -243,11 +244,7 @@ pub(super) async fn revocation_noticed(ctx: &Ctx) -> Outcome {
         !g.is_valid(),
         "the guard says valid after its lock was revoked and its lost signal fired"
     );
-    ctx.observe(format!(
-        "revocation noticed {took:?} after force_release ({reason}; loss_detection {:?})",
-        ctx.caps.loss_detection
-    ));
-    Ok(())
+    Ok((took, reason))
 }
 
 pub(super) async fn native_lease_ends_with_session(ctx: &Ctx) -> Outcome {

@@ -24,7 +24,7 @@ async fn skewed_client(ctx: &Ctx) -> Result<Locker, Failure> {
 /// Semaphore: with 2 of 2 permits held (TTL 10 s), a client whose clock runs a minute ahead
 /// is refused a permit by `try_lock` and by a short `lock`, and both holders keep theirs.
 pub(super) async fn skewed_client_cannot_sweep_permits(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let skewed = skewed_client(ctx).await?;
     let name = ctx.name("sem");
     let opts = ctx.opts(ctx.ttl(Duration::from_secs(10))).permits(2);

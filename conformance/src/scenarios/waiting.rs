@@ -10,7 +10,7 @@ use super::support::{check, must_try, ok_or, settle_queued, settle_waiters};
 use crate::harness::Harness;
 
 pub(super) async fn wait_deadline_honoured(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let name = ctx.name("x");
     let hold = ctx.opts(ctx.ttl(Duration::from_secs(30)));
     let g = must_try(&a, &name, &hold, "holder").await?;
@@ -98,7 +98,7 @@ pub(super) async fn waiter_does_not_spin(ctx: &Ctx) -> Outcome {
 }
 
 pub(super) async fn wait_succeeds_on_release(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let name = ctx.name("x");
     let opts = ctx.opts(ctx.ttl(Duration::from_secs(30)));
     let g = must_try(&a, &name, &opts, "holder").await?;
@@ -299,7 +299,7 @@ pub(super) async fn missed_wakeup_hands_over_promptly(ctx: &Ctx) -> Outcome {
     let opts = ctx.opts(ctx.ttl(Duration::from_secs(30))).wait_forever();
     let mut lanes = Vec::new();
     for lane in 0..LANES {
-        let (a, b) = (ctx.client().await?, ctx.client().await?);
+        let [a, b] = ctx.clients().await?;
         let name = ctx.name(&format!("l{lane}"));
         // One unmeasured hand-over first: a client's first wait may open its notification
         // connection (a TLS handshake in an unoptimised build takes 100 ms and more on a busy
