@@ -9,7 +9,9 @@ use std::time::Duration;
 use lockcore::{AutoRenew, Instant, LockGuard, LockName, LockOptions, Locker};
 
 use super::context::{Ctx, Failure, Outcome};
-use super::support::{check, must_be_held, must_try, ok_or, race_for, settle_waiters};
+use super::support::{
+    check, must_be_held, must_try, ok_or, race_for, settle_waiters, spawn_waiter,
+};
 
 /// How many renewals a renewed holder goes through before each check (renewals come every
 /// third of a TTL).
@@ -185,21 +187,13 @@ async fn win_by_waiting(
     opts: &LockOptions,
     leaving: LockGuard,
 ) -> Result<LockGuard, Failure> {
-    let task = {
-        let (w, name, opts) = (waiter.clone(), name.clone(), opts.clone());
-        tokio::spawn(async move { w.lock(&name, &opts).await })
-    };
-    settle_waiters(ctx, observer, name, &[waiter]).await?;
-    check!(
-        !task.is_finished(),
-        "the waiter returned while the lock was held"
-    );
+    let task = spawn_waiter(ctx, observer, waiter, name, opts).await?;
     ok_or(leaving.release().await, "the leaving holder's release")?;
     let bound = ctx.bound(Duration::from_secs(10));
     let won = tokio::time::timeout(bound, task)
         .await
         .map_err(|_| format!("the waiter did not get what was freed within {bound:?}"))?;
-    ok_or(ok_or(won, "the waiter's task")?, "the waiter's lock()")
+    ok_or(ok_or(won, "the waiter's task")?.0, "the waiter's lock()")
 }
 
 /// [`lease_back_on_time`] for a permit.

@@ -172,6 +172,30 @@ pub(super) async fn settle_waiting_calls(
     }
 }
 
+/// `waiter.lock(name, opts)` in a task of its own, once it is seen waiting (through
+/// `observer`): the task, which returns the guard and when `lock()` returned.
+pub(super) async fn spawn_waiter(
+    ctx: &Ctx,
+    observer: &Locker,
+    waiter: &Locker,
+    name: &LockName,
+    opts: &LockOptions,
+) -> Result<tokio::task::JoinHandle<(lockcore::Result<LockGuard>, Instant)>, Failure> {
+    let task = {
+        let (waiter, name, opts) = (waiter.clone(), name.clone(), opts.clone());
+        tokio::spawn(async move {
+            let r = waiter.lock(&name, &opts).await;
+            (r, Instant::now())
+        })
+    };
+    settle_waiters(ctx, observer, name, &[waiter]).await?;
+    check!(
+        !task.is_finished(),
+        "the waiter returned while what it waits for was taken"
+    );
+    Ok(task)
+}
+
 /// A client racing to take `name` the moment it frees: `try_lock` every millisecond from
 /// `from` on, until `give_up`.
 pub(super) async fn race_for(

@@ -6,7 +6,7 @@ use std::time::Duration;
 use lockcore::{Capabilities, ErrorKind, Instant, LockName, LockOptions, Locker};
 
 use super::context::{Ctx, Failure, Outcome};
-use super::support::{check, must_try, ok_or, settle_queued, settle_waiters};
+use super::support::{check, must_try, ok_or, settle_queued, settle_waiters, spawn_waiter};
 use crate::harness::Harness;
 
 pub(super) async fn wait_deadline_honoured(ctx: &Ctx) -> Outcome {
@@ -102,19 +102,12 @@ pub(super) async fn wait_succeeds_on_release(ctx: &Ctx) -> Outcome {
     let name = ctx.name("x");
     let opts = ctx.opts(ctx.ttl(Duration::from_secs(30)));
     let g = must_try(&a, &name, &opts, "holder").await?;
-    let waiter = {
-        let (b, name, opts) = (b.clone(), name.clone(), opts.clone().wait_forever());
-        tokio::spawn(async move { b.lock(&name, &opts).await })
-    };
-    settle_waiters(ctx, &b, &name, &[&b]).await?;
-    check!(
-        !waiter.is_finished(),
-        "the waiter returned while the lock was held"
-    );
+    let waiter = spawn_waiter(ctx, &b, &b, &name, &opts.clone().wait_forever()).await?;
     let released = Instant::now();
     ok_or(g.release().await, "release")?;
-    let g2 = ok_or(ok_or(waiter.await, "waiter task")?, "waiter's lock()")?;
-    let took = released.elapsed();
+    let (g2, returned) = ok_or(waiter.await, "waiter task")?;
+    let g2 = ok_or(g2, "waiter's lock()")?;
+    let took = returned.saturating_duration_since(released);
     let bound = ctx.bound(Duration::from_secs(3));
     check!(
         took <= bound,
