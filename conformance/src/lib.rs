@@ -19,8 +19,8 @@ use libtest_mimic::{Arguments, Failed, Trial};
 
 pub use faults::{FaultCell, FaultInfo, FaultMatrix, FaultOutcome};
 pub use harness::{
-    BoxFuture, FnHarness, Harness, HolderProcess, ReplyLoser, RequestCount, url_with_param,
-    url_with_path,
+    BoxFuture, FnHarness, Harness, HolderProcess, ReplyLoser, RequestCount, SkewedHolder,
+    url_with_param, url_with_path,
 };
 pub use measure::{Figures, MEASURE_TIME, ProcessHandover, ServerRequests, measure, measure_with};
 pub use proxied::{ClientProxies, ProxyGroup};

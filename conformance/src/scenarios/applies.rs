@@ -215,12 +215,12 @@ pub(super) fn needs_skewed_client(c: &Capabilities, h: &dyn Harness) -> Result<(
         Ok(())
     } else {
         Err(
-            "the harness cannot skew an in-process client's clock (a primitive has no holder process)",
+            "the harness cannot skew an in-process client's clock (a holder process takes locks and permits, it does not campaign)",
         )
     }
 }
 
 pub(super) fn needs_skewed_permits(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
     needs_permits(c, h)?;
-    needs_skewed_client(c, h)
+    needs_clock_skew(c, h)
 }

@@ -253,7 +253,7 @@ pub fn all() -> Vec<Scenario> {
             "with latency on the reply path, validity counts from when the request was sent, and the holder knows it lost before a waiter wins"
         ),
         scenario!(
-            latency::skewed_clock_cannot_steal,
+            skew::skewed_clock_cannot_steal,
             needs_clock_skew,
             "a client whose clock runs a minute ahead cannot take a lock that is still held"
         ),
@@ -455,7 +455,7 @@ pub fn all() -> Vec<Scenario> {
         scenario!(
             skew::skewed_client_cannot_sweep_permits,
             needs_skewed_permits,
-            "semaphore: a client whose clock runs a minute ahead is refused a permit of a full one (TTL 10 s) by try_lock and a 500 ms lock, and the holders keep theirs"
+            "semaphore: a client whose clock runs a minute ahead (in process, or a process under libfaketime) is refused a permit of a full one (TTL 10 s), and the holders keep theirs"
         ),
         scenario!(
             skew::skewed_candidate_cannot_depose_leader,
