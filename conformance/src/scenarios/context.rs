@@ -89,6 +89,16 @@ impl Ctx {
             .unwrap_or_else(|_| unreachable!("N clients made")))
     }
 
+    /// A client for a holder the scenario will crash ([`Ctx::crashable_client`]) and `N`
+    /// other clients.
+    ///
+    /// Cancel safe.
+    pub async fn crashable_and_clients<const N: usize>(
+        &self,
+    ) -> Result<(Locker, [Locker; N]), Failure> {
+        Ok((self.crashable_client().await?, self.clients().await?))
+    }
+
     /// A new client for a holder the scenario will crash ([`Harness::crashable_client`]).
     ///
     /// Cancel safe.

@@ -13,7 +13,7 @@ use super::support::{
 };
 
 pub(super) async fn expiry_frees_crashed_holder_after_ttl(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.crashable_client().await?, ctx.client().await?);
+    let (a, [b]) = ctx.crashable_and_clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_millis(1000));
     let opts = ctx.opts(ttl);
@@ -57,7 +57,7 @@ pub(super) async fn crash_frees_lock(ctx: &Ctx) -> Outcome {
     if ctx.harness.can_kill_holder_process() {
         return killed_holder_process_frees_lock(ctx).await;
     }
-    let (a, b) = (ctx.crashable_client().await?, ctx.client().await?);
+    let (a, [b]) = ctx.crashable_and_clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_millis(1000));
     let opts = ctx.opts(ttl);

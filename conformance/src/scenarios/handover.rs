@@ -77,7 +77,7 @@ pub(super) async fn last_reader_leaving_hands_over_promptly(ctx: &Ctx) -> Outcom
 /// holder's validity deadline, and within a quarter of the TTL (a poller's backoff cap) and
 /// 500 ms (scaled) of the lease's end, not seconds later.
 pub(super) async fn expired_lease_hands_over_promptly(ctx: &Ctx) -> Outcome {
-    let (h, w) = (ctx.crashable_client().await?, ctx.client().await?);
+    let (h, [w]) = ctx.crashable_and_clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_millis(1000));
     let opts = ctx.opts(ttl);

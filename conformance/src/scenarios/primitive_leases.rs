@@ -66,11 +66,7 @@ pub(super) async fn renewed_writer_still_excludes_readers(ctx: &Ctx) -> Outcome 
 /// lease, not before its validity deadline and not long after it (a renewal in the other wrong
 /// unit leaks it).
 pub(super) async fn renewed_permit_counts_and_expires_on_time(ctx: &Ctx) -> Outcome {
-    let (a, b, c) = (
-        ctx.crashable_client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let (a, [b, c]) = ctx.crashable_and_clients().await?;
     let name = ctx.name("sem");
     let ttl = ctx.ttl(Duration::from_millis(600));
     let renewed = ctx
@@ -110,12 +106,7 @@ pub(super) async fn renewed_permit_counts_and_expires_on_time(ctx: &Ctx) -> Outc
 /// left) and then crashes gets it back after its TTL: a permit granted from the queue is
 /// written with the waiter's TTL too.
 pub(super) async fn permit_won_by_waiting_returns_after_crash(ctx: &Ctx) -> Outcome {
-    let (a, b, h, c) = (
-        ctx.crashable_client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let (a, [b, h, c]) = ctx.crashable_and_clients().await?;
     let name = ctx.name("sem");
     let ttl = ctx.ttl(Duration::from_millis(1000));
     let long = ctx.opts(ctx.ttl(Duration::from_secs(30))).permits(2);
@@ -132,11 +123,7 @@ pub(super) async fn permit_won_by_waiting_returns_after_crash(ctx: &Ctx) -> Outc
 /// writer left) and then crashes gives it back after its TTL: a share granted to a waiter is
 /// written with the waiter's TTL too. A writer finds the lock held until then.
 pub(super) async fn reader_won_by_waiting_returns_after_crash(ctx: &Ctx) -> Outcome {
-    let (a, h, c) = (
-        ctx.crashable_client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let (a, [h, c]) = ctx.crashable_and_clients().await?;
     let name = ctx.name("rw");
     let ttl = ctx.ttl(Duration::from_millis(1000));
     let writer = must_try(
@@ -163,11 +150,7 @@ pub(super) async fn reader_won_by_waiting_returns_after_crash(ctx: &Ctx) -> Outc
 /// left) and then crashes gives it back after its TTL: a writer granted from behind readers
 /// is written with its own TTL too. A reader finds the lock held until then.
 pub(super) async fn writer_won_by_waiting_returns_after_crash(ctx: &Ctx) -> Outcome {
-    let (a, h, c) = (
-        ctx.crashable_client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let (a, [h, c]) = ctx.crashable_and_clients().await?;
     let name = ctx.name("rw");
     let ttl = ctx.ttl(Duration::from_millis(1000));
     let long_read = ctx.opts(ctx.ttl(Duration::from_secs(30))).shared();

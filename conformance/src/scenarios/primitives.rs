@@ -162,11 +162,7 @@ pub(super) async fn permit_limit_disagreement_is_refused(ctx: &Ctx) -> Outcome {
 /// sooner (a second holder too many) and never later (Redisson's plain semaphore leaks it
 /// forever).
 pub(super) async fn crashed_permit_returns_after_its_ttl(ctx: &Ctx) -> Outcome {
-    let (a, b, c) = (
-        ctx.crashable_client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let (a, [b, c]) = ctx.crashable_and_clients().await?;
     let name = ctx.name("sem");
     let ttl = ctx.ttl(Duration::from_millis(1000));
     let opts = ctx.opts(ttl).permits(2);

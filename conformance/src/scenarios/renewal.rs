@@ -248,7 +248,7 @@ async fn revoke_and_await_loss(
 }
 
 pub(super) async fn native_lease_ends_with_session(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.crashable_client().await?, ctx.client().await?);
+    let (a, [b]) = ctx.crashable_and_clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_secs(30));
     let opts = ctx.opts(ttl).auto_renew(AutoRenew::until(ttl * 10));
