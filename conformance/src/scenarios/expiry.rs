@@ -168,17 +168,10 @@ pub(super) async fn extend_after_expiry_not_held(ctx: &Ctx) -> Outcome {
     let (lease, _) = raw_lease(&a, &name, ttl).await?;
     lose_lease(ctx, &name).await?;
     let g2 = ok_or(b.lock(&name, &takeover).await, "takeover")?;
-    match lease.extend(ttl * 10).await {
-        Err(e) if e.kind() == ErrorKind::NotHeld => {}
-        Err(e) => {
-            return Err(format!(
-                "backend extend after expiry: expected NotHeld, got {e}"
-            ));
-        }
-        Ok(_) => {
-            return Err("the backend extended a lease that had run out and been taken over".into());
-        }
-    }
+    must_refuse(
+        "the backend's extend of a lease that ran out and was taken over",
+        lease.extend(ttl * 10).await,
+    )?;
     must_be_held(&c, &name, &opts, "after the stale extend").await?;
     ok_or(g2.extend(ttl * 20).await, "the new holder's extend")?;
     ok_or(g2.release().await, "release")?;
@@ -187,17 +180,10 @@ pub(super) async fn extend_after_expiry_not_held(ctx: &Ctx) -> Outcome {
     let g = must_try(&a, &name, &opts, "holder").await?;
     lose_lease(ctx, &name).await?;
     let g2 = ok_or(b.lock(&name, &takeover).await, "takeover")?;
-    match g.extend(ttl * 10).await {
-        Err(e) if e.kind() == ErrorKind::NotHeld => {}
-        Err(e) => {
-            return Err(format!(
-                "guard extend after expiry: expected NotHeld, got {e}"
-            ));
-        }
-        Ok(()) => {
-            return Err("the guard extended a lease that had run out and been taken over".into());
-        }
-    }
+    must_refuse(
+        "the guard's extend of a lease that ran out and was taken over",
+        g.extend(ttl * 10).await,
+    )?;
     check!(!g.is_valid(), "the expired guard still says it is valid");
     must_be_held(&c, &name, &opts, "after the stale guard extend").await?;
     ok_or(g2.release().await, "release")?;
@@ -223,11 +209,7 @@ pub(super) async fn stale_release_keeps_new_holder(ctx: &Ctx) -> Outcome {
         .await,
         "takeover",
     )?;
-    match stale.release().await {
-        Err(e) if e.kind() == ErrorKind::NotHeld => {}
-        Err(e) => return Err(format!("stale release: expected NotHeld, got {e}")),
-        Ok(()) => return Err("a stale holder's release reported success".into()),
-    }
+    must_refuse("a stale holder's release", stale.release().await)?;
     must_be_held(&c, &name, &opts, "after the stale release").await?;
     ok_or(g2.release().await, "the new holder's release")
 }
@@ -342,11 +324,6 @@ pub(super) async fn no_resurrection(ctx: &Ctx) -> Outcome {
         .clone()
         .ttl(ttl * 20)
         .wait_timeout(ttl * 2 + ctx.bound(Duration::from_secs(5)));
-    let must_refuse = |what: &str, r: lockcore::Result<()>| match r {
-        Err(e) if e.kind() == ErrorKind::NotHeld => Ok(()),
-        Err(e) => Err(format!("{what}: expected NotHeld, got {e}")),
-        Ok(()) => Err(format!("{what}: reported success")),
-    };
     let (stale, _) = raw_lease(&a, &name, ttl).await?;
     lose_lease(ctx, &name).await?;
     // Absent, after another holder took it and released it.
@@ -456,4 +433,13 @@ pub(super) async fn mutual_exclusion_across_expiry(ctx: &Ctx) -> Outcome {
         CLIENTS * ROUNDS
     );
     Ok(())
+}
+
+/// `r` (of `what`, on a lease no longer held) is `NotHeld`: not another error, not a success.
+fn must_refuse<T>(what: &str, r: lockcore::Result<T>) -> Outcome {
+    match r {
+        Err(e) if e.kind() == ErrorKind::NotHeld => Ok(()),
+        Err(e) => Err(format!("{what}: expected NotHeld, got {e}")),
+        Ok(_) => Err(format!("{what}: reported success")),
+    }
 }
