@@ -57,17 +57,7 @@ pub(crate) fn conflict<'a>(
     mode: &LockMode,
     ahead: impl IntoIterator<Item = &'a [u8]>,
 ) -> Option<Error> {
-    let other = ahead
-        .into_iter()
-        .map(mode_of)
-        .find(|other| match (other, mode) {
-            (LockMode::Permit { limit: a }, LockMode::Permit { limit: b }) => a != b,
-            (LockMode::Permit { .. }, _) | (_, LockMode::Permit { .. }) => true,
-            _ => false,
-        })?;
-    Some(Error::conflict(format!(
-        "the lock is in use as {other}, and this acquisition asks for {mode}"
-    )))
+    mode.conflict_among(ahead.into_iter().map(mode_of))
 }
 
 /// What a contender does next, from the keys ahead of it.

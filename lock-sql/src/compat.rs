@@ -3,10 +3,12 @@
 //! they follow, on one name.
 //!
 //! On PostgreSQL the lease, the row lock and [`PgXactLock`](crate::PgXactLock) on one table
-//! exclude each other (`pg::exclusion`); on MariaDB the lease and the row lock do not see each
-//! other yet (a declared limit). An `interop=` mode takes the peer's key, which locksmith's own strategies do not
-//! take: the two are a declared limit here (use one mode for every locksmith client of a
-//! name), not a silent one.
+//! exclude each other (`pg::exclusion`); on MariaDB the lease and the row lock do
+//! (`mysql_exclusion`). MariaDB's `interop=get_lock` holder takes the default layout's key
+//! beside the peer's and looks at the leases: it excludes the default layout too. PostgreSQL's
+//! `interop=sqlx` takes the peer's key only, which locksmith's own strategies do not take: the
+//! two are a declared limit there (use one mode for every locksmith client of a name), not a
+//! silent one. A peer takes only its own key: a declared limit beside the default layout.
 
 use lockcore::compatibility::ways::{CAMPAIGN, EXCLUSIVE, MULTI, PERMITS, SHARED};
 use lockcore::{Compatibility, Relation, WayKind};
@@ -70,25 +72,27 @@ pub(crate) fn table(dialect: Dialect) -> Compatibility {
             t = t.cell_tested_by(s, s2, Relation::Exclude, strategies);
         }
     }
-    if dialect == Dialect::MySql {
-        // PostgreSQL's strategies see each other (`pg::exclusion`); MariaDB's do not yet.
-        let apart = Relation::Limit(
-            "MariaDB: a lease (the lock row) and a row lock (GET_LOCK) on one table do not see              each other: use one strategy for every client of a table (crate docs)"
-                .into(),
-        );
-        t = t.cell(LEASE, ROW_LOCK, apart);
-    }
-    let separate_keys = Relation::Limit(format!(
-        "{mode} takes the peer's key, which locksmith's own strategies do not take: every \
-         locksmith client of a name shared with the peer uses {mode}"
-    ));
+    // An interop holder takes the peer's key and then the default layout's, and looks at the
+    // leases as a default-layout row lock does (`mysql_exclusion::interop_acquire`).
+    let separate_keys = match dialect {
+        Dialect::MySql => Relation::Exclude,
+        _ => Relation::Limit(format!(
+            "{mode} takes the peer's key, which locksmith's own strategies do not take: every \
+             locksmith client of a name shared with the peer uses {mode}"
+        )),
+    };
     let peer_only = Relation::Limit(format!(
         "{peer} takes only its own key: locksmith clients that share names with it use {mode}"
     ));
     let mut own_ways: Vec<&str> = OWN.to_vec();
     own_ways.extend(&own_strategies);
+    for w in &own_ways {
+        t = match &separate_keys {
+            Relation::Exclude => t.cell_tested_by(mode, w, Relation::Exclude, strategies),
+            other => t.cell(mode, w, other.clone()),
+        };
+    }
     t = t
-        .cells_with(mode, &own_ways, separate_keys)
         .cells_with(peer, &own_ways, peer_only)
         .cell(mode, mode, Relation::Exclude)
         .cell(peer, peer, Relation::Exclude)
@@ -112,8 +116,15 @@ mod tests {
             assert!(t.missing().is_empty(), "{dialect:?}: {:?}", t.missing());
         }
         let my = table(Dialect::MySql);
+        assert_eq!(my.relation(ROW_LOCK, LEASE), Some(&Relation::Exclude));
+        assert_eq!(my.relation(LEASE, ROW_LOCK), Some(&Relation::Exclude));
+        assert_eq!(my.relation(GET_LOCK_MODE, LEASE), Some(&Relation::Exclude));
         assert_eq!(
-            my.relation(ROW_LOCK, LEASE).map(Relation::as_str),
+            my.relation(ROW_LOCK, GET_LOCK_MODE),
+            Some(&Relation::Exclude)
+        );
+        assert_eq!(
+            my.relation(GET_LOCK_PEER, LEASE).map(Relation::as_str),
             Some("limit")
         );
         let pg = table(Dialect::Postgres);

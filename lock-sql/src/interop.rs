@@ -109,6 +109,9 @@ impl Interop {
                 "interop=get_lock: GET_LOCK(name, timeout) with the exact name (at most 64 \
                  characters): any session that calls GET_LOCK with the same name excludes this \
                  backend and is excluded by it",
+                "interop=get_lock: a holder also takes the default layout's key of the name and \
+                 backs off from a live lease of it: default-layout row locks and leases of the \
+                 same table exclude it, in both orders (a plain GET_LOCK peer sees neither)",
                 "interop=get_lock: not fair (MariaDB promises no order among GET_LOCK waiters) \
                  but notified (the server wakes a waiter on RELEASE_LOCK); no fencing tokens (a \
                  peer bumps no counter); the lock lives as long as the holder's session, on both \

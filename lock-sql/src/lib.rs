@@ -23,9 +23,8 @@
 //!   MariaDB; refused on SQLite with `InvalidConfig`). Lease is the default because it works
 //!   everywhere and has a real server-side TTL.
 //! * `table=` the lock table (default `locksmith_locks`), `^[A-Za-z_][A-Za-z0-9_]{0,62}$`.
-//!   It is created on connect if missing. On PostgreSQL both strategies (and [`PgXactLock`])
-//!   may share a table: they exclude each other per name (see *One name, one lock* below); on
-//!   MariaDB they do not yet: give each strategy its own table there.
+//!   It is created on connect if missing. Both strategies (and on PostgreSQL [`PgXactLock`])
+//!   may share a table: they exclude each other per name (see *One name, one lock* below).
 //!   Holder metadata ([`lockcore::Holder`], read by
 //!   [`Locker::inspect`](lockcore::Locker::inspect)) is written by the acquiring statement into
 //!   the row: columns `holder` and `acquired_at` (the server's `clock_timestamp()`) on
@@ -244,12 +243,31 @@
 //! `PgAdvisoryLock::new(name)` key: it excludes sqlx's lock and other `interop=sqlx` row
 //! locks, and *not* leases, default-layout row locks or `PgXactLock` of the name (another key;
 //! they cannot see each other). Under `interop=get_lock` (MariaDB) the key is `GET_LOCK(name)`:
-//! it excludes that peer and other `interop=get_lock` row locks, not default-layout row locks
-//! (`GET_LOCK` on a SHA-1 of database, table and name) nor leases.
+//! it excludes that peer and other `interop=get_lock` row locks; holding it, the row lock also
+//! takes the default layout's key (`GET_LOCK` on a SHA-1 of database, table and name, the same
+//! wait) and looks at the leases as a default-layout row lock does, so it excludes
+//! default-layout row locks and leases of the name too, in both orders. The peer itself takes
+//! only `GET_LOCK(name)`: it excludes `interop=get_lock` clients, not default-layout ones (a
+//! declared limit: give every locksmith client of a name shared with the peer
+//! `interop=get_lock`).
 //!
 //! **MariaDB**, one table: leases among themselves as in the PostgreSQL table (exclusive,
-//! shared, permits); row locks among themselves (exclusive only). A lease and a row lock of
-//! one name on one table do *not* see each other yet: use one table per strategy.
+//! shared, permits); row locks among themselves (exclusive only); a lease (any mode, or a
+//! member of a set) and a row lock of one name exclude each other, in both orders.
+//! How (`mysql_exclusion.rs`): a row lock is `GET_LOCK` on the name's key (a SHA-1 of
+//! database, table and name), a lease the lock row and `<table>_shares`. A lease attempt,
+//! holding the lock row's InnoDB lock, takes the name only while `IS_USED_LOCK` says no
+//! session holds the key (never waiting on it: a lease `try_lock` beside a row lock is
+//! `Ok(None)` at once); an exclusive attempt that created the row (its values judged before
+//! the row existed) asks once more after its commit and gives the lease back if a row lock
+//! holds the key. A row lock, once it holds the key, reads the lock row with a lock (the
+//! fenced statement's own upsert; a `LOCK IN SHARE MODE` read when it wants no token): it
+//! waits for a lease attempt holding the row, and gives the key back at once if a live lease
+//! (an owner, a live share or permit) holds the name; a waiting `lock()` looks again with a
+//! backoff. Renewals look at neither side. The share procedures are at version 2
+//! (`<table>_sacq2`, `_sext2`) for this; clients of earlier releases (`_sacq1`, their
+//! statements) do not look at the key. Row-lock clients create `<table>_shares` too (their
+//! check reads it).
 //!
 //! **SQLite**: leases only, as in the PostgreSQL table among leases.
 //!
@@ -278,6 +296,8 @@ mod sql_errors;
 
 #[cfg(feature = "mysql")]
 mod mysql;
+#[cfg(feature = "mysql")]
+mod mysql_exclusion;
 #[cfg(feature = "mysql")]
 mod mysql_procs;
 #[cfg(feature = "postgres")]

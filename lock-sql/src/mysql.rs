@@ -15,6 +15,7 @@ use sqlx::{AssertSqlSafe, Connection};
 
 use crate::config::{Parsed, Strategy};
 use crate::conns::{Checked, Conns, is_conn_err};
+use crate::mysql_exclusion::RowOutcome;
 use crate::mysql_procs::ShareCalls;
 use crate::rowlock::guard_timeout;
 use crate::rowlock::{HealthChecks, Holding, Queues, RowLease};
@@ -99,6 +100,11 @@ struct Sql {
     /// `GET_LOCK` alone, 1 when taken: for a holder that wants no token (and under
     /// `interop=get_lock`, which hands none out): nothing written, no commit.
     row_acquire_unfenced: String,
+    /// After an unfenced `GET_LOCK` (default layout): a live lease gives the key back.
+    row_lock_check: String,
+    /// Whether a row lock holds the name's key (after an exclusive lease attempt created the
+    /// row, see `crate::mysql_exclusion`).
+    key_used: String,
     row_unlock: String,
     holder: String,
     lease_acquire: String,
@@ -267,7 +273,9 @@ impl MyBackend {
         // every statement on the table behind it.
         add_columns(&conns, t, "shares_until", SHARE_COLUMNS).await?;
         let st = crate::shares::table(t);
-        if config.strategy == Strategy::Lease {
+        // Row-lock clients too: their check for a live lease reads it (see
+        // `crate::mysql_exclusion`).
+        {
             let ddl = format!(
                 "CREATE TABLE IF NOT EXISTS {st} (name VARBINARY(320) NOT NULL, \
                    token VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, \
@@ -294,10 +302,11 @@ impl MyBackend {
         // Under interop=get_lock, the exact name (as the peers call GET_LOCK); the statements
         // are otherwise the same (no token is handed out, a peer bumps nothing: acquisitions
         // take `GET_LOCK` alone).
-        let key = if config.interop == Some(crate::Interop::GetLock) {
+        let interop = config.interop == Some(crate::Interop::GetLock);
+        let key = if interop {
             "?".to_owned()
         } else {
-            format!("SHA1(CONCAT(CAST(DATABASE() AS BINARY), _binary'.{t}.', CAST(? AS BINARY)))")
+            crate::mysql_exclusion::name_key("?", t)
         };
         // Live shares hold the name as an exclusive holder does (see `crate::shares`):
         // `shares_until` is an upper bound of their expiries (a share release does not lower
@@ -315,20 +324,25 @@ impl MyBackend {
                  FROM {st} WHERE name = ? AND expires_at > UTC_TIMESTAMP(6)), 0))"
         );
         let now = "UTC_TIMESTAMP(6)";
+        // A lease attempt takes the name only while no row lock holds its key, judged on the
+        // locked row (see `crate::mysql_exclusion`); leases exist in the default layout only.
+        let key_free = crate::mysql_exclusion::key_free("VALUES(name)", t);
         let sql = Sql {
             // GET_LOCK first (a WHERE of the insert's source); holding it, the counter row is
             // bumped and committed with the statement (autocommit), so the token is durable
-            // before the caller sees it. LAST_INSERT_ID(expr) hands the new value back in the
-            // OK packet: rows affected 0 = not taken, 1 = new row (fence 1), 2 = fence bumped.
-            // The holder's metadata rides in the same statement.
-            row_acquire: format!(
-                "INSERT INTO {t} (name, fence, holder_meta, acquired_at) \
-                 SELECT ?, 1, ?, UTC_TIMESTAMP(6) FROM DUAL WHERE GET_LOCK({key}, ?) = 1 \
-                 ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), \
-                   holder_meta = VALUES(holder_meta), acquired_at = VALUES(acquired_at)"
-            ),
-            row_acquire_unfenced: format!("SELECT COALESCE(GET_LOCK({key}, ?), 0) = 1"),
-            row_unlock: format!("SELECT RELEASE_LOCK({key})"),
+            // before the caller sees it, unless a live lease holds the name (the key is then
+            // given back: see `crate::mysql_exclusion`). LAST_INSERT_ID(expr) hands the
+            // outcome back in the OK packet (`RowOutcome::of_fenced`). The holder's metadata
+            // rides in the same statement. Never under interop=get_lock (no token).
+            row_acquire: crate::mysql_exclusion::row_acquire_fenced(t, &st),
+            row_lock_check: crate::mysql_exclusion::row_lock_check(t, &st, interop),
+            key_used: crate::mysql_exclusion::key_used(t),
+            row_acquire_unfenced: if interop {
+                crate::mysql_exclusion::interop_acquire(t)
+            } else {
+                format!("SELECT COALESCE(GET_LOCK({key}, ?), 0) = 1")
+            },
+            row_unlock: crate::mysql_exclusion::row_unlock(t, interop),
             holder: format!("SELECT IS_USED_LOCK({key})"),
             // One statement per attempt, idempotent for the same token. Assignments run left
             // to right and see earlier ones: owner is decided first (`@locksmith_took`), the
@@ -342,14 +356,17 @@ impl MyBackend {
             // column unchanged: LEAST(.., 0) adds nothing). A waiting writer held back by
             // readers marks itself (`writer_until`, µs; 0 from try_lock). A holder clears
             // `shares_until` (no share is live beside it), so that later attempts skip the
-            // shares table. Parameters: see [`lease_acquire_query`] (the name comes again for
-            // the subquery: MariaDB takes no VALUES() in one).
+            // shares table. A row lock holding the name's key keeps it too (`key_free`; a new
+            // row is checked after the statement, see `lease_attempt`). Parameters: see
+            // [`lease_acquire_query`] (the name comes again for the subquery: MariaDB takes no
+            // VALUES() in one).
             lease_acquire: format!(
                 "INSERT INTO {t} (name, owner, fence, expires_at, holder_meta, acquired_at) \
                  VALUES (?, ?, LAST_INSERT_ID(1), {now} + INTERVAL ? MICROSECOND, ?, {now}) \
                  ON DUPLICATE KEY UPDATE \
-                   owner = IF(@locksmith_took := ({shares_held} = 0 AND (owner IS NULL \
-                       OR expires_at <= {now} OR owner = VALUES(owner))), VALUES(owner), owner), \
+                   owner = IF(@locksmith_took := ({shares_held} = 0 AND {key_free} \
+                       AND (owner IS NULL OR expires_at <= {now} OR owner = VALUES(owner))), \
+                     VALUES(owner), owner), \
                    fence = IF(@locksmith_took, LAST_INSERT_ID(fence + 1), \
                      fence + LEAST(0, LAST_INSERT_ID(@locksmith_shares))), \
                    expires_at = IF(@locksmith_took, VALUES(expires_at), expires_at), \
@@ -713,6 +730,10 @@ impl MyBackend {
         let holder = req.holder.encode();
         // A token only where one is handed out: a peer of interop=get_lock bumps no counter.
         let fenced = req.fencing.wanted() && self.config.interop.is_none();
+        // Under interop=get_lock the peer's key and the default layout's are taken.
+        let interop = self.config.interop.is_some();
+        let backoff = lockcore::backend::Backoff::for_ttl(req.ttl);
+        let mut leased = 0u32;
         let mut c = match self.conns.get(self.conns.bound_by(deadline), false).await {
             Ok(c) => c,
             Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
@@ -758,32 +779,48 @@ impl MyBackend {
                 // server shows no waiter to ask).
                 req.waiting.mark();
             }
-            // The token: `Some(fence)` when taken, `None` when busy; a holder that wants no
-            // token gets 0, unused (nothing counted).
-            let q = if fenced {
-                sqlx::query(AssertSqlSafe(self.sql.row_acquire.clone()))
-                    .bind(req.name.as_str())
-                    .bind(&holder)
-                    .bind(req.name.as_str())
-                    .bind(wait.as_secs_f64())
-                    .execute(&mut c.conn.raw)
-                    .map(|r| {
-                        r.map(|r| match r.rows_affected() {
-                            0 => None,
-                            1 => Some(1),
-                            _ => Some(r.last_insert_id()),
-                        })
-                    })
-                    .boxed()
-            } else {
-                sqlx::query_scalar(AssertSqlSafe(self.sql.row_acquire_unfenced.clone()))
-                    .bind(req.name.as_str())
-                    .bind(wait.as_secs_f64())
-                    .fetch_one(&mut c.conn.raw)
-                    .map(|r| r.map(|got: bool| got.then_some(0)))
-                    .boxed()
+            // A holder that wants no token gets 0, unused (nothing counted).
+            let (name, holder, sql) = (req.name.as_str(), holder.as_str(), &self.sql);
+            let conn = &mut c.conn.raw;
+            let q = async move {
+                if fenced {
+                    let r = sqlx::query(AssertSqlSafe(sql.row_acquire.clone()))
+                        .bind(name)
+                        .bind(holder)
+                        .bind(name)
+                        .bind(wait.as_secs_f64())
+                        .bind(name)
+                        .execute(&mut *conn)
+                        .await?;
+                    return Ok(RowOutcome::of_fenced(r.rows_affected(), r.last_insert_id()));
+                }
+                let mut q = sqlx::query_scalar(AssertSqlSafe(sql.row_acquire_unfenced.clone()))
+                    .bind(name)
+                    .bind(wait.as_secs_f64());
+                if interop {
+                    // The default layout's key too (`mysql_exclusion::interop_acquire`).
+                    q = q.bind(name).bind(wait.as_secs_f64()).bind(name);
+                }
+                let got: bool = q.fetch_one(&mut *conn).await?;
+                if !got {
+                    return Ok(RowOutcome::Busy);
+                }
+                // Holding the key: a live lease gives it back (`crate::mysql_exclusion`).
+                let check = sql.row_lock_check.clone();
+                let mut q = sqlx::query_scalar(AssertSqlSafe(check.clone()));
+                for _ in 0..crate::mysql_exclusion::params(&check) {
+                    q = q.bind(name);
+                }
+                let leased: Option<bool> = q.fetch_optional(&mut *conn).await?;
+                Ok(if leased == Some(true) {
+                    RowOutcome::Leased
+                } else {
+                    RowOutcome::Taken(0)
+                })
             };
-            let bound = Instant::now() + wait + self.config.op_timeout;
+            // Under interop, two waits (the peer's key, then the default layout's).
+            let waits = if interop { 2 } else { 1 };
+            let bound = Instant::now() + wait * waits + self.config.op_timeout;
             let res = match tokio::time::timeout_at(bound, q).await {
                 Ok(r) => r,
                 Err(_) => return Err(self.conns.timed_out("taking a row lock")),
@@ -792,7 +829,7 @@ impl MyBackend {
                 k.disarm();
             }
             match res {
-                Ok(Some(fence)) => {
+                Ok(RowOutcome::Taken(fence)) => {
                     // As for PostgreSQL: the validity counts from the answer, never the send.
                     let answered_at = Instant::now();
                     c.hold();
@@ -812,13 +849,27 @@ impl MyBackend {
                     );
                     return Ok(Some(Acquired::new(lease, answered_at)));
                 }
-                Ok(None) => {
+                Ok(RowOutcome::Busy) => {
                     // Busy (GET_LOCK timed out): nothing held.
                     if nowait || deadline.is_some_and(|d| Instant::now() >= d) {
                         self.put(c);
                         return Ok(None);
                     }
                     // A chunk of a longer wait ran out: queue again.
+                }
+                // A live lease holds the name (the key was given back): its release or expiry
+                // notifies nobody here, so a waiting lock() looks again after a backoff.
+                Ok(RowOutcome::Leased) => {
+                    if nowait || deadline.is_some_and(|d| Instant::now() >= d) {
+                        self.put(c);
+                        return Ok(None);
+                    }
+                    let mut wake = Instant::now() + backoff.delay(leased);
+                    leased = leased.saturating_add(1);
+                    if let Some(d) = deadline {
+                        wake = wake.min(d);
+                    }
+                    tokio::time::sleep_until(wake).await;
                 }
                 Err(e) if is_conn_err(&e) && c.reused && !retried => {
                     retried = true;
@@ -866,13 +917,36 @@ impl MyBackend {
         let sent_at = Instant::now();
         // A cancelled caller's statement may still commit, after a release sent on another
         // connection at the drop: it runs detached, and what it won is released after it.
+        let all = self.sql.clone();
         let attempt = move |gone| async move {
             let reply = conns
                 .run_unless_gone(&gone, bound, "acquiring a lease", move |c| {
-                    lease_acquire_query(&sql, &name, &token, ttl, &holder, mark)
-                        .execute(c)
-                        .map(|r| r.map(|r| r.last_insert_id()))
-                        .boxed()
+                    let (sql, all, name, token, holder) = (
+                        sql.clone(),
+                        all.clone(),
+                        name.clone(),
+                        token.clone(),
+                        holder.clone(),
+                    );
+                    async move {
+                        let r = lease_acquire_query(&sql, &name, &token, ttl, &holder, mark)
+                            .execute(&mut *c)
+                            .await?;
+                        let id = r.last_insert_id();
+                        let won = !matches!(id, 0 | HELD_BY_READERS | HELD_BY_PERMITS);
+                        // A taken row always changes (rows affected 2): 1 is a new row, whose
+                        // values were judged before it existed (see `crate::mysql_exclusion`).
+                        if won && r.rows_affected() == 1 && key_used(c, &all, &name).await? {
+                            sqlx::query(AssertSqlSafe(all.lease_release.clone()))
+                                .bind(&name)
+                                .bind(&token)
+                                .execute(&mut *c)
+                                .await?;
+                            return Ok(0);
+                        }
+                        Ok(id)
+                    }
+                    .boxed()
                 })
                 .await;
             let Some(reply) = reply? else {
@@ -970,6 +1044,11 @@ impl MyBackend {
                                     .bind(&name)
                                     .fetch_one(&mut *c)
                                     .await?;
+                                // The row locked: a row lock holding the name's key keeps it
+                                // (see `crate::mysql_exclusion`).
+                                if key_used(&mut *c, &sql, &name).await? {
+                                    return Ok(Ok(None));
+                                }
                                 sqlx::query(AssertSqlSafe(sql.share_expired.clone()))
                                     .bind(&name)
                                     .execute(&mut *c)
@@ -1059,6 +1138,15 @@ impl MyBackend {
     }
 }
 
+/// Whether a row lock holds the key of `name` (asked after an exclusive lease attempt created
+/// the name's row: see `crate::mysql_exclusion`).
+async fn key_used(c: &mut MySqlConnection, sql: &Sql, name: &str) -> sqlx::Result<bool> {
+    sqlx::query_scalar(AssertSqlSafe(sql.key_used.clone()))
+        .bind(name)
+        .fetch_one(c)
+        .await
+}
+
 /// A connection idle with a server-side guard set is closed by the server after it: never
 /// reuse it past that.
 fn idle_until_guard(c: &mut Checked<MySqlConnectOptions, MyMeta>) {
@@ -1136,10 +1224,12 @@ impl Holding for MyHolding {
     async fn unlock(&mut self) -> sqlx::Result<bool> {
         let sql = self.sql.row_unlock.clone();
         let name = self.name.clone();
-        let r: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql))
-            .bind(name)
-            .fetch_one(&mut self.checked().conn.raw)
-            .await?;
+        let mut q = sqlx::query_scalar(AssertSqlSafe(sql.clone()));
+        // Each parameter is the name (`mysql_exclusion::row_unlock`).
+        for _ in 0..crate::mysql_exclusion::params(&sql) {
+            q = q.bind(name.clone());
+        }
+        let r: Option<i64> = q.fetch_one(&mut self.checked().conn.raw).await?;
         Ok(r == Some(1))
     }
 
@@ -1349,7 +1439,7 @@ impl MyBackend {
         for r in reqs {
             self.check_name(&r.name)?;
         }
-        let sql = self.sql.lease_acquire.clone();
+        let sql = self.sql.clone();
         let members = crate::SetMember::of(reqs);
         let leases: Vec<MyLease> = reqs.iter().map(|r| self.lease(r, 0)).collect();
         let conns = self.conns.clone();
@@ -1374,7 +1464,7 @@ impl MyBackend {
 /// The transaction of [`MyBackend::try_set`]: committed only when every member was taken.
 async fn set_tx(
     c: &mut MySqlConnection,
-    sql: &str,
+    sql: &Sql,
     members: &[crate::SetMember],
     gone: &lockcore::backend::CallerGone,
 ) -> sqlx::Result<Result<crate::SetFound>> {
@@ -1382,10 +1472,25 @@ async fn set_tx(
     let mut fences = Vec::with_capacity(members.len());
     for (i, m) in members.iter().enumerate() {
         let ttl_us = m.ttl.as_micros() as u64;
-        let id = lease_acquire_query(sql, m.name.as_str(), &m.token, ttl_us, &m.holder, 0)
+        let name = m.name.as_str();
+        let reply = lease_acquire_query(&sql.lease_acquire, name, &m.token, ttl_us, &m.holder, 0)
             .execute(&mut *tx)
-            .await
-            .map(|r| r.last_insert_id());
+            .await;
+        let id = match reply {
+            // A member that created its row was judged before the row existed: the row lock
+            // it may have missed holds the key (see `crate::mysql_exclusion`).
+            Ok(r)
+                if r.rows_affected() == 1
+                    && !matches!(r.last_insert_id(), 0 | HELD_BY_READERS | HELD_BY_PERMITS) =>
+            {
+                match key_used(&mut tx, sql, name).await {
+                    Ok(true) => Ok(0),
+                    Ok(false) => Ok(r.last_insert_id()),
+                    Err(e) => Err(e),
+                }
+            }
+            r => r.map(|r| r.last_insert_id()),
+        };
         let found = match id {
             Ok(HELD_BY_PERMITS) => Err(crate::shares::conflict(LockMode::Exclusive)),
             Ok(0 | HELD_BY_READERS) => Ok(crate::SetFound::Busy(i)),

@@ -16,8 +16,9 @@
 //! never replaced (a client running it keeps the body it knows): a change of what one does is
 //! a new version (see [`crate::shares::routine`]).
 
-/// The version of the procedures' protocol, part of their names.
-const VERSION: u32 = 1;
+/// The version of the procedures' protocol, part of their names. 2: `acquire` is busy while a
+/// row lock holds the name's key (`crate::mysql_exclusion`; `_sacq1` does not look).
+const VERSION: u32 = 2;
 
 /// The `CALL`s of lock table `t`, with `?` parameters.
 #[derive(Debug, Clone)]
@@ -52,7 +53,8 @@ impl ShareCalls {
 /// the order of [`names`].
 ///
 /// `acquire` decides as [`crate::shares::decide`] does (held to it by the conformance
-/// scenarios every lease dialect runs): this token's live share first, then a conflict
+/// scenarios every lease dialect runs), once the row is locked and no row lock holds the
+/// name's key (else busy, `(0, 0)`): this token's live share first, then a conflict
 /// (another mode or limit among the live shares; a permit beside an exclusive holder), then a
 /// wait (a permit while `limit` are held; a reader behind an exclusive holder or a waiting
 /// writer's mark), else the share is inserted with the lease row's next fence and
@@ -85,6 +87,8 @@ pub(crate) fn ddl(t: &str, s: &str) -> [String; 2] {
         "shares_until = GREATEST(COALESCE(shares_until, {epoch}), {until}) WHERE name = p_name;"
     );
     let name_token = "p_name VARBINARY(320), p_token VARCHAR(64) CHARACTER SET ascii";
+    // Judged on the locked row: a row lock holding the name's key keeps the name.
+    let key_used = format!("NOT ({})", crate::mysql_exclusion::key_free("p_name", t));
     // Each branch commits, then answers (one row, two BIGINTs).
     [
         format!(
@@ -107,6 +111,10 @@ pub(crate) fn ddl(t: &str, s: &str) -> [String; 2] {
                    MAX(IF(expires_at > v_now AND token = p_token, fence, NULL)), \
                    COALESCE(SUM(expires_at <= v_now), 0) \
                  INTO v_n, v_min, v_other, v_mine, v_dead FROM {s} WHERE name = p_name; \
+               IF {key_used} THEN \
+                 COMMIT; \
+                 SELECT CAST(0 AS SIGNED), CAST(0 AS SIGNED); \
+               ELSE \
                IF v_dead > 0 THEN \
                  DELETE FROM {s} WHERE name = p_name AND expires_at <= v_now; \
                END IF; \
@@ -130,6 +138,7 @@ pub(crate) fn ddl(t: &str, s: &str) -> [String; 2] {
                  UPDATE {t} SET fence = v_fence + 1, {raise} \
                  COMMIT; \
                  SELECT CAST(1 AS SIGNED), v_fence + 1; \
+               END IF; \
                END IF; \
              END"
         ),

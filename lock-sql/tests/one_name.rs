@@ -157,31 +157,22 @@ async fn busy(locker: &lockcore::Locker, name: &str, o: &lockcore::LockOptions, 
     );
 }
 
-/// The lease and row-lock strategies on one table (the default `locksmith_locks`) exclude each
-/// other per name, in both orders, writers and readers alike; lease readers and row-lock
-/// readers hold together. Regression: nothing connected them (two holders of one name).
-#[tokio::test]
-async fn pg_lease_and_row_lock_on_one_table_exclude_each_other() {
-    let (Some(lease_url), Some(row_url)) = (pg_url("strategy=lease"), pg_url("strategy=row-lock"))
-    else {
-        return;
-    };
-    let lease = locker(&lease_url).await;
-    let row = locker(&row_url).await;
-    let x = opts();
-    let r = opts().shared();
-    let p = opts().permits(2);
-    // (first holder, its options, the other, its options, whether they hold together)
-    let cases: [(&str, &lockcore::LockOptions, &lockcore::LockOptions, bool); 7] = [
-        ("lease x, row x", &x, &x, false),
-        ("lease r, row x", &r, &x, false),
-        ("lease x, row r", &x, &r, false),
-        ("lease p, row r", &p, &r, false),
-        ("lease p, row x", &p, &x, false),
-        ("lease r, row r", &r, &r, true),
-        ("lease x, row x (again)", &x, &x, false),
-    ];
-    for (case, lease_opts, row_opts, together) in cases {
+/// (case, the lease holder's options, the row-lock holder's options, whether they hold
+/// together).
+type Case<'a> = (
+    &'a str,
+    &'a lockcore::LockOptions,
+    &'a lockcore::LockOptions,
+    bool,
+);
+
+/// Every case in both orders, on a fresh name each: the second is busy at once while the first
+/// holds (or holds beside it, for readers), the first keeps renewing, and the second takes the
+/// name once the first released it.
+async fn lease_and_row_lock_exclude(lease_url: &str, row_url: &str, cases: &[Case<'_>]) {
+    let lease = locker(lease_url).await;
+    let row = locker(row_url).await;
+    for &(case, lease_opts, row_opts, together) in cases {
         for lease_first in [true, false] {
             let name = unique("lease-row");
             let case = format!("{case}, lease first: {lease_first}");
@@ -220,16 +211,106 @@ async fn pg_lease_and_row_lock_on_one_table_exclude_each_other() {
     }
 }
 
-/// A lease holder and a row-lock holder of one name never hold at once while both wait for
-/// it in turns (the shape of two `locksmith run` commands, one per strategy, in a loop).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_lease_and_row_lock_waiters_take_turns() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+/// The lease and row-lock strategies on one table (the default `locksmith_locks`) exclude each
+/// other per name, in both orders, writers and readers alike; lease readers and row-lock
+/// readers hold together. Regression: nothing connected them (two holders of one name).
+#[tokio::test]
+async fn pg_lease_and_row_lock_on_one_table_exclude_each_other() {
     let (Some(lease_url), Some(row_url)) = (pg_url("strategy=lease"), pg_url("strategy=row-lock"))
     else {
         return;
     };
+    let x = opts();
+    let r = opts().shared();
+    let p = opts().permits(2);
+    let cases: [Case<'_>; 7] = [
+        ("lease x, row x", &x, &x, false),
+        ("lease r, row x", &r, &x, false),
+        ("lease x, row r", &x, &r, false),
+        ("lease p, row r", &p, &r, false),
+        ("lease p, row x", &p, &x, false),
+        ("lease r, row r", &r, &r, true),
+        ("lease x, row x (again)", &x, &x, false),
+    ];
+    lease_and_row_lock_exclude(&lease_url, &row_url, &cases).await;
+}
+
+/// The MySQL URL with `params`, if configured.
+fn my_url(params: &str) -> Option<String> {
+    conformance::require_env("LOCK_TEST_MYSQL_URL").map(|u| with_params(&u, params))
+}
+
+/// MariaDB: the lease (exclusive, shared, permits) and the row lock (exclusive only, with a
+/// fencing token or without: two different statements) on one table exclude each other per
+/// name, in both orders. Regression: the lease was the lock row, the row lock `GET_LOCK`, and
+/// neither looked at the other (two holders of one name). The leases of a user who may not
+/// create the share procedures (their statements instead) too.
+#[tokio::test]
+async fn mysql_lease_and_row_lock_on_one_table_exclude_each_other() {
+    let Some(row_url) = my_url("strategy=row-lock") else {
+        return;
+    };
+    let plain = conformance::require_env("LOCK_TEST_MYSQL_PLAIN_URL")
+        .map(|u| with_params(&u, "strategy=lease"));
+    let x = opts();
+    let r = opts().shared();
+    let p = opts().permits(2);
+    let bare = opts().no_fencing();
+    let cases: [Case<'_>; 7] = [
+        ("lease x, row x", &x, &x, false),
+        ("lease r, row x", &r, &x, false),
+        ("lease p, row x", &p, &x, false),
+        ("lease x, row x without a token", &x, &bare, false),
+        ("lease r, row x without a token", &r, &bare, false),
+        ("lease p, row x without a token", &p, &bare, false),
+        ("lease x, row x (again)", &x, &x, false),
+    ];
+    for lease_url in my_url("strategy=lease").into_iter().chain(plain) {
+        lease_and_row_lock_exclude(&lease_url, &row_url, &cases).await;
+    }
+}
+
+/// MariaDB: a set of leases (one transaction, `try_lock_all`) and a row lock of one of its
+/// names exclude each other, in both orders; so do a row lock's set (one name at a time) and a
+/// lease of a member.
+#[tokio::test]
+async fn mysql_lease_sets_and_row_locks_exclude_each_other() {
+    let (Some(lease_url), Some(row_url)) = (my_url("strategy=lease"), my_url("strategy=row-lock"))
+    else {
+        return;
+    };
+    let lease = locker(&lease_url).await;
+    let row = locker(&row_url).await;
+    let o = opts();
+    for (label, sets, single) in [("lease set", &lease, &row), ("row-lock set", &row, &lease)] {
+        let names: Vec<String> = ["a", "b", "c"]
+            .iter()
+            .map(|n| unique(&format!("set-row-{n}")))
+            .collect();
+        // The single holder first: the set is not taken.
+        let held = single.try_lock(names[1].as_str(), &o).await.unwrap();
+        let held = held.expect("a free name");
+        let set = sets.try_lock_all(names.clone(), &o).await.unwrap();
+        assert!(set.is_none(), "{label}: taken beside a holder of a member");
+        held.release().await.unwrap();
+        // The set first: no member is free to the other strategy.
+        let set = sets.try_lock_all(names.clone(), &o).await.unwrap();
+        let set = set.unwrap_or_else(|| panic!("{label}: a free set was not taken"));
+        for name in &names {
+            busy(single, name, &o, &format!("{label}: member {name}")).await;
+        }
+        set.release().await.unwrap();
+        let after = single.try_lock(names[0].as_str(), &o).await.unwrap();
+        assert!(after.is_some(), "{label}: free once the set was released");
+        after.unwrap().release().await.unwrap();
+    }
+}
+
+/// A lease holder and a row-lock holder of one name never hold at once while both wait for
+/// it in turns (the shape of two `locksmith run` commands, one per strategy, in a loop).
+async fn lease_and_row_lock_take_turns(lease_url: String, row_url: String) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     let name = unique("lease-row-turns");
     let inside = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
@@ -250,6 +331,24 @@ async fn pg_lease_and_row_lock_waiters_take_turns() {
     }
     for t in tasks {
         t.await.expect("a locker's loop");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_lease_and_row_lock_waiters_take_turns() {
+    if let (Some(lease_url), Some(row_url)) =
+        (pg_url("strategy=lease"), pg_url("strategy=row-lock"))
+    {
+        lease_and_row_lock_take_turns(lease_url, row_url).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_lease_and_row_lock_waiters_take_turns() {
+    if let (Some(lease_url), Some(row_url)) =
+        (my_url("strategy=lease"), my_url("strategy=row-lock"))
+    {
+        lease_and_row_lock_take_turns(lease_url, row_url).await;
     }
 }
 
@@ -309,4 +408,32 @@ async fn pg_xact_lock_and_leases_exclude_each_other() {
         assert!(after.is_some(), "{case}: free once the transaction ended");
         after.unwrap().release().await.unwrap();
     }
+}
+
+/// MariaDB: a row lock under `interop=get_lock` (the peers' `GET_LOCK(name)`) and the default
+/// layout's leases (every mode) and row locks (with a token or without) of one name exclude
+/// each other, in both orders. Regression: the interop holder took only the peer's key, which
+/// the default layout neither takes nor looks at (two holders of one name).
+#[tokio::test]
+async fn mysql_interop_get_lock_and_the_default_layout_exclude_each_other() {
+    let Some(interop_url) = my_url("strategy=row-lock&interop=get_lock") else {
+        return;
+    };
+    let x = opts();
+    let r = opts().shared();
+    let p = opts().permits(2);
+    let bare = opts().no_fencing();
+    let leases: [Case<'_>; 3] = [
+        ("lease x, interop", &x, &x, false),
+        ("lease r, interop", &r, &x, false),
+        ("lease p, interop", &p, &x, false),
+    ];
+    let row_locks: [Case<'_>; 2] = [
+        ("row x, interop", &x, &x, false),
+        ("row x without a token, interop", &bare, &x, false),
+    ];
+    let lease_url = my_url("strategy=lease").unwrap();
+    lease_and_row_lock_exclude(&lease_url, &interop_url, &leases).await;
+    let row_url = my_url("strategy=row-lock").unwrap();
+    lease_and_row_lock_exclude(&row_url, &interop_url, &row_locks).await;
 }

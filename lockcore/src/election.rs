@@ -13,8 +13,8 @@
 use std::time::Duration;
 
 use crate::{
-    AutoRenew, DEFAULT_TTL, Error, Fencing, Holder, IntoLockName, LockGuard, LockName, LockOptions,
-    Locker, LostSignal, Result,
+    AutoRenew, Error, Fencing, Holder, IntoLockName, LockGuard, LockName, LockOptions, Locker,
+    LostSignal, Result,
 };
 
 /// How [`Locker::campaign`] waits and keeps its leadership: the lease's TTL, the wait for
@@ -23,7 +23,7 @@ use crate::{
 /// candidate), and no maximum hold time unless one is asked for: a leader renews until it
 /// resigns or is lost.
 ///
-/// The defaults: TTL [`DEFAULT_TTL`] (30 s), wait until elected, renewed with
+/// The defaults: TTL [`DEFAULT_TTL`](crate::DEFAULT_TTL) (30 s), wait until elected, renewed with
 /// [`AutoRenew::forever`].
 ///
 /// ```compile_fail
@@ -35,20 +35,15 @@ use crate::{
 /// # }
 /// ```
 #[derive(Clone, Debug, PartialEq)]
-pub struct CampaignOptions {
-    ttl: Duration,
-    wait: Option<Duration>,
-    /// `None`: no renewal ([`CampaignOptions::no_auto_renew`]).
-    auto_renew: Option<AutoRenew>,
-}
+pub struct CampaignOptions(
+    /// The settings of the lock a campaign takes, kept with the lock options' own setters:
+    /// only those below can change it, none of them its mode.
+    LockOptions,
+);
 
 impl Default for CampaignOptions {
     fn default() -> Self {
-        CampaignOptions {
-            ttl: DEFAULT_TTL,
-            wait: None,
-            auto_renew: Some(AutoRenew::forever()),
-        }
+        CampaignOptions(LockOptions::new().auto_renew(AutoRenew::forever()))
     }
 }
 
@@ -59,69 +54,53 @@ impl CampaignOptions {
     }
 
     /// The leadership lease's TTL: a leader that neither renews nor resigns is deposed after it.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
+    pub fn ttl(self, ttl: Duration) -> Self {
+        CampaignOptions(self.0.ttl(ttl))
     }
 
     /// How long [`Locker::campaign`] waits to be elected before returning
     /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) (as [`LockOptions::wait_timeout`]).
-    pub fn wait_timeout(mut self, wait: Duration) -> Self {
-        self.wait = Some(wait);
-        self
+    pub fn wait_timeout(self, wait: Duration) -> Self {
+        CampaignOptions(self.0.wait_timeout(wait))
     }
 
     /// Waits to be elected without a deadline (the default).
-    pub fn wait_forever(mut self) -> Self {
-        self.wait = None;
-        self
+    pub fn wait_forever(self) -> Self {
+        CampaignOptions(self.0.wait_forever())
     }
 
     /// How the leadership is renewed: [`AutoRenew::forever`] by default;
     /// [`AutoRenew::until`] deposes the leader at a maximum hold time.
-    pub fn auto_renew(mut self, renew: AutoRenew) -> Self {
-        self.auto_renew = Some(renew);
-        self
+    pub fn auto_renew(self, renew: AutoRenew) -> Self {
+        CampaignOptions(self.0.auto_renew(renew))
     }
 
     /// No renewal: the leader is deposed one TTL after its election (or its last extend by
     /// hand through [`Leadership::guard`]).
-    pub fn no_auto_renew(mut self) -> Self {
-        self.auto_renew = None;
-        self
+    pub fn no_auto_renew(self) -> Self {
+        CampaignOptions(self.0.no_auto_renew())
     }
 
     /// The TTL.
     pub fn ttl_value(&self) -> Duration {
-        self.ttl
+        self.0.ttl_value()
     }
 
     /// The wait timeout, `None` for no deadline.
     pub fn wait_value(&self) -> Option<Duration> {
-        self.wait
+        self.0.wait_value()
     }
 
     /// The renewal policy (`None`: no renewal).
     pub fn auto_renew_value(&self) -> Option<&AutoRenew> {
-        self.auto_renew.as_ref()
+        self.0.auto_renew_value()
     }
 
     /// The exclusive lock a campaign takes: its value as the holder label, and a fencing token
     /// wherever the backend gives them (the term; observers read the value from the metadata
     /// that a backend may store only with a token, PostgreSQL's row lock).
     fn lock_options(&self, value: &str) -> LockOptions {
-        let mut options = LockOptions::new()
-            .ttl(self.ttl)
-            .label(value)
-            .fencing(Fencing::IfAvailable);
-        options = match self.wait {
-            Some(wait) => options.wait_timeout(wait),
-            None => options.wait_forever(),
-        };
-        match &self.auto_renew {
-            Some(renew) => options.auto_renew(renew.clone()),
-            None => options.no_auto_renew(),
-        }
+        self.0.clone().label(value).fencing(Fencing::IfAvailable)
     }
 }
 
@@ -343,6 +322,29 @@ mod tests {
             .expect("a change within the bound")
             .expect("the stream goes on")
             .unwrap()
+    }
+
+    /// A campaign's lock: exclusive (a campaign has no mode to set), its value as the label,
+    /// a fencing token where the backend gives one, renewed forever unless asked otherwise,
+    /// and the TTL and wait the campaign options say.
+    #[test]
+    fn a_campaign_takes_an_exclusive_lock_labelled_with_its_value() {
+        let defaults = CampaignOptions::new().lock_options("a:1");
+        assert_eq!(defaults.mode_value(), crate::LockMode::Exclusive);
+        assert_eq!(defaults.label_value(), Some("a:1"));
+        assert_eq!(defaults.fencing_value(), Fencing::IfAvailable);
+        assert_eq!(defaults.auto_renew_value(), Some(&AutoRenew::forever()));
+        assert_eq!(defaults.wait_value(), None);
+        assert_eq!(defaults.ttl_value(), crate::DEFAULT_TTL);
+        let set = CampaignOptions::new()
+            .ttl(Duration::from_secs(7))
+            .wait_timeout(Duration::from_secs(3))
+            .no_auto_renew()
+            .lock_options("b:2");
+        assert_eq!(set.ttl_value(), Duration::from_secs(7));
+        assert_eq!(set.wait_value(), Some(Duration::from_secs(3)));
+        assert_eq!(set.auto_renew_value(), None);
+        assert_eq!(set.mode_value(), crate::LockMode::Exclusive);
     }
 
     /// Issue 37: leader changes as a `Stream`: the current state first, then each election and

@@ -59,6 +59,21 @@
 //! of permits): no mode is meaningless there, so none is refused.
 #![deny(missing_docs)]
 
+/// Asserts that a type takes at most `bytes`, naming its size when it does not: the memory
+/// budgets of a held lease (issue 24), checked by the unit tests of the types they bound.
+#[cfg(test)]
+macro_rules! assert_size_at_most {
+    ($t:ty, $bytes:expr) => {
+        assert!(
+            std::mem::size_of::<$t>() <= $bytes,
+            "{}: {} bytes, over {}",
+            stringify!($t),
+            std::mem::size_of::<$t>(),
+            $bytes
+        )
+    };
+}
+
 pub mod backend;
 mod capabilities;
 mod compact_time;

@@ -142,19 +142,8 @@ impl Slot {
     /// another limit, or a semaphore beside a mutex or read-write lock. Contention between an
     /// exclusive and a shared acquisition is no conflict.
     fn conflict(&self, mode: &LockMode) -> Option<Error> {
-        let other = self
-            .holders
-            .iter()
-            .map(|h| h.mode)
-            .chain(self.queue.iter().map(|w| w.mode))
-            .find(|m| match (m, mode) {
-                (LockMode::Permit { limit: a }, LockMode::Permit { limit: b }) => a != b,
-                (LockMode::Permit { .. }, _) | (_, LockMode::Permit { .. }) => true,
-                _ => false,
-            })?;
-        Some(Error::conflict(format!(
-            "the lock is in use as {other}, and this acquisition asks for {mode}"
-        )))
+        let holders = self.holders.iter().map(|h| h.mode);
+        mode.conflict_among(holders.chain(self.queue.iter().map(|w| w.mode)))
     }
 
     /// The earliest expiry among the holders: when a place may free up.

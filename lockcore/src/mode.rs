@@ -5,6 +5,8 @@ use std::fmt;
 
 use serde::Serialize;
 
+use crate::Error;
+
 /// The most permits a semaphore may have: a limit is part of every acquisition, and a backend
 /// keeps one entry per permit held.
 pub const MAX_PERMITS: u32 = 10_000;
@@ -53,6 +55,28 @@ impl LockMode {
                 (self, other),
                 (LockMode::Permit { limit: a }, LockMode::Permit { limit: b }) if a == b
             )
+    }
+
+    /// Whether a name in use as `self` cannot be taken as `other` at all, not even in turn: a
+    /// semaphore with another limit, or a semaphore beside a mutex or read-write lock. (An
+    /// exclusive and a shared acquisition contend; they do not conflict.)
+    pub fn conflicts_with(&self, other: &LockMode) -> bool {
+        match (self, other) {
+            (LockMode::Permit { limit: a }, LockMode::Permit { limit: b }) => a != b,
+            (LockMode::Permit { .. }, _) | (_, LockMode::Permit { .. }) => true,
+            _ => false,
+        }
+    }
+
+    /// The [`ErrorKind::Conflict`](crate::ErrorKind::Conflict) error of an acquisition asking
+    /// for `self` of a name in use in these modes (its holders', its waiters'), naming the
+    /// first use it conflicts with; `None` when there is none. Every backend refuses so, with
+    /// the same message.
+    pub fn conflict_among(&self, uses: impl IntoIterator<Item = LockMode>) -> Option<Error> {
+        let other = uses.into_iter().find(|other| other.conflicts_with(self))?;
+        Some(Error::conflict(format!(
+            "the lock is in use as {other}, and this acquisition asks for {self}"
+        )))
     }
 }
 
@@ -127,5 +151,27 @@ mod tests {
         assert!(LockMode::Exclusive.supported_by(&caps).is_ok());
         caps.shared = Support::Yes;
         assert!(LockMode::Shared.supported_by(&caps).is_ok());
+    }
+
+    #[test]
+    fn a_semaphore_of_another_limit_or_beside_a_lock_is_a_conflict() {
+        let p3 = LockMode::Permit { limit: 3 };
+        let p5 = LockMode::Permit { limit: 5 };
+        assert!(p3.conflicts_with(&p5));
+        assert!(!p3.conflicts_with(&p3));
+        for lock in [LockMode::Exclusive, LockMode::Shared] {
+            assert!(p3.conflicts_with(&lock) && lock.conflicts_with(&p3));
+            assert!(
+                lock.conflict_among([LockMode::Exclusive, LockMode::Shared])
+                    .is_none()
+            );
+        }
+        let err = p5.conflict_among([p5, LockMode::Shared]).unwrap();
+        assert_eq!(err.kind(), crate::ErrorKind::Conflict);
+        assert!(
+            err.to_string()
+                .contains("in use as shared, and this acquisition asks for one of 5 permits"),
+            "{err}"
+        );
     }
 }

@@ -1,11 +1,10 @@
-//! What a [`Locker`](super::Locker)'s clones and its guards share: the backend, the runtime,
+//! What a [`Locker`](crate::Locker)'s clones and its guards share: the backend, the runtime,
 //! the background tasks and the telemetry.
 
 use std::sync::Arc;
 
 use tokio::runtime::Handle;
 
-use crate::ErrorKind;
 use crate::backend::{Backend, Background};
 use crate::telemetry::Telemetry;
 use crate::waiting::WaitBoard;
@@ -33,17 +32,6 @@ impl LockerInner {
     /// Hands a release to a background task: never blocks, and runs to completion as long as the
     /// runtime does.
     pub(super) fn release_in_background(self: &Arc<Self>, shared: Arc<GuardShared>) {
-        release_in_background(&self.background, shared);
+        shared.release_in_background(&self.background);
     }
-}
-
-/// Hands a lease's release to `background` (a dropped guard's, or one whose validity ran out).
-pub(super) fn release_in_background(background: &Background, shared: Arc<GuardShared>) {
-    background.spawn(async move {
-        if let Err(e) = shared.release_traced().await
-            && e.kind() != ErrorKind::NotHeld
-        {
-            tracing::warn!(error = %format!("{e:#}"), "background release failed; the lock frees after its ttl");
-        }
-    });
 }

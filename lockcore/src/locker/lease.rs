@@ -8,15 +8,15 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::{BoxLease, LostNotifier, OwnerToken};
+use crate::backend::{Background, BoxLease, LostNotifier, OwnerToken};
 use crate::compact_time::{CompactDuration, CompactInstant};
-use crate::lost::{LostHook, Validity};
+use crate::lost::{HookedBy, LostHook, Validity};
 
 use super::turn::Turn;
 use crate::telemetry::Telemetry;
 use crate::{Capabilities, Error, ErrorKind, LockName, LostReason, Result};
 
-use super::watchdog::{RenewSlot, WatchRef};
+use super::watch::{RenewSlot, WatchRef};
 
 pub(crate) struct GuardShared {
     pub(super) name: LockName,
@@ -43,9 +43,14 @@ pub(crate) struct GuardShared {
     pub(super) hold_deadline: CompactInstant,
     /// The lease's watch by the locker's watchdog, where it needs one (renewal, or the release
     /// of a session-bound lease at its deadline).
-    pub(super) watch: Option<WatchRef>,
+    pub(super) watch: Option<WatchRef<GuardShared>>,
     /// Whether the watchdog has a renewal of it in flight (stopped when the guard ends).
     pub(super) renewal: RenewSlot,
+}
+
+/// A lease's losses are told to its state (the lost signal's notifier holds it weakly).
+impl HookedBy for LostNotifier {
+    type Hook = GuardShared;
 }
 
 impl LostHook for GuardShared {
@@ -218,6 +223,32 @@ impl GuardShared {
     pub(super) fn end_by_holder(&self) {
         self.validity().end();
     }
+
+    /// Ends this lease's watch, if it has one: stops a renewal in flight and removes its
+    /// record. Idempotent.
+    pub(super) fn stop_watch(&self) {
+        let Some(watch) = &self.watch else { return };
+        match self.renewal.stop() {
+            None => return,
+            // The renewal listens on the validity's notify (see the watchdog's `renewal`): it
+            // sees the stop and drops its extend.
+            Some(true) => self.validity().changed.notify_waiters(),
+            Some(false) => {}
+        }
+        watch.forget();
+    }
+
+    /// Hands this lease's release to `background` (a dropped guard's, or one whose validity
+    /// ran out): never blocks, and runs to completion as long as the runtime does.
+    pub(super) fn release_in_background(self: Arc<Self>, background: &Background) {
+        background.spawn(async move {
+            if let Err(e) = self.release_traced().await
+                && e.kind() != ErrorKind::NotHeld
+            {
+                tracing::warn!(error = %format!("{e:#}"), "background release failed; the lock frees after its ttl");
+            }
+        });
+    }
 }
 
 #[cfg(test)]
@@ -226,11 +257,7 @@ mod tests {
     fn the_lease_state_stays_small() {
         // With its reference counts and malloc's header, 120 bytes fit a 144-byte chunk (issue
         // 24: 100,000 leases on one client). The validity is in the lost signal's state.
-        assert!(
-            size_of::<super::GuardShared>() <= 120,
-            "{} bytes",
-            size_of::<super::GuardShared>()
-        );
+        assert_size_at_most!(super::GuardShared, 120);
         assert!(size_of::<crate::LockGuard>() <= 24);
     }
 }

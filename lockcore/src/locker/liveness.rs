@@ -1,4 +1,4 @@
-//! [`Liveness`]: whether the runtime a [`Locker`](super::Locker) was made on still runs. Its
+//! [`Liveness`]: whether the runtime a [`Locker`](crate::Locker) was made on still runs. Its
 //! connections' tasks, the watchdog that renews its leases and its background releases run
 //! there; once that runtime has shut down, a call from another runtime would get a broken
 //! connection, a guard that is never renewed, or a wait that never ends (issue 35). The

@@ -3,19 +3,18 @@
 //!
 //! This file is the [`Locker`]; its pieces live apart and never use it: `inner` (what a
 //! locker's clones and its guards share), `lease` (a held lease's state: validity, extend,
-//! release), `turn` (its extends one at a time), `watchdog` (renewal and the deadline: one task
-//! per locker for all its leases),
-//! `guard` ([`LockGuard`]). The primitives
-//! built on its locks (`crate::multi`, `crate::election`) use it from outside.
-
+//! release), `turn` (its extends one at a time), `watch` (a lease's link to the watchdog),
+//! `watchdog` (renewal and the deadline: one task per locker for all its leases), `guard`
+//! ([`LockGuard`]). The primitives built on its locks (multi-locks, elections) use it from
+//! outside.
 mod guard;
 mod inner;
 mod lease;
-pub(crate) use lease::GuardShared;
 mod liveness;
 #[cfg(test)]
 mod tests;
 mod turn;
+mod watch;
 mod watchdog;
 
 use std::fmt;
@@ -544,7 +543,7 @@ impl Locker {
 
     /// One all-or-nothing attempt at `names` (distinct, canonical order) in one request to the
     /// backend ([`Backend::try_acquire_all`]): a guard per name, in order, or the index of the
-    /// first member found busy. For `crate::multi`, which validated `options` and checked that
+    /// first member found busy. For the multi-locks, which validated `options` and checked that
     /// the backend declares [`Capabilities::atomic_multi`].
     ///
     /// Cancel safety: as the backend's `try_acquire_all` (a dropped attempt leaves no lock of

@@ -916,10 +916,6 @@ async fn a_renewal_in_flight_ends_with_its_guard() {
 fn a_guard_is_a_few_words() {
     // A caller holding many leases keeps their guards (issue 24: 100,000 on one client); what
     // they share with the watchdog lives once, in the lease's shared state.
-    assert!(
-        size_of::<LockGuard>() <= 40,
-        "{} bytes per guard",
-        size_of::<LockGuard>()
-    );
+    assert_size_at_most!(LockGuard, 40);
     assert!(size_of::<LostSignal>() <= 16);
 }

@@ -1,4 +1,4 @@
-//! The watchdog: one task per [`Locker`](super::Locker) (client) that renews its leases (when
+//! The watchdog: one task per [`Locker`](crate::Locker) (client) that renews its leases (when
 //! asked) up to their maximum hold time, fires a lease's lost signal at its validity deadline
 //! and releases a lease whose validity ran out.
 //!
@@ -20,7 +20,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::future::Future;
-use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -33,8 +33,8 @@ use crate::backend::{Backend, Background};
 use crate::compact_time::CompactInstant;
 use crate::{ErrorKind, Result};
 
-use super::inner::release_in_background;
 use super::lease::GuardShared;
+use super::watch::{Command, WatchRef};
 
 /// Renewals in flight at once per client. Beyond it, due renewals wait their turn in order
 /// (their validity deadlines still watched): it bounds the memory and the burst a client puts
@@ -47,7 +47,7 @@ pub(super) const MAX_IN_FLIGHT: usize = 4096;
 /// guard of it are gone.
 #[derive(Default)]
 pub(super) struct Watchdog {
-    tx: OnceLock<mpsc::UnboundedSender<Command>>,
+    tx: OnceLock<mpsc::UnboundedSender<Command<GuardShared>>>,
     next_id: AtomicU64,
     /// Leases watched now (records in the task's map), for the tests.
     watched: Arc<AtomicUsize>,
@@ -61,7 +61,7 @@ impl Watchdog {
         runtime: &Handle,
         backend: &Arc<dyn Backend>,
         background: &Background,
-    ) -> WatchRef {
+    ) -> WatchRef<GuardShared> {
         let tx = self.tx.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
             runtime.spawn(run(
@@ -72,10 +72,7 @@ impl Watchdog {
             ));
             tx
         });
-        WatchRef {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            tx: tx.clone(),
-        }
+        WatchRef::new(self.next_id.fetch_add(1, Ordering::Relaxed), tx.clone())
     }
 
     /// How many leases are watched now.
@@ -83,94 +80,6 @@ impl Watchdog {
     pub(super) fn watched(&self) -> usize {
         self.watched.load(Ordering::Acquire)
     }
-}
-
-/// A guard's handle on its watch (kept in its [`GuardShared`]).
-pub(super) struct WatchRef {
-    id: u64,
-    tx: mpsc::UnboundedSender<Command>,
-}
-
-impl WatchRef {
-    /// Hands the lease over: watched from now on, renewed every `shared.renew_interval` (first
-    /// at `first_renewal`) when given.
-    pub(super) fn start(&self, shared: Arc<GuardShared>, first_renewal: Option<Instant>) {
-        // A send fails only once the runtime is gone, with the task: nothing left to watch.
-        let _ = self.tx.send(Command::Watch(
-            self.id,
-            Entry {
-                shared,
-                next_renew: CompactInstant::new(first_renewal),
-                seq: 0,
-                state: State::Idle,
-            },
-        ));
-    }
-
-    /// The validity deadline moved other than by the watchdog's own renewal (a holder's extend,
-    /// which may shorten it): look at the lease again.
-    pub(super) fn rearm(&self) {
-        let _ = self.tx.send(Command::Rearm(self.id));
-    }
-
-    /// Ends the watch: the record goes. (Never blocks: a drop calls it.)
-    fn forget(&self) {
-        let _ = self.tx.send(Command::Forget(self.id));
-    }
-}
-
-/// Whether a renewal of the lease is in flight, so that the guard's end can stop it at once
-/// (the task would otherwise act on its reply after the release). One byte in the lease's
-/// state: the renewal watches it (woken through the validity's notify) instead of holding an
-/// abort handle, an allocation per renewal (issue 24).
-#[derive(Default)]
-pub(super) struct RenewSlot(AtomicU8);
-
-const IDLE: u8 = 0;
-const RENEWING: u8 = 1;
-/// The guard ended its watch: no renewal starts any more.
-const STOPPED: u8 = 2;
-
-impl RenewSlot {
-    /// A renewal starts; false once the watch was stopped.
-    fn begin(&self) -> bool {
-        self.0
-            .compare_exchange(IDLE, RENEWING, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-    }
-
-    /// The renewal's outcome is in; false once the watch was stopped.
-    fn finish(&self) -> bool {
-        self.0
-            .compare_exchange(RENEWING, IDLE, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-    }
-
-    fn is_stopped(&self) -> bool {
-        self.0.load(Ordering::Acquire) == STOPPED
-    }
-}
-
-impl GuardShared {
-    /// Ends this lease's watch, if it has one: stops a renewal in flight and removes its
-    /// record. Idempotent.
-    pub(super) fn stop_watch(&self) {
-        let Some(watch) = &self.watch else { return };
-        match self.renewal.0.swap(STOPPED, Ordering::AcqRel) {
-            STOPPED => return,
-            // The renewal listens on the validity's notify (see `renewal`): it sees the stop
-            // and drops its extend.
-            RENEWING => self.validity().changed.notify_waiters(),
-            _ => {}
-        }
-        watch.forget();
-    }
-}
-
-enum Command {
-    Watch(u64, Entry),
-    Rearm(u64),
-    Forget(u64),
 }
 
 /// One watched lease: 32 bytes in the map (its TTL and renewal interval are the guard's, in
@@ -263,7 +172,7 @@ async fn run(
     backend: Arc<dyn Backend>,
     background: Background,
     watched: Arc<AtomicUsize>,
-    mut rx: mpsc::UnboundedReceiver<Command>,
+    mut rx: mpsc::UnboundedReceiver<Command<GuardShared>>,
 ) {
     let mut s = Scheduler {
         backend,
@@ -310,9 +219,15 @@ async fn run(
 }
 
 impl<F: Future<Output = (u64, Renewed)>> Scheduler<F> {
-    fn command(&mut self, cmd: Command) {
+    fn command(&mut self, cmd: Command<GuardShared>) {
         match cmd {
-            Command::Watch(id, entry) => {
+            Command::Watch(id, shared, first_renewal) => {
+                let entry = Entry {
+                    shared,
+                    next_renew: CompactInstant::new(first_renewal),
+                    seq: 0,
+                    state: State::Idle,
+                };
                 self.entries.insert(id, entry);
                 self.look_at(id, Instant::now());
             }
@@ -371,7 +286,7 @@ impl<F: Future<Output = (u64, Renewed)>> Scheduler<F> {
             self.entries.remove(&id);
             shared.notifier.fire(shared.validity().expiry_reason());
             if shared.begin_release() {
-                release_in_background(&self.background, shared);
+                shared.release_in_background(&self.background);
             }
             return;
         }
@@ -514,11 +429,7 @@ mod tests {
     fn a_record_stays_small() {
         // One per watched lease in the map, and one item per lease in the heap (issue 24:
         // 100,000 auto-renewed leases on one client).
-        assert!(
-            size_of::<Entry>() <= 24,
-            "{} bytes per record",
-            size_of::<Entry>()
-        );
+        assert_size_at_most!(Entry, 24);
         assert!(size_of::<Reverse<HeapItem>>() <= 24);
     }
 }
