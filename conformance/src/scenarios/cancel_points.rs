@@ -1,5 +1,5 @@
 //! An acquisition cancelled at every point of its way, for every primitive: a mutex's `lock()`,
-//! a reader's, a permit's and a `lock_all`'s. Uncontended, cancelled on the way to a free lock
+//! a reader's, a permit's, a `lock_all`'s and a `try_lock_all`'s. Uncontended, cancelled on the way to a free lock
 //! (before the request, on the wire, while it is written, at the grant); contended, a waiter
 //! cancelled just after the holder's release, while it is woken, retrying or granted. Whatever
 //! a cancelled acquisition left was asked for by a request sent before the cancellation, for one
@@ -24,6 +24,8 @@ pub(super) enum Take {
     Permit,
     /// A multi-lock of three names: `lock_all()`, kept waiting by a holder of its last member.
     Set,
+    /// A multi-lock of three free names in one attempt: `try_lock_all()` (never contended).
+    TrySet,
 }
 
 /// What a take that was not cancelled in time holds.
@@ -48,13 +50,14 @@ impl Take {
             Take::Shared => "a reader's acquire",
             Take::Permit => "a permit's acquire",
             Take::Set => "a lock_all",
+            Take::TrySet => "a try_lock_all",
         }
     }
 
     /// The names of case `case`: one, or a set of three.
     fn names(self, ctx: &Ctx, case: &str) -> Vec<LockName> {
         match self {
-            Take::Set => (1..=3).map(|m| ctx.name(&format!("{case}m{m}"))).collect(),
+            Take::Set | Take::TrySet => (1..=3).map(|m| ctx.name(&format!("{case}m{m}"))).collect(),
             _ => vec![ctx.name(case)],
         }
     }
@@ -64,7 +67,7 @@ impl Take {
         match self {
             Take::Shared => ctx.opts(ttl).shared(),
             Take::Permit => ctx.opts(ttl).permits(1),
-            Take::Exclusive | Take::Set => ctx.opts(ttl),
+            Take::Exclusive | Take::Set | Take::TrySet => ctx.opts(ttl),
         }
     }
 
@@ -77,16 +80,20 @@ impl Take {
         }
     }
 
-    /// The take under test: `lock()` or `lock_all()`.
+    /// The take under test: `lock()`, `lock_all()` or `try_lock_all()` (`None` only from
+    /// that one).
     async fn take(
         self,
         client: &Locker,
         names: &[LockName],
         opts: &LockOptions,
-    ) -> lockcore::Result<Held> {
+    ) -> lockcore::Result<Option<Held>> {
         match self {
-            Take::Set => client.lock_all(names.to_vec(), opts).await.map(Held::All),
-            _ => client.lock(&names[0], opts).await.map(Held::One),
+            Take::TrySet => self.try_take(client, names, opts).await,
+            Take::Set => Ok(Some(Held::All(
+                client.lock_all(names.to_vec(), opts).await?,
+            ))),
+            _ => Ok(Some(Held::One(client.lock(&names[0], opts).await?))),
         }
     }
 
@@ -98,7 +105,7 @@ impl Take {
         opts: &LockOptions,
     ) -> lockcore::Result<Option<Held>> {
         match self {
-            Take::Set => Ok(client
+            Take::Set | Take::TrySet => Ok(client
                 .try_lock_all(names.to_vec(), opts)
                 .await?
                 .map(Held::All)),
@@ -157,13 +164,20 @@ pub(super) async fn cancelled_take_leaves_nothing(ctx: &Ctx, take: Take) -> Outc
     // cancelled, for one TTL: it must be gone a TTL after the cancellation (plus the server's
     // timer and a round trip).
     let slack = ctx.bound(Duration::from_millis(250));
-    let cases = [0.0, 0.25, 0.5, 0.75, 1.0, 1.5]
-        .map(|f| (false, f))
-        .into_iter()
-        .chain([0.0, 1.0, 2.0, 4.0, 8.0, 16.0].map(|f| (true, f)));
-    for (i, (contended, frac)) in cases.enumerate() {
+    let uncontended = [0.0, 0.25, 0.5, 0.75, 1.0, 1.5].map(|f| (false, typical.mul_f64(f)));
+    let cases: Vec<(bool, Duration)> = match take {
+        // One attempt: at a few fixed points up to 40 ms too (a second round trip's).
+        Take::TrySet => uncontended
+            .into_iter()
+            .chain([5, 10, 20, 40].map(|ms| (false, Duration::from_millis(ms))))
+            .collect(),
+        _ => uncontended
+            .into_iter()
+            .chain([0.0, 1.0, 2.0, 4.0, 8.0, 16.0].map(|f| (true, typical.mul_f64(f))))
+            .collect(),
+    };
+    for (i, (contended, cut)) in cases.into_iter().enumerate() {
         let names = take.names(ctx, &format!("c{i}"));
-        let cut = typical.mul_f64(frac);
         let how = if contended {
             format!(
                 "{} waiting, cancelled {cut:?} after the holder's release",
@@ -185,11 +199,10 @@ pub(super) async fn cancelled_take_leaves_nothing(ctx: &Ctx, take: Take) -> Outc
         let outcome = tokio::time::timeout(cut, &mut acquire).await;
         drop(acquire);
         let cancelled = Instant::now();
-        if let Ok(r) = outcome {
-            ok_or(
-                ok_or(r, "an uncancelled acquire")?.release().await,
-                "release",
-            )?;
+        if let Ok(r) = outcome
+            && let Some(held) = ok_or(r, "an uncancelled acquire")?
+        {
+            ok_or(held.release().await, "release")?;
         }
         // Another client takes everything once it is free: polling every millisecond until
         // the TTL and the slack are up.
@@ -228,4 +241,10 @@ pub(super) async fn cancelled_permit_acquire_leaves_nothing(ctx: &Ctx) -> Outcom
 
 pub(super) async fn cancelled_lock_all_leaves_nothing(ctx: &Ctx) -> Outcome {
     cancelled_take_leaves_nothing(ctx, Take::Set).await
+}
+
+/// A set written without its expiry, and given its TTL a round trip later, stays held for good
+/// when cancelled in between.
+pub(super) async fn cancelled_set_take_leaves_nothing(ctx: &Ctx) -> Outcome {
+    cancelled_take_leaves_nothing(ctx, Take::TrySet).await
 }

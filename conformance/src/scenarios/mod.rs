@@ -21,7 +21,6 @@ mod leadership;
 mod lost_replies;
 mod lost_reply_modes;
 mod multi;
-mod multi_cancel;
 mod names;
 mod primitive_leases;
 mod primitives;
@@ -463,7 +462,7 @@ pub fn all() -> Vec<Scenario> {
             "election: a candidate whose clock runs a minute ahead, campaigning 500 ms against a leader with a 10 s lease, is not elected, and the leader still leads"
         ),
         scenario!(
-            multi_cancel::cancelled_set_take_leaves_nothing,
+            cancel_points::cancelled_set_take_leaves_nothing,
             always,
             "a try_lock_all of 3 free names cancelled during the take (0 to 1.5 typical takes, and 5 to 40 ms in): every member free for another client within the TTL + 250 ms"
         ),

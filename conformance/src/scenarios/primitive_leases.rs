@@ -95,7 +95,7 @@ pub(super) async fn renewed_permit_counts_and_expires_on_time(ctx: &Ctx) -> Outc
         gb.lost().reason()
     );
     if ctx.caps.expiry_after_ttl {
-        permit_back_on_time(ctx, &c, &name, &plain, ga, a, "renewed").await?;
+        lease_back_on_time(ctx, &c, &name, &plain, ga, a, "a permit renewed").await?;
     } else {
         ok_or(ga.release().await, "release")?;
     }
@@ -115,7 +115,7 @@ pub(super) async fn permit_won_by_waiting_returns_after_crash(ctx: &Ctx) -> Outc
     let other = must_try(&b, &name, &long, "the holder of the other permit").await?;
     let leaving = must_try(&h, &name, &long, "the holder that will leave").await?;
     let won = win_by_waiting(ctx, &a, &c, &name, &plain, leaving).await?;
-    permit_back_on_time(ctx, &c, &name, &plain, won, a, "won by waiting").await?;
+    lease_back_on_time(ctx, &c, &name, &plain, won, a, "a permit won by waiting").await?;
     ok_or(other.release().await, "release")
 }
 
@@ -177,28 +177,6 @@ async fn win_by_waiting(
         .await
         .map_err(|_| format!("the waiter did not get what was freed within {bound:?}"))?;
     ok_or(ok_or(won, "the waiter's task")?.0, "the waiter's lock()")
-}
-
-/// [`lease_back_on_time`] for a permit.
-async fn permit_back_on_time(
-    ctx: &Ctx,
-    racer: &Locker,
-    name: &LockName,
-    opts: &LockOptions,
-    guard: LockGuard,
-    client: Locker,
-    how: &str,
-) -> Outcome {
-    lease_back_on_time(
-        ctx,
-        racer,
-        name,
-        opts,
-        guard,
-        client,
-        &format!("a permit {how}"),
-    )
-    .await
 }
 
 /// Crashes the holder of `guard` (`how` it got it) and checks that what it held comes back to
