@@ -597,3 +597,11 @@ fn a_share_given_its_ttl_a_round_trip_late_is_caught() {
         set(&["cancelled_shared_acquire_leaves_nothing"])
     );
 }
+
+#[test]
+fn a_permit_given_its_ttl_a_round_trip_late_is_caught() {
+    assert_eq!(
+        failing_primitives(PrimitiveFlaw::PermitTtlSetLater),
+        set(&["cancelled_permit_acquire_leaves_nothing"])
+    );
+}

@@ -96,9 +96,12 @@ pub(super) enum PrimitiveFlaw {
     /// later: a reader's acquire cancelled in between (on the wire, or granted as it waited)
     /// leaves the share, and writers out, for a day.
     ShareTtlSetLater,
+    /// [`PrimitiveFlaw::ShareTtlSetLater`] for a permit: a permit's acquire cancelled in the
+    /// round trip leaves the permit taken for a day.
+    PermitTtlSetLater,
 }
 
-/// The round trip between a [`PrimitiveFlaw::ShareTtlSetLater`] share and its TTL.
+/// The round trip between a `*TtlSetLater` share or permit and its TTL.
 const TTL_LATER: Duration = Duration::from_millis(20);
 
 /// How late [`PrimitiveFlaw::LossReportedLate`] reports a loss (the example).
@@ -250,14 +253,20 @@ impl Wrapped {
         }
     }
 
-    /// [`PrimitiveFlaw::ShareTtlSetLater`]: a share without expiry, its TTL set a round trip
-    /// later; `None` for other flaws and modes.
+    /// [`PrimitiveFlaw::ShareTtlSetLater`], [`PrimitiveFlaw::PermitTtlSetLater`]: a share or
+    /// a permit without expiry, its TTL set a round trip later; `None` for other flaws and
+    /// modes.
     async fn share_ttl_later(
         &self,
         req: &AcquireRequest,
         deadline: Option<Option<Instant>>,
     ) -> Option<Result<Option<Acquired>>> {
-        if self.flaw != PrimitiveFlaw::ShareTtlSetLater || req.mode != LockMode::Shared {
+        let on_path = match self.flaw {
+            PrimitiveFlaw::ShareTtlSetLater => req.mode == LockMode::Shared,
+            PrimitiveFlaw::PermitTtlSetLater => matches!(req.mode, LockMode::Permit { .. }),
+            _ => false,
+        };
+        if !on_path {
             return None;
         }
         let mut unbounded = req.clone();
