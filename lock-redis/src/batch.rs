@@ -16,8 +16,9 @@ use lockcore::{Error, ErrorKind, LockName, Result};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::conn::Conn;
+use crate::exclusive::ExtendMany;
 use crate::interop::Interop;
-use crate::node::{self, ExtendMany};
+use crate::keys::push_key;
 
 /// Leases per script call at most: keeps one call's time on the server short (Redis runs one
 /// script at a time).
@@ -44,7 +45,7 @@ impl Layout {
     fn push_lock_key(&self, out: &mut String, name: &LockName) {
         match self.interop {
             Some(Interop::RedisPy) => out.push_str(name.as_str()),
-            _ => node::push_key(out, &self.namespace, name, "lock"),
+            _ => push_key(out, &self.namespace, name, "lock"),
         }
     }
 
@@ -57,7 +58,7 @@ impl Layout {
             Some(Interop::RedisPy) => "lock",
             _ => "holder",
         };
-        node::push_key(out, &self.namespace, name, suffix);
+        push_key(out, &self.namespace, name, suffix);
     }
 
     /// Appends what the lock records as the owner of `token` (as `RedisLease::owner`: the
@@ -175,7 +176,7 @@ mod tests {
                 let name = LockName::new(name).unwrap();
                 let keys = match interop {
                     Some(peer) => peer.keys(&layout.namespace, &name),
-                    None => node::Keys::new(&layout.namespace, &name),
+                    None => crate::keys::Keys::new(&layout.namespace, &name),
                 };
                 let mut buf = String::new();
                 layout.push_lock_key(&mut buf, &name);

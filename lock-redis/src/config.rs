@@ -251,16 +251,19 @@ impl Config {
         };
         // The query goes through the same deserializer as a config file; the address part fills
         // in the rest.
-        let mut cfg: Config =
+        let query: Config =
             lockcore::config::from_query(WHAT, parts.query, URL_PARAMS, &["nodes"])?;
-        cfg.tls = tls;
-        cfg.cluster = cluster;
-        cfg.sentinel = master;
-        cfg.nodes = nodes;
-        cfg.username = username;
-        cfg.password = password;
-        cfg.db = db;
-        cfg.validate()
+        Config {
+            tls,
+            cluster,
+            sentinel: master,
+            nodes,
+            username,
+            password,
+            db,
+            ..query
+        }
+        .validate()
     }
 
     /// Checks a configuration however it was made (a URL, a file) and fills in default ports.

@@ -83,27 +83,35 @@ pub(crate) enum PubSubConn {
     Cluster(ClusterConnection),
 }
 
+impl PubSubConn {
+    /// `SUBSCRIBE` (`on`) or `UNSUBSCRIBE` `channel`; on a cluster the sharded commands, so the
+    /// subscription lives on the node of the channel's slot.
+    async fn switch(&self, channel: &str, on: bool) -> RedisResult<()> {
+        match self.clone() {
+            PubSubConn::Single(c) => {
+                c.with_conn(|mut c| async move {
+                    if on {
+                        c.subscribe(channel).await
+                    } else {
+                        c.unsubscribe(channel).await
+                    }
+                })
+                .await
+            }
+            PubSubConn::Cluster(mut c) if on => c.ssubscribe(channel).await,
+            PubSubConn::Cluster(mut c) => c.sunsubscribe(channel).await,
+        }
+    }
+}
+
 #[async_trait::async_trait]
 impl PubSubLink for PubSubConn {
     async fn subscribe(&self, channel: &str) -> RedisResult<()> {
-        match self.clone() {
-            PubSubConn::Single(c) => {
-                c.with_conn(|mut c| async move { c.subscribe(channel).await })
-                    .await
-            }
-            // Sharded: the subscription lives on the node of the channel's slot.
-            PubSubConn::Cluster(mut c) => c.ssubscribe(channel).await,
-        }
+        self.switch(channel, true).await
     }
 
     async fn unsubscribe(&self, channel: &str) -> RedisResult<()> {
-        match self.clone() {
-            PubSubConn::Single(c) => {
-                c.with_conn(|mut c| async move { c.unsubscribe(channel).await })
-                    .await
-            }
-            PubSubConn::Cluster(mut c) => c.sunsubscribe(channel).await,
-        }
+        self.switch(channel, false).await
     }
 }
 

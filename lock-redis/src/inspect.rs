@@ -6,20 +6,23 @@
 use std::time::Duration;
 
 use lockcore::{Holder, Result};
-use redis::Script;
 
-use crate::node::{Conn, Keys, map_err};
+use crate::conn::Conn;
+use crate::keys::Keys;
+use crate::script::{LuaScript, run};
 
 /// `{owner token or false, pttl, metadata or false, fence or false}`; the metadata only when
 /// its token prefix is the owner's (a value left by another acquisition is not reported).
-const INSPECT_LUA: &str = r"
+static INSPECT: LuaScript = LuaScript::new(
+    r"
 local owner = redis.call('GET', KEYS[1])
 if not owner then return {false, -2, false, false} end
 local h = redis.call('GET', KEYS[2])
 local meta = false
 if h and string.sub(h, 1, #owner + 1) == owner .. ' ' then meta = string.sub(h, #owner + 2) end
 return {owner, redis.call('PTTL', KEYS[1]), meta, redis.call('GET', KEYS[3])}
-";
+",
+);
 
 /// What one node has for a lock.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,11 +38,6 @@ pub struct NodeView {
     pub fence: Option<u64>,
 }
 
-fn script() -> &'static Script {
-    static SCRIPT: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
-    SCRIPT.get_or_init(|| Script::new(INSPECT_LUA))
-}
-
 /// Reads the lock of `keys` on `conn`, atomically; `None` when free. One round trip.
 ///
 /// Cancel safe (reads only).
@@ -47,14 +45,9 @@ fn script() -> &'static Script {
 /// # Errors
 /// `Unavailable` or `Backend` when the server fails.
 pub async fn read(conn: &mut Conn, keys: &Keys) -> Result<Option<NodeView>> {
+    let key_list = [keys.lock.as_str(), &keys.holder, &keys.fence];
     let (owner, pttl, meta, fence): (Option<String>, i64, Option<String>, Option<String>) =
-        script()
-            .key(&keys.lock)
-            .key(&keys.holder)
-            .key(&keys.fence)
-            .invoke_async(conn)
-            .await
-            .map_err(|e| map_err("inspect script failed", e))?;
+        run(conn, &INSPECT, &key_list, &[], "inspect script failed").await?;
     Ok(owner.map(|owner| NodeView {
         owner,
         ttl_left: u64::try_from(pttl).ok().map(Duration::from_millis),

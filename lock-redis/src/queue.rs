@@ -3,7 +3,7 @@
 //! wait, instead of every waiting client trying at each release (a herd).
 //!
 //! Keys, under the lock's hash tag (one slot on a cluster), beside the share keys
-//! ([`ShareKeys`](crate::shares::ShareKeys)):
+//! ([`ShareKeys`]):
 //! * `…:queue`: sorted set, owner token → when it joined (server `TIME`, µs): the order.
 //! * `…:queuexp`: sorted set, owner token → when its entry expires (server `TIME`, ms). A
 //!   waiter's every attempt refreshes its entry to a little past its next attempt
@@ -28,7 +28,7 @@
 //! free lock.
 //!
 //! Shared holders and permits do not queue: readers are kept from starving a writer by the
-//! writer mark of [`shares`](crate::shares), and may get in ahead of queued writers while the
+//! writer mark of the `shares` module, and may get in ahead of queued writers while the
 //! lock is free of writers (FIFO holds among exclusive waiters). A waiting share request is
 //! only counted: it keeps an entry in `…:queuexp` (none in `…:queue`), so that
 //! [`Backend::queued_waiters`](lockcore::backend::Backend::queued_waiters) sees every waiter.
@@ -37,88 +37,20 @@ use std::time::Duration;
 
 use lockcore::Result;
 use lockcore::backend::{CancelCleanUp, CleanUpTask};
-use redis::Script;
 
-use crate::node::{Conn, Keys, map_err, publish_command};
-use crate::shares::ShareKeys;
-
-/// What a message naming the queue's head starts with (`q:<owner token>`).
-pub const HEAD_PREFIX: &str = "q:";
-
-/// Drops the expired entries of the queue `$q` / `$qexp` (by the server's clock, `qnow`, ms;
-/// `qt` and `qnow` must be declared `local` before).
-macro_rules! prune_queue_lua {
-    ($q:literal, $qexp:literal) => {
-        concat!(
-            r"
-qt = redis.call('TIME')
-qnow = tonumber(qt[1]) * 1000 + math.floor(tonumber(qt[2]) / 1000)
-local stale = redis.call('ZRANGEBYSCORE', ",
-            $qexp,
-            r", '-inf', qnow)
-if #stale > 0 then
-  redis.call('ZREMRANGEBYSCORE', ",
-            $qexp,
-            r", '-inf', qnow)
-  redis.call('ZREM', ",
-            $q,
-            r", unpack(stale))
-end
-"
-        )
-    };
-}
-pub(crate) use prune_queue_lua;
-
-/// Tells the waiters that the lock may be free: `q:<head>` when the queue `$q` has a live head
-/// (only that waiter acts), else `$plain`; `$cmd` (`PUBLISH` or `SPUBLISH`) on channel `$chan`.
-/// With a sixth argument the head's message is `$head .. <head token>` instead (a Redlock
-/// master's release names itself: `<message> q:<head>`). Without waiters (no `$qexp` key) it
-/// costs one `EXISTS` more than a plain publish.
-macro_rules! announce_lua {
-    ($q:literal, $qexp:literal, $cmd:literal, $chan:literal, $plain:literal) => {
-        crate::queue::announce_lua!($q, $qexp, $cmd, $chan, $plain, "'q:'")
-    };
-    ($q:literal, $qexp:literal, $cmd:literal, $chan:literal, $plain:literal, $head:literal) => {
-        concat!(
-            r"
-local head, qt, qnow = nil, nil, nil
-if redis.call('EXISTS', ",
-            $qexp,
-            r") == 1 then
-",
-            crate::queue::prune_queue_lua!($q, $qexp),
-            r"
-  head = redis.call('ZRANGE', ",
-            $q,
-            r", 0, 0)[1]
-end
-if head then
-  redis.call(",
-            $cmd,
-            ", ",
-            $chan,
-            ", ",
-            $head,
-            r" .. head)
-else
-  redis.call(",
-            $cmd,
-            ", ",
-            $chan,
-            ", ",
-            $plain,
-            r")
-end
-"
-        )
-    };
-}
-pub(crate) use announce_lua;
+use crate::conn::Conn;
+use crate::grant::{Grant, NodeAttempt, semaphore_conflict};
+use crate::keys::{Keys, ShareKeys};
+use crate::lua::{
+    advance_fence_lua, announce_lua, keep_entry_lua, out_of_line_lua, prune_queue_lua, take_lua,
+    writer_check_lua,
+};
+use crate::script::{LuaScript, publish_command, run, run_flag, ttl_ms};
+use crate::subs::RELEASED;
 
 /// The exclusive acquire with the queue. KEYS: lock, holder, fence, shares, share info,
 /// waiting writer, queue, queue expiries. ARGV: token, TTL ms, holder metadata, the writer
-/// mark's slack ms (see [`shares`](crate::shares)), the queue entry's TTL ms (0: a `try_lock`,
+/// mark's slack ms (see the `shares` module), the queue entry's TTL ms (0: a `try_lock`,
 /// which never joins the queue), `ARGV[6]` `0` when no fencing token is wanted (the counter is
 /// left alone and the fence reported is 0; absent or anything else: the counter moves). Returns
 /// `{1, fence, 0}`, `{0, pttl or -3, position}`
@@ -127,16 +59,16 @@ pub(crate) use announce_lua;
 /// A name without a holder, shares, a writer's mark or a queue (one `EXISTS` tells) is taken at
 /// once: what the full script would do then, in 6 calls instead of 9 (each call inside a script
 /// costs the server about as much as a command of its own).
-const ACQUIRE_QUEUED_LUA: &str = concat!(
+pub(crate) static ACQUIRE_QUEUED: LuaScript = LuaScript::new(concat!(
     r"
 if redis.call('EXISTS', KEYS[1], KEYS[4], KEYS[6], KEYS[8]) == 0 then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  redis.call('SET', KEYS[2], ARGV[1] .. ' ' .. ARGV[3], 'PX', ARGV[2])
+",
+    take_lua!(),
+    r"
   if ARGV[6] == '0' then return {1, 0, 0} end
-  local t = redis.call('TIME')
-  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local fence = math.max(tonumber(redis.call('GET', KEYS[3]) or '0') + 1, now_us)
-  redis.call('SET', KEYS[3], string.format('%d', fence))
+",
+    advance_fence_lua!("redis.call('TIME')"),
+    r"
   return {1, fence, 0}
 end
 local qttl = tonumber(ARGV[5])
@@ -156,18 +88,16 @@ local function in_line()
     if not redis.call('ZSCORE', KEYS[7], ARGV[1]) then
       redis.call('ZADD', KEYS[7], qt[1] * 1000000 + qt[2], ARGV[1])
     end
-    redis.call('ZADD', KEYS[8], qnow + qttl, ARGV[1])
-    local last = redis.call('ZRANGE', KEYS[8], -1, -1, 'WITHSCORES')
+",
+    keep_entry_lua!("qnow + qttl"),
+    r"
     redis.call('PEXPIREAT', KEYS[7], last[2])
-    redis.call('PEXPIREAT', KEYS[8], last[2])
   end
   return redis.call('ZRANK', KEYS[7], ARGV[1]) or -1
 end
-local function out_of_line()
-  if queue_live and redis.call('ZREM', KEYS[7], ARGV[1]) == 1 then
-    redis.call('ZREM', KEYS[8], ARGV[1])
-  end
-end
+",
+    out_of_line_lua!(),
+    r"
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -176,7 +106,7 @@ if holder == ARGV[1] then
   return {1, tonumber(redis.call('GET', KEYS[3]) or '0'), 0}
 end
 ",
-    crate::shares::writer_check_lua!("{-1, 0, -1}", "{0, left, in_line()}"),
+    writer_check_lua!("{-1, 0, -1}", "{0, left, in_line()}"),
     r"
 if holder then return {0, redis.call('PTTL', KEYS[1]), in_line()} end
 if queue_live then
@@ -184,20 +114,20 @@ if queue_live then
   if head and head ~= ARGV[1] then return {0, -3, in_line()} end
   out_of_line()
 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('SET', KEYS[2], ARGV[1] .. ' ' .. ARGV[3], 'PX', ARGV[2])
+",
+    take_lua!(),
+    r"
 if ARGV[6] == '0' then return {1, 0, 0} end
-local t = qt or redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local fence = math.max(tonumber(redis.call('GET', KEYS[3]) or '0') + 1, now_us)
-redis.call('SET', KEYS[3], string.format('%d', fence))
+",
+    advance_fence_lua!("qt or redis.call('TIME')"),
+    r"
 return {1, fence, 0}
 "
-);
+));
 
 /// Compare-and-delete that wakes the queue's head (KEYS: lock, holder, queue, queue expiries;
 /// ARGV: token, channel, `PUBLISH` or `SPUBLISH`).
-const RELEASE_QUEUED_LUA: &str = concat!(
+static RELEASE: LuaScript = LuaScript::new(concat!(
     r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2])
@@ -206,12 +136,12 @@ redis.call('DEL', KEYS[1], KEYS[2])
     r"
 return 1
 "
-);
+));
 
 /// A waiter leaves the queue (KEYS: lock, queue, queue expiries, shares; ARGV: token, channel,
 /// `PUBLISH` or `SPUBLISH`). When it was the head of a lock nobody holds, the next head is
 /// told (a release may have named the leaver). Returns whether it was queued (or counted).
-const LEAVE_LUA: &str = concat!(
+static LEAVE: LuaScript = LuaScript::new(concat!(
     r"
 local counted = redis.call('ZREM', KEYS[3], ARGV[1])
 local rank = redis.call('ZRANK', KEYS[2], ARGV[1])
@@ -227,16 +157,15 @@ if rank == 0 and redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEY
 end
 return 1
 "
-);
+));
 
 /// Compare-and-delete that takes the releaser out of the queue (also on a master that refused
 /// its vote, where a vote that reached it before the previous holder's release left an entry)
 /// and announces the release as
 /// `ARGV[4]`, followed by ` q:<head>` when the queue has a live head (KEYS: lock, holder,
 /// queue, queue expiries; ARGV: token, channel, `PUBLISH` or `SPUBLISH`, message): the release
-/// of [`crate::node::release_announced`], which Redlock sends to each master with one message
-/// per release.
-const RELEASE_NAMED_LUA: &str = concat!(
+/// of [`release_announced`], which Redlock sends to each master with one message per release.
+static RELEASE_NAMED: LuaScript = LuaScript::new(concat!(
     r"
 local queued = redis.call('EXISTS', KEYS[4]) == 1
 if queued then
@@ -245,36 +174,35 @@ if queued then
 end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2])
-local head, qt, qnow = nil, nil, nil
-if queued then
 ",
-    prune_queue_lua!("KEYS[3]", "KEYS[4]"),
+    announce_lua!(
+        "KEYS[3]",
+        "KEYS[4]",
+        "ARGV[3]",
+        "ARGV[2]",
+        "ARGV[4]",
+        "ARGV[4] .. ' q:'",
+        "queued"
+    ),
     r"
-  head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-end
-if head then
-  redis.call(ARGV[3], ARGV[2], ARGV[4] .. ' q:' .. head)
-else
-  redis.call(ARGV[3], ARGV[2], ARGV[4])
-end
 return 1
 "
-);
+));
 
 /// The acquire of one master of a Redlock (no fencing counter; KEYS: lock, holder, fence
 /// (unused), shares, share info, waiting writer, queue, queue expiries, as
 /// [`ShareKeys::with`]; ARGV: token, TTL ms, holder metadata, the writer mark's slack ms (0:
 /// no mark), queue entry TTL ms (0 for a `try_lock`), the waiter's ticket or empty): as the
 /// plain acquire script, except that
-/// * live shared holders on this master hold the lock too (the read-write check of
-///   [`shares`](crate::shares), the one a single node runs): a waiting writer refused by them
+/// * live shared holders on this master hold the lock too (the read-write check of the
+///   `shares` module, the one a single node runs): a waiting writer refused by them
 ///   marks itself there as waiting (readers that come later are refused on this master) and
 ///   joins the queue, so that the last reader's release wakes it;
 /// * while the master's queue has live waiters a free lock goes only to one of them (any of
 ///   them: the masters' queues may order them differently, and a vote must be able to win a
 ///   majority; a newcomer, like the client that just released, cannot barge past them), and a
 ///   waiting request that loses joins (or refreshes its entry in) the queue, which also
-///   decides whom a release wakes (see [`crate::node::acquire_waiting`]).
+///   decides whom a release wakes (see [`acquire_waiting`]).
 ///
 /// * a waiter's place in the queue is its **ticket** when it brings one (a time in µs that
 ///   one master's `TIME` gave it, the same on every master: see `lock-redlock`'s acquire), or
@@ -286,7 +214,7 @@ return 1
 /// Returns `{1, 0}`, `{0, pttl of the holder, or ms to the earliest share's expiry, or -3 when
 /// free but queued for, place in the queue (µs) and waiters ahead when queued}` or `{-1, 0}`
 /// (the name is held as a semaphore).
-const ACQUIRE_WAITING_LUA: &str = concat!(
+static ACQUIRE_WAITING: LuaScript = LuaScript::new(concat!(
     r"
 local holder = redis.call('GET', KEYS[1])
 local queue_live = redis.call('EXISTS', KEYS[8]) == 1
@@ -308,20 +236,18 @@ local function in_line(reply)
       if tail and tonumber(tail) >= at then at = tonumber(tail) + 1 end
       redis.call('ZADD', KEYS[7], at, ARGV[1])
     end
-    redis.call('ZADD', KEYS[8], qnow + tonumber(ARGV[5]), ARGV[1])
-    local last = redis.call('ZRANGE', KEYS[8], -1, -1, 'WITHSCORES')
+",
+    keep_entry_lua!("qnow + tonumber(ARGV[5])"),
+    r"
     redis.call('PEXPIREAT', KEYS[7], last[2])
-    redis.call('PEXPIREAT', KEYS[8], last[2])
     reply[3] = at
     reply[4] = redis.call('ZRANK', KEYS[7], ARGV[1])
   end
   return reply
 end
-local function out_of_line()
-  if queue_live and redis.call('ZREM', KEYS[7], ARGV[1]) == 1 then
-    redis.call('ZREM', KEYS[8], ARGV[1])
-  end
-end
+",
+    out_of_line_lua!(),
+    r"
 if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
@@ -329,7 +255,7 @@ if holder == ARGV[1] then
   return {1, 0}
 end
 ",
-    crate::shares::writer_check_lua!("{-1, 0}", "in_line({0, left})"),
+    writer_check_lua!("{-1, 0}", "in_line({0, left})"),
     r"
 if holder then
   return in_line({0, redis.call('PTTL', KEYS[1])})
@@ -342,52 +268,29 @@ if queue_live then
     return in_line({0, -3})
   end
 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('SET', KEYS[2], ARGV[1] .. ' ' .. ARGV[3], 'PX', ARGV[2])
+",
+    take_lua!(),
+    r"
 out_of_line()
 return {1, 0}
 "
-);
+));
 
 /// The live entries of the queue (KEYS: queue, queue expiries), by the server's clock.
-const COUNT_LUA: &str = r"
+static COUNT: LuaScript = LuaScript::new(
+    r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
-";
+",
+);
 
-struct Scripts {
-    acquire: Script,
-    acquire_waiting: Script,
-    release: Script,
-    release_named: Script,
-    leave: Script,
-    count: Script,
-}
-
-fn scripts() -> &'static Scripts {
-    static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
-    SCRIPTS.get_or_init(|| Scripts {
-        acquire: Script::new(ACQUIRE_QUEUED_LUA),
-        acquire_waiting: Script::new(ACQUIRE_WAITING_LUA),
-        release: Script::new(RELEASE_QUEUED_LUA),
-        release_named: Script::new(RELEASE_NAMED_LUA),
-        leave: Script::new(LEAVE_LUA),
-        count: Script::new(COUNT_LUA),
-    })
-}
-
-/// The script behind [`crate::node::acquire_replicated`] when it queues.
-pub(crate) fn acquire_script() -> &'static Script {
-    &scripts().acquire
-}
-
-/// How long a waiter's queue entry lasts past each of its attempts: past its next attempt,
-/// which comes at the latest at the safety-net poll (`poll`, jittered below it), with room
-/// for a slow round trip and a busy machine. A crashed waiter holds the queue up (if it is
-/// the head of a free lock) at most this long, after which the next waiter's safety poll
-/// takes the lock.
-pub fn entry_ttl(poll: Duration) -> Duration {
+/// How long a waiter's queue entry should last past each of its attempts when it polls every
+/// `poll` at the latest (see [`acquire_waiting`]): past its next attempt, which comes at the
+/// latest at the safety-net poll (`poll`, jittered below it), with room for a slow round trip
+/// and a busy machine. A crashed waiter holds the queue up (if it is the head of a free lock)
+/// at most this long, after which the next waiter's safety poll takes the lock.
+pub fn queue_entry_ttl(poll: Duration) -> Duration {
     poll + Duration::from_secs(2)
 }
 
@@ -397,105 +300,136 @@ pub fn entry_ttl(poll: Duration) -> Duration {
 /// Cancel safety: dropping the future may or may not have released the lock.
 pub(crate) async fn release(conn: &mut Conn, keys: &Keys, token: &str) -> Result<bool> {
     let sk = ShareKeys::of(keys);
-    let n: i64 = scripts()
-        .release
-        .key(&keys.lock)
-        .key(&keys.holder)
-        .key(&sk.queue)
-        .key(&sk.queue_exp)
-        .arg(token)
-        .arg(&keys.channel)
-        .arg(publish_command(conn))
-        .invoke_async(conn)
-        .await
-        .map_err(|e| map_err("release script failed", e))?;
-    Ok(n == 1)
+    let key_list = [&*keys.lock, &keys.holder, &sk.queue, &sk.queue_exp];
+    let args = [token, &keys.channel, publish_command(conn)];
+    run_flag(conn, &RELEASE, &key_list, &args, "release script failed").await
 }
 
-/// Takes `token` out of the queue of `keys`, waking the next head when it was the head of a
-/// free lock. Returns whether it was queued.
+/// Takes `token` out of the queue of waiters of `keys` (see [`acquire_waiting`]), waking the
+/// next waiter when it was the head of a free lock. Returns whether it was queued.
 ///
-/// Cancel safety: dropping the future may leave the entry queued until its TTL runs out.
-pub(crate) async fn leave(conn: &mut Conn, keys: &Keys, token: &str) -> Result<bool> {
+/// Cancel safety: dropping the future may leave the entry until its TTL runs out.
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the server fails.
+pub async fn leave_queue(conn: &mut Conn, keys: &Keys, token: &str) -> Result<bool> {
     let sk = ShareKeys::of(keys);
-    let n: i64 = scripts()
-        .leave
-        .key(&keys.lock)
-        .key(&sk.queue)
-        .key(&sk.queue_exp)
-        .key(&sk.shares)
-        .arg(token)
-        .arg(&keys.channel)
-        .arg(publish_command(conn))
-        .invoke_async(conn)
-        .await
-        .map_err(|e| map_err("leaving the waiters' queue failed", e))?;
-    Ok(n == 1)
+    let key_list = [&*keys.lock, &sk.queue, &sk.queue_exp, &sk.shares];
+    let args = [token, &keys.channel, publish_command(conn)];
+    let what = "leaving the waiters' queue failed";
+    run_flag(conn, &LEAVE, &key_list, &args, what).await
 }
 
-/// See [`crate::node::release_announced`].
-pub(crate) async fn release_named(
+/// Compare-and-delete that also publishes on the release channel. Returns whether `token` held
+/// the lock (and it is now deleted).
+///
+/// Cancel safety: dropping the future may or may not have released the lock.
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the server fails.
+pub async fn release_plain(conn: &mut Conn, keys: &Keys, token: &str) -> Result<bool> {
+    release_announced(conn, keys, token, RELEASED).await
+}
+
+/// [`release_plain`], publishing `message` instead of [`RELEASED`]: a client that sends one
+/// release to several servers (Redlock) names it, so its waiters act once on the copies. The
+/// releaser leaves the server's queue of waiters, and when a waiter is queued the message is
+/// followed by ` q:<its owner token>` (see [`acquire_waiting`]).
+///
+/// Cancel safety: as [`release_plain`].
+///
+/// # Errors
+/// As [`release_plain`].
+pub async fn release_announced(
     conn: &mut Conn,
     keys: &Keys,
     token: &str,
     message: &str,
 ) -> Result<bool> {
     let sk = ShareKeys::of(keys);
-    let n: i64 = scripts()
-        .release_named
-        .key(&keys.lock)
-        .key(&keys.holder)
-        .key(&sk.queue)
-        .key(&sk.queue_exp)
-        .arg(token)
-        .arg(&keys.channel)
-        .arg(publish_command(conn))
-        .arg(message)
-        .invoke_async(conn)
-        .await
-        .map_err(|e| map_err("release script failed", e))?;
-    Ok(n == 1)
+    let key_list = [&*keys.lock, &keys.holder, &sk.queue, &sk.queue_exp];
+    let args = [token, &keys.channel, publish_command(conn), message];
+    run_flag(
+        conn,
+        &RELEASE_NAMED,
+        &key_list,
+        &args,
+        "release script failed",
+    )
+    .await
 }
 
-/// See [`crate::node::acquire_waiting`]: `(won, pttl)`; a name held as a semaphore is a
-/// `Conflict`.
-pub(crate) async fn acquire_waiting(
+/// The single-node acquire without a fencing counter, beside the name's shared holders and
+/// with the server's queue of waiters (Redlock's votes on each master). Live shared holders
+/// (see `acquire_share`) hold the lock too: a refused request with a non-zero `mark` marks
+/// itself as the waiting writer for that long (`writer_mark_ttl`), so that readers coming
+/// later are refused on this server. A waiting request (`entry` non-zero) that loses joins the
+/// queue (or refreshes its entry there, TTL `entry`, on the server's clock), and a win takes it
+/// out. While the queue has live waiters a free lock goes only to one of them, in any order (so
+/// a request that did not wait, `entry` zero, or a client that just released cannot barge past
+/// them); the queue also decides whom a release wakes ([`release_announced`] and
+/// `release_share_announced` name the queue's head after their message, ` q:<owner token>`; a
+/// waiter registered with `Waiting::queued` is woken by a message naming it, and no other is).
+///
+/// A refused waiter learns its place in the queue ([`QueuePlace`], the second of the pair):
+/// passed back as [`WaitingVote::ticket`] to every server, it puts the waiter at the same place
+/// in each server's queue (a place taken from one server's clock, never a client's).
+///
+/// Cancel safety: a dropped call may have taken the lock; it then frees after `ttl`; an entry
+/// left behind expires after `entry`, a mark after `mark`.
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the server fails; `Conflict` when the name is held as a
+/// semaphore.
+pub async fn acquire_waiting(
     conn: &mut Conn,
     keys: &Keys,
     token: &str,
     holder: &str,
     ttl: Duration,
-    vote: crate::node::WaitingVote,
-) -> Result<(bool, i64, Option<crate::node::QueuePlace>)> {
+    vote: WaitingVote,
+) -> Result<(NodeAttempt, Option<QueuePlace>)> {
     let sk = ShareKeys::of(keys);
-    let mut inv = scripts().acquire_waiting.prepare_invoke();
-    for k in sk.with(keys) {
-        inv.key(k);
-    }
-    let reply: Vec<i64> = inv
-        .arg(token)
-        .arg(crate::node::ttl_ms(ttl))
-        .arg(holder)
-        .arg(vote.mark.as_millis() as u64)
-        .arg(vote.entry.as_millis() as u64)
-        .arg(vote.ticket.map(|t| t.to_string()).unwrap_or_default())
-        .invoke_async(conn)
-        .await
-        .map_err(|e| map_err("acquire script failed", e))?;
-    let (won, pttl) = (reply.first().copied(), reply.get(1).copied().unwrap_or(0));
-    if won == Some(-1) {
-        return Err(lockcore::Error::conflict(
-            "the lock is held as a semaphore, and this acquisition asks for it exclusively",
-        ));
-    }
-    let place = match (reply.get(2), reply.get(3)) {
-        (Some(at), Some(ahead)) => Some(crate::node::QueuePlace {
+    let ttl = ttl_ms(ttl).to_string();
+    let mark = vote.mark.as_millis().to_string();
+    let entry = vote.entry.as_millis().to_string();
+    let ticket = vote.ticket.map(|t| t.to_string()).unwrap_or_default();
+    let args = [token, &ttl, holder, &mark, &entry, &ticket];
+    let what = "acquire script failed";
+    let reply: Vec<i64> = run(conn, &ACQUIRE_WAITING, &sk.with(keys), &args, what).await?;
+    let attempt = Grant::judge(&reply)?.attempt(false, semaphore_conflict)?;
+    let place = match (attempt, reply.get(2), reply.get(3)) {
+        (NodeAttempt::Held { .. }, Some(at), Some(ahead)) => Some(QueuePlace {
             at: u64::try_from(*at).unwrap_or(0),
             ahead: u64::try_from(*ahead).unwrap_or(0),
         }),
         _ => None,
     };
-    Ok((won == Some(1), pttl, place))
+    Ok((attempt, place))
+}
+
+/// Where a refused vote of [`acquire_waiting`] stands in the server's queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueuePlace {
+    /// Its place (µs): what [`WaitingVote::ticket`] brings to the other servers.
+    pub at: u64,
+    /// How many waiters stand ahead of it (live or not yet pruned).
+    pub ahead: u64,
+}
+
+/// How a vote of [`acquire_waiting`] waits on one server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitingVote {
+    /// A refused writer marks itself as waiting for this long (zero: no mark; see
+    /// `writer_mark_ttl`).
+    pub mark: Duration,
+    /// A refused request joins the queue (or refreshes its entry) for this long (zero: it
+    /// does not queue; see [`queue_entry_ttl`]).
+    pub entry: Duration,
+    /// The waiter's place in the queue (µs) when it has one from the server whose order all
+    /// servers follow (what this function returned there); `None`: a newcomer's place is
+    /// just behind the tail, by this server's clock.
+    pub ticket: Option<u64>,
 }
 
 /// The live entries in the queue of `keys`.
@@ -503,13 +437,8 @@ pub(crate) async fn acquire_waiting(
 /// Cancel safe (reads only).
 pub(crate) async fn count(conn: &mut Conn, keys: &Keys) -> Result<usize> {
     let sk = ShareKeys::of(keys);
-    let n: i64 = scripts()
-        .count
-        .key(&sk.queue)
-        .key(&sk.queue_exp)
-        .invoke_async(conn)
-        .await
-        .map_err(|e| map_err("counting the queued waiters failed", e))?;
+    let what = "counting the queued waiters failed";
+    let n: i64 = run(conn, &COUNT, &[&sk.queue, &sk.queue_exp], &[], what).await?;
     Ok(usize::try_from(n).unwrap_or(0))
 }
 
@@ -534,7 +463,7 @@ impl CancelCleanUp for Leave {
         // An attempt in flight at the drop was written to the connection when it was first
         // polled: this script, sent later on the same connection, runs after it.
         Some(Box::pin(async move {
-            if let Err(e) = leave(&mut conn, &keys, &token).await {
+            if let Err(e) = leave_queue(&mut conn, &keys, &token).await {
                 tracing::debug!(error = %e, "leaving the waiters' queue failed; the entry expires by its TTL");
             }
         }))

@@ -1,5 +1,5 @@
 //! Shared holders and semaphore permits on one Redis server (and, for readers, on each master
-//! of a Redlock, through [`crate::node::acquire_share`] and its siblings): leases in a sorted set beside the
+//! of a Redlock, through `node::acquire_share` and its siblings): leases in a sorted set beside the
 //! exclusive lock key, each scored with its expiry on the server's clock (`TIME`), never the
 //! client's (Redisson's expirable semaphore trusts client clocks; a client whose clock runs
 //! ahead would free live permits).
@@ -14,7 +14,7 @@
 //!   writer's next attempt, which refreshes it). Shared requests that come while it exists
 //!   wait, so a stream of readers cannot starve a writer; a writer that gives up stops
 //!   holding them back within that PX.
-//! * `…:queue`, `…:queuexp`: the exclusive waiters' queue (see [`queue`](crate::queue)),
+//! * `…:queue`, `…:queuexp`: the exclusive waiters' queue (see `queue`),
 //!   passed to every share script so that a share release wakes the queue's head (a writer
 //!   waiting behind the readers), not a waiter that is not next.
 //!
@@ -25,64 +25,15 @@
 use std::time::Duration;
 
 use lockcore::{Error, Holder, LockMode, Result, Share};
-use redis::Script;
 
-use crate::node::{Conn, Keys, Replicas, eval, map_err, publish_command, ttl_ms};
-
-/// The server clock in ms as `now` (and in µs as `now_us`), and the expired shares of
-/// `KEYS[4]` (with their `KEYS[5]` entries) gone.
-macro_rules! drop_expired_lua {
-    () => {
-        r"
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now = math.floor(now_us / 1000)
-local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
-if #gone > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-  redis.call('HDEL', KEYS[5], unpack(gone))
-end
-"
-    };
-}
-
-/// The read-write check in front of an exclusive acquire script (`KEYS[4..6]`: shares, share
-/// info, waiting writer; `ARGV[4]`: how long the writer's mark lasts, ms, past the writer's next
-/// attempt; 0 for an attempt that will not wait, which marks nothing). Live shares hold the
-/// name: a shared use returns `$held` (a Lua expression that may use `left`, the ms to the
-/// earliest share's expiry) with this writer marked as waiting; a semaphore use is a conflict,
-/// `$conflict`. Otherwise the writer's own mark goes, and the exclusive script runs. The mark
-/// is short (not the readers' TTL) so that a writer that gives up or is cancelled holds later
-/// readers back for that long at most. One check for every exclusive script beside shares
-/// (a single node's, a queued one's, a Redlock master's).
-macro_rules! writer_check_lua {
-    ($conflict:literal, $held:literal) => {
-        concat!(
-            r"
-if redis.call('EXISTS', KEYS[4]) == 1 then
-",
-            crate::shares::drop_expired_lua!(),
-            r"
-  local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-  if first[2] then
-    if redis.call('HGET', KEYS[5], 'mode') ~= 'shared' then return ",
-            $conflict,
-            r" end
-    local left = tonumber(first[2]) - now
-    local mark = tonumber(ARGV[4])
-    if mark > 0 then redis.call('SET', KEYS[6], ARGV[1], 'PX', mark) end
-    return ",
-            $held,
-            r"
-  end
-end
-if redis.call('GET', KEYS[6]) == ARGV[1] then redis.call('DEL', KEYS[6]) end
-"
-        )
-    };
-}
-pub(crate) use drop_expired_lua;
-pub(crate) use writer_check_lua;
+use crate::conn::Conn;
+use crate::error::map_err;
+use crate::grant::{Grant, NodeAttempt};
+use crate::keys::{Keys, ShareKeys};
+use crate::lua::{announce_lua, drop_expired_lua, keep_entry_lua};
+use crate::script::{
+    LuaScript, Replicas, eval, publish_command, run, run_flag, ttl_ms, under_replicated,
+};
 
 /// Takes a share for token `ARGV[1]`, TTL `ARGV[2]` ms, metadata `ARGV[3]`, mode `ARGV[4]`
 /// (`shared` or `permit:<limit>`), limit `ARGV[5]` (0 for shared), `ARGV[6]` the TTL ms of a
@@ -90,11 +41,12 @@ pub(crate) use writer_check_lua;
 /// counter, the fence reported is 0: Redlock's masters keep none). KEYS: lock, holder (unused here, kept for one layout),
 /// fence, shares, share info, waiting writer, queue, queue expiries. A waiting request that
 /// does not win records itself in the queue's expiries only (counted as a queued waiter, see
-/// [`queue`](crate::queue), without a place in the exclusive waiters' order). Returns
+/// `queue`, without a place in the exclusive waiters' order). Returns
 /// `{1, fence}`, `{0, ms until a place may free}` or `{-1, 0}` (the name is used in another
 /// way: another mode or limit, or as a mutex by a semaphore request). Idempotent for one
 /// token: a re-sent script whose first copy ran resets the share's TTL and reports its fence.
-const ACQUIRE_SHARE_LUA: &str = r"
+static ACQUIRE: LuaScript = LuaScript::new(concat!(
+    r"
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now = math.floor(now_us / 1000)
@@ -102,9 +54,9 @@ local ttl = tonumber(ARGV[2])
 local function waits(left)
   local qttl = tonumber(ARGV[6])
   if qttl > 0 then
-    redis.call('ZADD', KEYS[8], now + qttl, ARGV[1])
-    local last = redis.call('ZRANGE', KEYS[8], -1, -1, 'WITHSCORES')
-    redis.call('PEXPIREAT', KEYS[8], last[2])
+",
+    keep_entry_lua!("now + qttl"),
+    r"
   end
   return {0, left}
 end
@@ -162,11 +114,12 @@ else
   keep_until_last()
 end
 return {1, fence}
-";
+"
+));
 
 /// Resets the share of token `ARGV[1]` to `ARGV[2]` ms from now if it is live. KEYS as
-/// [`ACQUIRE_SHARE_LUA`]'s. Returns 1 or 0.
-const EXTEND_SHARE_LUA: &str = concat!(
+/// [`ACQUIRE`]'s. Returns 1 or 0.
+static EXTEND: LuaScript = LuaScript::new(concat!(
     drop_expired_lua!(),
     r"
 if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then return 0 end
@@ -176,11 +129,11 @@ redis.call('PEXPIREAT', KEYS[4], last[2])
 redis.call('PEXPIREAT', KEYS[5], last[2])
 return 1
 "
-);
+));
 
 /// Removes the share of token `ARGV[1]` if it is live and tells the waiters (`ARGV[2]`:
 /// channel, `ARGV[3]`: `PUBLISH` or `SPUBLISH`) with `$plain`, or `$head .. <head token>` when
-/// exclusive waiters queue (see [`announce_lua`](crate::queue::announce_lua)). Returns 1 or 0.
+/// exclusive waiters queue (see [`announce_lua`]). Returns 1 or 0.
 macro_rules! release_share_lua {
     ($plain:literal, $head:literal) => {
         concat!(
@@ -196,7 +149,7 @@ else
   redis.call('HDEL', KEYS[5], ARGV[1])
 end
 ",
-            crate::queue::announce_lua!("KEYS[7]", "KEYS[8]", "ARGV[3]", "ARGV[2]", $plain, $head),
+            announce_lua!("KEYS[7]", "KEYS[8]", "ARGV[3]", "ARGV[2]", $plain, $head),
             r"
 return 1
 "
@@ -205,15 +158,15 @@ return 1
 }
 
 /// A single node's share release: `released`, or `q:<head>`.
-const RELEASE_SHARE_LUA: &str = release_share_lua!("'released'", "'q:'");
+static RELEASE: LuaScript = LuaScript::new(release_share_lua!("'released'", "'q:'"));
 
 /// A Redlock master's share release: the release's own message `ARGV[4]` (the same on every
-/// master, see [`crate::node::release_announced`]), followed by ` q:<head>` when exclusive
+/// master, see [`release_share_announced`]), followed by ` q:<head>` when exclusive
 /// waiters queue.
-const RELEASE_SHARE_NAMED_LUA: &str = release_share_lua!("ARGV[4]", "ARGV[4] .. ' q:'");
+static RELEASE_NAMED: LuaScript = LuaScript::new(release_share_lua!("ARGV[4]", "ARGV[4] .. ' q:'"));
 
 /// Every live share: `{mode or '', {ms left, fence and metadata, token}...}` flattened.
-const INSPECT_SHARES_LUA: &str = concat!(
+static INSPECT: LuaScript = LuaScript::new(concat!(
     drop_expired_lua!(),
     r"
 local all = redis.call('ZRANGE', KEYS[4], 0, -1, 'WITHSCORES')
@@ -225,66 +178,7 @@ for i = 1, #all, 2 do
 end
 return out
 "
-);
-
-struct Scripts {
-    acquire: Script,
-    extend: Script,
-    release: Script,
-    release_named: Script,
-    inspect: Script,
-}
-
-fn scripts() -> &'static Scripts {
-    static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
-    SCRIPTS.get_or_init(|| Scripts {
-        acquire: Script::new(ACQUIRE_SHARE_LUA),
-        extend: Script::new(EXTEND_SHARE_LUA),
-        release: Script::new(RELEASE_SHARE_LUA),
-        release_named: Script::new(RELEASE_SHARE_NAMED_LUA),
-        inspect: Script::new(INSPECT_SHARES_LUA),
-    })
-}
-
-/// The share keys beside a lock's keys (same hash tag).
-#[derive(Clone, Debug)]
-pub(crate) struct ShareKeys {
-    pub(crate) shares: String,
-    pub(crate) info: String,
-    pub(crate) writer: String,
-    /// The exclusive waiters' queue: owner token → arrival (server µs).
-    pub(crate) queue: String,
-    /// The same waiters: owner token → when the entry expires (server ms).
-    pub(crate) queue_exp: String,
-}
-
-impl ShareKeys {
-    pub(crate) fn of(keys: &Keys) -> ShareKeys {
-        let base = keys.lock.strip_suffix(":lock").unwrap_or(&keys.lock);
-        ShareKeys {
-            shares: format!("{base}:shares"),
-            info: format!("{base}:shareinfo"),
-            writer: format!("{base}:writer"),
-            queue: format!("{base}:queue"),
-            queue_exp: format!("{base}:queuexp"),
-        }
-    }
-
-    /// The eight keys of the share scripts and of the exclusive script behind the writer check
-    /// (the queue's two last).
-    pub(crate) fn with<'a>(&'a self, keys: &'a Keys) -> [&'a str; 8] {
-        [
-            &keys.lock,
-            &keys.holder,
-            &keys.fence,
-            &self.shares,
-            &self.info,
-            &self.writer,
-            &self.queue,
-            &self.queue_exp,
-        ]
-    }
-}
+));
 
 /// How a share is recorded in the share info's `mode` field.
 fn mode_field(mode: LockMode) -> (String, u32) {
@@ -305,19 +199,6 @@ fn conflict(mode: LockMode) -> Error {
         "the lock is in use in another way (another mode or permit limit, or as a mutex), and \
          this acquisition asks for {mode}"
     ))
-}
-
-/// The acknowledgement `WAIT` asked for and did not get: the write may be lost in a failover.
-fn under_replicated(what: &str, acked: Option<i64>, r: &Replicas) -> Error {
-    Error::new(
-        lockcore::ErrorKind::Unavailable,
-        format!(
-            "only {} of {} replicas acknowledged the {what} within {:?}",
-            acked.unwrap_or(0),
-            r.count,
-            r.timeout
-        ),
-    )
 }
 
 /// What a share attempt asks for.
@@ -357,42 +238,30 @@ pub(crate) async fn acquire(
     let ttl = ttl_ms(ttl).to_string();
     let limit = limit.to_string();
     let entry = entry.as_millis().to_string();
-    let ((won, value), acked): ((i64, i64), _) = eval(
-        conn,
-        &scripts().acquire,
-        &share_keys.with(keys),
-        &[
-            token,
-            &ttl,
-            holder,
-            &mode_str,
-            &limit,
-            &entry,
-            if fencing { "1" } else { "0" },
-        ],
-        replicas,
-    )
-    .await
-    .map_err(|e| map_err("share acquire script failed", e))?;
+    let fencing = if fencing { "1" } else { "0" };
+    let args = [token, &ttl, holder, &mode_str, &limit, &entry, fencing];
+    let (reply, acked): (Vec<i64>, _) =
+        eval(conn, ACQUIRE.get(), &share_keys.with(keys), &args, replicas)
+            .await
+            .map_err(|e| map_err("share acquire script failed", e))?;
+    let grant = Grant::judge(&reply)?;
     if let Some(r) = replicas
-        && won == 1
+        && matches!(grant, Grant::Won(_))
         && acked.unwrap_or(0) < i64::from(r.count)
     {
         if let Err(e) = release(conn, keys, token).await {
             tracing::warn!(error = %e, "could not release an under-replicated share; it frees after its ttl");
         }
-        return Err(under_replicated("share", acked, &r));
+        return Err(under_replicated("the share", acked, &r, ""));
     }
-    match won {
-        1 => Ok(ShareAttempt::Won {
-            fence: u64::try_from(value).map_err(|_| {
-                Error::new(lockcore::ErrorKind::Backend, "negative fencing counter")
-            })?,
+    match grant {
+        Grant::Won(fence) => Ok(ShareAttempt::Won {
+            fence: Grant::fence(fence)?,
         }),
-        0 => Ok(ShareAttempt::Held {
-            wait: u64::try_from(value).ok().map(Duration::from_millis),
+        Grant::Held(wait) => Ok(ShareAttempt::Held {
+            wait: Grant::wait(wait),
         }),
-        _ => Err(conflict(mode)),
+        Grant::Conflict => Err(conflict(mode)),
     }
 }
 
@@ -412,7 +281,7 @@ pub(crate) async fn extend(
     let ttl = ttl_ms(ttl).to_string();
     let (n, acked): (i64, _) = eval(
         conn,
-        &scripts().extend,
+        EXTEND.get(),
         &share_keys.with(keys),
         &[token, &ttl],
         replicas,
@@ -423,7 +292,7 @@ pub(crate) async fn extend(
         && n == 1
         && acked.unwrap_or(0) < i64::from(r.count)
     {
-        return Err(under_replicated("share's extension", acked, &r));
+        return Err(under_replicated("the share's extension", acked, &r, ""));
     }
     Ok(n == 1)
 }
@@ -435,19 +304,6 @@ pub(crate) async fn release(conn: &mut Conn, keys: &Keys, token: &str) -> Result
     release_with(conn, keys, token, None).await
 }
 
-/// [`release`], announced with `message` (and ` q:<head>` behind it when exclusive waiters
-/// queue) instead of `released`: see [`crate::node::release_share_announced`].
-///
-/// Cancel safety: as [`release`].
-pub(crate) async fn release_named(
-    conn: &mut Conn,
-    keys: &Keys,
-    token: &str,
-    message: &str,
-) -> Result<bool> {
-    release_with(conn, keys, token, Some(message)).await
-}
-
 async fn release_with(
     conn: &mut Conn,
     keys: &Keys,
@@ -456,23 +312,12 @@ async fn release_with(
 ) -> Result<bool> {
     let share_keys = ShareKeys::of(keys);
     let publish = publish_command(conn);
-    let script = match message {
-        Some(_) => &scripts().release_named,
-        None => &scripts().release,
+    let (script, args) = match message {
+        Some(m) => (&RELEASE_NAMED, vec![token, &keys.channel, publish, m]),
+        None => (&RELEASE, vec![token, &keys.channel, publish]),
     };
-    let mut inv = script.prepare_invoke();
-    for k in share_keys.with(keys) {
-        inv.key(k);
-    }
-    inv.arg(token).arg(&keys.channel).arg(publish);
-    if let Some(m) = message {
-        inv.arg(m);
-    }
-    let n: i64 = inv
-        .invoke_async(conn)
-        .await
-        .map_err(|e| map_err("share release script failed", e))?;
-    Ok(n == 1)
+    let what = "share release script failed";
+    run_flag(conn, script, &share_keys.with(keys), &args, what).await
 }
 
 /// Every live share of the name, in grant order, and the mode they hold it in.
@@ -489,19 +334,13 @@ pub(crate) async fn inspect(
 /// [`inspect`], each share with its owner token (in grant order).
 ///
 /// Cancel safe (drops expired shares only).
-pub(crate) async fn inspect_owned(
+async fn inspect_owned(
     conn: &mut Conn,
     keys: &Keys,
 ) -> Result<(Option<LockMode>, Vec<(String, Share)>)> {
     let share_keys = ShareKeys::of(keys);
-    let mut inv = scripts().inspect.prepare_invoke();
-    for k in share_keys.with(keys) {
-        inv.key(k);
-    }
-    let raw: Vec<redis::Value> = inv
-        .invoke_async(conn)
-        .await
-        .map_err(|e| map_err("share inspect script failed", e))?;
+    let what = "share inspect script failed";
+    let raw: Vec<redis::Value> = run(conn, &INSPECT, &share_keys.with(keys), &[], what).await?;
     let mut items = raw.into_iter();
     let mode_str: String = items
         .next()
@@ -531,6 +370,100 @@ fn parse_mode(s: &str) -> Option<LockMode> {
     }
 }
 
+/// Takes a shared (reader's) lease for `token` with TTL `ttl` on one server, without a fencing
+/// counter: the single-node read-write protocol of this module (a sorted set of readers beside
+/// the lock key, expiring on the server's clock), the one a single Redis node runs for
+/// [`LockMode::Shared`]. Refused (`Held`) while an exclusive holder or a waiting writer's mark
+/// (see `acquire_waiting`) is there; `pttl` is then what is
+/// left of the one found. A waiting request (`entry` non-zero) that loses is counted among the
+/// queued waiters (not ordered among them) for `entry`. Idempotent for one token (a re-sent
+/// script resets the share's TTL).
+///
+/// Cancel safety: a dropped call may have taken the share; it then frees after `ttl`.
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the server fails; `Conflict` when the name is held as a
+/// semaphore.
+pub async fn acquire_share(
+    conn: &mut Conn,
+    keys: &Keys,
+    token: &str,
+    holder: &str,
+    ttl: Duration,
+    entry: Duration,
+) -> Result<NodeAttempt> {
+    let ask = ShareAsk {
+        ttl,
+        mode: LockMode::Shared,
+        entry,
+        fencing: false,
+    };
+    Ok(match acquire(conn, keys, token, holder, ask, None).await? {
+        ShareAttempt::Won { .. } => NodeAttempt::Won { fence: None },
+        ShareAttempt::Held { wait } => NodeAttempt::Held { pttl: wait },
+    })
+}
+
+/// Compare-and-extend of a share taken with [`acquire_share`]: resets it to `ttl` if `token`
+/// still holds it; returns whether it did.
+///
+/// Cancel safety: dropping the future may or may not have extended the share.
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the server fails.
+pub async fn extend_share(
+    conn: &mut Conn,
+    keys: &Keys,
+    token: &str,
+    ttl: Duration,
+) -> Result<bool> {
+    extend(conn, keys, token, ttl, None).await
+}
+
+/// Compare-and-remove of a share taken with [`acquire_share`], publishing `message` (followed
+/// by ` q:<head token>` when exclusive waiters queue, as
+/// `release_announced`): returns whether `token` held it.
+///
+/// Cancel safety: dropping the future may leave the share held until its TTL runs out.
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the server fails.
+pub async fn release_share_announced(
+    conn: &mut Conn,
+    keys: &Keys,
+    token: &str,
+    message: &str,
+) -> Result<bool> {
+    release_with(conn, keys, token, Some(message)).await
+}
+
+/// Every live share taken with [`acquire_share`] on one server, as `(owner token, share)` in
+/// grant order (the share's fencing token is `None`: these shares have none); empty when the
+/// name has no readers (or is used as a semaphore, which [`acquire_share`] never does).
+///
+/// Cancel safe (drops expired shares only).
+///
+/// # Errors
+/// `Unavailable` or `Backend` when the server fails.
+pub async fn inspect_shares(conn: &mut Conn, keys: &Keys) -> Result<Vec<(String, Share)>> {
+    let (mode, shares) = inspect_owned(conn, keys).await?;
+    if mode != Some(LockMode::Shared) {
+        return Ok(Vec::new());
+    }
+    Ok(shares
+        .into_iter()
+        .map(|(token, s)| (token, Share::new(None, s.ttl_left, s.holder)))
+        .collect())
+}
+
+/// How long a waiting writer's mark (see `acquire_waiting`)
+/// should last past each of its attempts when it polls every `poll` at the latest: past its
+/// next attempt, and short, so that a writer that gave up holds later readers back that long
+/// at most.
+pub fn writer_mark_ttl(poll: Duration) -> Duration {
+    poll + Duration::from_secs(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -542,15 +475,5 @@ mod tests {
         }
         assert_eq!(parse_mode(""), None);
         assert_eq!(parse_mode("permit:x"), None);
-    }
-
-    #[test]
-    fn share_keys_keep_the_lock_hash_tag() {
-        let keys = Keys::new("ns", &lockcore::LockName::new("a/b").unwrap());
-        let s = ShareKeys::of(&keys);
-        let tag = format!("{{{}}}", keys.tag);
-        for k in [&s.shares, &s.info, &s.writer, &s.queue, &s.queue_exp] {
-            assert!(k.contains(&tag), "{k}");
-        }
     }
 }

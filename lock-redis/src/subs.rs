@@ -9,9 +9,13 @@ use tokio::sync::{Notify, OnceCell};
 
 use crate::error::map_err;
 
-/// The message a release publishes on its channel when it names no release of its own (see
-/// [`crate::node::release`]).
+/// The message a release publishes on its channel when it names no release of its own (the
+/// plain release of the `queue` module).
 pub const RELEASED: &str = "released";
+
+/// What a message naming the queue's head starts with (`q:<owner token>`; see the `queue`
+/// module, whose scripts publish it).
+pub(crate) const HEAD_PREFIX: &str = "q:";
 
 /// The waiters of one channel in this client.
 #[derive(Debug, Default)]
@@ -37,7 +41,7 @@ pub struct Channel {
     /// is unknown).
     last_message: Mutex<Option<Arc<str>>>,
     /// The waiters of this client that are in the name's server-side queue, by owner token
-    /// (see [`crate::queue`]): a release names the queue's head (`q:<token>`), and only that
+    /// (see the `queue` module): a release names the queue's head (`q:<token>`), and only that
     /// waiter is woken, not one per client.
     queued: Mutex<HashMap<String, Arc<Notify>>>,
 }
@@ -81,7 +85,7 @@ impl Channel {
     }
 
     /// The text of the last named release message on this channel (see
-    /// [`crate::node::release_announced`]), or `None` when unknown (nothing received yet, an
+    /// `node::release_announced`), or `None` when unknown (nothing received yet, an
     /// unnamed message, or messages may have been lost to a reconnection). A waiter woken by a message reads it to
     /// tell copies of one release apart; a newer message may have replaced it meanwhile.
     pub fn last_message(&self) -> Option<Arc<str>> {
@@ -245,7 +249,7 @@ impl Registry {
         // A release that names the queue's head: `q:<token>` (a single node), or
         // `<release> q:<token>` (a Redlock master, whose release names itself too).
         let (release, head) = match raw {
-            Some(m) => match m.strip_prefix(crate::queue::HEAD_PREFIX) {
+            Some(m) => match m.strip_prefix(HEAD_PREFIX) {
                 Some(head) => (None, Some(head)),
                 None => match m.split_once(" q:") {
                     Some((release, head)) => (Some(release), Some(head)),
@@ -421,7 +425,7 @@ impl Waiting {
     }
 
     /// Registers this waiter as queued with `token` in the name's server-side queue (see
-    /// `crate::queue`): a message naming it as the queue's head wakes the returned
+    /// the `queue` module): a message naming it as the queue's head wakes the returned
     /// [`QueuedWake`] (a wake-up that comes before the waiter waits is kept for it), and no
     /// other. Dropping it unregisters.
     pub fn queued(&self, token: &str) -> QueuedWake {

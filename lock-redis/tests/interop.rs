@@ -41,6 +41,18 @@ async fn peer(kind: &str, url: &str, name: &str) -> PeerProcess {
     p
 }
 
+/// `try_lock` of `name` is refused: the peer holds it.
+async fn assert_peer_holds(locker: &Locker, name: &str, opts: &LockOptions) {
+    let got = locker.try_lock(name, opts).await.unwrap();
+    assert!(got.is_none(), "the peer holds {name}: try_lock must refuse");
+}
+
+/// Tells the peer to end, and waits until it has.
+async fn quit(mut p: PeerProcess) {
+    p.send("quit").await.unwrap();
+    p.wait(scaled(20.0)).await.unwrap();
+}
+
 async fn client(url: &str, kind: &str, poll_ms: u64) -> Locker {
     let sep = if url.contains('?') { '&' } else { '?' };
     let backend = RedisBackend::connect(&format!("{url}{sep}interop={kind}&poll_ms={poll_ms}"))
@@ -110,14 +122,7 @@ async fn peer_holds_locksmith_waits(kind: &str) {
     let opts = LockOptions::new()
         .ttl(Duration::from_secs(10))
         .wait_timeout(scaled(30.0));
-    assert!(
-        locker
-            .try_lock(name.as_str(), &opts)
-            .await
-            .unwrap()
-            .is_none(),
-        "{kind} holds {name}: try_lock must refuse"
-    );
+    assert_peer_holds(&locker, &name, &opts).await;
     let waiter = {
         let locker = locker.clone();
         let (name, opts) = (name.clone(), opts.clone());
@@ -168,8 +173,7 @@ async fn peer_holds_locksmith_waits(kind: &str) {
         .await
         .unwrap();
     assert_eq!(exists, 0);
-    p.send("quit").await.unwrap();
-    p.wait(scaled(20.0)).await.unwrap();
+    quit(p).await;
 }
 
 async fn locksmith_holds_peer_waits(kind: &str) {
@@ -204,18 +208,10 @@ async fn locksmith_holds_peer_waits(kind: &str) {
         assert!(line.ends_with("message"), "{line}");
     }
     // Now the peer holds: locksmith must not get in.
-    assert!(
-        locker
-            .try_lock(name.as_str(), &opts)
-            .await
-            .unwrap()
-            .is_none(),
-        "{kind} holds {name}"
-    );
+    assert_peer_holds(&locker, &name, &opts).await;
     p.send("release").await.unwrap();
     p.expect("released", scaled(20.0)).await.unwrap();
-    p.send("quit").await.unwrap();
-    p.wait(scaled(20.0)).await.unwrap();
+    quit(p).await;
 }
 
 /// Both sides loop acquire / critical section / release on one name for a few seconds.
@@ -249,8 +245,7 @@ async fn contention(kind: &str) {
         windows.len() - ours
     );
     check_windows(&windows, &["locksmith", kind], 3).unwrap();
-    p.send("quit").await.unwrap();
-    p.wait(scaled(20.0)).await.unwrap();
+    quit(p).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

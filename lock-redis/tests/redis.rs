@@ -9,6 +9,40 @@ use lock_redis::RedisBackend;
 use lockcore::backend::Backend;
 use lockcore::{ErrorKind, Instant, LockMode, LockName, LockOptions, Locker};
 
+/// Two `#[tokio::test]`s running `$run(&url)`: `$single` on the single node
+/// (`LOCK_TEST_REDIS_URL`), `$cluster` on the cluster (`LOCK_TEST_REDIS_CLUSTER_URL`), each
+/// skipped when its URL is unset.
+macro_rules! on_single_and_cluster {
+    ($single:ident, $cluster:ident, $run:ident) => {
+        on_single_and_cluster!(
+            #[tokio::test]
+            $single,
+            $cluster,
+            $run
+        );
+    };
+    (#[$test:meta] $single:ident, $cluster:ident, $run:ident) => {
+        #[$test]
+        async fn $single() {
+            if let Some(url) = require_env("LOCK_TEST_REDIS_URL") {
+                $run(&url).await;
+            }
+        }
+
+        #[$test]
+        async fn $cluster() {
+            if let Some(url) = require_env("LOCK_TEST_REDIS_CLUSTER_URL") {
+                $run(&url).await;
+            }
+        }
+    };
+}
+
+/// A new client of `url` behind a `Locker`.
+async fn client_of(url: &str) -> Locker {
+    Locker::new(RedisBackend::connect(url).await.unwrap())
+}
+
 fn unique(prefix: &str) -> String {
     format!("{prefix}-{:016x}", fastrand::u64(..))
 }
@@ -65,6 +99,95 @@ async fn numsub(nodes: &mut [redis::aio::MultiplexedConnection], channel: &str) 
     numsub_of(nodes, channel, "NUMSUB").await + numsub_of(nodes, channel, "SHARDNUMSUB").await
 }
 
+/// A lock held by one client and waited for by another's `lock()` calls, with raw connections
+/// to the server(s) to watch the subscriptions of its release channel.
+struct Contended {
+    waiter_backend: RedisBackend,
+    waiter: Locker,
+    name: LockName,
+    channel: String,
+    nodes: Vec<redis::aio::MultiplexedConnection>,
+}
+
+impl Contended {
+    /// A name from `prefix`, held by a client of `url` (its guard beside).
+    async fn new(url: &str, prefix: &str) -> (Contended, lockcore::LockGuard) {
+        let holder = client_of(url).await;
+        let waiter_backend = RedisBackend::connect(url).await.unwrap();
+        let waiter = Locker::new(waiter_backend.clone());
+        let name = LockName::new(unique(prefix)).unwrap();
+        let channel = waiter_backend.channel(&name);
+        let nodes = raw_nodes(url).await;
+        let held = holder
+            .try_lock(&name, &opts(Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .unwrap();
+        let contended = Contended {
+            waiter_backend,
+            waiter,
+            name,
+            channel,
+            nodes,
+        };
+        (contended, held)
+    }
+
+    /// A waiter's `lock()` in a task of its own.
+    fn spawn_waiter(&self) -> tokio::task::JoinHandle<lockcore::Result<lockcore::LockGuard>> {
+        spawn_lock(&self.waiter, &self.name, opts(Duration::from_secs(30)))
+    }
+
+    /// Waits (bounded) until the channel's subscriber count of the `kinds` (`NUMSUB`,
+    /// `SHARDNUMSUB`) satisfies `count`.
+    async fn until_subscribers(&self, what: &str, kinds: &[&str], count: fn(i64) -> bool) {
+        eventually(what, || {
+            let mut nodes = self.nodes.clone();
+            async move {
+                let mut n = 0;
+                for kind in kinds {
+                    n += numsub_of(&mut nodes, &self.channel, kind).await;
+                }
+                count(n)
+            }
+        })
+        .await;
+    }
+
+    /// Waits (bounded) until neither the server nor the waiting client holds a subscription.
+    async fn until_unsubscribed(&self) {
+        eventually("the subscription is gone", || {
+            let mut nodes = self.nodes.clone();
+            async move {
+                numsub(&mut nodes, &self.channel).await == 0
+                    && self.waiter_backend.waited_names() == 0
+            }
+        })
+        .await;
+    }
+}
+
+/// `locker.lock(name)` in a task of its own.
+fn spawn_lock(
+    locker: &Locker,
+    name: &LockName,
+    options: LockOptions,
+) -> tokio::task::JoinHandle<lockcore::Result<lockcore::LockGuard>> {
+    let (locker, name) = (locker.clone(), name.clone());
+    tokio::spawn(async move { locker.lock(&name, &options).await })
+}
+
+/// Waits (bounded) until the server's queue of `name` has `n` live waiters.
+async fn until_queued(what: &str, backend: &RedisBackend, name: &LockName, n: usize) {
+    eventually(what, || async {
+        backend.queued_waiters(name).await.unwrap() == n
+    })
+    .await;
+}
+
+/// Classic and sharded subscriptions.
+const BOTH: &[&str] = &["NUMSUB", "SHARDNUMSUB"];
+
 /// Waits (bounded) until `cond` holds, checking every few ms: an observable condition on the
 /// server, not a sleep standing in for one.
 async fn eventually<F, Fut>(what: &str, mut cond: F)
@@ -83,31 +206,13 @@ async fn woken_by_release(url: &str) {
     // Safety-net poll of 2 s: it fires 1 to 2 s after the waiter's last attempt, so a hand-over
     // within well under a second of the release can only come from the notification.
     let url = with_query(url, "poll_ms=2000");
-    let holder = Locker::new(RedisBackend::connect(&url).await.unwrap());
-    let waiter_backend = RedisBackend::connect(&url).await.unwrap();
-    let waiter = Locker::new(waiter_backend.clone());
-    let name = LockName::new(unique("{notify}/x")).unwrap();
-    let channel = waiter_backend.lock_key(&name).replace(":lock", ":released");
-    let nodes = raw_nodes(&url).await;
-
-    let g = holder
-        .try_lock(&name, &opts(Duration::from_secs(30)))
-        .await
-        .unwrap()
-        .unwrap();
-    let task = {
-        let (waiter, name) = (waiter.clone(), name.clone());
-        tokio::spawn(async move { waiter.lock(&name, &opts(Duration::from_secs(30))).await })
-    };
-    eventually("the waiter is subscribed", || {
-        let mut nodes = nodes.clone();
-        let channel = channel.clone();
-        async move { numsub(&mut nodes, &channel).await >= 1 }
-    })
-    .await;
+    let (c, held) = Contended::new(&url, "{notify}/x").await;
+    let task = c.spawn_waiter();
+    c.until_subscribers("the waiter is subscribed", BOTH, |n| n >= 1)
+        .await;
     assert!(!task.is_finished());
     let released = Instant::now();
-    g.release().await.unwrap();
+    held.release().await.unwrap();
     let g2 = task.await.unwrap().unwrap();
     let took = released.elapsed();
     assert!(
@@ -116,74 +221,34 @@ async fn woken_by_release(url: &str) {
     );
     g2.release().await.unwrap();
     // The last waiter gone, the subscription goes too.
-    eventually("the subscription is gone", || {
-        let mut nodes = nodes.clone();
-        let channel = channel.clone();
-        let b = waiter_backend.clone();
-        async move { numsub(&mut nodes, &channel).await == 0 && b.waited_names() == 0 }
-    })
-    .await;
+    c.until_unsubscribed().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiter_is_woken_by_release_not_poll() {
-    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
-        return;
-    };
-    woken_by_release(&url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_waiter_is_woken_by_release_not_poll() {
-    let Some(url) = require_env("LOCK_TEST_REDIS_CLUSTER_URL") else {
-        return;
-    };
-    woken_by_release(&url).await;
-}
+on_single_and_cluster!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    waiter_is_woken_by_release_not_poll,
+    cluster_waiter_is_woken_by_release_not_poll,
+    woken_by_release
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_waits_leave_no_subscription() {
     let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
         return;
     };
-    let holder = Locker::new(RedisBackend::connect(&url).await.unwrap());
-    let backend = RedisBackend::connect(&url).await.unwrap();
-    let waiter = Locker::new(backend.clone());
-    let name = LockName::new(unique("cancel")).unwrap();
-    let channel = backend.lock_key(&name).replace(":lock", ":released");
-    let nodes = raw_nodes(&url).await;
-    let g = holder
-        .try_lock(&name, &opts(Duration::from_secs(30)))
-        .await
-        .unwrap()
-        .unwrap();
+    let (c, held) = Contended::new(&url, "cancel").await;
     // Three waiters of one client share one subscription; all are dropped mid-wait.
-    let tasks: Vec<_> = (0..3)
-        .map(|_| {
-            let (waiter, name) = (waiter.clone(), name.clone());
-            tokio::spawn(async move { waiter.lock(&name, &opts(Duration::from_secs(30))).await })
-        })
-        .collect();
-    eventually("the waiters are subscribed", || {
-        let mut nodes = nodes.clone();
-        let channel = channel.clone();
-        async move { numsub(&mut nodes, &channel).await == 1 }
-    })
-    .await;
+    let tasks: Vec<_> = (0..3).map(|_| c.spawn_waiter()).collect();
+    c.until_subscribers("the waiters are subscribed", BOTH, |n| n == 1)
+        .await;
     for t in &tasks {
         t.abort();
     }
     for t in tasks {
         assert!(t.await.unwrap_err().is_cancelled());
     }
-    eventually("the subscription is gone", || {
-        let mut nodes = nodes.clone();
-        let channel = channel.clone();
-        let b = backend.clone();
-        async move { numsub(&mut nodes, &channel).await == 0 && b.waited_names() == 0 }
-    })
-    .await;
-    g.release().await.unwrap();
+    c.until_unsubscribed().await;
+    held.release().await.unwrap();
 }
 
 #[tokio::test]
@@ -211,6 +276,10 @@ async fn bad_urls_are_invalid_config_and_never_show_the_password() {
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
     assert!(!format!("{e} {e:?}").contains(PW));
+    // Issue 37: `{:#}` printed the client's cause twice ("Connection refused: Connection
+    // refused"), the client's error echoing its own source.
+    let chain = format!("{e:#}");
+    assert_eq!(chain.matches("refused").count(), 1, "{chain}");
 
     if let Some(url) = require_env("LOCK_TEST_REDIS_AUTH_URL") {
         // A wrong password is refused, and not echoed either.
@@ -249,21 +318,11 @@ async fn bad_urls_are_invalid_config_and_never_show_the_password() {
     }
 }
 
-#[tokio::test]
-async fn min_replicas_without_replicas_is_unavailable_and_leaves_the_lock_free() {
-    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
-        return;
-    };
-    min_replicas_unavailable(&url).await;
-}
-
-#[tokio::test]
-async fn cluster_min_replicas_without_replicas_is_unavailable() {
-    let Some(url) = require_env("LOCK_TEST_REDIS_CLUSTER_URL") else {
-        return;
-    };
-    min_replicas_unavailable(&url).await;
-}
+on_single_and_cluster!(
+    min_replicas_without_replicas_is_unavailable_and_leaves_the_lock_free,
+    cluster_min_replicas_without_replicas_is_unavailable,
+    min_replicas_unavailable
+);
 
 async fn min_replicas_unavailable(url: &str) {
     let strict = Locker::new(
@@ -271,7 +330,7 @@ async fn min_replicas_unavailable(url: &str) {
             .await
             .unwrap(),
     );
-    let plain = Locker::new(RedisBackend::connect(url).await.unwrap());
+    let plain = client_of(url).await;
     let name = LockName::new(unique("replicas")).unwrap();
     let t0 = Instant::now();
     let e = strict
@@ -358,21 +417,11 @@ async fn hash_tags_are_ours(url: &str) {
     }
 }
 
-#[tokio::test]
-async fn hash_tag_names_are_independent() {
-    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
-        return;
-    };
-    hash_tags_are_ours(&url).await;
-}
-
-#[tokio::test]
-async fn cluster_hash_tag_names_are_independent() {
-    let Some(url) = require_env("LOCK_TEST_REDIS_CLUSTER_URL") else {
-        return;
-    };
-    hash_tags_are_ours(&url).await;
-}
+on_single_and_cluster!(
+    hash_tag_names_are_independent,
+    cluster_hash_tag_names_are_independent,
+    hash_tags_are_ours
+);
 
 #[tokio::test]
 async fn acquire_sets_the_ttl_atomically() {
@@ -502,21 +551,11 @@ async fn acquire_is_idempotent(url: &str) {
     assert!(node::release(&mut conn, &keys, "token-a").await.unwrap());
 }
 
-#[tokio::test]
-async fn acquire_is_idempotent_for_its_token() {
-    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
-        return;
-    };
-    acquire_is_idempotent(&url).await;
-}
-
-#[tokio::test]
-async fn cluster_acquire_is_idempotent_for_its_token() {
-    let Some(url) = require_env("LOCK_TEST_REDIS_CLUSTER_URL") else {
-        return;
-    };
-    acquire_is_idempotent(&url).await;
-}
+on_single_and_cluster!(
+    acquire_is_idempotent_for_its_token,
+    cluster_acquire_is_idempotent_for_its_token,
+    acquire_is_idempotent
+);
 
 async fn bare_cycle_and_server_requests(url: &str) {
     let backend = RedisBackend::connect(url).await.unwrap();
@@ -537,21 +576,11 @@ async fn bare_cycle_and_server_requests(url: &str) {
     g.unwrap().release().await.unwrap();
 }
 
-#[tokio::test]
-async fn bare_cycle_and_server_requests_work() {
-    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
-        return;
-    };
-    bare_cycle_and_server_requests(&url).await;
-}
-
-#[tokio::test]
-async fn cluster_bare_cycle_and_server_requests_work() {
-    let Some(url) = require_env("LOCK_TEST_REDIS_CLUSTER_URL") else {
-        return;
-    };
-    bare_cycle_and_server_requests(&url).await;
-}
+on_single_and_cluster!(
+    bare_cycle_and_server_requests_work,
+    cluster_bare_cycle_and_server_requests_work,
+    bare_cycle_and_server_requests
+);
 
 /// On a cluster, waiters subscribe with sharded pub/sub (`SSUBSCRIBE`) on the lock's slot: no
 /// classic subscription, whose messages the cluster bus would broadcast to every node.
@@ -560,30 +589,17 @@ async fn cluster_waiters_use_sharded_pubsub() {
     let Some(url) = require_env("LOCK_TEST_REDIS_CLUSTER_URL") else {
         return;
     };
-    let holder = Locker::new(RedisBackend::connect(&url).await.unwrap());
-    let waiter_backend = RedisBackend::connect(&url).await.unwrap();
-    let waiter = Locker::new(waiter_backend.clone());
-    let name = LockName::new(unique("sharded")).unwrap();
-    let channel = waiter_backend.channel(&name);
-    let nodes = raw_nodes(&url).await;
-    let g = holder
-        .try_lock(&name, &opts(Duration::from_secs(30)))
-        .await
-        .unwrap()
-        .unwrap();
-    let task = {
-        let (waiter, name) = (waiter.clone(), name.clone());
-        tokio::spawn(async move { waiter.lock(&name, &opts(Duration::from_secs(30))).await })
-    };
-    eventually("the waiter is subscribed (sharded)", || {
-        let mut nodes = nodes.clone();
-        let channel = channel.clone();
-        async move { numsub_of(&mut nodes, &channel, "SHARDNUMSUB").await >= 1 }
-    })
+    let (c, held) = Contended::new(&url, "sharded").await;
+    let task = c.spawn_waiter();
+    c.until_subscribers(
+        "the waiter is subscribed (sharded)",
+        &["SHARDNUMSUB"],
+        |n| n >= 1,
+    )
     .await;
-    let mut n = nodes.clone();
-    assert_eq!(numsub_of(&mut n, &channel, "NUMSUB").await, 0);
-    g.release().await.unwrap();
+    let mut n = c.nodes.clone();
+    assert_eq!(numsub_of(&mut n, &c.channel, "NUMSUB").await, 0);
+    held.release().await.unwrap();
     task.await.unwrap().unwrap().release().await.unwrap();
 }
 
@@ -793,10 +809,7 @@ async fn a_crashed_waiters_entry_expires_on_the_server_clock_then_the_next_waite
         })
     };
     queued_rx.recv().unwrap();
-    eventually("the doomed waiter is queued", || async {
-        backend.queued_waiters(&name).await.unwrap() == 1
-    })
-    .await;
+    until_queued("the doomed waiter is queued", &backend, &name, 1).await;
     let (scores, now) = queue_expiries(&mut raw, &backend, &name).await;
     assert_eq!(scores.len(), 1);
     let left = scores[0] - now;
@@ -809,18 +822,12 @@ async fn a_crashed_waiters_entry_expires_on_the_server_clock_then_the_next_waite
 
     let next_url = with_query(&url, "poll_ms=200");
     let next = Locker::new(RedisBackend::connect(&next_url).await.unwrap());
-    let task = {
-        let (next, name) = (next.clone(), name.clone());
-        tokio::spawn(async move { next.lock(&name, &opts(ttl)).await })
-    };
-    eventually("the next waiter is queued behind it", || async {
-        backend.queued_waiters(&name).await.unwrap() == 2
-    })
-    .await;
+    let task = spawn_lock(&next, &name, opts(ttl));
+    until_queued("the next waiter is queued behind it", &backend, &name, 2).await;
     let released = Instant::now();
     g.release().await.unwrap();
     // The dead head's turn: nobody else, not even a try_lock, takes the free lock.
-    let other = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let other = client_of(&url).await;
     assert!(other.try_lock(&name, &opts(ttl)).await.unwrap().is_none());
     let g2 = tokio::time::timeout(Duration::from_secs(20), task)
         .await
@@ -851,26 +858,14 @@ async fn a_cancelled_head_leaves_the_queue_and_the_next_waiter_is_told() {
     let name = LockName::new(unique("queue-cancel")).unwrap();
     let ttl = Duration::from_secs(30);
     let g = holder.try_lock(&name, &opts(ttl)).await.unwrap().unwrap();
-    let first = Locker::new(RedisBackend::connect(&url).await.unwrap());
-    let head = {
-        let (first, name) = (first.clone(), name.clone());
-        tokio::spawn(async move { first.lock(&name, &opts(ttl)).await })
-    };
-    eventually("the first waiter is queued", || async {
-        backend.queued_waiters(&name).await.unwrap() == 1
-    })
-    .await;
-    let second = Locker::new(RedisBackend::connect(&url).await.unwrap());
-    let next = {
-        let (second, name) = (second.clone(), name.clone());
-        tokio::spawn(async move { second.lock(&name, &opts(ttl)).await })
-    };
-    eventually("the second waiter is queued", || async {
-        backend.queued_waiters(&name).await.unwrap() == 2
-    })
-    .await;
+    let first = client_of(&url).await;
+    let head = spawn_lock(&first, &name, opts(ttl));
+    until_queued("the first waiter is queued", &backend, &name, 1).await;
+    let second = client_of(&url).await;
+    let next = spawn_lock(&second, &name, opts(ttl));
+    until_queued("the second waiter is queued", &backend, &name, 2).await;
     // A third waiter that gives up: it leaves the queue when its wait times out.
-    let third = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let third = client_of(&url).await;
     let short = opts(ttl).wait_timeout(Duration::from_millis(300));
     assert!(third.lock(&name, &short).await.is_err());
     third.flush().await;
@@ -905,7 +900,7 @@ async fn cancelled_min_replicas_attempts_leave_nothing() {
             .await
             .unwrap(),
     );
-    let plain = Locker::new(RedisBackend::connect(&url).await.unwrap());
+    let plain = client_of(&url).await;
     for round in 0..150 {
         let name = LockName::new(unique("replicas-cancel")).unwrap();
         let mode = [LockMode::Exclusive, LockMode::Shared][round % 2];
@@ -948,10 +943,7 @@ async fn without_fencing_the_counter_is_left_alone() {
     let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
         return;
     };
-    let (a, b) = (
-        Locker::new(RedisBackend::connect(&url).await.unwrap()),
-        Locker::new(RedisBackend::connect(&url).await.unwrap()),
-    );
+    let (a, b) = (client_of(&url).await, client_of(&url).await);
     let name = unique("nofence");
     let fenced = opts(Duration::from_secs(10)).require_fencing(true);
     let unfenced = fenced.clone().no_fencing();

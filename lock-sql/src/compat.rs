@@ -4,11 +4,10 @@
 //!
 //! On PostgreSQL the lease, the row lock and [`PgXactLock`](crate::PgXactLock) on one table
 //! exclude each other (`pg::exclusion`); on MariaDB the lease and the row lock do
-//! (`mysql_exclusion`). MariaDB's `interop=get_lock` holder takes the default layout's key
-//! beside the peer's and looks at the leases: it excludes the default layout too. PostgreSQL's
-//! `interop=sqlx` takes the peer's key only, which locksmith's own strategies do not take: the
-//! two are a declared limit there (use one mode for every locksmith client of a name), not a
-//! silent one. A peer takes only its own key: a declared limit beside the default layout.
+//! (`mysql_exclusion`). An `interop=` holder takes the default layout's key beside the peer's
+//! and looks at the leases: it excludes the default layout too. A peer takes only its own key,
+//! which locksmith's default layout does not take: a declared limit (give every locksmith
+//! client of a name shared with the peer the interop mode), not a silent one.
 
 use lockcore::compatibility::ways::{CAMPAIGN, EXCLUSIVE, MULTI, PERMITS, SHARED};
 use lockcore::{Compatibility, Relation, WayKind};
@@ -73,24 +72,15 @@ pub(crate) fn table(dialect: Dialect) -> Compatibility {
         }
     }
     // An interop holder takes the peer's key and then the default layout's, and looks at the
-    // leases as a default-layout row lock does (`mysql_exclusion::interop_acquire`).
-    let separate_keys = match dialect {
-        Dialect::MySql => Relation::Exclude,
-        _ => Relation::Limit(format!(
-            "{mode} takes the peer's key, which locksmith's own strategies do not take: every \
-             locksmith client of a name shared with the peer uses {mode}"
-        )),
-    };
+    // leases as a default-layout row lock does (`mysql_exclusion::interop_acquire`,
+    // `pg::exclusion::interop_takes_name_key`).
     let peer_only = Relation::Limit(format!(
         "{peer} takes only its own key: locksmith clients that share names with it use {mode}"
     ));
     let mut own_ways: Vec<&str> = OWN.to_vec();
     own_ways.extend(&own_strategies);
     for w in &own_ways {
-        t = match &separate_keys {
-            Relation::Exclude => t.cell_tested_by(mode, w, Relation::Exclude, strategies),
-            other => t.cell(mode, w, other.clone()),
-        };
+        t = t.cell_tested_by(mode, w, Relation::Exclude, strategies);
     }
     t = t
         .cells_with(peer, &own_ways, peer_only)
@@ -128,6 +118,12 @@ mod tests {
             Some("limit")
         );
         let pg = table(Dialect::Postgres);
+        assert_eq!(pg.relation(SQLX_MODE, XACT), Some(&Relation::Exclude));
+        assert_eq!(pg.relation(LEASE, SQLX_MODE), Some(&Relation::Exclude));
+        assert_eq!(
+            pg.relation(SQLX_PEER, ROW_LOCK).map(Relation::as_str),
+            Some("limit")
+        );
         assert_eq!(pg.relation(XACT, LEASE), Some(&Relation::Exclude));
         assert_eq!(pg.relation(ROW_LOCK, XACT), Some(&Relation::Exclude));
     }

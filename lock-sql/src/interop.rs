@@ -98,6 +98,9 @@ impl Interop {
                 "interop=sqlx: the session advisory lock on sqlx's PgAdvisoryLock::new(name) key \
                  (HKDF-SHA256 of the name, 8 bytes little-endian, pg_advisory_lock(bigint)): a \
                  sqlx PgAdvisoryLock of the same name and this backend exclude each other",
+                "interop=sqlx: a holder also takes the default layout's key of the name and backs \
+                 off from a live lease of it: default-layout row locks, PgXactLock and leases of \
+                 the same table exclude it, in both orders (sqlx's own lock sees neither)",
                 "interop=sqlx: fair (PostgreSQL queues advisory-lock waiters of both sides in \
                  arrival order) and notified (the server wakes the next waiter); no fencing \
                  tokens (sqlx keeps no counter); the lock lives as long as the holder's session, \

@@ -241,8 +241,11 @@
 //!
 //! **Interop layouts.** Under `interop=sqlx` (PostgreSQL row lock) the key is sqlx's
 //! `PgAdvisoryLock::new(name)` key: it excludes sqlx's lock and other `interop=sqlx` row
-//! locks, and *not* leases, default-layout row locks or `PgXactLock` of the name (another key;
-//! they cannot see each other). Under `interop=get_lock` (MariaDB) the key is `GET_LOCK(name)`:
+//! locks; holding it, the row lock also tries the default layout's key (not waiting for it
+//! while it holds sqlx's: busy, and a waiting `lock()` looks again with a backoff) and backs
+//! off from a live lease as a default-layout row lock does, so it excludes leases,
+//! default-layout row locks and `PgXactLock` of the name too, in both orders (sqlx's own
+//! `PgAdvisoryLock` takes only its key: it does not see the default layout). Under `interop=get_lock` (MariaDB) the key is `GET_LOCK(name)`:
 //! it excludes that peer and other `interop=get_lock` row locks; holding it, the row lock also
 //! takes the default layout's key (`GET_LOCK` on a SHA-1 of database, table and name, the same
 //! wait) and looks at the leases as a default-layout row lock does, so it excludes
@@ -268,6 +271,16 @@
 //! (`<table>_sacq2`, `_sext2`) for this; clients of earlier releases (`_sacq1`, their
 //! statements) do not look at the key. Row-lock clients create `<table>_shares` too (their
 //! check reads it).
+//!
+//! *Cost* (MariaDB): an `IS_USED_LOCK` in each lease attempt; the fenced row lock's upsert
+//! reads the row's lease columns (and the shares table while `shares_until` is ahead); a row
+//! lock without a token takes a second statement (the locking read). Measured on 2026-12-05
+//! with `examples/sql_bench URL 1 0.5` (release builds of the commit before and after, run
+//! interleaved three times each, MariaDB on loopback, a 2-core machine at load 13..17: the
+//! figures are noisy), uncontended `try_lock` + release p50: lease 342/573/345 µs before,
+//! 393/717/395 µs after; row lock with a token 196/203/174 µs before, 275/273/230 µs after;
+//! row lock without a token (`SQL_BENCH_FENCING=off`) 97/97/99 µs before, 255/249/234 µs
+//! after.
 //!
 //! **SQLite**: leases only, as in the PostgreSQL table among leases.
 //!

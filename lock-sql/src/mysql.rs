@@ -98,13 +98,15 @@ async fn add_columns(conns: &MyConns, table: &str, first: &str, columns: &str) -
 struct Sql {
     row_acquire: String,
     /// `GET_LOCK` alone, 1 when taken: for a holder that wants no token (and under
-    /// `interop=get_lock`, which hands none out): nothing written, no commit.
+    /// `interop=get_lock`, which hands none out: the peer's key, then the default layout's):
+    /// nothing written, no commit.
     row_acquire_unfenced: String,
-    /// After an unfenced `GET_LOCK` (default layout): a live lease gives the key back.
+    /// After `row_acquire_unfenced` took its keys: a live lease gives them back.
     row_lock_check: String,
     /// Whether a row lock holds the name's key (after an exclusive lease attempt created the
     /// row, see `crate::mysql_exclusion`).
     key_used: String,
+    /// Gives back the keys a row lock holds (each parameter the name).
     row_unlock: String,
     holder: String,
     lease_acquire: String,

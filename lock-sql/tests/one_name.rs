@@ -410,15 +410,14 @@ async fn pg_xact_lock_and_leases_exclude_each_other() {
     }
 }
 
-/// MariaDB: a row lock under `interop=get_lock` (the peers' `GET_LOCK(name)`) and the default
-/// layout's leases (every mode) and row locks (with a token or without) of one name exclude
-/// each other, in both orders. Regression: the interop holder took only the peer's key, which
-/// the default layout neither takes nor looks at (two holders of one name).
-#[tokio::test]
-async fn mysql_interop_get_lock_and_the_default_layout_exclude_each_other() {
-    let Some(interop_url) = my_url("strategy=row-lock&interop=get_lock") else {
-        return;
-    };
+/// An `interop=` row lock (`interop_url`) against the default layout's leases (every mode) and
+/// row locks (exclusive, with a token or without; shared where `row_readers`) on the server of
+/// `url`, in both orders.
+async fn interop_and_the_default_layout_exclude(
+    url: fn(&str) -> Option<String>,
+    interop_url: &str,
+    row_readers: bool,
+) {
     let x = opts();
     let r = opts().shared();
     let p = opts().permits(2);
@@ -428,12 +427,93 @@ async fn mysql_interop_get_lock_and_the_default_layout_exclude_each_other() {
         ("lease r, interop", &r, &x, false),
         ("lease p, interop", &p, &x, false),
     ];
-    let row_locks: [Case<'_>; 2] = [
+    let mut row_locks: Vec<Case<'_>> = vec![
         ("row x, interop", &x, &x, false),
         ("row x without a token, interop", &bare, &x, false),
+        ("row x, interop without a token", &x, &bare, false),
     ];
-    let lease_url = my_url("strategy=lease").unwrap();
-    lease_and_row_lock_exclude(&lease_url, &interop_url, &leases).await;
-    let row_url = my_url("strategy=row-lock").unwrap();
-    lease_and_row_lock_exclude(&row_url, &interop_url, &row_locks).await;
+    if row_readers {
+        row_locks.push(("row r, interop", &r, &x, false));
+    }
+    lease_and_row_lock_exclude(&url("strategy=lease").unwrap(), interop_url, &leases).await;
+    lease_and_row_lock_exclude(&url("strategy=row-lock").unwrap(), interop_url, &row_locks).await;
+}
+
+/// MariaDB: a row lock under `interop=get_lock` (the peers' `GET_LOCK(name)`) and the default
+/// layout's leases (every mode) and row locks (with a token or without) of one name exclude
+/// each other, in both orders. Regression: the interop holder took only the peer's key, which
+/// the default layout neither takes nor looks at (two holders of one name).
+#[tokio::test]
+async fn mysql_interop_get_lock_and_the_default_layout_exclude_each_other() {
+    if let Some(interop_url) = my_url("strategy=row-lock&interop=get_lock") {
+        interop_and_the_default_layout_exclude(my_url, &interop_url, false).await;
+    }
+}
+
+/// PostgreSQL: a row lock under `interop=sqlx` (sqlx's `PgAdvisoryLock` key) and the default
+/// layout's leases (every mode), row locks (exclusive, shared, without a token) and
+/// `PgXactLock` of one name exclude each other, in both orders. Regression: the interop holder
+/// took only sqlx's key, which the default layout neither takes nor looks at (two holders).
+#[tokio::test]
+async fn pg_interop_sqlx_and_the_default_layout_exclude_each_other() {
+    use sqlx::Connection;
+    let Some(interop_url) = pg_url("strategy=row-lock&interop=sqlx") else {
+        return;
+    };
+    interop_and_the_default_layout_exclude(pg_url, &interop_url, true).await;
+    let x = opts();
+    // PgXactLock on the default table, both orders.
+    let interop = locker(&interop_url).await;
+    let xact = lock_sql::PgXactLock::new(lock_sql::DEFAULT_TABLE).unwrap();
+    let plain = conformance::require_env("LOCK_TEST_POSTGRES_URL").unwrap();
+    let mut conn = sqlx::PgConnection::connect(&plain).await.unwrap();
+    let name = unique("xact-interop");
+    let held = interop.try_lock(name.as_str(), &x).await.unwrap();
+    let held = held.expect("a free name");
+    let mut tx = conn.begin().await.unwrap();
+    assert_eq!(
+        xact.try_lock(&mut tx, name.as_str()).await.unwrap(),
+        None,
+        "a transaction lock beside an interop holder"
+    );
+    tx.rollback().await.unwrap();
+    held.release().await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    let token = xact.try_lock(&mut tx, name.as_str()).await.unwrap();
+    assert!(token.is_some(), "free once the interop holder released");
+    busy(&interop, &name, &x, "interop beside a transaction lock").await;
+    tx.commit().await.unwrap();
+    let after = interop.try_lock(name.as_str(), &x).await.unwrap();
+    assert!(after.is_some(), "free once the transaction ended");
+    after.unwrap().release().await.unwrap();
+}
+
+/// An interop holder and default-layout holders (a lease, a row lock) of one name never hold at
+/// once while they wait for it in turns, on PostgreSQL (`interop=sqlx`) and MariaDB
+/// (`interop=get_lock`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interop_and_default_layout_waiters_take_turns() {
+    let pairs = [
+        (
+            pg_url("strategy=row-lock&interop=sqlx"),
+            pg_url("strategy=lease"),
+        ),
+        (
+            pg_url("strategy=row-lock&interop=sqlx"),
+            pg_url("strategy=row-lock"),
+        ),
+        (
+            my_url("strategy=row-lock&interop=get_lock"),
+            my_url("strategy=lease"),
+        ),
+        (
+            my_url("strategy=row-lock&interop=get_lock"),
+            my_url("strategy=row-lock"),
+        ),
+    ];
+    for (interop, default) in pairs {
+        if let (Some(interop), Some(default)) = (interop, default) {
+            lease_and_row_lock_take_turns(default, interop).await;
+        }
+    }
 }

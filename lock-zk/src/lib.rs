@@ -28,8 +28,16 @@
 //! client of the ensemble can delete a holder's node and take the lock. Use `digest` wherever
 //! the ensemble is shared.
 //!
-//! TLS: the `zookeeper-client` crate supports TLS (its `tls` feature), but this backend does not
-//! wire it yet: `zk://` connections are plain TCP.
+//! TLS: not wired yet; `zk://` connections are plain TCP. The `zookeeper-client` crate (0.11.2)
+//! has TLS behind its `tls` feature, which depends on rustls and futures-rustls with their
+//! default features: those compile the aws-lc-rs provider (the aws-lc-sys C library) beside
+//! the ring provider every other backend here uses, and a dependent cannot turn a dependency's
+//! default features off. With both providers compiled in, rustls has no default provider, and
+//! `rustls::ClientConfig::builder()`, which zookeeper-client's TLS connect calls, panics unless
+//! the application installs one (checked with zookeeper-client 0.11.2, rustls 0.23.48). Wiring
+//! TLS needs a zookeeper-client whose rustls dependencies leave the provider to its user (a
+//! patched copy, as `vendor/etcd-client` is for etcd), or this crate installing ring as the
+//! process's default provider, a global choice a library should not make for its application.
 //!
 //! # The recipe
 //!

@@ -57,6 +57,25 @@
 //! backends' own tests check the cells of their settings and peers. Multi-locks and the
 //! blocking API take the modes of their options as single locks do (a set of readers, a set
 //! of permits): no mode is meaningless there, so none is refused.
+//!
+//! # Where things live
+//!
+//! Each file holds one concern, and no files import each other, directly or around a circle:
+//! the client is built on the backend contract, never the other way.
+//!
+//! * The contract's vocabulary: `name` ([`LockName`]), `mode` ([`LockMode`]), `options`
+//!   ([`LockOptions`]), `capabilities` ([`Capabilities`]), [`compatibility`] (the table),
+//!   `error` ([`Error`], [`ErrorKind`]), [`inspect`] ([`LockInfo`], [`Holder`]), `lost`
+//!   ([`LostSignal`] and the notifier backends fire), [`secret`], `compact_time` (8-byte
+//!   instants for a lease's state).
+//! * What backends implement and use: [`backend`] (the traits, the request, cancellation
+//!   clean-up, detached attempts, polling), [`config`] (URL and file configuration),
+//!   [`registry`] (one registration a backend), `waiting` (which calls wait).
+//! * The client over them: `locker` ([`Locker`], [`LockGuard`], the lease state and the one
+//!   watchdog per client), [`telemetry`], and the primitives built on its locks: `multi`
+//!   ([`MultiGuard`]) and `election` ([`Locker::campaign`]).
+//! * [`memory`]: the in-process reference backend.
+
 #![deny(missing_docs)]
 
 /// Asserts that a type takes at most `bytes`, naming its size when it does not: the memory

@@ -155,12 +155,7 @@ impl Locker {
         }
         let mut guards = Vec::with_capacity(names.len());
         for name in &names {
-            let opts = match deadline {
-                None => options.clone(),
-                Some(d) => options
-                    .clone()
-                    .wait_timeout(d.saturating_duration_since(Instant::now())),
-            };
+            let opts = waiting_until(options, deadline);
             match self.lock(name.clone(), &opts).await {
                 Ok(g) => guards.push(g),
                 Err(e) => {
@@ -176,6 +171,26 @@ impl Locker {
     /// taken meanwhile released) as soon as one is held by someone else. On a backend
     /// declaring [`Capabilities::atomic_multi`](crate::Capabilities::atomic_multi), an
     /// exclusive set is one request that takes every lock or none.
+    ///
+    /// Bind the guard for as long as the locks are needed (`let _ = ...` releases them at
+    /// once). A result left unused is refused where `unused_must_use` is denied:
+    ///
+    /// ```compile_fail
+    /// #![deny(unused_must_use)]
+    /// # async fn f(locker: lockcore::Locker) {
+    /// locker.try_lock_all(["a", "b"], &lockcore::LockOptions::new()).await;
+    /// # }
+    /// ```
+    ///
+    /// ```
+    /// #![deny(unused_must_use)]
+    /// # async fn f(locker: lockcore::Locker) -> lockcore::Result<()> {
+    /// let Some(_both) = locker.try_lock_all(["a", "b"], &lockcore::LockOptions::new()).await? else {
+    ///     return Ok(()); // one of them is held by someone else
+    /// };
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// Cancel safety: as [`Locker::lock_all`].
     ///
@@ -294,12 +309,7 @@ impl Locker {
                 .position(|n| n == busy)
                 .expect("a member of the set");
             release_all(held.take().into_iter().map(|(_, g)| g).collect()).await;
-            let opts = match deadline {
-                None => options.clone(),
-                Some(d) => options
-                    .clone()
-                    .wait_timeout(d.saturating_duration_since(Instant::now())),
-            };
+            let opts = waiting_until(options, deadline);
             match self.lock(busy.clone(), &opts).await {
                 Ok(g) => held = Some((at, g)),
                 Err(e) => return Err(set_timeout(e, names, busy, options)),
@@ -319,6 +329,16 @@ fn set_timeout(e: Error, names: &[LockName], busy: &LockName, options: &LockOpti
         ))
     } else {
         e
+    }
+}
+
+/// `options` waiting only for what is left until the set's `deadline` (as they are without one).
+fn waiting_until(options: &LockOptions, deadline: Option<Instant>) -> LockOptions {
+    match deadline {
+        None => options.clone(),
+        Some(d) => options
+            .clone()
+            .wait_timeout(d.saturating_duration_since(Instant::now())),
     }
 }
 

@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod admin_cmd;
 mod bench;
+mod bench_table;
 mod duration;
 mod group;
 mod harness;

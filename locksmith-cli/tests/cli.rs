@@ -10,6 +10,14 @@ fn locksmith(args: &[&str]) -> Output {
         .expect("the locksmith binary runs")
 }
 
+/// `locksmith run --url URL --wait 0 NAME -- COMMAND...`: one attempt, the command run only if
+/// the lock was free.
+fn run_at_once(url: &str, name: &str, command: &[&str]) -> Output {
+    let mut args = vec!["run", "--url", url, "--wait", "0", name, "--"];
+    args.extend_from_slice(command);
+    locksmith(&args)
+}
+
 /// A SQLite lock URL in a fresh file (`run` refuses memory://, whose locks live in one
 /// process).
 fn sqlite_url(test: &str) -> String {
@@ -25,18 +33,15 @@ fn code(out: &Output) -> i32 {
 #[test]
 fn run_passes_the_command_exit_code_and_environment() {
     let url = sqlite_url("env");
-    let out = locksmith(&[
-        "run",
-        "--url",
+    let out = run_at_once(
         &url,
-        "--wait",
-        "0",
         "job",
-        "--",
-        "sh",
-        "-c",
-        "echo \"$LOCKSMITH_LOCK_NAME $LOCKSMITH_FENCING_TOKEN\"; exit 3",
-    ]);
+        &[
+            "sh",
+            "-c",
+            "echo \"$LOCKSMITH_LOCK_NAME $LOCKSMITH_FENCING_TOKEN\"; exit 3",
+        ],
+    );
     assert_eq!(code(&out), 3, "{out:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let mut words = stdout.split_whitespace();
@@ -64,7 +69,7 @@ fn run_reports_setup_errors_with_distinct_codes() {
 
 #[test]
 fn report_writes_three_files_without_bench() {
-    let dir = std::env::temp_dir().join(format!("locksmith-cli-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("locksmith-cli-report-{}", std::process::id()));
     let out = locksmith(&[
         "report",
         "--no-bench",
@@ -111,7 +116,7 @@ fn report_writes_three_files_without_bench() {
 /// finds it busy (75) and never runs its command.
 #[test]
 fn two_processes_exclude_each_other_through_sqlite() {
-    let dir = std::env::temp_dir().join(format!("locksmith-cli-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("locksmith-cli-exclude-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let url = format!("sqlite://{}/locks.db", dir.display());
     let (go, ran) = (dir.join("go"), dir.join("second-ran"));
@@ -144,17 +149,7 @@ fn two_processes_exclude_each_other_through_sqlite() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let second = locksmith(&[
-        "run",
-        "--url",
-        &url,
-        "--wait",
-        "0",
-        "nightly",
-        "--",
-        "touch",
-        ran.to_str().unwrap(),
-    ]);
+    let second = run_at_once(&url, "nightly", &["touch", ran.to_str().unwrap()]);
     assert_eq!(code(&second), 75, "{second:?}");
     assert!(
         !ran.exists(),
@@ -163,17 +158,7 @@ fn two_processes_exclude_each_other_through_sqlite() {
     std::fs::write(&go, "").unwrap();
     assert!(first.wait().unwrap().success());
     // Released: the next process gets the lock at once.
-    let third = locksmith(&[
-        "run",
-        "--url",
-        &url,
-        "--wait",
-        "0",
-        "nightly",
-        "--",
-        "touch",
-        ran.to_str().unwrap(),
-    ]);
+    let third = run_at_once(&url, "nightly", &["touch", ran.to_str().unwrap()]);
     assert_eq!(code(&third), 0, "{third:?}");
     assert!(ran.exists());
     let _ = std::fs::remove_dir_all(&dir);

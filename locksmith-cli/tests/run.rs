@@ -3,7 +3,7 @@
 //! serves where no server is needed; the overlap test also runs on the shared Redis and
 //! PostgreSQL servers (`LOCK_TEST_REDIS_URL`, `LOCK_TEST_POSTGRES_URL`).
 
-use std::process::Command;
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,6 +24,19 @@ fn holder_script(dir: &TempDir) -> String {
         held = dir.path("held").display(),
         stop = dir.path("stop").display(),
     )
+}
+
+/// `locksmith run job -- sh -c HOLDER_SCRIPT` on the directory's SQLite file, once its command
+/// holds the lock (`held` written); the command runs until the test creates `stop`.
+fn hold_job(dir: &TempDir) -> Child {
+    let child = run_cmd(
+        &dir.sqlite(),
+        &["job", "--", "sh", "-c", &holder_script(dir)],
+    )
+    .spawn()
+    .unwrap();
+    wait_file(&dir.path("held"), bound(30.0));
+    child
 }
 
 /// `kill -9` of locksmith while its command runs: the guard kills the command and what it
@@ -364,13 +377,7 @@ fn four_workers_with_kill_9_never_overlap_on_postgres_row_lock() {
 #[test]
 fn waits_until_acquired_by_default() {
     let dir = TempDir::new("wait");
-    let first = run_cmd(
-        &dir.sqlite(),
-        &["job", "--", "sh", "-c", &holder_script(&dir)],
-    )
-    .spawn()
-    .unwrap();
-    wait_file(&dir.path("held"), bound(30.0));
+    let first = hold_job(&dir);
     let second = run_cmd(
         &dir.sqlite(),
         &[
@@ -399,13 +406,7 @@ fn waits_until_acquired_by_default() {
 #[test]
 fn busy_exit_code_and_quiet_mode() {
     let dir = TempDir::new("busy");
-    let first = run_cmd(
-        &dir.sqlite(),
-        &["job", "--", "sh", "-c", &holder_script(&dir)],
-    )
-    .spawn()
-    .unwrap();
-    wait_file(&dir.path("held"), bound(30.0));
+    let first = hold_job(&dir);
     let ran = dir.path("ran");
     let touch = ["touch", ran.to_str().unwrap()];
     let run = |extra: &[&str]| {

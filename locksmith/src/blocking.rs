@@ -189,6 +189,26 @@ impl Locker {
     /// One attempt to take the lock, as [`crate::Locker::try_lock`]: `Ok(None)` if someone else
     /// holds it.
     ///
+    /// Bind the guard for as long as the lock is needed (`let _ = ...` releases it at once). A
+    /// result left unused is refused where `unused_must_use` is denied:
+    ///
+    /// ```compile_fail
+    /// #![deny(unused_must_use)]
+    /// # fn f(locker: locksmith::blocking::Locker) {
+    /// locker.try_lock("job", &locksmith::LockOptions::new());
+    /// # }
+    /// ```
+    ///
+    /// ```
+    /// #![deny(unused_must_use)]
+    /// # fn f(locker: locksmith::blocking::Locker) -> locksmith::Result<()> {
+    /// let Some(_guard) = locker.try_lock("job", &locksmith::LockOptions::new())? else {
+    ///     return Ok(()); // held by someone else
+    /// };
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Errors
     /// As [`crate::Locker::try_lock`].
     ///
@@ -268,6 +288,25 @@ impl Locker {
 
     /// One attempt at every lock of `names`, as [`crate::Locker::try_lock_all`]: `Ok(None)`
     /// (nothing held) when one of them is held by someone else.
+    ///
+    /// A result left unused is refused where `unused_must_use` is denied:
+    ///
+    /// ```compile_fail
+    /// #![deny(unused_must_use)]
+    /// # fn f(locker: locksmith::blocking::Locker) {
+    /// locker.try_lock_all(["a", "b"], &locksmith::LockOptions::new());
+    /// # }
+    /// ```
+    ///
+    /// ```
+    /// #![deny(unused_must_use)]
+    /// # fn f(locker: locksmith::blocking::Locker) -> locksmith::Result<()> {
+    /// let Some(_both) = locker.try_lock_all(["a", "b"], &locksmith::LockOptions::new())? else {
+    ///     return Ok(()); // one of them is held by someone else
+    /// };
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Errors
     /// As [`crate::Locker::try_lock_all`].

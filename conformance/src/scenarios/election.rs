@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use futures::StreamExt;
 use lockcore::{CampaignOptions, Instant};
 
-use super::context::{Ctx, Outcome};
+use super::context::{Ctx, Failure, Outcome};
 use super::support::{check, ok_or};
 
 /// Three candidates campaign in turns for 4 rounds each: never two leaders at once, each term
@@ -87,21 +88,26 @@ pub(super) async fn one_leader_at_a_time(ctx: &Ctx) -> Outcome {
             "terms did not increase from one leader to the next: {terms:?}"
         );
     }
-    // A watch sees the leadership change hands.
-    let mut watch = ok_or(
+    // A watch sees the leadership change hands, through its `Stream` (issue 37: the stream
+    // observes changes on every backend, not only the in-memory one).
+    let watch = ok_or(
         observer.watch_leader(&name, Duration::from_millis(20)),
         "watch_leader",
     )?;
+    let mut changes = std::pin::pin!(watch.into_stream());
     let [a, b] = ctx.clients().await?;
-    let la = ok_or(a.campaign(&name, "first", &opts).await, "a campaign")?;
     let bound = ctx.bound(Duration::from_secs(5));
-    let seen = ok_or(
-        ok_or(
-            tokio::time::timeout(bound, watch.changed()).await,
-            "the watch",
-        )?,
-        "reading the leader",
+    // The first item is the state when the stream starts: no leader yet.
+    let first = ok_or(
+        tokio::time::timeout(bound, changes.next()).await,
+        "the watch's first item",
     )?;
+    check!(
+        matches!(first, Some(Ok(None))),
+        "the watch's first item was {first:?}, not \"no leader\""
+    );
+    let la = ok_or(a.campaign(&name, "first", &opts).await, "a campaign")?;
+    let seen = next_leader(&mut changes, bound).await?;
     check!(
         seen.as_ref().and_then(|l| l.value.as_deref()) == Some("first"),
         "the watch showed {seen:?}, not the elected \"first\""
@@ -111,18 +117,26 @@ pub(super) async fn one_leader_at_a_time(ctx: &Ctx) -> Outcome {
     let give_up = Instant::now() + bound;
     loop {
         let left = give_up.saturating_duration_since(Instant::now());
-        let seen = ok_or(
-            ok_or(
-                tokio::time::timeout(left, watch.changed()).await,
-                "the watch never showed the second leader",
-            )?,
-            "reading the leader",
-        )?;
+        let seen = next_leader(&mut changes, left).await?;
         if seen.as_ref().and_then(|l| l.value.as_deref()) == Some("second") {
             break;
         }
     }
     ok_or(lb.resign().await, "resign")
+}
+
+/// The next item of a leader watch's stream within `within`: a failure when none comes, the
+/// stream ends, or its item is an error.
+async fn next_leader(
+    changes: &mut (impl futures::Stream<Item = lockcore::Result<Option<lockcore::Leader>>> + Unpin),
+    within: Duration,
+) -> Result<Option<lockcore::Leader>, Failure> {
+    let item = ok_or(
+        tokio::time::timeout(within, changes.next()).await,
+        "the watch never showed the change",
+    )?;
+    let item = item.ok_or("the watch's stream ended")?;
+    ok_or(item, "reading the leader")
 }
 
 /// A leader whose renewals stop (a paused process) is deposed when its lease runs out: its

@@ -53,10 +53,31 @@ end
 pub(crate) use default_layout_check_lua;
 
 /// The default layout's shares key of a name whose default lock key is `mirror`
-/// (`<namespace>:{<name>}:lock`), as [`ShareKeys`](crate::shares::ShareKeys) names it.
+/// (`<namespace>:{<name>}:lock`), as [`ShareKeys`](crate::keys::ShareKeys) names it.
 pub(crate) fn default_shares_key(mirror: &str) -> String {
     let base = mirror.strip_suffix(":lock").unwrap_or(mirror);
     format!("{base}:shares")
+}
+
+/// Runs a mode's acquire script on the keys its [`default_layout_check_lua`] reads: the
+/// peer's record, the default layout's lock key beside it (`keys.holder`), and the default
+/// layout's shares.
+async fn run_acquire<T: redis::FromRedisValue>(
+    conn: &mut Conn,
+    script: &LuaScript,
+    keys: &Keys,
+    args: &[&str],
+    what: &str,
+) -> Result<T> {
+    let shares = default_shares_key(&keys.holder);
+    run(
+        conn,
+        script,
+        &[&keys.lock, &keys.holder, &shares],
+        args,
+        what,
+    )
+    .await
 }
 
 /// The default layout's release channel of a name whose default lock key is `mirror`
@@ -71,7 +92,9 @@ use std::time::Duration;
 use lockcore::{Capabilities, LockName, OwnerToken, Result, WaitKind};
 
 use crate::conn::Conn;
-use crate::node::{Keys, NodeAttempt};
+use crate::grant::NodeAttempt;
+use crate::keys::Keys;
+use crate::script::{LuaScript, run};
 
 /// The lock client whose on-server layout and protocol a backend follows (`interop=` in the URL,
 /// `interop` in a config file). Without it, locksmith keeps its own layout
@@ -166,7 +189,7 @@ impl Interop {
     }
 
     /// Whether renewals of this mode may go through the batched compare-and-`PEXPIRE` of a
-    /// string key ([`crate::node::extend_many`]): no mode's may, since each renewal checks the
+    /// string key ([`crate::exclusive::extend_many`]): no mode's may, since each renewal checks the
     /// default layout's lock key too (see [`default_layout_check_lua`]).
     pub(crate) fn batched_renewals(self) -> bool {
         false

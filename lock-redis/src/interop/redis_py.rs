@@ -19,21 +19,21 @@
 //! The token is the owner token's 32 hex digits: redis-py's own are `uuid1().hex`, the same
 //! shape, and it compares them as opaque bytes.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use lockcore::{LockName, Result};
-use redis::Script;
 
-use super::{default_layout_check_lua, default_shares_key};
+use super::{default_layout_check_lua, run_acquire};
 use crate::conn::Conn;
-use crate::error::map_err;
-use crate::node::{Keys, NodeAttempt, RELEASED, ttl_ms};
+use crate::grant::NodeAttempt;
+use crate::keys::Keys;
+use crate::script::{LuaScript, run_flag, ttl_ms};
+use crate::subs::RELEASED;
 
 /// The default layout's check ([`default_layout_check_lua`]), then redis-py's `SET NX PX` as
 /// one idempotent test: KEYS peer key, default lock key, default shares; ARGV owner, TTL ms.
 /// Returns `{1, 0}` or `{0, the holder's PTTL}`.
-const ACQUIRE_LUA: &str = concat!(
+static ACQUIRE: LuaScript = LuaScript::new(concat!(
     default_layout_check_lua!("ARGV[1]", "{0, held_for}"),
     r"
 local holder = redis.call('GET', KEYS[1])
@@ -42,56 +42,45 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 return {1, 0}
 "
-);
+));
 
 /// redis-py's `LUA_REACQUIRE_SCRIPT`, and the default layout's lock key with it; refused when
 /// either is no longer this owner's (an operator freed the default one: the name may be
 /// someone else's there).
-const EXTEND_LUA: &str = r"
+static EXTEND: LuaScript = LuaScript::new(
+    r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] or redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return 0
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return 1
-";
+",
+);
 
 /// redis-py's `LUA_RELEASE_SCRIPT`, the default layout's key with it, and a message on
 /// locksmith's channel `KEYS[3]` so that locksmith's waiters wake at once.
-const RELEASE_LUA: &str = r"
+static RELEASE: LuaScript = LuaScript::new(
+    r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
 redis.call('PUBLISH', KEYS[3], ARGV[2])
 return 1
-";
+",
+);
 
 /// Deletes the peer's record (and the default layout's key when this mode wrote it).
-const REVOKE_LUA: &str = r"
+static REVOKE: LuaScript = LuaScript::new(
+    r"
 local was = redis.call('GET', KEYS[1])
 if not was then return 0 end
 redis.call('DEL', KEYS[1])
 if redis.call('GET', KEYS[2]) == was then redis.call('DEL', KEYS[2]) end
 redis.call('PUBLISH', KEYS[3], ARGV[1])
 return 1
-";
-
-struct Scripts {
-    acquire: Script,
-    extend: Script,
-    release: Script,
-    revoke: Script,
-}
-
-fn scripts() -> &'static Scripts {
-    static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
-    SCRIPTS.get_or_init(|| Scripts {
-        acquire: Script::new(ACQUIRE_LUA),
-        extend: Script::new(EXTEND_LUA),
-        release: Script::new(RELEASE_LUA),
-        revoke: Script::new(REVOKE_LUA),
-    })
-}
+",
+);
 
 /// The key is the exact name; the channel is locksmith's own (`<namespace>:{<name>}:released`,
 /// as in the default mode), for wake-ups among locksmith clients only; `holder` is the default
@@ -112,16 +101,9 @@ pub(crate) async fn acquire(
     token: &str,
     ttl: Duration,
 ) -> Result<NodeAttempt> {
-    let (won, pttl): (i64, i64) = scripts()
-        .acquire
-        .key(&keys.lock)
-        .key(&keys.holder)
-        .key(default_shares_key(&keys.holder))
-        .arg(token)
-        .arg(ttl_ms(ttl))
-        .invoke_async(conn)
-        .await
-        .map_err(|e| map_err("redis-py acquire script failed", e))?;
+    let args = [token, &ttl_ms(ttl).to_string()];
+    let what = "redis-py acquire script failed";
+    let (won, pttl): (i64, i64) = run_acquire(conn, &ACQUIRE, keys, &args, what).await?;
     if won == 1 {
         return Ok(NodeAttempt::Won { fence: None });
     }
@@ -140,43 +122,28 @@ pub(crate) async fn extend(
     token: &str,
     ttl: Duration,
 ) -> Result<bool> {
-    let n: i64 = scripts()
-        .extend
-        .key(&keys.lock)
-        .key(&keys.holder)
-        .arg(token)
-        .arg(ttl_ms(ttl))
-        .invoke_async(conn)
-        .await
-        .map_err(|e| map_err("redis-py extend script failed", e))?;
-    Ok(n == 1)
+    let key_list = [keys.lock.as_str(), &keys.holder];
+    let args = [token, &ttl_ms(ttl).to_string()];
+    run_flag(
+        conn,
+        &EXTEND,
+        &key_list,
+        &args,
+        "redis-py extend script failed",
+    )
+    .await
 }
 
 pub(crate) async fn release(conn: &mut Conn, keys: &Keys, token: &str) -> Result<bool> {
-    let n: i64 = scripts()
-        .release
-        .key(&keys.lock)
-        .key(&keys.holder)
-        .key(&keys.channel)
-        .arg(token)
-        .arg(RELEASED)
-        .invoke_async(conn)
-        .await
-        .map_err(|e| map_err("redis-py release script failed", e))?;
-    Ok(n == 1)
+    let key_list = [keys.lock.as_str(), &keys.holder, &keys.channel];
+    let what = "redis-py release script failed";
+    run_flag(conn, &RELEASE, &key_list, &[token, RELEASED], what).await
 }
 
 pub(crate) async fn revoke(conn: &mut Conn, keys: &Keys) -> Result<bool> {
-    let n: i64 = scripts()
-        .revoke
-        .key(&keys.lock)
-        .key(&keys.holder)
-        .key(&keys.channel)
-        .arg(RELEASED)
-        .invoke_async(conn)
-        .await
-        .map_err(|e| map_err("redis-py revoke script failed", e))?;
-    Ok(n == 1)
+    let key_list = [keys.lock.as_str(), &keys.holder, &keys.channel];
+    let what = "redis-py revoke script failed";
+    run_flag(conn, &REVOKE, &key_list, &[RELEASED], what).await
 }
 
 #[cfg(test)]

@@ -25,16 +25,16 @@
 //! latch key (`redisson_unlock_latch:...`, its own retry bookkeeping) is not written: no peer
 //! reads another client's latch.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use lockcore::{LockName, OwnerToken, Result};
-use redis::Script;
 
-use super::{default_channel, default_layout_check_lua, default_shares_key};
+use super::{default_channel, default_layout_check_lua, run_acquire};
 use crate::conn::Conn;
-use crate::error::map_err;
-use crate::node::{Keys, NodeAttempt, RELEASED, ttl_ms};
+use crate::grant::NodeAttempt;
+use crate::keys::Keys;
+use crate::script::{LuaScript, run_flag, ttl_ms};
+use crate::subs::RELEASED;
 
 /// Redisson's `LockPubSub.UNLOCK_MESSAGE` as it goes over the wire (a `LongCodec` 0).
 pub(crate) const UNLOCK_MESSAGE: &str = "0";
@@ -44,7 +44,7 @@ pub(crate) const UNLOCK_MESSAGE: &str = "0";
 /// 1, a holder that already has its field only gets its TTL back; the default layout's lock key
 /// `KEYS[2]` is written with the field and TTL beside it. KEYS hash, default lock key, default
 /// shares; ARGV TTL ms, field. Returns -3 (won; a PTTL is never below -2) or the holder's PTTL.
-const ACQUIRE_LUA: &str = concat!(
+static ACQUIRE: LuaScript = LuaScript::new(concat!(
     default_layout_check_lua!("ARGV[2]", "held_for"),
     r"
 if redis.call('exists', KEYS[1]) == 0 then
@@ -60,23 +60,26 @@ if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
 end
 return redis.call('pttl', KEYS[1])
 "
-);
+));
 
 /// `LockTask`'s renewal of one lock, and the default layout's key with it (refused when that
 /// is no longer this owner's: an operator freed it).
-const EXTEND_LUA: &str = r"
+static EXTEND: LuaScript = LuaScript::new(
+    r"
 if redis.call('hexists', KEYS[1], ARGV[2]) == 1 and redis.call('get', KEYS[2]) == ARGV[2] then
   redis.call('pexpire', KEYS[1], ARGV[1])
   redis.call('pexpire', KEYS[2], ARGV[1])
   return 1
 end
 return 0
-";
+",
+);
 
 /// `unlockInnerAsync` for a count of 1 (this side never counts higher): delete and publish
 /// Redisson's unlock message; the default layout's key `KEYS[3]` goes too, and locksmith's
 /// default-layout waiters hear of it on `KEYS[4]`.
-const RELEASE_LUA: &str = r"
+static RELEASE: LuaScript = LuaScript::new(
+    r"
 if redis.call('hexists', KEYS[1], ARGV[2]) == 0 then
   return 0
 end
@@ -87,10 +90,12 @@ if redis.call('get', KEYS[3]) == ARGV[2] then
   redis.call('publish', KEYS[4], ARGV[3])
 end
 return 1
-";
+",
+);
 
 /// `forceUnlockAsync` (and the default layout's key, when one of the hash's fields wrote it).
-const REVOKE_LUA: &str = r"
+static REVOKE: LuaScript = LuaScript::new(
+    r"
 local m = redis.call('get', KEYS[3])
 if m and redis.call('hexists', KEYS[1], m) == 1 then
   redis.call('del', KEYS[3])
@@ -101,24 +106,8 @@ if redis.call('del', KEYS[1]) == 1 then
   return 1
 end
 return 0
-";
-
-struct Scripts {
-    acquire: Script,
-    extend: Script,
-    release: Script,
-    revoke: Script,
-}
-
-fn scripts() -> &'static Scripts {
-    static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
-    SCRIPTS.get_or_init(|| Scripts {
-        acquire: Script::new(ACQUIRE_LUA),
-        extend: Script::new(EXTEND_LUA),
-        release: Script::new(RELEASE_LUA),
-        revoke: Script::new(REVOKE_LUA),
-    })
-}
+",
+);
 
 /// `RedissonObject.prefixName("redisson_lock__channel", name)`.
 pub(crate) fn channel(name: &str) -> String {
@@ -154,16 +143,9 @@ pub(crate) async fn acquire(
     field: &str,
     ttl: Duration,
 ) -> Result<NodeAttempt> {
-    let r: i64 = scripts()
-        .acquire
-        .key(&keys.lock)
-        .key(&keys.holder)
-        .key(default_shares_key(&keys.holder))
-        .arg(ttl_ms(ttl))
-        .arg(field)
-        .invoke_async(conn)
-        .await
-        .map_err(|e| map_err("redisson acquire script failed", e))?;
+    let args = [&ttl_ms(ttl).to_string(), field];
+    let what = "redisson acquire script failed";
+    let r: i64 = run_acquire(conn, &ACQUIRE, keys, &args, what).await?;
     if r == -3 {
         return Ok(NodeAttempt::Won { fence: None });
     }
@@ -180,47 +162,56 @@ pub(crate) async fn extend(
     field: &str,
     ttl: Duration,
 ) -> Result<bool> {
-    let n: i64 = scripts()
-        .extend
-        .key(&keys.lock)
-        .key(&keys.holder)
-        .arg(ttl_ms(ttl))
-        .arg(field)
-        .invoke_async(conn)
-        .await
-        .map_err(|e| map_err("redisson extend script failed", e))?;
-    Ok(n == 1)
+    let key_list = [keys.lock.as_str(), &keys.holder];
+    let args = [&ttl_ms(ttl).to_string(), field];
+    run_flag(
+        conn,
+        &EXTEND,
+        &key_list,
+        &args,
+        "redisson extend script failed",
+    )
+    .await
+}
+
+/// Redisson's hash and channel, then the default layout's lock key and channel.
+fn both_layouts(keys: &Keys) -> [String; 4] {
+    let mirror = keys.holder.clone();
+    let mirror_channel = default_channel(&mirror);
+    [
+        keys.lock.clone(),
+        keys.channel.clone(),
+        mirror,
+        mirror_channel,
+    ]
 }
 
 pub(crate) async fn release(conn: &mut Conn, keys: &Keys, field: &str) -> Result<bool> {
-    let n: i64 = scripts()
-        .release
-        .key(&keys.lock)
-        .key(&keys.channel)
-        .key(&keys.holder)
-        .key(default_channel(&keys.holder))
-        .arg(UNLOCK_MESSAGE)
-        .arg(field)
-        .arg(RELEASED)
-        .invoke_async(conn)
-        .await
-        .map_err(|e| map_err("redisson release script failed", e))?;
-    Ok(n == 1)
+    let key_list = both_layouts(keys);
+    let key_list = key_list.each_ref().map(String::as_str);
+    let args = [UNLOCK_MESSAGE, field, RELEASED];
+    run_flag(
+        conn,
+        &RELEASE,
+        &key_list,
+        &args,
+        "redisson release script failed",
+    )
+    .await
 }
 
 pub(crate) async fn revoke(conn: &mut Conn, keys: &Keys) -> Result<bool> {
-    let n: i64 = scripts()
-        .revoke
-        .key(&keys.lock)
-        .key(&keys.channel)
-        .key(&keys.holder)
-        .key(default_channel(&keys.holder))
-        .arg(UNLOCK_MESSAGE)
-        .arg(RELEASED)
-        .invoke_async(conn)
-        .await
-        .map_err(|e| map_err("redisson force unlock failed", e))?;
-    Ok(n == 1)
+    let key_list = both_layouts(keys);
+    let key_list = key_list.each_ref().map(String::as_str);
+    let args = [UNLOCK_MESSAGE, RELEASED];
+    run_flag(
+        conn,
+        &REVOKE,
+        &key_list,
+        &args,
+        "redisson force unlock failed",
+    )
+    .await
 }
 
 #[cfg(test)]

@@ -26,8 +26,8 @@
 //!
 //! Either order, one of the two sees the other: no name is held by a lease and a row lock at
 //! once, so a fleet moving from one strategy to the other a service at a time never gets two
-//! holders. Not under `interop=sqlx`, whose row lock is on sqlx's key, which leases do not
-//! take.
+//! holders. An `interop=sqlx` row lock holds sqlx's key and then this one
+//! ([`interop_takes_name_key`]): it takes part as a row lock does; sqlx's own lock does not.
 
 use super::table_seed;
 
@@ -53,13 +53,27 @@ pub(crate) fn lease_holds(t: &str, param: &str, reader: bool) -> String {
 }
 
 /// `got` (a SQL boolean: the session advisory lock was just taken) unless a live lease holds
-/// the name, in which case the lock is given back (`unlock`, a SQL boolean expression that
-/// unlocks it) and the answer is false.
-pub(crate) fn unless_leased(t: &str, got: &str, unlock: &str, reader: bool) -> String {
+/// the name (in SQL parameter `param`), in which case the lock is given back (`unlock`, a SQL
+/// boolean expression that unlocks it) and the answer is false.
+pub(crate) fn unless_leased(t: &str, param: &str, got: &str, unlock: &str, reader: bool) -> String {
     format!(
         "CASE WHEN {got} THEN CASE WHEN {} THEN NOT {unlock} ELSE true END ELSE false END",
-        lease_holds(t, "$1", reader)
+        lease_holds(t, param, reader)
     )
+}
+
+/// `interop=sqlx`'s row lock, once it holds sqlx's key (`got`, a SQL boolean; `peer_unlock`
+/// gives sqlx's key back): the default layout's key of the name (in `param`) too, tried, not
+/// waited for (the peer's key is held meanwhile), and, holding both, no live lease of the
+/// name; else both keys are given back and the answer is false. So an `interop=sqlx` holder
+/// and the default layout's row locks, transaction locks and leases exclude each other as
+/// default-layout holders do. (sqlx's own `PgAdvisoryLock` takes only its key.)
+pub(crate) fn interop_takes_name_key(t: &str, param: &str, got: &str, peer_unlock: &str) -> String {
+    let key = name_key(param, t);
+    let both = format!("(pg_advisory_unlock({key})::int + {peer_unlock}::int = 2)");
+    let own = format!("CASE WHEN pg_try_advisory_lock({key}) THEN true ELSE NOT {peer_unlock} END");
+    let held = unless_leased(t, param, "true", &both, false);
+    format!("CASE WHEN {got} THEN CASE WHEN {own} THEN {held} ELSE false END ELSE false END")
 }
 
 /// The statement of a DO block that creates [`held_function`] of lock table `t` if missing

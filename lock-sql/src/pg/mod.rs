@@ -462,39 +462,46 @@ impl PgBackend {
         let row_sql = |shared: bool| {
             let f = if shared { "_shared" } else { "" };
             // Holding the key, a row lock backs off from a live lease of the name (unlocking
-            // the key at once): see `exclusion`. Not under interop, whose key is sqlx's.
-            let unless_leased = |got: &str| {
+            // the key at once): see `exclusion`. Under interop, whose key is sqlx's, it takes
+            // the default layout's key too (the name is the last parameter: `$name`).
+            let unless_leased = |got: &str, name: &str| {
+                let unlock = format!("pg_advisory_unlock{f}({key})");
                 if interop {
-                    got.to_owned()
+                    exclusion::interop_takes_name_key(t, name, got, &unlock)
                 } else {
-                    exclusion::unless_leased(
-                        t,
-                        got,
-                        &format!("pg_advisory_unlock{f}({key})"),
-                        shared,
-                    )
+                    exclusion::unless_leased(t, "$1", got, &unlock, shared)
                 }
             };
             let try_head = format!(
                 "WITH a AS MATERIALIZED (SELECT pg_try_advisory_lock{f}({key}) AS got), \
                  l AS MATERIALIZED (SELECT {} AS got FROM a)",
-                unless_leased("got")
+                unless_leased("got", "$4")
             );
             let wait_head = format!(
                 "WITH s AS MATERIALIZED (SELECT set_config('lock_timeout', $3, true) AS t), \
                  a AS MATERIALIZED (SELECT pg_advisory_lock{f}({key}) IS NULL AS x FROM s), \
                  l AS MATERIALIZED (SELECT {} AS got FROM a)",
-                unless_leased("true")
+                unless_leased("true", "$5")
             );
             RowSql {
                 try_fenced: format!("{try_head} {}", taken("l", &try_cond, "$3")),
                 try_unfenced: format!("{try_head} {}", uncounted("l", &try_cond, "$3")),
                 wait_fenced: format!("{wait_head} {}", taken("l", &wait_cond, "$4")),
                 wait_unfenced: format!("{wait_head} {}", uncounted("l", &wait_cond, "$4")),
-                unlock: format!(
-                    "SELECT pg_advisory_unlock{f}({key}) FROM (SELECT {}) g",
-                    set_guard("'0'")
-                ),
+                unlock: if interop {
+                    // sqlx's key and the default layout's (`$2`: the name).
+                    format!(
+                        "SELECT pg_advisory_unlock({key})::int \
+                           + pg_advisory_unlock({})::int = 2 FROM (SELECT {}) g",
+                        exclusion::name_key("$2", t),
+                        set_guard("'0'")
+                    )
+                } else {
+                    format!(
+                        "SELECT pg_advisory_unlock{f}({key}) FROM (SELECT {}) g",
+                        set_guard("'0'")
+                    )
+                },
             }
         };
         // The queue's head for name `$1` (the first live entry), notified by name on channel

@@ -46,6 +46,11 @@ impl PgBackend {
             (&row.try_unfenced, &row.wait_unfenced)
         };
         let param = self.row_param(&req.name);
+        let interop_name = self
+            .config
+            .interop
+            .is_some()
+            .then(|| req.name.as_str().to_owned());
         let holder = req.holder.encode();
         let backoff = lockcore::backend::Backoff::for_ttl(req.ttl);
         let mut leased = 0u32;
@@ -56,7 +61,7 @@ impl PgBackend {
                 Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
                 Err(e) => return Err(e),
             };
-            let q = if nowait {
+            let mut q = if nowait {
                 sqlx::query_scalar::<_, i64>(AssertSqlSafe(try_sql.clone()))
                     .bind(param.as_str())
                     .bind(&guard_ms)
@@ -73,6 +78,10 @@ impl PgBackend {
                     .bind(timeout)
                     .bind(&holder)
             };
+            // Under interop the name comes last: the default layout's key is taken too.
+            if let Some(name) = &interop_name {
+                q = q.bind(name.as_str());
+            }
             // A try is bounded by the operation timeout; a wait by the caller's deadline only
             // (the server's lock_timeout ends it there; this cuts off a database that stopped
             // answering). A cut-off or dropped statement closes the connection with `c`, and
@@ -108,6 +117,7 @@ impl PgBackend {
                         sql: self.sql.clone(),
                         mode: req.mode,
                         name: param.clone(),
+                        interop_name: interop_name.clone(),
                     };
                     let lease = RowLease::start(
                         Box::new(holding),
@@ -163,6 +173,9 @@ struct PgHolding {
     /// The mode it holds: the unlock must be of the same kind.
     mode: LockMode,
     name: String,
+    /// Under interop, the lock's name (`name` is then sqlx's key): its unlock gives the
+    /// default layout's key back too.
+    interop_name: Option<String>,
 }
 
 impl PgHolding {
@@ -194,10 +207,11 @@ impl Holding for PgHolding {
     async fn unlock(&mut self) -> sqlx::Result<bool> {
         let sql = self.sql.row(self.mode).unlock.clone();
         let name = self.name.clone();
-        sqlx::query_scalar(AssertSqlSafe(sql))
-            .bind(name)
-            .fetch_one(self.raw())
-            .await
+        let mut q = sqlx::query_scalar(AssertSqlSafe(sql)).bind(name);
+        if let Some(own) = self.interop_name.clone() {
+            q = q.bind(own);
+        }
+        q.fetch_one(self.raw()).await
     }
 
     fn recycle(mut self: Box<Self>) {

@@ -235,12 +235,10 @@ fn backoff_is_full_jitter_and_capped() {
 }
 
 /// A first attempt of `reqs` answered after its caller's bound (its caller got
-/// `Unavailable`): [`LateAttempt::win`] lets it answer a win, a lease counted in `released`
-/// when released.
-async fn late_attempt(
-    reqs: &[AcquireRequest],
-    released: &Arc<std::sync::atomic::AtomicUsize>,
-) -> LateAttempt {
+/// `Unavailable`): [`LateAttempt::win`] lets it answer a win, a lease counted in
+/// [`LateAttempt::released`] when released. Its background is the first request's.
+async fn late_attempt(reqs: &[AcquireRequest]) -> LateAttempt {
+    let released = Arc::new(AtomicUsize::new(0));
     let (answer, answered) = tokio::sync::oneshot::channel::<()>();
     let (done, finished) = tokio::sync::oneshot::channel::<()>();
     let late = CountedLease(released.clone());
@@ -259,35 +257,47 @@ async fn late_attempt(
         crate::ErrorKind::Unavailable,
         "no answer within the caller's bound"
     );
-    LateAttempt { answer, finished }
+    LateAttempt {
+        answer: Some(answer),
+        finished: Some(finished),
+        released,
+        background: reqs[0].background.clone(),
+    }
 }
 
 /// The attempt of [`late_attempt`], still waiting to answer.
 struct LateAttempt {
-    answer: tokio::sync::oneshot::Sender<()>,
-    finished: tokio::sync::oneshot::Receiver<()>,
+    /// Lets it answer (taken by [`LateAttempt::win`]).
+    answer: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Fires once it has answered.
+    finished: Option<tokio::sync::oneshot::Receiver<()>>,
+    /// How many times its lease (or another counted here) was released.
+    released: Arc<AtomicUsize>,
+    background: Background,
 }
 
 impl LateAttempt {
     /// The late answer, a win: returns once the attempt has handed it back.
-    async fn win(self) {
-        self.answer.send(()).unwrap();
-        self.finished.await.unwrap();
+    async fn win(&mut self) {
+        self.answer.take().expect("answers once").send(()).unwrap();
+        self.finished.take().expect("answers once").await.unwrap();
     }
-}
 
-/// The late win is released (once) when the background is done.
-async fn assert_released_once(background: &Background, released: &AtomicUsize) {
-    background.idle().await;
-    assert_eq!(released.load(Ordering::SeqCst), 1);
-}
+    /// The late win's release is still held back (a guard of its request lives): nothing is
+    /// released within a while.
+    async fn assert_held(&self, why: &str) {
+        let idle = tokio::time::timeout(Duration::from_millis(300), self.background.idle());
+        assert!(idle.await.is_err(), "{why}");
+        assert_eq!(self.released.load(Ordering::SeqCst), 0, "{why}");
+    }
 
-/// The late win's release is still held back (a guard of its request lives): nothing is
-/// released within a while.
-async fn assert_release_held(background: &Background, released: &AtomicUsize, why: &str) {
-    let idle = tokio::time::timeout(Duration::from_millis(300), background.idle()).await;
-    assert!(idle.is_err(), "{why}");
-    assert_eq!(released.load(Ordering::SeqCst), 0, "{why}");
+    /// The late win is released, once, within `within`.
+    async fn assert_released_within(&self, within: Duration) {
+        tokio::time::timeout(within, self.background.idle())
+            .await
+            .expect("released within the bound");
+        assert_eq!(self.released.load(Ordering::SeqCst), 1);
+    }
 }
 
 fn request(name: &str) -> AcquireRequest {
@@ -306,12 +316,11 @@ fn request(name: &str) -> AcquireRequest {
 /// retry's guard held (SQL leases: the caller held a guard on nothing).
 #[tokio::test]
 async fn a_late_win_is_not_released_under_the_retry_that_holds_its_row() {
-    let released = Arc::new(AtomicUsize::new(0));
     let req = request("late-win");
-    let late = late_attempt(std::slice::from_ref(&req), &released).await;
+    let mut late = late_attempt(std::slice::from_ref(&req)).await;
     // The retry, same request and token, wins and is claimed: its guard keeps the
     // request's lost notifier (as a LockGuard does).
-    let retry = CountedLease(released.clone());
+    let retry = CountedLease(late.released.clone());
     let won = acquire_detached_for(std::slice::from_ref(&req), None, move |_gone| async move {
         Ok(Some(retry))
     })
@@ -319,19 +328,14 @@ async fn a_late_win_is_not_released_under_the_retry_that_holds_its_row() {
     .unwrap();
     assert!(won.is_some());
     let guard = req.lost.clone();
-    let background = req.background.clone();
     drop(req);
     // The first attempt's late answer: a win.
     late.win().await;
-    assert_release_held(
-        &background,
-        &released,
-        "a late win was released while its request's guard held the same row",
-    )
-    .await;
+    late.assert_held("a late win was released while its request's guard held the same row")
+        .await;
     // The guard ends: the late win is released then.
     drop(guard);
-    assert_released_once(&background, &released).await;
+    late.assert_released_within(Duration::from_secs(10)).await;
 }
 
 /// A set's late win waits for every member's request: released only once the last
@@ -339,36 +343,25 @@ async fn a_late_win_is_not_released_under_the_retry_that_holds_its_row() {
 /// `acquire_detached`, which released a late win at once under the retry's guards.
 #[tokio::test]
 async fn a_late_set_win_waits_for_every_member_of_the_retry() {
-    let released = Arc::new(AtomicUsize::new(0));
     let reqs = [request("late-set-a"), request("late-set-b")];
-    let late = late_attempt(&reqs, &released).await;
+    let mut late = late_attempt(&reqs).await;
     // The retry's guards: one per member, keeping each request's notifier.
     let (a, b) = (reqs[0].lost.clone(), reqs[1].lost.clone());
-    let background = reqs[0].background.clone();
     drop(reqs);
     late.win().await;
     drop(a);
-    assert_release_held(
-        &background,
-        &released,
-        "released while member b's guard held",
-    )
-    .await;
+    late.assert_held("released while member b's guard held")
+        .await;
     drop(b);
-    assert_released_once(&background, &released).await;
+    late.assert_released_within(Duration::from_secs(10)).await;
 }
 
 /// A late win of a request over without a guard (the caller gave up) is released at once.
 #[tokio::test]
 async fn a_late_win_of_a_request_given_up_is_released() {
-    let released = Arc::new(AtomicUsize::new(0));
     let req = request("late-win-given-up");
-    let late = late_attempt(std::slice::from_ref(&req), &released).await;
-    let background = req.background.clone();
+    let mut late = late_attempt(std::slice::from_ref(&req)).await;
     drop(req);
     late.win().await;
-    tokio::time::timeout(Duration::from_secs(10), background.idle())
-        .await
-        .expect("released at once");
-    assert_eq!(released.load(Ordering::SeqCst), 1);
+    late.assert_released_within(Duration::from_secs(10)).await;
 }

@@ -146,14 +146,8 @@ impl Locker {
     /// [`Capabilities::inspect`], before any I/O; `Unavailable` or `Backend` when the backend
     /// fails.
     pub async fn inspect(&self, name: impl IntoLockName) -> Result<LockInfo> {
-        self.inner.liveness.check()?;
-        let name = name.into_lock_name()?;
-        if !self.capabilities().inspect {
-            return Err(Error::unsupported(format!(
-                "{} cannot inspect locks",
-                self.describe()
-            )));
-        }
+        let caps = self.capabilities();
+        let name = self.operator_request(name, caps.inspect, "inspect locks")?;
         self.inner.backend.inspect(&name).await
     }
 
@@ -170,15 +164,28 @@ impl Locker {
     /// [`Capabilities::force_release`], before any I/O; `Unavailable` or `Backend` when the
     /// backend fails.
     pub async fn force_release(&self, name: impl IntoLockName) -> Result<bool> {
+        let caps = self.capabilities();
+        let name = self.operator_request(name, caps.force_release, "force-release locks")?;
+        self.inner.backend.force_release(&name).await
+    }
+
+    /// The checks of an operator's request before any I/O: a live runtime, a valid name, and
+    /// the backend declaring the capability (`declared`) to do `what`.
+    fn operator_request(
+        &self,
+        name: impl IntoLockName,
+        declared: bool,
+        what: &str,
+    ) -> Result<LockName> {
         self.inner.liveness.check()?;
         let name = name.into_lock_name()?;
-        if !self.capabilities().force_release {
+        if !declared {
             return Err(Error::unsupported(format!(
-                "{} cannot force-release locks",
+                "{} cannot {what}",
                 self.describe()
             )));
         }
-        self.inner.backend.force_release(&name).await
+        Ok(name)
     }
 
     /// One attempt to take the lock: `Ok(None)` if someone else holds it (contention is not an

@@ -1,0 +1,323 @@
+//! The table `locksmith bench` prints: its cells from the measured [`Figures`], aligned plain
+//! text for the terminal, and the Markdown file (`--markdown`) that says how, when and under
+//! what load the figures were measured (the guide's figures chapter includes that file).
+
+use conformance::Figures;
+
+/// When and under what load a run started or ended.
+pub(crate) struct Conditions {
+    /// `YYYY-MM-DD HH:MM UTC`.
+    date: String,
+    /// The 1-minute load average (`/proc/loadavg`), where the system has one.
+    load: Option<String>,
+}
+
+impl Conditions {
+    pub(crate) fn now() -> Self {
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Conditions {
+            date: conformance::report::utc_date(unix),
+            load: std::fs::read_to_string("/proc/loadavg")
+                .ok()
+                .and_then(|l| l.split_whitespace().next().map(str::to_owned)),
+        }
+    }
+}
+
+/// The command line as run, with every URL's password blanked (the figures file is shared).
+pub(crate) fn shown_command(args: impl Iterator<Item = String>) -> String {
+    let mut words = vec!["locksmith".to_owned()];
+    words.extend(args.skip(1).map(|a| {
+        if a.contains("://") {
+            locksmith::redact_url(&a)
+        } else {
+            a
+        }
+    }));
+    words.join(" ")
+}
+
+/// The figures as a Markdown file: the command, the build, the date and the machine's load,
+/// the table, and what its columns mean. Generated, never edited by hand: the guide's figures
+/// chapter includes it.
+pub(crate) fn markdown(
+    command: &str,
+    started: &Conditions,
+    ended: &Conditions,
+    cells: &[Vec<String>],
+) -> String {
+    use std::fmt::Write;
+    let provenance = crate::provenance::provenance();
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let load = |c: &Conditions| c.load.clone().unwrap_or_else(|| "unknown".into());
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "<!-- Written by `locksmith bench --markdown`; regenerate it, do not edit it. -->\n"
+    );
+    let _ = writeln!(out, "Measured with `{command}`\n");
+    let _ = writeln!(
+        out,
+        "- {}, {} build{}",
+        provenance.tool,
+        provenance.profile,
+        provenance
+            .git_commit
+            .map_or(String::new(), |c| format!(" of commit `{c}`"))
+    );
+    let _ = writeln!(out, "- from {} to {}", started.date, ended.date);
+    let _ = writeln!(
+        out,
+        "- {cores} cores; load average (1 min) {} at the start, {} at the end: a busy machine \
+         moves every figure, so compare ratios within one run, not microseconds across runs\n",
+        load(started),
+        load(ended)
+    );
+    for (i, line) in cells.iter().enumerate() {
+        let _ = writeln!(out, "| {} |", line.join(" | "));
+        if i == 0 {
+            let align: Vec<&str> = (0..line.len())
+                .map(|c| if c == 0 { "---" } else { "---:" })
+                .collect();
+            let _ = writeln!(out, "|{}|", align.join("|"));
+        }
+    }
+    out.push_str(COLUMNS);
+    out
+}
+
+/// What each column of the table means (printed under the Markdown table).
+const COLUMNS: &str = "
+Columns: *p50 / p99*: uncontended `try_lock` + `release` by one client; *shared x* and
+*permit x*: a reader's and a permit's cycle over the exclusive one; *bare*: the backend's bare
+primitive (`Backend::bare_cycle`: the fewest server requests that take and give back the lock)
+by the same client, and *x bare* the ratio; *rtt*: the backend's cheapest round trip on the
+bench's multi-thread runtime, *rtt 1-thread* on a current-thread runtime of its own;
+*tasks/s*: hand-overs between tasks of one process (their number in brackets); *procs/s*:
+hand-overs between OS processes on one name; *bare procs/s*: the same processes looping the
+bare primitive where it waits, and *procs x bare* the ratio; *spread*: most / fewest
+acquisitions of one process; *fair*: the fewest acquisitions of one process over a fair share;
+*req/hand-over*: server requests per hand-over with many waiters (the server's own counter,
+server-wide); *sent/hand-over*: the requests those waiting clients sent per hand-over (counted
+by proxies in front of them; `-` where none can stand before the server). `-`: not measured
+for that backend.
+";
+
+/// The figures as table cells, the header first.
+pub(crate) fn cells(rows: &[(String, Figures)]) -> Vec<Vec<String>> {
+    let opt = |v: Option<f64>, digits: usize| v.map_or("-".into(), |v| format!("{v:.digits$}"));
+    let header = [
+        "backend",
+        "p50 µs",
+        "p99 µs",
+        "shared x",
+        "permit x",
+        "bare µs",
+        "x bare",
+        "rtt µs",
+        "rtt 1-thread µs",
+        "tasks/s",
+        "procs/s",
+        "bare procs/s",
+        "procs x bare",
+        "spread",
+        "fair min/share",
+        "req/hand-over",
+        "sent/hand-over",
+    ];
+    let mut lines: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_owned()).collect()];
+    for (label, f) in rows {
+        let (procs, spread) = match &f.processes {
+            Some(p) => (
+                format!("{:.0} ({})", p.handover_per_sec, p.processes),
+                format!("{:.2}", p.spread()),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        let fairness = match &f.fairness {
+            Some(p) => format!("{:.2} ({}p {}s)", p.min_fair_share(), p.processes, p.secs),
+            None => "-".into(),
+        };
+        let requests = match &f.server_requests {
+            Some(r) => match r.per_handover {
+                Some(v) => format!("{v:.1} ({}w/{}p)", r.waiters, r.processes),
+                None => "unsupported".into(),
+            },
+            None => "-".into(),
+        };
+        let sent = f
+            .server_requests
+            .as_ref()
+            .and_then(|r| r.client_per_handover)
+            .map_or("-".into(), |v| format!("{v:.1}"));
+        lines.push(vec![
+            label.clone(),
+            format!("{:.1}", f.uncontended_p50_us),
+            format!("{:.1}", f.uncontended_p99_us),
+            opt(f.shared_ratio(), 2),
+            opt(f.permit_ratio(), 2),
+            opt(f.bare_cycle_p50_us, 1),
+            opt(f.bare_ratio(), 2),
+            opt(f.round_trip_p50_us, 1),
+            opt(f.round_trip_one_thread_p50_us, 1),
+            format!("{:.0} ({})", f.handover_per_sec, f.holders),
+            procs,
+            f.bare_processes
+                .as_ref()
+                .map_or("-".into(), |b| format!("{:.0}", b.handover_per_sec)),
+            opt(f.bare_handover_ratio(), 2),
+            spread,
+            fairness,
+            requests,
+            sent,
+        ]);
+    }
+    lines
+}
+
+/// Table cells as aligned plain text.
+pub(crate) fn plain_table(lines: &[Vec<String>]) -> String {
+    use std::fmt::Write;
+    let header = &lines[0];
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| {
+            lines
+                .iter()
+                .map(|l| l[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for line in lines {
+        for (i, cell) in line.iter().enumerate() {
+            let pad = widths[i] - cell.chars().count();
+            if i == 0 {
+                let _ = write!(out, "{cell}{}", " ".repeat(pad));
+            } else {
+                let _ = write!(out, "  {}{cell}", " ".repeat(pad));
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use conformance::{ProcessHandover, ServerRequests};
+
+    use super::*;
+
+    #[test]
+    fn table_shows_unsupported_and_missing() {
+        let mut f = Figures {
+            uncontended_p50_us: 300.0,
+            uncontended_p99_us: 900.0,
+            bare_cycle_p50_us: Some(150.0),
+            handover_per_sec: 1000.0,
+            holders: 4,
+            ..Figures::default()
+        };
+        f.server_requests = Some(ServerRequests {
+            waiters: 100,
+            processes: 10,
+            unsupported: Some("no counter".into()),
+            ..ServerRequests::default()
+        });
+        f.processes = Some(ProcessHandover {
+            processes: 4,
+            secs: 2.0,
+            per_process: vec![10, 20, 10, 5],
+            handover_per_sec: 22.5,
+        });
+        // The bare primitive's processes: 30/s, the library's 22.5/s.
+        f.bare_processes = Some(ProcessHandover {
+            processes: 4,
+            secs: 2.0,
+            per_process: vec![15, 15, 15, 15],
+            handover_per_sec: 30.0,
+        });
+        // Fair share 10; the fewest got 5.
+        f.fairness = Some(ProcessHandover {
+            processes: 8,
+            secs: 10.0,
+            per_process: vec![5, 10, 10, 10, 10, 10, 10, 15],
+            handover_per_sec: 8.0,
+        });
+        let mut counted = f.clone();
+        counted.server_requests = Some(ServerRequests {
+            waiters: 100,
+            processes: 10,
+            handovers: 40,
+            requests: Some(2000),
+            per_handover: Some(50.0),
+            client_requests: Some(172),
+            client_per_handover: Some(4.3),
+            ..ServerRequests::default()
+        });
+        let t = plain_table(&cells(&[
+            ("redis".into(), f),
+            ("memory".into(), Figures::default()),
+            ("counted".into(), counted),
+        ]));
+        let counted_line = t.lines().last().expect("three rows");
+        assert!(counted_line.contains("50.0 (100w/10p)"), "{t}");
+        assert!(counted_line.ends_with("4.3"), "the clients' own count: {t}");
+        assert!(t.contains("0.50 (8p 10s)"), "{t}");
+        assert!(t.contains("2.00"), "{t}"); // x bare
+        assert!(t.contains("4.00"), "{t}"); // spread 20/5
+        assert!(t.contains("unsupported"), "{t}");
+        assert!(t.contains("0.75"), "procs x bare: {t}");
+        assert_eq!(t.lines().count(), 4);
+    }
+
+    #[test]
+    fn markdown_says_how_and_when_without_passwords() {
+        let command = shown_command(
+            [
+                "/x/target/release/locksmith",
+                "bench",
+                "--secs",
+                "3",
+                "redis://:hunter2@127.0.0.1:6379",
+                "--markdown",
+                "figures.md",
+            ]
+            .into_iter()
+            .map(String::from),
+        );
+        assert_eq!(
+            command,
+            "locksmith bench --secs 3 redis://:***@127.0.0.1:6379 --markdown figures.md"
+        );
+        let f = Figures {
+            uncontended_p50_us: 120.0,
+            uncontended_p99_us: 300.0,
+            handover_per_sec: 1000.0,
+            holders: 4,
+            ..Figures::default()
+        };
+        let at = |load: &str| Conditions {
+            date: "2026-12-05 09:30 UTC".into(),
+            load: Some(load.into()),
+        };
+        let md = markdown(
+            &command,
+            &at("1.50"),
+            &at("2.25"),
+            &cells(&[("redis".into(), f)]),
+        );
+        assert!(md.contains(&format!("`{command}`")), "{md}");
+        assert!(md.contains("2026-12-05 09:30 UTC"), "{md}");
+        assert!(md.contains("1.50 at the start, 2.25 at the end"), "{md}");
+        assert!(!md.contains("hunter2"), "{md}");
+        let table: Vec<&str> = md.lines().filter(|l| l.starts_with('|')).collect();
+        assert_eq!(table.len(), 3, "header, alignment, one row: {md}");
+        assert!(table[0].starts_with("| backend | p50 µs |"), "{md}");
+        assert!(table[1].starts_with("|---|---:|"), "{md}");
+        assert!(table[2].starts_with("| redis | 120.0 | 300.0 |"), "{md}");
+    }
+}
