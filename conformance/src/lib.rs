@@ -3,11 +3,14 @@
 #![deny(missing_docs)]
 
 mod escape;
+mod exiting;
 pub mod faults;
 mod harness;
 pub mod holder;
+pub mod interop;
 mod measure;
 mod proxied;
+mod refusals;
 pub mod report;
 mod run;
 pub mod scenarios;
@@ -17,13 +20,17 @@ use std::sync::Arc;
 
 use libtest_mimic::{Arguments, Failed, Trial};
 
+pub use exiting::exiting_waiter;
 pub use faults::{FaultCell, FaultInfo, FaultMatrix, FaultOutcome};
 pub use harness::{
     BoxFuture, FnHarness, Harness, HolderProcess, ReplyLoser, RequestCount, SkewedHolder,
     url_with_param, url_with_path,
 };
-pub use measure::{Figures, MEASURE_TIME, ProcessHandover, ServerRequests, measure, measure_with};
+pub use measure::{
+    Figures, HandoverLatency, MEASURE_TIME, ProcessHandover, ServerRequests, measure, measure_with,
+};
 pub use proxied::{ClientProxies, ProxyGroup};
+pub use refusals::refuses_without_leaking;
 pub use report::{Provenance, Report, SCHEMA_VERSION, ScenarioInfo};
 pub use run::{
     BackendReport, Progress, ScenarioResult, Status, TIME_SCALE_ENV, run_all, run_scenario,

@@ -61,6 +61,10 @@ pub struct Figures {
     /// Server requests per hand-over with many waiters (measured by `locksmith bench`);
     /// `None` when not measured.
     pub server_requests: Option<ServerRequests>,
+    /// Hand-over latency across processes (measured by `locksmith bench` in the
+    /// [`processes`](Self::processes) run): from a holder's release being sent to the next
+    /// holder's `lock()` returning in another process; `None` when not measured.
+    pub handover_latency: Option<HandoverLatency>,
 }
 
 impl Figures {
@@ -85,12 +89,33 @@ impl Figures {
         (bare.handover_per_sec > 0.0).then(|| lib.handover_per_sec / bare.handover_per_sec)
     }
 
+    /// The hand-over latency's median as a multiple of the round trip's, where both were
+    /// measured.
+    pub fn handover_latency_ratio(&self) -> Option<f64> {
+        let latency = self.handover_latency.as_ref()?;
+        self.round_trip_p50_us
+            .filter(|rtt| *rtt > 0.0)
+            .map(|rtt| latency.p50_us / rtt)
+    }
+
     /// The uncontended p50 as a multiple of the bare primitive's, where it has one.
     pub fn bare_ratio(&self) -> Option<f64> {
         self.bare_cycle_p50_us
             .filter(|b| *b > 0.0)
             .map(|b| self.uncontended_p50_us / b)
     }
+}
+
+/// The time from a holder's release being sent to the next holder's `lock()` returning in
+/// another process, over the hand-overs of one run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct HandoverLatency {
+    /// How many hand-overs between two processes were timed.
+    pub handovers: usize,
+    /// Median, microseconds.
+    pub p50_us: f64,
+    /// 99th percentile, microseconds.
+    pub p99_us: f64,
 }
 
 /// Hand-over rate of separate OS processes, each with one client, looping `lock` + `release`
@@ -297,6 +322,7 @@ pub async fn measure_with(harness: &dyn Harness, fencing: Fencing) -> lockcore::
         bare_processes: None,
         fairness: None,
         server_requests: None,
+        handover_latency: None,
     })
 }
 

@@ -119,7 +119,7 @@ impl ClientProxies {
     /// [`ReplyLoser`](crate::ReplyLoser) can pick a request by the lock name it carries.
     pub fn sees_clear_text(url: &str) -> bool {
         let lower = url.to_ascii_lowercase();
-        let encrypted_scheme = ["rediss:", "etcds:", "https:", "zks:"]
+        let encrypted_scheme = ["rediss:", "redlocks:", "etcds:", "https:", "zks:"]
             .iter()
             .any(|s| lower.starts_with(s));
         let encrypted_param = [
@@ -264,5 +264,12 @@ mod tests {
             "postgres://u@127.0.0.1:1/db?sslmode=verify-full"
         ));
         assert!(!ClientProxies::sees_clear_text("etcds://127.0.0.1:1"));
+        // Redlock's TLS scheme: its masters' replies cannot be picked by lock name either.
+        assert!(!ClientProxies::sees_clear_text(
+            "redlocks://127.0.0.1:1,127.0.0.1:2"
+        ));
+        assert!(ClientProxies::sees_clear_text(
+            "redlock://127.0.0.1:1,127.0.0.1:2"
+        ));
     }
 }

@@ -1,12 +1,11 @@
 //! etcd 3.4 (Debian): a single node or a 3-member cluster on loopback, data on tmpfs.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::cluster::{Cluster, Member, Probes};
 use crate::peer_links::PeerLinks;
-use crate::process::ServerProcess;
 use crate::util::{Error, Result, TempDir, Timeouts, free_port};
 
 /// `GET path` over HTTP/1.0 on 127.0.0.1:port; the body.
@@ -28,22 +27,36 @@ async fn http_get(port: u16, path: &str) -> Result<String> {
         .unwrap_or_default())
 }
 
-#[derive(Debug)]
-struct Member {
-    client_port: u16,
-    data: PathBuf,
-    process: ServerProcess,
-}
+/// How an etcd member says it serves (`/health`) and leads (its metrics).
+const PROBES: Probes = Probes {
+    server: "etcd",
+    ready_what: "/health",
+    ready: |port| {
+        Box::pin(async move {
+            Ok(http_get(port, "/health")
+                .await?
+                .contains("\"health\":\"true\""))
+        })
+    },
+    leads: |port| {
+        Box::pin(async move {
+            let metrics = http_get(port, "/metrics").await?;
+            Ok(metrics
+                .lines()
+                .any(|l| l.trim() == "etcd_server_is_leader 1"))
+        })
+    },
+};
 
 /// An etcd node or cluster (`--heartbeat-interval 50 --election-timeout 500`). Members are
-/// numbered from 0 and listen on 127.0.0.1 with distinct ports.
+/// numbered from 0 and listen on 127.0.0.1 with distinct ports. What every member set does
+/// (ports, cuts, kills, leaders, restarts) comes from [`Cluster`], which it dereferences to.
 #[derive(Debug)]
 pub struct Etcd {
-    members: Vec<Member>,
-    timeouts: Timeouts,
-    peers: Option<PeerLinks>,
-    _dir: TempDir,
+    cluster: Cluster,
 }
+
+derefs_to!(Etcd, cluster: Cluster);
 
 impl Etcd {
     /// One node.
@@ -61,7 +74,7 @@ impl Etcd {
     }
 
     /// A 3-member cluster whose members reach each other through faultkit (their peer ports), so
-    /// that [`Etcd::cut_member`] can cut one off from its peers while its clients still reach
+    /// that [`Cluster::cut_member`] can cut one off from its peers while its clients still reach
     /// it. The links run on the calling tokio runtime: it must keep running (a multi-threaded
     /// runtime, or one that is not blocked) while the cluster serves.
     ///
@@ -137,52 +150,17 @@ impl Etcd {
             .iter()
             .map(|s| s.to_string())
             .collect();
-            let process = ServerProcess::spawn(
+            members.push(Member::spawn(
                 format!("etcd m{i} :{client}"),
                 "etcd",
                 args,
                 dir.join(format!("m{i}.log")),
-            )?;
-            members.push(Member {
-                client_port: *client,
+                *client,
                 data,
-                process,
-            });
+            )?);
         }
-        if let Some(p) = &peers {
-            p.attach(members.iter().map(|m| m.process.pid_cell()).collect());
-        }
-        let mut e = Etcd {
-            members,
-            timeouts,
-            peers,
-            _dir: dir,
-        };
-        for i in 0..n {
-            e.wait_member(i).await?;
-        }
-        Ok(e)
-    }
-
-    /// Waits (with the start timeout) until member `i` reports healthy: after a
-    /// `member(i).respawn()`, once a quorum of members runs.
-    ///
-    /// Cancel safe.
-    pub async fn wait_healthy(&mut self, i: usize) -> Result<()> {
-        self.wait_member(i).await
-    }
-
-    async fn wait_member(&mut self, i: usize) -> Result<()> {
-        let t = self.timeouts.start;
-        let m = &mut self.members[i];
-        let port = m.client_port;
-        m.process
-            .wait_ready("/health", t, || async move {
-                Ok(http_get(port, "/health")
-                    .await?
-                    .contains("\"health\":\"true\""))
-            })
-            .await
+        let cluster = Cluster::assemble(dir, timeouts, peers, members, PROBES).await?;
+        Ok(Etcd { cluster })
     }
 
     /// `http://127.0.0.1:p1,http://127.0.0.1:p2,...`: every member's client URL, comma-separated
@@ -193,48 +171,9 @@ impl Etcd {
 
     /// Each member's client URL (`http://127.0.0.1:PORT`).
     pub fn client_urls(&self) -> Vec<String> {
-        self.members
-            .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+        self.client_ports()
+            .map(|port| format!("http://127.0.0.1:{port}"))
             .collect()
-    }
-
-    /// Member `i`'s client port.
-    pub fn client_port(&self, i: usize) -> u16 {
-        self.members[i].client_port
-    }
-
-    /// How many members.
-    pub fn len(&self) -> usize {
-        self.members.len()
-    }
-
-    /// Never: there is at least one member.
-    pub fn is_empty(&self) -> bool {
-        self.members.is_empty()
-    }
-
-    /// Cuts member `i` off from its peers: nothing passes between it and the other members (its
-    /// peer port and theirs, both ways; held like dropped packets) while its clients still reach
-    /// its client port. It loses its leader within an election timeout (500 ms) and, as a
-    /// follower without a leader, answers no linearizable request; the others elect a leader
-    /// among themselves if it led. An error unless the cluster was started with
-    /// [`Etcd::cluster_with_peer_links`].
-    pub fn cut_member(&self, i: usize) -> Result<()> {
-        self.links()?.set_cut(i, true);
-        Ok(())
-    }
-
-    /// Ends [`Etcd::cut_member`]: member `i` reaches its peers again (held traffic is
-    /// delivered) and catches up.
-    pub fn heal_member(&self, i: usize) -> Result<()> {
-        self.links()?.set_cut(i, false);
-        Ok(())
-    }
-
-    /// Whether member `i` is cut off from its peers now.
-    pub fn is_cut(&self, i: usize) -> bool {
-        self.peers.as_ref().is_some_and(|p| p.is_cut(i))
     }
 
     /// Whether member `i` knows a leader now (`etcd_server_has_leader 1` in its metrics, served
@@ -242,75 +181,10 @@ impl Etcd {
     ///
     /// Cancel safe.
     pub async fn has_leader(&self, i: usize) -> Result<bool> {
-        let metrics = http_get(self.members[i].client_port, "/metrics").await?;
+        let metrics = http_get(self.client_port(i), "/metrics").await?;
         Ok(metrics
             .lines()
             .any(|l| l.trim() == "etcd_server_has_leader 1"))
-    }
-
-    fn links(&self) -> Result<&PeerLinks> {
-        self.peers.as_ref().ok_or_else(|| {
-            Error::msg("this cluster's members reach each other directly: start it with Etcd::cluster_with_peer_links to cut one off")
-        })
-    }
-
-    /// Member `i`'s process, to kill, pause or resume it.
-    pub fn member(&mut self, i: usize) -> &mut ServerProcess {
-        &mut self.members[i].process
-    }
-
-    /// The member whose metrics say `etcd_server_is_leader 1`.
-    ///
-    /// Cancel safe.
-    pub async fn leader(&self) -> Result<usize> {
-        for (i, m) in self.members.iter().enumerate() {
-            if let Ok(metrics) = http_get(m.client_port, "/metrics").await
-                && metrics
-                    .lines()
-                    .any(|l| l.trim() == "etcd_server_is_leader 1")
-            {
-                return Ok(i);
-            }
-        }
-        Err(Error::msg("no etcd member says it leads"))
-    }
-
-    /// Waits until a member other than `old` leads; returns it.
-    ///
-    /// Cancel safe.
-    pub async fn wait_new_leader(&self, old: usize, timeout: Duration) -> Result<usize> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            if let Some(new) = self.leader().await.ok()
-                && new != old
-            {
-                return Ok(new);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(crate::Error::msg(format!(
-                    "new etcd leader: none after {timeout:?}"
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Kills every member (`-9`) at once and starts them all again with their data, waiting
-    /// until each is healthy (a member reports healthy only once a quorum is back, so they are
-    /// all started before any is waited for).
-    ///
-    /// Cancel safety: a dropped restart may leave members stopped.
-    pub async fn restart_all(&mut self) -> Result<()> {
-        for m in &mut self.members {
-            m.process.kill();
-        }
-        for m in &mut self.members {
-            m.process.respawn()?;
-        }
-        for i in 0..self.members.len() {
-            self.wait_member(i).await?;
-        }
-        Ok(())
     }
 
     /// Kills member `i` (`-9`) and starts it again, waiting until it is healthy. Without its
@@ -319,16 +193,12 @@ impl Etcd {
     ///
     /// Cancel safety: a dropped restart may leave the member stopped.
     pub async fn restart(&mut self, i: usize, keep_data: bool) -> Result<()> {
-        if !keep_data && self.members.len() > 1 {
+        if !keep_data && self.len() > 1 {
             return Err(Error::msg(
                 "an etcd cluster member cannot rejoin without its data (needs member remove/add)",
             ));
         }
-        self.members[i].process.kill();
-        if !keep_data {
-            std::fs::remove_dir_all(&self.members[i].data)?;
-        }
-        self.members[i].process.respawn()?;
-        self.wait_member(i).await
+        self.restart_member(i, keep_data, |data| Ok(std::fs::remove_dir_all(data)?))
+            .await
     }
 }

@@ -4,7 +4,10 @@
 //!   [`ZooKeeper`], [`Etcd`]): each starts real server processes from Rust on free loopback
 //!   ports with a throw-away data directory, waits (with a timeout) until they serve, and kills
 //!   them when dropped (also on panic). Each member can be killed (`kill -9`), paused
-//!   (`SIGSTOP`), resumed (`SIGCONT`) and restarted with or without its data.
+//!   (`SIGSTOP`), resumed (`SIGCONT`) and restarted with or without its data. The replicated
+//!   servers share one engine ([`Cluster`]: members, cuts, leaders, restarts) and the SQL
+//!   servers another ([`SqlServer`]: URL, install, restart); each launcher gives only its
+//!   command line and how its server says it is ready, and dereferences to its engine.
 //! * Peer links ([`ZooKeeper::ensemble_with_peer_links`], [`Etcd::cluster_with_peer_links`]):
 //!   the members' peer traffic (ZooKeeper's quorum and election ports, etcd's peer port) passes
 //!   faultkit, so that `cut_member(i)` cuts one member off from its peers while its clients
@@ -33,6 +36,26 @@
 //! [`Error`] carrying the tail of its log.
 #![deny(missing_docs)]
 
+/// `impl Deref` and `DerefMut` from a launcher to the engine it wraps (`derefs_to!(Etcd,
+/// cluster: Cluster)`): the engine's methods are the launcher's.
+macro_rules! derefs_to {
+    ($outer:ty, $field:ident: $target:ty) => {
+        impl std::ops::Deref for $outer {
+            type Target = $target;
+            fn deref(&self) -> &$target {
+                &self.$field
+            }
+        }
+
+        impl std::ops::DerefMut for $outer {
+            fn deref_mut(&mut self) -> &mut $target {
+                &mut self.$field
+            }
+        }
+    };
+}
+
+mod cluster;
 mod etcd;
 mod fence;
 mod holder;
@@ -44,10 +67,12 @@ mod process;
 mod proxy;
 mod redis;
 mod redis_monitor;
+mod sql_server;
 mod util;
 mod wire;
 mod zk;
 
+pub use cluster::Cluster;
 pub use etcd::Etcd;
 pub use fence::{FenceStats, FencedResource};
 pub use holder::{HOLDER_URL_ENV, Holder, HolderEvent, HolderSpec, libfaketime};
@@ -56,8 +81,9 @@ pub use peer::{PeerCommand, PeerProcess, Window, check_windows, unix_micros, uni
 pub use postgres::Postgres;
 pub use process::ServerProcess;
 pub use proxy::{Direction, Pick, Proxy, ProxyMode, ReplyLoss, rewrite_url};
-pub use redis::{RedisFailover, RedisServer};
+pub use redis::{RedisFailover, RedisServer, spawn_tls_redis};
 pub use redis_monitor::RedisMonitor;
+pub use sql_server::SqlServer;
 pub use util::{
     Error, Result, TempDir, Timeouts, free_port, now_unix_micros, require_installed, wait_until,
 };

@@ -1,22 +1,19 @@
 //! MariaDB 10.11 (Debian): install-db into a throw-away dir, restartable with or without data.
 
 use crate::process::ServerProcess;
+use crate::sql_server::{DB, Dialect, PASSWORD, SqlServer, USER};
 use crate::util::{Result, TempDir, Timeouts, free_port, is_root, run};
-
-const USER: &str = "locksmith";
-const PASSWORD: &str = "locksmith-pw";
-const DB: &str = "locksmith";
 
 /// A MariaDB server (no doublewrite; the log written at commit, fsynced once a second: a killed
 /// server keeps every commit) with a database `locksmith`
-/// and a TCP user `locksmith`.
+/// and a TCP user `locksmith`. Its URL, port and process come from [`SqlServer`], which it
+/// dereferences to.
 #[derive(Debug)]
 pub struct MariaDb {
-    port: u16,
-    process: ServerProcess,
-    timeouts: Timeouts,
-    dir: TempDir,
+    server: SqlServer,
 }
+
+derefs_to!(MariaDb, server: SqlServer);
 
 impl MariaDb {
     /// Installs the system tables, starts the server, creates the user and database; waits
@@ -67,17 +64,24 @@ impl MariaDb {
             args,
             dir.join("mariadb.log"),
         )?;
-        let mut m = MariaDb {
-            port,
-            process,
-            timeouts,
-            dir,
-        };
-        m.wait_ready().await?;
-        m.create_user().await?;
-        Ok(m)
+        let server = SqlServer::new("mysql", port, process, timeouts, dir);
+        crate::sql_server::ready(MariaDb { server }).await
     }
 
+    fn socket(&self) -> String {
+        format!("--socket={}", self.dir.join("mariadb.sock").display())
+    }
+
+    /// Kills the server (`-9`) and starts it again on the same port: with its data (crash
+    /// recovery) or, with `keep_data == false`, freshly installed (every table gone).
+    ///
+    /// Cancel safety: a dropped restart may leave the server stopped.
+    pub async fn restart(&mut self, keep_data: bool) -> Result<()> {
+        crate::sql_server::restart(self, keep_data).await
+    }
+}
+
+impl Dialect for MariaDb {
     async fn install(dir: &TempDir, t: Timeouts) -> Result<()> {
         let datadir = format!("--datadir={}", dir.join("data").display());
         // Its own temp dir: the bootstrap's temporary tables in the shared /tmp were seen to
@@ -97,10 +101,6 @@ impl MariaDb {
             args.insert(1, "--user=root");
         }
         run("mariadb-install-db", &args, t.start).await.map(drop)
-    }
-
-    fn socket(&self) -> String {
-        format!("--socket={}", self.dir.join("mariadb.sock").display())
     }
 
     async fn wait_ready(&mut self) -> Result<()> {
@@ -142,38 +142,5 @@ impl MariaDb {
         )
         .await
         .map(drop)
-    }
-
-    /// `mysql://locksmith:locksmith-pw@127.0.0.1:PORT/locksmith`.
-    pub fn url(&self) -> String {
-        format!("mysql://{USER}:{PASSWORD}@127.0.0.1:{}/{DB}", self.port)
-    }
-
-    /// Its port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// The process, to kill, pause or resume it.
-    pub fn process(&mut self) -> &mut ServerProcess {
-        &mut self.process
-    }
-
-    /// Kills the server (`-9`) and starts it again on the same port: with its data (crash
-    /// recovery) or, with `keep_data == false`, freshly installed (every table gone).
-    ///
-    /// Cancel safety: a dropped restart may leave the server stopped.
-    pub async fn restart(&mut self, keep_data: bool) -> Result<()> {
-        self.process.kill();
-        if !keep_data {
-            std::fs::remove_dir_all(self.dir.join("data"))?;
-            Self::install(&self.dir, self.timeouts).await?;
-        }
-        self.process.respawn()?;
-        self.wait_ready().await?;
-        if !keep_data {
-            self.create_user().await?;
-        }
-        Ok(())
     }
 }

@@ -1,24 +1,22 @@
 //! PostgreSQL 15 (Debian): initdb into a throw-away dir, restartable with or without its data.
 
 use crate::process::ServerProcess;
+use crate::sql_server::{DB, Dialect, PASSWORD, SqlServer, USER};
 use crate::util::{Result, TempDir, Timeouts, free_port, is_root, run};
 
 const BIN: &str = "/usr/lib/postgresql/15/bin";
-const USER: &str = "locksmith";
-const PASSWORD: &str = "locksmith-pw";
-const DB: &str = "locksmith";
 
 /// A PostgreSQL server (fsync off: a killed server keeps every commit, a crashed OS would not;
 /// synchronous commit on; trust authentication on 127.0.0.1) with a database
 /// `locksmith` owned by the user `locksmith`. PostgreSQL refuses to run as root: as root, it
-/// runs as the `postgres` user (through `setpriv`).
+/// runs as the `postgres` user (through `setpriv`). Its URL, port and process (the
+/// postmaster's process group) come from [`SqlServer`], which it dereferences to.
 #[derive(Debug)]
 pub struct Postgres {
-    port: u16,
-    process: ServerProcess,
-    timeouts: Timeouts,
-    dir: TempDir,
+    server: SqlServer,
 }
+
+derefs_to!(Postgres, server: SqlServer);
 
 /// `program args` as the postgres user when we are root.
 fn as_pg(program: &str, args: &[String]) -> (String, Vec<String>) {
@@ -63,7 +61,7 @@ impl Postgres {
             )
             .await?;
         }
-        Self::initdb(&dir, timeouts).await?;
+        Self::install(&dir, timeouts).await?;
         let port = free_port()?;
         let mut server_args: Vec<String> = vec![
             "-D".into(),
@@ -92,18 +90,49 @@ impl Postgres {
             args,
             dir.join("postgres.log"),
         )?;
-        let mut pg = Postgres {
-            port,
-            process,
-            timeouts,
-            dir,
-        };
-        pg.wait_ready().await?;
-        pg.create_user().await?;
-        Ok(pg)
+        let server = SqlServer::new("postgres", port, process, timeouts, dir);
+        crate::sql_server::ready(Postgres { server }).await
     }
 
-    async fn initdb(dir: &TempDir, t: Timeouts) -> Result<()> {
+    async fn psql_as_postgres(&self, sql: &str) -> Result<String> {
+        let port = self.port.to_string();
+        run(
+            &format!("{BIN}/psql"),
+            &[
+                "-X",
+                "-q",
+                "-t",
+                "-A",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-c",
+                sql,
+            ],
+            self.timeouts.command,
+        )
+        .await
+    }
+
+    /// Kills the server (`-9`; its backends exit when they notice) and starts it again on the same
+    /// port: with its data directory (crash recovery) or, with `keep_data == false`, from a
+    /// fresh initdb (every table gone).
+    ///
+    /// Cancel safety: a dropped restart may leave the server stopped.
+    pub async fn restart(&mut self, keep_data: bool) -> Result<()> {
+        crate::sql_server::restart(self, keep_data).await
+    }
+}
+
+impl Dialect for Postgres {
+    async fn install(dir: &TempDir, t: Timeouts) -> Result<()> {
         let (prog, args) = as_pg(
             &format!("{BIN}/initdb"),
             &[
@@ -148,83 +177,5 @@ impl Postgres {
         self.psql_as_postgres(&format!("CREATE DATABASE {DB} OWNER {USER}"))
             .await
             .map(drop)
-    }
-
-    async fn psql_as_postgres(&self, sql: &str) -> Result<String> {
-        let port = self.port.to_string();
-        run(
-            &format!("{BIN}/psql"),
-            &[
-                "-X",
-                "-q",
-                "-t",
-                "-A",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &port,
-                "-U",
-                "postgres",
-                "-d",
-                "postgres",
-                "-c",
-                sql,
-            ],
-            self.timeouts.command,
-        )
-        .await
-    }
-
-    /// `postgres://locksmith:locksmith-pw@127.0.0.1:PORT/locksmith`.
-    pub fn url(&self) -> String {
-        format!("postgres://{USER}:{PASSWORD}@127.0.0.1:{}/{DB}", self.port)
-    }
-
-    /// Its port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// The postmaster's process group, to kill, pause or resume the whole server.
-    pub fn process(&mut self) -> &mut ServerProcess {
-        &mut self.process
-    }
-
-    /// Kills the server (`-9`; its backends exit when they notice) and starts it again on the same
-    /// port: with its data directory (crash recovery) or, with `keep_data == false`, from a
-    /// fresh initdb (every table gone).
-    ///
-    /// Cancel safety: a dropped restart may leave the server stopped.
-    pub async fn restart(&mut self, keep_data: bool) -> Result<()> {
-        self.process.kill();
-        if !keep_data {
-            let data = self.dir.join("data");
-            std::fs::remove_dir_all(&data)?;
-            Self::initdb(&self.dir, self.timeouts).await?;
-        }
-        // The backends of the killed server run in sessions of their own (PostgreSQL makes each
-        // child a group leader), so the group kill misses them: they exit once they notice the
-        // postmaster's death and hold the shared memory block until then, which fails a start
-        // ("pre-existing shared memory block is still in use"). Start again until they are gone.
-        let deadline = tokio::time::Instant::now() + self.timeouts.start;
-        loop {
-            self.process.respawn()?;
-            match self.wait_ready().await {
-                Ok(()) => break,
-                Err(e)
-                    if e.to_string().contains("pre-existing shared memory block")
-                        && tokio::time::Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        if !keep_data {
-            self.create_user().await?;
-        }
-        Ok(())
     }
 }

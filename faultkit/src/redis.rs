@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::process::ServerProcess;
-use crate::util::{Result, TempDir, Timeouts, free_port, run};
+use crate::util::{Result, TempDir, Timeouts, free_port, run, wait_for_other};
 
 /// Runs `redis-cli -p PORT args...` and returns its output.
 ///
@@ -20,11 +20,30 @@ async fn pings(port: u16) -> Result<bool> {
 }
 
 fn spawn_redis(dir: &TempDir, label: &str, port: u16, extra: &[String]) -> Result<ServerProcess> {
+    let mut after = strings(&["--enable-debug-command", "local"]);
+    after.extend_from_slice(extra);
+    spawn_redis_listening(
+        dir,
+        label,
+        port,
+        strings(&["--port", &port.to_string()]),
+        after,
+    )
+}
+
+/// `redis-server` without persistence in `dir/label`, listening as `listen` says on port
+/// `port` of 127.0.0.1, with `after` last (where it overrides the defaults).
+fn spawn_redis_listening(
+    dir: &TempDir,
+    label: &str,
+    port: u16,
+    listen: Vec<String>,
+    after: Vec<String>,
+) -> Result<ServerProcess> {
     let sub = dir.join(label);
     std::fs::create_dir_all(&sub)?;
-    let mut args: Vec<String> = [
-        "--port",
-        &port.to_string(),
+    let mut args = listen;
+    args.extend(strings(&[
         "--bind",
         "127.0.0.1",
         "--save",
@@ -35,19 +54,50 @@ fn spawn_redis(dir: &TempDir, label: &str, port: u16, extra: &[String]) -> Resul
         "no",
         "--dir",
         &sub.to_string_lossy(),
-        "--enable-debug-command",
-        "local",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend_from_slice(extra);
+    ]));
+    args.extend(after);
     ServerProcess::spawn(
         format!("redis {label} :{port}"),
         "redis-server",
         args,
         sub.join("redis.log"),
     )
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+/// Spawns a TLS-only `redis-server` (no plain port) in `dir/label`, on `port` of 127.0.0.1,
+/// without persistence, with `password`, serving the certificate `server.pem` and key
+/// `server.key` found in `certs` (clients are not asked for certificates; `ca.pem` there
+/// verifies any that are given). Waiting until it serves is the caller's (a TLS `PING` needs
+/// the CA and the password): [`ServerProcess::wait_ready`].
+pub fn spawn_tls_redis(
+    dir: &TempDir,
+    label: &str,
+    port: u16,
+    certs: &std::path::Path,
+    password: &str,
+) -> Result<ServerProcess> {
+    let file = |f: &str| certs.join(f).to_string_lossy().into_owned();
+    let listen = strings(&[
+        "--port",
+        "0",
+        "--tls-port",
+        &port.to_string(),
+        "--tls-cert-file",
+        &file("server.pem"),
+        "--tls-key-file",
+        &file("server.key"),
+        "--tls-ca-cert-file",
+        &file("ca.pem"),
+        "--tls-auth-clients",
+        "no",
+        "--requirepass",
+        password,
+    ]);
+    spawn_redis_listening(dir, label, port, listen, Vec::new())
 }
 
 /// One Redis server, without persistence (`save ""`, no AOF: a restart loses every key, the
@@ -299,20 +349,7 @@ impl RedisFailover {
     ///
     /// Cancel safe.
     pub async fn wait_failover(&self, old: usize, timeout: Duration) -> Result<usize> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            if let Some(new) = self.primary().await.ok()
-                && new != old
-            {
-                return Ok(new);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(crate::Error::msg(format!(
-                    "sentinel failover: none after {timeout:?}"
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for_other("sentinel failover", old, timeout, || self.primary()).await
     }
 
     /// The `ROLE` node `i` gives itself (`master` or `slave`).

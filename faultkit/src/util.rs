@@ -165,6 +165,35 @@ where
     }
 }
 
+/// Polls `current` every 20 ms until it names another member than `old` (a new leader, a new
+/// primary after a failover), for at most `timeout`; returns it. `what` names the wait in the
+/// error.
+///
+/// Cancel safe.
+pub(crate) async fn wait_for_other<F, Fut>(
+    what: &str,
+    old: usize,
+    timeout: Duration,
+    mut current: F,
+) -> Result<usize>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<usize>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(new) = current().await.ok()
+            && new != old
+        {
+            return Ok(new);
+        }
+        if Instant::now() >= deadline {
+            return Err(Error(format!("{what}: none after {timeout:?}")));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Runs a command to completion within `timeout`; its stdout on exit code 0, an error with its
 /// stderr otherwise.
 ///

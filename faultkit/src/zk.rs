@@ -1,12 +1,11 @@
 //! ZooKeeper 3.8 (Debian, java): a single server or a 3-node ensemble on loopback.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::cluster::{Cluster, Member, Probes};
 use crate::peer_links::{FirstRead, PeerLinks};
-use crate::process::ServerProcess;
 use crate::util::{Error, Result, TempDir, Timeouts, free_port};
 
 const CLASSPATH: &str = "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar";
@@ -41,23 +40,30 @@ pub async fn mode(port: u16) -> Result<Option<String>> {
         .map(|m| m.trim().to_string()))
 }
 
-#[derive(Debug)]
-struct Member {
-    client_port: u16,
-    data: PathBuf,
-    process: ServerProcess,
-}
+/// How a ZooKeeper member says it serves and leads (`srvr`'s `Mode:`; a standalone server
+/// leads).
+const PROBES: Probes = Probes {
+    server: "zookeeper",
+    ready_what: "srvr Mode:",
+    ready: |port| Box::pin(async move { Ok(mode(port).await?.is_some()) }),
+    leads: |port| {
+        Box::pin(async move {
+            let mode = mode(port).await?;
+            Ok(matches!(mode.as_deref(), Some("leader" | "standalone")))
+        })
+    },
+};
 
 /// A ZooKeeper server or ensemble (`tickTime` 200 ms by default, so the minimum session timeout
-/// is 400 ms; `java -Xmx256m`). Members are numbered from 0.
+/// is 400 ms; `java -Xmx256m`). Members are numbered from 0. What every member set does (ports,
+/// cuts, kills, leaders, restarts) comes from [`Cluster`], which it dereferences to.
 #[derive(Debug)]
 pub struct ZooKeeper {
-    members: Vec<Member>,
-    timeouts: Timeouts,
+    cluster: Cluster,
     tick: Duration,
-    peers: Option<PeerLinks>,
-    _dir: TempDir,
 }
+
+derefs_to!(ZooKeeper, cluster: Cluster);
 
 impl ZooKeeper {
     /// One standalone server.
@@ -75,7 +81,7 @@ impl ZooKeeper {
     }
 
     /// A 3-node ensemble whose members reach each other through faultkit (their quorum and
-    /// election ports), so that [`ZooKeeper::cut_member`] can cut one off from its peers while
+    /// election ports), so that [`Cluster::cut_member`] can cut one off from its peers while
     /// its clients still reach it. The links run on the calling tokio runtime: it must keep
     /// running (a multi-threaded runtime, or one that is not blocked) while the ensemble serves.
     ///
@@ -158,140 +164,31 @@ impl ZooKeeper {
                 "org.apache.zookeeper.server.quorum.QuorumPeerMain".into(),
                 cfg.to_string_lossy().into_owned(),
             ];
-            let process = ServerProcess::spawn(
+            members.push(Member::spawn(
                 format!("zookeeper {i} :{client}"),
                 "java",
                 args,
                 sub.join("zk.log"),
-            )?;
-            members.push(Member {
-                client_port: *client,
+                *client,
                 data,
-                process,
-            });
+            )?);
         }
-        if let Some(p) = &peers {
-            p.attach(members.iter().map(|m| m.process.pid_cell()).collect());
-        }
-        let mut zk = ZooKeeper {
-            members,
-            timeouts,
-            tick,
-            peers,
-            _dir: dir,
-        };
-        for i in 0..n {
-            zk.wait_member(i).await?;
-        }
-        Ok(zk)
-    }
-
-    async fn wait_member(&mut self, i: usize) -> Result<()> {
-        let t = self.timeouts.start;
-        let m = &mut self.members[i];
-        let port = m.client_port;
-        m.process
-            .wait_ready("srvr Mode:", t, || async move {
-                Ok(mode(port).await?.is_some())
-            })
-            .await
+        let cluster = Cluster::assemble(dir, timeouts, peers, members, PROBES).await?;
+        Ok(ZooKeeper { cluster, tick })
     }
 
     /// `zk://127.0.0.1:p1,127.0.0.1:p2,...` (every member).
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
-            .members
-            .iter()
-            .map(|m| format!("127.0.0.1:{}", m.client_port))
+            .client_ports()
+            .map(|port| format!("127.0.0.1:{port}"))
             .collect();
         format!("zk://{}", hosts.join(","))
-    }
-
-    /// Member `i`'s client port.
-    pub fn client_port(&self, i: usize) -> u16 {
-        self.members[i].client_port
-    }
-
-    /// How many members.
-    pub fn len(&self) -> usize {
-        self.members.len()
-    }
-
-    /// Never: there is at least one member.
-    pub fn is_empty(&self) -> bool {
-        self.members.is_empty()
     }
 
     /// The `tickTime` (the minimum session timeout is twice it).
     pub fn tick(&self) -> Duration {
         self.tick
-    }
-
-    /// Cuts member `i` off from its peers: nothing passes between it and the other members
-    /// (quorum and election ports, both ways; held like dropped packets) while its clients
-    /// still reach its client port. It loses the quorum within `syncLimit` ticks (1 s with the
-    /// default tick) and stops serving its sessions. An error unless the ensemble was started
-    /// with [`ZooKeeper::ensemble_with_peer_links`].
-    pub fn cut_member(&self, i: usize) -> Result<()> {
-        self.links()?.set_cut(i, true);
-        Ok(())
-    }
-
-    /// Ends [`ZooKeeper::cut_member`]: member `i` reaches its peers again (held traffic is
-    /// delivered) and rejoins the quorum.
-    pub fn heal_member(&self, i: usize) -> Result<()> {
-        self.links()?.set_cut(i, false);
-        Ok(())
-    }
-
-    /// Whether member `i` is cut off from its peers now.
-    pub fn is_cut(&self, i: usize) -> bool {
-        self.peers.as_ref().is_some_and(|p| p.is_cut(i))
-    }
-
-    fn links(&self) -> Result<&PeerLinks> {
-        self.peers.as_ref().ok_or_else(|| {
-            Error::msg("this ensemble's members reach each other directly: start it with ZooKeeper::ensemble_with_peer_links to cut one off")
-        })
-    }
-
-    /// Member `i`'s process, to kill, pause or resume it.
-    pub fn member(&mut self, i: usize) -> &mut ServerProcess {
-        &mut self.members[i].process
-    }
-
-    /// The member that says `Mode: leader` (or `standalone`) now.
-    ///
-    /// Cancel safe.
-    pub async fn leader(&self) -> Result<usize> {
-        for (i, m) in self.members.iter().enumerate() {
-            if let Ok(Some(mode)) = mode(m.client_port).await
-                && (mode == "leader" || mode == "standalone")
-            {
-                return Ok(i);
-            }
-        }
-        Err(Error::msg("no zookeeper member says it leads"))
-    }
-
-    /// Waits until a member other than `old` leads; returns it.
-    ///
-    /// Cancel safe.
-    pub async fn wait_new_leader(&self, old: usize, timeout: Duration) -> Result<usize> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            if let Some(new) = self.leader().await.ok()
-                && new != old
-            {
-                return Ok(new);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(crate::Error::msg(format!(
-                    "new zookeeper leader: none after {timeout:?}"
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
     }
 
     /// Kills member `i` (`-9`) and starts it again: with its data, or with an empty data dir
@@ -300,10 +197,8 @@ impl ZooKeeper {
     ///
     /// Cancel safety: a dropped restart may leave the member stopped.
     pub async fn restart(&mut self, i: usize, keep_data: bool) -> Result<()> {
-        self.members[i].process.kill();
-        if !keep_data {
-            let data = self.members[i].data.clone();
-            for e in std::fs::read_dir(&data)? {
+        self.restart_member(i, keep_data, |data| {
+            for e in std::fs::read_dir(data)? {
                 let p = e?.path();
                 if p.file_name().is_some_and(|n| n != "myid") {
                     if p.is_dir() {
@@ -313,9 +208,9 @@ impl ZooKeeper {
                     }
                 }
             }
-        }
-        self.members[i].process.respawn()?;
-        self.wait_member(i).await
+            Ok(())
+        })
+        .await
     }
 }
 

@@ -7,7 +7,7 @@ use crate::generic::{
     holder_kill, holder_pause, leader_loss, partition, quorum_loss, server_restart, slow_replies,
 };
 use crate::held::Held;
-use crate::redis::{clock_jump, node_restart_empty, sentinel_failover};
+use crate::redis::{clock_jump, master_paused_on_three, node_restart_empty, sentinel_failover};
 use crate::support::connect;
 use crate::target::{Kind, Target};
 use crate::{cut_member, lost_replies};
@@ -41,6 +41,9 @@ pub enum Fault {
     QuorumLoss,
     /// One Redlock master restarted empty while a lock is held on exactly a majority.
     NodeRestartEmpty,
+    /// One Redlock master paused while a renewing lock stands on exactly three of five: its
+    /// renewals have repaired it onto the other two, so the pause changes nothing.
+    MasterPausedOnThree,
     /// A server's clock running fast, simulated by shortening the lock key's TTL (`PEXPIRE`).
     ClockJump,
     /// The acquire's reply lost (applied by the server, the client's connection reset).
@@ -59,7 +62,7 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in report order.
-    pub const ALL: [Fault; 18] = [
+    pub const ALL: [Fault; 19] = [
         Fault::HolderKill,
         Fault::HolderPause,
         Fault::ReaderKill,
@@ -72,6 +75,7 @@ impl Fault {
         Fault::SlowReplies,
         Fault::QuorumLoss,
         Fault::NodeRestartEmpty,
+        Fault::MasterPausedOnThree,
         Fault::ClockJump,
         Fault::LostAcquireReply,
         Fault::LostReleaseReply,
@@ -95,6 +99,7 @@ impl Fault {
             Fault::SlowReplies => "slow_replies",
             Fault::QuorumLoss => "quorum_loss",
             Fault::NodeRestartEmpty => "node_restart_empty",
+            Fault::MasterPausedOnThree => "master_paused_on_three",
             Fault::ClockJump => "clock_jump",
             Fault::LostAcquireReply => "lost_acquire_reply",
             Fault::LostReleaseReply => "lost_release_reply",
@@ -164,6 +169,12 @@ impl Fault {
                 "Redlock: a lock held on exactly 3 of 5 masters (2 down at acquire), the 2 come \
                  back and one of the holder's 3 restarts empty: a second client wins while the \
                  holder still believes it holds (double holders counted)"
+            }
+            Fault::MasterPausedOnThree => {
+                "Redlock: a renewing lock standing on exactly 3 of 5 masters (2 down at \
+                 acquire, then back empty) is repaired onto the 2 by its renewals; one of its 3 \
+                 is then SIGSTOPped for 3 TTLs: the holder keeps the lock (no lost signal, still \
+                 valid) and no other client wins"
             }
             Fault::ClockJump => {
                 "a server's clock jumping forward, simulated by PEXPIRE of the lock key (Redlock: \
@@ -296,6 +307,16 @@ pub async fn run_fault(target: &mut Target, fault: Fault) -> FaultCell {
                 );
             }
         },
+        Fault::MasterPausedOnThree => match target.kind {
+            Kind::Redlock => master_paused_on_three(target, &mut cell).await,
+            Kind::Sentinel { .. } => return sentinel_only(cell),
+            _ => {
+                return cell.not_applicable(
+                    "Redlock only: a lock standing on a bare majority of independent masters \
+                     (one member paused elsewhere: quorum_loss, leader_loss)",
+                );
+            }
+        },
         Fault::ClockJump => match target.kind {
             Kind::Redis | Kind::Redlock => clock_jump(target, &mut cell).await,
             Kind::Sentinel { .. } => return sentinel_only(cell),
@@ -393,6 +414,8 @@ const VIOLATIONS: &[&str] = &[
     "release_hung",
     "deleted_twice",
     "waiter_past_bound",
+    "not_repaired",
+    "lost_with_a_minority_paused",
 ];
 
 fn sentinel_only(cell: FaultCell) -> FaultCell {

@@ -107,6 +107,10 @@ pub fn expected(label: &str, fault: Fault) -> Expect {
              before the TTL ends",
         ),
         (_, NodeRestartEmpty) => NotApplicable,
+        // Issue 35: was "at risk: no renewal landed" in 4 of 26 pauses before the renewal
+        // repaired a lock standing on a bare majority onto every master that answers.
+        ("redlock", MasterPausedOnThree) => Holds,
+        (_, MasterPausedOnThree) => NotApplicable,
         ("redlock", ClockJump) => Documented(
             "lock-redlock crate docs, 'What Redlock does not give you': two holders after a clock jump on a node",
         ),

@@ -1,5 +1,6 @@
 //! The faults only Redis topologies have: a Sentinel failover losing an unreplicated key, a
-//! Redlock master restarted empty, a server clock jumping forward (a key's TTL shortened).
+//! Redlock master restarted empty or paused, a server clock jumping forward (a key's TTL
+//! shortened).
 
 use std::time::Duration;
 
@@ -277,5 +278,92 @@ pub(crate) async fn clock_jump(t: &mut Target, cell: &mut FaultCell) -> R {
     }
     second_holder(t, &name, &ga, &lost, jumped, cell).await?;
     ga.abandon();
+    Ok(())
+}
+
+/// A renewing holder on Redlock whose lock stands on exactly masters 0-2 (3 and 4 down at the
+/// acquire, then back empty, as a split vote under contention leaves a lock): its renewals
+/// extend it onto 3 and 4 (`not_repaired` when they do not within the bound), then master 0 is
+/// SIGSTOPped for 3 TTLs, during which the holder must keep the lock (no lost signal:
+/// `lost_with_a_minority_paused`) and another client never wins it (`double_holders`). Master 0
+/// is resumed whatever happens.
+pub(crate) async fn master_paused_on_three(t: &mut Target, cell: &mut FaultCell) -> R {
+    let name = name("paused3");
+    let (ttl, d) = (t.ttl, bound(t));
+    t.kill_member(3);
+    t.kill_member(4);
+    let (a, b) = (connect(t).await?, connect(t).await?);
+    let g = a
+        .lock(&name, &renewing(ttl).wait_timeout(d))
+        .await
+        .map_err(|e| format!("lock on masters 0-2: {e}"))?;
+    let lost = watch_lost(g.lost());
+    t.restart_members(&[3, 4])
+        .await
+        .map_err(|e| e.to_string())?;
+    let Topo::Redlock(masters) = &mut t.topo else {
+        return Err("not a Redlock topology".into());
+    };
+    let key = lock_key(&masters[0], &name).await?;
+    let restarted = now();
+    for (i, m) in masters.iter().enumerate().skip(3) {
+        let key = key.as_str();
+        let repaired = faultkit::wait_until(
+            "the holder's key repaired onto a master",
+            d,
+            || async move { Ok(m.cli(&["EXISTS", key]).await?.trim() == "1") },
+        )
+        .await;
+        if repaired.is_err() {
+            cell.count("not_repaired", 1);
+            cell.note
+                .push_str(&format!(" the renewals never put the key on master {i};"));
+        }
+    }
+    cell.next_holder_ms = None;
+    cell.note.push_str(&format!(
+        " held on masters 0-2 (3, 4 down at acquire, then back empty), repaired onto 3, 4 \
+         within {:.0} ms; master 0 paused for 3 TTLs;",
+        ms(restarted, now())
+    ));
+    masters[0].process().pause().map_err(|e| e.to_string())?;
+    let paused = std::time::Instant::now();
+    let short = LockOptions::new().ttl(ttl).no_auto_renew();
+    let mut outcome = Ok(());
+    let (mut tries, mut won) = (0u64, 0u64);
+    while paused.elapsed() < ttl * 3 {
+        match b.try_lock(&name, &short).await {
+            Ok(Some(other)) => {
+                won += 1;
+                other.release().await.ok();
+            }
+            Ok(None) => {}
+            // A try whose votes did not add up (the paused master's is missing) is no win.
+            Err(e) if e.kind() == locksmith::ErrorKind::Unavailable => {}
+            Err(e) => {
+                outcome = Err(format!("another client's try_lock: {e}"));
+                break;
+            }
+        }
+        tries += 1;
+        tokio::time::sleep(Duration::from_millis(200).mul_f64(scale())).await;
+    }
+    let kept = lost.get().is_none() && g.is_valid();
+    masters[0].process().resume().map_err(|e| e.to_string())?;
+    outcome?;
+    cell.count("double_holders", won);
+    cell.count("lost_with_a_minority_paused", u64::from(!kept));
+    cell.note.push_str(&format!(
+        " {tries} tries by another client while paused, {won} won; the holder {};",
+        if kept {
+            "kept the lock"
+        } else {
+            "lost the lock"
+        }
+    ));
+    let released = g.release().await;
+    if kept {
+        released.map_err(|e| format!("release: {e}"))?;
+    }
     Ok(())
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use lockcore::{Error, ErrorKind, Instant, LockName, Result};
 
 use crate::backend::EtcdBackend;
@@ -84,24 +84,7 @@ impl EtcdBackend {
     /// The count of `Backend::queued_waiters`: the keys that do not hold (behind the holder,
     /// or behind the shared or permit holders), from one keys-only read of the queue.
     pub(crate) async fn count_waiters(&self, name: &LockName) -> Result<usize> {
-        let dir = self.dir(name);
-        let resp = self
-            .call("reading the lock's queue", |mut c| {
-                let dir = dir.clone();
-                async move {
-                    c.get(
-                        dir,
-                        Some(
-                            GetOptions::new()
-                                .with_prefix()
-                                .with_sort(SortTarget::Create, SortOrder::Ascend)
-                                .with_keys_only(),
-                        ),
-                    )
-                    .await
-                }
-            })
-            .await?;
+        let resp = self.read_queue(name, true).await?;
         let keys: Vec<_> = resp.kvs().iter().map(|kv| kv.key()).collect();
         Ok(holders(&keys).into_iter().filter(|holds| !holds).count())
     }

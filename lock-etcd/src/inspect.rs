@@ -8,34 +8,36 @@
 
 use std::time::Duration;
 
-use etcd_client::{GetOptions, SortOrder, SortTarget};
+use etcd_client::{GetOptions, GetResponse, SortOrder, SortTarget};
 use lockcore::{Holder, LockInfo, LockMode, LockName, Result, Share};
 
 use crate::backend::EtcdBackend;
 use crate::modes::{holders, mode_of};
 
 impl EtcdBackend {
+    /// The lock's queue in one read, oldest key first (its keys alone when `keys_only`).
+    ///
+    /// Cancel safe.
+    pub(crate) async fn read_queue(&self, name: &LockName, keys_only: bool) -> Result<GetResponse> {
+        let dir = self.dir(name);
+        self.call("reading the lock's queue", |mut c| {
+            let dir = dir.clone();
+            let mut options = GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend);
+            if keys_only {
+                options = options.with_keys_only();
+            }
+            async move { c.get(dir, Some(options)).await }
+        })
+        .await
+    }
+
     /// See [`Backend::inspect`](lockcore::backend::Backend::inspect). One read when free; when
     /// held, one more per holder (its lease's time to live), sent together. The TTL left is in
     /// whole seconds (etcd's lease granularity).
     pub(crate) async fn inspect_lock(&self, name: &LockName) -> Result<LockInfo> {
-        let dir = self.dir(name);
-        let resp = self
-            .call("reading the lock's queue", |mut c| {
-                let dir = dir.clone();
-                async move {
-                    c.get(
-                        dir,
-                        Some(
-                            GetOptions::new()
-                                .with_prefix()
-                                .with_sort(SortTarget::Create, SortOrder::Ascend),
-                        ),
-                    )
-                    .await
-                }
-            })
-            .await?;
+        let resp = self.read_queue(name, false).await?;
         let kvs = resp.kvs();
         let Some(head) = kvs.first() else {
             return Ok(LockInfo::free(name.clone(), Some(0)));

@@ -214,14 +214,7 @@ impl Backend for EtcdBackend {
         req: &AcquireRequest,
         deadline: Option<Instant>,
     ) -> Result<Option<Acquired>> {
-        match deadline {
-            None => self.run(req, true).await,
-            Some(d) if d <= Instant::now() => self.run(req, false).await,
-            Some(d) => match tokio::time::timeout_at(d, self.run(req, true)).await {
-                Ok(r) => r,
-                Err(_elapsed) => Ok(None),
-            },
-        }
+        lockcore::acquire_within(deadline, |wait, _| self.run(req, wait)).await
     }
 
     /// One transaction for the whole set: if every member's directory is empty, put one key

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use conformance::interop::{held_by_one_client_only, taken_and_released};
 use faultkit::{Direction, Proxy};
 use lock_etcd::EtcdBackend;
 use lockcore::backend::{AcquireRequest, Backend, Background, LostNotifier};
@@ -571,18 +572,7 @@ async fn from_client_shares_the_applications_client() {
     );
     let name = unique("shared");
     let opts = LockOptions::new().ttl(Duration::from_secs(5));
-    let g = mine
-        .try_lock(name.as_str(), &opts)
-        .await
-        .unwrap()
-        .expect("free");
-    assert!(
-        other
-            .try_lock(name.as_str(), &opts)
-            .await
-            .unwrap()
-            .is_none()
-    );
+    let g = held_by_one_client_only(&mine, &other, &name, &opts).await;
     let held = client
         .kv_client()
         .get(
@@ -597,16 +587,7 @@ async fn from_client_shares_the_applications_client() {
         .unwrap();
     assert_eq!(held.kvs().len(), 1, "one lock key under the namespace");
     g.release().await.unwrap();
-    other
-        .lock(
-            name.as_str(),
-            &opts.clone().wait_timeout(scaled(Duration::from_secs(5))),
-        )
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    taken_and_released(&other, &name, &opts).await;
     for bad in ["../x", "a//b", "ns\n"] {
         let err = EtcdBackend::from_client(client.clone(), bad)
             .await

@@ -41,6 +41,21 @@ async fn single_behind_proxy() -> Option<(Etcd, Proxy)> {
     Some((server, proxy))
 }
 
+/// The holder's locker, through the proxy (with `query`), and an admin backend and its
+/// locker straight to the server.
+async fn holder_and_admin(
+    server: &Etcd,
+    proxy: &Proxy,
+    query: &str,
+) -> (Locker, EtcdBackend, Locker) {
+    let holder_url = format!("etcd://127.0.0.1:{}{query}", proxy.port());
+    let holder = Locker::new(EtcdBackend::connect(&holder_url).await.unwrap());
+    let admin = EtcdBackend::connect(&url_of(&[server.client_port(0)]))
+        .await
+        .unwrap();
+    (holder, admin.clone(), Locker::new(admin))
+}
+
 /// The lock's only key: (key, create revision, lease).
 async fn held_key(admin: &EtcdBackend, name: &str) -> Option<(String, i64, i64)> {
     let resp = admin
@@ -89,19 +104,8 @@ async fn an_extend_with_a_lost_answer_does_not_free_the_lock() {
         return;
     };
     let timeout = scaled(Duration::from_millis(1500));
-    let holder = Locker::new(
-        EtcdBackend::connect(&format!(
-            "etcd://127.0.0.1:{}?timeout_ms={}",
-            proxy.port(),
-            timeout.as_millis()
-        ))
-        .await
-        .unwrap(),
-    );
-    let admin = EtcdBackend::connect(&url_of(&[server.client_port(0)]))
-        .await
-        .unwrap();
-    let other = Locker::new(admin.clone());
+    let query = format!("?timeout_ms={}", timeout.as_millis());
+    let (holder, admin, other) = holder_and_admin(&server, &proxy, &query).await;
     let name = format!("ambiguous-{:08x}", fastrand::u32(..));
     let opts = LockOptions::new().ttl(Duration::from_secs(30));
     let g = holder.try_lock(&name, &opts).await.unwrap().expect("free");
@@ -168,15 +172,7 @@ async fn an_extend_dropped_after_its_move_leaves_the_key_renewed() {
     let Some((server, proxy)) = single_behind_proxy().await else {
         return;
     };
-    let holder = Locker::new(
-        EtcdBackend::connect(&format!("etcd://127.0.0.1:{}", proxy.port()))
-            .await
-            .unwrap(),
-    );
-    let admin = EtcdBackend::connect(&url_of(&[server.client_port(0)]))
-        .await
-        .unwrap();
-    let other = Locker::new(admin.clone());
+    let (holder, admin, other) = holder_and_admin(&server, &proxy, "").await;
     let name = format!("dropped-{:08x}", fastrand::u32(..));
     let ttl = Duration::from_secs(4);
     let opts = LockOptions::new().ttl(ttl);

@@ -9,23 +9,16 @@
 
 use std::time::Duration;
 
-use faultkit::{PeerCommand, PeerProcess, Window, check_windows, now_unix_micros, unix_micros_at};
+use conformance::interop::{
+    contend_with_peer, eventually, peer_holds_after, scaled_secs as scaled, spawn_timed_lock,
+    unique,
+};
+use faultkit::{PeerCommand, PeerProcess, now_unix_micros};
 use lock_etcd::EtcdBackend;
-use lockcore::{CampaignOptions, Instant, LockOptions, Locker};
+use lockcore::{CampaignOptions, LockOptions, Locker};
 
 fn url() -> Option<String> {
     conformance::require_env("LOCK_TEST_ETCD_URL")
-}
-
-fn unique(prefix: &str) -> String {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    format!("{prefix}-{:x}-{}", t.as_nanos(), std::process::id())
-}
-
-fn scaled(secs: u64) -> Duration {
-    Duration::from_secs(secs).mul_f64(conformance::time_scale())
 }
 
 fn opts() -> LockOptions {
@@ -67,24 +60,6 @@ fn etcdctl(args: Vec<String>) -> PeerProcess {
         .unwrap()
 }
 
-/// Polls `f` until it is true or `within` passes (server-side state with no event to await).
-async fn eventually<F, Fut>(within: Duration, mut f: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let end = Instant::now() + within;
-    loop {
-        if f().await {
-            return true;
-        }
-        if Instant::now() >= end {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 async fn keys_under(backend: &EtcdBackend, prefix: &str) -> usize {
     let opts = lock_etcd::etcd_client::GetOptions::new()
         .with_prefix()
@@ -96,6 +71,32 @@ async fn keys_under(backend: &EtcdBackend, prefix: &str) -> usize {
         .await
         .map(|r| r.kvs().len())
         .unwrap_or(0)
+}
+
+/// Asserts that `n` keys come to be under `prefix` within `within` (a client queued behind
+/// another, or the keys gone).
+async fn keys_come_to(backend: &EtcdBackend, prefix: &str, n: usize, within: Duration, what: &str) {
+    assert!(
+        eventually(within, || async { keys_under(backend, prefix).await == n }).await,
+        "{what}"
+    );
+}
+
+/// Sends `signal` (`-INT`: unlock or resign and exit; `-KILL`) to an etcdctl peer.
+fn signal(peer: &PeerProcess, signal: &str) {
+    let pid = peer.id().expect("etcdctl runs").to_string();
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal} {pid}: {status}");
+}
+
+/// `etcdctl lock <pfx> -- sh -c 'echo HELD <µs>'`: queues, prints when it holds, unlocks.
+fn etcdctl_held_stamp(url: &str, prefix: &str) -> PeerProcess {
+    let mut args = etcdctl_args(url, prefix);
+    args.extend(["--", "sh", "-c", "echo HELD $(date +%s%6N)"].map(str::to_owned));
+    etcdctl(args)
 }
 
 /// `etcdctl lock` holds (it prints its key once it holds, and unlocks on SIGINT); locksmith's
@@ -114,29 +115,18 @@ async fn etcdctl_holds_locksmith_waits() {
         locker.try_lock(&name, &opts()).await.unwrap().is_none(),
         "locksmith's try_lock took a lock etcdctl holds"
     );
-    let waiter = {
-        let (locker, name) = (locker.clone(), name.clone());
-        tokio::spawn(async move {
-            let g = locker.lock(&name, &opts()).await.unwrap();
-            (g, now_unix_micros())
-        })
-    };
-    assert!(
-        eventually(scaled(20), || {
-            let (backend, prefix) = (&backend, &prefix);
-            async move { keys_under(backend, prefix).await == 2 }
-        })
-        .await,
-        "locksmith did not queue behind etcdctl"
-    );
+    let waiter = spawn_timed_lock(&locker, &name, &opts());
+    keys_come_to(
+        &backend,
+        &prefix,
+        2,
+        scaled(20),
+        "locksmith did not queue behind etcdctl",
+    )
+    .await;
     assert!(!waiter.is_finished(), "locksmith took a lock etcdctl holds");
     let unlock_sent = now_unix_micros();
-    let pid = holder.id().expect("etcdctl runs").to_string();
-    let status = std::process::Command::new("kill")
-        .args(["-INT", &pid])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    signal(&holder, "-INT");
     let (guard, won_at) = tokio::time::timeout(scaled(20), waiter)
         .await
         .expect("locksmith was not woken by etcdctl's unlock")
@@ -185,14 +175,14 @@ async fn etcdctl_and_an_atomic_set_exclude_each_other() {
         tokio::spawn(async move { locker.lock_all(names, &opts()).await.unwrap() })
     };
     // The set waits on the busy member's queue: its key behind etcdctl's, none elsewhere.
-    assert!(
-        eventually(scaled(20), || {
-            let (backend, prefix) = (&backend, &prefixes[1]);
-            async move { keys_under(backend, prefix).await == 2 }
-        })
-        .await,
-        "lock_all did not queue behind etcdctl"
-    );
+    keys_come_to(
+        &backend,
+        &prefixes[1],
+        2,
+        scaled(20),
+        "lock_all did not queue behind etcdctl",
+    )
+    .await;
     for p in [&prefixes[0], &prefixes[2]] {
         assert_eq!(
             keys_under(&backend, p).await,
@@ -204,35 +194,25 @@ async fn etcdctl_and_an_atomic_set_exclude_each_other() {
         !waiter.is_finished(),
         "lock_all took a member etcdctl holds"
     );
-    let pid = holder.id().expect("etcdctl runs").to_string();
-    let status = std::process::Command::new("kill")
-        .args(["-INT", &pid])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    signal(&holder, "-INT");
     let set = tokio::time::timeout(scaled(20), waiter)
         .await
         .expect("lock_all was not woken by etcdctl's unlock")
         .unwrap();
     holder.wait(scaled(20)).await.unwrap();
-    let mut args = etcdctl_args(&url, &prefixes[2]);
-    args.extend(["--", "sh", "-c", "echo HELD $(date +%s%6N)"].map(str::to_owned));
-    let mut waiter = etcdctl(args);
-    assert!(
-        eventually(scaled(30), || {
-            let (backend, prefix) = (&backend, &prefixes[2]);
-            async move { keys_under(backend, prefix).await == 2 }
-        })
-        .await,
-        "etcdctl did not queue behind the set"
-    );
-    let released = now_unix_micros();
-    set.release().await.unwrap();
-    let held = unix_micros_at(&waiter.expect("HELD", scaled(20)).await.unwrap(), 1).unwrap();
-    assert!(
-        held > released,
-        "etcdctl held at {held} µs, before the set was released at {released} µs"
-    );
+    let mut waiter = etcdctl_held_stamp(&url, &prefixes[2]);
+    keys_come_to(
+        &backend,
+        &prefixes[2],
+        2,
+        scaled(30),
+        "etcdctl did not queue behind the set",
+    )
+    .await;
+    peer_holds_after(&mut waiter, "etcdctl behind the set", async {
+        set.release().await.unwrap()
+    })
+    .await;
     waiter.wait(scaled(20)).await.unwrap();
 }
 
@@ -246,25 +226,19 @@ async fn locksmith_holds_etcdctl_waits() {
     let name = unique("interop-locksmith-holds");
     let prefix = backend.lock_prefix(name.as_str()).unwrap();
     let guard = locker.lock(&name, &opts()).await.unwrap();
-    let mut args = etcdctl_args(&url, &prefix);
-    args.extend(["--", "sh", "-c", "echo HELD $(date +%s%6N)"].map(str::to_owned));
-    let mut waiter = etcdctl(args);
-    assert!(
-        eventually(scaled(30), || {
-            let backend = &backend;
-            let prefix = &prefix;
-            async move { keys_under(backend, prefix).await == 2 }
-        })
-        .await,
-        "etcdctl did not queue behind locksmith"
-    );
-    let released = now_unix_micros();
-    guard.release().await.unwrap();
-    let held = unix_micros_at(&waiter.expect("HELD", scaled(20)).await.unwrap(), 1).unwrap();
-    assert!(
-        held > released,
-        "etcdctl held at {held} µs, before locksmith released at {released} µs"
-    );
+    let mut waiter = etcdctl_held_stamp(&url, &prefix);
+    keys_come_to(
+        &backend,
+        &prefix,
+        2,
+        scaled(30),
+        "etcdctl did not queue behind locksmith",
+    )
+    .await;
+    peer_holds_after(&mut waiter, "etcdctl behind locksmith", async {
+        guard.release().await.unwrap()
+    })
+    .await;
     waiter.wait(scaled(20)).await.unwrap();
 }
 
@@ -291,35 +265,16 @@ async fn etcdctl_and_locksmith_contend_without_overlap() {
         .package("etcd-client")
         .spawn()
         .unwrap();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let ours = {
-        let (locker, name, stop) = (locker.clone(), name.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut windows: Vec<Window> = Vec::new();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let g = locker.lock(&name, &opts()).await.unwrap();
-                let start = now_unix_micros();
-                tokio::time::sleep(Duration::from_millis(2)).await;
-                let end = now_unix_micros();
-                g.release().await.unwrap();
-                windows.push(Window::new("locksmith", start, end));
-            }
-            windows
-        })
-    };
-    let theirs = other
-        .loop_windows("etcdctl lock", LOOP + scaled(60))
-        .await
-        .unwrap();
-    other.wait(scaled(20)).await.unwrap();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let ours = ours.await.unwrap();
-    eprintln!(
-        "contention on {prefix}: locksmith {} critical sections, etcdctl {}",
-        ours.len(),
-        theirs.len()
-    );
-    check_windows(&[ours, theirs].concat(), &["locksmith", "etcdctl lock"], 1).unwrap();
+    let (ours, theirs) = contend_with_peer(
+        &locker,
+        &name,
+        &opts(),
+        &mut other,
+        "etcdctl lock",
+        LOOP + scaled(60),
+    )
+    .await;
+    eprintln!("contention on {prefix}: locksmith {ours} critical sections, etcdctl {theirs}");
 }
 
 /// The election `NAME` of etcd's side for locksmith's election `name`: the lock's key prefix
@@ -473,20 +428,15 @@ async fn etcdctl_leader_holds_off_a_locksmith_campaign() {
             (l, now_unix_micros())
         })
     };
-    assert!(
-        eventually(scaled(20), || {
-            let (backend, prefix) = (&backend, &prefix);
-            async move { keys_under(backend, prefix).await == 2 }
-        })
-        .await,
-        "the locksmith candidate did not queue behind etcdctl's leader"
-    );
-    let pid = other.id().expect("etcdctl runs").to_string();
-    let status = std::process::Command::new("kill")
-        .args(["-KILL", &pid])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    keys_come_to(
+        &backend,
+        &prefix,
+        2,
+        scaled(20),
+        "the locksmith candidate did not queue behind etcdctl's leader",
+    )
+    .await;
+    signal(&other, "-KILL");
     // Killed, it did not resign: its key stays with its lease.
     leader_with(&locker, &name, "other").await;
     assert!(
@@ -531,14 +481,14 @@ async fn locksmith_leader_holds_off_an_etcdctl_campaign() {
         .await
         .unwrap();
     let mut candidate = etcdctl_elect(&url, &election, &["x"]);
-    assert!(
-        eventually(scaled(30), || {
-            let (backend, prefix) = (&backend, &prefix);
-            async move { keys_under(backend, prefix).await == 2 }
-        })
-        .await,
-        "etcdctl's candidate did not queue behind locksmith's leader"
-    );
+    keys_come_to(
+        &backend,
+        &prefix,
+        2,
+        scaled(30),
+        "etcdctl's candidate did not queue behind locksmith's leader",
+    )
+    .await;
     leader_with(&locker, &name, "10.0.0.1:8080").await;
     assert!(
         !candidate.has_output(),
@@ -555,19 +505,74 @@ async fn locksmith_leader_holds_off_an_etcdctl_campaign() {
     );
     assert_eq!(text(&value), "x");
     leader_with(&locker, &name, "x").await;
-    let pid = candidate.id().expect("etcdctl runs").to_string();
-    let status = std::process::Command::new("kill")
-        .args(["-INT", &pid])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    signal(&candidate, "-INT");
     candidate.wait(scaled(20)).await.unwrap();
+    keys_come_to(
+        &backend,
+        &prefix,
+        0,
+        scaled(20),
+        "etcdctl did not resign on SIGINT",
+    )
+    .await;
+}
+
+/// Issue 35: locksmith waiters that give up (one at its wait timeout, one dropped while
+/// waiting), each in a client whose runtime then ends as a process exits, leave no key ahead of
+/// an `etcdctl lock` queued behind them: etcdctl holds within 1 s (scaled) of the holder's
+/// release, not when the waiters' leases run out (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locksmith_waiters_that_exit_leave_nothing_ahead_of_etcdctl() {
+    let Some(url) = url() else { return };
+    let backend = EtcdBackend::connect(&url).await.unwrap();
+    let locker = Locker::new(backend.clone());
+    let name = unique("interop-gave-up");
+    let prefix = backend.lock_prefix(name.as_str()).unwrap();
+    let guard = locker.lock(&name, &opts()).await.unwrap();
+    let keys = |n: usize| {
+        let (backend, prefix) = (&backend, &prefix);
+        async move { keys_under(backend, prefix).await == n }
+    };
+    let wait = scaled(8);
+    let waiters = [false, true].map(|dropped| {
+        let url = url.clone();
+        let connect = move || async move { Ok(Locker::new(EtcdBackend::connect(&url).await?)) };
+        conformance::exiting_waiter(connect, name.as_str().to_owned(), opts(), wait, dropped)
+    });
     assert!(
-        eventually(scaled(20), || {
-            let (backend, prefix) = (&backend, &prefix);
-            async move { keys_under(backend, prefix).await == 0 }
-        })
-        .await,
-        "etcdctl did not resign on SIGINT"
+        eventually(scaled(20), || keys(3)).await,
+        "the two locksmith waiters did not queue behind the holder"
     );
+    let mut args = etcdctl_args(&url, &prefix);
+    args.extend(["--", "sh", "-c", "echo HELD $(date +%s%6N)"].map(str::to_owned));
+    let mut peer = etcdctl(args);
+    assert!(
+        eventually(scaled(30), || keys(4)).await,
+        "etcdctl did not queue behind the locksmith waiters"
+    );
+    assert!(
+        waiters.iter().all(|w| !w.is_finished()),
+        "a locksmith waiter stopped waiting before etcdctl queued behind it"
+    );
+    for w in waiters {
+        tokio::task::spawn_blocking(move || w.join())
+            .await
+            .unwrap()
+            .expect("a locksmith waiter");
+    }
+    assert!(
+        keys(2).await,
+        "a locksmith waiter that gave up and exited left its key behind"
+    );
+    let released = now_unix_micros();
+    guard.release().await.unwrap();
+    let held = unix_micros_at(&peer.expect("HELD", scaled(20)).await.unwrap(), 1).unwrap();
+    let bound = scaled(1).as_micros() as u64;
+    assert!(
+        held > released && held - released < bound,
+        "etcdctl held {} ms after the holder's release (bound {} ms)",
+        (held as i64 - released as i64) / 1000,
+        bound / 1000
+    );
+    peer.wait(scaled(20)).await.unwrap();
 }

@@ -9,7 +9,7 @@ use lockcore::backend::{Background, Lease, async_trait};
 use lockcore::{Error, ErrorKind, Instant, Result};
 
 use crate::backend::Inner;
-use crate::quorum::{majority, unconfirmed};
+use crate::quorum::{Undo, majority, unconfirmed};
 use crate::subscriptions::release_message;
 use crate::sync::lock_mutex;
 
@@ -108,7 +108,10 @@ impl Lease for RedlockLease {
     /// losing one master later does not end it. A master where the key was placed and is now
     /// missing is never taken again: the key was revoked or lost there, and taking it back
     /// could undo a `force_release`. The masters never placed are a minority, so a repair
-    /// alone never makes a majority.
+    /// alone never makes a majority. A renewal that fails undoes the repairs of its round
+    /// (an owner-checked delete, announced to the waiters there), also those that land after
+    /// the failure is known: a renewal in flight at a `force_release` must not leave the lost
+    /// lease's key on masters that never had it, holding the name there until its TTL.
     ///
     /// Cancel safety: dropping the future may have extended the lease on some masters; it stays
     /// owner-checked.
@@ -120,13 +123,16 @@ impl Lease for RedlockLease {
         // time), not only within the acquire's per-node timeout: one master answering late on
         // a busy machine must not fail a renewal the others confirmed.
         let budget = ttl.saturating_sub(drift).max(inner.cfg.node_timeout(ttl));
+        let round = Arc::new(Mutex::new(RepairRound::default()));
         let pending = {
             let (keys, token, shared) = (self.keys.clone(), self.token.clone(), self.shared);
             let (holder, placed) = (self.holder.clone(), self.placed.clone());
             let was_placed = lock_mutex(&self.placed).clone();
-            inner.per_node(budget, move |i, mut c| {
+            let (inner, round) = (self.inner.clone(), round.clone());
+            self.inner.per_node(budget, move |i, mut c| {
                 let (keys, token, holder) = (keys.clone(), token.clone(), holder.clone());
                 let (placed, repairs) = (placed.clone(), !was_placed[i]);
+                let (inner, round) = (inner.clone(), round.clone());
                 async move {
                     let extended = if shared {
                         node::extend_share(&mut c, &keys, &token, ttl).await?
@@ -145,18 +151,32 @@ impl Lease for RedlockLease {
                         return Ok(false);
                     }
                     let repaired = repair(&mut c, &keys, &token, &holder, ttl, shared).await?;
-                    if repaired {
-                        lock_mutex(&placed)[i] = true;
+                    if !repaired {
+                        return Ok(false);
                     }
-                    Ok(repaired)
+                    let failed = {
+                        let mut round = lock_mutex(&round);
+                        if !round.failed {
+                            round.repaired.push(i);
+                            lock_mutex(&placed)[i] = true;
+                        }
+                        round.failed
+                    };
+                    if failed {
+                        // The round failed before this repair landed: undo it here.
+                        inner
+                            .undo(keys, token, vec![i], (Undo::Release, shared), ttl)
+                            .await;
+                    }
+                    Ok(!failed)
                 }
             })
         };
-        match majority(inner, pending, &self.background).await {
+        let result = match majority(inner, pending, &self.background).await {
             Ok(()) if sent_at.elapsed() + drift < ttl => {
                 *lock_mutex(&self.ttl) = ttl;
                 *lock_mutex(&self.valid_until) = sent_at + ttl - drift;
-                Ok(ttl)
+                return Ok(ttl);
             }
             Ok(()) => Err(Error::new(
                 ErrorKind::Unavailable,
@@ -169,7 +189,9 @@ impl Lease for RedlockLease {
                     Err(unconfirmed(inner, yes, no, errors))
                 }
             }
-        }
+        };
+        self.undo_repairs(&round, ttl);
+        result
     }
 
     /// Compare-and-delete (a reader: compare-and-remove of its share), publishing to the
@@ -204,6 +226,44 @@ impl Lease for RedlockLease {
                 }
             }
         }
+    }
+}
+
+/// The repairs of one renewal ([`Lease::extend`]): undone when it fails.
+#[derive(Default)]
+struct RepairRound {
+    /// The renewal failed: a repair landing from now on undoes itself.
+    failed: bool,
+    /// The masters repaired before it was known to fail.
+    repaired: Vec<usize>,
+}
+
+impl RedlockLease {
+    /// A renewal failed: its round's repairs are undone in the background (and marked never
+    /// placed again), and a repair still in flight undoes itself when it lands.
+    fn undo_repairs(&self, round: &Mutex<RepairRound>, ttl: Duration) {
+        let targets = {
+            let mut round = lock_mutex(round);
+            round.failed = true;
+            std::mem::take(&mut round.repaired)
+        };
+        if targets.is_empty() {
+            return;
+        }
+        {
+            let mut placed = lock_mutex(&self.placed);
+            for &i in &targets {
+                placed[i] = false;
+            }
+        }
+        let undo = self.inner.clone().undo(
+            self.keys.clone(),
+            self.token.clone(),
+            targets,
+            (Undo::Release, self.shared),
+            ttl,
+        );
+        self.background.spawn(undo);
     }
 }
 

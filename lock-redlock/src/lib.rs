@@ -65,7 +65,8 @@
 //!   that answers and one master lost later does not end it. A master that had the key and
 //!   lost it (revoked, expired early, restarted empty) is never taken back: the never-placed
 //!   masters are a minority, so a repair alone never makes a majority, and a `force_release`
-//!   stays final.
+//!   stays final. A renewal that fails undoes the repairs of its round (also one landing
+//!   after the failure), so a renewal in flight at a `force_release` leaves no key behind.
 //! * **Release**: owner-checked compare-and-delete (publishing on the node's channel) sent to
 //!   every node at once; released when a majority confirmed (the rest finish in the
 //!   background). Confirmations are awaited until the lease's validity ends (at least one node

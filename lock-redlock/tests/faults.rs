@@ -480,6 +480,30 @@ async fn voters_until_one_winner(
     script_tokens(&monitor.commands_from(asleep)[..seen - asleep])
 }
 
+/// Waits for one queued waiter to win ([`voters_until_one_winner`]) and asserts that `what`
+/// (a release, an expiry) woke only one of the client's waiters into votes on master 0; the
+/// `holder`'s token, if given, must have sent exactly its release there.
+async fn assert_one_client_vote(
+    monitor: &faultkit::RedisMonitor,
+    won_rx: &mut tokio::sync::mpsc::UnboundedReceiver<lockcore::Result<lockcore::LockGuard>>,
+    asleep: usize,
+    what: &str,
+    holder: Option<&str>,
+) {
+    let mut voters = voters_until_one_winner(monitor, won_rx, asleep).await;
+    if let Some(token) = holder {
+        let released = voters.remove(token);
+        assert_eq!(released, Some(1), "the holder's release on master 0");
+    }
+    assert_eq!(
+        voters.len(),
+        1,
+        "{what} woke {} waiters of one client into votes (scripts per owner token on master 0: \
+         {voters:?})",
+        voters.len()
+    );
+}
+
 /// How many commands `monitor` collected once it printed everything the server ran so far.
 async fn caught_up(monitor: &faultkit::RedisMonitor) -> usize {
     monitor
@@ -526,16 +550,8 @@ async fn one_release_wakes_one_vote_per_client() {
     let asleep = caught_up(&monitor).await;
 
     held.release().await.expect("release");
-    let mut voters = voters_until_one_winner(&monitor, &mut won_rx, asleep).await;
-    let released = voters.remove(&holder_token);
-    assert_eq!(released, Some(1), "the holder's release on master 0");
-    assert_eq!(
-        voters.len(),
-        1,
-        "one release woke {} waiters of one client into votes (scripts per owner token on \
-         master 0: {voters:?})",
-        voters.len()
-    );
+    let release = "one release";
+    assert_one_client_vote(&monitor, &mut won_rx, asleep, release, Some(&holder_token)).await;
 }
 
 /// A release lands on the masters one after another, and a waiter's vote can reach a master
@@ -638,13 +654,16 @@ async fn expiry_wakes_one_vote_per_client() {
     let monitor = cluster.masters[0].monitor().await.expect("MONITOR");
     let mut won_rx = queue_waiters(&cluster, &waiters, &n, 4).await;
     let asleep = caught_up(&monitor).await;
-    let voters = voters_until_one_winner(&monitor, &mut won_rx, asleep).await;
-    assert_eq!(
-        voters.len(),
-        1,
-        "the expiry woke {} waiters of one client into votes (scripts per owner token on \
-         master 0: {voters:?})",
-        voters.len()
+    assert_one_client_vote(&monitor, &mut won_rx, asleep, "the expiry", None).await;
+}
+
+/// The refusal of a master listed twice: `InvalidConfig` naming nodes 1 and 2 as one server.
+fn assert_names_nodes_1_and_2_as_one_server(err: &lockcore::Error) {
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("nodes 1 (") && msg.contains(") and 2 (") && msg.contains("same Redis server"),
+        "{msg}"
     );
 }
 
@@ -671,12 +690,7 @@ async fn one_master_under_two_names_is_refused_at_connect() {
         .await
         .map(|_| ())
         .expect_err("connected with one master listed twice");
-    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
-    let msg = err.to_string();
-    assert!(
-        msg.contains("nodes 1 (") && msg.contains(") and 2 (") && msg.contains("same Redis server"),
-        "{msg}"
-    );
+    assert_names_nodes_1_and_2_as_one_server(&err);
 }
 
 /// The same, found later: the second name's server was down at connect (a majority was up), and
@@ -722,12 +736,22 @@ async fn one_master_under_two_names_is_refused_when_it_comes_back() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
-    let msg = err.to_string();
-    assert!(
-        msg.contains("nodes 1 (") && msg.contains(") and 2 (") && msg.contains("same Redis server"),
-        "{msg}"
-    );
+    assert_names_nodes_1_and_2_as_one_server(&err);
+}
+
+/// The lock key of `n`, set on masters 3 and 4 by a contender (a split vote's leftovers, for 10
+/// minutes), so that the next acquisition stands on exactly masters 0-2.
+async fn contender_on_3_and_4(cluster: &Cluster, n: &LockName) -> String {
+    let key = RedlockBackend::connect(&cluster.url())
+        .await
+        .expect("connect")
+        .lock_key(n);
+    for m in &cluster.masters[3..] {
+        m.cli(&["SET", &key, "contender", "PX", "600000"])
+            .await
+            .expect("SET");
+    }
+    key
 }
 
 /// Issue 35: a lock standing on exactly 3 of the 5 masters (two votes lost to a contender's
@@ -741,16 +765,7 @@ async fn one_master_paused_while_the_lock_stands_on_three() {
     let mut cluster = Cluster::start().await;
     let (a, b) = (cluster.client().await, cluster.client().await);
     let n = name("stands-on-three");
-    let key = RedlockBackend::connect(&cluster.url())
-        .await
-        .expect("connect")
-        .lock_key(&n);
-    // A contender's votes on masters 3 and 4 (a split vote's leftovers).
-    for m in &cluster.masters[3..] {
-        m.cli(&["SET", &key, "contender", "PX", "600000"])
-            .await
-            .expect("SET");
-    }
+    let key = contender_on_3_and_4(&cluster, &n).await;
     let ttl = scaled(Duration::from_secs(3));
     let renewing = LockOptions::new()
         .ttl(ttl)
@@ -800,4 +815,40 @@ async fn one_master_paused_while_the_lock_stands_on_three() {
     );
     cluster.masters[0].process().resume().expect("SIGCONT");
     g.release().await.expect("release");
+}
+
+/// Issue 35: a renewal that fails undoes the repairs it made. The lock stands on exactly masters
+/// 0-2 (a contender's votes on 3 and 4 at the acquire, then gone); its key is then deleted on
+/// 0-2 behind the holder, as a `force_release` landing just ahead of a renewal in flight does.
+/// The renewal finds 2 of 5 (its repairs on 3 and 4, which never had the key) and fails; those
+/// two repairs are undone at once, so the lost lease holds the name on no master. Before, they
+/// stayed until the TTL (30 s here), where they held the name from other clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_renewal_undoes_its_repairs() {
+    let cluster = Cluster::start().await;
+    let a = cluster.client().await;
+    let n = name("undo-repairs");
+    let key = contender_on_3_and_4(&cluster, &n).await;
+    let ttl = scaled(Duration::from_secs(30));
+    let g = a
+        .lock(&n, &patient().ttl(ttl))
+        .await
+        .expect("lock on masters 0-2");
+    for m in &cluster.masters {
+        m.cli(&["DEL", &key]).await.expect("DEL");
+    }
+    let err = g.extend(ttl).await.expect_err("a renewal finding 2 of 5");
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    let by = Instant::now() + scaled(Duration::from_secs(2));
+    for (i, m) in cluster.masters.iter().enumerate() {
+        while m.cli(&["EXISTS", &key]).await.expect("EXISTS").trim() != "0" {
+            assert!(
+                Instant::now() < by,
+                "master {i} still has the key of a renewal that failed: its repair was not \
+                 undone, and holds the name there until the TTL ({ttl:?})"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    drop(g);
 }

@@ -52,45 +52,8 @@ impl TlsMaster {
     async fn start(dir: &TempDir, i: usize, certs: &Path) -> TlsMaster {
         let port = free_port().expect("a free port");
         let password = format!("pw-{i}-{:08x}", fastrand::u32(..));
-        let sub = dir.join(format!("m{i}"));
-        std::fs::create_dir_all(&sub).expect("data dir");
-        let file = |f: &str| certs.join(f).to_string_lossy().into_owned();
-        let args: Vec<String> = [
-            "--port",
-            "0",
-            "--tls-port",
-            &port.to_string(),
-            "--tls-cert-file",
-            &file("server.pem"),
-            "--tls-key-file",
-            &file("server.key"),
-            "--tls-ca-cert-file",
-            &file("ca.pem"),
-            "--tls-auth-clients",
-            "no",
-            "--requirepass",
-            &password,
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--daemonize",
-            "no",
-            "--dir",
-            &sub.to_string_lossy(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let mut process = ServerProcess::spawn(
-            format!("redis tls :{port}"),
-            "redis-server",
-            args,
-            sub.join("redis.log"),
-        )
-        .expect("redis-server (Debian package redis-server)");
+        let mut process = faultkit::spawn_tls_redis(dir, &format!("m{i}"), port, certs, &password)
+            .expect("redis-server (Debian package redis-server)");
         let ca = certs.join("ca.pem");
         process
             .wait_ready("TLS PING", scaled(Duration::from_secs(10)), || {

@@ -248,16 +248,8 @@ impl Backend for ZkBackend {
         req: &AcquireRequest,
         deadline: Option<Instant>,
     ) -> Result<Option<Acquired>> {
-        match deadline {
-            None => self.run(req, true, None).await,
-            // No time to wait: a single attempt.
-            Some(d) if d <= Instant::now() => self.run(req, false, None).await,
-            Some(d) => match tokio::time::timeout_at(d, self.run(req, true, Some(d))).await {
-                Ok(r) => r,
-                // The dropped attempt's guard deletes the node.
-                Err(_elapsed) => Ok(None),
-            },
-        }
+        // A dropped attempt's guard deletes the node.
+        lockcore::acquire_within(deadline, |wait, until| self.run(req, wait, until)).await
     }
 
     async fn force_release(&self, name: &lockcore::LockName) -> Result<bool> {

@@ -12,23 +12,16 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use faultkit::{PeerCommand, PeerProcess, Window, check_windows, now_unix_micros, unix_micros_at};
+use conformance::interop::{
+    contend_with_peer, eventually, peer_held, peer_holds_after, release_peer,
+    scaled_secs as scaled, spawn_timed_lock, unique, wins_after_peer_releases,
+};
+use faultkit::{PeerCommand, PeerProcess};
 use lock_zk::ZkBackend;
-use lockcore::{ErrorKind, Instant, LockOptions, Locker};
+use lockcore::{ErrorKind, LockOptions, Locker};
 
 fn url() -> Option<String> {
     conformance::require_env("LOCK_TEST_ZK_URL")
-}
-
-fn unique(prefix: &str) -> String {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    format!("{prefix}-{:x}-{}", t.as_nanos(), std::process::id())
-}
-
-fn scaled(secs: u64) -> Duration {
-    Duration::from_secs(secs).mul_f64(conformance::time_scale())
 }
 
 fn opts() -> LockOptions {
@@ -45,24 +38,6 @@ fn connect_string(url: &str) -> String {
 
 /// How long a contention loop runs on each side.
 const LOOP: Duration = Duration::from_secs(4);
-
-/// Polls `f` until it is true or `within` passes (server-side state with no event to await).
-async fn eventually<F, Fut>(within: Duration, mut f: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let end = Instant::now() + within;
-    loop {
-        if f().await {
-            return true;
-        }
-        if Instant::now() >= end {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 // ------------------------------------------------------------------------------- the peers
 
@@ -175,8 +150,28 @@ fn kazoo(url: &str, path: &str, mode: &[&str]) -> PeerProcess {
 }
 
 /// Waits for the peer's `HELD <t>` and returns `t`.
-async fn held(peer: &mut PeerProcess, within: Duration) -> u64 {
-    unix_micros_at(&peer.expect("HELD", within).await.unwrap(), 1).unwrap()
+/// Asserts that the lock node at `path` gets `n` children within 60 scaled seconds (a peer
+/// queued behind locksmith, or locksmith behind a peer).
+async fn queued(backend: &ZkBackend, path: &str, n: usize, what: &str) {
+    let client = backend.client();
+    assert!(
+        eventually(scaled(60), || async {
+            client.list_children(path).await.is_ok_and(|c| c.len() == n)
+        })
+        .await,
+        "{what}"
+    );
+}
+
+/// A backend with node names of `interop`'s layout, its locker, a fresh lock name and its node.
+async fn connect(url: &str, interop: &str, prefix: &str) -> (ZkBackend, Locker, String, String) {
+    let backend = ZkBackend::connect(&format!("{url}?interop={interop}"))
+        .await
+        .unwrap();
+    let locker = Locker::new(backend.clone());
+    let name = unique(prefix);
+    let path = backend.lock_path(name.as_str()).unwrap();
+    (backend, locker, name, path)
 }
 
 // ------------------------------------------------------------------------------- scenarios
@@ -188,26 +183,15 @@ async fn peer_holds_locksmith_waits(
     interop: &str,
     mut peer: impl FnMut(&str) -> PeerProcess,
 ) {
-    let backend = ZkBackend::connect(&format!("{url}?interop={interop}"))
-        .await
-        .unwrap();
-    let locker = Locker::new(backend.clone());
-    let name = unique("interop-peer-holds");
-    let path = backend.lock_path(name.as_str()).unwrap();
+    let (backend, locker, name, path) = connect(url, interop, "interop-peer-holds").await;
     let mut holder = peer(&path);
-    held(&mut holder, scaled(60)).await;
+    peer_held(&mut holder, scaled(60)).await;
     assert!(
         locker.try_lock(&name, &opts()).await.unwrap().is_none(),
         "locksmith's try_lock took a lock the peer holds"
     );
     let wakeups = backend.stats().watch_wakeups;
-    let waiter = {
-        let (locker, name) = (locker.clone(), name.clone());
-        tokio::spawn(async move {
-            let g = locker.lock(&name, &opts()).await.unwrap();
-            (g, now_unix_micros())
-        })
-    };
+    let waiter = spawn_timed_lock(&locker, &name, &opts());
     assert!(
         eventually(scaled(20), || async { backend.stats().waiting == 1 }).await,
         "locksmith did not wait on a watch behind the peer"
@@ -216,17 +200,7 @@ async fn peer_holds_locksmith_waits(
         !waiter.is_finished(),
         "locksmith took a lock the peer holds"
     );
-    holder.send("").await.unwrap();
-    let released =
-        unix_micros_at(&holder.expect("RELEASED", scaled(20)).await.unwrap(), 1).unwrap();
-    let (guard, won_at) = tokio::time::timeout(scaled(20), waiter)
-        .await
-        .expect("locksmith was not woken by the peer's release")
-        .unwrap();
-    assert!(
-        won_at > released,
-        "locksmith won at {won_at} µs, before the peer released at {released} µs"
-    );
+    let guard = wins_after_peer_releases(&mut holder, waiter, "locksmith").await;
     assert_eq!(
         backend.stats().watch_wakeups,
         wakeups + 1,
@@ -243,35 +217,21 @@ async fn locksmith_holds_peer_waits(
     interop: &str,
     mut peer: impl FnMut(&str) -> PeerProcess,
 ) {
-    let backend = ZkBackend::connect(&format!("{url}?interop={interop}"))
-        .await
-        .unwrap();
-    let locker = Locker::new(backend.clone());
-    let name = unique("interop-locksmith-holds");
-    let path = backend.lock_path(name.as_str()).unwrap();
+    let (backend, locker, name, path) = connect(url, interop, "interop-locksmith-holds").await;
     let guard = locker.lock(&name, &opts()).await.unwrap();
     let mut waiter = peer(&path);
-    let client = backend.client();
-    assert!(
-        eventually(scaled(60), || async {
-            client
-                .list_children(&path)
-                .await
-                .is_ok_and(|c| c.len() == 2)
-        })
-        .await,
-        "the peer did not queue behind locksmith"
-    );
-    let released = now_unix_micros();
-    guard.release().await.unwrap();
-    let held = held(&mut waiter, scaled(20)).await;
-    assert!(
-        held > released,
-        "the peer held at {held} µs, before locksmith released at {released} µs"
-    );
-    waiter.send("").await.unwrap();
-    waiter.expect("RELEASED", scaled(20)).await.unwrap();
-    waiter.wait(scaled(20)).await.unwrap();
+    queued(
+        &backend,
+        &path,
+        2,
+        "the peer did not queue behind locksmith",
+    )
+    .await;
+    peer_holds_after(&mut waiter, "the peer behind locksmith", async {
+        guard.release().await.unwrap()
+    })
+    .await;
+    release_peer(&mut waiter).await;
 }
 
 /// Both sides loop acquire / critical section / release on one lock while the peer's loop runs:
@@ -282,42 +242,20 @@ async fn contention_loop(
     mut peer: impl FnMut(&str, &str) -> PeerProcess,
 ) {
     let label = interop.to_owned();
-    let backend = ZkBackend::connect(&format!("{url}?interop={interop}"))
-        .await
-        .unwrap();
-    let locker = Locker::new(backend.clone());
-    let name = unique("interop-contention");
-    let path = backend.lock_path(name.as_str()).unwrap();
+    let (_backend, locker, name, path) = connect(url, interop, "interop-contention").await;
     let mut other = peer(&path, &LOOP.as_millis().to_string());
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let ours = {
-        let (locker, name, stop) = (locker.clone(), name.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut windows: Vec<Window> = Vec::new();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let g = locker.lock(&name, &opts()).await.unwrap();
-                let start = now_unix_micros();
-                tokio::time::sleep(Duration::from_millis(2)).await;
-                let end = now_unix_micros();
-                g.release().await.unwrap();
-                windows.push(Window::new("locksmith", start, end));
-            }
-            windows
-        })
-    };
-    let theirs = other
-        .loop_windows("the peer", LOOP + scaled(60))
-        .await
-        .unwrap();
-    other.wait(scaled(20)).await.unwrap();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let ours = ours.await.unwrap();
+    let (ours, theirs) = contend_with_peer(
+        &locker,
+        &name,
+        &opts(),
+        &mut other,
+        "the peer",
+        LOOP + scaled(60),
+    )
+    .await;
     eprintln!(
-        "contention on {path} ({label} layout): locksmith {} critical sections, peer {}",
-        ours.len(),
-        theirs.len()
+        "contention on {path} ({label} layout): locksmith {ours} critical sections, peer {theirs}"
     );
-    check_windows(&[ours, theirs].concat(), &["locksmith", "the peer"], 1).unwrap();
 }
 
 /// Read-write interop: the peer's reader holds beside locksmith's, a writer of either side is
@@ -328,69 +266,41 @@ async fn readers_and_writers_across_clients(
     interop: &str,
     mut peer: impl FnMut(&str, &str) -> PeerProcess,
 ) {
-    let backend = ZkBackend::connect(&format!("{url}?interop={interop}"))
-        .await
-        .unwrap();
-    let locker = Locker::new(backend.clone());
-    let name = unique("interop-rw");
-    let path = backend.lock_path(name.as_str()).unwrap();
+    let (backend, locker, name, path) = connect(url, interop, "interop-rw").await;
     let read = opts().shared();
     let ours = locker.try_lock(&name, &read).await.unwrap().expect("free");
     let mut reader = peer(&path, "read");
-    held(&mut reader, scaled(60)).await;
+    peer_held(&mut reader, scaled(60)).await;
     assert!(
         locker.try_lock(&name, &opts()).await.unwrap().is_none(),
         "locksmith's writer took the lock beside two readers"
     );
-    reader.send("").await.unwrap();
-    reader.expect("RELEASED", scaled(20)).await.unwrap();
-    reader.wait(scaled(20)).await.unwrap();
+    release_peer(&mut reader).await;
 
     let mut writer = peer(&path, "write");
-    let client = backend.client();
-    assert!(
-        eventually(scaled(60), || async {
-            client
-                .list_children(&path)
-                .await
-                .is_ok_and(|c| c.len() == 2)
-        })
-        .await,
-        "the peer's writer did not queue behind locksmith's reader"
-    );
-    let released = now_unix_micros();
-    ours.release().await.unwrap();
-    let writer_held = held(&mut writer, scaled(20)).await;
-    assert!(
-        writer_held > released,
-        "the peer's writer held at {writer_held} µs, before locksmith's reader left at {released} µs"
-    );
+    queued(
+        &backend,
+        &path,
+        2,
+        "the peer's writer did not queue behind locksmith's reader",
+    )
+    .await;
+    peer_holds_after(
+        &mut writer,
+        "the peer's writer behind locksmith's reader",
+        async { ours.release().await.unwrap() },
+    )
+    .await;
     assert!(
         locker.try_lock(&name, &read).await.unwrap().is_none(),
         "locksmith's reader took the lock beside the peer's writer"
     );
-    let waiter = {
-        let (locker, name, read) = (locker.clone(), name.clone(), read.clone());
-        tokio::spawn(async move {
-            let g = locker.lock(&name, &read).await.unwrap();
-            (g, now_unix_micros())
-        })
-    };
+    let waiter = spawn_timed_lock(&locker, &name, &read);
     assert!(
         eventually(scaled(20), || async { backend.stats().waiting == 1 }).await,
         "locksmith's reader did not wait on a watch behind the peer's writer"
     );
-    writer.send("").await.unwrap();
-    let writer_left =
-        unix_micros_at(&writer.expect("RELEASED", scaled(20)).await.unwrap(), 1).unwrap();
-    let (guard, won_at) = tokio::time::timeout(scaled(20), waiter)
-        .await
-        .expect("locksmith's reader was not woken by the peer writer's release")
-        .unwrap();
-    assert!(
-        won_at > writer_left,
-        "locksmith's reader held at {won_at} µs, before the peer's writer left at {writer_left} µs"
-    );
+    let guard = wins_after_peer_releases(&mut writer, waiter, "locksmith's reader").await;
     guard.release().await.unwrap();
     writer.wait(scaled(20)).await.unwrap();
 }
@@ -414,32 +324,26 @@ async fn curator_mutex_waits_for_locksmith_permit_holders() {
         .unwrap()
         .expect("free");
     let mut mutex = curator(&url, &path, &["hold"]);
-    let client = backend.client();
-    assert!(
-        eventually(scaled(60), || async {
-            client
-                .list_children(&path)
-                .await
-                .is_ok_and(|c| c.len() == 2)
-        })
-        .await,
-        "Curator's mutex did not queue behind locksmith's permit"
-    );
+    queued(
+        &backend,
+        &path,
+        2,
+        "Curator's mutex did not queue behind locksmith's permit",
+    )
+    .await;
     match locker.try_lock(&name, &opts().permits(2)).await {
         Err(e) if e.kind() == lockcore::ErrorKind::Conflict => {}
         Ok(Some(_)) => panic!("a second permit was given beside Curator's mutex node"),
         other => panic!("a permit behind Curator's mutex: expected Conflict, got {other:?}"),
     }
-    let released = now_unix_micros();
-    permit.release().await.unwrap();
-    let curator_held = held(&mut mutex, scaled(20)).await;
-    assert!(
-        curator_held > released,
-        "Curator's mutex held at {curator_held} µs, before locksmith's permit was released at {released} µs: two holders"
-    );
-    mutex.send("").await.unwrap();
-    mutex.expect("RELEASED", scaled(20)).await.unwrap();
-    mutex.wait(scaled(20)).await.unwrap();
+    // Held before the release would be two holders.
+    peer_holds_after(
+        &mut mutex,
+        "Curator's mutex behind locksmith's permit",
+        async { permit.release().await.unwrap() },
+    )
+    .await;
+    release_peer(&mut mutex).await;
 }
 
 /// The issue-23 defect: `locksmith run` started while Curator held the path ran at once.
@@ -567,4 +471,70 @@ async fn kazoo_mode_refuses_names_kazoo_maps_elsewhere() {
         .unwrap()
         .expect("free");
     ok.release().await.unwrap();
+}
+
+/// Issue 35: locksmith waiters that give up (one at its wait timeout, one dropped while
+/// waiting), each in a client whose runtime then ends as a process exits, leave no node ahead
+/// of a Curator `InterProcessMutex` queued behind them: Curator holds within 1 s (scaled) of
+/// the holder's release, not when the waiters' sessions expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locksmith_waiters_that_exit_leave_nothing_ahead_of_curator() {
+    let Some(url) = url() else { return };
+    let url = format!("{url}?interop=curator");
+    let backend = ZkBackend::connect(&url).await.unwrap();
+    let locker = Locker::new(backend.clone());
+    let name = unique("interop-gave-up");
+    let path = backend.lock_path(name.as_str()).unwrap();
+    let guard = locker.lock(&name, &opts()).await.unwrap();
+    let children = |n: usize| {
+        let (client, path) = (backend.client(), path.clone());
+        async move {
+            client
+                .list_children(&path)
+                .await
+                .is_ok_and(|c| c.len() == n)
+        }
+    };
+    let wait = scaled(8);
+    let waiters = [false, true].map(|dropped| {
+        let url = url.clone();
+        let connect = move || async move { Ok(Locker::new(ZkBackend::connect(&url).await?)) };
+        conformance::exiting_waiter(connect, name.as_str().to_owned(), opts(), wait, dropped)
+    });
+    assert!(
+        eventually(scaled(20), || children(3)).await,
+        "the two locksmith waiters did not queue behind the holder"
+    );
+    let mut peer = curator(&url, &path, &["hold"]);
+    assert!(
+        eventually(scaled(60), || children(4)).await,
+        "Curator did not queue behind the locksmith waiters"
+    );
+    assert!(
+        waiters.iter().all(|w| !w.is_finished()),
+        "a locksmith waiter stopped waiting before Curator queued behind it"
+    );
+    for w in waiters {
+        tokio::task::spawn_blocking(move || w.join())
+            .await
+            .unwrap()
+            .expect("a locksmith waiter");
+    }
+    assert!(
+        children(2).await,
+        "a locksmith waiter that gave up and exited left its node behind"
+    );
+    let released = now_unix_micros();
+    guard.release().await.unwrap();
+    let held = held(&mut peer, scaled(20)).await;
+    let bound = scaled(1).as_micros() as u64;
+    assert!(
+        held > released && held - released < bound,
+        "Curator held {} ms after the holder's release (bound {} ms)",
+        (held as i64 - released as i64) / 1000,
+        bound / 1000
+    );
+    peer.send("").await.unwrap();
+    peer.expect("RELEASED", scaled(20)).await.unwrap();
+    peer.wait(scaled(20)).await.unwrap();
 }

@@ -5,6 +5,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use conformance::interop::{eventually, held_by_one_client_only, taken_and_released, unique};
 use conformance::url_with_param;
 use faultkit::{Proxy, ProxyMode};
 use lock_zk::ZkBackend;
@@ -17,39 +18,10 @@ fn url() -> Option<String> {
     conformance::require_env("LOCK_TEST_ZK_URL")
 }
 
-fn unique(prefix: &str) -> String {
-    format!("{prefix}-{:016x}", fastrand_u64())
-}
-
-fn fastrand_u64() -> u64 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    t.as_nanos() as u64 ^ (std::process::id() as u64) << 32
-}
-
 fn opts() -> LockOptions {
     LockOptions::new()
         .ttl(Duration::from_secs(60))
         .wait_timeout(Duration::from_secs(60))
-}
-
-/// Polls `f` until it is true or `within` passes (for server-side state with no event).
-async fn eventually<F, Fut>(within: Duration, mut f: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let end = Instant::now() + within;
-    loop {
-        if f().await {
-            return true;
-        }
-        if Instant::now() >= end {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// After the session expires, the backend opens a new session (as Curator does): the old
@@ -786,31 +758,9 @@ async fn from_client_uses_the_applications_session() {
     );
     let name = unique("shared");
     let opts = LockOptions::new().ttl(Duration::from_secs(5));
-    let g = mine
-        .try_lock(name.as_str(), &opts)
-        .await
-        .unwrap()
-        .expect("free");
-    assert!(
-        by_url
-            .try_lock(name.as_str(), &opts)
-            .await
-            .unwrap()
-            .is_none()
-    );
+    let g = held_by_one_client_only(&mine, &by_url, &name, &opts).await;
     g.release().await.unwrap();
-    by_url
-        .lock(
-            name.as_str(),
-            &opts
-                .clone()
-                .wait_timeout(Duration::from_secs(5).mul_f64(conformance::time_scale())),
-        )
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    taken_and_released(&by_url, &name, &opts).await;
     for bad in ["../x", "a/b", "ns\n"] {
         let err = lock_zk::ZkBackend::from_client(client.clone(), bad)
             .await

@@ -122,13 +122,13 @@ pub use inspect::{AcquiredClock, Holder, LockInfo, Share};
 pub use locker::{LockGuard, Locker, WAIT_DEADLINE_SLACK};
 pub use lost::{Ended, LostReason, LostSignal, Risk};
 pub use mode::{LockMode, MAX_PERMITS, Support};
-pub use multi::MultiGuard;
+pub use multi::{MultiGuard, ORDERED_AFTER_LOSSES};
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN};
 pub use options::{
     AutoRenew, DEFAULT_MAX_HOLD, DEFAULT_RETRY_UNAVAILABLE, DEFAULT_TTL, Fencing, LockOptions,
 };
 pub use secret::Secret;
-pub use waiting::WaitMark;
+pub use waiting::{WaitMark, acquire_within};
 
 /// The monotonic clock every deadline of the contract is on (tokio's, so paused test time
 /// applies).

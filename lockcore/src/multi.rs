@@ -11,6 +11,9 @@
 //!   member's own wait (the backend's notification or poll, never a spin), keeps it, and
 //!   tries the rest in one request again; losing that, it lets the member go and waits for the
 //!   next busy one. It never waits while holding a member, so overlapping sets cannot deadlock.
+//!   After [`ORDERED_AFTER_LOSSES`] lost attempts (members busy at every try, as under steady
+//!   traffic on them) it takes the members one at a time in canonical order instead, as below:
+//!   the progress bound (`progress`).
 //! * A sequence of the backend's own acquisitions in canonical order elsewhere, which works on
 //!   every backend; a set that cannot be completed is released before the call returns.
 //!
@@ -23,10 +26,13 @@ use std::task::Poll;
 use tokio::time::Instant;
 
 use crate::locker::{PendingGuard, RETRY_BACKOFF, SetTry};
+
+mod progress;
 use crate::{
     Error, ErrorKind, IntoLockName, LockGuard, LockMode, LockName, LockOptions, Locker, LostReason,
     Result,
 };
+pub use progress::ORDERED_AFTER_LOSSES;
 
 /// Every lock of a [`Locker::lock_all`] or [`Locker::try_lock_all`], held together.
 ///
@@ -135,6 +141,13 @@ impl Locker {
     /// member's own wait), keeps it and tries the rest in one request, letting it go before
     /// waiting for another. Elsewhere, one lock at a time.
     ///
+    /// Progress bound: a set is never starved by traffic on its members. After
+    /// [`ORDERED_AFTER_LOSSES`] (3) lost attempts at the whole set, an atomic backend's set too
+    /// is taken one member at a time in canonical order, holding each while waiting for the next
+    /// with [`Locker::lock`]'s own wait: the set is had once each member's single wait has come
+    /// round in turn (on a [fair](crate::Capabilities::fair) backend, once the waiters queued
+    /// on it first have had it), as `lock()` on each name one after the other would.
+    ///
     /// Cancel safety: dropping the future releases the locks taken so far in the background
     /// (as dropped guards are) and leaves no lock of an acquisition in flight held beyond its
     /// TTL (as [`Locker::lock`]).
@@ -153,18 +166,7 @@ impl Locker {
         if self.atomic_sets(options) {
             return self.lock_all_atomic(&names, options, deadline).await;
         }
-        let mut guards = Vec::with_capacity(names.len());
-        for name in &names {
-            let opts = waiting_until(options, deadline);
-            match self.lock(name.clone(), &opts).await {
-                Ok(g) => guards.push(g),
-                Err(e) => {
-                    release_all(guards).await;
-                    return Err(set_timeout(e, &names, name, options));
-                }
-            }
-        }
-        Ok(MultiGuard { guards })
+        self.take_in_order(&names, options, deadline).await
     }
 
     /// One attempt at every lock of `names`, in canonical order: `Ok(None)` (with every lock
@@ -238,7 +240,9 @@ impl Locker {
     /// attempt; when it loses, wait for the member found busy ([`Locker::lock`]: the backend's
     /// own wait, with its retries of transient errors), then the rest in one attempt while
     /// holding that member. A lost attempt lets the member go before waiting for the next busy
-    /// one: nothing is held while waiting, so overlapping sets never deadlock. An `Unavailable`
+    /// one: nothing is held while waiting, so overlapping sets never deadlock. After
+    /// [`ORDERED_AFTER_LOSSES`] lost attempts it takes the members in canonical order instead
+    /// (`progress`), which cannot deadlock either. An `Unavailable`
     /// attempt is re-sent as it is (the same owner tokens, with [`Locker::lock`]'s backoff and
     /// give-up), so that a set the server applied but whose reply was lost is this call's own
     /// at once, not a stranger's grant waited out until its TTL.
@@ -255,6 +259,8 @@ impl Locker {
         // re-send as its own), with when that run of failures began and how many there were.
         let mut resend: Option<Vec<PendingGuard>> = None;
         let mut failures: Option<(Instant, u32)> = None;
+        // Attempts that found a member busy.
+        let mut losses = 0u32;
         loop {
             let rest: Vec<LockName> = names
                 .iter()
@@ -304,6 +310,13 @@ impl Locker {
                 }
             };
             failures = None;
+            losses += 1;
+            if losses >= ORDERED_AFTER_LOSSES {
+                // Under steady traffic on the members the set may never be free whole at
+                // one instant: take it one member at a time (`progress`).
+                release_all(held.take().into_iter().map(|(_, g)| g).collect()).await;
+                return self.take_in_order(names, options, deadline).await;
+            }
             let at = names
                 .iter()
                 .position(|n| n == busy)

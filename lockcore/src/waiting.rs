@@ -113,9 +113,62 @@ impl Drop for MarkEntry {
     }
 }
 
+/// How a backend's `acquire` spends its deadline, for backends whose one attempt either waits
+/// (queues and is woken) or not: without a deadline `attempt(true, None)`, the wait unbounded;
+/// with a deadline already past, a single attempt `attempt(false, None)`; else
+/// `attempt(true, Some(deadline))`, dropped at the deadline (then `Ok(None)`: not acquired).
+/// The attempt must clean up after itself when dropped.
+///
+/// Cancel safety: as the attempt's.
+pub async fn acquire_within<T, F, Fut>(
+    deadline: Option<crate::Instant>,
+    mut attempt: F,
+) -> crate::Result<Option<T>>
+where
+    F: FnMut(bool, Option<crate::Instant>) -> Fut,
+    Fut: std::future::Future<Output = crate::Result<Option<T>>>,
+{
+    match deadline {
+        None => attempt(true, None).await,
+        // No time to wait: a single attempt.
+        Some(d) if d <= crate::Instant::now() => attempt(false, None).await,
+        Some(d) => tokio::time::timeout_at(d, attempt(true, Some(d)))
+            .await
+            // The dropped attempt cleans up behind it.
+            .unwrap_or(Ok(None)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    /// No deadline waits unbounded, a past one makes one attempt without waiting, a future one
+    /// waits until it and then gives up with nothing acquired.
+    #[tokio::test(start_paused = true)]
+    async fn acquire_within_spends_the_deadline() {
+        let asked = |wait: bool, until: Option<crate::Instant>| async move {
+            crate::Result::Ok(Some((wait, until)))
+        };
+        assert_eq!(
+            acquire_within(None, asked).await.unwrap(),
+            Some((true, None))
+        );
+        let past = crate::Instant::now();
+        assert_eq!(
+            acquire_within(Some(past), asked).await.unwrap(),
+            Some((false, None))
+        );
+        let later = crate::Instant::now() + Duration::from_secs(5);
+        assert_eq!(
+            acquire_within(Some(later), asked).await.unwrap(),
+            Some((true, Some(later)))
+        );
+        let never = |_, _| std::future::pending::<crate::Result<Option<()>>>();
+        assert_eq!(acquire_within(Some(later), never).await.unwrap(), None);
+        assert!(crate::Instant::now() >= later);
+    }
 
     #[test]
     fn a_mark_counts_once_until_cleared_or_dropped() {

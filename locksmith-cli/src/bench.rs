@@ -6,18 +6,22 @@
 //!
 //! The processes are this binary run as `locksmith __bench-worker` (the URL in its
 //! environment, never in argv). Each connects its clients, says `ready`, waits for `go` on
-//! stdin, loops `lock` + `release` for the given time, and prints its counts.
+//! stdin, loops `lock` + `release` for the given time, and prints the moments its `lock()`
+//! calls returned and its releases were sent (see [`crate::handover_latency`]), then its counts.
 
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use conformance::{ClientProxies, Figures, ProcessHandover, RequestCount, ServerRequests};
+use conformance::{
+    ClientProxies, Figures, HandoverLatency, ProcessHandover, RequestCount, ServerRequests,
+};
 use locksmith::{ErrorKind, Fencing, LockName, LockOptions, Locker};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 use crate::bench_table::{self, Conditions, cells, plain_table, shown_command};
+use crate::handover_latency::{self, Stamp, TIMES_PREFIX};
 use crate::harness::{UrlHarness, labels};
 
 /// The environment variable that hands a worker its URL.
@@ -102,7 +106,10 @@ pub async fn add_process_figures(url: &str, label: &str, figures: &mut Figures, 
         plan.secs.as_secs_f64()
     );
     match processes(url, plan.processes, plan.secs, plan.fencing, Loop::Library).await {
-        Ok(p) => figures.processes = Some(p),
+        Ok((p, latency)) => {
+            figures.processes = Some(p);
+            figures.handover_latency = latency;
+        }
         Err(e) => eprintln!("[bench] {label}: process hand-over failed: {e}"),
     }
     if plan.processes > 0 && bare_cycle_waits(url).await {
@@ -112,7 +119,7 @@ pub async fn add_process_figures(url: &str, label: &str, figures: &mut Figures, 
             plan.secs.as_secs_f64()
         );
         match processes(url, plan.processes, plan.secs, plan.fencing, Loop::Bare).await {
-            Ok(p) => figures.bare_processes = Some(p),
+            Ok((p, _)) => figures.bare_processes = Some(p),
             Err(e) => eprintln!("[bench] {label}: bare hand-over failed: {e}"),
         }
     }
@@ -131,7 +138,7 @@ pub async fn add_process_figures(url: &str, label: &str, figures: &mut Figures, 
         )
         .await
         {
-            Ok(p) => figures.fairness = Some(p),
+            Ok((p, _)) => figures.fairness = Some(p),
             Err(e) => eprintln!("[bench] {label}: fairness run failed: {e}"),
         }
     }
@@ -163,23 +170,26 @@ async fn bare_cycle_waits(url: &str) -> bool {
     }
 }
 
-/// `processes` processes with one client each contend for `secs`.
+/// `processes` processes with one client each contend for `secs`: their hand-over rate, and
+/// the latency of their hand-overs between processes where they stamped them.
 async fn processes(
     url: &str,
     processes: usize,
     secs: Duration,
     fencing: Fencing,
     looped: Loop,
-) -> Result<ProcessHandover, String> {
+) -> Result<(ProcessHandover, Option<HandoverLatency>), String> {
     let run = contend(url, processes, 1, secs, None, fencing, looped).await?;
+    let latency = handover_latency::latency(handover_latency::cross_process_handovers(&run.stamps));
     let per_process: Vec<u64> = run.counts.iter().map(|c| c.iter().sum()).collect();
     let total: u64 = per_process.iter().sum();
-    Ok(ProcessHandover {
+    let handover = ProcessHandover {
         processes,
         secs: secs.as_secs_f64(),
         handover_per_sec: total as f64 / secs.as_secs_f64(),
         per_process,
-    })
+    };
+    Ok((handover, latency))
 }
 
 /// `plan.waiters` clients over `plan.waiter_processes` processes contend for `plan.secs`,
@@ -256,6 +266,8 @@ struct Counters<'a> {
 /// server's request counter when asked for.
 struct Contended {
     counts: Vec<Vec<u64>>,
+    /// Per process, its stamps (none where the bare primitive was looped).
+    stamps: Vec<Vec<Stamp>>,
     requests: Option<locksmith::Result<u64>>,
     /// What the workers sent between `go` and their counts, where counted.
     client_requests: Option<u64>,
@@ -336,8 +348,16 @@ async fn contend(
             .map_err(|e| format!("starting a worker: {e}"))?;
     }
     let mut counts = Vec::with_capacity(processes);
+    let mut stamps = Vec::with_capacity(processes);
     for w in &mut workers {
-        let line = w.line(secs + connect_limit).await?;
+        let mut line = w.line(secs + connect_limit).await?;
+        if let Some(words) = line.strip_prefix(TIMES_PREFIX) {
+            stamps.push(
+                handover_latency::parse_times(words)
+                    .ok_or_else(|| "a worker printed a malformed times line".to_owned())?,
+            );
+            line = w.line(connect_limit).await?;
+        }
         let Some(numbers) = line.strip_prefix("counts ") else {
             return Err(format!("a worker failed: {line}"));
         };
@@ -365,6 +385,7 @@ async fn contend(
     }
     Ok(Contended {
         counts,
+        stamps,
         requests,
         client_requests,
     })
@@ -372,10 +393,12 @@ async fn contend(
 
 /// `locksmith __bench-worker`: connects `clients` clients to the URL in its environment, prints
 /// `ready`, waits for `go`, loops `lock` + `release` (with `bare`, the backend's bare primitive)
-/// on `name` with every client for `millis`, prints `counts N N ...`. Returns the exit code.
+/// on `name` with every client for `millis`, prints its stamps (`times ...`, see
+/// [`handover_latency::times_line`]) then `counts N N ...`. Returns the exit code.
 pub async fn worker(name: &str, clients: usize, millis: u64, bare: bool) -> u8 {
     match worker_inner(name, clients, millis, bare).await {
-        Ok(counts) => {
+        Ok((counts, stamps)) => {
+            println!("{}", handover_latency::times_line(&stamps));
             let counts: Vec<String> = counts.iter().map(u64::to_string).collect();
             println!("counts {}", counts.join(" "));
             0
@@ -393,7 +416,7 @@ async fn worker_inner(
     clients: usize,
     millis: u64,
     bare: bool,
-) -> locksmith::Result<Vec<u64>> {
+) -> locksmith::Result<(Vec<u64>, Vec<Stamp>)> {
     let url = worker_url()?;
     let name = LockName::new(name)?;
     let mut lockers = Vec::with_capacity(clients);
@@ -423,6 +446,7 @@ async fn worker_inner(
             let (locker, name, opts) = (locker.clone(), name.clone(), opts.clone());
             tokio::spawn(async move {
                 let mut count = 0u64;
+                let mut stamps = Vec::new();
                 if bare {
                     // Cut off at the deadline: the lock it may hold goes with its connection
                     // or its TTL; the run is over.
@@ -432,33 +456,38 @@ async fn worker_inner(
                         cycle?;
                         count += 1;
                     }
-                    return Ok(count);
+                    return Ok((count, stamps));
                 }
                 // A wait cut off by the deadline is dropped: cancel safe by the contract.
                 while let Ok(guard) =
                     tokio::time::timeout_at(deadline, locker.lock(&name, &opts)).await
                 {
+                    let guard = guard?;
+                    stamps.push(Stamp::Acquired(handover_latency::now_ns()));
                     count += 1;
-                    guard?.release().await?;
+                    stamps.push(Stamp::Released(handover_latency::now_ns()));
+                    guard.release().await?;
                     if tokio::time::Instant::now() >= deadline {
                         break;
                     }
                 }
-                Ok::<u64, locksmith::Error>(count)
+                Ok::<_, locksmith::Error>((count, stamps))
             })
         })
         .collect();
     let mut counts = Vec::with_capacity(tasks.len());
+    let mut stamps = Vec::new();
     for t in tasks {
-        let n = t
+        let (n, of_client) = t
             .await
             .map_err(|e| locksmith::Error::new(ErrorKind::Backend, e.to_string()))??;
         counts.push(n);
+        stamps.extend(of_client);
     }
     for l in &lockers {
         l.flush().await;
     }
-    Ok(counts)
+    Ok((counts, stamps))
 }
 
 /// `locksmith bench URL...`: measures every URL and prints one table; with `markdown`, also

@@ -95,6 +95,9 @@ Columns: *p50 / p99*: uncontended `try_lock` + `release` by one client; *shared 
 primitive (`Backend::bare_cycle`: the fewest server requests that take and give back the lock)
 by the same client, and *x bare* the ratio; *rtt*: the backend's cheapest round trip on the
 bench's multi-thread runtime, *rtt 1-thread* on a current-thread runtime of its own;
+*hand-over µs*: from a holder's release being sent to the next holder's `lock()` returning in
+another process (p50 / p99, in the *procs/s* run, stamped on the system clock the processes
+share), and *hand-over x rtt* its p50 over *rtt*;
 *tasks/s*: hand-overs between tasks of one process (their number in brackets); *procs/s*:
 hand-overs between OS processes on one name; *bare procs/s*: the same processes looping the
 bare primitive where it waits, and *procs x bare* the ratio; *spread*: most / fewest
@@ -118,6 +121,8 @@ pub(crate) fn cells(rows: &[(String, Figures)]) -> Vec<Vec<String>> {
         "x bare",
         "rtt µs",
         "rtt 1-thread µs",
+        "hand-over µs",
+        "hand-over x rtt",
         "tasks/s",
         "procs/s",
         "bare procs/s",
@@ -162,6 +167,10 @@ pub(crate) fn cells(rows: &[(String, Figures)]) -> Vec<Vec<String>> {
             opt(f.bare_ratio(), 2),
             opt(f.round_trip_p50_us, 1),
             opt(f.round_trip_one_thread_p50_us, 1),
+            f.handover_latency
+                .as_ref()
+                .map_or("-".into(), |l| format!("{:.0}/{:.0}", l.p50_us, l.p99_us)),
+            opt(f.handover_latency_ratio(), 2),
             format!("{:.0} ({})", f.handover_per_sec, f.holders),
             procs,
             f.bare_processes
@@ -207,7 +216,7 @@ pub(crate) fn plain_table(lines: &[Vec<String>]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use conformance::{ProcessHandover, ServerRequests};
+    use conformance::{HandoverLatency, ProcessHandover, ServerRequests};
 
     use super::*;
 
@@ -217,6 +226,7 @@ mod tests {
             uncontended_p50_us: 300.0,
             uncontended_p99_us: 900.0,
             bare_cycle_p50_us: Some(150.0),
+            round_trip_p50_us: Some(80.0),
             handover_per_sec: 1000.0,
             holders: 4,
             ..Figures::default()
@@ -247,6 +257,12 @@ mod tests {
             per_process: vec![5, 10, 10, 10, 10, 10, 10, 15],
             handover_per_sec: 8.0,
         });
+        // The hand-over's p50 over the round trip's: 120 / 80.
+        f.handover_latency = Some(HandoverLatency {
+            handovers: 44,
+            p50_us: 120.0,
+            p99_us: 1234.4,
+        });
         let mut counted = f.clone();
         counted.server_requests = Some(ServerRequests {
             waiters: 100,
@@ -271,6 +287,23 @@ mod tests {
         assert!(t.contains("4.00"), "{t}"); // spread 20/5
         assert!(t.contains("unsupported"), "{t}");
         assert!(t.contains("0.75"), "procs x bare: {t}");
+        let cell = |row: usize, header: &str| {
+            let lines: Vec<Vec<&str>> = t
+                .lines()
+                .map(|l| {
+                    l.split("  ")
+                        .map(str::trim)
+                        .filter(|c| !c.is_empty())
+                        .collect()
+                })
+                .collect();
+            let column = lines[0].iter().position(|h| *h == header).expect(header);
+            lines[row][column].to_owned()
+        };
+        assert_eq!(cell(1, "hand-over µs"), "120/1234", "{t}");
+        assert_eq!(cell(1, "hand-over x rtt"), "1.50", "{t}");
+        assert_eq!(cell(2, "hand-over µs"), "-", "not measured: {t}");
+        assert_eq!(cell(2, "hand-over x rtt"), "-", "not measured: {t}");
         assert_eq!(t.lines().count(), 4);
     }
 

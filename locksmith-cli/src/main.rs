@@ -12,6 +12,7 @@ mod bench;
 mod bench_table;
 mod duration;
 mod group;
+mod handover_latency;
 mod harness;
 mod provenance;
 mod renew_bench;

@@ -21,6 +21,7 @@ mod leadership;
 mod lost_replies;
 mod lost_reply_modes;
 mod multi;
+mod multi_progress;
 mod names;
 mod primitive_leases;
 mod primitives;
@@ -360,6 +361,11 @@ pub fn all() -> Vec<Scenario> {
             multi::atomic_multi_lock_is_never_seen_partial,
             needs_atomic_multi,
             "a backend taking a set in one request: two clients take and release a set of 4 over and over while an observer holding its last name finds every other member free, every time (no part of a set is ever held)"
+        ),
+        scenario!(
+            multi_progress::multi_lock_progresses_under_member_traffic,
+            needs_fair,
+            "the multi-lock's progress bound on a fair backend: while 4 clients take its two members in a loop (2 on each name, holding 2 ms), a lock_all of both gets the set within 5 s, in each of 3 rounds (not starved waiting for both to be free at one instant)"
         ),
         scenario!(
             multi::multi_lock_lost_when_any_member_is_lost,

@@ -38,6 +38,15 @@ use serde::de::{self, DeserializeOwned, IntoDeserializer, Visitor};
 
 use crate::{Error, Result, Secret};
 
+/// The namespace (key prefix, node) every backend keeps its locks under when its URL or
+/// config does not say.
+pub const DEFAULT_NAMESPACE: &str = "locksmith";
+
+/// [`DEFAULT_NAMESPACE`], for `#[serde(default = "lockcore::config::default_namespace")]`.
+pub fn default_namespace() -> String {
+    DEFAULT_NAMESPACE.to_owned()
+}
+
 /// The scheme of a lock URL, lowercased (`redis+cluster` for `REDIS+CLUSTER://...`).
 ///
 /// # Errors
@@ -164,6 +173,44 @@ impl<'a> UrlParts<'a> {
             path,
             query,
         })
+    }
+}
+
+impl UrlParts<'_> {
+    /// Which of `schemes` this URL's is (compared case-insensitively), as its index: a backend
+    /// with a plain and a TLS scheme tells them apart by it.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) saying `expected` (`"an
+    /// etcd URL starts with etcd:// or etcds:// (TLS)"`) for any other scheme.
+    pub fn scheme_among(&self, schemes: &[&str], expected: &str) -> Result<usize> {
+        schemes
+            .iter()
+            .position(|s| self.scheme.eq_ignore_ascii_case(s))
+            .ok_or_else(|| Error::invalid_config(expected.to_owned()))
+    }
+
+    /// The URL's query read into a backend's config `T` (through [`from_query`]: only the
+    /// `known` parameters, `hosts_field` being the field the address part fills in), and its
+    /// host list, split at commas (checked later with the rest of `T`, by [`parse_hosts`]).
+    /// `what` names the URL in errors.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) as [`from_query`], and
+    /// for a URL without hosts.
+    pub fn query_and_hosts<T: DeserializeOwned>(
+        &self,
+        what: &str,
+        known: &[&str],
+        hosts_field: &str,
+    ) -> Result<(T, Vec<String>)> {
+        let config = from_query(what, self.query, known, &[hosts_field])?;
+        if self.hosts.is_empty() {
+            return Err(Error::invalid_config(format!(
+                "{what}: at least one host:port is needed"
+            )));
+        }
+        Ok((config, self.hosts.split(',').map(str::to_owned).collect()))
     }
 }
 

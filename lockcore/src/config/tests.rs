@@ -149,6 +149,45 @@ fn urls_split_into_parts() {
     }
 }
 
+#[derive(serde::Deserialize, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct Addressed {
+    hosts: Vec<String>,
+    #[serde(default)]
+    flag: bool,
+}
+
+#[test]
+fn url_parts_give_the_scheme_the_query_and_the_hosts() {
+    let p = UrlParts::split("t", "ETCDS://h1:1,h2?flag=true", UserInfoAt::LastAt).unwrap();
+    assert_eq!(
+        p.scheme_among(&["etcd", "etcds"], "etcd:// or etcds://")
+            .unwrap(),
+        1
+    );
+    let e = p.scheme_among(&["zk"], "zk:// only").unwrap_err();
+    assert_eq!(
+        (e.kind(), e.to_string().contains("zk:// only")),
+        (ErrorKind::InvalidConfig, true)
+    );
+    let (config, hosts): (Addressed, _) = p.query_and_hosts("t", &["flag"], "hosts").unwrap();
+    assert_eq!(
+        config,
+        Addressed {
+            hosts: Vec::new(),
+            flag: true
+        }
+    );
+    assert_eq!(hosts, ["h1:1", "h2"]);
+    for bad in ["zk:///x", "zk://h?hosts=a", "zk://h?nope=1"] {
+        let p = UrlParts::split("t", bad, UserInfoAt::HostPart).unwrap();
+        let e = p
+            .query_and_hosts::<Addressed>("t", &["flag"], "hosts")
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{bad}");
+    }
+}
+
 #[test]
 fn user_info_decodes_into_a_secret() {
     let (user, password) = decode_userinfo("t", "me:p%40ss%3Aw").unwrap();
