@@ -30,7 +30,7 @@ pub use measure::{
     Figures, HandoverLatency, MEASURE_TIME, ProcessHandover, ServerRequests, measure, measure_with,
 };
 pub use proxied::{ClientProxies, ProxyGroup};
-pub use refusals::refuses_without_leaking;
+pub use refusals::{file_config_checks, refuses_without_leaking};
 pub use report::{Provenance, Report, SCHEMA_VERSION, ScenarioInfo};
 pub use run::{
     BackendReport, Progress, ScenarioResult, Status, TIME_SCALE_ENV, run_all, run_scenario,

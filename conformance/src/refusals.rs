@@ -35,3 +35,39 @@ pub fn refuses_without_leaking<S: AsRef<str>, T>(
         assert!(!shown.contains(secret), "{input} leaked: {shown}");
     }
 }
+
+/// The checks a backend's configuration file gets (JSON here; any serde format reads the same
+/// struct): the file `minimal` validates to what its URL form `from_url` parses to; the file
+/// `misspelled` is refused by the deserializer naming `unknown_field` (unknown keys never pass
+/// silently); and each file of `bad` deserializes but is refused by `validate` as
+/// [`ErrorKind::InvalidConfig`] without showing `secret` ([`refuses_without_leaking`]).
+///
+/// # Panics
+/// When a check fails (the message says which).
+pub fn file_config_checks<C, T>(
+    minimal: &str,
+    from_url: &T,
+    (misspelled, unknown_field): (&str, &str),
+    secret: &str,
+    bad: &[&str],
+    validate: impl Fn(C) -> lockcore::Result<T>,
+) where
+    C: serde::de::DeserializeOwned,
+    T: PartialEq + std::fmt::Debug,
+{
+    let file: C = serde_json::from_str(minimal).expect("the minimal file deserializes");
+    assert_eq!(
+        &validate(file).expect("the minimal file validates"),
+        from_url
+    );
+    let Err(e) = serde_json::from_str::<C>(misspelled) else {
+        panic!("{misspelled} was accepted");
+    };
+    assert!(
+        e.to_string()
+            .contains(&format!("unknown field `{unknown_field}`")),
+        "{e}"
+    );
+    let read = |text: &str| validate(serde_json::from_str::<C>(text).expect("deserializes"));
+    refuses_without_leaking(secret, bad, read);
+}

@@ -13,7 +13,7 @@ use conformance::interop::{
     contend_with_peer, eventually, peer_holds_after, scaled_secs as scaled, spawn_timed_lock,
     unique,
 };
-use faultkit::{PeerCommand, PeerProcess, now_unix_micros};
+use faultkit::{PeerCommand, PeerProcess, now_unix_micros, unix_micros_at};
 use lock_etcd::EtcdBackend;
 use lockcore::{CampaignOptions, LockOptions, Locker};
 

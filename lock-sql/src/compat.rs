@@ -4,7 +4,7 @@
 //!
 //! On PostgreSQL the lease, the row lock and [`PgXactLock`](crate::PgXactLock) on one table
 //! exclude each other (`pg::exclusion`); on MariaDB the lease and the row lock do
-//! (`mysql_exclusion`). An `interop=` holder takes the default layout's key beside the peer's
+//! (`mysql/exclusion.rs`). An `interop=` holder takes the default layout's key beside the peer's
 //! and looks at the leases: it excludes the default layout too. A peer takes only its own key,
 //! which locksmith's default layout does not take: a declared limit (give every locksmith
 //! client of a name shared with the peer the interop mode), not a silent one.
@@ -72,7 +72,7 @@ pub(crate) fn table(dialect: Dialect) -> Compatibility {
         }
     }
     // An interop holder takes the peer's key and then the default layout's, and looks at the
-    // leases as a default-layout row lock does (`mysql_exclusion::interop_acquire`,
+    // leases as a default-layout row lock does (`mysql::exclusion::interop_acquire`,
     // `pg::exclusion::interop_takes_name_key`).
     let peer_only = Relation::Limit(format!(
         "{peer} takes only its own key: locksmith clients that share names with it use {mode}"

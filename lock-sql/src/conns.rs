@@ -160,6 +160,22 @@ where
         })
     }
 
+    /// A connection for a lock wait (uncounted: a holder keeps it), by `deadline` or the
+    /// operation bound; `None` when the deadline passed first (a wait that ran out, not an
+    /// error).
+    ///
+    /// Cancel safe, as [`Conns::get`].
+    pub(crate) async fn get_for_wait(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Checked<O, M>>> {
+        match self.get(self.bound_by(deadline), false).await {
+            Ok(c) => Ok(Some(c)),
+            Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// A new connection, set up, by `bound`.
     pub(crate) async fn connect(&self, bound: Instant) -> Result<Conn<O::Connection, M>> {
         let opened = tokio::time::timeout_at(bound, async {

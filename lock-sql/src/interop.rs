@@ -163,7 +163,7 @@ mod tests {
     #[test]
     fn readers_on_the_postgres_row_lock_but_not_under_interop() {
         use crate::config::{Dialect, Strategy};
-        let pg = crate::strategy_capabilities(Dialect::Postgres, Strategy::RowLock);
+        let pg = crate::capabilities::strategy_capabilities(Dialect::Postgres, Strategy::RowLock);
         assert!(pg.shared.is_yes());
         assert!(pg.fair, "a waiting writer holds back later readers");
         let sqlx = Interop::Sqlx.capabilities(pg.clone());
@@ -180,7 +180,7 @@ mod tests {
             "{:?}",
             sqlx.notes
         );
-        let my = crate::strategy_capabilities(Dialect::MySql, Strategy::RowLock);
+        let my = crate::capabilities::strategy_capabilities(Dialect::MySql, Strategy::RowLock);
         let my = Interop::GetLock.capabilities(my);
         for caps in [&pg, &sqlx, &my] {
             assert!(caps.permits.why_not().is_some());

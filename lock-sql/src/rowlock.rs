@@ -354,6 +354,23 @@ pub(crate) struct Turn {
 }
 
 impl Queues {
+    /// The turn a row-lock acquisition on `name` needs: none for a try (`nowait`: it waits
+    /// nowhere), this client's queue's head for a wait, by `deadline`; `None` when that ran
+    /// out first.
+    ///
+    /// Cancel safe: a dropped wait leaves the queue.
+    pub(crate) async fn turn(
+        self: &Arc<Self>,
+        name: &str,
+        deadline: Option<Instant>,
+        nowait: bool,
+    ) -> Option<Option<Turn>> {
+        if nowait {
+            return Some(None);
+        }
+        self.enter(name, deadline).await.map(Some)
+    }
+
     /// Waits for this caller's turn on `name` until `deadline`; `None` when it ran out.
     ///
     /// Cancel safe: a dropped wait leaves the queue.

@@ -1,18 +1,19 @@
 //! SQLite: leases only, in a file shared by the processes of one host (WAL mode, busy timeout).
 
-use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::backend::{AcquireRequest, Acquired, CallerGone, Lease};
-use lockcore::{Error, Instant, LockInfo, LockMode, LockName, OwnerToken, Result};
+use futures::FutureExt;
+use lockcore::backend::{AcquireRequest, Acquired, CallerGone};
+use lockcore::{Error, Instant, LockInfo, LockMode, LockName, Result};
 use sqlx::AssertSqlSafe;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
 use crate::config::Parsed;
+use crate::lease::{Found, Held, LeaseStatements, SqlLease};
 use crate::sql_errors::map_err;
 
 /// Unix time in seconds (millisecond resolution) on the database's clock.
@@ -43,6 +44,8 @@ pub(crate) struct LiteBackend {
     config: Parsed,
     pool: SqlitePool,
     sql: Arc<Sql>,
+    /// The statements of the leases this client holds.
+    held: Arc<LiteHeld>,
 }
 
 /// SQLITE_BUSY / SQLITE_LOCKED and their extended codes: another connection holds the write
@@ -321,10 +324,17 @@ impl LiteBackend {
                  WHERE name = ?1 AND expires_at > {NOW} ORDER BY fence"
             ),
         };
+        let sql = Arc::new(sql);
+        let held = Arc::new(LiteHeld {
+            pool: pool.clone(),
+            config: config.clone(),
+            sql: sql.clone(),
+        });
         Ok(LiteBackend {
             config: config.clone(),
             pool,
-            sql: Arc::new(sql),
+            sql,
+            held,
         })
     }
 
@@ -345,6 +355,13 @@ impl LiteBackend {
             .map_err(|e| map_err(&self.config, "SELECT 1", e))
     }
 
+    /// A `try_lock`'s attempt (see [`LiteBackend::attempt`]).
+    ///
+    /// Cancel safety: as [`LiteBackend::attempt`].
+    pub(crate) async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
+        self.attempt(req, false).await
+    }
+
     /// One attempt. `waits`: it belongs to a waiting `lock()`, whose writer marks itself as
     /// waiting behind shared holders (a `try_lock` marks nothing).
     ///
@@ -358,19 +375,6 @@ impl LiteBackend {
         let token = req.token.to_hex();
         let holder = req.holder.encode();
         let share = req.mode != LockMode::Exclusive;
-        let lease = {
-            let (pool, config, sql) = (self.pool.clone(), self.config.clone(), self.sql.clone());
-            let (name, token) = (req.name.clone(), req.token);
-            move |fencing| LiteLease {
-                pool,
-                config,
-                sql,
-                name,
-                token,
-                fencing,
-                share,
-            }
-        };
         let (pool, config, sql) = (self.pool.clone(), self.config.clone(), self.sql.clone());
         let (name, ttl, mode) = (req.name.clone(), req.ttl, req.mode);
         // SQLite's worker thread runs a statement even after its caller is dropped: the attempt
@@ -391,17 +395,17 @@ impl LiteBackend {
                 .await
             };
             match res {
-                Ok(Ok(fence)) => Ok(fence.map(|f| lease(f as u64))),
+                Ok(Ok(Some(fence))) => Ok(Some(Found::Won(fence as u64))),
+                Ok(Ok(None)) => Ok(Some(Found::Busy(()))),
                 Ok(Err(e)) => Err(e),
                 // Still busy: as good as contention; the poller retries.
-                Err(e) if is_busy(&e) => Ok(None),
+                Err(e) if is_busy(&e) => Ok(Some(Found::Busy(()))),
                 Err(e) => Err(map_err(&config, "acquiring a lease", e)),
             }
         };
-        let sent_at = Instant::now();
-        let won = lockcore::backend::acquire_detached_for(std::slice::from_ref(req), None, attempt)
-            .await?;
-        Ok(won.map(|l| Acquired::new(l, sent_at)))
+        let lease = SqlLease::of(&self.held, req);
+        let (won, ()) = crate::lease::attempt_detached(req, None, lease, attempt).await?;
+        Ok(won)
     }
 
     /// The row, if held: token, seconds left, metadata (when acquired is the holder's clock:
@@ -451,33 +455,27 @@ impl LiteBackend {
     }
 }
 
-struct LiteLease {
+/// An SQLite lease's statements once held (see [`LeaseStatements`]).
+struct LiteHeld {
     pool: SqlitePool,
     config: Parsed,
     sql: Arc<Sql>,
-    name: LockName,
-    token: OwnerToken,
-    fencing: u64,
-    /// A shared holder's or a permit's lease (a row of the shares table), not the lock row.
-    share: bool,
 }
 
-impl fmt::Debug for LiteLease {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LiteLease")
-            .field("name", &self.name)
-            .field("token", &self.token)
-            .field("fencing", &self.fencing)
-            .finish()
-    }
-}
-
-impl LiteLease {
-    async fn update(&self, sql: &str, ttl: Option<Duration>, what: &str) -> Result<()> {
-        let token = self.token.to_hex();
+impl LiteHeld {
+    /// Runs `sql` on `held`'s row (and `ttl`, where the statement takes it): the rows it
+    /// matched.
+    async fn update(
+        &self,
+        sql: &str,
+        held: &Held,
+        ttl: Option<Duration>,
+        what: &str,
+    ) -> Result<u64> {
+        let token = held.token.to_hex();
         let r = retry_busy(|| {
             let q = sqlx::query(AssertSqlSafe(sql.to_owned()))
-                .bind(self.name.as_str())
+                .bind(held.name.as_str())
                 .bind(&token);
             // SQLite refuses a parameter the statement does not use.
             let q = match ttl {
@@ -488,37 +486,30 @@ impl LiteLease {
         })
         .await
         .map_err(|e| map_err(&self.config, what, e))?;
-        crate::sql_errors::owner_checked(r.rows_affected() as u64)
+        Ok(r.rows_affected())
     }
 }
 
 #[lockcore::backend::async_trait]
-impl Lease for LiteLease {
-    fn fencing_token(&self) -> Option<u64> {
-        Some(self.fencing)
+impl LeaseStatements for LiteHeld {
+    async fn extend(&self, held: &Held, ttl: Duration) -> Result<u64> {
+        // A share's trigger raises `shares_until` with it.
+        let (sql, what) = if held.share {
+            (&self.sql.share_extend, "extending a share")
+        } else {
+            (&self.sql.extend, "extending a lease")
+        };
+        self.update(sql, held, Some(ttl), what).await
     }
 
-    async fn extend(&self, ttl: Duration) -> Result<Duration> {
-        if self.share {
-            // The trigger raises `shares_until` with the share.
-            self.update(&self.sql.share_extend, Some(ttl), "extending a share")
-                .await?;
-            return Ok(ttl);
-        }
-        self.update(&self.sql.extend, Some(ttl), "extending a lease")
-            .await?;
-        Ok(ttl)
-    }
-
-    async fn release(&self) -> Result<()> {
-        if self.share {
-            let n = release_shares(&self.pool, &self.sql, &self.name, Some(self.token.to_hex()))
+    async fn release(&self, held: &Held) -> Result<u64> {
+        if held.share {
+            return release_shares(&self.pool, &self.sql, &held.name, Some(held.token.to_hex()))
                 .await
-                .map_err(|e| map_err(&self.config, "releasing a share", e))?;
-            return crate::sql_errors::owner_checked(n);
+                .map_err(|e| map_err(&self.config, "releasing a share", e));
         }
-        self.update(&self.sql.release, None, "releasing a lease")
-            .await
+        let sql = &self.sql.release;
+        self.update(sql, held, None, "releasing a lease").await
     }
 }
 
@@ -647,19 +638,9 @@ impl LiteBackend {
         &self,
         reqs: &[AcquireRequest],
     ) -> Result<lockcore::backend::SetAttempt> {
-        let members = crate::SetMember::of(reqs);
-        let leases: Vec<LiteLease> = reqs
-            .iter()
-            .map(|r| LiteLease {
-                pool: self.pool.clone(),
-                config: self.config.clone(),
-                sql: self.sql.clone(),
-                name: r.name.clone(),
-                token: r.token,
-                fencing: 0,
-                share: false,
-            })
-            .collect();
+        let members = crate::sets::SetMember::of(reqs);
+        let leases: Vec<SqlLease<LiteHeld>> =
+            reqs.iter().map(|r| SqlLease::of(&self.held, r)).collect();
         let (pool, config, sql) = (self.pool.clone(), self.config.clone(), self.sql.clone());
         let sent_at = Instant::now();
         let attempt = move |gone: CallerGone| async move {
@@ -667,12 +648,12 @@ impl LiteBackend {
                 retry_busy_while(|| !gone.is_gone(), || set_tx(&pool, &sql, &members, &gone)).await;
             let found = match res {
                 Ok(found) => found?,
-                Err(e) if is_busy(&e) => crate::SetFound::Busy(0),
+                Err(e) if is_busy(&e) => crate::sets::SetFound::Busy(0),
                 Err(e) => return Err(map_err(&config, "acquiring a set of leases", e)),
             };
-            found.into_won(leases, |l, fencing| LiteLease { fencing, ..l })
+            found.into_won(leases, SqlLease::with_fencing)
         };
-        crate::run_set_detached(reqs, sent_at, None, attempt).await
+        crate::sets::run_set_detached(reqs, sent_at, None, attempt).await
     }
 }
 
@@ -680,37 +661,33 @@ impl LiteBackend {
 async fn set_tx(
     pool: &SqlitePool,
     sql: &Sql,
-    members: &[crate::SetMember],
+    members: &[crate::sets::SetMember],
     gone: &CallerGone,
-) -> sqlx::Result<Result<crate::SetFound>> {
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    let mut fences = Vec::with_capacity(members.len());
-    for (i, m) in members.iter().enumerate() {
-        let fence: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql.acquire.clone()))
-            .bind(m.name.as_str())
-            .bind(&m.token)
-            .bind(m.ttl.as_secs_f64())
-            .bind(&m.holder)
-            .fetch_optional(&mut *tx)
-            .await?;
-        if let Some(f) = fence {
-            fences.push(f as u64);
-            continue;
+) -> sqlx::Result<Result<crate::sets::SetFound>> {
+    let tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    crate::lease::take_members(tx, members, gone, |c, m| {
+        let (acquire, probe) = (sql.acquire.clone(), sql.probe_shares.clone());
+        async move {
+            let fence: Option<i64> = sqlx::query_scalar(AssertSqlSafe(acquire))
+                .bind(m.name.as_str())
+                .bind(&m.token)
+                .bind(m.ttl.as_secs_f64())
+                .bind(&m.holder)
+                .fetch_optional(&mut *c)
+                .await?;
+            if let Some(f) = fence {
+                return Ok(Found::Won(f as u64));
+            }
+            let permits: Option<bool> = sqlx::query_scalar(AssertSqlSafe(probe))
+                .bind(m.name.as_str())
+                .fetch_optional(&mut *c)
+                .await?;
+            Ok(match permits {
+                Some(true) => Found::Conflict,
+                _ => Found::Busy(()),
+            })
         }
-        let permits: Option<bool> = sqlx::query_scalar(AssertSqlSafe(sql.probe_shares.clone()))
-            .bind(m.name.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
-        tx.rollback().await?;
-        return Ok(match permits {
-            Some(true) => Err(crate::shares::conflict(LockMode::Exclusive)),
-            _ => Ok(crate::SetFound::Busy(i)),
-        });
-    }
-    if gone.is_gone() {
-        tx.rollback().await?;
-        return Ok(Ok(crate::SetFound::Abandoned));
-    }
-    tx.commit().await?;
-    Ok(Ok(crate::SetFound::Won(fences)))
+        .boxed()
+    })
+    .await
 }

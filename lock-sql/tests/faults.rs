@@ -3,26 +3,12 @@
 
 use std::time::Duration;
 
+mod support;
+
 use faultkit::{MariaDb, Postgres, Proxy, ProxyMode, Wire, require_installed, rewrite_url};
 use lock_sql::SqlBackend;
-use lockcore::{ErrorKind, LockName, LockOptions, Locker};
-
-fn scaled(d: Duration) -> Duration {
-    d.mul_f64(conformance::time_scale())
-}
-
-fn with_params(url: &str, params: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}{params}")
-}
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
-}
-
-async fn client(url: &str) -> Locker {
-    Locker::new(SqlBackend::connect(url).await.expect("connect"))
-}
+use lockcore::{ErrorKind, LockName, LockOptions};
+use support::{client, scaled, unique, with_params};
 
 fn addr_of(url: &str) -> std::net::SocketAddr {
     let u = url::Url::parse(url).unwrap();

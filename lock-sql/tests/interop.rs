@@ -22,6 +22,9 @@ use faultkit::{
 use lock_sql::SqlBackend;
 use lockcore::backend::Backend;
 use lockcore::{ErrorKind, LockName, LockOptions, Locker};
+use support::with_params;
+
+mod support;
 
 const SQLX_PEER_ENV: &str = "LOCKSMITH_SQLX_PEER_URL";
 
@@ -31,11 +34,6 @@ fn unique(prefix: &str) -> String {
 
 fn scaled(secs: f64) -> Duration {
     Duration::from_secs_f64(secs * conformance::time_scale())
-}
-
-fn with_params(url: &str, params: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}{params}")
 }
 
 async fn backend(url: &str, peer: &str) -> SqlBackend {
@@ -162,6 +160,71 @@ async fn queued(b: &SqlBackend, name: &str) -> usize {
         .unwrap()
 }
 
+/// Options of locksmith's side: a 10 s lease, waits up to `wait_secs` (scaled).
+fn opts(wait_secs: f64) -> LockOptions {
+    LockOptions::new()
+        .ttl(Duration::from_secs(10))
+        .wait_timeout(scaled(wait_secs))
+}
+
+/// Asserts that locksmith finds `name` busy (the peer holds it).
+async fn assert_busy(locker: &Locker, name: &str, opts: &LockOptions) {
+    assert!(locker.try_lock(name, opts).await.unwrap().is_none());
+}
+
+/// A locksmith waiter for `name`: its guard and when it was granted (Unix µs).
+fn spawn_waiter(
+    locker: &Locker,
+    name: &str,
+    opts: &LockOptions,
+) -> tokio::task::JoinHandle<(lockcore::Result<lockcore::LockGuard>, u64)> {
+    let (locker, name, opts) = (locker.clone(), name.to_owned(), opts.clone());
+    tokio::spawn(async move {
+        let g = locker.lock(name.as_str(), &opts).await;
+        (g, now_unix_micros())
+    })
+}
+
+/// The waiter's lock, granted no earlier than the peer's release at `released` (Unix µs),
+/// without a fencing token (the peer counts nothing); released.
+async fn won_after(
+    waiter: tokio::task::JoinHandle<(lockcore::Result<lockcore::LockGuard>, u64)>,
+    released: u64,
+) {
+    let (guard, won_at) = waiter.await.unwrap();
+    let guard = guard.unwrap();
+    assert!(
+        won_at >= released,
+        "won at {won_at}, released at {released}"
+    );
+    assert_eq!(guard.fencing_token(), None);
+    guard.release().await.unwrap();
+}
+
+/// Ends a peer process.
+async fn quit(mut p: PeerProcess) {
+    p.send("quit").await.unwrap();
+    p.wait(scaled(20.0)).await.unwrap();
+}
+
+/// Polls `query` (a `SELECT 'waiters', COUNT(*) ...` on the process list) from a watching
+/// `mariadb` client until `waiting` holds of its count; whether it did within a scaled bound.
+async fn until_user_lock_wait(url: &str, query: &str, waiting: impl Fn(&str) -> bool) -> bool {
+    let (mut watcher, _dir) = mariadb_peer(url).await;
+    let end = lockcore::Instant::now() + scaled(20.0);
+    let mut seen = false;
+    while !seen && lockcore::Instant::now() < end {
+        watcher.send(query).await.unwrap();
+        let line = watcher.expect("waiters", scaled(20.0)).await.unwrap();
+        seen = waiting(line.split_whitespace().nth(1).unwrap_or(""));
+        if !seen {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    watcher.send("quit").await.unwrap();
+    seen
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn sqlx_holds_locksmith_waits() {
     let Some(url) = require_env("LOCK_TEST_POSTGRES_URL") else {
@@ -174,23 +237,9 @@ async fn sqlx_holds_locksmith_waits() {
     let mut p = sqlx_peer(&url).await;
     p.send(&format!("hold {name}")).await.unwrap();
     p.expect("acquired", scaled(20.0)).await.unwrap();
-    let opts = LockOptions::new()
-        .ttl(Duration::from_secs(10))
-        .wait_timeout(scaled(30.0));
-    assert!(
-        locker
-            .try_lock(name.as_str(), &opts)
-            .await
-            .unwrap()
-            .is_none()
-    );
-    let waiter = {
-        let (locker, name, opts) = (locker.clone(), name.clone(), opts.clone());
-        tokio::spawn(async move {
-            let g = locker.lock(name.as_str(), &opts).await;
-            (g, now_unix_micros())
-        })
-    };
+    let opts = opts(30.0);
+    assert_busy(&locker, &name, &opts).await;
+    let waiter = spawn_waiter(&locker, &name, &opts);
     // The waiter sits in the server's queue of sqlx's key.
     faultkit::wait_until("locksmith queued on sqlx's key", scaled(20.0), || {
         let (admin, name) = (&admin, name.as_str());
@@ -200,16 +249,8 @@ async fn sqlx_holds_locksmith_waits() {
     .unwrap();
     p.send("release").await.unwrap();
     let released = stamp(&p.expect("released", scaled(20.0)).await.unwrap(), 1);
-    let (guard, won_at) = waiter.await.unwrap();
-    let guard = guard.unwrap();
-    assert!(
-        won_at >= released,
-        "won at {won_at}, released at {released}"
-    );
-    assert_eq!(guard.fencing_token(), None);
-    guard.release().await.unwrap();
-    p.send("quit").await.unwrap();
-    p.wait(scaled(20.0)).await.unwrap();
+    won_after(waiter, released).await;
+    quit(p).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -220,9 +261,7 @@ async fn locksmith_holds_sqlx_waits() {
     let name = unique("sqlx");
     let admin = backend(&url, "sqlx").await;
     let locker = Locker::new(backend(&url, "sqlx").await);
-    let opts = LockOptions::new()
-        .ttl(Duration::from_secs(10))
-        .wait_timeout(scaled(20.0));
+    let opts = opts(20.0);
     let guard = locker.lock(name.as_str(), &opts).await.unwrap();
     let mut p = sqlx_peer(&url).await;
     p.send(&format!("try {name}")).await.unwrap();
@@ -241,17 +280,10 @@ async fn locksmith_holds_sqlx_waits() {
     guard.release().await.unwrap();
     let line = p.expect("acquired", scaled(20.0)).await.unwrap();
     assert!(stamp(&line, 1) >= released, "{line} before {released}");
-    assert!(
-        locker
-            .try_lock(name.as_str(), &opts)
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert_busy(&locker, &name, &opts).await;
     p.send("release").await.unwrap();
     p.expect("released", scaled(20.0)).await.unwrap();
-    p.send("quit").await.unwrap();
-    p.wait(scaled(20.0)).await.unwrap();
+    quit(p).await;
 }
 
 /// Both loop on one name for a few seconds.
@@ -268,14 +300,11 @@ async fn sqlx_contention() {
     let mut windows = locksmith_loop(&locker, &name, seconds).await;
     windows.extend(p.loop_windows("sqlx", scaled(60.0)).await.unwrap());
     report_and_check(windows, "sqlx");
-    p.send("quit").await.unwrap();
-    p.wait(scaled(20.0)).await.unwrap();
+    quit(p).await;
 }
 
 async fn locksmith_loop(locker: &Locker, name: &str, seconds: f64) -> Vec<Window> {
-    let opts = LockOptions::new()
-        .ttl(Duration::from_secs(10))
-        .wait_timeout(scaled(30.0));
+    let opts = opts(30.0);
     let mut windows = Vec::new();
     let end = lockcore::Instant::now() + Duration::from_secs_f64(seconds);
     while lockcore::Instant::now() < end {
@@ -373,43 +402,21 @@ async fn get_lock_peer_holds_locksmith_waits() {
     .unwrap();
     let got = p.expect("got", scaled(20.0)).await.unwrap();
     assert_eq!(got.split_whitespace().nth(1), Some("1"), "{got}");
-    let opts = LockOptions::new()
-        .ttl(Duration::from_secs(10))
-        .wait_timeout(scaled(30.0));
-    assert!(
-        locker
-            .try_lock(name.as_str(), &opts)
-            .await
-            .unwrap()
-            .is_none()
-    );
-    let waiter = {
-        let (locker, name, opts) = (locker.clone(), name.clone(), opts.clone());
-        tokio::spawn(async move {
-            let g = locker.lock(name.as_str(), &opts).await;
-            (g, now_unix_micros())
-        })
-    };
+    let opts = opts(30.0);
+    assert_busy(&locker, &name, &opts).await;
+    let waiter = spawn_waiter(&locker, &name, &opts);
     // A GET_LOCK waits in the server (other tests' waiters may count too: this only makes sure
     // the waiter got that far before the peer lets go; the order of the times proves the rest).
-    let (mut watcher, _dir2) = mariadb_peer(&url).await;
-    let mut waiting = false;
-    let end = lockcore::Instant::now() + scaled(20.0);
-    while !waiting && lockcore::Instant::now() < end {
-        watcher
-            .send(&format!(
-                "SELECT 'waiters', COUNT(*) FROM information_schema.PROCESSLIST \
-                 WHERE STATE = 'User lock' AND ID <> CONNECTION_ID() \
-                 AND IS_USED_LOCK('{n}') IS NOT NULL;"
-            ))
-            .await
-            .unwrap();
-        let line = watcher.expect("waiters", scaled(20.0)).await.unwrap();
-        waiting = line.split_whitespace().nth(1) != Some("0");
-        if !waiting {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+    let waiting = until_user_lock_wait(
+        &url,
+        &format!(
+            "SELECT 'waiters', COUNT(*) FROM information_schema.PROCESSLIST \
+             WHERE STATE = 'User lock' AND ID <> CONNECTION_ID() \
+             AND IS_USED_LOCK('{n}') IS NOT NULL;"
+        ),
+        |count| count != "0",
+    )
+    .await;
     assert!(waiting, "locksmith's GET_LOCK never waited in the server");
     assert!(!waiter.is_finished());
     p.send(&format!(
@@ -420,17 +427,8 @@ async fn get_lock_peer_holds_locksmith_waits() {
     let line = p.expect("released", scaled(20.0)).await.unwrap();
     assert_eq!(line.split_whitespace().nth(2), Some("1"), "{line}");
     let released = stamp(&line, 1);
-    let (guard, won_at) = waiter.await.unwrap();
-    let guard = guard.unwrap();
-    assert!(
-        won_at >= released,
-        "won at {won_at}, released at {released}"
-    );
-    assert_eq!(guard.fencing_token(), None);
-    guard.release().await.unwrap();
-    p.send("quit").await.unwrap();
-    p.wait(scaled(20.0)).await.unwrap();
-    watcher.send("quit").await.unwrap();
+    won_after(waiter, released).await;
+    quit(p).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -441,9 +439,7 @@ async fn locksmith_holds_get_lock_peer_waits() {
     let name = unique("getlock");
     let n = sql_name(&name);
     let locker = Locker::new(backend(&url, "get_lock").await);
-    let opts = LockOptions::new()
-        .ttl(Duration::from_secs(10))
-        .wait_timeout(scaled(20.0));
+    let opts = opts(20.0);
     let guard = locker.lock(name.as_str(), &opts).await.unwrap();
     let (mut p, _dir) = mariadb_peer(&url).await;
     // The exact name is held on the server, by another session than the peer's.
@@ -465,39 +461,24 @@ async fn locksmith_holds_get_lock_peer_waits() {
     .unwrap();
     // The peer's statement waits in the server for the name locksmith holds (its text, with
     // the name, shows in the process list in state `User lock`).
-    let (mut watcher, _dir2) = mariadb_peer(&url).await;
-    let mut waiting = false;
-    let end = lockcore::Instant::now() + scaled(20.0);
-    while !waiting && lockcore::Instant::now() < end {
-        watcher
-            .send(&format!(
-                "SELECT 'waiters', COUNT(*) FROM information_schema.PROCESSLIST \
-                 WHERE STATE = 'User lock' AND INFO LIKE '%GET_LOCK(''{n}'', 60)%' \
-                 AND ID <> CONNECTION_ID();"
-            ))
-            .await
-            .unwrap();
-        let line = watcher.expect("waiters", scaled(20.0)).await.unwrap();
-        waiting = line.split_whitespace().nth(1) == Some("1");
-        if !waiting {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+    let waiting = until_user_lock_wait(
+        &url,
+        &format!(
+            "SELECT 'waiters', COUNT(*) FROM information_schema.PROCESSLIST \
+             WHERE STATE = 'User lock' AND INFO LIKE '%GET_LOCK(''{n}'', 60)%' \
+             AND ID <> CONNECTION_ID();"
+        ),
+        |count| count == "1",
+    )
+    .await;
     assert!(waiting, "the peer's GET_LOCK never waited in the server");
-    watcher.send("quit").await.unwrap();
     assert!(!p.has_output(), "{:?}", p.seen());
     let released = now_unix_micros();
     guard.release().await.unwrap();
     let got = p.expect("got", scaled(30.0)).await.unwrap();
     assert_eq!(got.split_whitespace().nth(1), Some("1"), "{got}");
     assert!(stamp(&got, 2) >= released, "{got} before {released}");
-    assert!(
-        locker
-            .try_lock(name.as_str(), &opts)
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert_busy(&locker, &name, &opts).await;
     p.send(&format!("SELECT 'released', RELEASE_LOCK('{n}');"))
         .await
         .unwrap();
@@ -505,8 +486,7 @@ async fn locksmith_holds_get_lock_peer_waits() {
         p.expect("released", scaled(20.0)).await.unwrap(),
         "released\t1"
     );
-    p.send("quit").await.unwrap();
-    p.wait(scaled(20.0)).await.unwrap();
+    quit(p).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -540,8 +520,7 @@ async fn get_lock_contention() {
     let (_, mut windows) = tokio::join!(peer, locksmith_loop(&locker, &name, seconds));
     windows.extend(p.windows("mariadb", 2, 4).unwrap());
     report_and_check(windows, "mariadb");
-    p.send("quit").await.unwrap();
-    p.wait(scaled(20.0)).await.unwrap();
+    quit(p).await;
 }
 
 /// A name GET_LOCK would refuse (or a MySQL peer could not lock) is refused before any I/O.

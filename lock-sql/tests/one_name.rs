@@ -5,56 +5,12 @@
 
 use std::time::Duration;
 
+mod support;
+
 use lock_sql::SqlBackend;
 use lockcore::backend::{AcquireRequest, Backend};
 use lockcore::{ErrorKind, LockMode, LockName, OwnerToken};
-
-/// `LOCK_TEST_TIME_SCALE` (1 when unset): bounds stretch with it on a loaded machine.
-fn scale() -> f64 {
-    std::env::var("LOCK_TEST_TIME_SCALE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .filter(|s: &f64| *s >= 1.0)
-        .unwrap_or(1.0)
-}
-
-fn scaled(d: Duration) -> Duration {
-    d.mul_f64(scale())
-}
-
-fn with_params(url: &str, params: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}{params}")
-}
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
-}
-
-fn sqlite_url() -> String {
-    match std::env::var("LOCK_TEST_SQLITE_URL") {
-        Ok(u) if !u.is_empty() => u,
-        _ => {
-            let _ = conformance::require_env("LOCK_TEST_SQLITE_URL");
-            let path =
-                std::env::temp_dir().join(format!("lock-sql-one-name-{}.db", std::process::id()));
-            format!("sqlite://{}", path.display())
-        }
-    }
-}
-
-/// (label, url) of every lease backend whose server is configured.
-fn lease_variants() -> Vec<(&'static str, String)> {
-    let mut v = Vec::new();
-    if let Some(pg) = conformance::require_env("LOCK_TEST_POSTGRES_URL") {
-        v.push(("pg-lease", with_params(&pg, "strategy=lease")));
-    }
-    if let Some(my) = conformance::require_env("LOCK_TEST_MYSQL_URL") {
-        v.push(("mysql-lease", with_params(&my, "strategy=lease")));
-    }
-    v.push(("sqlite-lease", sqlite_url()));
-    v
-}
+use support::{client, lease_variants, my_url, pg_url, scaled, unique, with_params};
 
 fn request(name: &LockName, mode: LockMode, ttl: Duration) -> AcquireRequest {
     let mut req = AcquireRequest::new(name.clone(), OwnerToken::random(), ttl);
@@ -129,15 +85,6 @@ async fn a_retried_attempt_rechecks_what_the_first_checked() {
     }
 }
 
-/// The PostgreSQL URL with `params`, if configured.
-fn pg_url(params: &str) -> Option<String> {
-    conformance::require_env("LOCK_TEST_POSTGRES_URL").map(|u| with_params(&u, params))
-}
-
-async fn locker(url: &str) -> lockcore::Locker {
-    lockcore::Locker::new(SqlBackend::connect(url).await.expect("connect"))
-}
-
 fn opts() -> lockcore::LockOptions {
     lockcore::LockOptions::new().ttl(Duration::from_secs(30))
 }
@@ -170,8 +117,8 @@ type Case<'a> = (
 /// holds (or holds beside it, for readers), the first keeps renewing, and the second takes the
 /// name once the first released it.
 async fn lease_and_row_lock_exclude(lease_url: &str, row_url: &str, cases: &[Case<'_>]) {
-    let lease = locker(lease_url).await;
-    let row = locker(row_url).await;
+    let lease = client(lease_url).await;
+    let row = client(row_url).await;
     for &(case, lease_opts, row_opts, together) in cases {
         for lease_first in [true, false] {
             let name = unique("lease-row");
@@ -235,11 +182,6 @@ async fn pg_lease_and_row_lock_on_one_table_exclude_each_other() {
     lease_and_row_lock_exclude(&lease_url, &row_url, &cases).await;
 }
 
-/// The MySQL URL with `params`, if configured.
-fn my_url(params: &str) -> Option<String> {
-    conformance::require_env("LOCK_TEST_MYSQL_URL").map(|u| with_params(&u, params))
-}
-
 /// MariaDB: the lease (exclusive, shared, permits) and the row lock (exclusive only, with a
 /// fencing token or without: two different statements) on one table exclude each other per
 /// name, in both orders. Regression: the lease was the lock row, the row lock `GET_LOCK`, and
@@ -279,8 +221,8 @@ async fn mysql_lease_sets_and_row_locks_exclude_each_other() {
     else {
         return;
     };
-    let lease = locker(&lease_url).await;
-    let row = locker(&row_url).await;
+    let lease = client(&lease_url).await;
+    let row = client(&row_url).await;
     let o = opts();
     for (label, sets, single) in [("lease set", &lease, &row), ("row-lock set", &row, &lease)] {
         let names: Vec<String> = ["a", "b", "c"]
@@ -315,7 +257,7 @@ async fn lease_and_row_lock_take_turns(lease_url: String, row_url: String) {
     let inside = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for url in [lease_url, row_url] {
-        let locker = locker(&url).await;
+        let locker = client(&url).await;
         let (name, inside) = (name.clone(), inside.clone());
         tasks.push(tokio::spawn(async move {
             let o = opts().wait_timeout(scaled(Duration::from_secs(60)));
@@ -364,7 +306,7 @@ async fn pg_xact_lock_and_leases_exclude_each_other() {
         return;
     };
     let plain = conformance::require_env("LOCK_TEST_POSTGRES_URL").unwrap();
-    let lease = locker(&lease_url).await;
+    let lease = client(&lease_url).await;
     let xact = lock_sql::PgXactLock::new(lock_sql::DEFAULT_TABLE).unwrap();
     let mut conn = sqlx::PgConnection::connect(&plain).await.unwrap();
     for lease_opts in [opts(), opts().shared(), opts().permits(3)] {
@@ -463,7 +405,7 @@ async fn pg_interop_sqlx_and_the_default_layout_exclude_each_other() {
     interop_and_the_default_layout_exclude(pg_url, &interop_url, true).await;
     let x = opts();
     // PgXactLock on the default table, both orders.
-    let interop = locker(&interop_url).await;
+    let interop = client(&interop_url).await;
     let xact = lock_sql::PgXactLock::new(lock_sql::DEFAULT_TABLE).unwrap();
     let plain = conformance::require_env("LOCK_TEST_POSTGRES_URL").unwrap();
     let mut conn = sqlx::PgConnection::connect(&plain).await.unwrap();

@@ -6,49 +6,13 @@ use std::time::Duration;
 
 use lock_sql::SqlBackend;
 use lockcore::{ErrorKind, LockName, LockOptions, Locker, LostReason};
+use support::{
+    client, pg_url, sqlite_url, two_clients, unique, variants, variants_of, with_params,
+};
+
+mod support;
 
 const WAIT: Duration = Duration::from_secs(20);
-
-fn with_params(url: &str, params: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}{params}")
-}
-
-/// (label, url) of every variant whose server is configured.
-fn variants() -> Vec<(&'static str, String)> {
-    let mut v = Vec::new();
-    if let Some(pg) = conformance::require_env("LOCK_TEST_POSTGRES_URL") {
-        v.push(("pg-row-lock", with_params(&pg, "strategy=row-lock")));
-        v.push(("pg-lease", with_params(&pg, "strategy=lease")));
-    }
-    if let Some(my) = conformance::require_env("LOCK_TEST_MYSQL_URL") {
-        v.push(("mysql-row-lock", with_params(&my, "strategy=row-lock")));
-        v.push(("mysql-lease", with_params(&my, "strategy=lease")));
-    }
-    v.push(("sqlite-lease", sqlite_url()));
-    v
-}
-
-fn sqlite_url() -> String {
-    match std::env::var("LOCK_TEST_SQLITE_URL") {
-        Ok(u) if !u.is_empty() => u,
-        _ => {
-            // Falls back to a temp file only outside CI.
-            let _ = conformance::require_env("LOCK_TEST_SQLITE_URL");
-            let path =
-                std::env::temp_dir().join(format!("lock-sql-test-{}.db", std::process::id()));
-            format!("sqlite://{}", path.display())
-        }
-    }
-}
-
-async fn client(url: &str) -> Locker {
-    Locker::new(SqlBackend::connect(url).await.expect("connect"))
-}
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
-}
 
 #[tokio::test]
 async fn config_is_validated_before_connecting() {
@@ -110,8 +74,7 @@ async fn passwords_never_show() {
 #[tokio::test]
 async fn basic_exclusion_fencing_and_hostile_names() {
     for (label, url) in variants() {
-        let a = client(&url).await;
-        let b = client(&url).await;
+        let (a, b) = two_clients(&url).await;
         let opts = LockOptions::new()
             .ttl(Duration::from_secs(5))
             .wait_timeout(WAIT);
@@ -156,12 +119,8 @@ async fn basic_exclusion_fencing_and_hostile_names() {
 /// (ConnectionLost) and the waiter gets the lock with a larger fencing token.
 #[tokio::test]
 async fn killed_holder_connection_fires_lost_and_fencing_grows() {
-    for (label, url) in variants()
-        .into_iter()
-        .filter(|(l, _)| l.ends_with("row-lock"))
-    {
-        let holder = client(&url).await;
-        let waiter = client(&url).await;
+    for (label, url) in variants_of("row-lock") {
+        let (holder, waiter) = two_clients(&url).await;
         let admin = SqlBackend::connect(&url).await.unwrap();
         let name = unique("kill");
         let opts = LockOptions::new()
@@ -216,20 +175,9 @@ async fn killed_holder_connection_fires_lost_and_fencing_grows() {
 /// through the server-side idle-transaction guard, about ttl + 1 s later.
 #[tokio::test]
 async fn abandoned_row_lock_is_freed_by_the_server_guard() {
-    for (label, url) in variants()
-        .into_iter()
-        .filter(|(l, _)| l.ends_with("row-lock"))
-    {
-        let holder = client(&url).await;
-        let waiter = client(&url).await;
-        let name = unique("abandon");
+    for (label, url) in variants_of("row-lock") {
         let ttl = Duration::from_secs(1);
-        let opts = LockOptions::new().ttl(ttl).wait_timeout(WAIT);
-        let g = holder.lock(name.as_str(), &opts).await.unwrap();
-        let t0 = tokio::time::Instant::now();
-        g.abandon();
-        let g2 = waiter.lock(name.as_str(), &opts).await.unwrap();
-        let took = t0.elapsed();
+        let (took, _, g2) = taken_over_after_abandon(&url, "abandon", ttl).await;
         // Guard = ttl + 1 s (MariaDB rounds to whole seconds and checks with its own slack).
         assert!(took >= ttl, "{label}: freed after {took:?}, before the ttl");
         assert!(
@@ -241,26 +189,33 @@ async fn abandoned_row_lock_is_freed_by_the_server_guard() {
     }
 }
 
+/// A holder of a new name of `prefix` for `ttl` abandons it (a wedged process: nothing
+/// released, nothing renewed); another client, which finds it busy at once, waits for it.
+/// How long the other waited from the abandon, the first holder's fence, the other's guard.
+async fn taken_over_after_abandon(
+    url: &str,
+    prefix: &str,
+    ttl: Duration,
+) -> (Duration, Option<u64>, lockcore::LockGuard) {
+    let (a, b) = two_clients(url).await;
+    let name = unique(prefix);
+    let opts = LockOptions::new().ttl(ttl).wait_timeout(WAIT);
+    let g = a.lock(name.as_str(), &opts).await.unwrap();
+    let fence = g.fencing_token();
+    let t0 = tokio::time::Instant::now();
+    g.abandon();
+    assert!(b.try_lock(name.as_str(), &opts).await.unwrap().is_none());
+    let g2 = b.lock(name.as_str(), &opts).await.unwrap();
+    (t0.elapsed(), fence, g2)
+}
+
 /// Lease: an expired lease is taken over, judged on the database clock; the row's expiry is
 /// ttl after the database's now.
 #[tokio::test]
 async fn lease_takeover_after_expiry_uses_db_clock() {
-    for (label, url) in variants().into_iter().filter(|(l, _)| l.ends_with("lease")) {
-        let a = client(&url).await;
-        let b = client(&url).await;
-        let name = unique("expiry");
+    for (label, url) in variants_of("lease") {
         let ttl = Duration::from_millis(800);
-        let opts = LockOptions::new().ttl(ttl).wait_timeout(WAIT);
-        let g = a.lock(name.as_str(), &opts).await.unwrap();
-        let f1 = g.fencing_token().unwrap();
-        let t0 = tokio::time::Instant::now();
-        g.abandon();
-        assert!(
-            b.try_lock(name.as_str(), &opts).await.unwrap().is_none(),
-            "{label}"
-        );
-        let g2 = b.lock(name.as_str(), &opts).await.unwrap();
-        let took = t0.elapsed();
+        let (took, f1, g2) = taken_over_after_abandon(&url, "expiry", ttl).await;
         assert!(
             took >= ttl - Duration::from_millis(50),
             "{label}: taken over after {took:?}"
@@ -269,7 +224,7 @@ async fn lease_takeover_after_expiry_uses_db_clock() {
             took < ttl + Duration::from_secs(3),
             "{label}: taken over after {took:?}"
         );
-        assert!(g2.fencing_token().unwrap() > f1, "{label}");
+        assert!(g2.fencing_token().unwrap() > f1.unwrap(), "{label}");
         // The first holder's lease is gone: its token no longer matches.
         g2.release().await.unwrap();
         eprintln!("{label}: taken over after {took:?}");
@@ -280,12 +235,8 @@ async fn lease_takeover_after_expiry_uses_db_clock() {
 /// end the holding transaction).
 #[tokio::test]
 async fn row_lock_survives_health_checks_and_renewals() {
-    for (label, url) in variants()
-        .into_iter()
-        .filter(|(l, _)| l.ends_with("row-lock"))
-    {
-        let a = client(&url).await;
-        let b = client(&url).await;
+    for (label, url) in variants_of("row-lock") {
+        let (a, b) = two_clients(&url).await;
         let name = unique("held");
         let ttl = Duration::from_millis(600);
         let opts = LockOptions::new()
@@ -309,12 +260,8 @@ async fn row_lock_survives_health_checks_and_renewals() {
 /// moment it started waiting (regression: the guard was born expired).
 #[tokio::test]
 async fn waiter_validity_counts_from_the_grant() {
-    for (label, url) in variants()
-        .into_iter()
-        .filter(|(l, _)| l.ends_with("row-lock"))
-    {
-        let a = client(&url).await;
-        let b = client(&url).await;
+    for (label, url) in variants_of("row-lock") {
+        let (a, b) = two_clients(&url).await;
         let name = unique("held");
         let ttl = Duration::from_millis(400);
         let opts = LockOptions::new()
@@ -484,33 +431,26 @@ async fn postgres_backend_from_an_existing_pool_contends_with_the_url_one() {
             .await
             .unwrap(),
     );
-    let name = format!("from-pool-{:016x}", fastrand::u64(..));
-    let opts = LockOptions::new().ttl(Duration::from_secs(10));
-    let g = from_pool
-        .try_lock(name.as_str(), &opts)
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        by_url
-            .try_lock(name.as_str(), &opts)
-            .await
-            .unwrap()
-            .is_none()
-    );
-    g.release().await.unwrap();
-    let g = by_url
-        .try_lock(name.as_str(), &opts)
-        .await
-        .unwrap()
-        .unwrap();
-    g.release().await.unwrap();
+    exclude_each_other(&from_pool, &by_url, "row-lock").await;
     let err = SqlBackend::from_pg_pool(&pool, lock_sql::Strategy::Lease, "bad;name")
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidConfig);
     from_pool.flush().await;
     by_url.flush().await;
+}
+
+/// `a` takes a new name, `b` finds it busy; once `a` released it, `b` takes it.
+async fn exclude_each_other(a: &Locker, b: &Locker, label: &str) {
+    let name = unique("from-pool");
+    let opts = LockOptions::new().ttl(Duration::from_secs(10));
+    let g = a.try_lock(name.as_str(), &opts).await.unwrap().unwrap();
+    let busy = b.try_lock(name.as_str(), &opts).await.unwrap();
+    assert!(busy.is_none(), "{label}");
+    g.release().await.unwrap();
+    let opts = opts.wait_timeout(Duration::from_secs(10));
+    let g = b.lock(name.as_str(), &opts).await.unwrap();
+    g.release().await.unwrap();
 }
 
 /// As for PostgreSQL: a backend on the settings of the application's own MySQL/MariaDB pool
@@ -541,30 +481,7 @@ async fn mysql_backend_from_an_existing_pool_contends_with_the_url_one() {
                 .await
                 .unwrap(),
         );
-        let name = format!("from-pool-{:016x}", fastrand::u64(..));
-        let opts = LockOptions::new().ttl(Duration::from_secs(10));
-        let g = from_pool
-            .try_lock(name.as_str(), &opts)
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(
-            by_url
-                .try_lock(name.as_str(), &opts)
-                .await
-                .unwrap()
-                .is_none(),
-            "{query}"
-        );
-        g.release().await.unwrap();
-        let g = by_url
-            .lock(
-                name.as_str(),
-                &opts.clone().wait_timeout(Duration::from_secs(10)),
-            )
-            .await
-            .unwrap();
-        g.release().await.unwrap();
+        exclude_each_other(&from_pool, &by_url, query).await;
         from_pool.flush().await;
         by_url.flush().await;
     }
@@ -940,11 +857,6 @@ async fn an_extended_share_keeps_writers_out_past_its_first_ttl() {
         a.flush().await;
         w.flush().await;
     }
-}
-
-/// The PostgreSQL URL with `params`, or `None` (skipped) when no server is configured.
-fn pg_url(params: &str) -> Option<String> {
-    conformance::require_env("LOCK_TEST_POSTGRES_URL").map(|pg| with_params(&pg, params))
 }
 
 /// Polls `queued_waiters` (faultkit's poll) until it reports `n`, within a scaled bound.
@@ -1380,10 +1292,9 @@ async fn pg_lease_crashed_waiters_entry_expires_on_its_own() {
 /// (label, url) of every lease variant whose server is configured, SQLite in a file of its own
 /// (the shared test file is busy with other test binaries, whose write locks would stretch a
 /// set's transaction into retries).
-fn lease_variants() -> Vec<(&'static str, String)> {
-    variants()
+fn fresh_lease_variants() -> Vec<(&'static str, String)> {
+    variants_of("-lease")
         .into_iter()
-        .filter(|(label, _)| label.ends_with("-lease"))
         .map(|(label, url)| {
             if label == "sqlite-lease" {
                 let dir =
@@ -1404,7 +1315,7 @@ fn lease_variants() -> Vec<(&'static str, String)> {
 /// attempt consumed none), and released whole.
 #[tokio::test]
 async fn a_lease_set_with_a_member_held_by_a_peer_takes_nothing() {
-    for (label, url) in lease_variants() {
+    for (label, url) in fresh_lease_variants() {
         let (a, peer) = (client(&url).await, client(&url).await);
         assert!(a.capabilities().atomic_multi.is_yes(), "{label}");
         let opts = LockOptions::new().ttl(Duration::from_secs(30));
@@ -1536,7 +1447,7 @@ async fn pg_lease_set_does_not_jump_a_queue() {
 /// background work, and asks another client for every member.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_attempt_dropped_after_its_first_poll_leaves_nothing_held() {
-    for (label, url) in lease_variants() {
+    for (label, url) in fresh_lease_variants() {
         let backend = SqlBackend::connect(&url).await.unwrap();
         let other = Locker::new(SqlBackend::connect(&url).await.unwrap());
         for round in 0..10 {
@@ -1953,5 +1864,31 @@ async fn a_wrong_one_letter_password_is_auth_with_the_message_intact() {
             let before = shown[..i].chars().last();
             assert!(matches!(before, Some(':' | '=')), "{var}: {shown}");
         }
+    }
+}
+
+/// What reports and benchmarks ask of a server answers on every variant: its version, a round
+/// trip, one cycle of the bare primitive, its request counter (which only grows); SQLite has no
+/// server to count requests or a bare primitive to measure (`Unsupported`).
+#[tokio::test]
+async fn server_probes_answer_on_every_variant() {
+    use lockcore::backend::Backend;
+    for (label, url) in variants() {
+        let b = SqlBackend::connect(&url).await.unwrap();
+        let version = b.server_version().await;
+        assert!(version.is_some_and(|v| !v.is_empty()), "{label}");
+        b.round_trip().await.unwrap();
+        let name = LockName::new(unique("probe")).unwrap();
+        if label.starts_with("sqlite") {
+            let kind = |r: lockcore::Result<()>| r.unwrap_err().kind();
+            assert_eq!(kind(b.bare_cycle(&name).await), ErrorKind::Unsupported);
+            let requests = b.server_requests().await.map(|_| ());
+            assert_eq!(kind(requests), ErrorKind::Unsupported);
+            continue;
+        }
+        let before = b.server_requests().await.unwrap();
+        b.bare_cycle(&name).await.unwrap();
+        b.bare_cycle(&name).await.unwrap();
+        assert!(b.server_requests().await.unwrap() >= before, "{label}");
     }
 }

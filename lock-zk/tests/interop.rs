@@ -16,7 +16,7 @@ use conformance::interop::{
     contend_with_peer, eventually, peer_held, peer_holds_after, release_peer,
     scaled_secs as scaled, spawn_timed_lock, unique, wins_after_peer_releases,
 };
-use faultkit::{PeerCommand, PeerProcess};
+use faultkit::{PeerCommand, PeerProcess, now_unix_micros};
 use lock_zk::ZkBackend;
 use lockcore::{ErrorKind, LockOptions, Locker};
 
@@ -526,7 +526,7 @@ async fn locksmith_waiters_that_exit_leave_nothing_ahead_of_curator() {
     );
     let released = now_unix_micros();
     guard.release().await.unwrap();
-    let held = held(&mut peer, scaled(20)).await;
+    let held = peer_held(&mut peer, scaled(20)).await;
     let bound = scaled(1).as_micros() as u64;
     assert!(
         held > released && held - released < bound,

@@ -252,6 +252,14 @@ impl Compatibility {
             .fold(self, |t, o| t.cell(way, o, relation.clone()))
     }
 
+    /// Sets every cell among `ways` (each pair in both orders, and each way beside itself) to
+    /// `relation`: a family of peers that all exclude one another, say.
+    pub fn cells_among(self, ways: &[&str], relation: Relation) -> Compatibility {
+        ways.iter().enumerate().fold(self, |t, (i, w)| {
+            t.cells_with(w, &ways[i..], relation.clone())
+        })
+    }
+
     /// The identifiers of the ways of `kind`s the suite takes through a client.
     pub fn client_ways(&self) -> Vec<&str> {
         self.ways
@@ -313,6 +321,20 @@ impl Compatibility {
             ..Capabilities::default()
         }
         .compatibility_table()
+    }
+
+    /// Panics naming the missing cells unless this backend table, beside every core way
+    /// ([`Compatibility::beside_every_mode`]), has a cell for every ordered pair of ways: the
+    /// check each backend's unit tests make of its table. Returns the whole table for further
+    /// checks.
+    pub fn assert_complete(&self) -> Compatibility {
+        let whole = self.beside_every_mode();
+        let missing = whole.missing();
+        assert!(
+            missing.is_empty(),
+            "cells missing from the table: {missing:?}"
+        );
+        whole
     }
 
     /// This table with `other`'s ways and cells added (`other` wins where both have one).

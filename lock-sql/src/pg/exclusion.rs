@@ -29,7 +29,7 @@
 //! holders. An `interop=sqlx` row lock holds sqlx's key and then this one
 //! ([`interop_takes_name_key`]): it takes part as a row lock does; sqlx's own lock does not.
 
-use super::table_seed;
+use super::names::table_seed;
 
 /// The version of the lease check's protocol, part of its name (as for the share functions).
 const HELD_FUNCTION_VERSION: u32 = 1;

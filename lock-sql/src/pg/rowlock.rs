@@ -27,13 +27,8 @@ impl PgBackend {
         nowait: bool,
     ) -> Result<Option<Acquired>> {
         // This client's other waiters for the name queue here, not on the server.
-        let _turn = if nowait {
-            None
-        } else {
-            match self.queues.enter(req.name.as_str(), deadline).await {
-                Some(t) => Some(t),
-                None => return Ok(None),
-            }
+        let Some(_turn) = self.queues.turn(req.name.as_str(), deadline, nowait).await else {
+            return Ok(None);
         };
         let guard_ms = ms(guard_timeout(req.ttl));
         // The counter's commit (a WAL flush) is most of an acquisition's cost: made only when
@@ -56,10 +51,8 @@ impl PgBackend {
         let mut leased = 0u32;
         loop {
             // Not counted against pool_max: a holder keeps this connection.
-            let mut c = match self.conns.get(self.conns.bound_by(deadline), false).await {
-                Ok(c) => c,
-                Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
-                Err(e) => return Err(e),
+            let Some(mut c) = self.conns.get_for_wait(deadline).await? else {
+                return Ok(None);
             };
             let mut q = if nowait {
                 sqlx::query_scalar::<_, i64>(AssertSqlSafe(try_sql.clone()))

@@ -17,7 +17,7 @@
 //! a new version (see [`crate::shares::routine`]).
 
 /// The version of the procedures' protocol, part of their names. 2: `acquire` is busy while a
-/// row lock holds the name's key (`crate::mysql_exclusion`; `_sacq1` does not look).
+/// row lock holds the name's key (`crate::mysql::exclusion`; `_sacq1` does not look).
 const VERSION: u32 = 2;
 
 /// The `CALL`s of lock table `t`, with `?` parameters.
@@ -88,7 +88,7 @@ pub(crate) fn ddl(t: &str, s: &str) -> [String; 2] {
     );
     let name_token = "p_name VARBINARY(320), p_token VARCHAR(64) CHARACTER SET ascii";
     // Judged on the locked row: a row lock holding the name's key keeps the name.
-    let key_used = format!("NOT ({})", crate::mysql_exclusion::key_free("p_name", t));
+    let key_used = format!("NOT ({})", crate::mysql::exclusion::key_free("p_name", t));
     // Each branch commits, then answers (one row, two BIGINTs).
     [
         format!(
