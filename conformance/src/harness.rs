@@ -56,6 +56,22 @@ pub trait ReplyLoser: Send + Sync {
 /// kills the process.
 pub type HolderProcess = Box<dyn std::any::Any + Send>;
 
+/// What a holder process whose wall clock runs ahead asks for (see
+/// [`Harness::skewed_holder_process`]).
+#[derive(Clone, Debug)]
+pub struct SkewedHolder<'a> {
+    /// The lock's name.
+    pub name: &'a LockName,
+    /// The TTL it asks for.
+    pub ttl: Duration,
+    /// How far its wall clock runs ahead (libfaketime).
+    pub ahead: Duration,
+    /// How long it waits for the lock.
+    pub wait: Duration,
+    /// One of this many semaphore permits instead of the exclusive lock.
+    pub permits: Option<u32>,
+}
+
 /// Gives the suite independent clients of one backend instance.
 #[async_trait]
 pub trait Harness: Send + Sync + 'static {
@@ -168,20 +184,18 @@ pub trait Harness: Send + Sync + 'static {
         false
     }
 
-    /// Runs a holder process whose wall clock runs `ahead` (libfaketime), asking for `name`
-    /// with `ttl` and waiting at most `wait`. `None` when it did not get the lock in that time;
-    /// otherwise it holds the lock until the returned handle is dropped, which kills it
-    /// (SIGKILL: its lock then frees by its TTL, or with its session).
+    /// Runs a holder process whose wall clock runs `holder.ahead` (libfaketime), asking for
+    /// `holder.name` (a permit of it where `holder.permits` says) with `holder.ttl` and waiting
+    /// at most `holder.wait`. `None` when it did not get the lock in that time; otherwise it
+    /// holds the lock until the returned handle is dropped, which kills it (SIGKILL: its lock
+    /// then frees by its TTL, or with its session).
     ///
     /// Cancel safety: a dropped call kills the process.
     async fn skewed_holder_process(
         &self,
-        name: &LockName,
-        ttl: Duration,
-        ahead: Duration,
-        wait: Duration,
+        holder: &SkewedHolder<'_>,
     ) -> Result<Option<HolderProcess>> {
-        let _ = (name, ttl, ahead, wait);
+        let _ = holder;
         Err(lockcore::Error::unsupported(
             "this harness runs no holder processes",
         ))

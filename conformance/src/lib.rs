@@ -23,8 +23,8 @@ use libtest_mimic::{Arguments, Failed, Trial};
 pub use exiting::exiting_waiter;
 pub use faults::{FaultCell, FaultInfo, FaultMatrix, FaultOutcome};
 pub use harness::{
-    BoxFuture, FnHarness, Harness, HolderProcess, ReplyLoser, RequestCount, url_with_param,
-    url_with_path,
+    BoxFuture, FnHarness, Harness, HolderProcess, ReplyLoser, RequestCount, SkewedHolder,
+    url_with_param, url_with_path,
 };
 pub use measure::{
     Figures, HandoverLatency, MEASURE_TIME, ProcessHandover, ServerRequests, measure, measure_with,

@@ -196,7 +196,11 @@ impl EtcdBackend {
         // renews it: each renewal is one keep-alive on the client's one keep-alive stream.
         c.renew = RenewKind::Emulated;
         c.lost_detection = true;
+        // A watch on the holder's own key reports its deletion.
         c.revoke_detection = true;
+        c.loss_detection = lockcore::LossDetection::Pushed {
+            within: Duration::from_secs(1),
+        };
         // etcd fixes a lease's TTL when it grants it: extend to another TTL moves the key to a
         // new lease granted that TTL (same create revision, so same token and queue place).
         c.extend_sets_ttl = true;

@@ -18,6 +18,12 @@ pub(crate) fn for_config(cfg: &Config) -> Capabilities {
     // force_release tells the holder's client on the namespace's revocation channel (a
     // single node's own layout; see `revoked`).
     c.revoke_detection = !cfg.cluster && cfg.interop.is_none();
+    // Elsewhere the next renewal finds the key gone (the default).
+    if c.revoke_detection {
+        c.loss_detection = lockcore::LossDetection::Pushed {
+            within: Duration::from_secs(1),
+        };
+    }
     c.reentrant = false;
     c.expiry_after_ttl = true;
     c.force_release = true;

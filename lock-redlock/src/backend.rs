@@ -195,6 +195,9 @@ pub(crate) fn capabilities(cfg: &Parsed) -> Capabilities {
     // force_release publishes the owner tokens it took away on every master's revocation
     // channel, which every client subscribes to at connect (see `lock_redis::node`).
     c.revoke_detection = true;
+    c.loss_detection = lockcore::LossDetection::Pushed {
+        within: Duration::from_secs(1),
+    };
     c.reentrant = false;
     c.expiry_after_ttl = true;
     c.force_release = true;

@@ -46,6 +46,11 @@ pub(crate) fn strategy_capabilities(dialect: Dialect, strategy: Strategy) -> Cap
             c.renew = lockcore::RenewKind::Native;
             c.lost_detection = true;
             c.revoke_detection = true;
+            // The holder's connection is pinged at most min(ttl/4, 500 ms) after its last
+            // statement (`rowlock::check_interval`): a killed session is seen by the next ping.
+            c.loss_detection = lockcore::LossDetection::Checked {
+                every: Duration::from_millis(500),
+            };
             c.expiry_after_ttl = false;
             // PostgreSQL grants heavyweight (advisory) locks in arrival order, and a request
             // that conflicts with one already waiting queues behind it (a reader behind a

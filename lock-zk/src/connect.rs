@@ -186,6 +186,9 @@ impl ZkBackend {
         // Session loss is reported by the session task; a lock node deleted behind its holder
         // (an operator's force release) by the lease's watch on its own node.
         c.revoke_detection = true;
+        c.loss_detection = lockcore::LossDetection::Pushed {
+            within: Duration::from_secs(1),
+        };
         c.reentrant = false;
         // A crashed holder's node lives until its session times out, one session timeout
         // after its last heartbeat whatever the TTL asked for (earlier than the TTL when the

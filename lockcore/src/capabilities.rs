@@ -33,6 +33,46 @@ pub enum RenewKind {
     Emulated,
 }
 
+/// How soon a backend itself reports a lease lost behind its holder (an operator's
+/// [`force_release`](crate::Locker::force_release), a session or connection gone), without
+/// waiting for the contract's renewal. The conformance suite holds a backend to the bound it
+/// declares here (`lost_detection_as_declared`, `revocation_noticed`), plus a scaled slack for
+/// scheduling and a round trip.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum LossDetection {
+    /// Only the contract's renewal finds out (every third of the TTL under auto-renewal), or
+    /// the lease's validity deadline passing.
+    AtRenewal,
+    /// The server tells the holder (a watch on its own node or key, a revoke message, a
+    /// callback in process): reported within `within` of the loss.
+    Pushed {
+        /// The longest from the loss to the lost signal.
+        #[serde(serialize_with = "ser_duration")]
+        within: Duration,
+    },
+    /// The backend looks at the lease itself (a check of its session or connection) at least
+    /// every `every`: reported within that and a round trip.
+    Checked {
+        /// The longest between two checks.
+        #[serde(serialize_with = "ser_duration")]
+        every: Duration,
+    },
+}
+
+impl LossDetection {
+    /// The longest a loss goes unreported by the backend itself (a round trip aside): `None`
+    /// when only a renewal or the validity deadline finds it.
+    pub fn bound(&self) -> Option<Duration> {
+        match *self {
+            LossDetection::AtRenewal => None,
+            LossDetection::Pushed { within } => Some(within),
+            LossDetection::Checked { every } => Some(every),
+        }
+    }
+}
+
 /// The capabilities of one backend instance (not of a backend type: the same crate may declare
 /// different ones per URL or server).
 ///
@@ -55,8 +95,12 @@ pub struct Capabilities {
     /// operator's [`force_release`](crate::Locker::force_release): a watch on the holder's own
     /// node or key, a revoke message, a release notification), not only at the next renewal.
     /// A backend may declare it without `lost_detection` (which also covers a session or
-    /// connection lost).
+    /// connection lost). [`Capabilities::loss_detection`] says how, and how soon.
     pub revoke_detection: bool,
+    /// How, and how soon, the backend itself reports a lease lost behind its holder: the
+    /// bound the suite checks `lost_detection` and `revoke_detection` against.
+    /// [`LossDetection::AtRenewal`] (the default) where neither is declared.
+    pub loss_detection: LossDetection,
     /// `extend(ttl)` sets the lease to the TTL asked for, longer or shorter. Backends whose
     /// server fixes a lease's TTL at grant time (etcd) keep the granted one and report it.
     pub extend_sets_ttl: bool,
@@ -140,6 +184,7 @@ impl Default for Capabilities {
             renew: RenewKind::Emulated,
             lost_detection: false,
             revoke_detection: false,
+            loss_detection: LossDetection::AtRenewal,
             extend_sets_ttl: true,
             reentrant: false,
             expiry_after_ttl: true,

@@ -114,7 +114,7 @@ pub mod telemetry;
 mod waiting;
 
 pub use backend::OwnerToken;
-pub use capabilities::{Capabilities, MAX_TTL, RenewKind, WaitKind};
+pub use capabilities::{Capabilities, LossDetection, MAX_TTL, RenewKind, WaitKind};
 pub use compatibility::{Cell, Compatibility, Relation, Way, WayKind};
 pub use election::{CampaignOptions, Leader, LeaderWatch, Leadership};
 pub use error::{Error, ErrorKind, Result, WithLockError};

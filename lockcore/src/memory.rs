@@ -14,7 +14,8 @@ use crate::backend::{
     AcquireRequest, Acquired, Backend, Lease, LostNotifier, OwnerToken, SetAttempt,
 };
 use crate::{
-    Capabilities, Error, LockInfo, LockMode, LockName, LostReason, Result, Share, Support, WaitKind,
+    Capabilities, Error, LockInfo, LockMode, LockName, LossDetection, LostReason, Result, Share,
+    Support, WaitKind,
 };
 
 /// A process-local lock service: FIFO waiters woken by notification, TTL expiry, fencing tokens
@@ -249,6 +250,10 @@ impl MemoryBackend {
             wait: WaitKind::Notify,
             lost_detection: true,
             revoke_detection: true,
+            // force_release fires the holder's lost signal itself, before it returns.
+            loss_detection: LossDetection::Pushed {
+                within: Duration::ZERO,
+            },
             force_release: true,
             inspect: true,
             shared: Support::Yes,

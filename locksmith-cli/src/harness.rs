@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::{
-    ClientProxies, Harness, HolderProcess, ProxyGroup, ReplyLoser, RequestCount, url_with_param,
-    url_with_path,
+    ClientProxies, Harness, HolderProcess, ProxyGroup, ReplyLoser, RequestCount, SkewedHolder,
+    url_with_param, url_with_path,
 };
 use locksmith::registry::{HarnessHints, OtherNamespace};
 use locksmith::{ErrorKind, Instant, LockGuard, LockName, Locker, Result, redact_url};
@@ -150,15 +150,14 @@ impl Harness for UrlHarness {
 
     async fn skewed_holder_process(
         &self,
-        name: &LockName,
-        ttl: Duration,
-        ahead: Duration,
-        wait: Duration,
+        holder: &SkewedHolder<'_>,
     ) -> Result<Option<HolderProcess>> {
+        let (ahead, wait) = (holder.ahead, holder.wait);
         // Only the wall clock: tokio's timers keep to the real monotonic clock.
-        let mut spec = holder_spec(&self.url, name, ttl)?;
+        let mut spec = holder_spec(&self.url, holder.name, holder.ttl)?;
         spec.clock_ahead = Some(ahead);
         spec.wait = wait;
+        spec.permits = holder.permits;
         spec.id = "skewed-holder".into();
         let mut holder = faultkit::Holder::spawn(&spec).map_err(holder_failed("did not start"))?;
         let connected = holder

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lockcore::Capabilities;
+use lockcore::{Capabilities, LossDetection};
 
 use crate::measure::Figures;
 use crate::run::BackendReport;
@@ -61,7 +61,7 @@ pub(super) fn plural(n: usize) -> &'static str {
 }
 
 /// The capability rows: field name and what it means.
-pub(super) const CAPABILITY_ROWS: [(&str, &str); 17] = [
+pub(super) const CAPABILITY_ROWS: [(&str, &str); 18] = [
     ("fencing", "guards carry strictly increasing fencing tokens"),
     ("fair", "waiters served first come, first served"),
     ("wait", "how lock() learns the lock is free"),
@@ -70,6 +70,10 @@ pub(super) const CAPABILITY_ROWS: [(&str, &str); 17] = [
     (
         "revoke_detection",
         "it also notices a lock deleted behind its holder by itself",
+    ),
+    (
+        "loss_detection",
+        "how soon it reports a lease lost behind its holder by itself",
     ),
     ("extend_sets_ttl", "extend(ttl) sets the TTL asked for"),
     ("reentrant", "a holder may take its own lock again"),
@@ -114,6 +118,11 @@ pub(super) fn capability_value(c: &Capabilities, cap: &str) -> Vec<String> {
         "renew" => kind(serde_json::to_value(c.renew)),
         "lost_detection" => yn(c.lost_detection),
         "revoke_detection" => yn(c.revoke_detection),
+        "loss_detection" => vec![match c.loss_detection {
+            LossDetection::Pushed { within } => format!("pushed within {}", fmt_duration(within)),
+            LossDetection::Checked { every } => format!("checked every {}", fmt_duration(every)),
+            _ => "at renewal".to_string(),
+        }],
         "extend_sets_ttl" => yn(c.extend_sets_ttl),
         "reentrant" => yn(c.reentrant),
         "expiry_after_ttl" => yn(c.expiry_after_ttl),

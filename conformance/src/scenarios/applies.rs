@@ -52,11 +52,9 @@ pub(super) fn needs_ttl_expiry(c: &Capabilities, _: &dyn Harness) -> Result<(), 
 }
 
 pub(super) fn needs_lost_detection(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
-    if !c.lost_detection {
-        Err("the backend does not declare lost_detection")
-    } else if !c.revoke_detection {
+    if c.loss_detection.bound().is_none() {
         Err(
-            "the backend notices a lock deleted behind its holder only at the next renewal (revoke_detection not declared)",
+            "the backend notices a lock deleted behind its holder only at the next renewal (loss_detection: at renewal)",
         )
     } else if !h.can_revoke() {
         Err("the harness cannot delete a lock behind its holder")
@@ -175,6 +173,11 @@ pub(super) fn needs_shared(c: &Capabilities, _: &dyn Harness) -> Result<(), &'st
     }
 }
 
+pub(super) fn needs_shared_expiry(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
+    needs_shared(c, h)?;
+    needs_ttl_expiry(c, h)
+}
+
 pub(super) fn needs_shared_fencing(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
     needs_shared(c, h)?;
     needs_fencing(c, h)
@@ -212,12 +215,12 @@ pub(super) fn needs_skewed_client(c: &Capabilities, h: &dyn Harness) -> Result<(
         Ok(())
     } else {
         Err(
-            "the harness cannot skew an in-process client's clock (a primitive has no holder process)",
+            "the harness cannot skew an in-process client's clock (a holder process takes locks and permits, it does not campaign)",
         )
     }
 }
 
 pub(super) fn needs_skewed_permits(c: &Capabilities, h: &dyn Harness) -> Result<(), &'static str> {
     needs_permits(c, h)?;
-    needs_skewed_client(c, h)
+    needs_clock_skew(c, h)
 }

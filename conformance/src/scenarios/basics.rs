@@ -34,7 +34,7 @@ pub(super) async fn acquire_release_reacquire(ctx: &Ctx) -> Outcome {
 }
 
 pub(super) async fn try_lock_contended_returns_none(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let name = ctx.name("x");
     let opts = ctx.opts(ctx.ttl(Duration::from_secs(10)));
     let g = must_try(&a, &name, &opts, "holder").await?;
@@ -45,7 +45,7 @@ pub(super) async fn try_lock_contended_returns_none(ctx: &Ctx) -> Outcome {
 }
 
 pub(super) async fn independent_names(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let opts = ctx.opts(ctx.ttl(Duration::from_secs(10)));
     let (n1, n2) = (ctx.name("one"), ctx.name("two"));
     let g1 = must_try(&a, &n1, &opts, "a on one").await?;
@@ -177,7 +177,7 @@ pub(super) async fn contend(
 }
 
 pub(super) async fn drop_releases_promptly(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_secs(60));
     let opts = ctx.opts(ttl);

@@ -5,15 +5,10 @@ use std::time::Duration;
 use lockcore::{ErrorKind, Instant, LockName, Locker};
 
 use super::context::{Ctx, Failure, Outcome};
-use super::support::{check, must_try, ok_or, race_for, settle_waiters};
+use super::support::{check, must_try, ok_or, settle_pending, settle_waiters};
 
 pub(super) async fn cancelled_wait_leaves_nothing(ctx: &Ctx) -> Outcome {
-    let (a, b, c, d) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [a, b, c, d] = ctx.clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_secs(30));
     let opts = ctx.opts(ttl);
@@ -24,28 +19,12 @@ pub(super) async fn cancelled_wait_leaves_nothing(ctx: &Ctx) -> Outcome {
     // reports its queue, each dropped waiter's entry must go, promptly (a server may take a
     // moment to notice a waiter's connection is gone).
     let wait = opts.clone().wait_forever();
-    let mut first = Box::pin(b.lock(&name, &wait));
-    let (only_first, both) = ([&b], [&b, &d]);
-    tokio::select! {
-        r = &mut first => return Err(format!(
-            "the first waiter finished while the lock was held: {:?}",
-            r.map(|g| g.name().clone())
-        )),
-        settled = settle_waiters(ctx, &c, &name, &only_first) => settled?,
-    }
-    let mut second = Box::pin(d.lock(&name, &wait));
-    tokio::select! {
-        r = &mut first => return Err(format!(
-            "the first waiter finished while the lock was held: {:?}",
-            r.map(|g| g.name().clone())
-        )),
-        r = &mut second => return Err(format!(
-            "the second waiter finished while the lock was held: {:?}",
-            r.map(|g| g.name().clone())
-        )),
-        settled = settle_waiters(ctx, &c, &name, &both) => settled?,
-    }
-    drop(second);
+    let mut waiting = vec![Box::pin(b.lock(&name, &wait))];
+    settle_pending(ctx, &c, &name, &[&b], &mut waiting).await?;
+    waiting.push(Box::pin(d.lock(&name, &wait)));
+    settle_pending(ctx, &c, &name, &[&b, &d], &mut waiting).await?;
+    // The second.
+    drop(waiting.pop());
     d.flush().await;
     queue_drains_to(
         ctx,
@@ -55,7 +34,7 @@ pub(super) async fn cancelled_wait_leaves_nothing(ctx: &Ctx) -> Outcome {
         "the second waiter, dropped behind the first",
     )
     .await?;
-    drop(first);
+    drop(waiting);
     b.flush().await;
     queue_drains_to(ctx, &c, &name, 0, "the first waiter, dropped at the head").await?;
     ok_or(g.release().await, "release")?;
@@ -86,12 +65,7 @@ pub(super) async fn cancelled_wait_leaves_nothing(ctx: &Ctx) -> Outcome {
 /// session's end does their clean-up for them): once the holder releases, the next client gets
 /// the lock within 1 s.
 pub(super) async fn given_up_waiters_leave_nothing(ctx: &Ctx) -> Outcome {
-    let (a, b, c, d) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [a, b, c, d] = ctx.clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_secs(30));
     let opts = ctx.opts(ttl);
@@ -114,15 +88,8 @@ pub(super) async fn given_up_waiters_leave_nothing(ctx: &Ctx) -> Outcome {
         }
     }
     let forever = opts.clone().wait_forever();
-    let mut dropped = Box::pin(c.lock(&name, &forever));
-    let waiter = [&c];
-    tokio::select! {
-        r = &mut dropped => return Err(format!(
-            "a waiter finished while the lock was held: {:?}",
-            r.map(|g| g.name().clone())
-        )),
-        settled = settle_waiters(ctx, &d, &name, &waiter) => settled?,
-    }
+    let mut dropped = [Box::pin(c.lock(&name, &forever))];
+    settle_pending(ctx, &d, &name, &[&c], &mut dropped).await?;
     drop(dropped);
     let within = ctx.bound(Duration::from_secs(5));
     ok_or(
@@ -181,84 +148,6 @@ async fn queue_drains_to(
     Ok(())
 }
 
-pub(super) async fn cancelled_acquire_leaves_nothing(ctx: &Ctx) -> Outcome {
-    let (a, b, h) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
-    let ttl = ctx.ttl(Duration::from_millis(600));
-    let opts = ctx.opts(ttl);
-    // The holder releases by itself: a long lease, so that it cannot run out while the waiter
-    // settles on a loaded machine (the waiter would then win, and the case prove nothing).
-    let holder_opts = ctx.opts(ctx.ttl(Duration::from_secs(30)));
-    // The typical acquire latency sets where the cancellation points fall.
-    let probe = ctx.name("probe");
-    let mut lat = Vec::new();
-    for _ in 0..5 {
-        let start = Instant::now();
-        let g = must_try(&a, &probe, &opts, "probe").await?;
-        lat.push(start.elapsed());
-        ok_or(g.release().await, "probe release")?;
-    }
-    lat.sort();
-    let typical = lat[2].max(Duration::from_micros(200));
-    // Whatever a cancelled acquire left was asked for by a request sent before it was
-    // cancelled, for one TTL: it must be gone a TTL after the cancellation (plus the server's
-    // timer and a round trip), as seen by a client polling every millisecond.
-    let slack = ctx.bound(Duration::from_millis(250));
-    // Uncontended: cancelled on the way to a free lock. Contended: a waiter cancelled just
-    // after the holder's release, while it is being woken, retrying or granted.
-    let cases = [0.0, 0.25, 0.5, 0.75, 1.0, 1.5]
-        .map(|f| (false, f))
-        .into_iter()
-        .chain([0.0, 1.0, 2.0, 4.0, 8.0, 16.0].map(|f| (true, f)));
-    for (i, (contended, frac)) in cases.enumerate() {
-        let name = ctx.name(&format!("c{i}"));
-        let cut = typical.mul_f64(frac);
-        let how = if contended {
-            format!("a waiter cancelled {cut:?} after the holder's release")
-        } else {
-            format!("an acquire of a free lock cancelled after {cut:?}")
-        };
-        let mut acquire = Box::pin(a.lock(&name, &opts));
-        let waiter = [&a];
-        if contended {
-            let g = must_try(&h, &name, &holder_opts, "holder").await?;
-            tokio::select! {
-                r = &mut acquire => {
-                    return Err(format!(
-                        "the waiter finished while the lock was held: {:?}",
-                        r.map(|g| g.name().clone())
-                    ));
-                }
-                settled = settle_waiters(ctx, &h, &name, &waiter) => settled?,
-            }
-            ok_or(g.release().await, "the holder's release")?;
-        }
-        let outcome = tokio::time::timeout(cut, &mut acquire).await;
-        drop(acquire);
-        let cancelled = Instant::now();
-        if let Ok(r) = outcome {
-            ok_or(
-                ok_or(r, "an uncancelled acquire")?.release().await,
-                "release",
-            )?;
-        }
-        let g = race_for(&b, &name, &opts, cancelled, cancelled + ttl + slack)
-            .await
-            .map_err(|e| {
-                format!(
-                    "{e}: after {how}, a client polling every millisecond found the lock still held {:?} later (TTL {ttl:?}, allowed {:?})",
-                    cancelled.elapsed(),
-                    ttl + slack
-                )
-            })?;
-        ok_or(g.release().await, "release")?;
-    }
-    Ok(())
-}
-
 pub(super) async fn grant_at_drop_leaves_nothing(ctx: &Ctx) -> Outcome {
     // A waiter is dropped at offsets from 4 ms before to 16 ms after the holder's release
     // starts, densest in the first 3 ms (a grant and the round trip that tells the waiter):
@@ -276,11 +165,7 @@ pub(super) async fn grant_at_drop_leaves_nothing(ctx: &Ctx) -> Outcome {
     let bound = ctx.bound(Duration::from_secs(3));
     let mut lanes = Vec::new();
     for lane in 0..LANES {
-        let (holder, waiter, next) = (
-            ctx.client().await?,
-            ctx.client().await?,
-            ctx.client().await?,
-        );
+        let [holder, waiter, next] = ctx.clients().await?;
         let (name, opts) = (ctx.name(&format!("l{lane}")), opts.clone());
         lanes.push(async move {
             for round in 0..ROUNDS {

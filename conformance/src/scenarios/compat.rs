@@ -137,7 +137,7 @@ pub(super) async fn cell(ctx: &Ctx, first: WayKind, second: WayKind) -> Outcome 
         .relation(f, s)
         .ok_or_else(|| format!("no cell {f} then {s}"))?
         .clone();
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let name = ctx.name("c");
     let held = take(ctx, &a, first, &name, true)
         .await

@@ -76,6 +76,29 @@ impl Ctx {
             .map_err(|e| format!("connecting a client failed: {e}"))
     }
 
+    /// `N` new independent clients ([`Ctx::client`]).
+    ///
+    /// Cancel safe.
+    pub async fn clients<const N: usize>(&self) -> Result<[Locker; N], Failure> {
+        let mut clients = Vec::with_capacity(N);
+        for _ in 0..N {
+            clients.push(self.client().await?);
+        }
+        Ok(clients
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("N clients made")))
+    }
+
+    /// A client for a holder the scenario will crash ([`Ctx::crashable_client`]) and `N`
+    /// other clients.
+    ///
+    /// Cancel safe.
+    pub async fn crashable_and_clients<const N: usize>(
+        &self,
+    ) -> Result<(Locker, [Locker; N]), Failure> {
+        Ok((self.crashable_client().await?, self.clients().await?))
+    }
+
     /// A new client for a holder the scenario will crash ([`Harness::crashable_client`]).
     ///
     /// Cancel safe.

@@ -95,7 +95,7 @@ pub(super) async fn one_leader_at_a_time(ctx: &Ctx) -> Outcome {
         "watch_leader",
     )?;
     let mut changes = std::pin::pin!(watch.into_stream());
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let bound = ctx.bound(Duration::from_secs(5));
     // The first item is the state when the stream starts: no leader yet.
     let first = ok_or(
@@ -142,7 +142,7 @@ async fn next_leader(
 /// A leader whose renewals stop (a paused process) is deposed when its lease runs out: its
 /// lost signal fires before the next candidate is elected, never after (two leaders).
 pub(super) async fn old_leader_lost_before_new_leader(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let name = ctx.name("leader");
     let ttl = ctx.ttl(Duration::from_millis(1000));
     let old = ok_or(

@@ -13,7 +13,7 @@ use super::support::{
 };
 
 pub(super) async fn expiry_frees_crashed_holder_after_ttl(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.crashable_client().await?, ctx.client().await?);
+    let (a, [b]) = ctx.crashable_and_clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_millis(1000));
     let opts = ctx.opts(ttl);
@@ -57,7 +57,7 @@ pub(super) async fn crash_frees_lock(ctx: &Ctx) -> Outcome {
     if ctx.harness.can_kill_holder_process() {
         return killed_holder_process_frees_lock(ctx).await;
     }
-    let (a, b) = (ctx.crashable_client().await?, ctx.client().await?);
+    let (a, [b]) = ctx.crashable_and_clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_millis(1000));
     let opts = ctx.opts(ttl);
@@ -156,11 +156,7 @@ async fn lose_lease(ctx: &Ctx, name: &LockName) -> Outcome {
 }
 
 pub(super) async fn extend_after_expiry_not_held(ctx: &Ctx) -> Outcome {
-    let (a, b, c) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [a, b, c] = ctx.clients().await?;
     let ttl = ctx.ttl(Duration::from_millis(400));
     let opts = ctx.opts(ttl);
     let takeover = opts
@@ -172,17 +168,10 @@ pub(super) async fn extend_after_expiry_not_held(ctx: &Ctx) -> Outcome {
     let (lease, _) = raw_lease(&a, &name, ttl).await?;
     lose_lease(ctx, &name).await?;
     let g2 = ok_or(b.lock(&name, &takeover).await, "takeover")?;
-    match lease.extend(ttl * 10).await {
-        Err(e) if e.kind() == ErrorKind::NotHeld => {}
-        Err(e) => {
-            return Err(format!(
-                "backend extend after expiry: expected NotHeld, got {e}"
-            ));
-        }
-        Ok(_) => {
-            return Err("the backend extended a lease that had run out and been taken over".into());
-        }
-    }
+    must_refuse(
+        "the backend's extend of a lease that ran out and was taken over",
+        lease.extend(ttl * 10).await,
+    )?;
     must_be_held(&c, &name, &opts, "after the stale extend").await?;
     ok_or(g2.extend(ttl * 20).await, "the new holder's extend")?;
     ok_or(g2.release().await, "release")?;
@@ -191,17 +180,10 @@ pub(super) async fn extend_after_expiry_not_held(ctx: &Ctx) -> Outcome {
     let g = must_try(&a, &name, &opts, "holder").await?;
     lose_lease(ctx, &name).await?;
     let g2 = ok_or(b.lock(&name, &takeover).await, "takeover")?;
-    match g.extend(ttl * 10).await {
-        Err(e) if e.kind() == ErrorKind::NotHeld => {}
-        Err(e) => {
-            return Err(format!(
-                "guard extend after expiry: expected NotHeld, got {e}"
-            ));
-        }
-        Ok(()) => {
-            return Err("the guard extended a lease that had run out and been taken over".into());
-        }
-    }
+    must_refuse(
+        "the guard's extend of a lease that ran out and was taken over",
+        g.extend(ttl * 10).await,
+    )?;
     check!(!g.is_valid(), "the expired guard still says it is valid");
     must_be_held(&c, &name, &opts, "after the stale guard extend").await?;
     ok_or(g2.release().await, "release")?;
@@ -210,11 +192,7 @@ pub(super) async fn extend_after_expiry_not_held(ctx: &Ctx) -> Outcome {
 }
 
 pub(super) async fn stale_release_keeps_new_holder(ctx: &Ctx) -> Outcome {
-    let (a, b, c) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [a, b, c] = ctx.clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_millis(400));
     let opts = ctx.opts(ttl);
@@ -231,21 +209,13 @@ pub(super) async fn stale_release_keeps_new_holder(ctx: &Ctx) -> Outcome {
         .await,
         "takeover",
     )?;
-    match stale.release().await {
-        Err(e) if e.kind() == ErrorKind::NotHeld => {}
-        Err(e) => return Err(format!("stale release: expected NotHeld, got {e}")),
-        Ok(()) => return Err("a stale holder's release reported success".into()),
-    }
+    must_refuse("a stale holder's release", stale.release().await)?;
     must_be_held(&c, &name, &opts, "after the stale release").await?;
     ok_or(g2.release().await, "the new holder's release")
 }
 
 pub(super) async fn release_racing_expiry_keeps_next_holder(ctx: &Ctx) -> Outcome {
-    let (a, b, c) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [a, b, c] = ctx.clients().await?;
     let ttl = ctx.ttl(Duration::from_millis(300));
     let opts = ctx.opts(ttl);
     // Release at several points around the moment the lease runs out, most within a few
@@ -284,7 +254,7 @@ pub(super) async fn release_racing_expiry_keeps_next_holder(ctx: &Ctx) -> Outcom
 }
 
 pub(super) async fn extend_honours_ttl(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_millis(600));
     let opts = ctx.opts(ttl);
@@ -346,11 +316,7 @@ pub(super) async fn extend_honours_ttl(ctx: &Ctx) -> Outcome {
 }
 
 pub(super) async fn no_resurrection(ctx: &Ctx) -> Outcome {
-    let (a, b, c) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [a, b, c] = ctx.clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_millis(400));
     let opts = ctx.opts(ttl);
@@ -358,11 +324,6 @@ pub(super) async fn no_resurrection(ctx: &Ctx) -> Outcome {
         .clone()
         .ttl(ttl * 20)
         .wait_timeout(ttl * 2 + ctx.bound(Duration::from_secs(5)));
-    let must_refuse = |what: &str, r: lockcore::Result<()>| match r {
-        Err(e) if e.kind() == ErrorKind::NotHeld => Ok(()),
-        Err(e) => Err(format!("{what}: expected NotHeld, got {e}")),
-        Ok(()) => Err(format!("{what}: reported success")),
-    };
     let (stale, _) = raw_lease(&a, &name, ttl).await?;
     lose_lease(ctx, &name).await?;
     // Absent, after another holder took it and released it.
@@ -472,4 +433,13 @@ pub(super) async fn mutual_exclusion_across_expiry(ctx: &Ctx) -> Outcome {
         CLIENTS * ROUNDS
     );
     Ok(())
+}
+
+/// `r` (of `what`, on a lease no longer held) is `NotHeld`: not another error, not a success.
+fn must_refuse<T>(what: &str, r: lockcore::Result<T>) -> Outcome {
+    match r {
+        Err(e) if e.kind() == ErrorKind::NotHeld => Ok(()),
+        Err(e) => Err(format!("{what}: expected NotHeld, got {e}")),
+        Ok(_) => Err(format!("{what}: reported success")),
+    }
 }

@@ -6,37 +6,13 @@
 
 use std::time::Duration;
 
-use lockcore::{Instant, LockGuard, LockName, LockOptions, Locker};
+use lockcore::{Instant, LockGuard};
 
 use super::context::{Ctx, Failure, Outcome};
-use super::support::{check, must_be_held, must_try, ok_or, settle_waiters};
+use super::support::{check, must_be_held, must_try, ok_or, spawn_waiter};
 
 /// How soon after the capacity frees a notified waiter must hold the lock (scaled).
 const PROMPT: Duration = Duration::from_millis(400);
-
-/// `waiter.lock(name, opts)` in a task of its own, once it is seen waiting (through
-/// `observer`): the task, which returns the guard and when `lock()` returned.
-async fn waiting(
-    ctx: &Ctx,
-    observer: &Locker,
-    waiter: &Locker,
-    name: &LockName,
-    opts: &LockOptions,
-) -> Result<tokio::task::JoinHandle<(lockcore::Result<LockGuard>, Instant)>, Failure> {
-    let task = {
-        let (waiter, name, opts) = (waiter.clone(), name.clone(), opts.clone());
-        tokio::spawn(async move {
-            let r = waiter.lock(&name, &opts).await;
-            (r, Instant::now())
-        })
-    };
-    settle_waiters(ctx, observer, name, &[waiter]).await?;
-    check!(
-        !task.is_finished(),
-        "the waiter returned while the capacity it waits for was taken"
-    );
-    Ok(task)
-}
 
 /// The waiter's guard and how long after `freed` it returned with it, failing past `bound`.
 async fn granted_within(
@@ -63,16 +39,12 @@ async fn granted_within(
 /// Semaphore with notification: a waiter for one of 2 permits, both held, gets the one given
 /// back within 400 ms (scaled) of its release.
 pub(super) async fn freed_permit_hands_over_promptly(ctx: &Ctx) -> Outcome {
-    let (a, b, w) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [a, b, w] = ctx.clients().await?;
     let name = ctx.name("sem");
     let opts = ctx.opts(ctx.ttl(Duration::from_secs(30))).permits(2);
     let ga = must_try(&a, &name, &opts, "the first permit holder").await?;
     let gb = must_try(&b, &name, &opts, "the second permit holder").await?;
-    let task = waiting(ctx, &a, &w, &name, &opts.clone().wait_forever()).await?;
+    let task = spawn_waiter(ctx, &a, &w, &name, &opts.clone().wait_forever()).await?;
     let freed = Instant::now();
     ok_or(ga.release().await, "a permit's release")?;
     let (g, _) = granted_within(task, freed, ctx.bound(PROMPT), "a permit given back").await?;
@@ -83,17 +55,13 @@ pub(super) async fn freed_permit_hands_over_promptly(ctx: &Ctx) -> Outcome {
 /// Read-write with notification: a writer waiting behind two readers gets the lock within
 /// 400 ms (scaled) of the last reader leaving.
 pub(super) async fn last_reader_leaving_hands_over_promptly(ctx: &Ctx) -> Outcome {
-    let (r1, r2, w) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [r1, r2, w] = ctx.clients().await?;
     let name = ctx.name("rw");
     let ttl = ctx.ttl(Duration::from_secs(30));
     let read = ctx.opts(ttl).shared();
     let g1 = must_try(&r1, &name, &read, "the first reader").await?;
     let g2 = must_try(&r2, &name, &read, "the second reader").await?;
-    let task = waiting(ctx, &r1, &w, &name, &ctx.opts(ttl).wait_forever()).await?;
+    let task = spawn_waiter(ctx, &r1, &w, &name, &ctx.opts(ttl).wait_forever()).await?;
     ok_or(g1.release().await, "the first reader's release")?;
     check!(
         !task.is_finished(),
@@ -109,7 +77,7 @@ pub(super) async fn last_reader_leaving_hands_over_promptly(ctx: &Ctx) -> Outcom
 /// holder's validity deadline, and within a quarter of the TTL (a poller's backoff cap) and
 /// 500 ms (scaled) of the lease's end, not seconds later.
 pub(super) async fn expired_lease_hands_over_promptly(ctx: &Ctx) -> Outcome {
-    let (h, w) = (ctx.crashable_client().await?, ctx.client().await?);
+    let (h, [w]) = ctx.crashable_and_clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_millis(1000));
     let opts = ctx.opts(ttl);
@@ -119,7 +87,7 @@ pub(super) async fn expired_lease_hands_over_promptly(ctx: &Ctx) -> Outcome {
     let wait = opts
         .clone()
         .wait_timeout(ttl * 3 + ctx.bound(Duration::from_secs(10)));
-    let task = waiting(ctx, &w, &w, &name, &wait).await?;
+    let task = spawn_waiter(ctx, &w, &w, &name, &wait).await?;
     let ends = acquired + ttl;
     let bound = ttl / 4 + ctx.bound(Duration::from_millis(500));
     let (g, got) = granted_within(task, ends, bound, "the holder's lease running out").await?;
@@ -134,11 +102,11 @@ pub(super) async fn expired_lease_hands_over_promptly(ctx: &Ctx) -> Outcome {
 /// With notification: a lock force-released behind its holder while a client waits is the
 /// waiter's within 400 ms (scaled) of the revocation.
 pub(super) async fn revoked_lock_hands_over_promptly(ctx: &Ctx) -> Outcome {
-    let (h, w) = (ctx.client().await?, ctx.client().await?);
+    let [h, w] = ctx.clients().await?;
     let name = ctx.name("x");
     let opts = ctx.opts(ctx.ttl(Duration::from_secs(30)));
     let g = must_try(&h, &name, &opts, "the holder").await?;
-    let task = waiting(ctx, &h, &w, &name, &opts.clone().wait_forever()).await?;
+    let task = spawn_waiter(ctx, &h, &w, &name, &opts.clone().wait_forever()).await?;
     let freed = Instant::now();
     ok_or(ctx.harness.revoke(&name).await, "revoking the lock")?;
     let (g2, _) = granted_within(task, freed, ctx.bound(PROMPT), "a force release").await?;

@@ -15,7 +15,7 @@ use super::support::{check, ok_or};
 /// leader's lost signal fires within a TTL of the deletion (its next renewal comes a third of
 /// a TTL in, and must find the key gone), not by its validity running out.
 pub(super) async fn revoked_leader_notices_while_renewing(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let name = ctx.name("leader");
     let ttl = ctx.ttl(Duration::from_millis(900));
     let renewing = CampaignOptions::new()

@@ -105,7 +105,7 @@ async fn no_second_holder(ctx: &Ctx, other: &Locker, g: &LockGuard) -> Outcome {
 
 pub(super) async fn lost_release_reply_frees_the_lock(ctx: &Ctx) -> Outcome {
     let (a, loser) = losing_client(ctx).await?;
-    let (b, c) = (ctx.client().await?, ctx.client().await?);
+    let [b, c] = ctx.clients().await?;
     let name = ctx.name("x");
     let ttl = ctx.ttl(Duration::from_secs(4));
     let slack = ctx.bound(Duration::from_secs(2));

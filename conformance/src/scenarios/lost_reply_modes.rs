@@ -125,7 +125,7 @@ async fn check_beside(ctx: &Ctx, way: Way, b: &Locker, c: &Locker, name: &LockNa
 
 async fn lost_reply_in(ctx: &Ctx, way: Way) -> Outcome {
     let (a, loser) = losing_client(ctx).await?;
-    let (b, c) = (ctx.client().await?, ctx.client().await?);
+    let [b, c] = ctx.clients().await?;
     let name = ctx.name("x");
     let other = ctx.name("y");
     let ttl = ctx.ttl(Duration::from_secs(4));

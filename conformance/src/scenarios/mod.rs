@@ -6,6 +6,7 @@
 
 mod applies;
 mod basics;
+mod cancel_points;
 mod cancellation;
 mod compat;
 mod context;
@@ -20,7 +21,6 @@ mod leadership;
 mod lost_replies;
 mod lost_reply_modes;
 mod multi;
-mod multi_cancel;
 mod multi_progress;
 mod names;
 mod primitive_leases;
@@ -40,8 +40,8 @@ use self::applies::{
     needs_fair, needs_fencing, needs_inspect, needs_lease_loss, needs_lost_detection,
     needs_lost_replies, needs_native_renewal, needs_notified_permits, needs_notified_revoke,
     needs_notified_shared, needs_notify, needs_other_namespace, needs_permit_expiry, needs_permits,
-    needs_reply_delay, needs_revoke, needs_shared, needs_shared_fencing, needs_shared_notify,
-    needs_skewed_client, needs_skewed_permits, needs_ttl_expiry,
+    needs_reply_delay, needs_revoke, needs_shared, needs_shared_expiry, needs_shared_fencing,
+    needs_shared_notify, needs_skewed_client, needs_skewed_permits, needs_ttl_expiry,
 };
 pub(crate) use self::compat::scenario_name as compat_scenario_name;
 pub use self::context::{Ctx, Failure, Outcome, Scenario};
@@ -118,9 +118,24 @@ pub fn all() -> Vec<Scenario> {
             "against a server that answers nothing, lock() returns Unavailable (Timeout where the backend bounds its requests by the deadline) by its wait deadline plus the stated slack, and Unavailable without a deadline after its retry_unavailable_for (2 s), not after every attempt's response timeout"
         ),
         scenario!(
-            cancellation::cancelled_acquire_leaves_nothing,
+            cancel_points::cancelled_acquire_leaves_nothing,
             always,
-            "an acquire cancelled at any point leaves the lock free within the TTL"
+            "an acquire cancelled at any point (on the way to a free lock; waiting, just after the holder's release) leaves the lock free within the TTL + 250 ms"
+        ),
+        scenario!(
+            cancel_points::cancelled_shared_acquire_leaves_nothing,
+            needs_shared,
+            "read-write lock: a reader's acquire cancelled at any point (on the way to a free lock; waiting behind a writer, just after its release) leaves no share: a writer gets the lock within the TTL + 250 ms"
+        ),
+        scenario!(
+            cancel_points::cancelled_permit_acquire_leaves_nothing,
+            needs_permits,
+            "semaphore of one permit: an acquire cancelled at any point (on the way to a free permit; waiting, just after the holder gave it back) leaves the permit free within the TTL + 250 ms"
+        ),
+        scenario!(
+            cancel_points::cancelled_lock_all_leaves_nothing,
+            always,
+            "a lock_all of 3 names cancelled at any point (on the way to a free set; waiting on a busy member, just after its release) leaves every member free within the TTL + 250 ms"
         ),
         scenario!(
             basics::mutual_exclusion_under_contention,
@@ -185,12 +200,12 @@ pub fn all() -> Vec<Scenario> {
         scenario!(
             renewal::lost_detection_as_declared,
             needs_lost_detection,
-            "a backend declaring lost_detection reports a lock taken away behind the holder by itself, long before the TTL"
+            "a lock taken away behind a holder that does not renew (TTL 30 s): the backend's own detection fires its lost signal within the bound loss_detection declares (pushed within X, checked every X) plus a scaled 150 ms"
         ),
         scenario!(
             renewal::revocation_noticed,
             needs_revoke,
-            "force_release behind a renewing holder: its lost signal fires within 1 s where revoke_detection is declared (TTL 30 s: no renewal explains it), else by its next renewal"
+            "force_release behind a renewing holder: its lost signal fires within the declared loss_detection bound plus a scaled 150 ms where one is declared (TTL 30 s: no renewal explains it), else by its next renewal"
         ),
         scenario!(
             waiting::fifo_order,
@@ -238,7 +253,7 @@ pub fn all() -> Vec<Scenario> {
             "with latency on the reply path, validity counts from when the request was sent, and the holder knows it lost before a waiter wins"
         ),
         scenario!(
-            latency::skewed_clock_cannot_steal,
+            skew::skewed_clock_cannot_steal,
             needs_clock_skew,
             "a client whose clock runs a minute ahead cannot take a lock that is still held"
         ),
@@ -408,6 +423,16 @@ pub fn all() -> Vec<Scenario> {
             "semaphore: a holder granted its permit from the queue (it waited) that crashes gets it back after its validity deadline, within half a TTL of its lease's end: a queued grant carries the waiter's TTL"
         ),
         scenario!(
+            primitive_leases::reader_won_by_waiting_returns_after_crash,
+            needs_shared_expiry,
+            "read-write lock: a reader granted its share when the writer before it left (it waited) that crashes gives it back after its validity deadline, within half a TTL of its lease's end: a share granted to a waiter carries the waiter's TTL"
+        ),
+        scenario!(
+            primitive_leases::writer_won_by_waiting_returns_after_crash,
+            needs_shared_expiry,
+            "read-write lock: a writer granted the lock when the reader before it left (it waited) that crashes gives it back after its validity deadline, within half a TTL of its lease's end: a writer granted from behind readers carries its TTL"
+        ),
+        scenario!(
             primitive_leases::writer_waiting_past_its_marks_holds_readers_back,
             needs_shared,
             "read-write lock: a writer waiting behind a reader for 6 s (past every writer's mark, queue entry and session timer) still holds back a reader tried after each second of its wait, and gets the lock when the reader leaves"
@@ -435,7 +460,7 @@ pub fn all() -> Vec<Scenario> {
         scenario!(
             skew::skewed_client_cannot_sweep_permits,
             needs_skewed_permits,
-            "semaphore: a client whose clock runs a minute ahead is refused a permit of a full one (TTL 10 s) by try_lock and a 500 ms lock, and the holders keep theirs"
+            "semaphore: a client whose clock runs a minute ahead (in process, or a process under libfaketime) is refused a permit of a full one (TTL 10 s), and the holders keep theirs"
         ),
         scenario!(
             skew::skewed_candidate_cannot_depose_leader,
@@ -443,7 +468,7 @@ pub fn all() -> Vec<Scenario> {
             "election: a candidate whose clock runs a minute ahead, campaigning 500 ms against a leader with a 10 s lease, is not elected, and the leader still leads"
         ),
         scenario!(
-            multi_cancel::cancelled_set_take_leaves_nothing,
+            cancel_points::cancelled_set_take_leaves_nothing,
             always,
             "a try_lock_all of 3 free names cancelled during the take (0 to 1.5 typical takes, and 5 to 40 ms in): every member free for another client within the TTL + 250 ms"
         ),

@@ -25,11 +25,7 @@ async fn all_free(client: &Locker, names: &[&LockName], ctx: &Ctx, when: &str) -
 /// leaving the free members free; once the member is free the set is taken whole, and its
 /// release frees every member.
 pub(super) async fn multi_lock_is_all_or_nothing(ctx: &Ctx) -> Outcome {
-    let (a, other, observer) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [a, other, observer] = ctx.clients().await?;
     let (x, y, z) = (ctx.name("x"), ctx.name("y"), ctx.name("z"));
     let opts = ctx.fenced_opts(ctx.ttl(Duration::from_secs(30)));
     let busy = must_try(&other, &y, &opts, "the holder of the middle name").await?;
@@ -94,7 +90,7 @@ pub(super) async fn multi_locks_in_opposite_orders_never_deadlock(ctx: &Ctx) -> 
         .wait_timeout(ctx.bound(Duration::from_secs(10)));
     // Clients made one after the other: the gate, then the two takers.
     let gate = ctx.client().await?;
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let orders = [[p.clone(), q.clone()], [q.clone(), p.clone()]];
     let round_bound = ctx.bound(Duration::from_secs(5));
     for round in 1..=GATED {
@@ -216,11 +212,7 @@ async fn settle_on_either(
 /// A lock_all dropped while it waits for its second member leaves its first member free: the
 /// partial set is released at the drop, not held until its TTL.
 pub(super) async fn cancelled_multi_lock_leaves_nothing(ctx: &Ctx) -> Outcome {
-    let (a, other, observer) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [a, other, observer] = ctx.clients().await?;
     let (x, y) = (ctx.name("x"), ctx.name("y"));
     let opts = ctx.opts(ctx.ttl(Duration::from_secs(30))).wait_forever();
     let busy = must_try(&other, &y, &opts, "the holder of the second name").await?;

@@ -42,7 +42,7 @@ const HOSTILE: &[&str] = &[
 ];
 
 pub(super) async fn hostile_names(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let opts = ctx.opts(ctx.ttl(Duration::from_secs(20)));
     // Each hostile string starts a name and its first path segment (`../tag`, `//tag`), and is
     // the last segment of another (`tag/..`, `tag/.`): where a naive mapping to paths or keys
@@ -119,7 +119,7 @@ async fn hold_all_distinct(
 }
 
 pub(super) async fn names_are_exact_byte_strings(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let opts = ctx.opts(ctx.ttl(Duration::from_secs(20)));
     let room = ctx.harness.max_name_len() - ctx.prefix.len();
     let long = |last: char| format!("{}{last}", "L".repeat(room - 1));
@@ -155,7 +155,7 @@ pub(super) async fn names_are_exact_byte_strings(ctx: &Ctx) -> Outcome {
 }
 
 pub(super) async fn namespaces_are_independent(ctx: &Ctx) -> Outcome {
-    let (a, a2) = (ctx.client().await?, ctx.client().await?);
+    let [a, a2] = ctx.clients().await?;
     let other = || async {
         ctx.harness
             .client_in_other_namespace()

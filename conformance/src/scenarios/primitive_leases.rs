@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use lockcore::{AutoRenew, Instant, LockGuard, LockName, LockOptions, Locker};
 
-use super::context::{Ctx, Outcome};
-use super::support::{check, must_be_held, must_try, ok_or, race_for, settle_waiters};
+use super::context::{Ctx, Failure, Outcome};
+use super::support::{
+    check, must_be_held, must_try, ok_or, race_for, settle_waiters, spawn_waiter,
+};
 
 /// How many renewals a renewed holder goes through before each check (renewals come every
 /// third of a TTL).
@@ -39,7 +41,7 @@ where
 /// Read-write: a writer renewed several times still excludes readers and other writers (a
 /// renewal that rewrites its entry as a share lets readers in).
 pub(super) async fn renewed_writer_still_excludes_readers(ctx: &Ctx) -> Outcome {
-    let (w, r) = (ctx.client().await?, ctx.client().await?);
+    let [w, r] = ctx.clients().await?;
     let name = ctx.name("rw");
     let ttl = ctx.ttl(Duration::from_millis(600));
     let write = ctx.opts(ttl).auto_renew(AutoRenew::until(ttl * 20));
@@ -64,11 +66,7 @@ pub(super) async fn renewed_writer_still_excludes_readers(ctx: &Ctx) -> Outcome 
 /// lease, not before its validity deadline and not long after it (a renewal in the other wrong
 /// unit leaks it).
 pub(super) async fn renewed_permit_counts_and_expires_on_time(ctx: &Ctx) -> Outcome {
-    let (a, b, c) = (
-        ctx.crashable_client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let (a, [b, c]) = ctx.crashable_and_clients().await?;
     let name = ctx.name("sem");
     let ttl = ctx.ttl(Duration::from_millis(600));
     let renewed = ctx
@@ -97,7 +95,7 @@ pub(super) async fn renewed_permit_counts_and_expires_on_time(ctx: &Ctx) -> Outc
         gb.lost().reason()
     );
     if ctx.caps.expiry_after_ttl {
-        permit_back_on_time(ctx, &c, &name, &plain, ga, a, "renewed").await?;
+        lease_back_on_time(ctx, &c, &name, &plain, ga, a, "a permit renewed").await?;
     } else {
         ok_or(ga.release().await, "release")?;
     }
@@ -108,12 +106,7 @@ pub(super) async fn renewed_permit_counts_and_expires_on_time(ctx: &Ctx) -> Outc
 /// left) and then crashes gets it back after its TTL: a permit granted from the queue is
 /// written with the waiter's TTL too.
 pub(super) async fn permit_won_by_waiting_returns_after_crash(ctx: &Ctx) -> Outcome {
-    let (a, b, h, c) = (
-        ctx.crashable_client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let (a, [b, h, c]) = ctx.crashable_and_clients().await?;
     let name = ctx.name("sem");
     let ttl = ctx.ttl(Duration::from_millis(1000));
     let long = ctx.opts(ctx.ttl(Duration::from_secs(30))).permits(2);
@@ -121,26 +114,76 @@ pub(super) async fn permit_won_by_waiting_returns_after_crash(ctx: &Ctx) -> Outc
     // Both permits held (one for the whole scenario): the waiter queues.
     let other = must_try(&b, &name, &long, "the holder of the other permit").await?;
     let leaving = must_try(&h, &name, &long, "the holder that will leave").await?;
-    let waiter = {
-        let (a, name, opts) = (a.clone(), name.clone(), plain.clone());
-        tokio::spawn(async move { a.lock(&name, &opts).await })
-    };
-    settle_waiters(ctx, &c, &name, &[&a]).await?;
-    ok_or(leaving.release().await, "the leaving holder's release")?;
-    let bound = ctx.bound(Duration::from_secs(10));
-    let won = tokio::time::timeout(bound, waiter)
-        .await
-        .map_err(|_| format!("the waiter did not get the freed permit within {bound:?}"))?;
-    let won = ok_or(ok_or(won, "the waiter's task")?, "the waiter's lock()")?;
-    permit_back_on_time(ctx, &c, &name, &plain, won, a, "won by waiting").await?;
+    let won = win_by_waiting(ctx, &a, &c, &name, &plain, leaving).await?;
+    lease_back_on_time(ctx, &c, &name, &plain, won, a, "a permit won by waiting").await?;
     ok_or(other.release().await, "release")
 }
 
-/// Crashes the holder of `guard` (`how` it got its permit) and checks its permit comes back
-/// to `racer` (which finds the others held) after its validity deadline, and by the end of its
-/// lease (its last renewal's, which may have been on the way at the crash: a third of a TTL
-/// later) plus half a TTL and a bound.
-async fn permit_back_on_time(
+/// Read-write: a reader that won its share by waiting behind a writer (granted when the
+/// writer left) and then crashes gives it back after its TTL: a share granted to a waiter is
+/// written with the waiter's TTL too. A writer finds the lock held until then.
+pub(super) async fn reader_won_by_waiting_returns_after_crash(ctx: &Ctx) -> Outcome {
+    let (a, [h, c]) = ctx.crashable_and_clients().await?;
+    let name = ctx.name("rw");
+    let ttl = ctx.ttl(Duration::from_millis(1000));
+    let writer = must_try(
+        &h,
+        &name,
+        &ctx.opts(ctx.ttl(Duration::from_secs(30))),
+        "the writer",
+    )
+    .await?;
+    let won = win_by_waiting(ctx, &a, &c, &name, &ctx.opts(ttl).shared(), writer).await?;
+    lease_back_on_time(
+        ctx,
+        &c,
+        &name,
+        &ctx.opts(ttl),
+        won,
+        a,
+        "a share won by waiting",
+    )
+    .await
+}
+
+/// Read-write: a writer that won the lock by waiting behind a reader (granted when the reader
+/// left) and then crashes gives it back after its TTL: a writer granted from behind readers
+/// is written with its own TTL too. A reader finds the lock held until then.
+pub(super) async fn writer_won_by_waiting_returns_after_crash(ctx: &Ctx) -> Outcome {
+    let (a, [h, c]) = ctx.crashable_and_clients().await?;
+    let name = ctx.name("rw");
+    let ttl = ctx.ttl(Duration::from_millis(1000));
+    let long_read = ctx.opts(ctx.ttl(Duration::from_secs(30))).shared();
+    let reader = must_try(&h, &name, &long_read, "the reader").await?;
+    let won = win_by_waiting(ctx, &a, &c, &name, &ctx.opts(ttl), reader).await?;
+    let read = ctx.opts(ttl).shared();
+    lease_back_on_time(ctx, &c, &name, &read, won, a, "a write lock won by waiting").await
+}
+
+/// `waiter` waits for `name` with `opts` until `leaving` (the holder in its way) releases,
+/// seen waiting first by `observer`; the guard it wins.
+async fn win_by_waiting(
+    ctx: &Ctx,
+    waiter: &Locker,
+    observer: &Locker,
+    name: &LockName,
+    opts: &LockOptions,
+    leaving: LockGuard,
+) -> Result<LockGuard, Failure> {
+    let task = spawn_waiter(ctx, observer, waiter, name, opts).await?;
+    ok_or(leaving.release().await, "the leaving holder's release")?;
+    let bound = ctx.bound(Duration::from_secs(10));
+    let won = tokio::time::timeout(bound, task)
+        .await
+        .map_err(|_| format!("the waiter did not get what was freed within {bound:?}"))?;
+    ok_or(ok_or(won, "the waiter's task")?.0, "the waiter's lock()")
+}
+
+/// Crashes the holder of `guard` (`how` it got it) and checks that what it held comes back to
+/// `racer` asking with `opts` (which finds it held meanwhile) after its validity deadline, and
+/// by the end of its lease (its last renewal's, which may have been on the way at the crash: a
+/// third of a TTL later) plus half a TTL and a bound.
+async fn lease_back_on_time(
     ctx: &Ctx,
     racer: &Locker,
     name: &LockName,
@@ -155,7 +198,7 @@ async fn permit_back_on_time(
         racer,
         name,
         opts,
-        &format!("right after the crash of a holder whose permit was {how}"),
+        &format!("right after the crash of the holder of {how}"),
     )
     .await?;
     let late = valid_until + ttl / 3 + ttl / 2 + ctx.bound(Duration::from_millis(500));
@@ -163,7 +206,7 @@ async fn permit_back_on_time(
         .await
         .map_err(|e| {
             format!(
-                "the crashed holder's permit ({how}) was not back {:?} after its validity \
+                "what the crashed holder held ({how}) was not back {:?} after its validity \
                  deadline (TTL {ttl:?}): a leak: {e}",
                 late - valid_until
             )
@@ -171,8 +214,8 @@ async fn permit_back_on_time(
     let won_by = Instant::now();
     check!(
         won_by >= valid_until,
-        "the crashed holder's permit ({how}) was handed out {:?} before its validity \
-         deadline: a permit too many",
+        "what the crashed holder held ({how}) was handed out {:?} before its validity \
+         deadline: a holder too many",
         valid_until - won_by
     );
     ok_or(g.release().await, "release")
@@ -185,11 +228,7 @@ async fn permit_back_on_time(
 /// gets the lock when the first reader leaves.
 pub(super) async fn writer_waiting_past_its_marks_holds_readers_back(ctx: &Ctx) -> Outcome {
     const LOOKS: u32 = 6;
-    let (r1, r2, w) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [r1, r2, w] = ctx.clients().await?;
     let name = ctx.name("rw");
     let ttl = ctx.ttl(Duration::from_secs(30));
     let read = ctx.opts(ttl).shared();

@@ -106,7 +106,7 @@ pub(super) async fn permits_never_exceed_the_limit(ctx: &Ctx) -> Outcome {
 /// `ErrorKind::Conflict` (from try_lock and from a waiting lock, which must not wait); once
 /// nobody holds the name, a new limit is accepted.
 pub(super) async fn permit_limit_disagreement_is_refused(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let name = ctx.name("sem");
     let ttl = ctx.ttl(Duration::from_secs(30));
     let three = ctx.opts(ttl).permits(3);
@@ -162,11 +162,7 @@ pub(super) async fn permit_limit_disagreement_is_refused(ctx: &Ctx) -> Outcome {
 /// sooner (a second holder too many) and never later (Redisson's plain semaphore leaks it
 /// forever).
 pub(super) async fn crashed_permit_returns_after_its_ttl(ctx: &Ctx) -> Outcome {
-    let (a, b, c) = (
-        ctx.crashable_client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let (a, [b, c]) = ctx.crashable_and_clients().await?;
     let name = ctx.name("sem");
     let ttl = ctx.ttl(Duration::from_millis(1000));
     let opts = ctx.opts(ttl).permits(2);
@@ -210,11 +206,7 @@ pub(super) async fn crashed_permit_returns_after_its_ttl(ctx: &Ctx) -> Outcome {
 /// Read-write: readers hold together; a writer is refused beside them and holds alone; a
 /// reader is refused beside the writer.
 pub(super) async fn readers_share_and_writers_exclude(ctx: &Ctx) -> Outcome {
-    let (r1, r2, w) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [r1, r2, w] = ctx.clients().await?;
     let name = ctx.name("rw");
     let ttl = ctx.ttl(Duration::from_secs(30));
     let (read, write) = (ctx.fenced_opts(ttl).shared(), ctx.fenced_opts(ttl));
@@ -236,11 +228,7 @@ pub(super) async fn readers_share_and_writers_exclude(ctx: &Ctx) -> Outcome {
 /// writer waits too, the writer gets the lock when the first reader leaves, and the later
 /// reader after the writer.
 pub(super) async fn waiting_writer_is_not_starved(ctx: &Ctx) -> Outcome {
-    let (r1, r2, w) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [r1, r2, w] = ctx.clients().await?;
     let name = ctx.name("rw");
     let ttl = ctx.ttl(Duration::from_secs(30));
     let (read, write) = (ctx.opts(ttl).shared(), ctx.opts(ttl));
@@ -375,7 +363,7 @@ pub(super) async fn every_reader_woken_by_one_release(ctx: &Ctx) -> Outcome {
 /// Read-write with fencing: tokens increase across modes (reader, writer, reader), so that a
 /// store can refuse a stale writer after a reader, and each reader gets its own token.
 pub(super) async fn fencing_increases_across_modes(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let name = ctx.name("rw");
     let ttl = ctx.ttl(Duration::from_secs(30));
     let (read, write) = (ctx.opts(ttl).shared(), ctx.opts(ttl));
@@ -412,11 +400,7 @@ pub(super) async fn fencing_increases_across_modes(ctx: &Ctx) -> Outcome {
 /// readers back for a short while at most (a writer's mark lasts a few seconds past its last
 /// attempt: 2 s on Redis, 3 s on the SQL leases; 6 s allowed), never for the readers' TTL.
 pub(super) async fn writer_that_gave_up_frees_readers(ctx: &Ctx) -> Outcome {
-    let (r1, r2, w) = (
-        ctx.client().await?,
-        ctx.client().await?,
-        ctx.client().await?,
-    );
+    let [r1, r2, w] = ctx.clients().await?;
     let name = ctx.name("rw");
     let ttl = ctx.ttl(Duration::from_secs(30));
     let read = ctx.opts(ttl).shared();

@@ -106,6 +106,31 @@ pub(super) async fn settle_waiters(
     settle_waiting_calls(observer, name, waiters, waiters.len(), give_up).await
 }
 
+/// [`settle_waiters`] while `pending` (the waiters' own calls, not spawned) are polled: one that
+/// finishes first, while the lock should still be held, fails (the `i`th of `pending` named
+/// "waiter i").
+pub(super) async fn settle_pending<F, T>(
+    ctx: &Ctx,
+    observer: &Locker,
+    name: &LockName,
+    waiters: &[&Locker],
+    pending: &mut [std::pin::Pin<Box<F>>],
+) -> Outcome
+where
+    F: std::future::Future<Output = lockcore::Result<T>>,
+{
+    tokio::select! {
+        (r, i, _) = futures::future::select_all(pending.iter_mut()) => Err(format!(
+            "waiter {i} finished while the lock was held ({})",
+            match r {
+                Ok(_) => "with the lock".to_string(),
+                Err(e) => format!("failing: {e}"),
+            }
+        )),
+        settled = settle_waiters(ctx, observer, name, waiters) => settled,
+    }
+}
+
 /// [`settle_waiters`] for `n` `lock` calls in all among the clients of `waiters` (each client
 /// listed once, however many of the calls are its own), failing after `give_up`.
 pub(super) async fn settle_waiting_calls(
@@ -145,6 +170,30 @@ pub(super) async fn settle_waiting_calls(
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+}
+
+/// `waiter.lock(name, opts)` in a task of its own, once it is seen waiting (through
+/// `observer`): the task, which returns the guard and when `lock()` returned.
+pub(super) async fn spawn_waiter(
+    ctx: &Ctx,
+    observer: &Locker,
+    waiter: &Locker,
+    name: &LockName,
+    opts: &LockOptions,
+) -> Result<tokio::task::JoinHandle<(lockcore::Result<LockGuard>, Instant)>, Failure> {
+    let task = {
+        let (waiter, name, opts) = (waiter.clone(), name.clone(), opts.clone());
+        tokio::spawn(async move {
+            let r = waiter.lock(&name, &opts).await;
+            (r, Instant::now())
+        })
+    };
+    settle_waiters(ctx, observer, name, &[waiter]).await?;
+    check!(
+        !task.is_finished(),
+        "the waiter returned while what it waits for was taken"
+    );
+    Ok(task)
 }
 
 /// A client racing to take `name` the moment it frees: `try_lock` every millisecond from

@@ -6,11 +6,11 @@ use std::time::Duration;
 use lockcore::{Capabilities, ErrorKind, Instant, LockName, LockOptions, Locker};
 
 use super::context::{Ctx, Failure, Outcome};
-use super::support::{check, must_try, ok_or, settle_queued, settle_waiters};
+use super::support::{check, must_try, ok_or, settle_queued, settle_waiters, spawn_waiter};
 use crate::harness::Harness;
 
 pub(super) async fn wait_deadline_honoured(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let name = ctx.name("x");
     let hold = ctx.opts(ctx.ttl(Duration::from_secs(30)));
     let g = must_try(&a, &name, &hold, "holder").await?;
@@ -98,23 +98,16 @@ pub(super) async fn waiter_does_not_spin(ctx: &Ctx) -> Outcome {
 }
 
 pub(super) async fn wait_succeeds_on_release(ctx: &Ctx) -> Outcome {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let [a, b] = ctx.clients().await?;
     let name = ctx.name("x");
     let opts = ctx.opts(ctx.ttl(Duration::from_secs(30)));
     let g = must_try(&a, &name, &opts, "holder").await?;
-    let waiter = {
-        let (b, name, opts) = (b.clone(), name.clone(), opts.clone().wait_forever());
-        tokio::spawn(async move { b.lock(&name, &opts).await })
-    };
-    settle_waiters(ctx, &b, &name, &[&b]).await?;
-    check!(
-        !waiter.is_finished(),
-        "the waiter returned while the lock was held"
-    );
+    let waiter = spawn_waiter(ctx, &b, &b, &name, &opts.clone().wait_forever()).await?;
     let released = Instant::now();
     ok_or(g.release().await, "release")?;
-    let g2 = ok_or(ok_or(waiter.await, "waiter task")?, "waiter's lock()")?;
-    let took = released.elapsed();
+    let (g2, returned) = ok_or(waiter.await, "waiter task")?;
+    let g2 = ok_or(g2, "waiter's lock()")?;
+    let took = returned.saturating_duration_since(released);
     let bound = ctx.bound(Duration::from_secs(3));
     check!(
         took <= bound,
@@ -132,14 +125,7 @@ pub(super) async fn notify_hands_over_promptly(ctx: &Ctx) -> Outcome {
     const ROUNDS: usize = 2;
     // A 30 s TTL lets a poller's backoff grow to its 1 s cap while the waiter waits.
     let opts = ctx.opts(ctx.ttl(Duration::from_secs(30))).wait_forever();
-    let mut lanes = Vec::new();
-    for lane in 0..LANES {
-        lanes.push((
-            ctx.client().await?,
-            ctx.client().await?,
-            ctx.name(&format!("l{lane}")),
-        ));
-    }
+    let lanes = lanes(ctx, LANES, None).await?;
     let batch = || {
         on_every_lane(&lanes, ROUNDS, |(a, b, name)| async {
             Ok(((), hand_over_at_random(ctx, a, b, name, &opts).await?))
@@ -157,6 +143,21 @@ pub(super) async fn notify_hands_over_promptly(ctx: &Ctx) -> Outcome {
 
 /// A lane of hand-overs: the holder, the waiter and their lock's name.
 type Lane = (Locker, Locker, LockName);
+
+/// `n` lanes, each with its own two clients and name; `warm_up`: after one unmeasured
+/// hand-over with these options (released 50 ms into the wait: its first attempt fails).
+async fn lanes(ctx: &Ctx, n: usize, warm_up: Option<&LockOptions>) -> Result<Vec<Lane>, Failure> {
+    let mut lanes = Vec::with_capacity(n);
+    for lane in 0..n {
+        let [a, b] = ctx.clients().await?;
+        let name = ctx.name(&format!("l{lane}"));
+        if let Some(opts) = warm_up {
+            hand_over_after(&a, &b, &name, opts, Duration::from_millis(50)).await?;
+        }
+        lanes.push((a, b, name));
+    }
+    Ok(lanes)
+}
 
 /// Runs `rounds` measured hand-overs (`round`: what it varied and its release-to-acquire) on
 /// every lane side by side; every lane's samples together.
@@ -297,16 +298,10 @@ pub(super) async fn missed_wakeup_hands_over_promptly(ctx: &Ctx) -> Outcome {
     const LANES: usize = 4;
     const ROUNDS: usize = 3;
     let opts = ctx.opts(ctx.ttl(Duration::from_secs(30))).wait_forever();
-    let mut lanes = Vec::new();
-    for lane in 0..LANES {
-        let (a, b) = (ctx.client().await?, ctx.client().await?);
-        let name = ctx.name(&format!("l{lane}"));
-        // One unmeasured hand-over first: a client's first wait may open its notification
-        // connection (a TLS handshake in an unoptimised build takes 100 ms and more on a busy
-        // machine), which is set-up, not a wake-up lost. 50 ms lets its first attempt fail.
-        hand_over_after(&a, &b, &name, &opts, Duration::from_millis(50)).await?;
-        lanes.push((a, b, name));
-    }
+    // One unmeasured hand-over first: a client's first wait may open its notification
+    // connection (a TLS handshake in an unoptimised build takes 100 ms and more on a busy
+    // machine), which is set-up, not a wake-up lost.
+    let lanes = lanes(ctx, LANES, Some(&opts)).await?;
     let batch = || {
         on_every_lane(&lanes, ROUNDS, |(a, b, name)| async {
             let offset = Duration::from_micros(fastrand::u64(0..30_000));

@@ -208,14 +208,7 @@ impl Backend for FlawedBackend {
         if self.flaw == Flaw::CancelLeavesEntryBehindOthers {
             let store = &self.store.0;
             let key = self.key(&req.name);
-            let id = fastrand::u64(..);
-            store
-                .queues
-                .lock()
-                .unwrap()
-                .entry(key.clone())
-                .or_default()
-                .push(id);
+            let id = store.enqueue(&key);
             let mut entry = QueueEntry {
                 store,
                 key,
@@ -314,14 +307,7 @@ impl Backend for FlawedBackend {
         if self.flaw == Flaw::HerdDeclaringQueue {
             let store = &self.store.0;
             let key = self.key(&req.name);
-            let id = fastrand::u64(..);
-            store
-                .queues
-                .lock()
-                .unwrap()
-                .entry(key.clone())
-                .or_default()
-                .push(id);
+            let id = store.enqueue(&key);
             let _entry = HerdEntry {
                 store,
                 key: key.clone(),

@@ -14,7 +14,9 @@ use lockcore::backend::{
     poll_acquire,
 };
 use lockcore::memory::MemoryBackend;
-use lockcore::{Capabilities, ErrorKind, Instant, LockInfo, LockMode, LockName, Locker, Result};
+use lockcore::{
+    Capabilities, Ended, ErrorKind, Instant, LockInfo, LockMode, LockName, Locker, Result,
+};
 
 /// The mistake a wrapped backend makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +57,14 @@ pub(super) enum PrimitiveFlaw {
     /// A permit granted from the queue (to a waiter) is written without the waiter's TTL (a
     /// minute per second): a holder that crashes after winning by waiting leaks it.
     QueuedPermitLeaks,
+    /// A share granted to a reader that waited (behind a writer) is written without the
+    /// reader's TTL (a minute per second): a reader that crashes after winning by waiting
+    /// leaks its share.
+    QueuedReaderLeaks,
+    /// A writer granted the lock from behind readers (it waited for them to leave) is written
+    /// without its TTL (a minute per second): a writer that crashes after winning by waiting
+    /// leaks the lock.
+    QueuedWriterLeaks,
     /// A renewal that finds the lock gone (revoked behind the holder) reports success, and the
     /// server's revocation notice is not listened to: a deposed leader keeps saying it leads.
     RenewalBlindToRevocation,
@@ -78,7 +88,24 @@ pub(super) enum PrimitiveFlaw {
     /// A candidate judges the leader's expiry by its own clock and deletes a lease it finds
     /// expired: one whose clock runs ahead deposes a live leader.
     LeaderJudgedByClientClock,
+    /// Declares the memory backend's prompt loss detection (pushed at once) but reports a
+    /// lease lost behind its holder [`LOSS_LATE`] late (a notification handled by a slow
+    /// loop): a revoked holder acts on a lock it no longer has for that long.
+    LossReportedLate,
+    /// A reader's share is written without its expiry (a day) and given its TTL a round trip
+    /// later: a reader's acquire cancelled in between (on the wire, or granted as it waited)
+    /// leaves the share, and writers out, for a day.
+    ShareTtlSetLater,
+    /// [`PrimitiveFlaw::ShareTtlSetLater`] for a permit: a permit's acquire cancelled in the
+    /// round trip leaves the permit taken for a day.
+    PermitTtlSetLater,
 }
+
+/// The round trip between a `*TtlSetLater` share or permit and its TTL.
+const TTL_LATER: Duration = Duration::from_millis(20);
+
+/// How late [`PrimitiveFlaw::LossReportedLate`] reports a loss (the example).
+const LOSS_LATE: Duration = Duration::from_millis(300);
 
 /// How late a waiter gets the lock on the path whose wake-up a `*WakeLate` flaw loses (a
 /// safety poll's interval).
@@ -187,6 +214,7 @@ impl Wrapped {
             }
             (PrimitiveFlaw::LeaseEndsEarly, LockMode::Exclusive) => out.ttl = req.ttl / 2,
             (PrimitiveFlaw::RenewalBlindToRevocation, _) => out.lost = LostNotifier::new().0,
+            (PrimitiveFlaw::LossReportedLate, _) => out.lost = reported_late(&req.lost),
             _ => {}
         }
         Ok(out)
@@ -223,6 +251,40 @@ impl Wrapped {
             ),
             other => other,
         }
+    }
+
+    /// [`PrimitiveFlaw::ShareTtlSetLater`], [`PrimitiveFlaw::PermitTtlSetLater`]: a share or
+    /// a permit without expiry, its TTL set a round trip later; `None` for other flaws and
+    /// modes.
+    async fn share_ttl_later(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Option<Instant>>,
+    ) -> Option<Result<Option<Acquired>>> {
+        let on_path = match self.flaw {
+            PrimitiveFlaw::ShareTtlSetLater => req.mode == LockMode::Shared,
+            PrimitiveFlaw::PermitTtlSetLater => matches!(req.mode, LockMode::Permit { .. }),
+            _ => false,
+        };
+        if !on_path {
+            return None;
+        }
+        let mut unbounded = req.clone();
+        unbounded.ttl = Duration::from_secs(24 * 3600);
+        let won = match deadline {
+            None => self.inner.try_acquire(&unbounded).await,
+            Some(deadline) => self.inner.acquire(&unbounded, deadline).await,
+        };
+        Some(match won {
+            Ok(Some(a)) => {
+                tokio::time::sleep(TTL_LATER).await;
+                match a.lease.extend(req.ttl).await {
+                    Ok(_) => Ok(Some(self.wrap(req, a))),
+                    Err(e) => Err(e),
+                }
+            }
+            other => other,
+        })
     }
 
     /// The `*ByClientClock` flaws: before asking, delete the holders of `req`'s lock whose
@@ -302,6 +364,20 @@ impl Wrapped {
         Ok(Some(self.wrap(req, a)))
     }
 
+    /// The `Queued*Leaks` flaws: whether a grant of `req` to a waiter is written without its
+    /// TTL (a writer's only behind readers: the read-write path's own grant).
+    async fn grants_waiters_without_ttl(&self, req: &AcquireRequest) -> Result<bool> {
+        Ok(match (self.flaw, req.mode) {
+            (PrimitiveFlaw::QueuedPermitLeaks, LockMode::Permit { .. }) => true,
+            (PrimitiveFlaw::QueuedReaderLeaks, LockMode::Shared) => true,
+            (PrimitiveFlaw::QueuedWriterLeaks, LockMode::Exclusive) => {
+                let info = self.inner.inspect(&req.name).await?;
+                info.mode == Some(LockMode::Shared) || !info.shares.is_empty()
+            }
+            _ => false,
+        })
+    }
+
     /// [`PrimitiveFlaw::MultiInClientOrder`]: each member in this client's order, waiting for a
     /// busy one while holding those taken.
     async fn set_in_client_order(&self, reqs: &[AcquireRequest]) -> Result<SetAttempt> {
@@ -325,6 +401,20 @@ impl Wrapped {
         won.sort_by_key(|(i, _)| *i);
         Ok(SetAttempt::All(won.into_iter().map(|(_, a)| a).collect()))
     }
+}
+
+/// A notifier for the backend that passes a loss on to `lost` [`LOSS_LATE`] after it is
+/// reported ([`PrimitiveFlaw::LossReportedLate`]).
+fn reported_late(lost: &LostNotifier) -> LostNotifier {
+    let (notifier, signal) = LostNotifier::new();
+    let lost = lost.clone();
+    tokio::spawn(async move {
+        if let Ended::Lost(reason) = signal.ended().await {
+            tokio::time::sleep(LOSS_LATE).await;
+            lost.fire(reason);
+        }
+    });
+    notifier
 }
 
 /// A lease of the memory backend, renewed with the flaw.
@@ -392,6 +482,9 @@ impl Backend for Wrapped {
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
         self.sweep_by_own_clock(req).await?;
+        if let Some(won) = self.share_ttl_later(req, None).await {
+            return won;
+        }
         let req = self.flawed(req)?;
         let won = self.inner.try_acquire(&req).await?;
         Ok(won.map(|a| self.wrap(&req, a)))
@@ -419,10 +512,11 @@ impl Backend for Wrapped {
         if let Some(late) = self.late_wake(req, deadline).await {
             return late;
         }
+        if let Some(won) = self.share_ttl_later(req, Some(deadline)).await {
+            return won;
+        }
         let mut req = self.flawed(req)?;
-        if self.flaw == PrimitiveFlaw::QueuedPermitLeaks
-            && matches!(req.mode, LockMode::Permit { .. })
-        {
+        if self.grants_waiters_without_ttl(&req).await? {
             if let Some(a) = self.inner.try_acquire(&req).await? {
                 return Ok(Some(self.wrap(&req, a)));
             }
@@ -515,14 +609,22 @@ pub(super) fn is_primitive_scenario(name: &str) -> bool {
         "renewed_writer_still_excludes_readers",
         "renewed_permit_counts_and_expires_on_time",
         "permit_won_by_waiting_returns_after_crash",
+        "reader_won_by_waiting_returns_after_crash",
+        "writer_won_by_waiting_returns_after_crash",
         "writer_waiting_past_its_marks_holds_readers_back",
         "freed_permit_hands_over_promptly",
         "last_reader_leaving_hands_over_promptly",
         "expired_lease_hands_over_promptly",
         "revoked_lock_hands_over_promptly",
         "cancelled_set_take_leaves_nothing",
+        "cancelled_shared_acquire_leaves_nothing",
+        "cancelled_permit_acquire_leaves_nothing",
+        "cancelled_lock_all_leaves_nothing",
         "skewed_client_cannot_sweep_permits",
         "skewed_candidate_cannot_depose_leader",
+        // The loss detection scenarios: the memory backend declares a bound, the toy store none.
+        "lost_detection_as_declared",
+        "revocation_noticed",
     ]
     .contains(&name)
 }

@@ -73,6 +73,18 @@ impl Drop for QueueEntry<'_> {
 }
 
 impl ToyStore {
+    /// Queues a new waiter on `key` (at the back); its id.
+    pub(super) fn enqueue(&self, key: &str) -> u64 {
+        let id = fastrand::u64(..);
+        self.queues
+            .lock()
+            .unwrap()
+            .entry(key.to_string())
+            .or_default()
+            .push(id);
+        id
+    }
+
     pub(super) fn with<T>(
         &self,
         key: &str,
