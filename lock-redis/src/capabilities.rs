@@ -7,19 +7,18 @@ use lockcore::{Capabilities, WaitKind};
 use crate::config::Config;
 use crate::interop;
 
-pub(crate) fn for_config(cfg: &Config) -> Capabilities {
+/// What every backend built on this crate's scripts declares alike (a single node, Sentinel,
+/// Cluster, and Redlock over several masters): waiters woken by release messages, a key that
+/// expires after its TTL, `force_release` and `inspect`, no reentrancy, no loss seen before the
+/// next renewal, except a revocation where `revocation_pushed` (force_release publishes the
+/// revoked tokens on a channel the holder's client listens to): then within a second.
+pub fn script_family(revocation_pushed: bool) -> Capabilities {
     let mut c = Capabilities::default();
-    c.fencing = true;
-    // Exclusive waiters queue on the server (see `queue`); under interop= the peer's
-    // layout has no queue, and the interop capabilities say not fair.
-    c.fair = true;
     c.wait = WaitKind::Notify;
     c.lost_detection = false;
-    // force_release tells the holder's client on the namespace's revocation channel (a
-    // single node's own layout; see `revoked`).
-    c.revoke_detection = !cfg.cluster && cfg.interop.is_none();
+    c.revoke_detection = revocation_pushed;
     // Elsewhere the next renewal finds the key gone (the default).
-    if c.revoke_detection {
+    if revocation_pushed {
         c.loss_detection = lockcore::LossDetection::Pushed {
             within: Duration::from_secs(1),
         };
@@ -28,6 +27,17 @@ pub(crate) fn for_config(cfg: &Config) -> Capabilities {
     c.expiry_after_ttl = true;
     c.force_release = true;
     c.inspect = true;
+    c
+}
+
+pub(crate) fn for_config(cfg: &Config) -> Capabilities {
+    // force_release tells the holder's client on the namespace's revocation channel (a
+    // single node's own layout; see `revoked`).
+    let mut c = script_family(!cfg.cluster && cfg.interop.is_none());
+    c.fencing = true;
+    // Exclusive waiters queue on the server (see `queue`); under interop= the peer's
+    // layout has no queue, and the interop capabilities say not fair.
+    c.fair = true;
     c.min_ttl = Duration::from_millis(1);
     // With min_replicas, shares are acknowledged by replicas as exclusive locks are.
     c.shared = lockcore::Support::Yes;

@@ -7,9 +7,6 @@ use std::time::Duration;
 use lockcore::config::{UrlParts, UserInfoAt, check_millis, decode_userinfo, host_port};
 use lockcore::{Error, Result, Secret};
 
-/// The default key namespace.
-pub(crate) const DEFAULT_NAMESPACE: &str = "locksmith";
-
 /// A Redis backend's configuration: what a `redis://` URL says, or the same fields from a config
 /// file (see the [crate docs](crate) for each parameter). `Debug` never shows the password.
 ///
@@ -55,7 +52,7 @@ pub struct Config {
     #[serde(default)]
     pub db: i64,
     /// The key prefix.
-    #[serde(default = "default_namespace")]
+    #[serde(default = "lockcore::config::default_namespace")]
     pub namespace: String,
     /// `WAIT` for this many replicas after winning.
     #[serde(default)]
@@ -97,9 +94,6 @@ pub struct Config {
     pub interop: Option<crate::Interop>,
 }
 
-fn default_namespace() -> String {
-    DEFAULT_NAMESPACE.to_owned()
-}
 fn default_replica_timeout() -> Duration {
     Duration::from_millis(100)
 }

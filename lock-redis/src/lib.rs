@@ -161,6 +161,7 @@ mod subs;
 mod wait;
 
 pub use crate::backend::RedisBackend;
+pub use crate::capabilities::script_family;
 pub use crate::config::Config;
 pub use crate::interop::Interop;
 pub use crate::registration::REGISTRATION;

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use lock_redis::node::{Keys, Node};
-use lockcore::{Capabilities, Error, ErrorKind, Instant, LockName, Result, WaitKind};
+use lockcore::{Capabilities, Error, ErrorKind, Instant, LockName, Result};
 
 use crate::config::{Config, Parsed};
 use crate::slots::{Identity, Slot, run_id_of, same_server};
@@ -187,21 +187,11 @@ impl RedlockBackend {
 }
 
 pub(crate) fn capabilities(cfg: &Parsed) -> Capabilities {
-    let mut c = Capabilities::default();
-    c.fencing = false;
-    c.fair = false;
-    c.wait = WaitKind::Notify;
-    c.lost_detection = false;
     // force_release publishes the owner tokens it took away on every master's revocation
     // channel, which every client subscribes to at connect (see `lock_redis::node`).
-    c.revoke_detection = true;
-    c.loss_detection = lockcore::LossDetection::Pushed {
-        within: Duration::from_secs(1),
-    };
-    c.reentrant = false;
-    c.expiry_after_ttl = true;
-    c.force_release = true;
-    c.inspect = true;
+    let mut c = lock_redis::script_family(true);
+    c.fencing = false;
+    c.fair = false;
     c.permits = lockcore::Support::no(
         "a majority of independent masters does not keep a count: each master counts its own \
          permits, so a permit won on one majority can be won again on another after a master \
