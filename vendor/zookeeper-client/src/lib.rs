@@ -14,13 +14,8 @@
 //! * [Client::chroot] and [Client::clone] enable session sharing cross multiple different rooted clients.
 //!
 //! ## Feature flags
-//! * `tls`: Toggle TLS support.
-//! * `fips`: Toggle TLS FIPS mode support. See also [TlsOptions::with_fips].
-//! * `fips-only`: Force TLS FIPS mode. This should be considered as an application only feature to
-//!   fulfill security requirement at global level.
-//! * `sasl`: Toggle SASL support.
-//! * `sasl-gssapi`: Toggle only GSSAPI SASL support. This relies on binding package `libgssapi-sys`.
-//! * `sasl-digest-md5`: Toggle only DIGEST-MD5 SASL support.
+//! * `tls`: Toggle TLS support (rustls with ring in this vendored copy; upstream's `fips`,
+//!   `fips-only` and `sasl*` features are dropped: see the folder's README).
 //!
 //! ## Async runtime support
 //! This library uses [asyncs](https://docs.rs/asyncs) and [spawns](https://docs.rs/spawns) to
