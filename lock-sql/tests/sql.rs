@@ -1746,7 +1746,7 @@ async fn mysql_share_procedures(url: &str) -> i64 {
     sqlx::query_scalar(
         "SELECT COUNT(*) FROM information_schema.ROUTINES \
          WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME IN \
-           ('locksmith_locks_sacq1', 'locksmith_locks_sext1')",
+           ('locksmith_locks_sacq2', 'locksmith_locks_sext2')",
     )
     .fetch_one(&mut c)
     .await

@@ -64,6 +64,10 @@ const CASES: &[(&str, &str)] = &[
         "zk://127.0.0.1:1/app?session_timeout=4000&digest=u:hunter2",
         "session_timeout",
     ),
+    (
+        "zks://127.0.0.1:1/app?ca=/etc/ca.pem&digset=u:hunter2",
+        "digset",
+    ),
     ("etcd://u:hunter2@127.0.0.1:1?timeout=500", "timeout"),
     ("etcds://127.0.0.1:1?ca_file=/etc/ca.pem", "ca_file"),
 ];

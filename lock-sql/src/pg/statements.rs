@@ -200,10 +200,14 @@ impl Sql {
                 wait_fenced: format!("{wait_head} {}", taken("l", &wait_cond, "$4")),
                 wait_unfenced: format!("{wait_head} {}", uncounted("l", &wait_cond, "$4")),
                 unlock: if interop {
-                    // sqlx's key and the default layout's (`$2`: the name).
+                    // The default layout's key (`$2`: the name), then sqlx's (operands are
+                    // evaluated left to right). The other way round, the next interop waiter,
+                    // queued on sqlx's key, woke while this holder still had the default key,
+                    // found it taken, gave its place up and queued again last
+                    // (`postgres-interop-sqlx::fifo_order` served [1, 2, ..., 7, 0]).
                     format!(
-                        "SELECT pg_advisory_unlock({key})::int \
-                           + pg_advisory_unlock({})::int = 2 FROM (SELECT {}) g",
+                        "SELECT pg_advisory_unlock({})::int \
+                           + pg_advisory_unlock({key})::int = 2 FROM (SELECT {}) g",
                         exclusion::name_key("$2", t),
                         set_guard("'0'")
                     )
