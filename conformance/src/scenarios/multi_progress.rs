@@ -5,7 +5,7 @@
 //! canonical order, each with the backend's own wait.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use lockcore::{ErrorKind, Instant, LockName};
@@ -31,7 +31,9 @@ pub(super) async fn multi_lock_progresses_under_member_traffic(ctx: &Ctx) -> Out
     let (a, b) = (ctx.name("a"), ctx.name("b"));
     let opts = ctx.opts(ctx.ttl(Duration::from_secs(30)));
     let stop = Arc::new(AtomicBool::new(false));
-    let singles = Arc::new(AtomicU64::new(0));
+    // The count of single acquisitions, watched: a round waits for it to move, not polls.
+    let (singles, _) = tokio::sync::watch::channel(0u64);
+    let singles = Arc::new(singles);
     let mut traffic = Vec::new();
     for i in 0..TRAFFIC {
         let client = ctx.client().await?;
@@ -40,7 +42,7 @@ pub(super) async fn multi_lock_progresses_under_member_traffic(ctx: &Ctx) -> Out
         traffic.push(tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 let g = client.lock(name.clone(), &opts).await?;
-                singles.fetch_add(1, Ordering::SeqCst);
+                singles.send_modify(|n| *n += 1);
                 // A short critical section: the others queue on the name meanwhile.
                 tokio::time::sleep(HOLD).await;
                 g.release().await?;
@@ -65,7 +67,7 @@ async fn rounds(
     ctx: &Ctx,
     names: &[LockName],
     opts: &lockcore::LockOptions,
-    singles: &AtomicU64,
+    singles: &tokio::sync::watch::Sender<u64>,
     rounds: usize,
 ) -> Outcome {
     let set_client = ctx.client().await?;
@@ -73,20 +75,20 @@ async fn rounds(
     let set_opts = opts.clone().wait_timeout(bound);
     let mut slowest = Duration::ZERO;
     for round in 1..=rounds {
-        let seen = singles.load(Ordering::SeqCst);
-        let give_up = Instant::now() + ctx.bound(Duration::from_secs(10));
-        while singles.load(Ordering::SeqCst) < seen + 8 {
-            if Instant::now() >= give_up {
-                return Err(format!(
-                    "round {round}: the traffic on the members made {} acquisitions in {:?} \
-                     (8 needed before the round)",
-                    singles.load(Ordering::SeqCst) - seen,
-                    ctx.bound(Duration::from_secs(10))
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
+        let seen = *singles.borrow();
+        let wait = ctx.bound(Duration::from_secs(10));
+        let mut moved = singles.subscribe();
+        if tokio::time::timeout(wait, moved.wait_for(|n| *n >= seen + 8))
+            .await
+            .is_err()
+        {
+            return Err(format!(
+                "round {round}: the traffic on the members made {} acquisitions in {wait:?} \
+                 (8 needed before the round)",
+                *singles.borrow() - seen
+            ));
         }
-        let before = singles.load(Ordering::SeqCst);
+        let before = *singles.borrow();
         let started = Instant::now();
         let set = match set_client.lock_all(names.to_vec(), &set_opts).await {
             Ok(set) => set,
@@ -95,7 +97,7 @@ async fn rounds(
                     "round {round}: lock_all did not get its set of {} within {bound:?} while \
                      other clients made {} single acquisitions of its members: the set starved",
                     names.len(),
-                    singles.load(Ordering::SeqCst) - before
+                    *singles.borrow() - before
                 ));
             }
             Err(e) => return Err(format!("round {round}: lock_all: {e}")),
