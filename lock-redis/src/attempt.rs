@@ -10,7 +10,7 @@ use lockcore::{Instant, LockMode, Result};
 
 use crate::client::Inner;
 use crate::conn::Conn;
-use crate::exclusive::{Asker, acquire_queued};
+use crate::exclusive::{Asker, GrantAsk, acquire_queued};
 use crate::keys::Keys;
 use crate::node::{AcquireWith, NodeAttempt, Replicas};
 use crate::queue;
@@ -23,6 +23,8 @@ pub(crate) enum Attempt {
         pttl: Option<Duration>,
         /// This waiter is the head of the name's queue (see [`queue`]).
         head: bool,
+        /// When the refused request was sent: a grant made after it counts from here.
+        sent_at: Instant,
     },
 }
 
@@ -32,12 +34,15 @@ impl Inner {
     /// (compare-and-delete: it frees nothing that is not this attempt's), so nothing is left
     /// held until its TTL.
     /// `waits`: the attempt belongs to a waiting `lock()`, whose writer marks itself as waiting
-    /// behind shared holders (see [`shares`]); a `try_lock` marks nothing.
+    /// behind shared holders (see [`shares`]); a `try_lock` marks nothing. `grant`: the
+    /// number of this attempt of a waiter that asks to be granted the lock by a release
+    /// (`handover=grant`, see [`Inner::grants`]).
     pub(crate) async fn attempt(
         self: &Arc<Self>,
         req: &AcquireRequest,
         keys: &Keys,
         waits: bool,
+        grant: Option<u64>,
     ) -> Result<Attempt> {
         let mut behind = self.lease(req, None);
         behind.behind_attempt = true;
@@ -66,6 +71,7 @@ impl Inner {
                     ShareAttempt::Held { wait } => Attempt::Held {
                         pttl: wait,
                         head: false,
+                        sent_at,
                     },
                 })
         } else if let Some(wait_conn) = &self.wait_conn {
@@ -74,7 +80,7 @@ impl Inner {
         } else {
             let mut conn = self.node.conn();
             let sent_at = Instant::now();
-            self.run_acquire(&mut conn, req, keys, waits)
+            self.run_acquire(&mut conn, req, keys, waits, grant)
                 .await
                 .map(|attempt| self.outcome(req, attempt, sent_at))
         };
@@ -88,6 +94,7 @@ impl Inner {
         req: &AcquireRequest,
         keys: &Keys,
         waits: bool,
+        grant: Option<u64>,
     ) -> Result<(NodeAttempt, Option<u64>)> {
         match self.interop {
             Some(peer) => Ok((
@@ -97,7 +104,11 @@ impl Inner {
             )),
             None => {
                 let (token, holder) = (req.token.to_hex(), req.holder.encode());
-                let with = self.exclusive_with(req, waits, None);
+                let mut with = self.exclusive_with(req, waits, None);
+                with.grant = grant.filter(|_| waits).map(|attempt| GrantAsk {
+                    attempt,
+                    claim: self.claim(req),
+                });
                 acquire_queued(conn, keys, asker(req, &token, &holder), with)
                     .await
                     .map(|(attempt, _, position)| (attempt, position))
@@ -125,6 +136,7 @@ impl Inner {
             replicas,
             beside_shares: Some(slack),
             queue: Some(self.queue_entry(waits)),
+            grant: None,
         }
     }
 
@@ -141,6 +153,7 @@ impl Inner {
             NodeAttempt::Held { pttl } => Attempt::Held {
                 pttl,
                 head: position == Some(0),
+                sent_at,
             },
         }
     }

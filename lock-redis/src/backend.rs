@@ -237,7 +237,7 @@ impl Backend for RedisBackend {
     /// Cancel safety: a dropped attempt may have taken the lock; it then frees after `req.ttl`.
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Acquired>> {
         let keys = self.keys(&req.name);
-        match self.inner.attempt(req, &keys, false).await? {
+        match self.inner.attempt(req, &keys, false, None).await? {
             Attempt::Won(a) => Ok(Some(a)),
             Attempt::Held { .. } => Ok(None),
         }

@@ -8,6 +8,7 @@ use lockcore::backend::AcquireRequest;
 use lockcore::{Capabilities, LockMode, LockName};
 
 use crate::batch::Renewals;
+use crate::config::Handover;
 use crate::conn::Conn;
 use crate::interop::Interop;
 use crate::keys::Keys;
@@ -62,6 +63,23 @@ impl Inner {
     /// waiters but take no place in the order).
     pub(crate) fn queues(&self, req: &AcquireRequest) -> bool {
         self.interop.is_none() && req.mode == LockMode::Exclusive
+    }
+
+    /// Whether a release of this client grants the lock to the queue's head, and its waiters
+    /// ask to be granted it (`handover=grant`; locksmith's own layout without `min_replicas`,
+    /// whose grants would not be `WAIT`ed for).
+    pub(crate) fn grants(&self) -> bool {
+        self.interop.is_none()
+            && self.wait_conn.is_none()
+            && self.node.config().handover == Handover::Grant
+    }
+
+    /// The TTL a release gives the lock it grants to `req`'s waiter: short, so that a waiter
+    /// that crashed while queued or once granted holds the name up for this long at most (as
+    /// long as a dead queue entry, `queue_entry_ttl`), and longer than the safety poll, which
+    /// finds a grant whose message was lost (the waiter's own token holds: a win).
+    pub(crate) fn claim(&self, req: &AcquireRequest) -> Duration {
+        req.ttl.min(node::queue_entry_ttl(self.node.config().poll))
     }
 
     /// The connection the exclusive attempts of this client go through (the `WAIT` one with

@@ -92,6 +92,35 @@ pub struct Config {
     /// `interop=redisson`); `None`: locksmith's own.
     #[serde(default)]
     pub interop: Option<crate::Interop>,
+    /// How a release hands the lock to the next exclusive waiter (`handover=grant` or
+    /// `handover=wake`; see [`Handover`]).
+    #[serde(default)]
+    pub handover: Handover,
+}
+
+/// How a release hands the exclusive lock to the queue's head (locksmith's own layout; under
+/// `interop=` and with `min_replicas` a release always wakes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Deserialize)]
+#[non_exhaustive]
+pub enum Handover {
+    /// The release publishes a wake-up naming the head, which then sends an acquire: two trips.
+    #[default]
+    #[serde(rename = "wake")]
+    Wake,
+    /// The release script gives the lock to the head itself, with a short claim TTL, and
+    /// publishes the grant; the head holds as soon as it arrives (one trip), and its renewal
+    /// extends the claim to the lease's TTL (see the `queue` module).
+    #[serde(rename = "grant")]
+    Grant,
+}
+
+impl fmt::Display for Handover {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Handover::Wake => "wake",
+            Handover::Grant => "grant",
+        })
+    }
 }
 
 fn default_replica_timeout() -> Duration {
@@ -126,6 +155,7 @@ const URL_PARAMS: &[&str] = &[
     "connect_timeout_ms",
     "response_timeout_ms",
     "interop",
+    "handover",
 ];
 
 /// How errors name the URL (never quoting it: it may carry a password).
@@ -391,6 +421,9 @@ impl Config {
         if let Some(peer) = self.interop {
             out.push_str(&format!("&interop={peer}"));
         }
+        if self.handover != Handover::default() {
+            out.push_str(&format!("&handover={}", self.handover));
+        }
         out
     }
 }
@@ -477,6 +510,24 @@ mod tests {
             let e = Config::parse(url).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{url}");
         }
+    }
+
+    #[test]
+    fn handover_from_url_and_file() {
+        assert_eq!(
+            Config::parse("redis://h").unwrap().handover,
+            Handover::default()
+        );
+        let url = Config::parse("redis://h?handover=grant").unwrap();
+        assert_eq!(url.handover, Handover::Grant);
+        assert_eq!(
+            Config::parse("redis://h?handover=wake").unwrap().handover,
+            Handover::Wake
+        );
+        assert!(Config::parse("redis://h?handover=fast").is_err());
+        let file: Config =
+            serde_json::from_str(r#"{"nodes": ["h"], "handover": "grant"}"#).unwrap();
+        assert_eq!(file.handover, Handover::Grant);
     }
 
     #[test]

@@ -183,6 +183,18 @@ pub struct AcquireWith {
     /// goes to the queue's head only (or to anyone while it is empty), and a loser joins it
     /// with an entry of this TTL (zero: a `try_lock`, which does not join).
     pub queue: Option<Duration>,
+    /// `handover=grant` (only with `queue`): a loser that joins the queue asks for the lock to
+    /// be granted to it by the release (see `queue`).
+    pub grant: Option<GrantAsk>,
+}
+
+/// What a queued waiter leaves for a release to grant it the lock (`handover=grant`).
+#[derive(Clone, Copy, Debug)]
+pub struct GrantAsk {
+    /// The number of this attempt of the waiter (the grant names it back).
+    pub attempt: u64,
+    /// The TTL the release gives the granted lock, until the waiter's renewal extends it.
+    pub claim: Duration,
 }
 
 /// Who asks for the lock, and for how long.
@@ -234,6 +246,7 @@ pub(crate) async fn acquire_queued(
         replicas,
         beside_shares,
         queue,
+        grant,
     } = with;
     let queue = queue.filter(|_| beside_shares.is_some());
     let share_keys = beside_shares.map(|_| ShareKeys::of(keys));
@@ -248,12 +261,20 @@ pub(crate) async fn acquire_queued(
     let ttl = ttl_ms(ttl).to_string();
     let slack = beside_shares.map(|d| d.as_millis().to_string());
     let entry = queue.map(|d| d.as_millis().to_string());
+    let grant = grant
+        .filter(|_| entry.is_some())
+        .map(|g| (g.attempt.to_string(), ttl_ms(g.claim).to_string()));
     let mut args = vec![token, ttl.as_str(), holder];
     let script = match (&slack, &entry) {
         (Some(slack), Some(entry)) => {
             args.push(slack);
             args.push(entry);
             args.push(if counted { "1" } else { "0" });
+            if let (Some((attempt, claim)), Some(sk)) = (&grant, &share_keys) {
+                key_list.push(&sk.grants);
+                args.push(attempt);
+                args.push(claim);
+            }
             ACQUIRE_QUEUED.get()
         }
         (Some(slack), None) => {

@@ -55,6 +55,9 @@ pub(crate) struct ShareKeys {
     pub(crate) queue: String,
     /// The same waiters: owner token → when the entry expires (server ms).
     pub(crate) queue_exp: String,
+    /// What a release needs to grant the lock to a queued waiter (`handover=grant`): owner
+    /// token → `"<attempt> <claim ms> <fencing 0|1> <holder metadata>"` (see `queue`).
+    pub(crate) grants: String,
 }
 
 impl ShareKeys {
@@ -66,6 +69,7 @@ impl ShareKeys {
             writer: format!("{base}:writer"),
             queue: format!("{base}:queue"),
             queue_exp: format!("{base}:queuexp"),
+            grants: format!("{base}:grants"),
         }
     }
 
@@ -105,7 +109,14 @@ mod tests {
         let keys = Keys::new("ns", &LockName::new("a/b").unwrap());
         let s = ShareKeys::of(&keys);
         let tag = format!("{{{}}}", keys.tag);
-        for k in [&s.shares, &s.info, &s.writer, &s.queue, &s.queue_exp] {
+        for k in [
+            &s.shares,
+            &s.info,
+            &s.writer,
+            &s.queue,
+            &s.queue_exp,
+            &s.grants,
+        ] {
             assert!(k.contains(&tag), "{k}");
         }
     }

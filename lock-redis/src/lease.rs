@@ -166,7 +166,10 @@ impl Lease for RedisLease {
         let held = match self.inner.interop {
             _ if self.share => shares::release(&mut conn, &keys, &owner).await?,
             Some(peer) => peer.release(&mut conn, &keys, &owner).await?,
-            None => queue::release(&mut conn, &keys, &owner).await?,
+            None => {
+                let grant = self.inner.grants();
+                queue::release_handing_over(&mut conn, &keys, &owner, grant).await?
+            }
         };
         if held { Ok(()) } else { Err(not_held()) }
     }

@@ -162,6 +162,6 @@ mod wait;
 
 pub use crate::backend::RedisBackend;
 pub use crate::capabilities::script_family;
-pub use crate::config::Config;
+pub use crate::config::{Config, Handover};
 pub use crate::interop::Interop;
 pub use crate::registration::REGISTRATION;

@@ -138,13 +138,15 @@ redis.call('PEXPIREAT', KEYS[8], last[2])
 pub(crate) use keep_entry_lua;
 
 /// `local function out_of_line()`: takes the token `ARGV[1]` out of the queue `KEYS[7..8]`
-/// (a waiter that won; `queue_live` must say whether the queue exists).
+/// and, where given, out of the grants `KEYS[9]` (a waiter that won; `queue_live` must say
+/// whether the queue exists).
 macro_rules! out_of_line_lua {
     () => {
         r"
 local function out_of_line()
   if queue_live and redis.call('ZREM', KEYS[7], ARGV[1]) == 1 then
     redis.call('ZREM', KEYS[8], ARGV[1])
+    if KEYS[9] then redis.call('HDEL', KEYS[9], ARGV[1]) end
   end
 end
 "

@@ -29,8 +29,8 @@ pub use crate::conn::Conn;
 use crate::conn::{Factory, PubSubOpener};
 pub use crate::error::map_err;
 pub use crate::exclusive::{
-    AcquireWith, acquire, acquire_replicated, bare_cycle, extend, extend_many, extend_replicated,
-    revoke, revoke_with_shares,
+    AcquireWith, GrantAsk, acquire, acquire_replicated, bare_cycle, extend, extend_many,
+    extend_replicated, revoke, revoke_with_shares,
 };
 pub use crate::grant::NodeAttempt;
 pub use crate::keys::Keys;
@@ -45,7 +45,7 @@ pub use crate::shares::{
     acquire_share, extend_share, inspect_shares, release_share_announced, writer_mark_ttl,
 };
 pub use crate::subs::RELEASED;
-pub use crate::subs::{Channel, ExpiryWatch, QueuedWake, Subscriptions, Waiting};
+pub use crate::subs::{Channel, ExpiryWatch, Granted, QueuedWake, Subscriptions, Waiting};
 
 /// A connected client of one Redis server (or cluster): the command connection and the pub/sub
 /// side, from one [`Config`]. Clones share both.

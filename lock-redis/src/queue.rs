@@ -52,7 +52,11 @@ use crate::subs::RELEASED;
 /// waiting writer, queue, queue expiries. ARGV: token, TTL ms, holder metadata, the writer
 /// mark's slack ms (see the `shares` module), the queue entry's TTL ms (0: a `try_lock`,
 /// which never joins the queue), `ARGV[6]` `0` when no fencing token is wanted (the counter is
-/// left alone and the fence reported is 0; absent or anything else: the counter moves). Returns
+/// left alone and the fence reported is 0; absent or anything else: the counter moves); with
+/// `handover=grant`, `KEYS[9]` the grants, `ARGV[7]` the number of this attempt of its waiter
+/// and `ARGV[8]` the claim TTL ms: a waiting attempt that queues leaves there what a release
+/// needs to grant it the lock (see [`RELEASE`]), naming the attempt, so that the grant tells
+/// its waiter which refused attempt it came after. Returns
 /// `{1, fence, 0}`, `{0, pttl or -3, position}`
 /// (position in the queue, 0 the head, -1 not queued) or `{-1, 0, -1}` (held as a semaphore).
 ///
@@ -92,6 +96,11 @@ local function in_line()
     keep_entry_lua!("qnow + qttl"),
     r"
     redis.call('PEXPIREAT', KEYS[7], last[2])
+    if KEYS[9] then
+      local fenced = ARGV[6] == '0' and ' 0 ' or ' 1 '
+      redis.call('HSET', KEYS[9], ARGV[1], ARGV[7] .. ' ' .. ARGV[8] .. fenced .. ARGV[3])
+      redis.call('PEXPIREAT', KEYS[9], last[2])
+    end
   end
   return redis.call('ZRANK', KEYS[7], ARGV[1]) or -1
 end
@@ -125,35 +134,76 @@ return {1, fence, 0}
 "
 ));
 
-/// Compare-and-delete that wakes the queue's head (KEYS: lock, holder, queue, queue expiries;
-/// ARGV: token, channel, `PUBLISH` or `SPUBLISH`).
+/// Compare-and-delete that hands the lock on (KEYS: lock, holder, queue, queue expiries, and
+/// with `handover=grant` the fencing counter and the grants; ARGV: token, channel, `PUBLISH` or
+/// `SPUBLISH`). With a live head that left what a grant needs (its last attempt's number, the
+/// claim TTL, whether it wants a fencing token, its holder metadata: see [`ACQUIRE_QUEUED`]),
+/// the lock goes to the head at once, as the acquire script would give it (lock and holder
+/// keys with the claim TTL, the counter moved), the head leaves the queue, and
+/// `g:<head> <attempt> <fence>` is published (only that waiter acts). Else `q:<head>` wakes the
+/// head to attempt, or `released` when nobody queues.
 static RELEASE: LuaScript = LuaScript::new(concat!(
     r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2])
+local head, qt, qnow = nil, nil, nil
+if redis.call('EXISTS', KEYS[4]) == 1 then
 ",
-    announce_lua!("KEYS[3]", "KEYS[4]", "ARGV[3]", "ARGV[2]", "'released'"),
+    prune_queue_lua!("KEYS[3]", "KEYS[4]"),
     r"
+  head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+end
+if not head then
+  redis.call(ARGV[3], ARGV[2], 'released')
+  return 1
+end
+local info = KEYS[6] and redis.call('HGET', KEYS[6], head)
+if not info then
+  redis.call(ARGV[3], ARGV[2], 'q:' .. head)
+  return 1
+end
+local attempt, claim, fenced, meta = string.match(info, '^(%d+) (%d+) (%d) (.*)$')
+redis.call('SET', KEYS[1], head, 'PX', claim)
+redis.call('SET', KEYS[2], head .. ' ' .. meta, 'PX', claim)
+local fence = 0
+if fenced == '1' then
+  local now_us = tonumber(qt[1]) * 1000000 + tonumber(qt[2])
+  fence = math.max(tonumber(redis.call('GET', KEYS[5]) or '0') + 1, now_us)
+  redis.call('SET', KEYS[5], string.format('%d', fence))
+end
+redis.call('ZREM', KEYS[3], head)
+redis.call('ZREM', KEYS[4], head)
+redis.call('HDEL', KEYS[6], head)
+redis.call(ARGV[3], ARGV[2], 'g:' .. head .. ' ' .. attempt .. ' ' .. string.format('%d', fence))
 return 1
 "
 ));
 
-/// A waiter leaves the queue (KEYS: lock, queue, queue expiries, shares; ARGV: token, channel,
-/// `PUBLISH` or `SPUBLISH`). When it was the head of a lock nobody holds, the next head is
-/// told (a release may have named the leaver). Returns whether it was queued (or counted).
+/// A waiter leaves the queue (KEYS: lock, queue, queue expiries, shares, holder, grants; ARGV:
+/// token, channel, `PUBLISH` or `SPUBLISH`). When it was the head of a lock nobody holds, the
+/// next head is told (a release may have named the leaver). When a release granted it the lock
+/// meanwhile (`handover=grant`: the lock holds its token), the grant is given back: the lock
+/// is deleted and the next head told. Returns whether it was queued (or counted, or granted).
 static LEAVE: LuaScript = LuaScript::new(concat!(
     r"
 local counted = redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[6], ARGV[1])
+local granted = redis.call('GET', KEYS[1]) == ARGV[1]
+if granted then redis.call('DEL', KEYS[1], KEYS[5]) end
 local rank = redis.call('ZRANK', KEYS[2], ARGV[1])
-if not rank then return counted end
-redis.call('ZREM', KEYS[2], ARGV[1])
-if rank == 0 and redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[4]) == 0 then
+if not rank and not granted then return counted end
+if rank then redis.call('ZREM', KEYS[2], ARGV[1]) end
+if (granted or rank == 0) and redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[4]) == 0 then
   local qt, qnow
 ",
     prune_queue_lua!("KEYS[2]", "KEYS[3]"),
     r"
   local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-  if head then redis.call(ARGV[3], ARGV[2], 'q:' .. head) end
+  if head then
+    redis.call(ARGV[3], ARGV[2], 'q:' .. head)
+  elseif granted then
+    redis.call(ARGV[3], ARGV[2], 'released')
+  end
 end
 return 1
 "
@@ -299,10 +349,31 @@ pub fn queue_entry_ttl(poll: Duration) -> Duration {
 ///
 /// Cancel safety: dropping the future may or may not have released the lock.
 pub(crate) async fn release(conn: &mut Conn, keys: &Keys, token: &str) -> Result<bool> {
+    release_handing_over(conn, keys, token, false).await
+}
+
+/// [`release`]; with `grant` (`handover=grant`), a queued head that asked for grants gets the
+/// lock from the release script itself (see [`RELEASE`]).
+///
+/// Cancel safety: as [`release`].
+pub(crate) async fn release_handing_over(
+    conn: &mut Conn,
+    keys: &Keys,
+    token: &str,
+    grant: bool,
+) -> Result<bool> {
     let sk = ShareKeys::of(keys);
-    let key_list = [&*keys.lock, &keys.holder, &sk.queue, &sk.queue_exp];
+    let all = [
+        &*keys.lock,
+        &keys.holder,
+        &sk.queue,
+        &sk.queue_exp,
+        &keys.fence,
+        &sk.grants,
+    ];
+    let key_list = if grant { &all[..] } else { &all[..4] };
     let args = [token, &keys.channel, publish_command(conn)];
-    run_flag(conn, &RELEASE, &key_list, &args, "release script failed").await
+    run_flag(conn, &RELEASE, key_list, &args, "release script failed").await
 }
 
 /// Takes `token` out of the queue of waiters of `keys` (see [`acquire_waiting`]), waking the
@@ -314,7 +385,14 @@ pub(crate) async fn release(conn: &mut Conn, keys: &Keys, token: &str) -> Result
 /// `Unavailable` or `Backend` when the server fails.
 pub async fn leave_queue(conn: &mut Conn, keys: &Keys, token: &str) -> Result<bool> {
     let sk = ShareKeys::of(keys);
-    let key_list = [&*keys.lock, &sk.queue, &sk.queue_exp, &sk.shares];
+    let key_list = [
+        &*keys.lock,
+        &sk.queue,
+        &sk.queue_exp,
+        &sk.shares,
+        &keys.holder,
+        &sk.grants,
+    ];
     let args = [token, &keys.channel, publish_command(conn)];
     let what = "leaving the waiters' queue failed";
     run_flag(conn, &LEAVE, &key_list, &args, what).await

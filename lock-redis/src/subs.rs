@@ -17,6 +17,26 @@ pub const RELEASED: &str = "released";
 /// module, whose scripts publish it).
 pub(crate) const HEAD_PREFIX: &str = "q:";
 
+/// What a grant starts with (`g:<owner token> <attempt> <fence>`; see the `queue` module's
+/// release script): the lock is the named waiter's already.
+pub(crate) const GRANT_PREFIX: &str = "g:";
+
+/// A grant received for a queued waiter (see [`QueuedWake::take_grant`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Granted {
+    /// The number of the waiter's attempt the grant came after (the last one that queued it).
+    pub attempt: u64,
+    /// The fencing counter's value the release moved to (0 when no token was asked for).
+    pub fence: u64,
+}
+
+/// A queued waiter's wake-up, and the grant that came with it.
+#[derive(Debug, Default)]
+struct QueuedSlot {
+    notify: Notify,
+    grant: Mutex<Option<Granted>>,
+}
+
 /// The waiters of one channel in this client.
 #[derive(Debug, Default)]
 pub struct Channel {
@@ -43,32 +63,36 @@ pub struct Channel {
     /// The waiters of this client that are in the name's server-side queue, by owner token
     /// (see the `queue` module): a release names the queue's head (`q:<token>`), and only that
     /// waiter is woken, not one per client.
-    queued: Mutex<HashMap<String, Arc<Notify>>>,
+    queued: Mutex<HashMap<String, Arc<QueuedSlot>>>,
 }
 
 impl Channel {
     fn register_queued(self: &Arc<Self>, token: &str) -> QueuedWake {
-        let notify = Arc::new(Notify::new());
+        let slot = Arc::new(QueuedSlot::default());
         self.queued
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(token.to_owned(), notify.clone());
+            .insert(token.to_owned(), slot.clone());
         QueuedWake {
             channel: self.clone(),
             token: token.to_owned(),
-            notify,
+            slot,
         }
     }
 
-    /// Wakes the queued waiter `token` if it is this client's.
-    fn wake_queued(&self, token: &str) {
-        if let Some(n) = self
+    /// Wakes the queued waiter `token` if it is this client's, handing it `grant` if the
+    /// message was one.
+    fn wake_queued(&self, token: &str, grant: Option<Granted>) {
+        if let Some(slot) = self
             .queued
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(token)
         {
-            n.notify_one();
+            if grant.is_some() {
+                *slot.grant.lock().unwrap_or_else(|e| e.into_inner()) = grant;
+            }
+            slot.notify.notify_one();
         }
     }
 
@@ -80,7 +104,7 @@ impl Channel {
             .unwrap_or_else(|e| e.into_inner())
             .values()
         {
-            n.notify_one();
+            n.notify.notify_one();
         }
     }
 
@@ -161,13 +185,24 @@ impl Drop for ExpiryWatch<'_> {
 pub struct QueuedWake {
     channel: Arc<Channel>,
     token: String,
-    notify: Arc<Notify>,
+    slot: Arc<QueuedSlot>,
 }
 
 impl QueuedWake {
     /// Woken when a message names this waiter as the queue's head, or after a resubscription.
     pub fn notify(&self) -> &Notify {
-        &self.notify
+        &self.slot.notify
+    }
+
+    /// The last grant received for this waiter since the last call (`handover=grant`), if
+    /// any. A grant may be stale (it came before a later refused attempt): the waiter compares
+    /// [`Granted::attempt`] with its attempts.
+    pub fn take_grant(&self) -> Option<Granted> {
+        self.slot
+            .grant
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 }
 
@@ -180,7 +215,7 @@ impl Drop for QueuedWake {
             .unwrap_or_else(|e| e.into_inner());
         if queued
             .get(&self.token)
-            .is_some_and(|n| Arc::ptr_eq(n, &self.notify))
+            .is_some_and(|n| Arc::ptr_eq(n, &self.slot))
         {
             queued.remove(&self.token);
         }
@@ -247,8 +282,17 @@ impl Registry {
             })
         };
         // A release that names the queue's head: `q:<token>` (a single node), or
-        // `<release> q:<token>` (a Redlock master, whose release names itself too).
+        // `<release> q:<token>` (a Redlock master, whose release names itself too); or one
+        // that granted the lock to it, `g:<token> <attempt> <fence>`.
+        let mut grant = None;
         let (release, head) = match raw {
+            Some(m) if m.starts_with(GRANT_PREFIX) => match parse_grant(&m[GRANT_PREFIX.len()..]) {
+                Some((head, g)) => {
+                    grant = Some(g);
+                    (None, Some(head))
+                }
+                None => (None, None),
+            },
             Some(m) => match m.strip_prefix(HEAD_PREFIX) {
                 Some(head) => (None, Some(head)),
                 None => match m.split_once(" q:") {
@@ -270,7 +314,7 @@ impl Registry {
             if let Some(head) = head {
                 // Only the queue's head acts on it (no herd): every other waiter, here and in
                 // every other client, sleeps on.
-                entry.channel.wake_queued(head);
+                entry.channel.wake_queued(head, grant);
             } else if wake_all {
                 entry.channel.notify.notify_waiters();
                 entry.channel.readers.notify_waiters();
@@ -283,6 +327,17 @@ impl Registry {
             }
         }
     }
+}
+
+/// `<token> <attempt> <fence>`, the rest of a grant message.
+fn parse_grant(rest: &str) -> Option<(&str, Granted)> {
+    let mut parts = rest.split(' ');
+    let (head, attempt, fence) = (parts.next()?, parts.next()?, parts.next()?);
+    let granted = Granted {
+        attempt: attempt.parse().ok()?,
+        fence: fence.parse().ok()?,
+    };
+    Some((head, granted))
 }
 
 /// The pub/sub side of one client: one RESP3 pub/sub connection (opened on the first

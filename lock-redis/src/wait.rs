@@ -12,6 +12,7 @@ use crate::attempt::Attempt;
 use crate::client::Inner;
 use crate::node::ExpiryWatch;
 use crate::queue;
+use crate::subs::Granted;
 
 impl Inner {
     /// The waiting `acquire` of [`RedisBackend`](crate::RedisBackend): see its docs for whom a
@@ -41,10 +42,19 @@ impl Inner {
             }
             Ok(Some(a))
         };
+        // handover=grant: attempts are numbered, and the last refused one (its number, its
+        // send) is what a grant is judged by (see `Inner::granted`).
+        let grants = queued && self.grants();
+        let mut sent = 0_u64;
+        let mut number = || {
+            sent += 1;
+            grants.then_some(sent)
+        };
         // Uncontended fast path: no subscription round trip when the lock is free.
-        let mut pttl = match self.attempt(req, &keys, true).await? {
+        let first = number();
+        let (mut pttl, mut refused) = match self.attempt(req, &keys, true, first).await? {
             Attempt::Won(a) => return won(a, in_queue),
-            Attempt::Held { pttl, .. } => pttl,
+            Attempt::Held { pttl, sent_at, .. } => (pttl, first.map(|n| (n, sent_at))),
         };
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(None);
@@ -57,7 +67,7 @@ impl Inner {
                 // each attempt keeps its queue entry alive (the backoff stays below its TTL).
                 let backoff = Backoff::for_ttl(req.ttl);
                 let got = poll_attempts(req, deadline, &backoff, || async {
-                    Ok(match self.attempt(req, &keys, true).await? {
+                    Ok(match self.attempt(req, &keys, true, None).await? {
                         Attempt::Won(a) => Some(a),
                         Attempt::Held { .. } => None,
                     })
@@ -75,6 +85,14 @@ impl Inner {
         let poll = self.node.config().poll;
         let mut expiry = ExpiryWatch::new(waiting.channel());
         loop {
+            // A grant that came after the last refused attempt: the lock is this waiter's.
+            if let (Some(h), Some(last)) = (&head_wake, refused)
+                && let Some(g) = h.take_grant()
+                && let Some(a) = self.granted(req, g, last)
+            {
+                expiry.won();
+                return won(a, in_queue);
+            }
             // Registered before the attempt: a release published while it is in flight wakes us.
             // Readers on their own notify: a release wakes all of them, not one per client.
             let notified = if req.mode == LockMode::Shared {
@@ -85,13 +103,19 @@ impl Inner {
             tokio::pin!(notified);
             notified.as_mut().enable();
             // Subscribed now: this attempt sees any release that came before the subscription.
-            let head = match self.attempt(req, &keys, true).await? {
+            let n = number();
+            let head = match self.attempt(req, &keys, true, n).await? {
                 Attempt::Won(a) => {
                     expiry.won();
                     return won(a, in_queue);
                 }
-                Attempt::Held { pttl: p, head } => {
+                Attempt::Held {
+                    pttl: p,
+                    head,
+                    sent_at,
+                } => {
                     pttl = p.or(pttl);
+                    refused = n.map(|n| (n, sent_at));
                     head
                 }
             };
@@ -129,5 +153,34 @@ impl Inner {
                 _ = tokio::time::sleep_until(wake) => {}
             }
         }
+    }
+}
+
+impl Inner {
+    /// The lease a grant gives (`handover=grant`): the release that granted it ran after the
+    /// waiter's last refused attempt `(number, sent)` reached the server (the grant names the
+    /// attempt that last queued the waiter; a grant naming an earlier one came before a later
+    /// refusal, so its claim is gone: ignored). The claim's validity therefore counts from
+    /// that attempt's send, on this client's clock alone. `None` when the grant is stale, or
+    /// when it is too old to hold on (less than a third of the claim left) or the lease is not
+    /// renewed in the background (its validity would be the claim's): the waiter then
+    /// attempts again, which wins on its own token and extends it to the TTL (one round
+    /// trip). The model of `tests/handover_model.rs` checks this rule.
+    fn granted(
+        self: &Arc<Self>,
+        req: &AcquireRequest,
+        grant: Granted,
+        (number, sent): (u64, Instant),
+    ) -> Option<Acquired> {
+        if grant.attempt != number || !req.renewed {
+            return None;
+        }
+        let claim = self.claim(req);
+        let valid_until = sent + claim.saturating_sub(self.caps.drift_margin(claim));
+        if valid_until.saturating_duration_since(Instant::now()) < claim / 3 {
+            return None;
+        }
+        let fence = req.fencing.wanted().then_some(grant.fence);
+        Some(Acquired::new(self.won_lease(req, fence), sent).with_granted_ttl(claim))
     }
 }

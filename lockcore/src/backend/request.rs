@@ -91,6 +91,12 @@ pub struct AcquireRequest {
     /// [`Backend::inspect`](super::Backend::inspect) then reports such a bare value as
     /// [`LockInfo::value`](crate::LockInfo::value). Other backends ignore it.
     pub campaign: bool,
+    /// Whether the lease will be renewed in the background (the options'
+    /// [`auto_renew`](crate::LockOptions::auto_renew)): a backend may then report a first
+    /// validity shorter than the TTL ([`Acquired::with_granted_ttl`](super::Acquired::with_granted_ttl)),
+    /// which the first renewal, due within that validity, extends to the TTL (a lock handed
+    /// over with a short claim, say). Without renewal it must give the TTL asked for.
+    pub renewed: bool,
 }
 
 impl AcquireRequest {
@@ -112,6 +118,7 @@ impl AcquireRequest {
             mode: LockMode::Exclusive,
             fencing: Fencing::IfAvailable,
             campaign: false,
+            renewed: false,
         }
     }
 }
@@ -147,4 +154,6 @@ with_fields! {
     with_waiting(waiting: WaitMark);
     /// The same request running its cleanup on `background`.
     with_background(background: Background);
+    /// The same request, renewed in the background or not (see [`AcquireRequest::renewed`]).
+    with_renewed(renewed: bool);
 }

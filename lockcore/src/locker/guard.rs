@@ -109,8 +109,14 @@ impl LockGuard {
         // The lost span and counter, once (a loss already reported runs it now).
         let hook: std::sync::Weak<GuardShared> = Arc::downgrade(&shared);
         shared.notifier.set_hook(hook);
+        // A first validity shorter than the TTL (a lock handed over with a short claim) is
+        // renewed within it, at the same fraction of it.
+        let first_renewal = renew.map(|r| {
+            let i = ttl.min(granted).mul_f64(r.fraction());
+            acquired.sent_at + i
+        });
         if let Some(watch) = &shared.watch {
-            watch.start(shared.clone(), interval.map(|i| acquired.sent_at + i));
+            watch.start(shared.clone(), first_renewal);
         }
         shared.notifier.hold_signal(signal);
         LockGuard {

@@ -667,6 +667,7 @@ impl Locker {
                 .with_waiting(WaitMark::on(self.inner.waiting.clone(), name))
                 .with_mode(options.mode_value())
                 .with_fencing(options.fencing_value())
+                .with_renewed(options.auto_renew_value().is_some())
                 .with_lost(notifier)
                 .with_background(self.inner.background.clone()),
             signal,
