@@ -32,6 +32,21 @@
 //!   while waiters queue), and a waiting `lock()` that loses joins or refreshes its entry in
 //!   the same script. A release publishes `q:<head token>`: only the head acts, so a hand-over
 //!   costs the release and one attempt however many clients wait (see `queue` in the source).
+//! * **Hand-over by grant** (`handover=grant`; locksmith's layout, not under `interop=` or
+//!   with `min_replicas`): a queued waiter's attempts also leave, in `…:grants`, its attempt's
+//!   number, a claim TTL (`min(ttl, poll_ms + 2 s)`), whether it wants a fencing token and its
+//!   holder metadata. The release script then gives the lock to the queue's live head as the
+//!   acquire script would (lock and holder keys with the claim TTL, the fencing counter moved),
+//!   takes it out of the queue and publishes `g:<head> <attempt> <fence>`: the head holds as
+//!   soon as the message arrives, one trip instead of a wake-up and an attempt. Its validity
+//!   counts from the send of the refused attempt the grant names (the grant ran after that
+//!   attempt reached the server; no clock agreement), and its first renewal (within a third of
+//!   the claim) extends it to the TTL. A grant naming an earlier attempt than the waiter's
+//!   last refused one is stale and ignored; a grant too old to hold on (or for a lease without
+//!   auto-renewal) is turned into an attempt, which wins on the waiter's own token. A lost
+//!   grant message is found the same way by the safety poll; a waiter that crashed while
+//!   queued or once granted holds the name for the claim TTL at most; a waiter that gives up
+//!   after a grant gives it back. `tests/handover_model.rs` model-checks the rule (stateright).
 //! * **Waiting** (`lock()`): one attempt; if held, subscribe to the lock's channel, attempt again
 //!   (so a release between the first attempt and the subscription is not missed), then sleep
 //!   until a release message naming this waiter as the queue's head (shares: any release
@@ -61,6 +76,7 @@
 //! | `connect_timeout_ms` | `2000` | connection timeout |
 //! | `response_timeout_ms` | `2000` | per-command response timeout |
 //! | `interop` | none | `redis-py` or `redisson`: keep locks on that client's layout (below) |
+//! | `handover` | `wake` | `grant`: a release gives the lock to the next exclusive waiter itself (below) |
 //!
 //! # Sharing locks with redis-py or Redisson (`interop=`)
 //!

@@ -236,6 +236,12 @@ impl Config {
                      quorum over these keys)"
                 )));
             }
+            if m.handover != lock_redis::Handover::default() {
+                return Err(bad(
+                    "`handover` does not apply to Redlock (a majority of votes hands a lock \
+                     over, not one master's release)",
+                ));
+            }
             if masters.iter().any(|n| n.nodes[0] == m.nodes[0]) {
                 return Err(bad(format_args!(
                     "node {} repeats an earlier node: each master must vote once",

@@ -131,7 +131,7 @@
 //! | URL | accepted query parameters |
 //! |---|---|
 //! | `memory://` | none |
-//! | `redis://`, `rediss://`, `redis+cluster://`, `rediss+cluster://`, `redis+sentinel://`, `rediss+sentinel://` | `namespace`, `min_replicas`, `replica_timeout_ms`, `tls_ca`, `poll_ms`, `connect_timeout_ms`, `response_timeout_ms`, `interop` |
+//! | `redis://`, `rediss://`, `redis+cluster://`, `rediss+cluster://`, `redis+sentinel://`, `rediss+sentinel://` | `namespace`, `min_replicas`, `replica_timeout_ms`, `tls_ca`, `poll_ms`, `connect_timeout_ms`, `response_timeout_ms`, `interop`, `handover` |
 //! | `postgres://`, `postgresql://` | `strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`; to sqlx: `sslmode`, `ssl-mode`, `sslrootcert`, `ssl-root-cert`, `ssl-ca`, `sslcert`, `ssl-cert`, `sslkey`, `ssl-key`, `statement-cache-capacity`, `host`, `hostaddr`, `port`, `dbname`, `user`, `password`, `application_name`, `options`, `options[NAME]` |
 //! | `mysql://`, `mariadb://` | `strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`; to sqlx: `sslmode`, `ssl-mode`, `sslca`, `ssl-ca`, `sslcert`, `ssl-cert`, `sslkey`, `ssl-key`, `charset`, `collation`, `statement-cache-capacity`, `socket`, `timezone`, `time-zone` |
 //! | `sqlite://` | `strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`; to sqlx: `mode`, `cache`, `immutable`, `vfs` |
