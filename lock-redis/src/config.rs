@@ -104,12 +104,12 @@ pub struct Config {
 #[non_exhaustive]
 pub enum Handover {
     /// The release publishes a wake-up naming the head, which then sends an acquire: two trips.
-    #[default]
     #[serde(rename = "wake")]
     Wake,
-    /// The release script gives the lock to the head itself, with a short claim TTL, and
-    /// publishes the grant; the head holds as soon as it arrives (one trip), and its renewal
-    /// extends the claim to the lease's TTL (see the `queue` module).
+    /// The default: the release script gives the lock to the head itself, with a short claim
+    /// TTL, and publishes the grant; the head holds as soon as it arrives (one trip), and its
+    /// renewal extends the claim to the lease's TTL (see the `queue` module).
+    #[default]
     #[serde(rename = "grant")]
     Grant,
 }
