@@ -103,13 +103,14 @@ pub struct Config {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Deserialize)]
 #[non_exhaustive]
 pub enum Handover {
-    /// The release publishes a wake-up naming the head, which then sends an acquire: two trips.
+    /// The default: the release publishes a wake-up naming the head, which then sends an
+    /// acquire (two trips).
+    #[default]
     #[serde(rename = "wake")]
     Wake,
-    /// The default: the release script gives the lock to the head itself, with a short claim
-    /// TTL, and publishes the grant; the head holds as soon as it arrives (one trip), and its
-    /// renewal extends the claim to the lease's TTL (see the `queue` module).
-    #[default]
+    /// Opt-in: the release script gives the lock to the head itself, with a short claim TTL,
+    /// and publishes the grant; the head holds as soon as it arrives, and its renewal extends
+    /// the claim to the lease's TTL (see the `queue` module).
     #[serde(rename = "grant")]
     Grant,
 }
