@@ -103,14 +103,13 @@ pub struct Config {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Deserialize)]
 #[non_exhaustive]
 pub enum Handover {
-    /// The default: the release publishes a wake-up naming the head, which then sends an
-    /// acquire (two trips).
-    #[default]
+    /// The release publishes a wake-up naming the head, which then sends an acquire: two trips.
     #[serde(rename = "wake")]
     Wake,
-    /// Opt-in: the release script gives the lock to the head itself, with a short claim TTL,
-    /// and publishes the grant; the head holds as soon as it arrives, and its renewal extends
-    /// the claim to the lease's TTL (see the `queue` module).
+    /// The default: the release script gives the lock to the head itself, with a short claim
+    /// TTL, and publishes the grant; the head holds as soon as it arrives (one trip), and its
+    /// renewal extends the claim to the lease's TTL (see the `queue` module).
+    #[default]
     #[serde(rename = "grant")]
     Grant,
 }

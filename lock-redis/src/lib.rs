@@ -30,10 +30,10 @@
 //!   server's `TIME`, a little past the waiter's next attempt). The acquire script gives a free
 //!   lock only to the queue's live head (anyone while it is empty: a `try_lock` is refused
 //!   while waiters queue), and a waiting `lock()` that loses joins or refreshes its entry in
-//!   the same script. A release publishes `q:<head token>` (or with `handover=grant`
-//!   grants the lock to the head, below): only the head acts, so a hand-over costs the release
-//!   and one attempt however many clients wait (see `queue` in the source).
-//! * **Hand-over by grant** (`handover=grant`, opt-in; locksmith's layout, not under `interop=` or
+//!   the same script. A release grants the lock to the head (below), or with
+//!   `handover=wake` publishes `q:<head token>`: only the head acts, so a hand-over costs the
+//!   release (and with `wake` one attempt) however many clients wait (see `queue` in the source).
+//! * **Hand-over by grant** (`handover=grant`, the default; locksmith's layout, not under `interop=` or
 //!   with `min_replicas`): a queued waiter's attempts also leave, in `…:grants`, its attempt's
 //!   number, a claim TTL (`min(ttl, poll_ms + 2 s)`), whether it wants a fencing token and its
 //!   holder metadata. The release script then gives the lock to the queue's live head as the
@@ -77,7 +77,7 @@
 //! | `connect_timeout_ms` | `2000` | connection timeout |
 //! | `response_timeout_ms` | `2000` | per-command response timeout |
 //! | `interop` | none | `redis-py` or `redisson`: keep locks on that client's layout (below) |
-//! | `handover` | `wake` | `wake`: a release wakes the next exclusive waiter, which then attempts; `grant` (opt-in): the release gives it the lock itself (below) |
+//! | `handover` | `grant` | `grant`: a release gives the lock to the next exclusive waiter itself (below); `wake`: it wakes that waiter, which then attempts |
 //!
 //! # Sharing locks with redis-py or Redisson (`interop=`)
 //!
