@@ -33,7 +33,7 @@ impl RevocationNotices {
 
     /// Registers a held lease: a notice naming `token` fires `lost`.
     pub(crate) fn watch(&self, token: u128, lost: LostNotifier) {
-        self.leases.watch(token, lost);
+        self.leases.watch(token, lost.reporter());
     }
 
     /// The lease of `token` is gone (released, lost or dropped).

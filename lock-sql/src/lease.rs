@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use lockcore::backend::{
-    AcquireRequest, Acquired, CallerGone, Lease, LostNotifier, RevocationWatch, Revocations,
+    AcquireRequest, Acquired, CallerGone, Lease, LostReporter, RevocationWatch, Revocations,
 };
 use lockcore::{Instant, LockName, OwnerToken, Result};
 
@@ -85,8 +85,9 @@ pub(crate) struct SqlLease<S> {
 enum Revocation {
     /// The dialect has none, or the client does not listen.
     Unheard,
-    /// Not won yet: the lost signal a notice will fire once it is.
-    Pending(LostNotifier),
+    /// Not won yet: the lost signal a notice will fire once it is (a reporter: a lease must not
+    /// keep its request alive, or the late win of a cancelled attempt is not released).
+    Pending(LostReporter),
     /// Won: registered (shared by the lease's clones; the last one dropped unregisters it).
     Watched { _registration: Arc<RevocationWatch> },
 }
@@ -121,7 +122,7 @@ impl<S: LeaseStatements> SqlLease<S> {
             share: req.mode != lockcore::LockMode::Exclusive,
         };
         let revocation = match statements.revocations() {
-            Some(r) if r.listening() => Revocation::Pending(req.lost.clone()),
+            Some(r) if r.listening() => Revocation::Pending(req.lost.reporter()),
             _ => Revocation::Unheard,
         };
         SqlLease {

@@ -43,7 +43,7 @@ pub use self::lease::{Acquired, BoxLease, Lease, SetAttempt};
 pub use self::poll::{Backoff, poll_acquire, poll_attempts};
 pub use self::request::{AcquireRequest, OwnerToken};
 pub use self::revocations::{RevocationWatch, Revocations};
-pub use crate::lost::LostNotifier;
+pub use crate::lost::{LostNotifier, LostReporter};
 
 /// A lock backend: one client (connection pool, session) to one lock service.
 ///

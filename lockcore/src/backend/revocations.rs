@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::LostNotifier;
+use super::LostReporter;
 use crate::LostReason;
 
 /// The held leases of one client that a revocation notice can reach, by owner token (its 128
@@ -22,11 +22,11 @@ use crate::LostReason;
 #[derive(Debug, Default)]
 pub struct Revocations {
     listening: AtomicBool,
-    held: Mutex<HashMap<u128, LostNotifier>>,
+    held: Mutex<HashMap<u128, LostReporter>>,
 }
 
 impl Revocations {
-    fn held(&self) -> MutexGuard<'_, HashMap<u128, LostNotifier>> {
+    fn held(&self) -> MutexGuard<'_, HashMap<u128, LostReporter>> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -41,8 +41,9 @@ impl Revocations {
     }
 
     /// Registers a held lease (once listening; a no-op before): a notice naming `token` fires
-    /// `lost`. Pair it with [`Revocations::unwatch`].
-    pub fn watch(&self, token: u128, lost: LostNotifier) {
+    /// `lost` (a [`LostNotifier::reporter`](super::LostNotifier::reporter): the registry does
+    /// not keep the request alive). Pair it with [`Revocations::unwatch`].
+    pub fn watch(&self, token: u128, lost: LostReporter) {
         if self.listening() {
             self.held().insert(token, lost);
         }
@@ -53,7 +54,7 @@ impl Revocations {
     pub fn watch_until_dropped(
         self: &Arc<Self>,
         token: u128,
-        lost: LostNotifier,
+        lost: LostReporter,
     ) -> Option<RevocationWatch> {
         if !self.listening() {
             return None;

@@ -372,7 +372,7 @@ async fn a_late_win_of_a_request_given_up_is_released() {
 fn a_revocation_notice_fires_the_named_leases_only() {
     let revocations = Arc::new(Revocations::default());
     let (early, early_signal) = LostNotifier::new();
-    revocations.watch(1, early);
+    revocations.watch(1, early.reporter());
     assert!(revocations.is_empty(), "registered before listening");
     revocations.listen();
     let (a, a_signal) = LostNotifier::new();
@@ -381,12 +381,12 @@ fn a_revocation_notice_fires_the_named_leases_only() {
     let a_token = OwnerToken::random().uuid().as_u128();
     let b_token = OwnerToken::random().uuid().as_u128();
     let c_token = OwnerToken::random().uuid().as_u128();
-    revocations.watch(a_token, a);
+    revocations.watch(a_token, a.reporter());
     let b_watch = revocations
-        .watch_until_dropped(b_token, b)
+        .watch_until_dropped(b_token, b.reporter())
         .expect("listening");
     let c_watch = revocations
-        .watch_until_dropped(c_token, c)
+        .watch_until_dropped(c_token, c.reporter())
         .expect("listening");
     assert_eq!(revocations.len(), 3);
     drop(c_watch);
@@ -405,4 +405,20 @@ fn a_revocation_notice_fires_the_named_leases_only() {
     revocations.unwatch(a_token);
     drop(b_watch);
     assert!(revocations.is_empty());
+}
+
+/// A lease registered for revocation notices does not keep its request alive: the late win of
+/// a cancelled attempt is released once the request is over, not left to its TTL (a registry
+/// that kept a notifier left `grant_at_drop_leaves_nothing`'s lock held for its whole TTL).
+#[tokio::test]
+async fn a_registered_lease_does_not_keep_its_request_alive() {
+    let revocations = Arc::new(Revocations::default());
+    revocations.listen();
+    let (notifier, _signal) = LostNotifier::new();
+    let over = notifier.watch();
+    let token = OwnerToken::random().uuid().as_u128();
+    let _registered = revocations.watch_until_dropped(token, notifier.reporter());
+    revocations.watch(token + 1, notifier.reporter());
+    drop(notifier);
+    assert!(over.over_within(Duration::from_secs(5)).await);
 }
