@@ -22,6 +22,14 @@ JOBS=${LOCKSMITH_TEST_JOBS:-4}
   echo "run-tests: LOCKSMITH_TEST_JOBS must be a positive integer, not '$JOBS'" >&2
   exit 2
 }
+# The longest one job may run, in seconds: a job still running then is killed (with its child
+# processes) and fails, so a hang costs one job, named, never the whole run's time budget. The
+# slowest job takes about 10 minutes on a 2-core machine.
+JOB_LIMIT=${LOCKSMITH_TEST_JOB_LIMIT:-1200}
+[[ $JOB_LIMIT =~ ^[1-9][0-9]*$ ]] || {
+  echo "run-tests: LOCKSMITH_TEST_JOB_LIMIT must be a positive number of seconds, not '$JOB_LIMIT'" >&2
+  exit 2
+}
 
 CARGO_ARGS=()
 BIN_ARGS=()
@@ -89,20 +97,23 @@ fi
 # Expected seconds per binary, from the last run on this machine (target/test-times.tsv) or,
 # on a fresh clone, from the table below (measured on a 2-core machine; only the order matters).
 declare -A EXPECT=(
-  ["faults/tests/matrix"]=600
-  ["lock-sql/tests/conformance"]=400
-  ["lock-zk/tests/conformance"]=300
-  ["lock-redis/tests/conformance"]=300
-  ["lock-etcd/tests/conformance"]=250
-  ["lock-redlock/tests/conformance"]=200
-  ["lock-sql/tests/faults"]=150
-  ["locksmith-cli/tests/run"]=150
-  ["locksmith-cli/tests/report_processes"]=120
-  ["locksmith-cli/tests/primitives"]=70
-  ["lock-redis/tests/faults"]=120
-  ["lock-redlock/tests/faults"]=120
-  ["lock-etcd/tests/faults"]=120
-  ["lock-zk/tests/zk"]=100
+  ["conformance/tests/negative_controls"]=540
+  ["lock-sql/tests/conformance"]=356
+  ["lock-redis/tests/conformance"]=156
+  ["faults/tests/matrix"]=96
+  ["lock-zk/tests/conformance"]=84
+  ["lock-etcd/tests/conformance"]=82
+  ["locksmith-cli/tests/primitives"]=54
+  ["locksmith-cli/tests/run"]=29
+  ["lock-redis/tests/redis"]=27
+  ["lock-redlock/tests/conformance"]=25
+  ["locksmith-cli/tests/cli"]=24
+  ["conformance/tests/memory"]=23
+  ["lock-sql/tests/sql"]=20
+  ["lock-zk/tests/interop"]=20
+  ["lock-etcd/tests/faults"]=17
+  ["locksmith-cli/tests/at_risk"]=16
+  ["lock-redlock/tests/faults"]=14
   ["doctests"]=90
 )
 TIMES_FILE=$ROOT/target/test-times.tsv
@@ -122,7 +133,8 @@ run_job() { # INDEX
   local i=$1 rc=0 t
   t=$(now_us)
   if ((i == DOC_JOB)); then
-    cargo test "${CARGO_ARGS[@]}" --all-features --doc -- "${BIN_ARGS[@]}" >"$WORK/$i.log" 2>&1 || rc=$?
+    timeout --kill-after=30 "$JOB_LIMIT" cargo test "${CARGO_ARGS[@]}" --all-features --doc -- "${BIN_ARGS[@]}" \
+      >"$WORK/$i.log" 2>&1 || rc=$?
   else
     local timing=()
     # libtest prints each test's time with --report-time, an unstable option it accepts when
@@ -134,7 +146,7 @@ run_job() { # INDEX
     (
       cd "${DIRS[$i]}" &&
         RUSTC_BOOTSTRAP=1 CARGO_MANIFEST_DIR=${DIRS[$i]} CARGO_PKG_NAME=$(basename "${DIRS[$i]}") \
-          exec "${EXES[$i]}" "${timing[@]}" "${BIN_ARGS[@]}"
+          exec timeout --kill-after=30 "$JOB_LIMIT" "${EXES[$i]}" "${timing[@]}" "${BIN_ARGS[@]}"
     ) >"$WORK/$i.log" 2>&1 </dev/null || rc=$?
   fi
   printf '%s %s\n' "$rc" $(($(now_us) - t)) >"$WORK/$i.done"
@@ -150,6 +162,10 @@ finish_job() { # PID
   echo
   echo "==> ${LABELS[$i]}: $([[ $rc == 0 ]] && echo ok || echo "FAILED (exit $rc)") in $(secs "$us") s"
   cat "$WORK/$i.log"
+  # timeout(1) exits 124 when it stopped the job (137 when it had to kill it).
+  if [[ $rc == 124 || $rc == 137 ]] && ((us >= JOB_LIMIT * 1000000)); then
+    echo "==> ${LABELS[$i]}: still running after LOCKSMITH_TEST_JOB_LIMIT=${JOB_LIMIT} s: stopped; the tests above without a result hung"
+  fi
   RESULTS+=("$us"$'\t'"$i"$'\t'"$rc")
   [[ $rc == 0 ]] || FAILED+=("${LABELS[$i]}")
 }

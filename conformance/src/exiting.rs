@@ -10,7 +10,8 @@ use lockcore::{ErrorKind, LockOptions, Locker};
 /// its own thread: it queues behind the holder and stops waiting at `wait` (its wait timeout,
 /// which must end the call with `Timeout`, or with `dropped` its `lock()` future dropped then),
 /// calls [`Locker::shutdown`] (10 s, scaled) and drops its runtime, as a process exits. The
-/// handle's `join` fails when any step did.
+/// handle's `join` fails when any step did, or when the whole had not ended 40 s (scaled)
+/// after its wait.
 pub fn exiting_waiter<F, Fut>(
     connect: F,
     name: String,
@@ -27,7 +28,12 @@ where
             .enable_all()
             .build()
             .expect("a runtime");
-        rt.block_on(async {
+        // Bounded as a whole (connect, wait, shutdown, with slack), so that the thread ends and
+        // a test joining it (often from a blocking task, which its runtime's drop waits for)
+        // is not held up forever by a call that never returns.
+        let within = Duration::from_secs(10).mul_f64(crate::time_scale());
+        let bound = wait + within * 4;
+        let run = async {
             let locker = connect().await.expect("connect");
             if dropped {
                 assert!(
@@ -43,8 +49,13 @@ where
                     .expect_err("the waiter took a held lock");
                 assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
             }
-            let within = Duration::from_secs(10).mul_f64(crate::time_scale());
             locker.shutdown(within).await.expect("Locker::shutdown");
+        };
+        rt.block_on(async {
+            tokio::time::timeout(bound, run)
+                .await
+                .unwrap_or_else(|_| panic!("the exiting waiter had not ended after {bound:?}"));
         });
+        rt.shutdown_timeout(Duration::from_secs(1));
     })
 }

@@ -2,6 +2,7 @@
 //! a [`Harness`], as named tests ([`run_tests`]) or as a report ([`run_all`]).
 #![deny(missing_docs)]
 
+mod bounded;
 mod escape;
 mod exiting;
 pub mod faults;
@@ -34,7 +35,7 @@ pub use refusals::{file_config_checks, refuses_without_leaking};
 pub use report::{Provenance, Report, SCHEMA_VERSION, ScenarioInfo};
 pub use run::{
     BackendReport, Progress, ScenarioResult, Status, TIME_SCALE_ENV, run_all, run_scenario,
-    run_selected, scenario_timeout, time_scale,
+    run_scenario_bounded, run_selected, scenario_timeout, time_scale,
 };
 pub use scenarios::Scenario;
 
@@ -112,14 +113,6 @@ pub fn run_tests(targets: Vec<Target>) -> ExitCode {
     libtest_mimic::run(&args, trials).exit_code()
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-}
-
 /// The trials of one target: one per scenario, unsupported ones ignored with kind
 /// `unsupported`.
 fn trials_for(target: Target) -> Vec<Trial> {
@@ -154,10 +147,17 @@ fn trials_for(target: Target) -> Vec<Trial> {
         }
     };
     let harness = (target.make)(url);
-    let probe = runtime().block_on(async {
-        let client = harness.client().await?;
+    // Bounded: a server that accepts but never answers fails every scenario, loudly, at once.
+    let connect_bound = std::time::Duration::from_secs(30).mul_f64(time_scale());
+    let rt = bounded::runtime();
+    let probe = rt.block_on(async {
+        let connect = tokio::time::timeout(connect_bound, harness.client());
+        let client = connect.await.map_err(|_| {
+            lockcore::Error::timeout(format!("no client within {connect_bound:?}"))
+        })??;
         Ok::<_, lockcore::Error>(client.capabilities().clone())
     });
+    rt.shutdown_timeout(std::time::Duration::from_secs(10));
     let caps = match probe {
         Ok(caps) => caps,
         Err(e) => {
@@ -187,8 +187,7 @@ fn trials_for(target: Target) -> Vec<Trial> {
                 Ok(()) => {
                     let (harness, caps) = (harness.clone(), caps.clone());
                     Trial::test(name.clone(), move || {
-                        let result =
-                            runtime().block_on(run_scenario(scenario, harness, &caps, scale));
+                        let result = run::run_scenario_bounded(scenario, harness, caps, scale);
                         // For scripts/run-tests.sh's table of the slowest tests (libtest-mimic
                         // has no --report-time).
                         println!("test-time:\t{name}\t{:.3}", result.millis as f64 / 1000.0);

@@ -7,6 +7,7 @@ use futures::StreamExt;
 use lockcore::{Capabilities, Instant};
 use serde::Serialize;
 
+use crate::bounded;
 use crate::harness::Harness;
 use crate::measure::{Figures, measure};
 use crate::scenarios::{self, Ctx, Scenario};
@@ -151,6 +152,45 @@ pub async fn run_scenario(
     }
 }
 
+/// What a scenario may take beyond [`scenario_timeout`] on its own thread: its runtime's timer
+/// ends it first when timers still run; this is for when they do not.
+const THREAD_SLACK: Duration = Duration::from_secs(60);
+
+/// [`run_scenario`] on a thread and a runtime of its own, waited for with a bound: a scenario
+/// that hangs where its timeout cannot end it (a blocking call on a runtime thread, a `Drop`
+/// that blocks) fails, saying so, after [`scenario_timeout`] and a slack; one whose blocking
+/// tasks still run 10 s after it ended fails too (something it called never returns). The
+/// thread of a hung scenario is left behind; the process ends it.
+pub fn run_scenario_bounded(
+    scenario: Scenario,
+    harness: Arc<dyn Harness>,
+    caps: Capabilities,
+    scale: f64,
+) -> ScenarioResult {
+    let name = scenario.name;
+    let bound = scenario_timeout(scale) + THREAD_SLACK.mul_f64(scale) + bounded::SHUTDOWN;
+    let start = Instant::now();
+    let ran = bounded::on_own_thread(format!("scenario {name}"), bound, bounded::SHUTDOWN, {
+        move || async move { run_scenario(scenario, harness, &caps, scale).await }
+    });
+    match ran {
+        Ok(result) => result,
+        Err((hung, result)) => {
+            let mut result = result.unwrap_or_else(|| ScenarioResult {
+                scenario: name.to_string(),
+                status: Status::Fail,
+                reason: None,
+                observed: None,
+                millis: start.elapsed().as_millis() as u64,
+            });
+            let before = result.reason.take().map(|r| format!(" ({r})"));
+            result.status = Status::Fail;
+            result.reason = Some(format!("{hung}{}", before.unwrap_or_default()));
+            result
+        }
+    }
+}
+
 /// Runs every scenario against `harness` (a few at a time), then measures it when `measure_it`,
 /// reporting progress as it goes.
 ///
@@ -211,8 +251,18 @@ pub async fn run_selected(
     let total = all.len();
     let mut results = Vec::with_capacity(total);
     let mut stream = futures::stream::iter(all.into_iter().map(|s| {
-        let (harness, caps) = (harness.clone(), caps.clone());
-        async move { run_scenario(s, harness, &caps, scale).await }
+        let (harness, caps, name) = (harness.clone(), caps.clone(), s.name);
+        async move {
+            let bounded =
+                tokio::task::spawn_blocking(move || run_scenario_bounded(s, harness, caps, scale));
+            bounded.await.unwrap_or_else(|e| ScenarioResult {
+                scenario: name.to_string(),
+                status: Status::Fail,
+                reason: Some(format!("its thread panicked: {e}")),
+                observed: None,
+                millis: 0,
+            })
+        }
     }))
     .buffered(4);
     while let Some(result) = stream.next().await {

@@ -86,7 +86,18 @@ pub enum ReplyLoss {
     /// Once the server's reply arrives (so the server has applied the request), it is dropped
     /// and the connection is reset, both ends (TCP RST): the client sees a reset instead of
     /// the reply, the server sees its client go.
+    ///
+    /// The reply is whatever the server sends first once the request was written to it. On a
+    /// multiplexed protocol (HTTP/2: gRPC, etcd) that may be a frame of another stream, or a
+    /// flow-control frame acknowledging the request's bytes, before the server ran the
+    /// request; the reset may then cancel it. The client cannot tell (nor can it on a real
+    /// network): it must be ready for both outcomes, as for [`ReplyLoss::Unsent`].
     Reset,
+    /// The request itself is lost: it never reaches the server, and the connection is reset,
+    /// both ends, at once. The client sees what it sees with [`ReplyLoss::Reset`] (a reset
+    /// instead of the reply), but nothing was applied: a client that takes a reset for "it was
+    /// applied" (or gives up) is caught here.
+    Unsent,
     /// The reply and everything after it on that connection are dropped, in both directions,
     /// and neither end is told: the client sees no reply (its own timeout), the server a silent
     /// client (a blackhole on that one connection, until the proxy is dropped).
@@ -106,6 +117,10 @@ struct Armed {
 enum Loss {
     /// Nothing picked on this connection.
     None,
+    /// The picked request was read from the client and is on its way to the server: nothing
+    /// more goes to the server, while what the server sends meanwhile (answers to earlier
+    /// requests, since it has not seen this one) still reaches the client.
+    Picked(ReplyLoss),
     /// The picked request went to the server; the reply is awaited (and will be dropped).
     Forwarded(ReplyLoss),
     /// The reply came and was dropped.
@@ -314,7 +329,7 @@ impl Proxy {
     }
 
     /// How many replies were lost so far (counted when the server's reply to a picked request
-    /// arrived and was dropped).
+    /// arrived and was dropped, or, with [`ReplyLoss::Unsent`], when the request was).
     pub fn replies_lost(&self) -> usize {
         *self.shared.lost.borrow()
     }
@@ -425,10 +440,16 @@ async fn serve(client: TcpStream, shared: Arc<Shared>) {
             std::future::pending::<()>().await;
         }
     };
-    // A reply lost by reset: both ends reset once it came (and was dropped).
+    // A reply lost by reset: both ends reset once it came (and was dropped); a request lost
+    // unsent: at once.
     let lost_reset = async {
         if loss_rx
-            .wait_for(|l| *l == Loss::Dropped(ReplyLoss::Reset))
+            .wait_for(|l| {
+                matches!(
+                    l,
+                    Loss::Dropped(ReplyLoss::Reset) | Loss::Dropped(ReplyLoss::Unsent)
+                )
+            })
             .await
             .is_err()
         {
@@ -485,7 +506,9 @@ async fn pump(
     loss: &watch::Sender<Loss>,
     mut answers: Answers,
 ) {
-    let (tx, mut queue) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    // Each chunk with its arrival time, and whether it ends with the picked request (the
+    // writer marks the request forwarded once it wrote it).
+    let (tx, mut queue) = mpsc::unbounded_channel::<(Instant, Vec<u8>, bool)>();
     let mut parser = match (dir, shared.wire) {
         (Direction::ToServer, Some(wire)) => Some(Parser::new(wire)),
         _ => None,
@@ -523,10 +546,14 @@ async fn pump(
                 continue;
             }
             let state = *loss.borrow();
+            let mut picked = false;
             match (dir, state) {
+                // Until the picked request was written to the server, what the server sends
+                // answers earlier requests: it passes.
+                (Direction::ToClient, Loss::Picked(_)) => {}
                 // After a picked request nothing more reaches the server (only the picked
                 // request is applied), and nothing reaches the client.
-                (_, Loss::Forwarded(_) | Loss::Dropped(_)) => {
+                (_, Loss::Picked(_) | Loss::Forwarded(_) | Loss::Dropped(_)) => {
                     if dir == Direction::ToClient
                         && let Loss::Forwarded(how) = state
                     {
@@ -541,10 +568,22 @@ async fn pump(
                     if shared.wire.is_none() {
                         shared.requests.fetch_add(1, Ordering::SeqCst);
                     }
-                    if let Some(how) = shared.picks(&tail, chunk) {
-                        // Marked before the request is queued: any reply read after this is
-                        // the picked request's (or a later one's) and is dropped.
-                        loss.send_replace(Loss::Forwarded(how));
+                    match shared.picks(&tail, chunk) {
+                        Some(ReplyLoss::Unsent) => {
+                            // Not sent at all; the connection is reset at once.
+                            loss.send_replace(Loss::Dropped(ReplyLoss::Unsent));
+                            shared.lost.send_modify(|l| *l += 1);
+                            continue;
+                        }
+                        Some(how) => {
+                            // Marked before the request is queued: nothing read from the
+                            // client after it goes to the server. Once the writer wrote it,
+                            // any reply read is the picked request's (or a later one's) and
+                            // is dropped.
+                            loss.send_replace(Loss::Picked(how));
+                            picked = true;
+                        }
+                        None => {}
                     }
                     if let Some(p) = shared
                         .armed
@@ -563,14 +602,14 @@ async fn pump(
                 }
                 (Direction::ToClient, Loss::None) => {}
             }
-            if tx.send((Instant::now(), chunk.to_vec())).is_err() {
+            if tx.send((Instant::now(), chunk.to_vec(), picked)).is_err() {
                 break;
             }
         }
     };
     let write = async move {
         loop {
-            let (at, data) = tokio::select! {
+            let (at, data, picked) = tokio::select! {
                 next = queue.recv() => match next {
                     Some(next) => next,
                     None => break,
@@ -611,12 +650,21 @@ async fn pump(
             if half.write_all(&data).await.is_err() {
                 return;
             }
+            if picked {
+                loss.send_modify(|l| {
+                    if let Loss::Picked(how) = *l {
+                        *l = Loss::Forwarded(how);
+                    }
+                });
+            }
         }
         // A connection whose reply was lost by timeout tells neither end anything: no FIN
         // (the proxy holds the other socket open until it is dropped).
         if matches!(
             *loss.borrow(),
-            Loss::Forwarded(ReplyLoss::Timeout) | Loss::Dropped(ReplyLoss::Timeout)
+            Loss::Picked(ReplyLoss::Timeout)
+                | Loss::Forwarded(ReplyLoss::Timeout)
+                | Loss::Dropped(ReplyLoss::Timeout)
         ) {
             std::future::pending::<()>().await;
         }

@@ -151,3 +151,94 @@ async fn timeout_drops_the_reply_and_tells_no_one() {
     let mut t = TcpStream::connect(proxy.addr()).await.unwrap();
     assert!(call(&mut t, b"fine", scaled(5000)).await.unwrap());
 }
+
+#[tokio::test]
+async fn unsent_request_is_not_applied_and_the_connection_reset() {
+    let (addr, seen) = recording_echo().await;
+    let proxy = Proxy::start(addr).await.unwrap();
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    proxy.lose_reply(Pick::Matching(b"DEL".to_vec()), ReplyLoss::Unsent);
+    assert!(call(&mut s, b"GET k", scaled(5000)).await.unwrap());
+    // The client sees a reset, as for a lost reply; the server never saw the request.
+    let r = call(&mut s, b"DEL k", scaled(5000)).await;
+    assert!(r.is_err(), "a reset instead of the reply, got {r:?}");
+    assert!(proxy.wait_replies_lost(1, scaled(5000)).await);
+    assert!(!applied(&seen, b"DEL k"), "the server never got it");
+    assert!(!proxy.armed(), "one request only");
+    // A new connection passes, the same request too (disarmed).
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert!(call(&mut s, b"DEL k", scaled(5000)).await.unwrap());
+    assert!(applied(&seen, b"DEL k"));
+}
+
+/// A server that also sends bytes of its own, unasked, as fast as it can (as an HTTP/2
+/// server's frames of other streams, keep-alive answers or watch events), and publishes what
+/// it read.
+async fn chatty_recorder() -> (SocketAddr, tokio::sync::watch::Receiver<Vec<u8>>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (seen, rx) = tokio::sync::watch::channel(Vec::new());
+    let seen = Arc::new(seen);
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let seen = seen.clone();
+            let (mut r, mut w) = s.into_split();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = r.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    seen.send_modify(|all| all.extend_from_slice(&buf[..n]));
+                }
+            });
+            tokio::spawn(async move {
+                while w.write_all(b".").await.is_ok() {
+                    tokio::task::yield_now().await;
+                }
+            });
+        }
+    });
+    (addr, rx)
+}
+
+/// A reply lost by reset is dropped only once the picked request was written to the server:
+/// what the server sends before that answers earlier requests. (The proxy took the first bytes
+/// read after the pick for the reply, and could reset the connection before it had written the
+/// request, which the server then never applied: the etcd lost-release flake.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_comes_only_after_the_request_was_sent() {
+    let (addr, mut seen) = chatty_recorder().await;
+    let proxy = Proxy::start(addr).await.unwrap();
+    for i in 0..200 {
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        let req = format!("PICK-{i};");
+        proxy.lose_reply(Pick::Matching(req.as_bytes().to_vec()), ReplyLoss::Reset);
+        // Unasked bytes flow before the request.
+        let mut buf = [0u8; 64];
+        assert!(s.read(&mut buf).await.unwrap() > 0);
+        s.write_all(req.as_bytes()).await.unwrap();
+        // Read until the reset (or close).
+        let ended = tokio::time::timeout(scaled(5000), async {
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(ended.is_ok(), "round {i}: no reset");
+        assert!(proxy.wait_replies_lost(i + 1, scaled(5000)).await);
+        // The server read it (its reader publishes it before the reset reaches it).
+        let got = tokio::time::timeout(
+            scaled(5000),
+            seen.wait_for(|all| all.windows(req.len()).any(|w| w == req.as_bytes())),
+        )
+        .await;
+        assert!(
+            got.is_ok_and(|r| r.is_ok()),
+            "round {i}: the connection was reset before the request reached the server"
+        );
+    }
+}

@@ -12,7 +12,7 @@ use lockcore::backend::OwnerToken;
 use lockcore::{Capabilities, Instant, IntoLockName, LockName, Result};
 
 use crate::config::Config;
-use crate::errors::{map_err, not_applied, timed_out};
+use crate::errors::{map_err, maybe_applied, not_applied, timed_out};
 use crate::keeper::{Keeper, LeaseCell};
 use crate::watch::Dispatch;
 
@@ -106,20 +106,59 @@ impl EtcdBackend {
     /// One request, bounded by the configured timeout. A request that was not applied (no
     /// connection to the member the channel picked, or that member has no leader) is retried
     /// until the timeout: sending it again cannot apply it twice.
-    pub(crate) async fn call<T, Fut>(
+    pub(crate) async fn call<T, Fut>(&self, what: &str, f: impl FnMut(Client) -> Fut) -> Result<T>
+    where
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        Ok(self.send(what, Resend::IfNotApplied, f).await?.value)
+    }
+
+    /// [`EtcdBackend::call`] for a request that may be applied twice (a read, or a delete or
+    /// revoke that only removes what it names): also sent again, until the timeout, after its
+    /// connection broke once it may have been sent. Neither the lost reply of an applied
+    /// request nor a request lost on its way is then more than a prompt re-send (a release
+    /// that gave up there left its key for its lease's whole TTL). The answer says whether an
+    /// earlier copy may have been applied, so that "nothing to remove" can mean "removed".
+    pub(crate) async fn call_idempotent<T, Fut>(
         &self,
         what: &str,
+        f: impl FnMut(Client) -> Fut,
+    ) -> Result<Answer<T>>
+    where
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        self.send(what, Resend::IfMaybeApplied, f).await
+    }
+
+    async fn send<T, Fut>(
+        &self,
+        what: &str,
+        resend: Resend,
         mut f: impl FnMut(Client) -> Fut,
-    ) -> Result<T>
+    ) -> Result<Answer<T>>
     where
         Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         let timeout = self.inner.config.timeout;
         let deadline = Instant::now() + timeout;
+        let mut maybe_applied_before = false;
         loop {
             match tokio::time::timeout_at(deadline, f(self.inner.client.clone())).await {
-                Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) if not_applied(&e) && Instant::now() + RETRY_PAUSE < deadline => {
+                Ok(Ok(value)) => {
+                    return Ok(Answer {
+                        value,
+                        maybe_applied_before,
+                    });
+                }
+                Ok(Err(e)) if Instant::now() + RETRY_PAUSE < deadline && not_applied(&e) => {
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Ok(Err(e))
+                    if Instant::now() + RETRY_PAUSE < deadline
+                        && resend == Resend::IfMaybeApplied
+                        && maybe_applied(&e) =>
+                {
+                    maybe_applied_before = true;
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
                 Ok(Err(e)) => return Err(map_err(what, e)),
@@ -135,6 +174,32 @@ impl EtcdBackend {
         })
         .await
     }
+
+    /// [`EtcdBackend::txn`] for a transaction that may be applied twice (see
+    /// [`EtcdBackend::call_idempotent`]).
+    pub(crate) async fn txn_idempotent(&self, what: &str, txn: Txn) -> Result<Answer<TxnResponse>> {
+        self.call_idempotent(what, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+    }
+}
+
+/// When [`EtcdBackend::send`] sends a failed request again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Resend {
+    /// Only when it surely was not applied.
+    IfNotApplied,
+    /// Also when it may have been (see [`EtcdBackend::call_idempotent`]).
+    IfMaybeApplied,
+}
+
+/// The answer to a request, and whether an earlier copy of it may have been applied (its
+/// connection broke after it may have been sent, and it was sent again).
+pub(crate) struct Answer<T> {
+    pub(crate) value: T,
+    pub(crate) maybe_applied_before: bool,
 }
 
 /// At most this many owner tokens are remembered with abandoned keys (see `Inner::abandoned`);

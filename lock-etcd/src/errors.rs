@@ -49,6 +49,25 @@ pub(crate) fn not_applied(e: &etcd_client::Error) -> bool {
         || msg.contains("etcdserver: no leader")
 }
 
+/// Whether a request failed in a way that leaves open whether it was applied: its connection
+/// broke once it may have been sent (reset, closed, refused mid-stream). Its reply may be what
+/// was lost, or the request itself: only a request that may be applied twice (a read, or a
+/// delete or revoke that only removes what it names) can be sent again after it.
+pub(crate) fn maybe_applied(e: &etcd_client::Error) -> bool {
+    use etcd_client::Error as E;
+    match e {
+        // tonic reports a connection reset mid-request as code 2 "transport error"; a channel
+        // that lost its connection as 14.
+        E::GRpcStatus(s) => match s.code() as i32 {
+            14 => true,
+            2 => s.message() == "transport error",
+            _ => false,
+        },
+        E::TransportError(_) | E::IoError(_) => true,
+        _ => false,
+    }
+}
+
 pub(crate) fn timed_out(what: &str, after: Duration) -> Error {
     Error::new(
         ErrorKind::Unavailable,

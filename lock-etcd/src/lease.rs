@@ -267,7 +267,9 @@ impl LeaseShared {
         backend.inner.keeper.release(id);
         self.background.spawn(async move {
             if let Err(e) = backend
-                .call("revoking a lease", |mut c| async move { c.lease_revoke(id).await })
+                .call_idempotent("revoking a lease", |mut c| async move {
+                    c.lease_revoke(id).await
+                })
                 .await
             {
                 tracing::debug!(error = %e, lease = id, "revoking a lease failed; it expires by its TTL");
@@ -279,11 +281,12 @@ impl LeaseShared {
     pub(crate) async fn key_lease(&self) -> Result<Option<i64>> {
         let resp = self
             .backend
-            .call("reading the lock key", |mut c| {
+            .call_idempotent("reading the lock key", |mut c| {
                 let key = self.key.clone();
                 async move { c.get(key, Some(GetOptions::new().with_keys_only())).await }
             })
-            .await?;
+            .await?
+            .value;
         Ok(resp
             .kvs()
             .first()
@@ -364,14 +367,25 @@ impl Lease for EtcdLease {
                 shared.revision,
             )])
             .and_then([TxnOp::delete(shared.key.as_str(), None)]);
-        let resp = shared.backend.txn("releasing the lock", txn).await?;
+        // Sent again if its connection breaks: deleting by create revision cannot remove
+        // anyone else's key, and a release given up on there left the lock held for the
+        // lease's whole TTL.
+        let answer = shared
+            .backend
+            .txn_idempotent("releasing the lock", txn)
+            .await?;
+        let deleted = answer.value.succeeded();
+        // The key gone when the delete was sent again: the copy whose connection broke
+        // deleted it, as far as can be told (it may also have expired meanwhile, so its lease
+        // is not reused).
+        let deleted_before = !deleted && answer.maybe_applied_before;
         // Read after the transaction: an extend that moved the key to a new lease has swapped it.
         let (cell, secs) = shared.lease();
         if let Some((p, _)) = pending {
             // The key was on one of the two, and is deleted (or gone) now: neither is reused.
             shared.backend.revoke_later(p.id);
             shared.backend.revoke_later(cell.id);
-            return if resp.succeeded() {
+            return if deleted || deleted_before {
                 Ok(())
             } else {
                 Err(not_held(
@@ -379,7 +393,7 @@ impl Lease for EtcdLease {
                 ))
             };
         }
-        if resp.succeeded() {
+        if deleted {
             // Renewed now, off the next acquisition's path: that one then needs no keep-alive.
             // Not again if it was renewed within the last half percent of its TTL (as a lock
             // released soon after it was taken, or a lease released again and again in a loop):
@@ -392,9 +406,13 @@ impl Lease for EtcdLease {
             Ok(())
         } else {
             shared.backend.revoke_later(cell.id);
-            Err(not_held(
-                "its key was deleted (expired, revoked or released)",
-            ))
+            if deleted_before {
+                Ok(())
+            } else {
+                Err(not_held(
+                    "its key was deleted (expired, revoked or released)",
+                ))
+            }
         }
     }
 }
@@ -435,7 +453,9 @@ pub(crate) async fn watch_held(
                         shared.revision,
                     )])
                     .and_then([TxnOp::delete(shared.key.as_str(), None)]);
-                if let Err(e) = backend.txn("deleting an expired lock key", txn).await {
+                if let Err(e) = backend
+                    .txn_idempotent("deleting an expired lock key", txn)
+                    .await {
                     tracing::debug!(error = %e, "deleting an expired lock key failed; it expires with its lease");
                 }
                 return;

@@ -32,7 +32,10 @@
 //!
 //! * Uncontended `try_lock`/`lock`: one transaction ("if the directory is empty, put my key"),
 //!   plus a keep-alive sent alongside it on the client's keep-alive stream when the lease is
-//!   reused. Release: one transaction deleting the key only if its create revision is ours.
+//!   reused. Release: one transaction deleting the key only if its create revision is ours;
+//!   re-sent at once, within the request timeout, when its connection breaks before the
+//!   answer (the reply or the request may be what was lost; deleting by create revision twice
+//!   removes nothing more), so a broken connection does not leave the lock held for its TTL.
 //! * Waiting: one long-lived watch per client over the whole prefix, created once and so
 //!   *synced* (etcd 3.4 delays events for watches created at a past revision by up to 100 ms,
 //!   the reason Go's `concurrency.Mutex` hands over at ~40/s); waiters subscribe to it. Requests

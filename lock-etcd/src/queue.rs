@@ -402,7 +402,8 @@ impl EtcdBackend {
                             let txn = Txn::new()
                                 .when([Compare::create_revision(*pred, CompareOp::Equal, *created)])
                                 .and_then([TxnOp::delete(*pred, None)]);
-                            self.txn("deleting an abandoned attempt's key", txn).await?;
+                            self.txn_idempotent("deleting an abandoned attempt's key", txn)
+                                .await?;
                         }
                     }
                     Next::Hold => {
@@ -594,7 +595,7 @@ impl CancelCleanUp for QueueCleanUp {
             let Some(rev) = revision else {
                 let id = cell.id;
                 let revoked = backend
-                    .call("revoking a lease", |mut c| async move {
+                    .call_idempotent("revoking a lease", |mut c| async move {
                         c.lease_revoke(id).await
                     })
                     .await;
@@ -611,7 +612,7 @@ impl CancelCleanUp for QueueCleanUp {
                     Compare::lease(key.as_str(), CompareOp::Equal, cell.id),
                 ])
                 .and_then([TxnOp::delete(key.as_str(), None)]);
-            match backend.txn("deleting a queue key", txn).await {
+            match backend.txn_idempotent("deleting a queue key", txn).await {
                 Ok(_) => {
                     if let Some(token) = token {
                         backend.forget_abandoned(token, &key);

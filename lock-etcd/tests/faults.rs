@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use faultkit::{Direction, Etcd, Proxy, ProxyMode, require_installed};
+use faultkit::{Direction, Etcd, Pick, Proxy, ProxyMode, ReplyLoss, require_installed};
 use lock_etcd::EtcdBackend;
 use lockcore::{AutoRenew, ErrorKind, Instant, LockOptions, Locker};
 
@@ -203,6 +203,49 @@ async fn an_extend_dropped_after_its_move_leaves_the_key_renewed() {
     assert!(other.try_lock(&name, &opts).await.unwrap().is_none());
     assert!(g.is_valid());
     g.release().await.unwrap();
+}
+
+/// A release whose connection is reset before it hears its answer, whether the server applied
+/// the delete (its reply was lost) or never saw it (the request was lost): the client cannot
+/// tell, re-sends the delete at once (deleting by create revision removes nothing twice), and
+/// the lock is free when `release` returns, long before its lease's TTL. A release that gave
+/// up on the reset left a lost request's key held for the whole TTL (the conformance flake
+/// `etcd::lost_release_reply_frees_the_lock`, whose proxy could reset before it had sent the
+/// request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_cut_off_by_a_reset_frees_the_lock_at_once() {
+    let Some((server, proxy)) = single_behind_proxy().await else {
+        return;
+    };
+    let (holder, admin, other) = holder_and_admin(&server, &proxy, "").await;
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    for (round, how) in [ReplyLoss::Unsent, ReplyLoss::Reset]
+        .into_iter()
+        .enumerate()
+    {
+        let name = format!("cut-release-{how:?}-{:08x}", fastrand::u32(..));
+        let g = holder.try_lock(&name, &opts).await.unwrap().expect("free");
+        proxy.lose_reply(Pick::Matching(name.as_bytes().to_vec()), how);
+        let released = g.release().await;
+        assert!(
+            proxy
+                .wait_replies_lost(round + 1, scaled(Duration::from_secs(5)))
+                .await
+        );
+        assert!(
+            !proxy.armed(),
+            "{how:?}: the release did not carry the name"
+        );
+        released.unwrap_or_else(|e| panic!("{how:?}: the release failed: {e}"));
+        assert_eq!(
+            held_key(&admin, &name).await,
+            None,
+            "{how:?}: the key is left"
+        );
+        let g2 = other.try_lock(&name, &opts).await.unwrap();
+        assert!(g2.is_some(), "{how:?}: the lock is still held");
+        g2.unwrap().release().await.unwrap();
+    }
 }
 
 async fn cluster() -> Option<Etcd> {

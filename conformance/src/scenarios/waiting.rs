@@ -63,31 +63,45 @@ pub(super) async fn waiter_does_not_spin(ctx: &Ctx) -> Outcome {
     let g = must_try(&a, &name, &opts, "holder").await?;
     let wait = ctx.bound(Duration::from_millis(1500));
     // The waiter, its client and the client's background tasks all run on one thread of their
-    // own, whose CPU time is then the waiter's alone.
+    // own, whose CPU time is then the waiter's alone. A plain thread, not `spawn_blocking`: a
+    // scenario's runtime waits for its blocking tasks when it is dropped, so a waiter stuck
+    // there (a connect or a request that never ends) kept the trial from ending at all, past
+    // its timeout. Its whole run is bounded besides, so that the thread ends too.
     let harness = ctx.harness.clone();
     let (name2, opts2) = (name.clone(), opts.clone().wait_timeout(wait));
-    let measured = tokio::task::spawn_blocking(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| e.to_string())?;
-        rt.block_on(async {
-            let c = harness.client().await.map_err(|e| format!("client: {e}"))?;
-            let cpu0 = thread_cpu_time().ok_or("no thread CPU clock")?;
-            let start = Instant::now();
-            let r = c.lock(&name2, &opts2).await;
-            let (cpu, wall) = (
-                thread_cpu_time().ok_or("no thread CPU clock")? - cpu0,
-                start.elapsed(),
-            );
-            match r {
-                Err(e) if e.kind() == ErrorKind::Timeout => Ok((cpu, wall)),
-                Err(e) => Err(format!("the waiter failed: {e}")),
-                Ok(_) => Err("the waiter got a held lock".to_string()),
-            }
-        })
-    })
-    .await;
+    let bound = wait + ctx.bound(Duration::from_secs(30));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let measured = (|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            let run = async {
+                let c = harness.client().await.map_err(|e| format!("client: {e}"))?;
+                let cpu0 = thread_cpu_time().ok_or("no thread CPU clock")?;
+                let start = Instant::now();
+                let r = c.lock(&name2, &opts2).await;
+                let (cpu, wall) = (
+                    thread_cpu_time().ok_or("no thread CPU clock")? - cpu0,
+                    start.elapsed(),
+                );
+                match r {
+                    Err(e) if e.kind() == ErrorKind::Timeout => Ok((cpu, wall)),
+                    Err(e) => Err(format!("the waiter failed: {e}")),
+                    Ok(_) => Err("the waiter got a held lock".to_string()),
+                }
+            };
+            let r = rt
+                .block_on(async { tokio::time::timeout(bound, run).await })
+                .unwrap_or_else(|_| Err(format!("the waiter had not returned after {bound:?}")));
+            // Its client's background tasks are not waited for past a bound either.
+            rt.shutdown_timeout(Duration::from_secs(1));
+            r
+        })();
+        let _ = tx.send(measured);
+    });
+    let measured = rx.await;
     let (cpu, wall) = ok_or(measured, "waiter thread")??;
     ok_or(g.release().await, "release")?;
     check!(
