@@ -126,13 +126,25 @@ return {1, fence, 0}
 ));
 
 /// Compare-and-delete that wakes the queue's head (KEYS: lock, holder, queue, queue expiries;
-/// ARGV: token, channel, `PUBLISH` or `SPUBLISH`).
+/// ARGV: token, channel, `PUBLISH` or `SPUBLISH`). Without queue expiries nobody waits on
+/// locksmith's layout (every waiting `lock()`, exclusive or shared, keeps an entry there from
+/// its first refused attempt until past its next one), so nothing is published: the
+/// uncontended release costs the bare compare-and-delete and one `EXISTS` (issue 38).
 static RELEASE: LuaScript = LuaScript::new(concat!(
     r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2])
+if redis.call('EXISTS', KEYS[4]) == 0 then return 1 end
 ",
-    announce_lua!("KEYS[3]", "KEYS[4]", "ARGV[3]", "ARGV[2]", "'released'"),
+    announce_lua!(
+        "KEYS[3]",
+        "KEYS[4]",
+        "ARGV[3]",
+        "ARGV[2]",
+        "'released'",
+        "'q:'",
+        "true"
+    ),
     r"
 return 1
 "

@@ -110,7 +110,10 @@ impl LockGuard {
         let hook: std::sync::Weak<GuardShared> = Arc::downgrade(&shared);
         shared.notifier.set_hook(hook);
         if let Some(watch) = &shared.watch {
-            watch.start(shared.clone(), interval.map(|i| acquired.sent_at + i));
+            let first_renewal = interval.map(|i| acquired.sent_at + i);
+            let valid_until = shared.valid_until();
+            let first_look = first_renewal.map_or(valid_until, |r| r.min(valid_until));
+            watch.start(shared.clone(), first_renewal, first_look);
         }
         shared.notifier.hold_signal(signal);
         LockGuard {
