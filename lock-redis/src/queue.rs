@@ -141,13 +141,17 @@ return {1, fence, 0}
 /// the lock goes to the head at once, as the acquire script would give it (lock and holder
 /// keys with the claim TTL, the counter moved), the head leaves the queue, and
 /// `g:<head> <attempt> <fence>` is published (only that waiter acts). Else `q:<head>` wakes the
-/// head to attempt, or `released` when nobody queues.
+/// head to attempt, or `released` when nobody queues. Without queue
+/// expiries nobody waits on locksmith's layout (every waiting `lock()`, exclusive or shared,
+/// keeps an entry there from its first refused attempt until past its next one), so nothing is
+/// published: the uncontended release costs the bare compare-and-delete and one `EXISTS`.
 static RELEASE: LuaScript = LuaScript::new(concat!(
     r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2])
+if redis.call('EXISTS', KEYS[4]) == 0 then return 1 end
 local head, qt, qnow = nil, nil, nil
-if redis.call('EXISTS', KEYS[4]) == 1 then
+do
 ",
     prune_queue_lua!("KEYS[3]", "KEYS[4]"),
     r"

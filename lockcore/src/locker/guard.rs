@@ -116,7 +116,9 @@ impl LockGuard {
             acquired.sent_at + i
         });
         if let Some(watch) = &shared.watch {
-            watch.start(shared.clone(), first_renewal);
+            let valid_until = shared.valid_until();
+            let first_look = first_renewal.map_or(valid_until, |r| r.min(valid_until));
+            watch.start(shared.clone(), first_renewal, first_look);
         }
         shared.notifier.hold_signal(signal);
         LockGuard {

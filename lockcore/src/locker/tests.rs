@@ -919,3 +919,108 @@ fn a_guard_is_a_few_words() {
     assert_size_at_most!(LockGuard, 40);
     assert!(size_of::<LostSignal>() <= 16);
 }
+
+/// Yields (real time, with a deadline) until `locker`'s watchdog task sleeps.
+async fn until_the_watchdog_sleeps(locker: &Locker) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !locker.inner.watchdog.is_asleep() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the watchdog task never went to sleep"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Issue 38: an uncontended lock and release with default options (auto-renewed) leaves the
+/// watchdog task asleep. The lease is handed over and taken back before its first renewal,
+/// which the task is due to wake for anyway (it watches an earlier lease): it used to be woken
+/// twice per cycle, by the hand-over and by the release.
+#[tokio::test]
+async fn lock_release_cycles_do_not_wake_the_watchdog() {
+    let a = Locker::new(MemoryBackend::connect("cycles_no_wakeup"));
+    let opts = LockOptions::new();
+    // One long-held lease: the task sleeps until its first renewal.
+    let held = a.try_lock("held", &opts).await.unwrap().unwrap();
+    until_the_watchdog_sleeps(&a).await;
+    let polls = a.inner.watchdog.polls();
+    for _ in 0..100 {
+        // Yields where a server's round trip would let the task run.
+        let g = a.try_lock("cycled", &opts).await.unwrap().unwrap();
+        tokio::task::yield_now().await;
+        g.release().await.unwrap();
+        tokio::task::yield_now().await;
+    }
+    // Anything woken runs now (a current-thread runtime: the task runs when this one yields).
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        a.inner.watchdog.polls() - polls,
+        0,
+        "watchdog task wake-ups for 100 lock and release cycles"
+    );
+    assert_eq!(a.inner.watchdog.watched(), 1);
+    held.release().await.unwrap();
+}
+
+/// A lease handed over while the watchdog sleeps until later (a 30 s lease's first renewal)
+/// whose own first renewal is due earlier wakes the task: it is renewed on time, and one whose
+/// first renewal is later waits for the task's next wake-up and is renewed too.
+#[tokio::test(start_paused = true)]
+async fn a_lease_due_before_the_watchdogs_wake_up_is_renewed_on_time() {
+    let a = Locker::new(MemoryBackend::connect("due_earlier"));
+    let b = Locker::new(MemoryBackend::connect("due_earlier"));
+    let long = a
+        .try_lock("long", &LockOptions::new())
+        .await
+        .unwrap()
+        .unwrap();
+    until_the_watchdog_sleeps(&a).await;
+    let short = a
+        .try_lock("short", &LockOptions::new().ttl(3 * SEC))
+        .await
+        .unwrap()
+        .unwrap();
+    let later = a
+        .try_lock("later", &LockOptions::new().ttl(60 * SEC))
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(70 * SEC).await;
+    for g in [&long, &short, &later] {
+        assert!(g.is_valid(), "{:?} lost", g.name());
+        assert!(
+            b.try_lock(g.name().as_str(), &LockOptions::new())
+                .await
+                .unwrap()
+                .is_none(),
+            "{:?} free",
+            g.name()
+        );
+    }
+}
+
+/// An ended watch's record leaves the task's map at its next wake-up (no leak), though ending
+/// it woke nothing.
+#[tokio::test(start_paused = true)]
+async fn ended_watches_leave_the_task_at_its_next_wake_up() {
+    let a = Locker::new(MemoryBackend::connect("records_go"));
+    let opts = LockOptions::new().ttl(3 * SEC);
+    let mut guards = Vec::new();
+    for i in 0..50 {
+        guards.push(a.try_lock(format!("g{i}"), &opts).await.unwrap().unwrap());
+    }
+    until_the_watchdog_sleeps(&a).await;
+    assert_eq!(a.inner.watchdog.records(), 50);
+    let kept = guards.pop().unwrap();
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    assert_eq!(a.inner.watchdog.watched(), 1);
+    // The first renewals are due at 1 s.
+    tokio::time::sleep(2 * SEC).await;
+    until_the_watchdog_sleeps(&a).await;
+    assert_eq!(a.inner.watchdog.records(), 1);
+    assert!(kept.is_valid());
+}

@@ -14,19 +14,22 @@
 //! quarter interval after a failure (never past the deadline); the last one asks for what is
 //! left of the maximum hold; a refused renewal or a loss the backend reported ends the watch; the
 //! validity deadline passing fires the lost signal and releases the lease. Releasing, dropping or
-//! abandoning the guard ends its watch at once (a renewal in flight is aborted) and removes its
-//! record.
+//! abandoning the guard ends its watch at once (a renewal in flight is aborted); its record goes
+//! at the task's next wake-up.
+//!
+//! Guards hand leases over and end their watches through an [`Inbox`] that wakes the task only
+//! when it would otherwise sleep past what they left: an uncontended lock and release wakes it
+//! not at all (issue 38).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::runtime::Handle;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Background};
@@ -34,7 +37,7 @@ use crate::compact_time::CompactInstant;
 use crate::{ErrorKind, Result};
 
 use super::lease::GuardShared;
-use super::watch::{Command, WatchRef};
+use super::watch::{Inbox, WatchRef};
 
 /// Renewals in flight at once per client. Beyond it, due renewals wait their turn in order
 /// (their validity deadlines still watched): it bounds the memory and the burst a client puts
@@ -44,13 +47,31 @@ use super::watch::{Command, WatchRef};
 pub(super) const MAX_IN_FLIGHT: usize = 4096;
 
 /// A client's watchdog: started with its first watched lease, ended when the client and every
-/// guard of it are gone.
+/// guard of it are gone (this is dropped with the last of them).
 #[derive(Default)]
 pub(super) struct Watchdog {
-    tx: OnceLock<mpsc::UnboundedSender<Command<GuardShared>>>,
+    inbox: OnceLock<Arc<Inbox<GuardShared>>>,
     next_id: AtomicU64,
-    /// Leases watched now (records in the task's map), for the tests.
-    watched: Arc<AtomicUsize>,
+    /// How many times the task was polled (woken), for the tests.
+    polls: Arc<AtomicU64>,
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        if let Some(inbox) = self.inbox.get() {
+            inbox.close();
+        }
+    }
+}
+
+/// Held by the task's future: once it is gone (ended, or dropped with its runtime, polled or
+/// not), what guards leave in the inbox is dropped, not kept.
+struct TaskEnd(Arc<Inbox<GuardShared>>);
+
+impl Drop for TaskEnd {
+    fn drop(&mut self) {
+        self.0.task_gone();
+    }
 }
 
 impl Watchdog {
@@ -62,23 +83,45 @@ impl Watchdog {
         backend: &Arc<dyn Backend>,
         background: &Background,
     ) -> WatchRef<GuardShared> {
-        let tx = self.tx.get_or_init(|| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            runtime.spawn(run(
+        let inbox = self.inbox.get_or_init(|| {
+            let inbox = Arc::new(Inbox::default());
+            let mut task = Box::pin(run(
                 backend.clone(),
                 background.clone(),
-                self.watched.clone(),
-                rx,
+                TaskEnd(inbox.clone()),
             ));
-            tx
+            let polls = self.polls.clone();
+            runtime.spawn(std::future::poll_fn(move |cx| {
+                polls.fetch_add(1, Ordering::Relaxed);
+                task.as_mut().poll(cx)
+            }));
+            inbox
         });
-        WatchRef::new(self.next_id.fetch_add(1, Ordering::Relaxed), tx.clone())
+        WatchRef::new(self.next_id.fetch_add(1, Ordering::Relaxed), inbox.clone())
     }
 
     /// How many leases are watched now.
     #[cfg(test)]
     pub(super) fn watched(&self) -> usize {
-        self.watched.load(Ordering::Acquire)
+        self.inbox.get().map_or(0, |inbox| inbox.watched())
+    }
+
+    /// How many times the task was polled so far.
+    #[cfg(test)]
+    pub(super) fn polls(&self) -> u64 {
+        self.polls.load(Ordering::Relaxed)
+    }
+
+    /// How many records the task kept when it last went to sleep.
+    #[cfg(test)]
+    pub(super) fn records(&self) -> usize {
+        self.inbox.get().map_or(0, |inbox| inbox.records())
+    }
+
+    /// Whether the task sleeps (until a timer or a guard wakes it).
+    #[cfg(test)]
+    pub(super) fn is_asleep(&self) -> bool {
+        self.inbox.get().is_some_and(|inbox| inbox.is_asleep())
     }
 }
 
@@ -138,7 +181,7 @@ struct Scheduler<F> {
     queued: VecDeque<u64>,
     renewing: FuturesUnordered<F>,
     make: fn(RenewalArgs) -> F,
-    watched: Arc<AtomicUsize>,
+    inbox: Arc<Inbox<GuardShared>>,
 }
 
 /// One renewal of a lease, cut off at its validity deadline, and dropped as soon as the guard
@@ -168,12 +211,8 @@ async fn renewal((id, shared, backend, asked, valid_until): RenewalArgs) -> (u64
     (id, renewed)
 }
 
-async fn run(
-    backend: Arc<dyn Backend>,
-    background: Background,
-    watched: Arc<AtomicUsize>,
-    mut rx: mpsc::UnboundedReceiver<Command<GuardShared>>,
-) {
+async fn run(backend: Arc<dyn Backend>, background: Background, end: TaskEnd) {
+    let inbox = end.0.clone();
     let mut s = Scheduler {
         backend,
         background,
@@ -182,21 +221,32 @@ async fn run(
         queued: VecDeque::new(),
         renewing: FuturesUnordered::new(),
         make: renewal,
-        watched,
+        inbox: inbox.clone(),
     };
     // One timer for the whole client, moved to the earliest item of the heap.
     let sleep = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(sleep);
     let mut armed: Option<Instant> = None;
     loop {
-        // Commands first (cheap, and a forgotten lease must not be renewed), then whatever is
-        // due, then queued renewals into freed slots.
-        while let Ok(cmd) = rx.try_recv() {
-            s.command(cmd);
+        // What the guards left first (cheap, and a forgotten lease must not be renewed), then
+        // whatever is due, then queued renewals into freed slots.
+        let taken = inbox.take();
+        for (id, (shared, first_renewal)) in taken.new {
+            s.watch(id, shared, first_renewal);
+        }
+        for id in taken.forgotten {
+            s.entries.remove(&id);
+        }
+        for id in taken.rearmed {
+            s.rearm(id);
+        }
+        if taken.closed {
+            // The client and every guard of it are gone (their watches all ended): nothing
+            // is left to watch.
+            return;
         }
         s.fire_due();
         s.start_queued();
-        s.watched.store(s.entries.len(), Ordering::Release);
         let wake = s.heap.peek().and_then(|Reverse((at, _, _))| at.get());
         if let Some(at) = wake
             && armed != Some(at)
@@ -204,12 +254,12 @@ async fn run(
             sleep.as_mut().reset(at);
             armed = Some(at);
         }
+        // Guards wake the task only when it would sleep past what they left (see `Inbox`).
+        if !inbox.sleep_until(wake, s.entries.len()) {
+            continue;
+        }
         tokio::select! {
-            cmd = rx.recv() => match cmd {
-                Some(cmd) => s.command(cmd),
-                // Every client handle and guard is gone: nothing is left to watch.
-                None => return,
-            },
+            () = inbox.woken() => {}
             Some((id, renewed)) = s.renewing.next(), if !s.renewing.is_empty() => {
                 s.renewed(id, renewed);
             }
@@ -219,30 +269,37 @@ async fn run(
 }
 
 impl<F: Future<Output = (u64, Renewed)>> Scheduler<F> {
-    fn command(&mut self, cmd: Command<GuardShared>) {
-        match cmd {
-            Command::Watch(id, shared, first_renewal) => {
-                let entry = Entry {
-                    shared,
-                    next_renew: CompactInstant::new(first_renewal),
-                    seq: 0,
-                    state: State::Idle,
-                };
-                self.entries.insert(id, entry);
-                self.look_at(id, Instant::now());
-            }
-            Command::Rearm(id) => {
-                if self
-                    .entries
-                    .get(&id)
-                    .is_some_and(|e| e.state != State::Renewing)
-                {
-                    self.look_at(id, Instant::now());
-                }
-            }
-            Command::Forget(id) => {
-                self.entries.remove(&id);
-            }
+    /// Watches the lease from now on, renewed every renewal interval (first at
+    /// `first_renewal`) when given.
+    fn watch(&mut self, id: u64, shared: Arc<GuardShared>, first_renewal: Option<Instant>) {
+        let entry = Entry {
+            shared,
+            next_renew: CompactInstant::new(first_renewal),
+            seq: 0,
+            state: State::Idle,
+        };
+        self.entries.insert(id, entry);
+        self.look_at(id, Instant::now());
+    }
+
+    /// A holder's extend moved the lease's deadline: look at it again.
+    fn rearm(&mut self, id: u64) {
+        if self
+            .entries
+            .get(&id)
+            .is_some_and(|e| e.state != State::Renewing)
+        {
+            self.look_at(id, Instant::now());
+        }
+    }
+
+    /// Removes the lease's record and ends its watch, unless its guard ended it first (then
+    /// the guard counted it out).
+    fn end(&mut self, id: u64) {
+        if let Some(e) = self.entries.remove(&id)
+            && e.shared.renewal.stop().is_some()
+        {
+            self.inbox.ended_by_task();
         }
     }
 
@@ -277,13 +334,13 @@ impl<F: Future<Output = (u64, Renewed)>> Scheduler<F> {
         };
         if e.shared.notifier.is_fired() {
             // Lost (reported by the backend, or a refused renewal): nothing left to do.
-            self.entries.remove(&id);
+            self.end(id);
             return;
         }
         let valid_until = e.shared.valid_until();
         if now >= valid_until {
             let shared = e.shared.clone();
-            self.entries.remove(&id);
+            self.end(id);
             shared.notifier.fire(shared.validity().expiry_reason());
             if shared.begin_release() {
                 shared.release_in_background(&self.background);
@@ -358,7 +415,7 @@ impl<F: Future<Output = (u64, Renewed)>> Scheduler<F> {
             return;
         }
         if !e.shared.renewal.begin() {
-            self.entries.remove(&id);
+            self.end(id);
             return;
         }
         e.state = State::Renewing;
@@ -380,7 +437,7 @@ impl<F: Future<Output = (u64, Renewed)>> Scheduler<F> {
             return;
         };
         if !e.shared.renewal.finish() {
-            self.entries.remove(&id);
+            self.end(id);
             return;
         }
         e.state = State::Idle;
@@ -398,7 +455,7 @@ impl<F: Future<Output = (u64, Renewed)>> Scheduler<F> {
                 }
             }
             Renewed::Refused | Renewed::Aborted => {
-                self.entries.remove(&id);
+                self.end(id);
                 return;
             }
             Renewed::Failed { error, valid_until } => {
