@@ -3,9 +3,9 @@
 //! costs one. One batch is in flight at a time and the next one takes whatever queued meanwhile
 //! (up to [`MAX_BATCH`]), so a lone renewal goes out at once and waits for no timer. Batches go
 //! out [`MIN_GAP`] apart at least: renewals that fall due spread over time (leases taken one
-//! after the other) would otherwise go out one or two per call, a round trip apart (issue 38:
-//! 100,000 leases renewed every 10 s sent about 5,100 calls a second; the gap caps a client
-//! at 500).
+//! after the other) would otherwise go out a few per call, a round trip apart (issue 38:
+//! 100,000 leases renewed every 10 s cost the server 209 calls a second without the gap, 69
+//! with it, by `INFO commandstats`; the gap caps a client at 500).
 //!
 //! A queued renewal is the lease's name (a reference count), its token and TTL: the batch
 //! derives the keys and the owner text into one reused buffer as it writes the call, so a
