@@ -197,7 +197,7 @@ struct Entry {
 pub(crate) struct Registry {
     channels: Mutex<HashMap<String, Entry>>,
     /// The held leases a revocation notice reaches (see [`crate::revoked`]).
-    pub(crate) revocations: crate::revoked::Revocations,
+    pub(crate) revocations: crate::revoked::RevocationNotices,
 }
 
 impl Registry {

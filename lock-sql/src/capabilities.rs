@@ -99,6 +99,16 @@ pub(crate) fn strategy_capabilities(dialect: Dialect, strategy: Strategy) -> Cap
             };
             c.renew = lockcore::RenewKind::Emulated;
             c.lost_detection = false;
+            // PostgreSQL: a revoke sends a NOTIFY naming the owner tokens it took away, heard by
+            // every client's listener (see `pg::revocation`): the holder's lost signal fires at
+            // once. MariaDB and SQLite have no notification channel: the next renewal finds out
+            // (the default, at renewal).
+            if dialect == Dialect::Postgres {
+                c.revoke_detection = true;
+                c.loss_detection = lockcore::LossDetection::Pushed {
+                    within: Duration::from_secs(1),
+                };
+            }
             c.expiry_after_ttl = true;
             // PostgreSQL: exclusive waiters queue in `<table>_waits`, served first come, first
             // served (the queue's head takes a freed lock; nobody else may).
@@ -115,15 +125,26 @@ pub(crate) fn strategy_capabilities(dialect: Dialect, strategy: Strategy) -> Cap
                     c.notes.push(
                         "postgres lease: exclusive waiters queue on the server (FIFO, entries expire 6 s after their waiter's last attempt); a release notifies only the queue's head, the others poll every 2 s; a crashed waiter at the head holds a freed lock back until its entry expires".into(),
                     );
+                    c.notes.push(
+                        "postgres lease: force_release notifies the revoked holders' clients (NOTIFY on the lock table's channel, which every lease client listens to from connect): the holder's lost signal fires within a second; a notice sent while its listener was reconnecting is lost, and the next renewal finds out".into(),
+                    );
                 }
-                Dialect::MySql => c.notes.push(
-                    "mysql lease: one statement per attempt; durability follows innodb_flush_log_at_trx_commit".into(),
-                ),
+                Dialect::MySql => {
+                    c.notes.push(
+                        "mysql lease: one statement per attempt; durability follows innodb_flush_log_at_trx_commit".into(),
+                    );
+                    c.notes.push(
+                        "mysql lease: no notification channel: a holder learns of a force_release at its next renewal (a third of the TTL under auto-renewal)".into(),
+                    );
+                }
                 Dialect::Sqlite => {
                     // SQLite's `julianday('now')` is the calling process's wall clock.
                     c.expiry_on_client_clock = true;
                     c.notes.push(
                         "sqlite: one host only (a file shared by processes, WAL mode); expiry has millisecond resolution".into(),
+                    );
+                    c.notes.push(
+                        "sqlite: no notification channel: a holder learns of a force_release at its next renewal (a third of the TTL under auto-renewal)".into(),
                     );
                     c.notes.push(
                         "sqlite: expiry is judged on the host's wall clock (the library runs in each client): a clock stepped forward, or a process whose clock runs ahead, frees a live holder's lease early".into(),

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use lockcore::backend::{AcquireRequest, Acquired, CallerGone, Lease};
+use lockcore::backend::{
+    AcquireRequest, Acquired, CallerGone, Lease, LostReporter, RevocationWatch, Revocations,
+};
 use lockcore::{Instant, LockName, OwnerToken, Result};
 
 use crate::sets::{SetFound, SetMember};
@@ -62,6 +64,12 @@ pub(crate) trait LeaseStatements: Send + Sync + 'static {
     ///
     /// Cancel safety: dropping the future may or may not have released it.
     async fn release(&self, held: &Held) -> Result<u64>;
+
+    /// Where this client hears revocation notices (PostgreSQL's `NOTIFY`), if the dialect has
+    /// them: a won lease is registered there until it is dropped.
+    fn revocations(&self) -> Option<&Arc<Revocations>> {
+        None
+    }
 }
 
 /// A lease (or a share: a row of the shares table) held through a dialect's statements.
@@ -69,6 +77,19 @@ pub(crate) struct SqlLease<S> {
     statements: Arc<S>,
     held: Held,
     fencing: u64,
+    revocation: Revocation,
+}
+
+/// A lease's place in its client's revocation notices (see [`LeaseStatements::revocations`]).
+#[derive(Clone)]
+enum Revocation {
+    /// The dialect has none, or the client does not listen.
+    Unheard,
+    /// Not won yet: the lost signal a notice will fire once it is (a reporter: a lease must not
+    /// keep its request alive, or the late win of a cancelled attempt is not released).
+    Pending(LostReporter),
+    /// Won: registered (shared by the lease's clones; the last one dropped unregisters it).
+    Watched { _registration: Arc<RevocationWatch> },
 }
 
 impl<S> Clone for SqlLease<S> {
@@ -77,6 +98,7 @@ impl<S> Clone for SqlLease<S> {
             statements: self.statements.clone(),
             held: self.held.clone(),
             fencing: self.fencing,
+            revocation: self.revocation.clone(),
         }
     }
 }
@@ -91,7 +113,7 @@ impl<S> fmt::Debug for SqlLease<S> {
     }
 }
 
-impl<S> SqlLease<S> {
+impl<S: LeaseStatements> SqlLease<S> {
     /// The lease `req` asks for, not won yet (its fence comes with the win).
     pub(crate) fn of(statements: &Arc<S>, req: &AcquireRequest) -> Self {
         let held = Held {
@@ -99,16 +121,36 @@ impl<S> SqlLease<S> {
             token: req.token,
             share: req.mode != lockcore::LockMode::Exclusive,
         };
+        let revocation = match statements.revocations() {
+            Some(r) if r.listening() => Revocation::Pending(req.lost.reporter()),
+            _ => Revocation::Unheard,
+        };
         SqlLease {
             statements: statements.clone(),
             held,
             fencing: 0,
+            revocation,
         }
     }
 
-    /// This lease with the fencing token it was won with.
+    /// This lease, won with this fencing token: from now on a revocation notice naming it
+    /// fires its lost signal. Registered at the win, not before: an attempt that loses
+    /// registers nothing (a lost attempt of a retried request, still running detached, must
+    /// not unregister the retry's win when it ends).
     pub(crate) fn with_fencing(self, fencing: u64) -> Self {
-        SqlLease { fencing, ..self }
+        let revocation = match (self.revocation, self.statements.revocations()) {
+            (Revocation::Pending(lost), Some(r)) => r
+                .watch_until_dropped(self.held.token.uuid().as_u128(), lost)
+                .map_or(Revocation::Unheard, |w| Revocation::Watched {
+                    _registration: Arc::new(w),
+                }),
+            (other, _) => other,
+        };
+        SqlLease {
+            fencing,
+            revocation,
+            ..self
+        }
     }
 }
 

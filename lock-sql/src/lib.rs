@@ -233,8 +233,11 @@ impl SqlBackend {
     /// Frees `name` behind its holder's back, as an administrator would: a lease row is expired
     /// (its fencing counter kept), a row lock's holding session, as the server reports it at
     /// this moment (`pg_locks` / `IS_USED_LOCK`), is terminated (`pg_terminate_backend` /
-    /// `KILL CONNECTION`). The holder learns it through its next renewal (lease) or its
-    /// connection health check (row lock). Returns whether anything was held.
+    /// `KILL CONNECTION`). A PostgreSQL lease's holders (and readers, permits) are told at
+    /// once: the revoke sends a `NOTIFY` naming their owner tokens, which their clients hear
+    /// (lost signal within a second). A MariaDB or SQLite lease's holder learns it at its next
+    /// renewal, a row lock's holder by its connection health check. Returns whether anything
+    /// was held.
     ///
     /// Cancel safety: dropping the future may or may not have revoked the lock.
     ///

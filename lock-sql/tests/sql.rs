@@ -683,6 +683,94 @@ async fn shares_show_in_inspect_and_go_with_a_revoke() {
     }
 }
 
+/// PostgreSQL lease: `force_release` tells the revoked holders' clients at once (a `NOTIFY`
+/// naming their owner tokens, heard by every lease client's listener): an exclusive holder's,
+/// every reader's and a permit's lost signal fires within a second (scaled; the TTL is 30 s,
+/// so no renewal explains it), with the reason a refused renewal gives. A lease of the same
+/// client that was not revoked keeps going, and a waiter queued on the revoked name is woken
+/// by the same revoke. (Before the notices, every one of them learnt it at its next renewal,
+/// 10 s later.)
+#[tokio::test]
+async fn revoked_postgres_leases_hear_it_at_once() {
+    let Some(url) = pg_url("strategy=lease") else {
+        return;
+    };
+    let (a, b) = two_clients(&url).await;
+    let admin = client(&url).await;
+    let ttl = Duration::from_secs(30);
+    let bound = support::scaled(Duration::from_secs(1));
+    let heard = |lost: lockcore::LostSignal, what: &'static str| async move {
+        let reason = tokio::time::timeout(bound, lost.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: not told of the revoke within {bound:?}"));
+        assert_eq!(reason, LostReason::RenewalRefused, "{what}");
+    };
+
+    // An exclusive holder, a lease of the same client beside it, and a waiter behind it.
+    let x = LockName::new(unique("revoked-x")).unwrap();
+    let kept = LockName::new(unique("revoked-kept")).unwrap();
+    let g = a
+        .try_lock(&x, &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap()
+        .unwrap();
+    let other = a
+        .try_lock(&kept, &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = tokio::spawn({
+        let (b, x) = (b.clone(), x.clone());
+        async move {
+            b.lock(&x, &LockOptions::new().ttl(ttl).wait_timeout(WAIT))
+                .await
+        }
+    });
+    tokio::time::timeout(WAIT, async {
+        while admin.inspect(&x).await.unwrap().waiters != Some(1) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the waiter queued");
+    assert!(admin.force_release(&x).await.unwrap());
+    heard(g.lost(), "the exclusive holder").await;
+    assert!(!g.is_valid());
+    let next = tokio::time::timeout(WAIT, waiter)
+        .await
+        .expect("the waiter woke")
+        .unwrap()
+        .expect("the waiter got the revoked lock");
+    assert!(next.fencing_token() > g.fencing_token());
+    assert!(other.is_valid(), "a lease the revoke did not name");
+    assert_eq!(other.lost().reason(), None);
+
+    // Readers in two clients, and a permit.
+    let y = LockName::new(unique("revoked-y")).unwrap();
+    let read = LockOptions::new().ttl(ttl).shared();
+    let r1 = a.try_lock(&y, &read).await.unwrap().unwrap();
+    let r2 = b.try_lock(&y, &read).await.unwrap().unwrap();
+    assert!(admin.force_release(&y).await.unwrap());
+    heard(r1.lost(), "the first reader").await;
+    heard(r2.lost(), "the second reader").await;
+    let p = LockName::new(unique("revoked-p")).unwrap();
+    let permit = a
+        .try_lock(&p, &LockOptions::new().ttl(ttl).permits(3))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(admin.force_release(&p).await.unwrap());
+    heard(permit.lost(), "the permit").await;
+
+    assert!(other.is_valid(), "a lease no revoke named");
+    assert!(
+        !admin.force_release(&y).await.unwrap(),
+        "nothing left to revoke"
+    );
+    next.release().await.unwrap();
+    other.release().await.unwrap();
+}
+
 /// A lock table made before shares existed gets their columns and table on connect, and
 /// readers and writers then work on it.
 #[tokio::test]

@@ -6,6 +6,7 @@
 use super::*;
 use crate::lease::{Found, Held, LeaseStatements, SqlLease};
 use crate::sets::SetMember;
+use lockcore::backend::Revocations;
 
 /// An exclusive attempt's answer: the won lease's fence, the holder's remaining seconds, whether
 /// permits hold the name, whether a queued waiter is ahead, and the `lazy` commit's count.
@@ -60,6 +61,9 @@ pub(super) struct PgHeld {
     pub(super) conns: Arc<PgConns>,
     pub(super) sql: Arc<Sql>,
     pub(super) table: String,
+    /// The leases a revocation notice on the table's channel reaches (see
+    /// [`PgBackend::revoke`]), fed by the release listener.
+    pub(super) revocations: Arc<Revocations>,
 }
 
 #[lockcore::backend::async_trait]
@@ -100,6 +104,10 @@ impl LeaseStatements for PgHeld {
         let sql = &self.sql.lease_release;
         let what = "releasing a lease";
         release_counted(&self.conns, what, sql, &held.name, token, &self.table).await
+    }
+
+    fn revocations(&self) -> Option<&Arc<Revocations>> {
+        Some(&self.revocations)
     }
 }
 

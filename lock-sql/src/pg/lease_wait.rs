@@ -5,8 +5,9 @@
 use super::*;
 
 impl PgBackend {
-    /// The release notifications, started on first use; while LISTEN fails (the database is
-    /// unreachable), waiters poll and the next wait tries again.
+    /// The release notifications (and revocation notices), started at connect under the lease
+    /// strategy or else on first use; while LISTEN fails (the database is unreachable),
+    /// waiters poll and the next wait tries again.
     pub(super) async fn wakeups(&self, bound: Instant) -> Option<Arc<Wakeups>> {
         let started = self
             .wakeups
@@ -34,6 +35,8 @@ impl PgBackend {
             .connect_lazy_with(self.listen_opts.clone());
         let mut listener = PgListener::connect_with(&pool).await?;
         listener.listen(&self.config.table).await?;
+        let revocations = self.held.revocations.clone();
+        revocations.listen();
         let (tx, _) = broadcast::channel(256);
         let (stop, mut stopped) = oneshot::channel::<()>();
         let fanout = tx.clone();
@@ -42,7 +45,10 @@ impl PgBackend {
                 tokio::select! {
                     _ = &mut stopped => return,
                     r = listener.try_recv() => match r {
-                        Ok(Some(n)) => { let _ = fanout.send(Some(Arc::from(n.payload()))); }
+                        Ok(Some(n)) => match revocation::revoked_tokens(n.payload()) {
+                            Some(tokens) => { revocations.revoked(tokens); }
+                            None => { let _ = fanout.send(Some(Arc::from(n.payload()))); }
+                        },
                         // Reconnected: notifications may have been missed.
                         Ok(None) => { let _ = fanout.send(None); }
                         Err(_) => {

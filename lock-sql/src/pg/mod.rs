@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use lockcore::backend::{AcquireRequest, Acquired, CancelCleanUp, CleanUpIfCancelled, CleanUpTask};
+use lockcore::backend::{
+    AcquireRequest, Acquired, CancelCleanUp, CleanUpIfCancelled, CleanUpTask, Revocations,
+};
 use lockcore::{Error, Instant, LockInfo, LockMode, LockName, Result, Share};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection};
@@ -23,6 +25,7 @@ pub(crate) mod exclusion;
 mod lease;
 mod lease_wait;
 mod names;
+mod revocation;
 mod rowlock;
 mod statements;
 
@@ -66,8 +69,9 @@ pub(crate) struct PgBackend {
     wakeups: OnceCell<Arc<Wakeups>>,
 }
 
-/// Release notifications of this client's table, fanned out to its waiters. `None` means
-/// "maybe anything" (the listener reconnected and may have missed some).
+/// Release notifications of this client's table, fanned out to its waiters (revocation
+/// notices go to the held leases instead, see `revocation`). `None` means "maybe anything"
+/// (the listener reconnected and may have missed some).
 struct Wakeups {
     tx: broadcast::Sender<Option<Arc<str>>>,
     _stop: oneshot::Sender<()>,
@@ -147,9 +151,10 @@ impl PgBackend {
             conns: conns.clone(),
             sql: sql.clone(),
             table: t.clone(),
+            revocations: Arc::new(Revocations::default()),
         });
 
-        Ok(PgBackend {
+        let backend = PgBackend {
             config: config.clone(),
             conns,
             sql,
@@ -157,7 +162,14 @@ impl PgBackend {
             rows: RowLockClient::default(),
             listen_opts: opts,
             wakeups: OnceCell::new(),
-        })
+        };
+        // Leases: the listener from the start, so that a revocation of a lease this client
+        // holds finds it listening (see `revocation`). If it cannot start now, the first wait
+        // tries again; until then a revoked lease is noticed at its next renewal.
+        if config.strategy == Strategy::Lease {
+            backend.wakeups(backend.conns.bound()).await;
+        }
+        Ok(backend)
     }
 
     /// This client's connections (for [`crate::probes`]).
@@ -270,32 +282,10 @@ impl PgBackend {
     }
 
     pub(crate) async fn revoke(&self, name: &LockName) -> Result<bool> {
-        let param = self.row_param(name);
-        let shares = match self.config.strategy {
-            Strategy::Lease => {
-                lease::release_shares(&self.conns, &self.sql, name, None, &self.config.table)
-                    .await?
-            }
-            Strategy::RowLock => 0,
-        };
-        let name = name.as_str().to_owned();
-        let table = self.config.table.clone();
         match self.config.strategy {
-            Strategy::Lease => {
-                let sql = self.sql.revoke_lease.clone();
-                let n: i64 = self
-                    .conns
-                    .run(self.conns.bound(), "revoking a lease", move |c| {
-                        sqlx::query_scalar(AssertSqlSafe(sql.clone()))
-                            .bind(name.clone())
-                            .bind(table.clone())
-                            .fetch_one(c)
-                            .boxed()
-                    })
-                    .await?;
-                Ok(n > 0 || shares > 0)
-            }
+            Strategy::Lease => self.revoke_lease(name).await,
             Strategy::RowLock => {
+                let param = self.row_param(name);
                 let (what, sql) = ("terminating a row lock's holder", &self.sql.revoke_row);
                 let killed: Vec<(bool,)> = self.conns.rows_of(what, sql, &param).await?;
                 Ok(killed.into_iter().any(|(k,)| k))

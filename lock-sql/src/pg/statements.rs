@@ -37,6 +37,13 @@ pub(super) struct Sql {
     pub(super) lease_dequeue: String,
     /// Live queued waiters of a name (exclusive, shared and permit).
     pub(super) queued_lease: String,
+    /// A revoke's first statement (see `revocation`): locks the name's lease row, and reads
+    /// its live holder's owner token (NULL when none; no row when the name never was held).
+    pub(super) revoke_lock: String,
+    /// The owner tokens of the name's live shares (the lease row locked first).
+    pub(super) revoke_share_tokens: String,
+    /// Expires the lease (`$1`), waking waiters on `$2`'s channel as a release does, and sends
+    /// the revocation notices `$3` (a text array) on it.
     pub(super) revoke_lease: String,
     /// Shares (see [`crate::shares`]): one attempt, a call of the share function (see
     /// [`share_function`]): fence if won, seconds to wait, conflict.
@@ -372,14 +379,23 @@ impl Sql {
                 "SELECT mode, fence, EXTRACT(EPOCH FROM (expires_at - clock_timestamp()))::float8, \
                    holder FROM {s} WHERE name = $1 AND expires_at > clock_timestamp() ORDER BY fence"
             ),
+            revoke_lock: format!(
+                "SELECT CASE WHEN owner IS NOT NULL AND expires_at > clock_timestamp() \
+                   THEN owner END FROM {t} WHERE name = $1 FOR UPDATE"
+            ),
+            revoke_share_tokens: format!(
+                "SELECT token FROM {s} WHERE name = $1 AND expires_at > clock_timestamp() \
+                 ORDER BY fence"
+            ),
             revoke_lease: format!(
                 "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = 'epoch' \
                    WHERE name = $1 AND owner IS NOT NULL AND expires_at > clock_timestamp() \
                    RETURNING name, wait_until), \
                  n AS (SELECT pg_notify($2, name) FROM r WHERE wait_until > clock_timestamp()), \
-                 h AS ({}) \
+                 h AS ({}), \
+                 v AS (SELECT pg_notify($2, notice) FROM unnest($3::text[]) notice) \
                  SELECT (SELECT count(*) FROM r) + 0 * (SELECT count(*) FROM n) \
-                   + 0 * (SELECT count(*) FROM h)",
+                   + 0 * (SELECT count(*) FROM h) + 0 * (SELECT count(*) FROM v)",
                 notify_head("$2", "EXISTS (SELECT 1 FROM r)", "")
             ),
         }

@@ -12,7 +12,8 @@
 //! [`AcquireRequest`]), `lease` (the [`Lease`] and [`Acquired`] a backend returns),
 //! `background` ([`Background`]), `cleanup` (what a cancelled acquisition leaves to undo),
 //! `detached` (attempts that run on after their caller left), `poll` (polling with
-//! [`Backoff`]); this file is the [`Backend`] trait.
+//! [`Backoff`]), `revocations` (the leases a revocation notice reaches: [`Revocations`]); this
+//! file is the [`Backend`] trait.
 
 mod background;
 mod cleanup;
@@ -20,6 +21,7 @@ mod detached;
 mod lease;
 mod poll;
 mod request;
+mod revocations;
 #[cfg(test)]
 mod tests;
 
@@ -40,7 +42,8 @@ pub use self::detached::{AttemptOutcome, CallerGone, acquire_detached, acquire_d
 pub use self::lease::{Acquired, BoxLease, Lease, SetAttempt};
 pub use self::poll::{Backoff, poll_acquire, poll_attempts};
 pub use self::request::{AcquireRequest, OwnerToken};
-pub use crate::lost::LostNotifier;
+pub use self::revocations::{RevocationWatch, Revocations};
+pub use crate::lost::{LostNotifier, LostReporter};
 
 /// A lock backend: one client (connection pool, session) to one lock service.
 ///

@@ -365,3 +365,60 @@ async fn a_late_win_of_a_request_given_up_is_released() {
     late.win().await;
     late.assert_released_within(Duration::from_secs(10)).await;
 }
+
+/// A revocation notice fires the lost signal of the leases it names (and only those), once;
+/// nothing is registered before the client listens, and a dropped registration ends it.
+#[test]
+fn a_revocation_notice_fires_the_named_leases_only() {
+    let revocations = Arc::new(Revocations::default());
+    let (early, early_signal) = LostNotifier::new();
+    revocations.watch(1, early.reporter());
+    assert!(revocations.is_empty(), "registered before listening");
+    revocations.listen();
+    let (a, a_signal) = LostNotifier::new();
+    let (b, b_signal) = LostNotifier::new();
+    let (c, c_signal) = LostNotifier::new();
+    let a_token = OwnerToken::random().uuid().as_u128();
+    let b_token = OwnerToken::random().uuid().as_u128();
+    let c_token = OwnerToken::random().uuid().as_u128();
+    revocations.watch(a_token, a.reporter());
+    let b_watch = revocations
+        .watch_until_dropped(b_token, b.reporter())
+        .expect("listening");
+    let c_watch = revocations
+        .watch_until_dropped(c_token, c.reporter())
+        .expect("listening");
+    assert_eq!(revocations.len(), 3);
+    drop(c_watch);
+    assert_eq!(revocations.len(), 2, "a dropped registration is gone");
+    let notice = format!("{a_token:032x} not-a-token {c_token:032x} {:032x}", 1u128);
+    assert_eq!(revocations.revoked(&notice), 1, "only a is named and held");
+    assert_eq!(a_signal.reason(), Some(crate::LostReason::RenewalRefused));
+    assert_eq!(b_signal.reason(), None);
+    assert_eq!(c_signal.reason(), None, "unregistered before the notice");
+    assert_eq!(early_signal.reason(), None);
+    assert_eq!(
+        revocations.revoked(&format!("{a_token:032x}")),
+        0,
+        "fired once"
+    );
+    revocations.unwatch(a_token);
+    drop(b_watch);
+    assert!(revocations.is_empty());
+}
+
+/// A lease registered for revocation notices does not keep its request alive: the late win of
+/// a cancelled attempt is released once the request is over, not left to its TTL (a registry
+/// that kept a notifier left `grant_at_drop_leaves_nothing`'s lock held for its whole TTL).
+#[tokio::test]
+async fn a_registered_lease_does_not_keep_its_request_alive() {
+    let revocations = Arc::new(Revocations::default());
+    revocations.listen();
+    let (notifier, _signal) = LostNotifier::new();
+    let over = notifier.watch();
+    let token = OwnerToken::random().uuid().as_u128();
+    let _registered = revocations.watch_until_dropped(token, notifier.reporter());
+    revocations.watch(token + 1, notifier.reporter());
+    drop(notifier);
+    assert!(over.over_within(Duration::from_secs(5)).await);
+}

@@ -205,6 +205,27 @@ impl Drop for LostNotifier {
     }
 }
 
+/// Reports the lease of `inner` lost ([`LostNotifier::fire`], [`LostReporter::fire`]).
+fn fire(inner: &NotifierInner, reason: LostReason) -> bool {
+    if inner.reason.load(Ordering::Acquire) != 0 {
+        return false;
+    }
+    // Before the reason is visible: whoever sees the reason sees when. (Two first reports
+    // racing set it once, at the earlier of the two.)
+    inner.fired_at.set_if_none(Instant::now());
+    let first = inner
+        .reason
+        .compare_exchange(0, reason_code(reason), Ordering::AcqRel, Ordering::Acquire)
+        .is_ok();
+    if first {
+        inner.changed.notify_waiters();
+        if let Some(hook) = inner.hook.get().and_then(std::sync::Weak::upgrade) {
+            hook.lost(reason);
+        }
+    }
+    first
+}
+
 /// A look at one request's lifetime from a late attempt of it (see
 /// the backend module's `acquire_detached_for`): the request's notifier state, without counting as
 /// one of its notifiers.
@@ -223,10 +244,38 @@ impl RequestWatch {
     }
 }
 
+/// Reports one request's lease lost, as [`LostNotifier::fire`] does, without counting as one of
+/// its notifiers: what a registry of held leases keeps (see
+/// the backend module's `Revocations`). A notifier kept there would keep the request
+/// alive, and the late win of a cancelled attempt of it would stay held until its TTL instead
+/// of being released (see the backend module's `acquire_detached_for`).
+#[derive(Clone)]
+pub struct LostReporter(Arc<NotifierInner>);
+
+impl fmt::Debug for LostReporter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("LostReporter")
+            .field(&self.0.reason())
+            .finish()
+    }
+}
+
+impl LostReporter {
+    /// Reports the lease lost; returns false if it was already reported.
+    pub fn fire(&self, reason: LostReason) -> bool {
+        fire(&self.0, reason)
+    }
+}
+
 impl LostNotifier {
     /// A watch of this request's lifetime that does not keep it alive.
     pub(crate) fn watch(&self) -> RequestWatch {
         RequestWatch(self.0.clone())
+    }
+
+    /// What reports this lease lost without keeping its request alive.
+    pub fn reporter(&self) -> LostReporter {
+        LostReporter(self.0.clone())
     }
 
     /// A new notifier and its signal.
@@ -264,24 +313,7 @@ impl LostNotifier {
 
     /// Reports the lease lost; returns false if it was already reported.
     pub fn fire(&self, reason: LostReason) -> bool {
-        let inner = &self.0;
-        if inner.reason.load(Ordering::Acquire) != 0 {
-            return false;
-        }
-        // Before the reason is visible: whoever sees the reason sees when. (Two first reports
-        // racing set it once, at the earlier of the two.)
-        inner.fired_at.set_if_none(Instant::now());
-        let first = inner
-            .reason
-            .compare_exchange(0, reason_code(reason), Ordering::AcqRel, Ordering::Acquire)
-            .is_ok();
-        if first {
-            inner.changed.notify_waiters();
-            if let Some(hook) = inner.hook.get().and_then(std::sync::Weak::upgrade) {
-                hook.lost(reason);
-            }
-        }
-        first
+        fire(&self.0, reason)
     }
 
     /// Sets what runs on the first loss (once per notifier; the caller makes the hook
