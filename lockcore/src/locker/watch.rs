@@ -113,7 +113,10 @@ impl<S> Inbox<S> {
         let mut m = self.lock();
         m.task = TaskState::Busy;
         Taken {
-            new: m.new.drain().collect(),
+            // Taken whole, not drained: a drained map keeps its capacity, and a burst of new
+            // leases (10,000 taken in a row) would keep ~60 bytes a lease here for good
+            // (lock-redis lease_memory counts it).
+            new: std::mem::take(&mut m.new).into_iter().collect(),
             forgotten: std::mem::take(&mut m.forgotten),
             rearmed: std::mem::take(&mut m.rearmed),
             closed: m.closed,
