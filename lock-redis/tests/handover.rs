@@ -56,6 +56,27 @@ async fn queue_dead_waiter(url: &str, name: &LockName, token: &str) {
     assert!(matches!(attempt, NodeAttempt::Held { .. }), "{attempt:?}");
 }
 
+/// Starts `waiter`'s `lock()` on `name` and returns it once the server's queue holds `queued`
+/// entries (the server announces no queue entry, so its length is polled, with a deadline).
+async fn spawn_queued_waiter(
+    backend: &RedisBackend,
+    waiter: &Locker,
+    name: &LockName,
+    opts: &LockOptions,
+    queued: usize,
+) -> tokio::task::JoinHandle<lockcore::Result<lockcore::LockGuard>> {
+    let task = {
+        let (waiter, name, opts) = (waiter.clone(), name.clone(), opts.clone());
+        tokio::spawn(async move { waiter.lock(&name, &opts).await })
+    };
+    let end = Instant::now() + scaled(10.0);
+    while backend.queued_waiters(name).await.unwrap() < queued {
+        assert!(Instant::now() < end, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    task
+}
+
 async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url)
         .unwrap()
@@ -79,15 +100,7 @@ async fn a_release_grants_the_lock_to_the_waiting_head() {
     let opts = LockOptions::new().ttl(LOCK_TTL).wait_timeout(scaled(20.0));
     let g = holder.lock(&name, &opts).await.unwrap();
     let first = g.fencing_token().unwrap();
-    let task = {
-        let (waiter, name, opts) = (waiter.clone(), name.clone(), opts.clone());
-        tokio::spawn(async move { waiter.lock(&name, &opts).await })
-    };
-    let end = Instant::now() + scaled(10.0);
-    while backend.queued_waiters(&name).await.unwrap() < 1 {
-        assert!(Instant::now() < end, "the waiter never queued");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let task = spawn_queued_waiter(&backend, &waiter, &name, &opts, 1).await;
     g.release().await.unwrap();
     let w = tokio::time::timeout(scaled(10.0), task)
         .await
@@ -139,15 +152,7 @@ async fn a_crashed_head_costs_the_next_waiter_the_claim_at_most() {
     let opts = LockOptions::new().ttl(LOCK_TTL).wait_timeout(scaled(25.0));
     let g = holder.lock(&name, &opts).await.unwrap();
     queue_dead_waiter(&url, &name, "0123456789abcdef0123456789abcdef").await;
-    let task = {
-        let (waiter, name, opts) = (waiter.clone(), name.clone(), opts.clone());
-        tokio::spawn(async move { waiter.lock(&name, &opts).await })
-    };
-    let end = Instant::now() + scaled(10.0);
-    while backend.queued_waiters(&name).await.unwrap() < 2 {
-        assert!(Instant::now() < end, "the waiter never queued");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let task = spawn_queued_waiter(&backend, &waiter, &name, &opts, 2).await;
     let released = Instant::now();
     g.release().await.unwrap();
     let w = tokio::time::timeout(scaled(20.0), task)
@@ -183,15 +188,7 @@ async fn a_lost_grant_is_found_by_the_safety_poll() {
     let name = LockName::new(unique("grant-lost")).unwrap();
     let opts = LockOptions::new().ttl(LOCK_TTL).wait_timeout(scaled(20.0));
     let g = holder.lock(&name, &opts).await.unwrap();
-    let task = {
-        let (waiter, name, opts) = (waiter.clone(), name.clone(), opts.clone());
-        tokio::spawn(async move { waiter.lock(&name, &opts).await })
-    };
-    let end = Instant::now() + scaled(10.0);
-    while backend.queued_waiters(&name).await.unwrap() < 1 {
-        assert!(Instant::now() < end, "the waiter never queued");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let task = spawn_queued_waiter(&backend, &waiter, &name, &opts, 1).await;
     // The release script's grant, without its message.
     let lock = backend.lock_key(&name);
     let base = lock.strip_suffix(":lock").unwrap().to_owned();
