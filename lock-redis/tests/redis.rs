@@ -788,7 +788,8 @@ async fn a_crashed_waiters_entry_expires_on_the_server_clock_then_the_next_waite
 
     // The doomed waiter: its own runtime on its own thread, shut down once it is queued.
     let dead_url = with_query(&url, "poll_ms=3000");
-    let (queued_tx, queued_rx) = std::sync::mpsc::channel::<()>();
+    // Awaited, not received blockingly: this test's runtime workers stay free meanwhile.
+    let (queued_tx, queued_rx) = tokio::sync::oneshot::channel::<()>();
     let (crash_tx, crash_rx) = std::sync::mpsc::channel::<()>();
     let dead = {
         let name = name.clone();
@@ -808,7 +809,7 @@ async fn a_crashed_waiters_entry_expires_on_the_server_clock_then_the_next_waite
             rt.shutdown_background();
         })
     };
-    queued_rx.recv().unwrap();
+    queued_rx.await.unwrap();
     until_queued("the doomed waiter is queued", &backend, &name, 1).await;
     let (scores, now) = queue_expiries(&mut raw, &backend, &name).await;
     assert_eq!(scores.len(), 1);
@@ -818,7 +819,9 @@ async fn a_crashed_waiters_entry_expires_on_the_server_clock_then_the_next_waite
         "the entry expires {left} ms from the server's now; expected within poll_ms + 2 s"
     );
     crash_tx.send(()).unwrap();
-    dead.join().unwrap();
+    tokio::task::spawn_blocking(move || dead.join().unwrap())
+        .await
+        .unwrap();
 
     let next_url = with_query(&url, "poll_ms=200");
     let next = Locker::new(RedisBackend::connect(&next_url).await.unwrap());
