@@ -406,6 +406,83 @@ async fn requests_per_operation() {
     }
 }
 
+/// What a PostgreSQL row lock costs with the default options, counted on a private server (so
+/// no other client's work shows): an acquire (tried, or waited for while free) is one request
+/// and one transaction that writes (the fencing token's committed counter: the one write an
+/// acquisition must make, see the `row-lock default cost` note in `pg::rowlock`), a release
+/// one request that writes nothing, and an acquire without a token (`no_fencing`) writes
+/// nothing. Writing transactions are counted by the server's transaction ids (a read-only
+/// transaction takes none; autovacuum, whose ANALYZE would take some, is off).
+#[tokio::test]
+async fn pg_row_lock_default_cost() {
+    if !require_installed(PG_BIN) {
+        return;
+    }
+    let pg = Postgres::start_with(&[("autovacuum", "off"), ("synchronous_commit", "off")])
+        .await
+        .unwrap();
+    let url = with_params(&pg.url(), "sslmode=disable");
+    let (proxy, through) = counting_proxy(&url, Wire::Postgres).await;
+    let c = client(&with_params(&through, "strategy=row-lock")).await;
+    let mut probe = <sqlx::PgConnection as sqlx::Connection>::connect(&url)
+        .await
+        .unwrap();
+    // Takes a transaction id of its own: the ids between two calls are the writers between.
+    let mut xid = async || -> i64 {
+        sqlx::query_scalar("SELECT txid_current()")
+            .fetch_one(&mut probe)
+            .await
+            .unwrap()
+    };
+    let name = unique("cost");
+    let opts = LockOptions::new().ttl(Duration::from_secs(60));
+    let waiting = opts.clone().wait_timeout(scaled(Duration::from_secs(20)));
+    let bare = opts.clone().no_fencing();
+    // Warm-up: every statement prepared (try and wait, with and without a token), the lock
+    // row made.
+    for o in [&opts, &bare] {
+        for _ in 0..2 {
+            let g = c.try_lock(name.as_str(), o).await.unwrap().unwrap();
+            g.release().await.unwrap();
+            let w = o.clone().wait_timeout(scaled(Duration::from_secs(20)));
+            c.lock(name.as_str(), &w)
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap();
+        }
+    }
+    const N: u64 = 10;
+    let mut last = 0;
+    for (what, o, waits, writes) in [
+        ("try_lock", &opts, false, 1),
+        ("lock", &waiting, true, 1),
+        ("try_lock without a token", &bare, false, 0),
+    ] {
+        let (x0, r0) = (xid().await, proxy.requests());
+        for _ in 0..N {
+            let g = if waits {
+                c.lock(name.as_str(), o).await.unwrap()
+            } else {
+                c.try_lock(name.as_str(), o).await.unwrap().unwrap()
+            };
+            if let Some(t) = g.fencing_token() {
+                assert!(t > last, "{what}: token {t} after {last}");
+                last = t;
+            }
+            g.release().await.unwrap();
+        }
+        let (x1, r1) = (xid().await, proxy.requests());
+        assert_eq!(r1 - r0, 2 * N, "{what}: requests for {N} acquire+release");
+        assert_eq!(
+            (x1 - x0 - 1) as u64,
+            writes * N,
+            "{what}: writing transactions for {N} acquire+release"
+        );
+    }
+}
+
 /// A failed PostgreSQL lease attempt writes nothing: the held row keeps its version and is not
 /// locked (regression: the upsert locked the row even when it took nothing).
 #[tokio::test]

@@ -2,6 +2,23 @@
 //! shared for a reader: the same statements with the `_shared` functions, on the same key),
 //! with the lock row's fencing counter bumped and committed in the same statement when the
 //! caller wants a fencing token (without one, nothing is written).
+//!
+//! # Row-lock default cost
+//!
+//! With the default options an acquisition is one request and one writing transaction (the
+//! counter's commit), a release one request that writes nothing; `pg_row_lock_default_cost`
+//! in `tests/faults.rs` counts both, so neither can grow unnoticed. The bare
+//! `pg_advisory_lock` + unlock is two requests as well: what separates the two is the
+//! statement's check that no lease holds the name (see `exclusion`, which the mutual exclusion
+//! of the strategies needs) and the committed write, whose cost is the server's (a transaction
+//! id, the row's new version, the commit record and its WAL flush; the crate docs' *What the
+//! token costs* has the figures). That write is the floor for a durable token. Cheaper tokens
+//! were weighed and refused: a sequence's `nextval` writes WAL only every 32nd value, and a
+//! value covered by a record of a transaction that never committed can be handed out again
+//! after a crash (the regression `pg_tokens_and_leases_survive_a_crash_restart` guards
+//! against); an epoch of the server's start (`pg_postmaster_start_time`) does not change on the
+//! crash recovery that follows one backend's crash (`restart_after_crash`: the same postmaster
+//! reinitialises and replays the WAL), so it cannot rule that re-issue out either.
 
 use super::*;
 
