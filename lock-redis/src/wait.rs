@@ -37,7 +37,9 @@ impl Inner {
             };
             CleanUpIfCancelled::arm(leave, &req.background)
         });
-        let won = |a, in_queue: Option<CleanUpIfCancelled<queue::Leave>>, revoked: Option<WaitingWatch>| {
+        let won = |a,
+                   in_queue: Option<CleanUpIfCancelled<queue::Leave>>,
+                   revoked: Option<WaitingWatch>| {
             if let Some(q) = in_queue {
                 q.disarm();
             }

@@ -310,8 +310,23 @@ fn a_revocation_between_grant_and_take_reaches_the_waiter_at_once() {
     let name = LockName::new(unique("grant-revoked")).unwrap();
     let opts = LockOptions::new().ttl(TTL).wait_timeout(scaled(30.0));
     let bound = scaled(3.0);
-    assert!(bound < TTL / 3, "LOCK_TEST_TIME_SCALE too large for this test");
+    assert!(
+        bound < TTL / 3,
+        "LOCK_TEST_TIME_SCALE too large for this test"
+    );
 
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // Held before the waiter starts.
+    let (backend, holder, g) = rt.block_on(async {
+        let backend = RedisBackend::connect(&url).await.unwrap();
+        let holder = Locker::new(backend.clone());
+        let g = holder.lock(&name, &opts).await.unwrap();
+        (backend, holder, g)
+    });
     let (stall_tx, stall_rx) = tokio::sync::oneshot::channel::<()>();
     let (stalled_tx, stalled_rx) = tokio::sync::oneshot::channel::<()>();
     let (resume_tx, resume_rx) = std::sync::mpsc::channel::<()>();
@@ -337,17 +352,21 @@ fn a_revocation_between_grant_and_take_reaches_the_waiter_at_once() {
         })
     };
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
     rt.block_on(async {
-        let backend = RedisBackend::connect(&url).await.unwrap();
-        let holder = Locker::new(backend.clone());
-        let g = holder.lock(&name, &opts).await.unwrap();
+        // Queued and subscribed to the name's channel (the server announces neither: polled,
+        // with a deadline), so that the grant's message reaches the stalled client.
+        let mut conn = raw(&url).await;
         let end = Instant::now() + scaled(10.0);
-        while backend.queued_waiters(&name).await.unwrap() < 1 {
+        loop {
+            let (_, subscribed): (String, u64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(backend.channel(&name))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            if subscribed > 0 && backend.queued_waiters(&name).await.unwrap() > 0 {
+                break;
+            }
             assert!(Instant::now() < end, "the waiter never queued");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
