@@ -51,8 +51,11 @@ impl Inner {
     /// waiter (`handover=grant`), or its attempt may win, and a `force_release` may take it
     /// away before the waiter has its lease; the notice then fires the request's lost signal
     /// (which its guard will carry), instead of being dropped and leaving the revocation to the
-    /// first renewal. A notice can name a waiting token only after the server gave it the lock.
-    /// `None` when this client hears no notices. Dropping the watch unregisters the token;
+    /// first renewal. A notice can name a waiting token only after the server gave it the lock
+    /// (a grant, or a winning attempt, both revoked since). Should the waiter leave that grant
+    /// untaken (stale or too old, see `Inner::granted`) and win the freed lock afresh, its guard
+    /// starts lost: a spurious loss in that narrow race, never a missed one. `None` when this
+    /// client hears no notices. Dropping the watch unregisters the token;
     /// [`WaitingWatch::won`] leaves it to the lease.
     pub(crate) fn watch_while_waiting(
         self: &Arc<Self>,
