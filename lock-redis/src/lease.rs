@@ -45,6 +45,53 @@ impl Inner {
         }
         self.lease(req, fence)
     }
+
+    /// A waiting request's token, reachable by a revocation notice from the time it waits
+    /// (see [`revoked`]), not only once it holds: a release may grant the lock to this
+    /// waiter (`handover=grant`), or its attempt may win, and a `force_release` may take it
+    /// away before the waiter has its lease; the notice then fires the request's lost signal
+    /// (which its guard will carry), instead of being dropped and leaving the revocation to the
+    /// first renewal. A notice can name a waiting token only after the server gave it the lock
+    /// (a grant, or a winning attempt, both revoked since). Should the waiter leave that grant
+    /// untaken (stale or too old, see `Inner::granted`) and win the freed lock afresh, its guard
+    /// starts lost: a spurious loss in that narrow race, never a missed one. `None` when this
+    /// client hears no notices. Dropping the watch unregisters the token;
+    /// [`WaitingWatch::won`] leaves it to the lease.
+    pub(crate) fn watch_while_waiting(
+        self: &Arc<Self>,
+        req: &AcquireRequest,
+    ) -> Option<WaitingWatch> {
+        self.revocations.as_ref()?;
+        let token = req.token.uuid().as_u128();
+        self.node.watch_revoked(token, req.lost.clone());
+        Some(WaitingWatch {
+            inner: Some(Arc::clone(self)),
+            token,
+        })
+    }
+}
+
+/// A waiting request's revocation registration ([`Inner::watch_while_waiting`]).
+pub(crate) struct WaitingWatch {
+    /// `None` once won.
+    inner: Option<Arc<Inner>>,
+    token: u128,
+}
+
+impl WaitingWatch {
+    /// The request won: its lease (registered by [`Inner::won_lease`]) unregisters the token
+    /// when it is dropped.
+    pub(crate) fn won(mut self) {
+        self.inner = None;
+    }
+}
+
+impl Drop for WaitingWatch {
+    fn drop(&mut self) {
+        if let Some(inner) = &self.inner {
+            inner.node.unwatch_revoked(self.token);
+        }
+    }
 }
 
 /// A held Redis lease. Its keys and the owner string the server stores are derived from the

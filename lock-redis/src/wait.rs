@@ -10,6 +10,7 @@ use lockcore::{Instant, LockMode, Result};
 
 use crate::attempt::Attempt;
 use crate::client::Inner;
+use crate::lease::WaitingWatch;
 use crate::node::ExpiryWatch;
 use crate::queue;
 use crate::subs::Granted;
@@ -36,9 +37,14 @@ impl Inner {
             };
             CleanUpIfCancelled::arm(leave, &req.background)
         });
-        let won = |a, in_queue: Option<CleanUpIfCancelled<queue::Leave>>| {
+        let won = |a,
+                   in_queue: Option<CleanUpIfCancelled<queue::Leave>>,
+                   revoked: Option<WaitingWatch>| {
             if let Some(q) = in_queue {
                 q.disarm();
+            }
+            if let Some(r) = revoked {
+                WaitingWatch::won(r);
             }
             Ok(Some(a))
         };
@@ -53,9 +59,12 @@ impl Inner {
         // Uncontended fast path: no subscription round trip when the lock is free.
         let first = number();
         let (mut pttl, mut refused) = match self.attempt(req, &keys, true, first).await? {
-            Attempt::Won(a) => return won(a, in_queue),
+            Attempt::Won(a) => return won(a, in_queue, None),
             Attempt::Held { pttl, sent_at, .. } => (pttl, first.map(|n| (n, sent_at))),
         };
+        // Queued (or waiting): from here a grant, or an attempt's win, may give this token the
+        // lock before the lease exists; a revocation of it must not be dropped meanwhile.
+        let revoked = self.watch_while_waiting(req);
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(None);
         }
@@ -74,7 +83,7 @@ impl Inner {
                 })
                 .await?;
                 return match got {
-                    Some(a) => won(a, in_queue),
+                    Some(a) => won(a, in_queue, revoked),
                     None => Ok(None),
                 };
             }
@@ -91,7 +100,7 @@ impl Inner {
                 && let Some(a) = self.granted(req, g, last)
             {
                 expiry.won();
-                return won(a, in_queue);
+                return won(a, in_queue, revoked);
             }
             // Registered before the attempt: a release published while it is in flight wakes us.
             // Readers on their own notify: a release wakes all of them, not one per client.
@@ -107,7 +116,7 @@ impl Inner {
             let head = match self.attempt(req, &keys, true, n).await? {
                 Attempt::Won(a) => {
                     expiry.won();
-                    return won(a, in_queue);
+                    return won(a, in_queue, revoked);
                 }
                 Attempt::Held {
                     pttl: p,

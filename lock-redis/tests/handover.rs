@@ -291,3 +291,98 @@ async fn a_waiter_leaving_after_its_grant_gives_it_back() {
     let again = holder.try_lock(&name, &opts).await.unwrap();
     assert!(again.is_some(), "the lock is not free after the leave");
 }
+
+/// A `force_release` that lands between the grant and the waiter taking it reaches the waiter
+/// at once: its lost signal fires as the grant is taken, not at the first renewal (a third of
+/// the claim, here 20 s). The waiter's client runs on a runtime of its own, stalled (its
+/// thread blocked on a channel) from before the release to after the revocation, so both
+/// messages wait in its pub/sub connection: the grant first, then the notice naming the
+/// token it granted.
+#[test]
+fn a_revocation_between_grant_and_take_reaches_the_waiter_at_once() {
+    let Some(url) = require_env("LOCK_TEST_REDIS_URL") else {
+        return;
+    };
+    const TTL: Duration = Duration::from_secs(60);
+    let sep = if url.contains('?') { '&' } else { '?' };
+    // A long poll: the claim is the TTL, the first renewal 20 s away.
+    let url = format!("{url}{sep}handover=grant&poll_ms=60000");
+    let name = LockName::new(unique("grant-revoked")).unwrap();
+    let opts = LockOptions::new().ttl(TTL).wait_timeout(scaled(30.0));
+    let bound = scaled(3.0);
+    assert!(
+        bound < TTL / 3,
+        "LOCK_TEST_TIME_SCALE too large for this test"
+    );
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // Held before the waiter starts.
+    let (backend, holder, g) = rt.block_on(async {
+        let backend = RedisBackend::connect(&url).await.unwrap();
+        let holder = Locker::new(backend.clone());
+        let g = holder.lock(&name, &opts).await.unwrap();
+        (backend, holder, g)
+    });
+    let (stall_tx, stall_rx) = tokio::sync::oneshot::channel::<()>();
+    let (stalled_tx, stalled_rx) = tokio::sync::oneshot::channel::<()>();
+    let (resume_tx, resume_rx) = std::sync::mpsc::channel::<()>();
+    let waiter = {
+        let (url, name, opts) = (url.clone(), name.clone(), opts.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let waiter = Locker::new(RedisBackend::connect(&url).await.unwrap());
+                let task = tokio::spawn(async move { waiter.lock(&name, &opts).await });
+                stall_rx.await.unwrap();
+                stalled_tx.send(()).unwrap();
+                // Blocks the runtime's one thread: no message is read until the test resumes it.
+                resume_rx.recv().unwrap();
+                let guard = task.await.unwrap().unwrap();
+                let taken = Instant::now();
+                let lost = tokio::time::timeout(bound, guard.lost().lost()).await;
+                (lost.ok(), taken.elapsed())
+            })
+        })
+    };
+
+    rt.block_on(async {
+        // Queued and subscribed to the name's channel (the server announces neither: polled,
+        // with a deadline), so that the grant's message reaches the stalled client.
+        let mut conn = raw(&url).await;
+        let end = Instant::now() + scaled(10.0);
+        loop {
+            let (_, subscribed): (String, u64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(backend.channel(&name))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            if subscribed > 0 && backend.queued_waiters(&name).await.unwrap() > 0 {
+                break;
+            }
+            assert!(Instant::now() < end, "the waiter never queued");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stall_tx.send(()).unwrap();
+        stalled_rx.await.unwrap();
+        g.release().await.unwrap();
+        assert!(
+            holder.force_release(&name).await.unwrap(),
+            "the release granted nothing to revoke"
+        );
+    });
+    resume_tx.send(()).unwrap();
+    let (lost, after) = waiter.join().unwrap();
+    assert_eq!(
+        lost,
+        Some(lockcore::LostReason::RenewalRefused),
+        "the revocation did not reach the waiter within {bound:?} of its lock() ({after:?})"
+    );
+}
