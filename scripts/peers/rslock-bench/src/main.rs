@@ -65,12 +65,15 @@ async fn main() {
     let run = async move {
         match args.first().map(String::as_str) {
             Some("p50") => p50(Duration::from_secs(number(args.get(1), "SECS"))).await,
-            Some("contend") => {
-                contend(number(args.get(1), "PROCS"), number(args.get(2), "SECS"))
-            }
+            Some("contend") => contend(number(args.get(1), "PROCS"), number(args.get(2), "SECS")),
             Some("worker") => {
                 let name = args.get(3).unwrap_or_else(|| fail("expected NAME"));
-                worker(number(args.get(1), "START_MS"), number(args.get(2), "SECS"), name).await
+                worker(
+                    number(args.get(1), "START_MS"),
+                    number(args.get(2), "SECS"),
+                    name,
+                )
+                .await
             }
             _ => fail("usage: rslock-bench p50 SECS | contend PROCS SECS"),
         }
