@@ -139,8 +139,8 @@ def row_of(prefix):
 redis, redlock = row_of("redis"), row_of("redlock")
 table = [("figure", "locksmith", "peer", "ratio", "goal", "met")]
 
-def add(figure, mine, peer, ratio, goal, met):
-    fmt = lambda v: "-" if v is None else (f"{v:,.1f}" if isinstance(v, float) else str(v))
+def add(figure, mine, peer, ratio, goal, met, digits=1):
+    fmt = lambda v: "-" if v is None else (f"{v:,.{digits}f}" if isinstance(v, float) else str(v))
     table.append((figure, fmt(mine), fmt(peer),
                    "-" if ratio is None else f"{ratio:.2f}x", goal,
                    "-" if met is None else ("yes" if met else "NO")))
@@ -165,14 +165,14 @@ if redis:
     add("Redis 4-process rate (rslock re-grabbing)", procs, rs, ratio(procs, rs), "-", None)
     fair = num(redis["fair min/share"])
     add("Redis fewest/fair share, locksmith vs python-redis-lock", fair,
-        peers.get("prl", {}).get("min_share"), None, "fair", None)
+        peers.get("prl", {}).get("min_share"), None, "fair", None, digits=2)
     add("Redis fewest/fair share, rslock", None,
-        peers.get("rslock", {}).get("min_share"), None, "-", None)
+        peers.get("rslock", {}).get("min_share"), None, "-", None, digits=2)
     hx = num(redis["hand-over x rtt"])
-    add("Redis hand-over p50 over rtt", hx, None, None, "<= 1.5", hx is not None and hx <= 1.5)
+    add("Redis hand-over p50 over rtt", hx, None, None, "<= 1.5", hx is not None and hx <= 1.5, digits=2)
     sent = num(redis["sent/hand-over"])
     add("Redis requests sent per hand-over, 100 waiters", sent, None, None, "<= 2",
-        sent is not None and sent <= 2)
+        sent is not None and sent <= 2, digits=2)
 if redlock:
     p50 = num(redlock["p50 µs"])
     peer = peers.get("rslock_rl_p50", {}).get("p50_us")
@@ -183,7 +183,7 @@ if redlock:
     add("Redlock 4-process hand-overs/s (rslock unfair)", procs, rs, r, ">= 1x",
         r is not None and r >= 1)
     add("Redlock fewest/fair share, locksmith vs rslock", num(redlock["fair min/share"]),
-        peers.get("rslock_rl", {}).get("min_share"), None, "-", None)
+        peers.get("rslock_rl", {}).get("min_share"), None, "-", None, digits=2)
 
 widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
 print(f"\nSide by side, {started}, {secs} s runs, load average (1 min) {load_start} at the start, "
