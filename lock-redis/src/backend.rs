@@ -152,6 +152,7 @@ impl RedisBackend {
                 caps,
                 describe,
                 revocations,
+                lingering: Arc::default(),
             }),
         })
     }
@@ -182,7 +183,8 @@ impl RedisBackend {
     }
 
     /// How many lock names this client holds pub/sub subscriptions (or pending unsubscriptions)
-    /// for; zero once no `lock()` call waits.
+    /// for; zero once no `lock()` call waits and the last wait's subscription stopped lingering
+    /// (a second after it ended).
     pub fn waited_names(&self) -> usize {
         // Not the namespace's revocation channel, which the client keeps for its lifetime.
         let revocations = usize::from(self.inner.revocations.is_some());

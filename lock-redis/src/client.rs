@@ -12,6 +12,7 @@ use crate::config::Handover;
 use crate::conn::Conn;
 use crate::interop::Interop;
 use crate::keys::Keys;
+use crate::linger::Lingering;
 use crate::node::{self, Node, Replicas};
 
 pub(crate) struct Inner {
@@ -30,6 +31,8 @@ pub(crate) struct Inner {
     /// The namespace's revocation channel, subscribed (see [`revoked`]): `None` on a cluster,
     /// under `interop=`, or when the subscription failed at connect.
     pub(crate) revocations: Option<node::Waiting>,
+    /// Release subscriptions kept a moment after a wait (see [`crate::linger`]).
+    pub(crate) lingering: std::sync::Arc<Lingering>,
 }
 
 impl Inner {

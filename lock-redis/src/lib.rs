@@ -59,6 +59,9 @@
 //!   connect on a single node, where it subscribes to the namespace's revocation notices, see
 //!   [`Capabilities::revoke_detection`](lockcore::Capabilities::revoke_detection); on a cluster on the first wait; resubscribing after
 //!   reconnects) shared by all its waiters; waiters of one name share one subscription.
+//!   A name's subscription lingers a second after a wait ends (`linger`): a client that waits
+//!   for it again meanwhile (a worker looping on a busy lock) sends no `SUBSCRIBE` /
+//!   `UNSUBSCRIBE` pair, and starts its wait with the subscribed attempt alone.
 //!
 //! # URL
 //!
@@ -148,7 +151,8 @@
 //!   a release wakes), then one file per mode giving only its scripts: `exclusive`, `queue`
 //!   (the exclusive waiters' queue), `shares` (readers and permits); `inspect`, `server`.
 //! * Connections: `conn` (reconnecting command connections, sentinels, clusters), `subs`
-//!   (pub/sub, one subscription per name per client), `revoked` (revocation notices).
+//!   (pub/sub, one subscription per name per client), `linger` (a subscription kept a moment
+//!   after a wait), `revoked` (revocation notices).
 //! * `interop`: the peer layouts (`interop=redis-py`, `interop=redisson`).
 #![deny(missing_docs)]
 
@@ -166,6 +170,7 @@ pub mod inspect;
 mod interop;
 mod keys;
 mod lease;
+mod linger;
 mod lua;
 pub mod node;
 mod queue;

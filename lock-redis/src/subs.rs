@@ -474,6 +474,26 @@ pub struct Waiting {
 }
 
 impl Waiting {
+    /// The channel's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A second registration for this channel: no request, the subscription stays while
+    /// either registration lives (see `linger`).
+    pub(crate) fn another(&self) -> Waiting {
+        if let Some(entry) = self.subs.registry.lock().get_mut(&self.name)
+            && Arc::ptr_eq(&entry.channel, &self.channel)
+        {
+            entry.waiters += 1;
+        }
+        Waiting {
+            subs: self.subs.clone(),
+            name: self.name.clone(),
+            channel: self.channel.clone(),
+        }
+    }
+
     /// The channel's waiters, whose [`Channel::notify`] a release message wakes.
     pub fn channel(&self) -> &Channel {
         &self.channel

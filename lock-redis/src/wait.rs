@@ -56,19 +56,31 @@ impl Inner {
             sent += 1;
             grants.then_some(sent)
         };
-        // Uncontended fast path: no subscription round trip when the lock is free.
-        let first = number();
-        let (mut pttl, mut refused) = match self.attempt(req, &keys, true, first).await? {
-            Attempt::Won(a) => return won(a, in_queue, None),
-            Attempt::Held { pttl, sent_at, .. } => (pttl, first.map(|n| (n, sent_at))),
+        // A wait of this client on the name that ended a moment ago left its subscription in
+        // place (see `linger`): the loop's attempt, subscribed, is then the first.
+        let lingering = self.lingering.take(&keys.channel);
+        // Else the uncontended fast path: no subscription round trip when the lock is free.
+        let (mut pttl, mut refused) = if lingering.is_some() {
+            (None, None)
+        } else {
+            let first = number();
+            let seen = match self.attempt(req, &keys, true, first).await? {
+                Attempt::Won(a) => return won(a, in_queue, None),
+                Attempt::Held { pttl, sent_at, .. } => (pttl, first.map(|n| (n, sent_at))),
+            };
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+            seen
         };
         // Queued (or waiting): from here a grant, or an attempt's win, may give this token the
         // lock before the lease exists; a revocation of it must not be dropped meanwhile.
         let revoked = self.watch_while_waiting(req);
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Ok(None);
-        }
-        let waiting = match self.node.subscriptions().join(&keys.channel).await {
+        let joined = match lingering {
+            Some(w) => Ok(w),
+            None => self.node.subscriptions().join(&keys.channel).await,
+        };
+        let waiting = match joined {
             Ok(w) => w,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot subscribe to release notifications; polling instead");
@@ -100,6 +112,7 @@ impl Inner {
                 && let Some(a) = self.granted(req, g, last)
             {
                 expiry.won();
+                self.lingering.keep(waiting.another());
                 return won(a, in_queue, revoked);
             }
             // Registered before the attempt: a release published while it is in flight wakes us.
@@ -116,6 +129,7 @@ impl Inner {
             let head = match self.attempt(req, &keys, true, n).await? {
                 Attempt::Won(a) => {
                     expiry.won();
+                    self.lingering.keep(waiting.another());
                     return won(a, in_queue, revoked);
                 }
                 Attempt::Held {
@@ -132,6 +146,7 @@ impl Inner {
             req.waiting.mark();
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
+                self.lingering.keep(waiting.another());
                 return Ok(None);
             }
             // The safety net: lost messages, a crashed head's entry expired (nothing announces

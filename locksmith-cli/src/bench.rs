@@ -430,11 +430,10 @@ async fn worker_inner(
         .await
         .map_err(|e| locksmith::Error::new(ErrorKind::Backend, format!("reading stdin: {e}")))?;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(millis);
-    // Without renewal (on by default), as the published figures were measured.
-    let opts = LockOptions::new()
-        .ttl(Duration::from_secs(10))
-        .wait_forever()
-        .no_auto_renew();
+    // The default options, as a user who sets nothing gets them: TTL 30 s, waiting without a
+    // deadline, the guard renewed in the background (issue 38: on Redis a granted hand-over
+    // holds without a second request only when the lease is renewed).
+    let opts = LockOptions::new();
     let opts = if std::env::var(WORKER_FENCING_ENV).is_ok_and(|v| v == "off") {
         opts.no_fencing()
     } else {

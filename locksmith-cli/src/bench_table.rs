@@ -106,6 +106,16 @@ acquisitions of one process; *fair*: the fewest acquisitions of one process over
 server-wide); *sent/hand-over*: the requests those waiting clients sent per hand-over (counted
 by proxies in front of them; `-` where none can stand before the server). `-`: not measured
 for that backend.
+
+Options: every loop takes the library's defaults, as a user who sets nothing gets them: the
+lease renewed in the background (auto-renewal on), a fencing token where the backend gives one
+(`--no-fencing`: none). The in-process loops (*p50 / p99*, *shared x*, *permit x*, *tasks/s*)
+ask a 10 s TTL and bound their wait at 30 s; the worker processes (*hand-over µs*, *procs/s*,
+*spread*, *fair*, *req/hand-over*, *sent/hand-over*) keep the default TTL (30 s) and wait without a
+deadline. A renewal falls due a third of the way into a lease (on Redis, into a granted
+hand-over's short claim: a second at the default `poll_ms`), so with holds of microseconds the
+counted runs renew nothing; a renewal that did fall due would count in *req/hand-over* and
+*sent/hand-over* like any request.
 ";
 
 /// The figures as table cells, the header first.
