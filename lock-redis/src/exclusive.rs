@@ -189,7 +189,7 @@ pub struct AcquireWith {
 }
 
 /// What a queued waiter leaves for a release to grant it the lock (`handover=grant`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GrantAsk {
     /// The number of this attempt of the waiter (the grant names it back).
     pub attempt: u64,
