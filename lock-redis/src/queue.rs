@@ -458,7 +458,13 @@ pub async fn release_announced_granting(
     grant: bool,
 ) -> Result<bool> {
     let sk = ShareKeys::of(keys);
-    let all = [&*keys.lock, &keys.holder, &sk.queue, &sk.queue_exp, &sk.grants];
+    let all = [
+        &*keys.lock,
+        &keys.holder,
+        &sk.queue,
+        &sk.queue_exp,
+        &sk.grants,
+    ];
     let args = [token, &keys.channel, publish_command(conn), message];
     let (script, key_list) = if grant {
         (&RELEASE_NAMED_GRANTING, &all[..])

@@ -376,11 +376,30 @@ mod tests {
                 r#"{"masters": [{"nodes": ["a"], "interop": "redis-py"}]}"#,
                 "interop",
             ),
+            (
+                r#"{"masters": [{"nodes": ["a"]}, {"nodes": ["b"], "handover": "wake"}]}"#,
+                "handover",
+            ),
         ] {
             let e = file(json).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidConfig);
             assert!(e.to_string().contains(says), "{json}: {e}");
         }
+    }
+
+    #[test]
+    fn handover_is_grant_by_default_and_wake_on_request() {
+        let default = parsed("redlock://a,b,c").unwrap();
+        assert_eq!(default.handover, lock_redis::Handover::Grant);
+        let wake = parsed("redlock://a,b,c?handover=wake").unwrap();
+        assert_eq!(wake.handover, lock_redis::Handover::Wake);
+        assert!(
+            wake.nodes
+                .iter()
+                .all(|n| n.handover == lock_redis::Handover::Wake)
+        );
+        let e = parsed("redlock://a,b,c?handover=sometimes").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig);
     }
 
     #[test]

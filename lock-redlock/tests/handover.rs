@@ -103,9 +103,9 @@ impl Cluster {
             .await
             .expect("MONITOR catches up");
         let grant = format!(" g:{token} ");
-        monitor.commands_from(0)[..seen].iter().any(|c| {
-            c.len() == 3 && c[0].eq_ignore_ascii_case("publish") && c[2].contains(&grant)
-        })
+        monitor.commands_from(0)[..seen]
+            .iter()
+            .any(|c| c.len() == 3 && c[0].eq_ignore_ascii_case("publish") && c[2].contains(&grant))
     }
 
     /// The owner token at the head of master `i`'s queue of `key`.
@@ -180,7 +180,10 @@ async fn a_majority_of_grants_holds_without_a_vote() {
     let g = won(rx, scaled(Duration::from_secs(10)), "a granted hand-over").await;
     let deadline = Instant::now() + scaled(Duration::from_secs(10));
     while cluster.script_calls().await < before + 5 {
-        assert!(Instant::now() < deadline, "the release did not reach every master");
+        assert!(
+            Instant::now() < deadline,
+            "the release did not reach every master"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // The negative window: a vote of the waiter would have followed the grants at once.
@@ -246,14 +249,20 @@ async fn a_crashed_granted_waiter_costs_the_next_at_most_the_claim() {
     let released = Instant::now();
     held.release().await.expect("release");
     let deadline = Instant::now() + scaled(Duration::from_secs(10));
-    while cluster.masters[0].cli(&["GET", &key]).await.expect("GET").trim() != ghost {
-        assert!(Instant::now() < deadline, "the dead waiter was never granted the lock");
+    while cluster.masters[0]
+        .cli(&["GET", &key])
+        .await
+        .expect("GET")
+        .trim()
+        != ghost
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the dead waiter was never granted the lock"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let ttl = cluster.masters[0]
-        .cli(&["PTTL", &key])
-        .await
-        .expect("PTTL");
+    let ttl = cluster.masters[0].cli(&["PTTL", &key]).await.expect("PTTL");
     let ttl: i64 = ttl.trim().parse().expect("a PTTL");
     assert!(
         (0..=claim.as_millis() as i64).contains(&ttl),
@@ -294,11 +303,21 @@ async fn a_grant_lost_on_one_master_is_made_up_by_the_majority() {
     held.release().await.expect("released on a majority");
     let g = won(rx, scaled(Duration::from_secs(10)), "four grants of five").await;
     for (i, m) in cluster.masters[..4].iter().enumerate() {
-        assert_eq!(m.cli(&["GET", &key]).await.expect("GET").trim(), token, "{i}");
+        assert_eq!(
+            m.cli(&["GET", &key]).await.expect("GET").trim(),
+            token,
+            "{i}"
+        );
     }
     cluster.masters[4].process().resume().expect("SIGCONT");
     let deadline = Instant::now() + scaled(Duration::from_secs(10));
-    while cluster.masters[4].cli(&["GET", &key]).await.expect("GET").trim() != token {
+    while cluster.masters[4]
+        .cli(&["GET", &key])
+        .await
+        .expect("GET")
+        .trim()
+        != token
+    {
         assert!(
             Instant::now() < deadline,
             "the late release did not grant the waiter on master 4"
@@ -347,7 +366,11 @@ async fn grants_whose_messages_were_lost_are_found_by_the_safety_poll() {
         "grants without their messages",
     )
     .await;
-    assert!(g.is_valid(), "held {:?} after the grants", granted.elapsed());
+    assert!(
+        g.is_valid(),
+        "held {:?} after the grants",
+        granted.elapsed()
+    );
     drop(held);
     g.release().await.expect("release");
 }
@@ -398,7 +421,10 @@ async fn a_minority_of_grants_is_given_back() {
         "master 0's release granted the lock to the waiter"
     );
     for m in &cluster.masters[2..] {
-        assert_eq!(m.cli(&["GET", &key]).await.expect("GET").trim(), "contender");
+        assert_eq!(
+            m.cli(&["GET", &key]).await.expect("GET").trim(),
+            "contender"
+        );
     }
     drop(rx);
 }
