@@ -39,8 +39,7 @@ use lockcore::Result;
 use lockcore::backend::{CancelCleanUp, CleanUpTask};
 
 use crate::conn::Conn;
-use crate::exclusive::GrantAsk;
-use crate::grant::{Grant, NodeAttempt, semaphore_conflict};
+use crate::grant::{Grant, GrantAsk, NodeAttempt, semaphore_conflict};
 use crate::keys::{Keys, ShareKeys};
 use crate::lua::{
     advance_fence_lua, announce_lua, keep_entry_lua, out_of_line_lua, prune_queue_lua, take_lua,
