@@ -50,7 +50,10 @@ pub(crate) struct Refused {
     refused_on: Vec<bool>,
     /// By master: a grant for this vote arrived.
     granted: Vec<bool>,
-    /// When a minority of grants arrived: how long the rest of that release's grants are
+    /// How long the vote took to be decided: the masters' grants of one release (sent to all
+    /// at once) arrive about this far apart at most.
+    round_trip: Duration,
+    /// When a minority of grants arrived: until when the rest of that release's grants are
     /// waited for before voting.
     grace_until: Option<Instant>,
 }
@@ -258,10 +261,14 @@ impl RedlockBackend {
                     return Ok(Some(a));
                 }
                 if r.count() > 0 && r.count() < self.inner.quorum && woken_vote.is_none() {
+                    // A release reaches the masters about together: the rest of its grants
+                    // come within about a round trip, or not at all (a master's release lost
+                    // or another waiter granted there), and meanwhile these grants hold those
+                    // masters from everyone else.
                     let now = Instant::now();
-                    let until = *r
-                        .grace_until
-                        .get_or_insert(now + self.inner.cfg.node_timeout(req.ttl));
+                    let grace = (r.round_trip * 2 + Duration::from_millis(2))
+                        .min(self.inner.cfg.node_timeout(req.ttl));
+                    let until = *r.grace_until.get_or_insert(now + grace);
                     if now < until && deadline.is_none_or(|d| now < d) {
                         next_vote = Some(until);
                         continue;
@@ -494,6 +501,7 @@ impl RedlockBackend {
             sent_at,
             claim: g.claim,
             granted: vec![false; n],
+            round_trip: sent_at.elapsed(),
             refused_on: others,
             grace_until: None,
         });

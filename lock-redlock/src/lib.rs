@@ -68,8 +68,9 @@
 //!   held**, without a vote: valid from that vote's send for the claim minus the drift (each
 //!   granting release ran after the vote reached its master), until the first renewal extends
 //!   it to the TTL on every master (`Acquired::with_granted_ttl`). A grant naming an older
-//!   vote is ignored. A minority of grants is waited on for a node timeout (the rest of that
-//!   release's grants are on their way), then the waiter votes: it wins on its granted masters
+//!   vote is ignored. A minority of grants is waited on for two round trips of the refused vote
+//!   (at most a node timeout: the rest of that release's grants are on their way, or lost, or
+//!   went to another waiter), then the waiter votes: it wins on its granted masters
 //!   (its own key there), or loses and its undo gives the grants back at once (an owner-checked
 //!   `PEXPIRE 1`), so the other waiters are not held up for a claim. A grant whose message is
 //!   lost is found by the next vote (the safety poll): its own key holds. A waiter that gives
