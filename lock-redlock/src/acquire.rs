@@ -124,9 +124,12 @@ impl RedlockBackend {
         let mut splits = 0u32;
         let ticket = Arc::new(Ticket::default());
         // handover=grant (exclusive waiters): votes are numbered, the same number on every
-        // master, and a release's grant names the vote it came after (see `Refused`).
-        let asks_grants =
-            self.inner.cfg.handover == Handover::Grant && req.mode == LockMode::Exclusive;
+        // master, and a release's grant names the vote it came after (see `Refused`). A lease
+        // that is not renewed in the background could not hold on a grant (its validity would
+        // stay the claim's): it asks for none, and is woken to vote as with handover=wake.
+        let asks_grants = self.inner.cfg.handover == Handover::Grant
+            && req.mode == LockMode::Exclusive
+            && req.renewed;
         let mut votes = 0u64;
         let mut number = move || {
             votes += 1;

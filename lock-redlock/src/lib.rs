@@ -76,8 +76,9 @@
 //!   lost is found by the next vote (the safety poll): its own key holds. A waiter that gives
 //!   up or is cancelled leaves every queue and gives its grants back; one that crashed once
 //!   granted holds the name for the claim, never the lock's TTL. Too little claim left (under
-//!   a third) or a lease that is not renewed in the background: the waiter votes instead (it
-//!   wins on its own keys, which the vote extends to the TTL). Readers are not granted (a
+//!   a third): the waiter votes instead (it wins on its own keys, which the vote extends to
+//!   the TTL). A lease that is not renewed in the background (`no_auto_renew`) asks for no
+//!   grants: its validity would stay the claim's, so it is woken to vote as with `wake`. Readers are not granted (a
 //!   reader's release wakes as before). Model-checked in `tests/handover_model.rs` (three
 //!   masters: mutual exclusion, and every believed hold backed by its key on a majority).
 //!   `handover=wake` keeps the wake-up path above.
