@@ -9,6 +9,7 @@ use lockcore::{Error, ErrorKind, OwnerToken, Result};
 
 use crate::conn::Conn;
 use crate::error::map_err;
+pub use crate::grant::GrantAsk;
 use crate::grant::{Grant, NodeAttempt, semaphore_conflict};
 use crate::keys::{Keys, ShareKeys};
 use crate::lua::{advance_fence_lua, announce_lua, take_lua, writer_check_lua};
@@ -186,15 +187,6 @@ pub struct AcquireWith {
     /// `handover=grant` (only with `queue`): a loser that joins the queue asks for the lock to
     /// be granted to it by the release (see `queue`).
     pub grant: Option<GrantAsk>,
-}
-
-/// What a queued waiter leaves for a release to grant it the lock (`handover=grant`).
-#[derive(Clone, Copy, Debug)]
-pub struct GrantAsk {
-    /// The number of this attempt of the waiter (the grant names it back).
-    pub attempt: u64,
-    /// The TTL the release gives the granted lock, until the waiter's renewal extends it.
-    pub claim: Duration,
 }
 
 /// Who asks for the lock, and for how long.

@@ -23,6 +23,16 @@ pub enum NodeAttempt {
     },
 }
 
+/// What a queued waiter leaves for a release to grant it the lock (`handover=grant`): on a single node
+/// (`queue`'s acquire) or on each master of a Redlock (`acquire_waiting`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrantAsk {
+    /// The number of this attempt of the waiter (the grant names it back).
+    pub attempt: u64,
+    /// The TTL the release gives the granted lock, until the waiter's renewal extends it.
+    pub claim: Duration,
+}
+
 /// An acquire script's verdict (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Grant {

@@ -36,7 +36,7 @@ pub use crate::grant::NodeAttempt;
 pub use crate::keys::Keys;
 pub use crate::queue::{
     QueuePlace, WaitingVote, acquire_waiting, leave_queue, queue_entry_ttl, release_announced,
-    release_plain as release,
+    release_announced_granting, release_plain as release,
 };
 pub use crate::revoked::channel as revocation_channel;
 pub use crate::script::{Replicas, ttl_ms};

@@ -39,7 +39,7 @@ use lockcore::Result;
 use lockcore::backend::{CancelCleanUp, CleanUpTask};
 
 use crate::conn::Conn;
-use crate::grant::{Grant, NodeAttempt, semaphore_conflict};
+use crate::grant::{Grant, GrantAsk, NodeAttempt, semaphore_conflict};
 use crate::keys::{Keys, ShareKeys};
 use crate::lua::{
     advance_fence_lua, announce_lua, keep_entry_lua, out_of_line_lua, prune_queue_lua, take_lua,
@@ -265,6 +265,11 @@ return 1
 ///   that joined at once (in different orders on different masters) stand in one order
 ///   everywhere from their next vote, so a release names the same head on every master.
 ///
+/// With a grant asked for (`handover=grant`: `KEYS[9]` the grants, `ARGV[7]` the number of
+/// the waiter's attempt, the same on every master, `ARGV[8]` the claim TTL ms), a refused
+/// waiting vote leaves what a release needs to grant it the lock on this master, as the
+/// single-node [`ACQUIRE_QUEUED`] does (see [`RELEASE_NAMED_GRANTING`]).
+///
 /// Returns `{1, 0}`, `{0, pttl of the holder, or ms to the earliest share's expiry, or -3 when
 /// free but queued for, place in the queue (µs) and waiters ahead when queued}` or `{-1, 0}`
 /// (the name is held as a semaphore).
@@ -294,6 +299,10 @@ local function in_line(reply)
     keep_entry_lua!("qnow + tonumber(ARGV[5])"),
     r"
     redis.call('PEXPIREAT', KEYS[7], last[2])
+    if KEYS[9] then
+      redis.call('HSET', KEYS[9], ARGV[1], ARGV[7] .. ' ' .. ARGV[8] .. ' 0 ' .. ARGV[3])
+      redis.call('PEXPIREAT', KEYS[9], last[2])
+    end
     reply[3] = at
     reply[4] = redis.call('ZRANK', KEYS[7], ARGV[1])
   end
@@ -428,18 +437,85 @@ pub async fn release_announced(
     token: &str,
     message: &str,
 ) -> Result<bool> {
-    let sk = ShareKeys::of(keys);
-    let key_list = [&*keys.lock, &keys.holder, &sk.queue, &sk.queue_exp];
-    let args = [token, &keys.channel, publish_command(conn), message];
-    run_flag(
-        conn,
-        &RELEASE_NAMED,
-        &key_list,
-        &args,
-        "release script failed",
-    )
-    .await
+    release_announced_granting(conn, keys, token, message, false).await
 }
+
+/// [`release_announced`]; with `grant` (`handover=grant`), a queued head whose vote asked for
+/// it ([`WaitingVote::grant`]) is given the lock by the release itself, with its claim TTL,
+/// and the message says so (`<message> g:<owner token> <attempt> 0`, see
+/// [`Granted`](crate::subs::Granted)); a head that did not ask is woken as without `grant`.
+///
+/// Cancel safety: as [`release_plain`].
+///
+/// # Errors
+/// As [`release_plain`].
+pub async fn release_announced_granting(
+    conn: &mut Conn,
+    keys: &Keys,
+    token: &str,
+    message: &str,
+    grant: bool,
+) -> Result<bool> {
+    let sk = ShareKeys::of(keys);
+    let all = [
+        &*keys.lock,
+        &keys.holder,
+        &sk.queue,
+        &sk.queue_exp,
+        &sk.grants,
+    ];
+    let args = [token, &keys.channel, publish_command(conn), message];
+    let (script, key_list) = if grant {
+        (&RELEASE_NAMED_GRANTING, &all[..])
+    } else {
+        (&RELEASE_NAMED, &all[..4])
+    };
+    run_flag(conn, script, key_list, &args, "release script failed").await
+}
+
+/// [`RELEASE_NAMED`] that grants the lock to the queue's head when it asked for it (KEYS:
+/// lock, holder, queue, queue expiries, grants; ARGV as [`RELEASE_NAMED`]): what the
+/// single-node [`RELEASE`] does, on a Redlock master, with the release named in the message:
+/// the head's token takes the lock and holder keys with its claim TTL, leaves the queue, and
+/// `<message> g:<head> <attempt> 0` is published (no fencing counter on Redlock). A head that
+/// left no grant details is woken (`<message> q:<head>`) as without grants.
+static RELEASE_NAMED_GRANTING: LuaScript = LuaScript::new(concat!(
+    r"
+local queued = redis.call('EXISTS', KEYS[4]) == 1
+if queued then
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('HDEL', KEYS[5], ARGV[1])
+end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+local head, qt, qnow = nil, nil, nil
+if queued then
+",
+    prune_queue_lua!("KEYS[3]", "KEYS[4]"),
+    r"
+  head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+end
+if not head then
+  redis.call(ARGV[3], ARGV[2], ARGV[4])
+  return 1
+end
+local info = redis.call('HGET', KEYS[5], head)
+local attempt, claim, meta = nil, nil, nil
+if info then attempt, claim, meta = string.match(info, '^(%d+) (%d+) %d (.*)$') end
+if not attempt then
+  redis.call(ARGV[3], ARGV[2], ARGV[4] .. ' q:' .. head)
+  return 1
+end
+redis.call('SET', KEYS[1], head, 'PX', claim)
+redis.call('SET', KEYS[2], head .. ' ' .. meta, 'PX', claim)
+redis.call('ZREM', KEYS[3], head)
+redis.call('ZREM', KEYS[4], head)
+redis.call('HDEL', KEYS[5], head)
+redis.call(ARGV[3], ARGV[2], ARGV[4] .. ' g:' .. head .. ' ' .. attempt .. ' 0')
+return 1
+"
+));
 
 /// The single-node acquire without a fencing counter, beside the name's shared holders and
 /// with the server's queue of waiters (Redlock's votes on each master). Live shared holders
@@ -476,9 +552,19 @@ pub async fn acquire_waiting(
     let mark = vote.mark.as_millis().to_string();
     let entry = vote.entry.as_millis().to_string();
     let ticket = vote.ticket.map(|t| t.to_string()).unwrap_or_default();
-    let args = [token, &ttl, holder, &mark, &entry, &ticket];
+    let mut args = vec![token, &ttl, holder, &mark, &entry, &ticket];
+    let mut key_list = sk.with(keys).to_vec();
+    let grant = vote
+        .grant
+        .filter(|_| !vote.entry.is_zero())
+        .map(|g| (g.attempt.to_string(), ttl_ms(g.claim).to_string()));
+    if let Some((attempt, claim)) = &grant {
+        key_list.push(&sk.grants);
+        args.push(attempt);
+        args.push(claim);
+    }
     let what = "acquire script failed";
-    let reply: Vec<i64> = run(conn, &ACQUIRE_WAITING, &sk.with(keys), &args, what).await?;
+    let reply: Vec<i64> = run(conn, &ACQUIRE_WAITING, &key_list, &args, what).await?;
     let attempt = Grant::judge(&reply)?.attempt(false, semaphore_conflict)?;
     let place = match (attempt, reply.get(2), reply.get(3)) {
         (NodeAttempt::Held { .. }, Some(at), Some(ahead)) => Some(QueuePlace {
@@ -512,6 +598,10 @@ pub struct WaitingVote {
     /// servers follow (what this function returned there); `None`: a newcomer's place is
     /// just behind the tail, by this server's clock.
     pub ticket: Option<u64>,
+    /// `handover=grant`: a refused vote (one that queues, `entry` non-zero) asks a release on
+    /// this server to grant it the lock (see [`release_announced_granting`]), naming this
+    /// attempt.
+    pub grant: Option<GrantAsk>,
 }
 
 /// The live entries in the queue of `keys`.

@@ -283,7 +283,8 @@ impl Registry {
         };
         // A release that names the queue's head: `q:<token>` (a single node), or
         // `<release> q:<token>` (a Redlock master, whose release names itself too); or one
-        // that granted the lock to it, `g:<token> <attempt> <fence>`.
+        // that granted the lock to it, `g:<token> <attempt> <fence>` (a Redlock master's:
+        // `<release> g:...`).
         let mut grant = None;
         let (release, head) = match raw {
             Some(m) if m.starts_with(GRANT_PREFIX) => match parse_grant(&m[GRANT_PREFIX.len()..]) {
@@ -297,7 +298,18 @@ impl Registry {
                 Some(head) => (None, Some(head)),
                 None => match m.split_once(" q:") {
                     Some((release, head)) => (Some(release), Some(head)),
-                    None => (Some(m), None),
+                    // A Redlock master's release that granted the lock to its queue's head:
+                    // `<release> g:<token> <attempt> <fence>`.
+                    None => match m.split_once(" g:") {
+                        Some((release, rest)) => match parse_grant(rest) {
+                            Some((head, g)) => {
+                                grant = Some(g);
+                                (Some(release), Some(head))
+                            }
+                            None => (Some(release), None),
+                        },
+                        None => (Some(m), None),
+                    },
                 },
             },
             None => (None, None),

@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
-use lock_redis::node::{self, ExpiryWatch, Keys, NodeAttempt};
+use lock_redis::Handover;
+use lock_redis::node::{self, ExpiryWatch, GrantAsk, Keys, NodeAttempt};
 use lockcore::backend::{
     AcquireRequest, Acquired, Backoff, CancelCleanUp, CleanUpIfCancelled, CleanUpTask,
 };
@@ -27,7 +28,40 @@ pub(crate) enum Attempt {
         split: bool,
         /// When the keys of other holders will have expired on enough nodes for a majority.
         free_in: Option<Duration>,
+        /// What a release's grant for this attempt is judged by (a waiting vote that asked
+        /// for grants).
+        refused: Option<Refused>,
     },
+}
+
+/// A waiting vote that lost and asked to be granted the lock (`handover=grant`): what the
+/// grants that name it are counted against.
+pub(crate) struct Refused {
+    /// The vote's number, the same on every master (a grant names it back).
+    number: u64,
+    /// When the vote was sent: a grant for it was made after this, so the granted key lasts
+    /// the claim from here at least (on the master's clock; the drift margin covers the rest).
+    sent_at: Instant,
+    /// The TTL a release gives the lock it grants for this vote.
+    claim: Duration,
+    /// By master: the vote was refused there (and so queued this waiter with the grant's
+    /// details, and was not undone). Only these masters' grants count: the undo of a vote
+    /// whose answer was lost or late may remove a grant that lands before it.
+    refused_on: Vec<bool>,
+    /// By master: a grant for this vote arrived.
+    granted: Vec<bool>,
+    /// How long the vote took to be decided: the masters' grants of one release (sent to all
+    /// at once) arrive about this far apart at most.
+    round_trip: Duration,
+    /// When a minority of grants arrived: until when the rest of that release's grants are
+    /// waited for before voting.
+    grace_until: Option<Instant>,
+}
+
+impl Refused {
+    fn count(&self) -> usize {
+        self.granted.iter().filter(|g| **g).count()
+    }
 }
 
 impl RedlockBackend {
@@ -41,6 +75,44 @@ impl RedlockBackend {
         }
     }
 
+    /// The lease a majority of grants for the last refused vote `r` gives (`handover=grant`):
+    /// each of those masters' releases set this waiter's key after the vote reached it, with
+    /// the claim TTL, so the key lasts on a majority until `r.sent_at + claim - drift` on this
+    /// client's clock alone. `None` when the lease would not be renewed in the background (its
+    /// validity would stay the claim's) or less than a third of the claim is left: the waiter
+    /// then votes, which wins on its own keys and extends them to the TTL (one round trip).
+    /// The model of `tests/handover_model.rs` checks this rule.
+    fn granted(
+        &self,
+        req: &AcquireRequest,
+        keys: &Arc<Keys>,
+        token: &Arc<str>,
+        r: &Refused,
+    ) -> Option<Acquired> {
+        if !req.renewed || r.count() < self.inner.quorum {
+            return None;
+        }
+        let inner = &self.inner;
+        let valid_until = r.sent_at + r.claim.saturating_sub(inner.caps.drift_margin(r.claim));
+        if valid_until.saturating_duration_since(Instant::now()) < r.claim / 3 {
+            return None;
+        }
+        let lease = RedlockLease {
+            inner: inner.clone(),
+            keys: keys.clone(),
+            token: token.clone(),
+            background: req.background.clone(),
+            ttl: Mutex::new(r.claim),
+            valid_until: Mutex::new(valid_until),
+            shared: false,
+            holder: req.holder.encode().into(),
+            placed: Arc::new(Mutex::new(r.granted.clone())),
+            token_bits: req.token.uuid().as_u128(),
+        };
+        lease.watch_revocations(&req.lost);
+        Some(Acquired::new(lease, r.sent_at).with_granted_ttl(r.claim))
+    }
+
     /// The waiting acquisition (see `Backend::acquire` and the crate docs).
     pub(crate) async fn wait_for(
         &self,
@@ -51,6 +123,18 @@ impl RedlockBackend {
         let token: Arc<str> = req.token.to_hex().into();
         let mut splits = 0u32;
         let ticket = Arc::new(Ticket::default());
+        // handover=grant (exclusive waiters): votes are numbered, the same number on every
+        // master, and a release's grant names the vote it came after (see `Refused`). A lease
+        // that is not renewed in the background could not hold on a grant (its validity would
+        // stay the claim's): it asks for none, and is woken to vote as with handover=wake.
+        let asks_grants = self.inner.cfg.handover == Handover::Grant
+            && req.mode == LockMode::Exclusive
+            && req.renewed;
+        let mut votes = 0u64;
+        let mut number = move || {
+            votes += 1;
+            asks_grants.then_some(votes)
+        };
         // How many polls' time the entries of the next vote last, and the most the safety vote
         // after it may wait (see `ticket.rs`).
         let mut stretch = 1;
@@ -77,7 +161,7 @@ impl RedlockBackend {
             false
         } else {
             let split = match self
-                .attempt(req, &keys, &token, Some((&ticket, stretch)))
+                .attempt(req, &keys, &token, Some((&ticket, stretch, number())))
                 .await?
             {
                 Attempt::Won(a) => {
@@ -120,9 +204,12 @@ impl RedlockBackend {
             .0
             .waitings
             .iter()
-            .filter_map(OnceLock::get)
-            .map(|w| w.queued(&token))
+            .enumerate()
+            .filter_map(|(i, w)| w.get().map(|w| (i, w.queued(&token))))
             .collect();
+        // The last vote that lost, when it asked for grants (the first vote's grants came
+        // before these subscriptions: the loop's first vote finds them, its own keys win).
+        let mut refused: Option<Refused> = None;
         // The vote a release message woke, decided on while waiting.
         let mut woken_vote = None;
         loop {
@@ -157,11 +244,45 @@ impl RedlockBackend {
                 }
                 armed = subs.0.arm(reader);
             }
+            // Grants for the last vote that lost: a majority holds, no vote needed. A minority
+            // waits a node timeout for the rest of that release's grants, then votes (winning
+            // on its granted masters, or giving them back with the vote's undo).
+            if let Some(r) = refused.as_mut() {
+                for (i, h) in &heads {
+                    if let Some(g) = h.take_grant()
+                        && g.attempt == r.number
+                        && r.refused_on[*i]
+                    {
+                        r.granted[*i] = true;
+                    }
+                }
+                if let Some(a) = self.granted(req, &keys, &token, r) {
+                    in_queue.disarm();
+                    if let Some(e) = expiry.as_mut() {
+                        e.won();
+                    }
+                    return Ok(Some(a));
+                }
+                if r.count() > 0 && r.count() < self.inner.quorum && woken_vote.is_none() {
+                    // A release reaches the masters about together: the rest of its grants
+                    // come within about a round trip, or not at all (a master's release lost
+                    // or another waiter granted there), and meanwhile these grants hold those
+                    // masters from everyone else.
+                    let now = Instant::now();
+                    let grace = (r.round_trip * 2 + Duration::from_millis(2))
+                        .min(self.inner.cfg.node_timeout(req.ttl));
+                    let until = *r.grace_until.get_or_insert(now + grace);
+                    if now < until && deadline.is_none_or(|d| now < d) {
+                        next_vote = Some(until);
+                        continue;
+                    }
+                }
+            }
             // Dropped untold when the attempt fails or the call is cancelled: a release left to
             // this vote goes to another waiter.
             let vote = woken_vote.take().unwrap_or_else(|| subs.0.vote());
             let (split, free_in, released_meanwhile) = match self
-                .attempt(req, &keys, &token, Some((&ticket, stretch)))
+                .attempt(req, &keys, &token, Some((&ticket, stretch, number())))
                 .await?
             {
                 Attempt::Won(a) => {
@@ -172,7 +293,14 @@ impl RedlockBackend {
                     }
                     return Ok(Some(a));
                 }
-                Attempt::Lost { split, free_in } => (split, free_in, vote.lost()),
+                Attempt::Lost {
+                    split,
+                    free_in,
+                    refused: r,
+                } => {
+                    refused = r;
+                    (split, free_in, vote.lost())
+                }
             };
             // Subscribed and lost a vote: a release from now on wakes this waiter.
             req.waiting.mark();
@@ -221,7 +349,7 @@ impl RedlockBackend {
         req: &AcquireRequest,
         keys: &Arc<Keys>,
         token: &Arc<str>,
-        waiting: Option<(&Arc<Ticket>, u32)>,
+        waiting: Option<(&Arc<Ticket>, u32, Option<u64>)>,
     ) -> Result<Attempt> {
         let inner = &self.inner;
         if let Some(msg) = inner.identity.duplicate.get() {
@@ -248,19 +376,27 @@ impl RedlockBackend {
         // try_lock joins nothing, and neither takes a master's free lock past its queue.
         // A waiting writer refused by readers marks itself as waiting on that master (readers
         // that come later are refused there), for a little past its next vote.
+        // A vote asking for grants leaves its number and the claim TTL (as long as its queue
+        // entry: a waiter that crashed once granted holds the name up no longer than a dead
+        // entry would, and past its next vote, which finds a grant whose message was lost).
         let vote = match waiting {
-            Some((ticket, stretch)) => {
+            Some((ticket, stretch, number)) => {
                 ticket.new_vote();
                 let poll = inner.cfg.poll * stretch;
+                let entry = node::queue_entry_ttl(poll);
                 node::WaitingVote {
                     mark: node::writer_mark_ttl(poll),
-                    entry: node::queue_entry_ttl(poll),
+                    entry,
                     ticket: ticket.get(),
+                    grant: number.filter(|_| !shared).map(|attempt| GrantAsk {
+                        attempt,
+                        claim: ttl.min(entry),
+                    }),
                 }
             }
             None => node::WaitingVote::default(),
         };
-        let ticket = waiting.map(|(t, _)| t);
+        let ticket = waiting.map(|(t, _, _)| t);
         let undo = if waiting.is_some() {
             Undo::Silent
         } else {
@@ -363,9 +499,19 @@ impl RedlockBackend {
             pttls.sort();
             pttls[(need as usize - 1).min(pttls.len() - 1)]
         });
+        let refused = vote.grant.map(|g| Refused {
+            number: g.attempt,
+            sent_at,
+            claim: g.claim,
+            granted: vec![false; n],
+            round_trip: sent_at.elapsed(),
+            refused_on: others,
+            grace_until: None,
+        });
         Ok(Attempt::Lost {
             split: won > 0,
             free_in,
+            refused,
         })
     }
 
@@ -469,11 +615,11 @@ impl RedlockBackend {
 }
 
 /// Waits until one of `heads` is woken (forever when empty).
-async fn first_head(heads: &[lock_redis::node::QueuedWake]) {
+async fn first_head(heads: &[(usize, lock_redis::node::QueuedWake)]) {
     if heads.is_empty() {
         return std::future::pending().await;
     }
-    futures::future::select_all(heads.iter().map(|h| Box::pin(h.notify().notified()))).await;
+    futures::future::select_all(heads.iter().map(|(_, h)| Box::pin(h.notify().notified()))).await;
 }
 
 /// Takes a waiter out of every master's queue when its `lock()` ends without the lock

@@ -24,6 +24,10 @@ pub(crate) struct Parsed {
     pub namespace: String,
     /// The notified waiter's safety-net poll.
     pub poll: Duration,
+    /// How a release hands the lock to the next waiter (`handover=grant`, the default: each
+    /// master's release grants it to its queue's head, and a majority of grants holds; `wake`:
+    /// the head is woken to vote).
+    pub handover: lock_redis::Handover,
     /// How long connecting to one node may take.
     pub connect_timeout: Duration,
     /// The URL with every password replaced by `***`.
@@ -236,11 +240,12 @@ impl Config {
                      quorum over these keys)"
                 )));
             }
-            if m.handover != lock_redis::Handover::default() {
-                return Err(bad(
-                    "`handover` does not apply to Redlock (a majority of votes hands a lock \
-                     over, not one master's release)",
-                ));
+            if masters.first().is_some_and(|f| f.handover != m.handover) {
+                return Err(bad(format_args!(
+                    "node {} has another `handover`: every master must hand a lock over the \
+                     same way",
+                    i + 1
+                )));
             }
             if masters.iter().any(|n| n.nodes[0] == m.nodes[0]) {
                 return Err(bad(format_args!(
@@ -270,6 +275,7 @@ impl Parsed {
         } = config.validate()?;
         let scheme = if nodes[0].tls { "redlocks" } else { "redlock" };
         let first = &nodes[0];
+        let handover = first.handover;
         let (namespace, poll, connect_timeout, response_timeout) = (
             first.namespace.clone(),
             first.poll,
@@ -301,6 +307,7 @@ impl Parsed {
             response_timeout,
             namespace,
             poll,
+            handover,
             connect_timeout,
             redacted,
         })
@@ -369,11 +376,30 @@ mod tests {
                 r#"{"masters": [{"nodes": ["a"], "interop": "redis-py"}]}"#,
                 "interop",
             ),
+            (
+                r#"{"masters": [{"nodes": ["a"]}, {"nodes": ["b"], "handover": "wake"}]}"#,
+                "handover",
+            ),
         ] {
             let e = file(json).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidConfig);
             assert!(e.to_string().contains(says), "{json}: {e}");
         }
+    }
+
+    #[test]
+    fn handover_is_grant_by_default_and_wake_on_request() {
+        let default = parsed("redlock://a,b,c").unwrap();
+        assert_eq!(default.handover, lock_redis::Handover::Grant);
+        let wake = parsed("redlock://a,b,c?handover=wake").unwrap();
+        assert_eq!(wake.handover, lock_redis::Handover::Wake);
+        assert!(
+            wake.nodes
+                .iter()
+                .all(|n| n.handover == lock_redis::Handover::Wake)
+        );
+        let e = parsed("redlock://a,b,c?handover=sometimes").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig);
     }
 
     #[test]

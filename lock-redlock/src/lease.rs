@@ -195,7 +195,8 @@ impl Lease for RedlockLease {
     }
 
     /// Compare-and-delete (a reader: compare-and-remove of its share), publishing to the
-    /// waiters, on every master at once; released when a majority confirmed (the others finish in the background), awaited until the lease's
+    /// waiters (with `handover=grant`, a writer's release on each master grants the lock to
+    /// that master's queue head when its vote asked for it), on every master at once; released when a majority confirmed (the others finish in the background), awaited until the lease's
     /// validity ends (at least one node timeout), see [`RedlockLease::release_budget`].
     ///
     /// Cancel safety: dropping the future may leave the lock held on some masters until its TTL
@@ -205,13 +206,15 @@ impl Lease for RedlockLease {
         let pending = {
             let (keys, token, shared) = (self.keys.clone(), self.token.clone(), self.shared);
             let message: Arc<str> = release_message().into();
+            let grant = inner.cfg.handover == lock_redis::Handover::Grant;
             inner.per_node(self.release_budget(), move |_, mut c| {
                 let (keys, token, message) = (keys.clone(), token.clone(), message.clone());
                 async move {
                     if shared {
                         node::release_share_announced(&mut c, &keys, &token, &message).await
                     } else {
-                        node::release_announced(&mut c, &keys, &token, &message).await
+                        node::release_announced_granting(&mut c, &keys, &token, &message, grant)
+                            .await
                     }
                 }
             })

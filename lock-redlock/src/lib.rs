@@ -35,7 +35,8 @@
 //!   `k * poll_ms + 2 s` for a waiter whose safety vote comes every `k` polls: below), and
 //!   a release's message names the head of that master's queue (`<release> q:<token>`): only
 //!   that waiter wakes, not one waiter per client, so a hand-over costs the release and about
-//!   one vote however many clients wait. A waiter's place is the same on every master: its
+//!   one vote however many clients wait (`handover=wake`; by default the release grants the
+//!   lock instead, and the hand-over costs the release alone: see **Hand-over by grants**). A waiter's place is the same on every master: its
 //!   first vote learns its place on the lowest-numbered master that answered (that master's
 //!   `TIME`), and its later votes bring that place (its ticket) to every master, so waiters
 //!   that joined at once stand in one order everywhere and a release names the same head on
@@ -55,6 +56,32 @@
 //!   `SUBSCRIBE`/`UNSUBSCRIBE` on every wait. Readers (shared waiters) are woken apart: every
 //!   release message that names no queue head wakes all of them, in every client, and each
 //!   votes (a writer's release lets them all in; one reader's vote covers no other's).
+//! * **Hand-over by grants** (`handover=grant`, the default): a waiting writer numbers its
+//!   votes (one number for all masters) and each vote it loses leaves, on every master that
+//!   refused it, what a release needs to grant it the lock: the vote's number and a short claim
+//!   TTL (`min(ttl, poll_ms + 2 s)`, as long as a dead queue entry lasts). Each master's
+//!   release (the same script as a single node's grant, with the release named in the
+//!   message) gives the lock to its own queue's head at once (its token, the claim TTL) and
+//!   publishes `<release> g:<token> <vote>`. The waiter counts the grants for its last refused
+//!   vote, from masters that refused that vote (a master whose answer was lost or late is
+//!   undone, and its undo may come after the grant); **a majority of grants for one vote means
+//!   held**, without a vote: valid from that vote's send for the claim minus the drift (each
+//!   granting release ran after the vote reached its master), until the first renewal extends
+//!   it to the TTL on every master (`Acquired::with_granted_ttl`). A grant naming an older
+//!   vote is ignored. A minority of grants is waited on for two round trips of the refused vote
+//!   (at most a node timeout: the rest of that release's grants are on their way, or lost, or
+//!   went to another waiter), then the waiter votes: it wins on its granted masters
+//!   (its own key there), or loses and its undo gives the grants back at once (an owner-checked
+//!   `PEXPIRE 1`), so the other waiters are not held up for a claim. A grant whose message is
+//!   lost is found by the next vote (the safety poll): its own key holds. A waiter that gives
+//!   up or is cancelled leaves every queue and gives its grants back; one that crashed once
+//!   granted holds the name for the claim, never the lock's TTL. Too little claim left (under
+//!   a third): the waiter votes instead (it wins on its own keys, which the vote extends to
+//!   the TTL). A lease that is not renewed in the background (`no_auto_renew`) asks for no
+//!   grants: its validity would stay the claim's, so it is woken to vote as with `wake`. Readers are not granted (a
+//!   reader's release wakes as before). Model-checked in `tests/handover_model.rs` (three
+//!   masters: mutual exclusion, and every believed hold backed by its key on a majority).
+//!   `handover=wake` keeps the wake-up path above.
 //! * **Extend**: owner-checked compare-and-`PEXPIRE` on every node; it succeeds only when a
 //!   majority confirmed within the validity, which is recomputed from the moment the renewal was
 //!   sent (confirmations are awaited that long, not only one node timeout). When a majority refuses, the lease is reported `NotHeld` (the guard's lost signal
@@ -168,7 +195,8 @@
 //! each comma-separated node has its own user name and password (percent-encoded; a `,` in a
 //! password is `%2C`). The path (database) and the query parameters apply to every node and are
 //! those of the Redis backend (`namespace`, `tls_ca`, `poll_ms`, `connect_timeout_ms`,
-//! `response_timeout_ms`), plus:
+//! `response_timeout_ms`, `handover`: `grant`, the default, or `wake`, see **Hand-over by
+//! grants**; every master hands over the same way), plus:
 //!
 //! | parameter | default | meaning |
 //! |---|---|---|

@@ -10,6 +10,7 @@ use lockcore::{Locker, Result};
 
 /// Clients from one URL; revocation through a separate admin client, as an operator would.
 struct RedlockHarness {
+    label: &'static str,
     url: String,
     /// The latency proxies of clients with delayed replies (one per master), kept for the run.
     delayed: ClientProxies,
@@ -18,7 +19,7 @@ struct RedlockHarness {
 #[lockcore::backend::async_trait]
 impl Harness for RedlockHarness {
     fn label(&self) -> String {
-        "redlock".to_owned()
+        self.label.to_owned()
     }
 
     async fn client(&self) -> Result<Locker> {
@@ -94,22 +95,37 @@ fn from_node_list(urls: &str) -> String {
     format!("redlock://{}", hosts.join(","))
 }
 
-fn main() -> std::process::ExitCode {
-    let make = |url| {
+/// The masters of the test servers, handing a lock over as `params` says (empty: the default,
+/// `handover=grant`).
+fn target(label: &'static str, params: &'static str) -> Target {
+    let make = move |url: String| {
+        let url = if params.is_empty() {
+            url
+        } else {
+            let sep = if url.contains('?') { '&' } else { '?' };
+            format!("{url}{sep}{params}")
+        };
         Arc::new(RedlockHarness {
+            label,
             url,
             delayed: ClientProxies::new(),
         }) as Arc<dyn Harness>
     };
     // scripts/servers.sh exports both; older environments only have the node list.
-    let target = match (
+    match (
         std::env::var("LOCK_TEST_REDLOCK_URL"),
         std::env::var("LOCK_TEST_REDLOCK_URLS"),
     ) {
-        (Err(_), Ok(urls)) if !urls.is_empty() => {
-            Target::fixed("redlock", from_node_list(&urls), make)
-        }
-        _ => Target::new("redlock", "LOCK_TEST_REDLOCK_URL", make),
-    };
-    conformance::run_tests(vec![target])
+        (Err(_), Ok(urls)) if !urls.is_empty() => Target::fixed(label, from_node_list(&urls), make),
+        _ => Target::new(label, "LOCK_TEST_REDLOCK_URL", make),
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    conformance::run_tests(vec![
+        target("redlock", ""),
+        // The wake-up hand-over (each master's release wakes its queue's head to vote) keeps
+        // the contract too.
+        target("redlock-wake", "handover=wake"),
+    ])
 }

@@ -166,6 +166,7 @@ async fn a_ticket_puts_a_waiter_at_one_place_on_every_master() {
         mark: Duration::from_secs(5),
         entry: Duration::from_secs(30),
         ticket,
+        grant: None,
     };
     for m in &mut masters {
         let (won, _) = node::acquire_waiting(m, &keys, "holder", "h", ttl, WaitingVote::default())

@@ -136,7 +136,7 @@
 //! | `mysql://`, `mariadb://` | `strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`; to sqlx: `sslmode`, `ssl-mode`, `sslca`, `ssl-ca`, `sslcert`, `ssl-cert`, `sslkey`, `ssl-key`, `charset`, `collation`, `statement-cache-capacity`, `socket`, `timezone`, `time-zone` |
 //! | `sqlite://` | `strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`; to sqlx: `mode`, `cache`, `immutable`, `vfs` |
 //! | `zk://`, `zks://` | `ca`, `cert`, `key`, `session_timeout_ms`, `namespace`, `digest`, `lost_after_disconnect`, `interop` |
-//! | `redlock://`, `redlocks://` | `node_timeout_ms`, `namespace`, `tls_ca`, `poll_ms`, `connect_timeout_ms`, `response_timeout_ms` |
+//! | `redlock://`, `redlocks://` | `node_timeout_ms`, `namespace`, `tls_ca`, `poll_ms`, `connect_timeout_ms`, `response_timeout_ms`, `handover` |
 //! | `etcd://`, `etcds://` | `ca`, `domain`, `timeout_ms` |
 //! <!-- /url-params -->
 //!

@@ -159,8 +159,7 @@ mod tests {
                     "redlock" => ["node_timeout_ms"]
                         .into_iter()
                         .chain(lock_redis::Config::URL_PARAMS.iter().copied().filter(|p| {
-                            !["min_replicas", "replica_timeout_ms", "interop", "handover"]
-                                .contains(p)
+                            !["min_replicas", "replica_timeout_ms", "interop"].contains(p)
                         }))
                         .map(str::to_owned)
                         .collect(),

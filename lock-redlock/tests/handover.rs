@@ -1,0 +1,430 @@
+//! Redlock's hand-over by grants (`handover=grant`, the default; see the crate docs, "Waiting"),
+//! on five redis-server processes of its own (started here on free ports, killed on drop): a
+//! majority of grants holds without a vote, a waiter that crashed once granted costs the next
+//! one the claim TTL (never the lock's TTL), a grant lost on one master is made up by the
+//! others, grants whose messages were all lost are found by the safety poll, and a minority
+//! of grants is given back at once.
+
+use std::time::Duration;
+
+use conformance::time_scale;
+use faultkit::RedisServer;
+use lock_redlock::RedlockBackend;
+use lockcore::{Instant, LockName, LockOptions, Locker};
+
+/// Five masters of this test's own (faultkit kills them on drop, also on panic).
+struct Cluster {
+    masters: Vec<RedisServer>,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let masters = futures::future::try_join_all((0..5).map(|_| RedisServer::start()))
+            .await
+            .expect("five redis-server processes (Debian package redis-server)");
+        Cluster { masters }
+    }
+
+    /// The URL of the five masters with `params` (`poll_ms=...`) and a generous node timeout
+    /// (a loaded 2-core machine can take well over 100 ms to answer).
+    fn url(&self, params: &str) -> String {
+        let hosts: Vec<String> = self
+            .masters
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.port()))
+            .collect();
+        let node_timeout = scaled(Duration::from_millis(250)).as_millis();
+        format!(
+            "redlock://{}?node_timeout_ms={node_timeout}&{params}",
+            hosts.join(",")
+        )
+    }
+
+    /// A client with every script already loaded on every master (a script's first call
+    /// counts twice: EVALSHA refused, then EVAL).
+    async fn client(&self, params: &str) -> Locker {
+        let locker = Locker::new(
+            RedlockBackend::connect(&self.url(params))
+                .await
+                .expect("connect"),
+        );
+        let warm = LockOptions::new().ttl(Duration::from_secs(5));
+        locker
+            .lock(&name("warm"), &warm)
+            .await
+            .expect("warm-up lock")
+            .release()
+            .await
+            .expect("warm-up release");
+        locker.flush().await;
+        locker
+    }
+
+    /// Script calls (`EVAL`/`EVALSHA`) all five masters have run.
+    async fn script_calls(&self) -> u64 {
+        let mut calls = 0;
+        for m in &self.masters {
+            let info = m.cli(&["INFO", "commandstats"]).await.expect("INFO");
+            calls += lock_redis::node::command_calls(&info, |c| c == "evalsha" || c == "eval");
+        }
+        calls
+    }
+
+    /// Waits (bounded) until every master has `count` entries in the queue of `key`.
+    async fn queued_everywhere(&self, key: &str, count: usize) {
+        let queue = key.replace(":lock", ":queue");
+        let deadline = Instant::now() + scaled(Duration::from_secs(20));
+        for (i, m) in self.masters.iter().enumerate() {
+            loop {
+                let n: usize = m
+                    .cli(&["ZCARD", &queue])
+                    .await
+                    .expect("ZCARD")
+                    .trim()
+                    .parse()
+                    .expect("a count");
+                if n >= count {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{count} waiter(s) never queued on master {i} ({n})"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+
+    /// Whether master `i` published a grant of the lock to `token` among the commands its
+    /// `monitor` saw (scripts' commands included).
+    async fn granted(&self, monitor: &faultkit::RedisMonitor, token: &str) -> bool {
+        let seen = monitor
+            .sync(scaled(Duration::from_secs(10)))
+            .await
+            .expect("MONITOR catches up");
+        let grant = format!(" g:{token} ");
+        monitor.commands_from(0)[..seen]
+            .iter()
+            .any(|c| c.len() == 3 && c[0].eq_ignore_ascii_case("publish") && c[2].contains(&grant))
+    }
+
+    /// The owner token at the head of master `i`'s queue of `key`.
+    async fn head(&self, i: usize, key: &str) -> String {
+        let queue = key.replace(":lock", ":queue");
+        let head = self.masters[i]
+            .cli(&["ZRANGE", &queue, "0", "0"])
+            .await
+            .expect("ZRANGE");
+        head.trim().to_owned()
+    }
+}
+
+fn scaled(d: Duration) -> Duration {
+    d.mul_f64(time_scale())
+}
+
+fn name(tag: &str) -> LockName {
+    LockName::new(format!("grant-{tag}-{:08x}", fastrand::u32(..))).expect("name")
+}
+
+/// A lock whose first renewal comes long after each test's checks (a third of a minute at the
+/// soonest): the claim is the TTL's when the safety poll is 10 minutes (`poll_ms=600000`).
+fn long() -> LockOptions {
+    LockOptions::new()
+        .ttl(scaled(Duration::from_secs(60)))
+        .wait_timeout(scaled(Duration::from_secs(60)))
+}
+
+type Won = tokio::sync::oneshot::Receiver<lockcore::Result<lockcore::LockGuard>>;
+
+/// A waiter of `locker` for `n`, its result sent back when it returns.
+fn waiter(locker: &Locker, n: &LockName, opts: LockOptions) -> Won {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (locker, n) = (locker.clone(), n.clone());
+    tokio::spawn(async move {
+        let _ = tx.send(locker.lock(&n, &opts).await);
+    });
+    rx
+}
+
+async fn won(rx: Won, within: Duration, what: &str) -> lockcore::LockGuard {
+    tokio::time::timeout(within, rx)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the waiter did not get the lock within {within:?}"))
+        .expect("the waiter's result")
+        .expect("the waiter's lock")
+}
+
+/// The holder's release grants the lock on every master to the one queued waiter, which holds
+/// it as the grants arrive: the hand-over costs the release's five scripts and no vote (the
+/// waiter's safety poll is 10 minutes away; its renewal tens of seconds). Its key is on every
+/// master, with the waiter's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_majority_of_grants_holds_without_a_vote() {
+    let cluster = Cluster::start().await;
+    let holder = cluster.client("poll_ms=600000").await;
+    let waiters = cluster.client("poll_ms=600000").await;
+    let n = name("majority");
+    let key = RedlockBackend::connect(&cluster.url(""))
+        .await
+        .expect("connect")
+        .lock_key(&n);
+    let held = holder.lock(&n, &long()).await.expect("holder locks");
+    let rx = waiter(&waiters, &n, long());
+    cluster.queued_everywhere(&key, 1).await;
+    let token = cluster.head(0, &key).await;
+    let monitor = cluster.masters[0].monitor().await.expect("MONITOR");
+    // The waiter's second vote (once subscribed) is in: 5 scripts for its first, 5 for it.
+    let before = cluster.script_calls().await;
+    held.release().await.expect("release");
+    let g = won(rx, scaled(Duration::from_secs(10)), "a granted hand-over").await;
+    let deadline = Instant::now() + scaled(Duration::from_secs(10));
+    while cluster.script_calls().await < before + 5 {
+        assert!(
+            Instant::now() < deadline,
+            "the release did not reach every master"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The negative window: a vote of the waiter would have followed the grants at once.
+    tokio::time::sleep(scaled(Duration::from_millis(300))).await;
+    assert_eq!(
+        cluster.script_calls().await - before,
+        5,
+        "a hand-over by grants costs the release on each master and nothing else"
+    );
+    for (i, m) in cluster.masters.iter().enumerate() {
+        assert_eq!(
+            m.cli(&["GET", &key]).await.expect("GET").trim(),
+            token,
+            "master {i} holds the granted waiter's key"
+        );
+    }
+    assert!(
+        cluster.granted(&monitor, &token).await,
+        "master 0's release granted the lock to the waiter"
+    );
+    assert!(g.is_valid());
+    g.release().await.expect("release");
+}
+
+/// A waiter that asked for grants and crashed (its queue entry and grant details are on every
+/// master, nobody acts on them: written here by hand, as the dead waiter's last vote left
+/// them, with a 2 s claim) is granted the lock by the holder's release. The next waiter gets it
+/// once the claim runs out, plus its safety poll and slack: never after the lock's TTL (60 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_granted_waiter_costs_the_next_at_most_the_claim() {
+    let cluster = Cluster::start().await;
+    let holder = cluster.client("poll_ms=500").await;
+    let waiters = cluster.client("poll_ms=500").await;
+    let n = name("crashed");
+    let key = RedlockBackend::connect(&cluster.url(""))
+        .await
+        .expect("connect")
+        .lock_key(&n);
+    let (queue, queue_exp, grants) = (
+        key.replace(":lock", ":queue"),
+        key.replace(":lock", ":queuexp"),
+        key.replace(":lock", ":grants"),
+    );
+    let held = holder.lock(&n, &long()).await.expect("holder locks");
+    let claim = Duration::from_secs(2);
+    let ghost = "00000000000000000000000000dead00";
+    for m in &cluster.masters {
+        // First in line (the earliest place), its entry live for a minute.
+        m.cli(&["ZADD", &queue, "1", ghost]).await.expect("ZADD");
+        let now_ms = m.cli(&["TIME"]).await.expect("TIME");
+        let secs: u64 = now_ms.split_whitespace().next().unwrap().parse().unwrap();
+        let until = (secs + 60) * 1000;
+        m.cli(&["ZADD", &queue_exp, &until.to_string(), ghost])
+            .await
+            .expect("ZADD");
+        let details = format!("7 {} 0 dead-waiter", claim.as_millis());
+        m.cli(&["HSET", &grants, ghost, &details])
+            .await
+            .expect("HSET");
+    }
+    let rx = waiter(&waiters, &n, long());
+    cluster.queued_everywhere(&key, 2).await;
+    let released = Instant::now();
+    held.release().await.expect("release");
+    let deadline = Instant::now() + scaled(Duration::from_secs(10));
+    while cluster.masters[0]
+        .cli(&["GET", &key])
+        .await
+        .expect("GET")
+        .trim()
+        != ghost
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the dead waiter was never granted the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let ttl = cluster.masters[0].cli(&["PTTL", &key]).await.expect("PTTL");
+    let ttl: i64 = ttl.trim().parse().expect("a PTTL");
+    assert!(
+        (0..=claim.as_millis() as i64).contains(&ttl),
+        "the dead waiter was granted the lock for its claim, not {ttl} ms"
+    );
+    let bound = claim + scaled(Duration::from_millis(500) + Duration::from_secs(3));
+    let g = won(rx, bound, "behind a crashed granted waiter").await;
+    let waited = released.elapsed();
+    assert!(
+        waited >= claim.saturating_sub(Duration::from_millis(100)),
+        "the next waiter got the lock {waited:?} after the release, inside the dead waiter's \
+         claim"
+    );
+    g.release().await.expect("release");
+}
+
+/// One master's release is held up (the master paused): the other four grant the waiter, a
+/// majority, and it holds without a vote while the fifth is still stopped. Resumed, the fifth
+/// master's release grants it there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_lost_on_one_master_is_made_up_by_the_majority() {
+    let mut cluster = Cluster::start().await;
+    let holder = cluster.client("poll_ms=600000").await;
+    let waiters = cluster.client("poll_ms=600000").await;
+    let n = name("one-lost");
+    let key = RedlockBackend::connect(&cluster.url(""))
+        .await
+        .expect("connect")
+        .lock_key(&n);
+    let held = holder.lock(&n, &long()).await.expect("holder locks");
+    let rx = waiter(&waiters, &n, long());
+    cluster.queued_everywhere(&key, 1).await;
+    let token = cluster.head(0, &key).await;
+    cluster.masters[4]
+        .process()
+        .pause()
+        .expect("SIGSTOP master 4");
+    held.release().await.expect("released on a majority");
+    let g = won(rx, scaled(Duration::from_secs(10)), "four grants of five").await;
+    for (i, m) in cluster.masters[..4].iter().enumerate() {
+        assert_eq!(
+            m.cli(&["GET", &key]).await.expect("GET").trim(),
+            token,
+            "{i}"
+        );
+    }
+    cluster.masters[4].process().resume().expect("SIGCONT");
+    let deadline = Instant::now() + scaled(Duration::from_secs(10));
+    while cluster.masters[4]
+        .cli(&["GET", &key])
+        .await
+        .expect("GET")
+        .trim()
+        != token
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the late release did not grant the waiter on master 4"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(g.is_valid());
+    g.release().await.expect("release");
+}
+
+/// Every grant message is lost (the grants are made by hand here, as the release script makes
+/// them, without publishing): the waiter's safety poll finds its own token holding the lock
+/// on every master and holds, one vote later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_whose_messages_were_lost_are_found_by_the_safety_poll() {
+    let cluster = Cluster::start().await;
+    let holder = cluster.client("poll_ms=500").await;
+    let waiters = cluster.client("poll_ms=500").await;
+    let n = name("all-lost");
+    let key = RedlockBackend::connect(&cluster.url(""))
+        .await
+        .expect("connect")
+        .lock_key(&n);
+    let (queue, queue_exp, grants) = (
+        key.replace(":lock", ":queue"),
+        key.replace(":lock", ":queuexp"),
+        key.replace(":lock", ":grants"),
+    );
+    let held = holder.lock(&n, &long()).await.expect("holder locks");
+    let rx = waiter(&waiters, &n, long());
+    cluster.queued_everywhere(&key, 1).await;
+    let token = cluster.head(0, &key).await;
+    for m in &cluster.masters {
+        // The release script's grant, silently: the key to the head for its claim, out of line.
+        m.cli(&["SET", &key, &token, "PX", "5000"])
+            .await
+            .expect("SET");
+        m.cli(&["ZREM", &queue, &token]).await.expect("ZREM");
+        m.cli(&["ZREM", &queue_exp, &token]).await.expect("ZREM");
+        m.cli(&["HDEL", &grants, &token]).await.expect("HDEL");
+    }
+    let granted = Instant::now();
+    let g = won(
+        rx,
+        scaled(Duration::from_millis(500) + Duration::from_secs(3)),
+        "grants without their messages",
+    )
+    .await;
+    assert!(
+        g.is_valid(),
+        "held {:?} after the grants",
+        granted.elapsed()
+    );
+    drop(held);
+    g.release().await.expect("release");
+}
+
+/// The holder's release reaches masters 0 and 1 only (on 2 to 4 a contender's key stands in
+/// for it): two grants, a minority. The waiter waits a node timeout for more, then votes,
+/// loses on 2 to 4 and gives the two grants back at once: its keys on masters 0 and 1 are gone
+/// within seconds, not left for the claim (here the whole 60 s TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minority_of_grants_is_given_back() {
+    let cluster = Cluster::start().await;
+    let holder = cluster.client("poll_ms=600000").await;
+    let waiters = cluster.client("poll_ms=600000").await;
+    let n = name("minority");
+    let key = RedlockBackend::connect(&cluster.url(""))
+        .await
+        .expect("connect")
+        .lock_key(&n);
+    let held = holder.lock(&n, &long()).await.expect("holder locks");
+    let rx = waiter(&waiters, &n, long());
+    cluster.queued_everywhere(&key, 1).await;
+    let token = cluster.head(0, &key).await;
+    let monitor = cluster.masters[0].monitor().await.expect("MONITOR");
+    for m in &cluster.masters[2..] {
+        m.cli(&["SET", &key, "contender", "PX", "60000"])
+            .await
+            .expect("SET");
+    }
+    // Refused by a majority (2-4 hold the contender's key): an error, granted on 0 and 1.
+    let _ = held.release().await;
+    let deadline = Instant::now() + scaled(Duration::from_secs(5));
+    for (i, m) in cluster.masters[..2].iter().enumerate() {
+        loop {
+            let now = m.cli(&["GET", &key]).await.expect("GET");
+            if now.trim().is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "master {i} still holds {} for the waiter: the minority grant was not given back",
+                now.trim()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert!(
+        cluster.granted(&monitor, &token).await,
+        "master 0's release granted the lock to the waiter"
+    );
+    for m in &cluster.masters[2..] {
+        assert_eq!(
+            m.cli(&["GET", &key]).await.expect("GET").trim(),
+            "contender"
+        );
+    }
+    drop(rx);
+}
