@@ -106,7 +106,7 @@ declare -A EXPECT=(
   ["locksmith-cli/tests/primitives"]=54
   ["locksmith-cli/tests/run"]=29
   ["lock-redis/tests/redis"]=27
-  ["lock-redlock/tests/conformance"]=25
+  ["lock-redlock/tests/conformance"]=50
   ["locksmith-cli/tests/cli"]=24
   ["conformance/tests/memory"]=23
   ["lock-sql/tests/sql"]=20
@@ -114,6 +114,8 @@ declare -A EXPECT=(
   ["lock-etcd/tests/faults"]=17
   ["locksmith-cli/tests/at_risk"]=16
   ["lock-redlock/tests/faults"]=14
+  ["lock-redlock/tests/handover_model"]=12
+  ["lock-redis/tests/lease_memory"]=11
   ["doctests"]=90
 )
 TIMES_FILE=$ROOT/target/test-times.tsv
