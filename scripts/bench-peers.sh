@@ -5,6 +5,8 @@
 #     list the release pushes): rate and fairness;
 #   - rslock (crates.io), on one Redis and on the 5 Redlock masters: uncontended lock + unlock
 #     p50, and 4 processes looping acquire + unlock (it re-grabs: rate and fairness);
+#   - a bare PUBLISH received by another process (rslock-bench's `pubsub` mode, no lock): the
+#     floor of any hand-over by message on this machine, beside a PING round trip;
 #   - locksmith (`locksmith bench`, release build) on the same URLs.
 # Prints one table with the ratios and issue 38's goals. Not part of the test command.
 #
@@ -84,6 +86,10 @@ record prl_evalsha "$(($(evalsha_calls) - before))"
 say "rslock on one Redis: uncontended p50, then $procs processes (${secs} s each)"
 record rslock_p50 "$(RSLOCK_BENCH_URLS="$redis_url" "$rslock" p50 "$secs")"
 record rslock "$(RSLOCK_BENCH_URLS="$redis_url" "$rslock" contend "$procs" "$secs")"
+# The floor of any hand-over by message on this machine: a PUBLISH until another (idle)
+# process's task has it, no lock at all, beside a PING round trip.
+say "a bare PUBLISH to another process (the floor of a hand-over by message), ${secs} s"
+record pubsub "$(RSLOCK_BENCH_URLS="$redis_url" "$rslock" pubsub "$secs")"
 locksmith_urls=("$redis_url")
 if [[ -n "$redlock_urls" ]]; then
     say "rslock on the Redlock masters: uncontended p50, then $procs processes (${secs} s each)"
@@ -170,6 +176,13 @@ if redis:
         peers.get("rslock", {}).get("min_share"), None, "-", None, digits=2)
     hx = num(redis["hand-over x rtt"])
     add("Redis hand-over p50 over rtt", hx, None, None, "<= 1.5", hx is not None and hx <= 1.5, digits=2)
+    ps = peers.get("pubsub", {})
+    if ps:
+        ho = num(redis["hand-over µs"])
+        add("Redis hand-over p50 µs (floor: a bare PUBLISH to another process)", ho,
+            ps.get("p50_us"), ratio(ho, ps.get("p50_us")), "-", None)
+        add("  that floor over its own PING rtt", ratio(ps.get("p50_us"), ps.get("rtt_us")), None,
+            None, "-", None, digits=2)
     sent = num(redis["sent/hand-over"])
     add("Redis requests sent per hand-over, 100 waiters", sent, None, None, "<= 2",
         sent is not None and sent <= 2, digits=2)

@@ -9,6 +9,12 @@
 //!     rslock-bench contend PROCS SECS   PROCS processes loop acquire + unlock on one name:
 //!                                       `per_sec X counts N N ... spread S`
 //!     rslock-bench worker START_MS SECS NAME   (internal) one process of `contend`
+//!     rslock-bench pubsub SECS          the floor of any hand-over by message: a `PUBLISH`
+//!                                       sent by this process until another process's task
+//!                                       has it (system-clock stamps, as `locksmith bench`'s
+//!                                       hand-over column), beside a `PING` round trip:
+//!                                       `p50_us X p99_us Y rtt_us R samples N`
+//!     rslock-bench subscriber CHANNEL   (internal) the receiving process of `pubsub`
 //!
 //! Lock names start with `peers-rslock-` and a random suffix, so runs keep apart on shared
 //! servers.
@@ -16,6 +22,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use futures_util::StreamExt;
 use rslock::LockManager;
 
 /// The lease each acquisition asks for (the holds last microseconds).
@@ -75,7 +82,11 @@ async fn main() {
                 )
                 .await
             }
-            _ => fail("usage: rslock-bench p50 SECS | contend PROCS SECS"),
+            Some("pubsub") => pubsub(Duration::from_secs(number(args.get(1), "SECS"))).await,
+            Some("subscriber") => {
+                subscriber(args.get(1).unwrap_or_else(|| fail("expected CHANNEL"))).await
+            }
+            _ => fail("usage: rslock-bench p50 SECS | contend PROCS SECS | pubsub SECS"),
         }
     };
     if let Err(e) = tokio::spawn(run).await {
@@ -185,4 +196,107 @@ async fn worker(start_ms: u64, secs: u64, name: &str) {
         }
     }
     println!("count {count}");
+}
+
+fn unix_nanos() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+fn percentile(samples: &mut [Duration], p: f64) -> f64 {
+    samples.sort();
+    samples[((samples.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e6
+}
+
+/// The floor of a hand-over by message, with no lock at all: this process `PUBLISH`es its
+/// send time about once a millisecond (paced, so no message queues behind another) to a
+/// subscriber in another process, which reports the p50 / p99 of "received minus sent".
+async fn pubsub(secs: Duration) {
+    use std::io::BufRead;
+    let url = urls().remove(0);
+    let channel = fresh_name("pubsub");
+    let exe = std::env::current_exe().unwrap_or_else(|e| fail(&format!("own binary: {e}")));
+    let mut child = Command::new(&exe)
+        .args(["subscriber", &channel])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| fail(&format!("starting the subscriber: {e}")));
+    let mut lines = std::io::BufReader::new(child.stdout.take().expect("piped")).lines();
+    match lines.next() {
+        Some(Ok(l)) if l == "ready" => {}
+        other => fail(&format!("the subscriber said {other:?}")),
+    }
+    let client = redis::Client::open(url.as_str()).unwrap_or_else(|e| fail(&format!("{e}")));
+    let mut con = client
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| fail(&format!("connecting: {e}")));
+    let mut rtts = Vec::new();
+    for _ in 0..2000 {
+        let start = Instant::now();
+        let _: String = redis::cmd("PING")
+            .query_async(&mut con)
+            .await
+            .unwrap_or_else(|e| fail(&format!("PING: {e}")));
+        rtts.push(start.elapsed());
+    }
+    let until = Instant::now() + secs;
+    while Instant::now() < until {
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(&channel)
+            .arg(unix_nanos().to_string())
+            .query_async(&mut con)
+            .await
+            .unwrap_or_else(|e| fail(&format!("PUBLISH: {e}")));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg(&channel)
+        .arg("end")
+        .query_async(&mut con)
+        .await
+        .unwrap_or_else(|e| fail(&format!("PUBLISH: {e}")));
+    let result = match lines.next() {
+        Some(Ok(l)) => l,
+        other => fail(&format!("the subscriber said {other:?}")),
+    };
+    let _ = child.wait();
+    println!("{result} rtt_us {:.1}", percentile(&mut rtts, 0.5));
+}
+
+/// The receiving process of [`pubsub`]: says `ready` once subscribed, then reads send times
+/// until `end` and prints `p50_us X p99_us Y samples N`.
+async fn subscriber(channel: &str) {
+    let url = urls().remove(0);
+    let client = redis::Client::open(url.as_str()).unwrap_or_else(|e| fail(&format!("{e}")));
+    let mut sub = client
+        .get_async_pubsub()
+        .await
+        .unwrap_or_else(|e| fail(&format!("connecting: {e}")));
+    sub.subscribe(channel)
+        .await
+        .unwrap_or_else(|e| fail(&format!("SUBSCRIBE: {e}")));
+    println!("ready");
+    let mut samples = Vec::new();
+    let mut messages = sub.on_message();
+    while let Some(m) = messages.next().await {
+        let now = unix_nanos();
+        let payload: String = m.get_payload().unwrap_or_default();
+        if payload == "end" {
+            break;
+        }
+        if let Ok(sent) = payload.parse::<u128>() {
+            samples.push(Duration::from_nanos(now.saturating_sub(sent) as u64));
+        }
+    }
+    if samples.is_empty() {
+        fail("no message arrived");
+    }
+    let n = samples.len();
+    println!(
+        "p50_us {:.1} p99_us {:.1} samples {n}",
+        percentile(&mut samples, 0.5),
+        percentile(&mut samples, 0.99)
+    );
 }
