@@ -302,7 +302,9 @@ async fn a_handover_costs_the_release_and_the_requeued_vote_only() {
     for t in tasks {
         t.await.expect("a waiter's task");
     }
-    cluster.script_calls_reach(before + 5, "the last release").await;
+    cluster
+        .script_calls_reach(before + 5, "the last release")
+        .await;
     assert_eq!(
         subscribes().await,
         subscribed,
