@@ -2,7 +2,7 @@
 //! background when the call is dropped mid-attempt), and the wait between attempts on release
 //! messages, the holder's expiry and split-vote back-off.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -156,7 +156,17 @@ impl RedlockBackend {
         // released, would be a second chance to barge past the waiter its release woke).
         let lingering = lock_mutex(&self.inner.waits)
             .get(&keys.channel)
-            .is_some_and(|e| e.waitings.iter().all(|w| w.get().is_some()));
+            .filter(|e| e.waitings.iter().all(|w| w.get().is_some()))
+            .map(|e| e.joined_stretch.load(Ordering::Relaxed));
+        // The first vote of a lingering wait (a looping worker's, just after its release)
+        // queues at the tail, about where this client's last wait joined: its entries last as
+        // many polls as that place called for (see `NameSubs::joined_stretch`), so a waiter
+        // far back does not come back for a safety vote after one poll. The vote's answers
+        // tell the real place; the safety vote after it comes as soon as either calls for.
+        if let Some(s) = lingering {
+            stretch = s.clamp(1, crate::ticket::MAX_STRETCH);
+        }
+        let lingering = lingering.is_some();
         let split = if lingering {
             false
         } else {
@@ -177,6 +187,17 @@ impl RedlockBackend {
             split
         };
         let subs = self.subscribe(&keys, req.ttl).await;
+        // Where this wait joined the queues, for the next wait of this client (see above).
+        let mut joined = false;
+        let mut note_join = |stretch: u32| {
+            if !joined {
+                subs.0.joined_stretch.store(stretch, Ordering::Relaxed);
+                joined = true;
+            }
+        };
+        if !lingering {
+            note_join(stretch);
+        }
         let poll = self.inner.cfg.poll;
         // When to vote again without a release message; `None`: at once. A split vote first
         // waits its random delay; a held lock is re-checked at once, now that the
@@ -299,6 +320,7 @@ impl RedlockBackend {
                     refused: r,
                 } => {
                     refused = r;
+                    note_join(ticket.poll_stretch());
                     (split, free_in, vote.lost())
                 }
             };
@@ -532,6 +554,7 @@ impl RedlockBackend {
                             .map(|_| AtomicBool::new(false))
                             .collect(),
                         joined: tokio::sync::Notify::new(),
+                        joined_stretch: AtomicU32::new(1),
                         users: AtomicUsize::new(0),
                         idle_since: Mutex::new(Instant::now()),
                     })

@@ -53,7 +53,10 @@
 //!   (`poll_ms`; a waiter with many ahead of it in the queue polls every `k` polls, `k = 1 +
 //!   ahead / 16`, at most 8: 60 idle waiters send a master 44 scripts a second where they sent
 //!   94). Subscriptions linger a few seconds after a wait, so a busy lock does not pay
-//!   `SUBSCRIBE`/`UNSUBSCRIBE` on every wait. Readers (shared waiters) are woken apart: every
+//!   `SUBSCRIBE`/`UNSUBSCRIBE` on every wait, and a wait that finds them lingering begins
+//!   with its subscribed vote, whose entries last the `k` polls of where this client's last
+//!   wait joined the queues (a looping worker queues at the tail again: with 100 waiters,
+//!   its safety vote after one poll was most of a hand-over's extra requests). Readers (shared waiters) are woken apart: every
 //!   release message that names no queue head wakes all of them, in every client, and each
 //!   votes (a writer's release lets them all in; one reader's vote covers no other's).
 //! * **Hand-over by grants** (`handover=grant`, the default): a waiting writer numbers its

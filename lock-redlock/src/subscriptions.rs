@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -25,6 +25,10 @@ pub(crate) struct NameSubs {
     pub(crate) joining: Vec<AtomicBool>,
     /// Woken when a join of [`NameSubs::joining`] ends (subscribed or not).
     pub(crate) joined: tokio::sync::Notify,
+    /// How many polls' time the entries of this client's last wait lasted when it joined the
+    /// queues (its first refused vote's place, see `ticket.rs`): a new wait of this client
+    /// joins at the tail of about as long a queue, and its first vote's entries last as long.
+    pub(crate) joined_stretch: AtomicU32,
     pub(crate) users: AtomicUsize,
     pub(crate) idle_since: Mutex<Instant>,
 }

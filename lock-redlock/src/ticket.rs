@@ -39,7 +39,7 @@ impl Default for Ticket {
 /// Waiters ahead per step of [`poll_stretch`].
 const AHEAD_PER_STEP: u64 = 16;
 /// The most polls' time between two safety votes.
-const MAX_STRETCH: u32 = 8;
+pub(crate) const MAX_STRETCH: u32 = 8;
 
 impl Ticket {
     /// The place to bring to every master, once one is known.

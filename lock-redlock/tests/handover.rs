@@ -62,12 +62,34 @@ impl Cluster {
 
     /// Script calls (`EVAL`/`EVALSHA`) all five masters have run.
     async fn script_calls(&self) -> u64 {
+        self.calls(|c| c == "evalsha" || c == "eval").await
+    }
+
+    /// Calls of the commands `pick` chooses that all five masters have run.
+    async fn calls(&self, pick: impl Fn(&str) -> bool + Copy) -> u64 {
         let mut calls = 0;
         for m in &self.masters {
             let info = m.cli(&["INFO", "commandstats"]).await.expect("INFO");
-            calls += lock_redis::node::command_calls(&info, |c| c == "evalsha" || c == "eval");
+            calls += lock_redis::node::command_calls(&info, pick);
         }
         calls
+    }
+
+    /// Waits (bounded) until the masters have run `count` script calls, and returns how many
+    /// they ran.
+    async fn script_calls_reach(&self, count: u64, what: &str) -> u64 {
+        let deadline = Instant::now() + scaled(Duration::from_secs(20));
+        loop {
+            let calls = self.script_calls().await;
+            if calls >= count {
+                return calls;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {calls} script calls, {count} expected"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Waits (bounded) until every master has `count` entries in the queue of `key`.
@@ -206,6 +228,88 @@ async fn a_majority_of_grants_holds_without_a_vote() {
     );
     assert!(g.is_valid());
     g.release().await.expect("release");
+}
+
+/// Requests per hand-over in a small scripted queue, so that the count cannot grow unnoticed:
+/// a holder and three waiters (a client each, queued one after another so every master orders
+/// them alike; safety polls and renewals far away). Each waiter that gets the lock releases it
+/// when told and, the first time, waits again at once, as a looping worker does (its
+/// subscriptions linger: the new wait sends no `SUBSCRIBE` and begins with its one vote,
+/// which brings a ticket, so it queues at the tail of every master). Six hand-overs: each
+/// costs the release on every master (5 scripts) and, after a waiter that waits again, that
+/// waiter's vote (5), nothing else: no waiter votes for a lock it was granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_costs_the_release_and_the_requeued_vote_only() {
+    let cluster = Cluster::start().await;
+    let holder = cluster.client("poll_ms=600000").await;
+    let n = name("count");
+    let key = RedlockBackend::connect(&cluster.url(""))
+        .await
+        .expect("connect")
+        .lock_key(&n);
+    let held = holder.lock(&n, &long()).await.expect("holder locks");
+    type Got = (usize, tokio::sync::oneshot::Sender<()>);
+    let (got_tx, mut got_rx) = tokio::sync::mpsc::unbounded_channel::<Got>();
+    let mut tasks = Vec::new();
+    for w in 0..3 {
+        let locker = cluster.client("poll_ms=600000").await;
+        let before = cluster.script_calls().await;
+        let (n, got_tx) = (n.clone(), got_tx.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..2 {
+                let g = locker.lock(&n, &long()).await.expect("the waiter's lock");
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                got_tx.send((w, tx)).expect("the test listens");
+                rx.await.expect("told to release");
+                g.release().await.expect("the waiter's release");
+            }
+        }));
+        // Its vote before subscribing and its first vote once subscribed.
+        cluster
+            .script_calls_reach(before + 10, "a new waiter's two votes")
+            .await;
+        cluster.queued_everywhere(&key, w + 1).await;
+    }
+    let subscribes = || cluster.calls(|c| c == "subscribe");
+    let subscribed = subscribes().await;
+    let mut before = cluster.script_calls().await;
+    held.release().await.expect("release");
+    let mut expected = 5;
+    let mut rounds = [0; 3];
+    for (hand, want) in [0, 1, 2, 0, 1, 2].into_iter().enumerate() {
+        let (w, release) = tokio::time::timeout(scaled(Duration::from_secs(20)), got_rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("hand-over {hand}: nobody got the lock"))
+            .expect("a waiter");
+        assert_eq!(w, want, "hand-over {hand} went to the head of the queues");
+        cluster
+            .script_calls_reach(before + expected, &format!("hand-over {hand}"))
+            .await;
+        // The negative window: a vote of the new holder would have followed the grants at once.
+        tokio::time::sleep(scaled(Duration::from_millis(300))).await;
+        let sent = cluster.script_calls().await - before;
+        assert_eq!(
+            sent, expected,
+            "hand-over {hand} (to waiter {w}) cost {sent} scripts, {expected} expected: the \
+             release on each master, and the vote of a releaser that waits again"
+        );
+        before += sent;
+        rounds[w] += 1;
+        // Its release, and its vote when it waits again.
+        expected = if rounds[w] == 1 { 10 } else { 5 };
+        release.send(()).expect("the waiter listens");
+    }
+    for t in tasks {
+        t.await.expect("a waiter's task");
+    }
+    cluster
+        .script_calls_reach(before + 5, "the last release")
+        .await;
+    assert_eq!(
+        subscribes().await,
+        subscribed,
+        "a waiter that waits again uses its lingering subscriptions"
+    );
 }
 
 /// A waiter that asked for grants and crashed (its queue entry and grant details are on every
