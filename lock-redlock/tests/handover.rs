@@ -145,6 +145,17 @@ fn scaled(d: Duration) -> Duration {
     d.mul_f64(time_scale())
 }
 
+/// The keys of `n` on every master: the lock, its queue, the queue's expiries, the grants.
+async fn keys_of(cluster: &Cluster, n: &LockName) -> (String, String, String, String) {
+    let key = RedlockBackend::connect(&cluster.url(""))
+        .await
+        .expect("connect")
+        .lock_key(n);
+    let of = |suffix: &str| key.replace(":lock", suffix);
+    let (queue, queue_exp, grants) = (of(":queue"), of(":queuexp"), of(":grants"));
+    (key, queue, queue_exp, grants)
+}
+
 fn name(tag: &str) -> LockName {
     LockName::new(format!("grant-{tag}-{:08x}", fastrand::u32(..))).expect("name")
 }
@@ -322,15 +333,7 @@ async fn a_crashed_granted_waiter_costs_the_next_at_most_the_claim() {
     let holder = cluster.client("poll_ms=500").await;
     let waiters = cluster.client("poll_ms=500").await;
     let n = name("crashed");
-    let key = RedlockBackend::connect(&cluster.url(""))
-        .await
-        .expect("connect")
-        .lock_key(&n);
-    let (queue, queue_exp, grants) = (
-        key.replace(":lock", ":queue"),
-        key.replace(":lock", ":queuexp"),
-        key.replace(":lock", ":grants"),
-    );
+    let (key, queue, queue_exp, grants) = keys_of(&cluster, &n).await;
     let held = holder.lock(&n, &long()).await.expect("holder locks");
     let claim = Duration::from_secs(2);
     let ghost = "00000000000000000000000000dead00";
@@ -441,15 +444,7 @@ async fn grants_whose_messages_were_lost_are_found_by_the_safety_poll() {
     let holder = cluster.client("poll_ms=500").await;
     let waiters = cluster.client("poll_ms=500").await;
     let n = name("all-lost");
-    let key = RedlockBackend::connect(&cluster.url(""))
-        .await
-        .expect("connect")
-        .lock_key(&n);
-    let (queue, queue_exp, grants) = (
-        key.replace(":lock", ":queue"),
-        key.replace(":lock", ":queuexp"),
-        key.replace(":lock", ":grants"),
-    );
+    let (key, queue, queue_exp, grants) = keys_of(&cluster, &n).await;
     let held = holder.lock(&n, &long()).await.expect("holder locks");
     let rx = waiter(&waiters, &n, long());
     cluster.queued_everywhere(&key, 1).await;
