@@ -236,7 +236,16 @@ fn quick_read_then_delete_release_is_caught() {
     let always = ["release_racing_expiry_keeps_next_holder"];
     // As for the slow variant: hit when a polling waiter comes in between.
     let sometimes = ["auto_renew_stops_at_max_hold"];
-    assert_caught(Flaw::ReadThenDeleteQuick, &always, &sometimes);
+    // The 3 ms gap is hit by timing: on a saturated machine every release point of one run can
+    // land outside it (seen once, in a fresh-clone run of the whole test command). The claim is
+    // "caught within three runs of the suite"; every run must stay within the allowed set.
+    for run in 1..=3 {
+        let failed = failing(Flaw::ReadThenDeleteQuick);
+        if run == 3 || failed.is_superset(&set(&always)) {
+            return assert_fails_between(failed, &always, &sometimes);
+        }
+        assert_fails_between(failed, &[], &[&always[..], &sometimes[..]].concat());
+    }
 }
 
 #[test]
