@@ -108,8 +108,9 @@ mod tests {
     /// Two waits in a row on one name (the second within the linger) subscribe once; the
     /// first keep's timer leaves the registration a later wait took alone; the subscription
     /// goes after the last keep's linger. No bound here depends on the machine's speed: the
-    /// only waits are "at least a linger" and a generous deadline for the unsubscription.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    /// only waits are "at least a linger" and a generous deadline for the unsubscription, on
+    /// the runtime's paused clock: they advance virtual time, no real time passes.
+    #[tokio::test(start_paused = true)]
     async fn a_wait_soon_after_another_subscribes_nothing_and_the_subscription_goes_after() {
         let counted = Arc::new(Counted::default());
         let subs = Subscriptions::new(Box::new(Factory(counted.clone())));
