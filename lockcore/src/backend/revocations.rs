@@ -77,18 +77,24 @@ impl Revocations {
     /// names (owner tokens as hex digits, separated by spaces; anything else is skipped).
     /// Returns how many it fired. Never blocks on more than the registry's lock.
     pub fn revoked(&self, tokens: &str) -> usize {
-        let held = self.held();
-        let mut fired = 0;
-        for token in tokens
-            .split(' ')
-            .filter_map(|t| u128::from_str_radix(t, 16).ok())
-        {
-            if let Some(lost) = held.get(&token) {
-                // The server took the lease away: what a refused renewal would have said.
-                fired += usize::from(lost.fire(LostReason::RenewalRefused));
-            }
-        }
-        fired
+        // Fired after the registry's lock is let go: firing runs the guard's loss hook, whose
+        // temporary strong reference is the guard's last one when the guard was dropped
+        // meanwhile; dropping the guard drops its lease, which unregisters here. Under the lock
+        // that re-entry would deadlock this thread (seen as a conformance scenario's "blocking
+        // task still running" at its runtime's shutdown).
+        let named: Vec<LostReporter> = {
+            let held = self.held();
+            tokens
+                .split(' ')
+                .filter_map(|t| u128::from_str_radix(t, 16).ok())
+                .filter_map(|token| held.get(&token).cloned())
+                .collect()
+        };
+        named
+            .iter()
+            // The server took the lease away: what a refused renewal would have said.
+            .map(|lost| usize::from(lost.fire(LostReason::RenewalRefused)))
+            .sum()
     }
 
     /// How many leases are registered.
