@@ -152,6 +152,7 @@ impl ZkBackend {
             waiting: load(&s.waiting),
             sessions: load(&s.sessions),
             held: self.session().held() as u64,
+            node_watches: load(&s.node_watches),
         }
     }
 

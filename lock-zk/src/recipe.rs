@@ -19,7 +19,7 @@ use crate::contenders::{self, Role, Standing};
 use crate::errors::{RETRY_PAUSE, ZkResult, is_retryable, is_session_end, map_err, retry};
 use crate::lease::ZkLease;
 use crate::session::Session;
-use crate::stats::{Waiting, bump};
+use crate::stats::{GaugeUnit, bump};
 
 impl ZkBackend {
     /// The recipe, retried on a new session when the session ends (the caller bounds the
@@ -263,7 +263,7 @@ impl ZkBackend {
                 }
                 // Queued and watching: the going of a node it waits for wakes this waiter.
                 req.waiting.mark();
-                let waiting = Waiting::new(&self.inner.stats.waiting);
+                let waiting = GaugeUnit::new(&self.inner.stats.waiting);
                 let (gone, event) = futures::future::select_all(
                     watchers
                         .into_iter()
@@ -416,7 +416,10 @@ impl ZkBackend {
     /// session ends (the session task reports that).
     fn watch_own_node(&self, session: &Arc<Session>, path: &str, id: u64) {
         let (session, backend, path) = (session.clone(), self.clone(), path.to_owned());
+        // Counted before the task starts: a caller that sees the grant sees the watch.
+        bump(&self.inner.stats.node_watches);
         tokio::spawn(async move {
+            let _watch = GaugeUnit::adopt(&backend.inner.stats.node_watches);
             let gone = match session.client.check_and_watch_stat(&path).await {
                 Ok((Some(_), watcher)) => {
                     watcher.changed().await.event_type == zk::EventType::NodeDeleted

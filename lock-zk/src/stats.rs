@@ -24,6 +24,11 @@ pub struct ZkStats {
     pub sessions: u64,
     /// Leases held right now in the current session.
     pub held: u64,
+    /// Watches on held leases' own nodes alive right now: one per lease from its grant until
+    /// the server reports its node gone (its release, a force release) or the session ends.
+    /// Zero once every released lease's watch has had its answer: the watch requests a lease
+    /// sends after its grant are all sent.
+    pub node_watches: u64,
 }
 
 #[derive(Debug, Default)]
@@ -36,23 +41,30 @@ pub(crate) struct Stats {
     pub(crate) lost_fired: AtomicU64,
     pub(crate) waiting: AtomicU64,
     pub(crate) sessions: AtomicU64,
+    pub(crate) node_watches: AtomicU64,
 }
 
 pub(crate) fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Counts one contender in [`ZkStats::waiting`] while alive (cancellation included).
-pub(crate) struct Waiting<'a>(&'a AtomicU64);
+/// Counts one unit of a gauge ([`ZkStats::waiting`], [`ZkStats::node_watches`]) while alive,
+/// cancellation included.
+pub(crate) struct GaugeUnit<'a>(&'a AtomicU64);
 
-impl<'a> Waiting<'a> {
+impl<'a> GaugeUnit<'a> {
     pub(crate) fn new(gauge: &'a AtomicU64) -> Self {
         gauge.fetch_add(1, Ordering::Relaxed);
-        Waiting(gauge)
+        GaugeUnit(gauge)
+    }
+
+    /// Takes over a unit counted earlier with [`bump`] (before a task that holds it started).
+    pub(crate) fn adopt(gauge: &'a AtomicU64) -> Self {
+        GaugeUnit(gauge)
     }
 }
 
-impl Drop for Waiting<'_> {
+impl Drop for GaugeUnit<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
