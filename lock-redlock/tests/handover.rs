@@ -261,6 +261,12 @@ async fn a_majority_of_grants_holds_without_a_vote() {
 /// which brings a ticket, so it queues at the tail of every master). Six hand-overs: each
 /// costs the release on every master (5 scripts) and, after a waiter that waits again, that
 /// waiter's vote (5), nothing else: no waiter votes for a lock it was granted.
+///
+/// No window to wait out: a vote of a holder's `lock()` was sent before it returned, so on
+/// each master it runs before that holder's release, sent after on the same connection. Each
+/// hand-over's count is taken once every master has run the release that made it (the key
+/// there moved from the releaser's token to the next holder's, or is gone after the last), so
+/// any vote of the releaser is in it; the vote of a releaser that waits again is awaited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handover_costs_the_release_and_the_requeued_vote_only() {
     let cluster = Cluster::start().await;
@@ -293,6 +299,39 @@ async fn a_handover_costs_the_release_and_the_requeued_vote_only() {
             .await;
         cluster.queued_everywhere(&key, w + 1).await;
     }
+    // The key on each master: the holder's token, then each holder's in turn.
+    let mut tokens = Vec::with_capacity(cluster.masters.len());
+    for m in &cluster.masters {
+        tokens.push(m.cli(&["GET", &key]).await.expect("GET").trim().to_owned());
+    }
+    assert!(
+        tokens.iter().all(|t| !t.is_empty()),
+        "the holder's key on every master"
+    );
+    // Waits (bounded) until every master has run the release of the holder whose token
+    // `tokens` has: its key there moved on (granted to the next holder, or gone).
+    let key_moved_on = |tokens: Vec<String>, what: String| {
+        let (cluster, key) = (&cluster, &key);
+        async move {
+            let deadline = Instant::now() + scaled(Duration::from_secs(10));
+            let mut moved = Vec::with_capacity(tokens.len());
+            for (i, (m, token)) in cluster.masters.iter().zip(tokens).enumerate() {
+                loop {
+                    let now = m.cli(&["GET", key]).await.expect("GET").trim().to_owned();
+                    if now != token {
+                        moved.push(now);
+                        break;
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "{what}: master {i} never ran the release"
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            moved
+        }
+    };
     let subscribes = || cluster.calls(|c| c == "subscribe");
     let subscribed = subscribes().await;
     let mut before = cluster.script_calls().await;
@@ -305,16 +344,19 @@ async fn a_handover_costs_the_release_and_the_requeued_vote_only() {
             .unwrap_or_else(|_| panic!("hand-over {hand}: nobody got the lock"))
             .expect("a waiter");
         assert_eq!(w, want, "hand-over {hand} went to the head of the queues");
-        cluster
+        tokens = key_moved_on(tokens, format!("hand-over {hand}")).await;
+        for (i, t) in tokens.iter().enumerate() {
+            assert!(!t.is_empty(), "hand-over {hand}: master {i} granted nobody");
+        }
+        let sent = cluster
             .script_calls_reach(before + expected, &format!("hand-over {hand}"))
-            .await;
-        // The negative window: a vote of the new holder would have followed the grants at once.
-        tokio::time::sleep(scaled(Duration::from_millis(300))).await;
-        let sent = cluster.script_calls().await - before;
+            .await
+            - before;
         assert_eq!(
             sent, expected,
             "hand-over {hand} (to waiter {w}) cost {sent} scripts, {expected} expected: the \
-             release on each master, and the vote of a releaser that waits again"
+             release on each master, and the vote of a releaser that waits again (a vote of the \
+             releaser's lock() ran before its release; a vote of the new holder's may be in)"
         );
         before += sent;
         rounds[w] += 1;
@@ -325,9 +367,16 @@ async fn a_handover_costs_the_release_and_the_requeued_vote_only() {
     for t in tasks {
         t.await.expect("a waiter's task");
     }
-    cluster
-        .script_calls_reach(before + 5, "the last release")
-        .await;
+    let gone = key_moved_on(tokens, "the last release".to_owned()).await;
+    assert!(
+        gone.iter().all(String::is_empty),
+        "the key is gone everywhere: {gone:?}"
+    );
+    assert_eq!(
+        cluster.script_calls().await - before,
+        5,
+        "the last hand-over's holder released on each master and sent no vote"
+    );
     assert_eq!(
         subscribes().await,
         subscribed,
