@@ -8,6 +8,8 @@
 //! environment, never in argv). Each connects its clients, says `ready`, waits for `go` on
 //! stdin, loops `lock` + `release` for the given time, and prints the moments its `lock()`
 //! calls returned and its releases were sent (see [`crate::handover_latency`]), then its counts.
+//! The waiters run that counts requests also says when all its clients wait and stops when
+//! told: its figures are counted over a steady window ([`crate::steady`]).
 
 use std::path::Path;
 use std::process::Stdio;
@@ -20,9 +22,10 @@ use locksmith::{ErrorKind, Fencing, LockName, LockOptions, Locker};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
-use crate::bench_table::{self, Conditions, cells, plain_table, shown_command};
+use crate::bench_table::{self, Conditions, Row, cells, plain_table, shown_command};
 use crate::handover_latency::{self, Stamp, TIMES_PREFIX};
 use crate::harness::{UrlHarness, labels};
+use crate::steady::{self, QUEUED, STOP, Sample, Samples, Stop};
 
 /// The environment variable that hands a worker its URL.
 const WORKER_URL_ENV: &str = "LOCKSMITH_BENCH_URL";
@@ -91,12 +94,29 @@ fn single_process_only(url: &str) -> Option<&'static str> {
         .then_some("memory:// locks exist inside one process")
 }
 
+/// What each waiter of the requests run paid once, beyond the steady window's rate per
+/// hand-over: its start-up (first attempt, subscriptions, queue entry) and tear-down (leaving
+/// the queue, unsubscribing), in requests per waiter ([`crate::steady`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct OncePerWaiter {
+    /// What the waiting clients sent (counted by the proxies), where counted.
+    pub sent: Option<f64>,
+    /// What the server counted, where it has a counter.
+    pub server: Option<f64>,
+}
+
 /// Adds the multi-process figures of `url` to `figures` (left `None` where they do not apply
-/// or failed; a failure is printed).
-pub async fn add_process_figures(url: &str, label: &str, figures: &mut Figures, plan: Plan) {
+/// or failed; a failure is printed). Returns the requests run's one-off cost per waiter, where
+/// counted.
+pub async fn add_process_figures(
+    url: &str,
+    label: &str,
+    figures: &mut Figures,
+    plan: Plan,
+) -> Option<OncePerWaiter> {
     if let Some(why) = single_process_only(url) {
         eprintln!("[bench] {label}: no multi-process figures: {why}");
-        return;
+        return None;
     }
     eprintln!(
         "[bench] {label}: hand-over across {} processes, then {} waiters over {} processes ({} s each)",
@@ -142,9 +162,15 @@ pub async fn add_process_figures(url: &str, label: &str, figures: &mut Figures, 
             Err(e) => eprintln!("[bench] {label}: fairness run failed: {e}"),
         }
     }
-    match server_requests(url, plan).await {
-        Ok(r) => figures.server_requests = Some(r),
-        Err(e) => eprintln!("[bench] {label}: requests per hand-over failed: {e}"),
+    match server_requests(url, label, plan).await {
+        Ok((r, once)) => {
+            figures.server_requests = Some(r);
+            Some(once)
+        }
+        Err(e) => {
+            eprintln!("[bench] {label}: requests per hand-over failed: {e}");
+            None
+        }
     }
 }
 
@@ -192,15 +218,22 @@ async fn processes(
     Ok((handover, latency))
 }
 
-/// `plan.waiters` clients over `plan.waiter_processes` processes contend for `plan.secs`,
-/// with the server's request counter read before and after.
+/// `plan.waiters` clients over `plan.waiter_processes` processes contend, counted over a
+/// steady window of `plan.secs` ([`crate::steady`]): from the moment every waiter has been
+/// seen waiting to the moment before the workers are told to stop. The figures of
+/// [`ServerRequests`] are the window's (its `handovers` the acquisitions stamped in it); what
+/// the rest of the run counted beyond the window's rate is the one-off cost per waiter.
 ///
 /// The waiters' own requests are counted too, by proxies in front of them where the servers
 /// are on loopback ([`ClientProxies::counting`]): a server's counter includes what its scripts
 /// run inside (Redis counts each command of a Lua script) and whatever else the server serves
 /// (PostgreSQL's transaction counter is the database's), while the herd goal is about what
 /// clients send. The probe reading the server's counter does not go through them.
-async fn server_requests(url: &str, plan: Plan) -> Result<ServerRequests, String> {
+async fn server_requests(
+    url: &str,
+    label: &str,
+    plan: Plan,
+) -> Result<(ServerRequests, OncePerWaiter), String> {
     let probe = locksmith::connect(url).await.map_err(|e| e.to_string())?;
     let per_process = plan.waiters.div_ceil(plan.waiter_processes.max(1));
     let proxies = ClientProxies::new();
@@ -230,29 +263,60 @@ async fn server_requests(url: &str, plan: Plan) -> Result<ServerRequests, String
     )
     .await?;
     probe.flush().await;
-    let handovers: u64 = run.counts.iter().flatten().sum();
+    let samples = run
+        .samples
+        .ok_or_else(|| "the waiters run took no samples".to_owned())?;
+    let waiters = per_process * plan.waiter_processes;
+    let all: u64 = run.counts.iter().flatten().sum();
+    let window = samples
+        .window_ns()
+        .map(|(from, to)| steady::acquisitions_within(&run.stamps, from, to));
     let mut out = ServerRequests {
-        waiters: per_process * plan.waiter_processes,
+        waiters,
         processes: plan.waiter_processes,
-        handovers,
+        handovers: window.unwrap_or(0),
         ..ServerRequests::default()
     };
-    match run.requests {
-        Some(Ok(requests)) => {
-            out.requests = Some(requests);
-            out.per_handover = Some(requests as f64 / handovers.max(1) as f64);
-        }
-        Some(Err(e)) if e.kind() == ErrorKind::Unsupported => {
+    let mut once = OncePerWaiter::default();
+    let Some(window) = window else {
+        eprintln!(
+            "[bench] {label}: not every waiter was seen waiting within the run: no steady \
+             window, no requests per hand-over"
+        );
+        return Ok((out, once));
+    };
+    match (&samples.start.server, samples.server()) {
+        (Err(e), _) if e.kind() == ErrorKind::Unsupported => {
             out.unsupported = Some(e.to_string());
         }
-        Some(Err(e)) => return Err(format!("reading the server's request counter: {e}")),
-        None => {}
+        (_, Some(Err(e))) => return Err(format!("reading the server's request counter: {e}")),
+        (_, Some(Ok(readings))) => {
+            if let Some(c) = steady::counted(readings, window, all, waiters) {
+                out.requests = Some(c.steady);
+                out.per_handover = Some(c.per_handover);
+                once.server = Some(c.once_per_waiter);
+            }
+        }
+        (_, None) => {}
     }
-    if let Some(sent) = run.client_requests {
-        out.client_requests = Some(sent);
-        out.client_per_handover = Some(sent as f64 / handovers.max(1) as f64);
+    if let Some(c) = samples
+        .sent()
+        .and_then(|readings| steady::counted(readings, window, all, waiters))
+    {
+        out.client_requests = Some(c.steady);
+        out.client_per_handover = Some(c.per_handover);
+        once.sent = Some(c.once_per_waiter);
     }
-    Ok(out)
+    let secs = samples
+        .window_ns()
+        .map_or(0.0, |(from, to)| to.saturating_sub(from) as f64 / 1e9);
+    eprintln!(
+        "[bench] {label}: steady window {secs:.2} s, {window} of {all} hand-overs; once per \
+         waiter: {} sent, {} at the server",
+        once.sent.map_or("-".into(), |v| format!("{v:.1}")),
+        once.server.map_or("-".into(), |v| format!("{v:.1}")),
+    );
+    Ok((out, once))
 }
 
 /// What a contended run counts: the server's request counter (read through `server`), and the
@@ -262,15 +326,14 @@ struct Counters<'a> {
     clients: Option<&'a RequestCount>,
 }
 
-/// What one contended run gave: per process, per client acquisitions; the growth of the
-/// server's request counter when asked for.
+/// What one contended run gave: per process, per client acquisitions; the counters' samples
+/// when asked for.
 struct Contended {
     counts: Vec<Vec<u64>>,
     /// Per process, its stamps (none where the bare primitive was looped).
     stamps: Vec<Vec<Stamp>>,
-    requests: Option<locksmith::Result<u64>>,
-    /// What the workers sent between `go` and their counts, where counted.
-    client_requests: Option<u64>,
+    /// With counters: their readings ([`crate::steady`]).
+    samples: Option<Samples>,
 }
 
 /// A started worker process.
@@ -281,6 +344,14 @@ struct Worker {
 }
 
 impl Worker {
+    /// Writes `word` and a newline to the worker's stdin.
+    async fn tell(&mut self, word: &str) -> Result<(), String> {
+        self.stdin
+            .write_all(format!("{word}\n").as_bytes())
+            .await
+            .map_err(|e| format!("telling a worker {word:?}: {e}"))
+    }
+
     /// The next line the worker prints, within `limit`.
     async fn line(&mut self, limit: Duration) -> Result<String, String> {
         match tokio::time::timeout(limit, self.lines.next_line()).await {
@@ -292,8 +363,13 @@ impl Worker {
     }
 }
 
+/// How long the waiters run waits for every waiter to be seen waiting (at least): past it,
+/// the run has no steady window.
+const QUEUED_LIMIT: Duration = Duration::from_secs(30);
+
 /// Starts `processes` workers with `clients` each on one fresh name, waits until all are
-/// connected, starts them together, and collects their counts.
+/// connected, starts them together, and collects their counts. With `counters`, the run is
+/// counted over a steady window of `secs` ([`crate::steady`]); without, it lasts `secs`.
 async fn contend(
     url: &str,
     processes: usize,
@@ -304,14 +380,23 @@ async fn contend(
     looped: Loop,
 ) -> Result<Contended, String> {
     let name = format!("lsbench-procs-{:08x}", fastrand::u32(..));
+    let connect_limit = Duration::from_secs(60);
+    let counted = counters.is_some();
+    // A counted run stops when told; its deadline only bounds a run whose parent went silent.
+    let run_limit = if counted {
+        secs + QUEUED_LIMIT.max(secs) + connect_limit
+    } else {
+        secs
+    };
     let mut workers = Vec::with_capacity(processes);
     for _ in 0..processes {
         let mut child = spawn_worker(url, |c| {
             c.arg("__bench-worker")
                 .args(["--clients", &clients.to_string()])
-                .args(["--millis", &secs.as_millis().to_string()])
+                .args(["--millis", &run_limit.as_millis().to_string()])
                 .arg(&name)
                 .args((looped == Loop::Bare).then_some("--bare"))
+                .args(counted.then_some("--steady"))
                 .env(
                     WORKER_FENCING_ENV,
                     if fencing.wanted() { "default" } else { "off" },
@@ -326,31 +411,39 @@ async fn contend(
             lines: BufReader::new(stdout).lines(),
         });
     }
-    let connect_limit = Duration::from_secs(60);
     for w in &mut workers {
         let line = w.line(connect_limit).await?;
         if line != "ready" {
             return Err(format!("a worker could not start: {line}"));
         }
     }
-    let before = match &counters {
-        Some(c) => Some(c.server.backend().server_requests().await),
+    let start = match &counters {
+        Some(c) => Some(Sample::take(c.server, c.clients).await),
         None => None,
     };
-    let sent_before = counters
-        .as_ref()
-        .and_then(|c| c.clients)
-        .map(RequestCount::get);
     for w in &mut workers {
-        w.stdin
-            .write_all(b"go\n")
-            .await
-            .map_err(|e| format!("starting a worker: {e}"))?;
+        w.tell("go").await?;
+    }
+    let mut window = None;
+    if let Some(c) = &counters {
+        if every_waiter_queued(&mut workers, QUEUED_LIMIT.max(secs)).await? {
+            let from = Sample::take(c.server, c.clients).await;
+            // The window's length: what it counts is a steady state, whenever it starts.
+            tokio::time::sleep(secs).await;
+            window = Some((from, Sample::take(c.server, c.clients).await));
+        }
+        for w in &mut workers {
+            w.tell(STOP).await?;
+        }
     }
     let mut counts = Vec::with_capacity(processes);
     let mut stamps = Vec::with_capacity(processes);
     for w in &mut workers {
-        let mut line = w.line(secs + connect_limit).await?;
+        let mut line = w.line(run_limit + connect_limit).await?;
+        if line == QUEUED {
+            // Seen waiting after the parent gave up waiting for it.
+            line = w.line(run_limit + connect_limit).await?;
+        }
         if let Some(words) = line.strip_prefix(TIMES_PREFIX) {
             stamps.push(
                 handover_latency::parse_times(words)
@@ -364,39 +457,67 @@ async fn contend(
         let parsed: Result<Vec<u64>, _> = numbers.split_whitespace().map(str::parse).collect();
         counts.push(parsed.map_err(|_| format!("a worker printed {line:?}"))?);
     }
-    let client_requests = counters
-        .as_ref()
-        .and_then(|c| c.clients)
-        .zip(sent_before)
-        .map(|(count, before)| count.get().saturating_sub(before));
-    let requests = match (before, &counters) {
-        (Some(Ok(before)), Some(c)) => Some(
-            c.server
-                .backend()
-                .server_requests()
-                .await
-                .map(|after| after.saturating_sub(before)),
-        ),
-        (Some(Err(e)), _) => Some(Err(e)),
+    for w in workers {
+        let Worker {
+            mut child, stdin, ..
+        } = w;
+        // Its stdin closed: nothing more to read there.
+        drop(stdin);
+        let _ = child.wait().await;
+    }
+    let samples = match (start, &counters) {
+        (Some(start), Some(c)) => Some(Samples {
+            start,
+            steady: window,
+            end: Sample::take(c.server, c.clients).await,
+        }),
         _ => None,
     };
-    for mut w in workers {
-        let _ = w.child.wait().await;
-    }
     Ok(Contended {
         counts,
         stamps,
-        requests,
-        client_requests,
+        samples,
     })
 }
 
-/// `locksmith __bench-worker`: connects `clients` clients to the URL in its environment, prints
-/// `ready`, waits for `go`, loops `lock` + `release` (with `bare`, the backend's bare primitive)
-/// on `name` with every client for `millis`, prints its stamps (`times ...`, see
+/// Waits until every worker said [`QUEUED`] (each of its clients has been seen waiting), at
+/// most `limit`: false if one did not in time.
+async fn every_waiter_queued(workers: &mut [Worker], limit: Duration) -> Result<bool, String> {
+    let deadline = tokio::time::Instant::now() + limit;
+    for w in workers {
+        // Cancel safe (`Lines::next_line`): a line that comes later is read later.
+        match tokio::time::timeout_at(deadline, w.lines.next_line()).await {
+            Ok(Ok(Some(line))) if line == QUEUED => {}
+            Ok(Ok(Some(line))) => return Err(format!("a worker failed: {line}")),
+            Ok(Ok(None)) => return Err("a worker process ended without answering".into()),
+            Ok(Err(e)) => return Err(format!("reading a worker: {e}")),
+            Err(_) => return Ok(false),
+        }
+    }
+    Ok(true)
+}
+
+/// How a worker process runs (`locksmith __bench-worker` flags).
+#[derive(Clone, Copy, Debug)]
+pub struct WorkerRun {
+    /// Clients in the process.
+    pub clients: usize,
+    /// How long it contends after `go`, in milliseconds (at most, with `steady`).
+    pub millis: u64,
+    /// Loops the backend's bare primitive instead of `lock` + `release`.
+    pub bare: bool,
+    /// Prints [`QUEUED`] once every client has been seen waiting, and stops at a [`STOP`]
+    /// line on stdin (or at `millis`, whichever comes first).
+    pub steady: bool,
+}
+
+/// `locksmith __bench-worker`: connects `run.clients` clients to the URL in its environment,
+/// prints `ready`, waits for `go`, loops `lock` + `release` (with `bare`, the backend's bare
+/// primitive) on `name` with every client for `millis` (with `steady`, until told to stop, and
+/// prints `queued` once each client has waited), prints its stamps (`times ...`, see
 /// [`handover_latency::times_line`]) then `counts N N ...`. Returns the exit code.
-pub async fn worker(name: &str, clients: usize, millis: u64, bare: bool) -> u8 {
-    match worker_inner(name, clients, millis, bare).await {
+pub async fn worker(name: &str, run: WorkerRun) -> u8 {
+    match worker_inner(name, run).await {
         Ok((counts, stamps)) => {
             println!("{}", handover_latency::times_line(&stamps));
             let counts: Vec<String> = counts.iter().map(u64::to_string).collect();
@@ -411,12 +532,13 @@ pub async fn worker(name: &str, clients: usize, millis: u64, bare: bool) -> u8 {
     }
 }
 
-async fn worker_inner(
-    name: &str,
-    clients: usize,
-    millis: u64,
-    bare: bool,
-) -> locksmith::Result<(Vec<u64>, Vec<Stamp>)> {
+async fn worker_inner(name: &str, run: WorkerRun) -> locksmith::Result<(Vec<u64>, Vec<Stamp>)> {
+    let WorkerRun {
+        clients,
+        millis,
+        bare,
+        steady,
+    } = run;
     let url = worker_url()?;
     let name = LockName::new(name)?;
     let mut lockers = Vec::with_capacity(clients);
@@ -425,11 +547,17 @@ async fn worker_inner(
     }
     println!("ready");
     let mut go = String::new();
-    BufReader::new(tokio::io::stdin())
+    let mut stdin = BufReader::new(tokio::io::stdin());
+    stdin
         .read_line(&mut go)
         .await
         .map_err(|e| locksmith::Error::new(ErrorKind::Backend, format!("reading stdin: {e}")))?;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(millis);
+    // Without `steady` nothing reads stdin again: a read left pending on it would hold up the
+    // runtime's shutdown.
+    let stop = Stop::new(deadline, steady.then_some(stdin));
+    let _queued =
+        steady.then(|| steady::report_queued(lockers.clone(), name.clone(), stop.clone()));
     // The default options, as a user who sets nothing gets them: TTL 30 s, waiting without a
     // deadline, the guard renewed in the background (issue 38: on Redis a granted hand-over
     // holds without a second request only when the lease is renewed).
@@ -443,30 +571,27 @@ async fn worker_inner(
         .iter()
         .map(|locker| {
             let (locker, name, opts) = (locker.clone(), name.clone(), opts.clone());
+            let stop = stop.clone();
             tokio::spawn(async move {
                 let mut count = 0u64;
                 let mut stamps = Vec::new();
                 if bare {
-                    // Cut off at the deadline: the lock it may hold goes with its connection
-                    // or its TTL; the run is over.
-                    while let Ok(cycle) =
-                        tokio::time::timeout_at(deadline, locker.backend().bare_cycle(&name)).await
-                    {
+                    // Cut off when the run stops: the lock it may hold goes with its
+                    // connection or its TTL; the run is over.
+                    while let Some(cycle) = stop.until(locker.backend().bare_cycle(&name)).await {
                         cycle?;
                         count += 1;
                     }
                     return Ok((count, stamps));
                 }
-                // A wait cut off by the deadline is dropped: cancel safe by the contract.
-                while let Ok(guard) =
-                    tokio::time::timeout_at(deadline, locker.lock(&name, &opts)).await
-                {
+                // A wait cut off when the run stops is dropped: cancel safe by the contract.
+                while let Some(guard) = stop.until(locker.lock(&name, &opts)).await {
                     let guard = guard?;
                     stamps.push(Stamp::Acquired(handover_latency::now_ns()));
                     count += 1;
                     stamps.push(Stamp::Released(handover_latency::now_ns()));
                     guard.release().await?;
-                    if tokio::time::Instant::now() >= deadline {
+                    if stop.is_set() {
                         break;
                     }
                 }
@@ -495,7 +620,7 @@ async fn worker_inner(
 pub async fn bench(urls: &[String], plan: Plan, markdown: Option<&Path>) -> u8 {
     let started = Conditions::now();
     let labels = labels(urls);
-    let mut rows = Vec::new();
+    let mut rows: Vec<Row> = Vec::new();
     let mut code = 0;
     for (label, url) in labels.into_iter().zip(urls) {
         let harness = UrlHarness::probe(label.clone(), url.clone()).await;
@@ -508,8 +633,12 @@ pub async fn bench(urls: &[String], plan: Plan, markdown: Option<&Path>) -> u8 {
                 if f.round_trip_p50_us.is_some() {
                     f.round_trip_one_thread_p50_us = round_trip_on_one_thread(url).await;
                 }
-                add_process_figures(url, &label, &mut f, plan).await;
-                rows.push((label, f));
+                let once = add_process_figures(url, &label, &mut f, plan).await;
+                rows.push(Row {
+                    label,
+                    figures: f,
+                    once,
+                });
             }
             Err(e) => {
                 eprintln!("[bench] {label}: measurement failed: {e}");

@@ -4,6 +4,16 @@
 
 use conformance::Figures;
 
+use crate::bench::OncePerWaiter;
+
+/// One measured backend: its label, its figures, and what its waiters paid once in the
+/// requests run, where counted.
+pub(crate) struct Row {
+    pub(crate) label: String,
+    pub(crate) figures: Figures,
+    pub(crate) once: Option<OncePerWaiter>,
+}
+
 /// When and under what load a run started or ended.
 pub(crate) struct Conditions {
     /// `YYYY-MM-DD HH:MM UTC`.
@@ -104,8 +114,15 @@ bare primitive where it waits, and *procs x bare* the ratio; *spread*: most / fe
 acquisitions of one process; *fair*: the fewest acquisitions of one process over a fair share;
 *req/hand-over*: server requests per hand-over with many waiters (the server's own counter,
 server-wide); *sent/hand-over*: the requests those waiting clients sent per hand-over (counted
-by proxies in front of them; `-` where none can stand before the server). `-`: not measured
-for that backend.
+by proxies in front of them; `-` where none can stand before the server). Both are counted
+over the run's steady window, which lasts `--secs`: it opens once every waiter has been seen
+waiting (each one's `lock()` was marked waiting by its backend, `Locker::waiting`: its first
+attempt answered, subscribed or queued) and closes before the waiters are told to stop (so
+before any wait is cut off), and the hand-overs are the acquisitions stamped inside it. What a
+waiter pays once, to start waiting (its first attempts, subscriptions, queue entries) and to
+stop (leaving the queue, unsubscribing), is *sent once/waiter*: what the clients sent over the
+whole run (from `go` to every worker's exit; connecting is not counted) beyond the steady
+rate times all the run's hand-overs, per waiter. `-`: not measured for that backend.
 
 Options: every loop takes the library's defaults, as a user who sets nothing gets them: the
 lease renewed in the background (auto-renewal on), a fencing token where the backend gives one
@@ -119,7 +136,7 @@ counted runs renew nothing; a renewal that did fall due would count in *req/hand
 ";
 
 /// The figures as table cells, the header first.
-pub(crate) fn cells(rows: &[(String, Figures)]) -> Vec<Vec<String>> {
+pub(crate) fn cells(rows: &[Row]) -> Vec<Vec<String>> {
     let opt = |v: Option<f64>, digits: usize| v.map_or("-".into(), |v| format!("{v:.digits$}"));
     let header = [
         "backend",
@@ -141,9 +158,15 @@ pub(crate) fn cells(rows: &[(String, Figures)]) -> Vec<Vec<String>> {
         "fair min/share",
         "req/hand-over",
         "sent/hand-over",
+        "sent once/waiter",
     ];
     let mut lines: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_owned()).collect()];
-    for (label, f) in rows {
+    for Row {
+        label,
+        figures: f,
+        once,
+    } in rows
+    {
         let (procs, spread) = match &f.processes {
             Some(p) => (
                 format!("{:.0} ({})", p.handover_per_sec, p.processes),
@@ -156,9 +179,10 @@ pub(crate) fn cells(rows: &[(String, Figures)]) -> Vec<Vec<String>> {
             None => "-".into(),
         };
         let requests = match &f.server_requests {
-            Some(r) => match r.per_handover {
-                Some(v) => format!("{v:.1} ({}w/{}p)", r.waiters, r.processes),
-                None => "unsupported".into(),
+            Some(r) => match (r.per_handover, &r.unsupported) {
+                (Some(v), _) => format!("{v:.1} ({}w/{}p)", r.waiters, r.processes),
+                (None, Some(_)) => "unsupported".into(),
+                (None, None) => "-".into(),
             },
             None => "-".into(),
         };
@@ -191,6 +215,8 @@ pub(crate) fn cells(rows: &[(String, Figures)]) -> Vec<Vec<String>> {
             fairness,
             requests,
             sent,
+            once.and_then(|o| o.sent)
+                .map_or("-".into(), |v| format!("{v:.1}")),
         ]);
     }
     lines
@@ -284,14 +310,28 @@ mod tests {
             client_per_handover: Some(4.3),
             ..ServerRequests::default()
         });
+        let row = |label: &str, figures: Figures, once: Option<OncePerWaiter>| Row {
+            label: label.into(),
+            figures,
+            once,
+        };
+        let once = OncePerWaiter {
+            sent: Some(12.5),
+            server: Some(40.0),
+        };
         let t = plain_table(&cells(&[
-            ("redis".into(), f),
-            ("memory".into(), Figures::default()),
-            ("counted".into(), counted),
+            row("redis", f, None),
+            row("memory", Figures::default(), None),
+            row("counted", counted, Some(once)),
         ]));
         let counted_line = t.lines().last().expect("three rows");
         assert!(counted_line.contains("50.0 (100w/10p)"), "{t}");
-        assert!(counted_line.ends_with("4.3"), "the clients' own count: {t}");
+        let last: Vec<&str> = counted_line.split_whitespace().rev().take(2).collect();
+        assert_eq!(
+            last,
+            ["12.5", "4.3"],
+            "the clients' own count, then once per waiter: {t}"
+        );
         assert!(t.contains("0.50 (8p 10s)"), "{t}");
         assert!(t.contains("2.00"), "{t}"); // x bare
         assert!(t.contains("4.00"), "{t}"); // spread 20/5
@@ -314,6 +354,7 @@ mod tests {
         assert_eq!(cell(1, "hand-over x rtt"), "1.50", "{t}");
         assert_eq!(cell(2, "hand-over µs"), "-", "not measured: {t}");
         assert_eq!(cell(2, "hand-over x rtt"), "-", "not measured: {t}");
+        assert_eq!(cell(1, "sent once/waiter"), "-", "not counted: {t}");
         assert_eq!(t.lines().count(), 4);
     }
 
@@ -351,7 +392,11 @@ mod tests {
             &command,
             &at("1.50"),
             &at("2.25"),
-            &cells(&[("redis".into(), f)]),
+            &cells(&[Row {
+                label: "redis".into(),
+                figures: f,
+                once: None,
+            }]),
         );
         assert!(md.contains(&format!("`{command}`")), "{md}");
         assert!(md.contains("2026-12-05 09:30 UTC"), "{md}");

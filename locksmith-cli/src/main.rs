@@ -18,6 +18,7 @@ mod provenance;
 mod renew_bench;
 mod report_cmd;
 mod run_cmd;
+mod steady;
 
 use duration::{Wait, parse_duration, parse_wait};
 
@@ -307,7 +308,8 @@ Readers together, a writer alone (a waiting writer goes before later readers):
 
 #[derive(Args, Debug)]
 struct BenchArgs {
-    /// How long each contended run lasts (tasks, processes, waiters).
+    /// How long each contended run lasts (tasks, processes); for the waiters' requests per
+    /// hand-over, how long their steady window lasts (from every waiter waiting to the stop).
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     secs: Duration,
     /// Separate OS processes (one client each) handing the lock around.
@@ -392,6 +394,10 @@ struct BenchWorkerArgs {
     /// Loop the backend's bare primitive (`Backend::bare_cycle`) instead of `lock` + `release`.
     #[arg(long)]
     bare: bool,
+    /// Print `queued` once every client has been seen waiting, and stop at a `stop` line on
+    /// stdin (--millis then only bounds the run).
+    #[arg(long)]
+    steady: bool,
     /// The lock's name.
     name: String,
 }
@@ -504,7 +510,15 @@ async fn dispatch(command: Command) -> u8 {
             }
             bench::bench(&urls, a.plan(), a.markdown.as_deref()).await
         }
-        Command::BenchWorker(a) => bench::worker(&a.name, a.clients, a.millis, a.bare).await,
+        Command::BenchWorker(a) => {
+            let run = bench::WorkerRun {
+                clients: a.clients,
+                millis: a.millis,
+                bare: a.bare,
+                steady: a.steady,
+            };
+            bench::worker(&a.name, run).await
+        }
         Command::RenewWorker(a) => {
             renew_bench::worker(a.leases, Duration::from_millis(a.ttl_ms)).await
         }
