@@ -184,8 +184,10 @@ if redis:
         add("  that floor over its own PING rtt", ratio(ps.get("p50_us"), ps.get("rtt_us")), None,
             None, "-", None, digits=2)
     sent = num(redis["sent/hand-over"])
-    add("Redis requests sent per hand-over, 100 waiters", sent, None, None, "<= 2",
+    add("Redis requests sent per hand-over, 100 waiters (steady window)", sent, None, None, "<= 2",
         sent is not None and sent <= 2, digits=2)
+    add("  and sent once per waiter (start-up and tear-down)", num(redis.get("sent once/waiter")),
+        None, None, "-", None)
 if redlock:
     p50 = num(redlock["p50 µs"])
     peer = peers.get("rslock_rl_p50", {}).get("p50_us")
@@ -197,6 +199,11 @@ if redlock:
         r is not None and r >= 1)
     add("Redlock fewest/fair share, locksmith vs rslock", num(redlock["fair min/share"]),
         peers.get("rslock_rl", {}).get("min_share"), None, "-", None, digits=2)
+    sent = num(redlock["sent/hand-over"])
+    add("Redlock requests sent per hand-over, 100 waiters (steady window)", sent, None, None,
+        "<= 10", sent is not None and sent <= 10, digits=2)
+    add("  and sent once per waiter (start-up and tear-down)",
+        num(redlock.get("sent once/waiter")), None, None, "-", None)
 
 widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
 print(f"\nSide by side, {started}, {secs} s runs, load average (1 min) {load_start} at the start, "
