@@ -307,12 +307,11 @@ async fn server_requests(
         out.client_per_handover = Some(c.per_handover);
         once.sent = Some(c.once_per_waiter);
     }
-    let secs = samples
-        .window_ns()
-        .map_or(0.0, |(from, to)| to.saturating_sub(from) as f64 / 1e9);
+    let (from, to) = samples.window_ns().unwrap_or_default();
     eprintln!(
-        "[bench] {label}: steady window {secs:.2} s, {window} of {all} hand-overs; once per \
-         waiter: {} sent, {} at the server",
+        "[bench] {label}: steady window {:.2} s (system clock {from}..{to} ns), {window} of \
+         {all} hand-overs; once per waiter: {} sent, {} at the server",
+        to.saturating_sub(from) as f64 / 1e9,
         once.sent.map_or("-".into(), |v| format!("{v:.1}")),
         once.server.map_or("-".into(), |v| format!("{v:.1}")),
     );
