@@ -25,7 +25,7 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use crate::bench_table::{self, Conditions, Row, cells, plain_table, shown_command};
 use crate::handover_latency::{self, Stamp, TIMES_PREFIX};
 use crate::harness::{UrlHarness, labels};
-use crate::steady::{self, QUEUED, STOP, Sample, Samples, Stop};
+use crate::steady::{self, OncePerWaiter, QUEUED, STOP, Sample, Samples, Stop};
 
 /// The environment variable that hands a worker its URL.
 const WORKER_URL_ENV: &str = "LOCKSMITH_BENCH_URL";
@@ -92,17 +92,6 @@ fn single_process_only(url: &str) -> Option<&'static str> {
     locksmith::scheme_of(url)
         .is_ok_and(|s| s == "memory")
         .then_some("memory:// locks exist inside one process")
-}
-
-/// What each waiter of the requests run paid once, beyond the steady window's rate per
-/// hand-over: its start-up (first attempt, subscriptions, queue entry) and tear-down (leaving
-/// the queue, unsubscribing), in requests per waiter ([`crate::steady`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct OncePerWaiter {
-    /// What the waiting clients sent (counted by the proxies), where counted.
-    pub sent: Option<f64>,
-    /// What the server counted, where it has a counter.
-    pub server: Option<f64>,
 }
 
 /// Adds the multi-process figures of `url` to `figures` (left `None` where they do not apply
@@ -278,6 +267,11 @@ async fn server_requests(
         ..ServerRequests::default()
     };
     let mut once = OncePerWaiter::default();
+    if let Err(e) = &samples.start.server
+        && e.kind() == ErrorKind::Unsupported
+    {
+        out.unsupported = Some(e.to_string());
+    }
     let Some(window) = window else {
         eprintln!(
             "[bench] {label}: not every waiter was seen waiting within the run: no steady \
@@ -285,19 +279,17 @@ async fn server_requests(
         );
         return Ok((out, once));
     };
-    match (&samples.start.server, samples.server()) {
-        (Err(e), _) if e.kind() == ErrorKind::Unsupported => {
-            out.unsupported = Some(e.to_string());
-        }
-        (_, Some(Err(e))) => return Err(format!("reading the server's request counter: {e}")),
-        (_, Some(Ok(readings))) => {
+    match samples.server() {
+        _ if out.unsupported.is_some() => {}
+        Some(Err(e)) => return Err(format!("reading the server's request counter: {e}")),
+        Some(Ok(readings)) => {
             if let Some(c) = steady::counted(readings, window, all, waiters) {
                 out.requests = Some(c.steady);
                 out.per_handover = Some(c.per_handover);
                 once.server = Some(c.once_per_waiter);
             }
         }
-        (_, None) => {}
+        None => {}
     }
     if let Some(c) = samples
         .sent()
@@ -310,8 +302,12 @@ async fn server_requests(
     let (from, to) = samples.window_ns().unwrap_or_default();
     eprintln!(
         "[bench] {label}: steady window {:.2} s (system clock {from}..{to} ns), {window} of \
-         {all} hand-overs; once per waiter: {} sent, {} at the server",
+         {all} hand-overs: {} sent and {} at the server per hand-over; once per waiter: {} \
+         sent, {} at the server",
         to.saturating_sub(from) as f64 / 1e9,
+        out.client_per_handover
+            .map_or("-".into(), |v| format!("{v:.3}")),
+        out.per_handover.map_or("-".into(), |v| format!("{v:.3}")),
         once.sent.map_or("-".into(), |v| format!("{v:.1}")),
         once.server.map_or("-".into(), |v| format!("{v:.1}")),
     );

@@ -4,7 +4,7 @@
 
 use conformance::Figures;
 
-use crate::bench::OncePerWaiter;
+use crate::steady::OncePerWaiter;
 
 /// One measured backend: its label, its figures, and what its waiters paid once in the
 /// requests run, where counted.
@@ -190,7 +190,7 @@ pub(crate) fn cells(rows: &[Row]) -> Vec<Vec<String>> {
             .server_requests
             .as_ref()
             .and_then(|r| r.client_per_handover)
-            .map_or("-".into(), |v| format!("{v:.1}"));
+            .map_or("-".into(), |v| format!("{v:.2}"));
         lines.push(vec![
             label.clone(),
             format!("{:.1}", f.uncontended_p50_us),
@@ -329,7 +329,7 @@ mod tests {
         let last: Vec<&str> = counted_line.split_whitespace().rev().take(2).collect();
         assert_eq!(
             last,
-            ["12.5", "4.3"],
+            ["12.5", "4.30"],
             "the clients' own count, then once per waiter: {t}"
         );
         assert!(t.contains("0.50 (8p 10s)"), "{t}");

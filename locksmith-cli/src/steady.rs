@@ -33,6 +33,17 @@ use tokio::task::JoinHandle;
 
 use crate::handover_latency::{self, Stamp};
 
+/// What each waiter of the requests run paid once, beyond the steady window's rate per
+/// hand-over: its start-up (first attempt, subscriptions, queue entry) and tear-down (leaving
+/// the queue, unsubscribing), in requests per waiter.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct OncePerWaiter {
+    /// What the waiting clients sent (counted by the proxies), where counted.
+    pub sent: Option<f64>,
+    /// What the server counted, where it has a counter.
+    pub server: Option<f64>,
+}
+
 /// The line a worker prints once every one of its clients has been seen waiting.
 pub(crate) const QUEUED: &str = "queued";
 /// The line that tells a worker to stop contending.
