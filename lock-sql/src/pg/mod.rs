@@ -22,6 +22,7 @@ use crate::sql_errors::{db_code, map_err};
 
 mod ddl;
 pub(crate) mod exclusion;
+mod handover;
 mod lease;
 mod lease_wait;
 mod names;
@@ -185,7 +186,7 @@ impl PgBackend {
                 self.rows.in_turn(&req.name, wait, attempt).await
             }
             Strategy::Lease => Ok(self
-                .lease_attempt(req, self.conns.bound(), false, false, None)
+                .lease_attempt(req, self.conns.bound(), false, false, None, None)
                 .await?
                 .0),
         }
