@@ -66,12 +66,16 @@ pub(super) fn grant_of(payload: &str) -> Option<Grant<'_>> {
 /// is woken instead), and no live share: the row goes to it (its token, the fence bumped, its
 /// holder metadata, an expiry of its claim) in the same `UPDATE` (`r`, returning `heir`),
 /// its entry becomes a granted one (mode `'g'`, the fence, expiring with the claim) and the
-/// grant is notified. Otherwise the row is freed and the head woken by its token, and
+/// grant is notified; with `own_entry`, the releaser's own granted entry, if it held by a
+/// grant, goes (`mine`: entries no longer needed would pile up in the name's queue until their
+/// claims ran out; a leaver's statement deletes it itself).
+/// Otherwise the row is freed and the head woken by its token, and
 /// waiters that announced themselves by the name, as before grants. The row is never free in
 /// between: a row lock or a transaction lock of the name sees it held either way
 /// (see `exclusion`).
-pub(super) fn release_ctes(t: &str, q: &str, owned: &str, grant: bool) -> String {
+pub(super) fn release_ctes(t: &str, q: &str, owned: &str, grant: bool, own_entry: bool) -> String {
     let granting = if grant { "true" } else { "false" };
+    let own_entry = if own_entry { "true" } else { "false" };
     format!(
         "cur AS MATERIALIZED (SELECT l.shares_until FROM {t} l WHERE l.name = $1 AND {owned} \
            AND l.expires_at > clock_timestamp() FOR UPDATE), \
@@ -97,6 +101,9 @@ pub(super) fn release_ctes(t: &str, q: &str, owned: &str, grant: bool) -> String
            RETURNING l.name, l.wait_until, g.waiter AS heir, g.ask, l.fence, l.expires_at), \
          gm AS (UPDATE {q} w SET mode = 'g', granted = r.fence, expires = r.expires_at \
            FROM r WHERE w.name = $1 AND w.waiter = r.heir), \
+         mine AS (DELETE FROM {q} WHERE ctid IN (SELECT ctid FROM {q} \
+           WHERE {own_entry} AND name = $1 AND waiter = $2 AND mode = 'g' \
+             AND EXISTS (SELECT 1 FROM r) FOR UPDATE SKIP LOCKED)), \
          n AS (SELECT pg_notify($3, name) FROM r \
            WHERE heir IS NULL AND wait_until > clock_timestamp()), \
          gn AS (SELECT pg_notify($3, chr({grant_prefix}) || heir || ' ' || ask || ' ' || fence) FROM r \

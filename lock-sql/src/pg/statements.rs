@@ -335,7 +335,7 @@ impl Sql {
             // (see `handover::release_ctes`).
             lease_release: format!(
                 "WITH {} {RELEASED}",
-                release_ctes(t, &q, "l.owner = $2", grant)
+                release_ctes(t, &q, "l.owner = $2", grant, true)
             ),
             // The leaver's entry goes (a granted one only if the grant answered an attempt of
             // this wait, numbered `$4` to `$5`: a later wait of the same request may hold it);
@@ -353,7 +353,8 @@ impl Sql {
                     t,
                     &q,
                     "l.owner = $2 AND l.fence = (SELECT granted FROM d WHERE mode = 'g')",
-                    grant
+                    grant,
+                    false
                 ),
                 notify_head(
                     "$3",
