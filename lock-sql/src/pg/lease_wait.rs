@@ -134,6 +134,17 @@ impl PgBackend {
         let grants =
             queued && rx.is_some() && req.renewed && self.config.handover == Handover::Grant;
         let claim = handover::claim(req.ttl);
+        // A grant gives this token the lock before its lease exists: a revocation notice naming
+        // it meanwhile (the listener handles it before this waiter hears of the grant) fires
+        // this request's lost signal. Handed on to the lease once won; dropped (unregistered)
+        // when the wait ends without it.
+        let mut revocable = if grants {
+            self.held
+                .revocations
+                .watch_until_dropped(req.token.uuid().as_u128(), req.lost.reporter())
+        } else {
+            None
+        };
         let first_ask = handover::next_ask();
         let last_ask = Arc::new(AtomicU64::new(first_ask));
         // The number of the last refused attempt and when it was sent.
@@ -178,6 +189,9 @@ impl PgBackend {
             if acquired.is_some() {
                 if queued {
                     dequeue.disarm();
+                }
+                if let Some(w) = revocable.take() {
+                    w.hand_on();
                 }
                 return Ok(acquired);
             }
@@ -236,6 +250,9 @@ impl PgBackend {
                                     Some(g) if g.token == called_token => {
                                         if let Some(a) = self.granted(req, &g, refused) {
                                             dequeue.disarm();
+                                            if let Some(w) = revocable.take() {
+                                                w.hand_on();
+                                            }
                                             return Ok(Some(a));
                                         }
                                         // An earlier attempt's grant, or too old to hold on:
