@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::QUEUE_ENTRY_TTL;
-use super::statements::notify_head;
 
 /// A NOTIFY payload granting the lock to a queued waiter: after this byte, its owner token,
 /// the number of the attempt the grant answers and the fence, separated by spaces (no lock
@@ -56,6 +55,16 @@ pub(super) fn grant_of(payload: &str) -> Option<Grant<'_>> {
         .next()
         .is_none()
         .then_some(Grant { token, ask, fence })
+}
+
+/// The queue's head for name `$1` (the first live entry of queue table `q`), notified by name
+/// on channel `chan` when `cond` holds: only it tries; `but` leaves out an entry being removed.
+pub(super) fn notify_head(q: &str, chan: &str, cond: &str, but: &str) -> String {
+    format!(
+        "SELECT pg_notify({chan}, chr(1) || w.waiter) FROM (SELECT waiter FROM {q} \
+           WHERE name = $1 AND mode = 'x' AND expires > clock_timestamp() {but} \
+           ORDER BY enqueued, waiter LIMIT 1) w WHERE {cond}"
+    )
 }
 
 /// The CTEs (separated by `,`) of a release of the lock row of name `$1` that `owned`

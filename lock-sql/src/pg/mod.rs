@@ -133,7 +133,7 @@ impl PgBackend {
             t,
             &share_function(t, "sacq"),
             &share_function(t, "srel"),
-            &|chan, cond, but| statements::notify_head(&q, chan, cond, but),
+            &|chan, cond, but| handover::notify_head(&q, chan, cond, but),
         );
         conns
             .run(conns.bound(), "creating the share functions", move |c| {

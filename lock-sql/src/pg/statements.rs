@@ -4,7 +4,7 @@
 use lockcore::LockMode;
 
 use super::exclusion;
-use super::handover::{RELEASED, release_ctes};
+use super::handover::{RELEASED, notify_head, release_ctes};
 use super::names::{queue_table, share_function, table_seed};
 use crate::config::{Handover, Parsed, Strategy};
 
@@ -68,16 +68,6 @@ impl Sql {
             _ => &self.row_exclusive,
         }
     }
-}
-
-/// The queue's head for name `$1` (the first live entry of queue table `q`), notified by name
-/// on channel `chan` when `cond` holds: only it tries; `but` leaves out an entry being removed.
-pub(super) fn notify_head(q: &str, chan: &str, cond: &str, but: &str) -> String {
-    format!(
-        "SELECT pg_notify({chan}, chr(1) || w.waiter) FROM (SELECT waiter FROM {q} \
-           WHERE name = $1 AND mode = 'x' AND expires > clock_timestamp() {but} \
-           ORDER BY enqueued, waiter LIMIT 1) w WHERE {cond}"
-    )
 }
 
 impl Sql {
