@@ -69,45 +69,44 @@ pub(super) fn notify_head(q: &str, chan: &str, cond: &str, but: &str) -> String 
 
 /// The CTEs (separated by `,`) of a release of the lock row of name `$1` that `owned`
 /// (a condition on its row, alias `l`) matches while it is live, on lock table `t` with
-/// waiters' queue `q`, notifying on channel `$3`: `cur` locks the row first; with `grant`,
-/// the queue's live head (leaving out waiter `$2`, the releaser or a leaver) that asked for a
-/// grant, its entry locked without waiting (`SKIP LOCKED`: its own attempt holds it, and it
-/// is woken instead), and no live share: the row goes to it (its token, the fence bumped, its
-/// holder metadata, an expiry of its claim) in the same `UPDATE` (`r`, returning `heir`),
-/// its entry becomes a granted one (mode `'g'`, the fence, expiring with the claim) and the
-/// grant is notified; with `own_entry`, the releaser's own granted entry, if it held by a
-/// grant, goes (`mine`: entries no longer needed would pile up in the name's queue until their
-/// claims ran out; a leaver's statement deletes it itself).
-/// Otherwise the row is freed and the head woken by its token, and
-/// waiters that announced themselves by the name, as before grants. The row is never free in
-/// between: a row lock or a transaction lock of the name sees it held either way
-/// (see `exclusion`).
+/// waiters' queue `q`, notifying on channel `$3`. `g` is the queue's live head (leaving out
+/// waiter `$2`, the releaser or a leaver), read without a lock; with `grant`, when it asked for
+/// a grant and no share is live (`gr`), the row goes to it in the release's own `UPDATE` (`r`,
+/// returning `heir`: its token, the fence bumped, its holder metadata, an expiry of its
+/// claim), its entry becomes a granted one (`gm`: mode `'g'`, the fence, expiring with the
+/// claim) and the grant is notified (`gn`). Otherwise the row is freed, the head woken by its
+/// token (`h`), and waiters that announced themselves by the name (`n`), as before grants.
+/// With `own_entry`, the releaser's own granted entry, if it held by a grant, goes (`mine`:
+/// entries no longer needed would pile up in the name's queue until their claims ran out; a
+/// leaver's statement deletes its entry itself).
+///
+/// Locks are taken in the order every attempt takes them, the row first and then a queue
+/// entry (`gm` waits for the head's entry while its own attempt has it: that attempt saw the
+/// row held, so it waits for nothing of this statement's), so the two never wait for each
+/// other. The row is never free in between: a row lock or a transaction lock of the name sees
+/// it held either way (see `exclusion`). A head whose attempt renewed its entry meanwhile was
+/// refused (it saw the row held), so the grant's notification names an attempt before its
+/// last: it attempts again, and wins the row that is its own.
 pub(super) fn release_ctes(t: &str, q: &str, owned: &str, grant: bool, own_entry: bool) -> String {
     let granting = if grant { "true" } else { "false" };
     let own_entry = if own_entry { "true" } else { "false" };
     format!(
-        "cur AS MATERIALIZED (SELECT l.shares_until FROM {t} l WHERE l.name = $1 AND {owned} \
-           AND l.expires_at > clock_timestamp() FOR UPDATE), \
-         hd AS MATERIALIZED (SELECT w.waiter FROM {q} w WHERE {granting} \
-           AND EXISTS (SELECT 1 FROM cur) AND w.name = $1 AND w.mode = 'x' \
-           AND w.expires > clock_timestamp() AND w.waiter <> $2 \
-           ORDER BY w.enqueued, w.waiter LIMIT 1), \
-         g AS MATERIALIZED (SELECT w.waiter, w.ask, w.claim, w.holder FROM {q} w \
-           WHERE w.name = $1 AND w.waiter = (SELECT waiter FROM hd) AND w.mode = 'x' \
-             AND w.expires > clock_timestamp() AND w.ask IS NOT NULL AND w.claim > 0 \
-             AND NOT EXISTS (SELECT 1 FROM cur WHERE shares_until > clock_timestamp()) \
-           FOR UPDATE SKIP LOCKED), \
-         r AS (UPDATE {t} AS l SET owner = g.waiter, \
-             expires_at = CASE WHEN g.waiter IS NULL THEN 'epoch' \
-               ELSE clock_timestamp() + g.claim * interval '1 microsecond' END, \
-             fence = CASE WHEN g.waiter IS NULL THEN l.fence ELSE l.fence + 1 END, \
-             holder = CASE WHEN g.waiter IS NULL THEN l.holder ELSE g.holder END, \
-             acquired_at = CASE WHEN g.waiter IS NULL THEN l.acquired_at ELSE clock_timestamp() END, \
-             writer_until = CASE WHEN g.waiter IS NULL THEN l.writer_until END \
-           FROM (SELECT 1) one LEFT JOIN g ON true \
-           WHERE l.name = $1 AND EXISTS (SELECT 1 FROM cur) AND {owned} \
-             AND l.expires_at > clock_timestamp() \
-           RETURNING l.name, l.wait_until, g.waiter AS heir, g.ask, l.fence, l.expires_at), \
+        "g AS MATERIALIZED (SELECT w.waiter, w.ask, w.claim, w.holder FROM {q} w \
+           WHERE w.name = $1 AND w.mode = 'x' AND w.expires > clock_timestamp() \
+             AND w.waiter <> $2 ORDER BY w.enqueued, w.waiter LIMIT 1), \
+         gr AS MATERIALIZED (SELECT * FROM g WHERE {granting} AND g.ask IS NOT NULL \
+           AND g.claim > 0 AND NOT EXISTS (SELECT 1 FROM {t} s WHERE s.name = $1 \
+             AND s.shares_until > clock_timestamp())), \
+         r AS (UPDATE {t} AS l SET owner = gr.waiter, \
+             expires_at = CASE WHEN gr.waiter IS NULL THEN 'epoch' \
+               ELSE clock_timestamp() + gr.claim * interval '1 microsecond' END, \
+             fence = CASE WHEN gr.waiter IS NULL THEN l.fence ELSE l.fence + 1 END, \
+             holder = CASE WHEN gr.waiter IS NULL THEN l.holder ELSE gr.holder END, \
+             acquired_at = CASE WHEN gr.waiter IS NULL THEN l.acquired_at ELSE clock_timestamp() END, \
+             writer_until = CASE WHEN gr.waiter IS NULL THEN l.writer_until END \
+           FROM (SELECT 1) one LEFT JOIN gr ON true \
+           WHERE l.name = $1 AND {owned} AND l.expires_at > clock_timestamp() \
+           RETURNING l.name, l.wait_until, gr.waiter AS heir, gr.ask, l.fence, l.expires_at), \
          gm AS (UPDATE {q} w SET mode = 'g', granted = r.fence, expires = r.expires_at \
            FROM r WHERE w.name = $1 AND w.waiter = r.heir), \
          mine AS (DELETE FROM {q} WHERE ctid IN (SELECT ctid FROM {q} \
@@ -115,15 +114,10 @@ pub(super) fn release_ctes(t: &str, q: &str, owned: &str, grant: bool, own_entry
              AND EXISTS (SELECT 1 FROM r) FOR UPDATE SKIP LOCKED)), \
          n AS (SELECT pg_notify($3, name) FROM r \
            WHERE heir IS NULL AND wait_until > clock_timestamp()), \
-         gn AS (SELECT pg_notify($3, chr({grant_prefix}) || heir || ' ' || ask || ' ' || fence) FROM r \
-           WHERE heir IS NOT NULL), \
-         h AS ({})",
-        notify_head(
-            q,
-            "$3",
-            "EXISTS (SELECT 1 FROM r WHERE heir IS NULL)",
-            "AND waiter <> $2"
-        ),
+         gn AS (SELECT pg_notify($3, chr({grant_prefix}) || heir || ' ' || ask || ' ' || fence) \
+           FROM r WHERE heir IS NOT NULL), \
+         h AS (SELECT pg_notify($3, chr(1) || g.waiter) FROM g \
+           WHERE EXISTS (SELECT 1 FROM r WHERE heir IS NULL))",
         grant_prefix = GRANT_PREFIX as u32,
     )
 }
