@@ -110,6 +110,7 @@ declare -A EXPECT=(
   ["locksmith-cli/tests/cli"]=24
   ["conformance/tests/memory"]=23
   ["lock-sql/tests/sql"]=20
+  ["lock-sql/tests/pg_handover"]=13
   ["lock-zk/tests/interop"]=20
   ["lock-etcd/tests/faults"]=17
   ["locksmith-cli/tests/at_risk"]=16

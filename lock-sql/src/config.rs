@@ -43,6 +43,38 @@ impl Strategy {
     }
 }
 
+/// How a PostgreSQL lease's release hands the lock to the next exclusive waiter in the queue
+/// (`handover=` in the URL, `handover` in a config file; PostgreSQL with `strategy=lease` only).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Deserialize)]
+#[non_exhaustive]
+pub enum Handover {
+    /// The release notifies the queue's head, which then sends an attempt: two trips.
+    #[serde(rename = "wake")]
+    Wake,
+    /// The default: the release gives the lock to the queue's head itself, with a short claim
+    /// TTL, and notifies it of the grant; the head holds as soon as the notification arrives
+    /// (one trip), and its renewal extends the claim to the lease's TTL.
+    #[default]
+    #[serde(rename = "grant")]
+    Grant,
+}
+
+impl Handover {
+    /// The name used in URLs (`handover=grant` / `handover=wake`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Handover::Wake => "wake",
+            Handover::Grant => "grant",
+        }
+    }
+}
+
+impl fmt::Display for Handover {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl fmt::Display for Strategy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -94,6 +126,10 @@ pub struct Config {
     /// on MariaDB/MySQL; needs `strategy=row-lock`); `None`: locksmith's own keys.
     #[serde(default)]
     pub interop: Option<crate::Interop>,
+    /// How a lease's release hands the lock to the next exclusive waiter (`handover=grant` or
+    /// `wake`; PostgreSQL with `strategy=lease` only); `None`: the default, `grant` there.
+    #[serde(default)]
+    pub handover: Option<Handover>,
 }
 
 fn default_table() -> String {
@@ -104,8 +140,14 @@ fn default_op_timeout() -> Duration {
 }
 
 /// This crate's URL parameters (taken out of the URL; the driver's, [`sqlx_params`], go to sqlx).
-pub(crate) const OWN_PARAMS: &[&str] =
-    &["strategy", "table", "pool_max", "op_timeout_ms", "interop"];
+pub(crate) const OWN_PARAMS: &[&str] = &[
+    "strategy",
+    "table",
+    "pool_max",
+    "op_timeout_ms",
+    "interop",
+    "handover",
+];
 
 /// The query parameters sqlx 0.9's PostgreSQL driver reads (`PgConnectOptions::parse_from_url`),
 /// every spelling it accepts; `options[NAME]` (one server option) is accepted besides these.
@@ -214,6 +256,7 @@ impl Config {
             pool_max: None,
             op_timeout: default_op_timeout(),
             interop: None,
+            handover: None,
         }
     }
 
@@ -284,6 +327,8 @@ pub(crate) struct Parsed {
     pub(crate) op_timeout: std::time::Duration,
     /// The peer whose lock keys the row-lock strategy follows.
     pub(crate) interop: Option<crate::Interop>,
+    /// How a PostgreSQL lease's release hands the lock over (`Wake` on every other kind).
+    pub(crate) handover: Handover,
     /// The URL for sqlx: our parameters removed, secrets included (never print it).
     pub(crate) sqlx_url: String,
     /// The URL with every secret replaced by `***` (the user-info password and the values of
@@ -300,6 +345,7 @@ impl fmt::Debug for Parsed {
             .field("table", &self.table)
             .field("pool_max", &self.pool_max)
             .field("op_timeout", &self.op_timeout)
+            .field("handover", &self.handover)
             .field("url", &self.redacted)
             .finish()
     }
@@ -344,6 +390,7 @@ impl Parsed {
             pool_max,
             op_timeout,
             interop,
+            handover,
             ..
         } = config;
         validate_table(&table)?;
@@ -387,6 +434,17 @@ impl Parsed {
                 )));
             }
         }
+        if let Some(h) = handover
+            && (dialect != Dialect::Postgres || strategy != Strategy::Lease)
+        {
+            return Err(Error::invalid_config(format!(
+                "handover={h} applies to PostgreSQL with strategy=lease only"
+            )));
+        }
+        let handover = match (dialect, strategy) {
+            (Dialect::Postgres, Strategy::Lease) => handover.unwrap_or_default(),
+            _ => Handover::Wake,
+        };
         if passthrough.is_empty() {
             url.set_query(None);
         } else {
@@ -431,6 +489,7 @@ impl Parsed {
             pool_max,
             op_timeout,
             interop,
+            handover,
             sqlx_url,
             redacted: shown.to_string(),
         })
@@ -562,6 +621,10 @@ mod tests {
             "postgres://h/db?table=1abc",
             "postgres://h/db?strategy=advisory",
             "postgres://h/db?pool_max=0",
+            "postgres://h/db?handover=pass",
+            "postgres://h/db?handover=grant&strategy=row-lock",
+            "mysql://h/db?handover=wake",
+            "sqlite:///tmp/x.db?handover=grant",
             "sqlite:///tmp/x.db?strategy=row-lock",
             "sqlite::memory:",
             "redis://h",
@@ -570,6 +633,16 @@ mod tests {
             let e = Parsed::parse(bad).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{bad}");
         }
+        assert_eq!(
+            Parsed::parse("postgres://h/db").unwrap().handover,
+            Handover::Grant
+        );
+        let wake = Parsed::parse("postgres://h/db?handover=wake").unwrap();
+        assert_eq!(wake.handover, Handover::Wake);
+        assert_eq!(
+            Parsed::parse("mysql://h/db").unwrap().handover,
+            Handover::Wake
+        );
         assert!(validate_table(&"a".repeat(63)).is_ok());
         assert!(validate_table(&"a".repeat(64)).is_err());
     }

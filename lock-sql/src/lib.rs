@@ -38,7 +38,7 @@ use std::fmt;
 use lockcore::{Capabilities, Error, LockName, Result};
 
 use capabilities::capabilities;
-pub use config::{Config, DEFAULT_TABLE, Strategy, sqlx_params, validate_table};
+pub use config::{Config, DEFAULT_TABLE, Handover, Strategy, sqlx_params, validate_table};
 use config::{Dialect, Parsed};
 pub use interop::{Interop, MAX_GET_LOCK_BYTES, MAX_GET_LOCK_CHARS};
 #[cfg(feature = "postgres")]

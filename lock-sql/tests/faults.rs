@@ -520,13 +520,14 @@ async fn pg_failed_lease_attempt_is_not_a_write() {
 
 /// A PostgreSQL lease release sends `NOTIFY` only when a waiter announced itself (regression:
 /// every release notified, serialising commits on the notification queue), and to an exclusive
-/// waiter only: the queue's head, named by its token.
+/// waiter only: the queue's head, named by its token (`handover=wake`; a grant's notification
+/// is `pg_handover`'s).
 #[tokio::test]
 async fn pg_release_notifies_only_when_someone_waits() {
     let Some(pg) = conformance::require_env("LOCK_TEST_POSTGRES_URL") else {
         return;
     };
-    let url = with_params(&pg, "strategy=lease");
+    let url = with_params(&pg, "strategy=lease&handover=wake");
     let a = client(&url).await;
     let b = client(&url).await;
     let mut listener = sqlx::postgres::PgListener::connect(&pg).await.unwrap();

@@ -86,7 +86,7 @@
 //! | backend | feature | URL parameters and config type |
 //! |---|---|---|
 //! | Redis (single, Cluster, Sentinel) | `redis` | `lock_redis` crate docs (URL table, `interop`), `lock_redis::Config` |
-//! | PostgreSQL, MySQL/MariaDB, SQLite | `postgres`, `mysql`, `sqlite` | `lock_sql` crate docs (`strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`), `lock_sql::Config` |
+//! | PostgreSQL, MySQL/MariaDB, SQLite | `postgres`, `mysql`, `sqlite` | `lock_sql` crate docs (`strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`, `handover`), `lock_sql::Config` |
 //! | ZooKeeper | `zk` | `lock_zk` crate docs (`session_timeout_ms`, `namespace`, `digest`, `lost_after_disconnect`, `interop`), `lock_zk::Config` |
 //! | etcd v3 | `etcd` | `lock_etcd` crate docs (`ca`, `domain`, `timeout_ms`), `lock_etcd::Config` |
 //! | Redlock | `redlock` | `lock_redlock` crate docs (Redis parameters + `node_timeout_ms`), `lock_redlock::Config` |
@@ -132,9 +132,9 @@
 //! |---|---|
 //! | `memory://` | none |
 //! | `redis://`, `rediss://`, `redis+cluster://`, `rediss+cluster://`, `redis+sentinel://`, `rediss+sentinel://` | `namespace`, `min_replicas`, `replica_timeout_ms`, `tls_ca`, `poll_ms`, `connect_timeout_ms`, `response_timeout_ms`, `interop`, `handover` |
-//! | `postgres://`, `postgresql://` | `strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`; to sqlx: `sslmode`, `ssl-mode`, `sslrootcert`, `ssl-root-cert`, `ssl-ca`, `sslcert`, `ssl-cert`, `sslkey`, `ssl-key`, `statement-cache-capacity`, `host`, `hostaddr`, `port`, `dbname`, `user`, `password`, `application_name`, `options`, `options[NAME]` |
-//! | `mysql://`, `mariadb://` | `strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`; to sqlx: `sslmode`, `ssl-mode`, `sslca`, `ssl-ca`, `sslcert`, `ssl-cert`, `sslkey`, `ssl-key`, `charset`, `collation`, `statement-cache-capacity`, `socket`, `timezone`, `time-zone` |
-//! | `sqlite://` | `strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`; to sqlx: `mode`, `cache`, `immutable`, `vfs` |
+//! | `postgres://`, `postgresql://` | `strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`, `handover`; to sqlx: `sslmode`, `ssl-mode`, `sslrootcert`, `ssl-root-cert`, `ssl-ca`, `sslcert`, `ssl-cert`, `sslkey`, `ssl-key`, `statement-cache-capacity`, `host`, `hostaddr`, `port`, `dbname`, `user`, `password`, `application_name`, `options`, `options[NAME]` |
+//! | `mysql://`, `mariadb://` | `strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`, `handover`; to sqlx: `sslmode`, `ssl-mode`, `sslca`, `ssl-ca`, `sslcert`, `ssl-cert`, `sslkey`, `ssl-key`, `charset`, `collation`, `statement-cache-capacity`, `socket`, `timezone`, `time-zone` |
+//! | `sqlite://` | `strategy`, `table`, `pool_max`, `op_timeout_ms`, `interop`, `handover`; to sqlx: `mode`, `cache`, `immutable`, `vfs` |
 //! | `zk://`, `zks://` | `ca`, `cert`, `key`, `session_timeout_ms`, `namespace`, `digest`, `lost_after_disconnect`, `interop` |
 //! | `redlock://`, `redlocks://` | `node_timeout_ms`, `namespace`, `tls_ca`, `poll_ms`, `connect_timeout_ms`, `response_timeout_ms`, `handover` |
 //! | `etcd://`, `etcds://` | `ca`, `domain`, `timeout_ms` |

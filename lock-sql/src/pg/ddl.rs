@@ -5,7 +5,12 @@ use super::exclusion;
 use super::names::queue_table;
 
 /// The tables of lock table `t` (the lock rows, `<t>_shares`, `<t>_waits`), created or
-/// brought up to date in one implicit transaction.
+/// brought up to date in one implicit transaction. The waiters' queue carries what a release
+/// needs to grant its head the lock (`handover=grant`, see `handover`): the number of the
+/// waiter's last refused attempt (`ask`, NULL: wake it instead), its claim TTL in µs and its
+/// holder metadata; a granted entry has mode `'g'` and the fence it was granted (`granted`).
+/// Clients that predate these columns write none of them (their waiters are woken) and see
+/// granted entries as no waiter of theirs (they order only mode `'x'`).
 pub(super) fn tables(t: &str) -> String {
     let old_seq = format!("{}_fseq", &t[..t.len().min(57)]);
     let s = crate::shares::table(t);
@@ -40,6 +45,11 @@ pub(super) fn tables(t: &str) -> String {
                CREATE TABLE IF NOT EXISTS {q} (name TEXT NOT NULL, waiter TEXT NOT NULL, \
                  mode TEXT NOT NULL, enqueued TIMESTAMPTZ NOT NULL, expires TIMESTAMPTZ NOT NULL, \
                  PRIMARY KEY (name, waiter)); \
+               IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{q}'::regclass \
+                   AND attname = 'ask' AND NOT attisdropped) THEN \
+                 ALTER TABLE {q} ADD COLUMN ask BIGINT, ADD COLUMN claim FLOAT8, \
+                   ADD COLUMN holder TEXT, ADD COLUMN granted BIGINT; \
+               END IF; \
                IF to_regclass('{old_seq}') IS NOT NULL THEN \
                UPDATE {t} SET fence = (SELECT last_value FROM {old_seq}) \
                  WHERE fence < (SELECT last_value FROM {old_seq}); \

@@ -31,14 +31,16 @@ fn found(row: AttemptRow) -> Found<(Option<Duration>, bool)> {
 }
 
 /// One exclusive attempt's statement (`sql`: `lease_acquire`) for `m`, with the writer's
-/// mark (µs from now, 0 for none) and whether a loser enters the waiters' queue. A row lock
-/// or a transaction lock holding the name's key makes it busy.
+/// mark (µs from now, 0 for none), whether a loser enters the waiters' queue and, for one that
+/// asks a release to grant it the lock (`handover=grant`), this attempt's number and the
+/// claim TTL. A row lock or a transaction lock holding the name's key makes it busy.
 async fn exclusive_row(
     c: &mut PgConnection,
     sql: String,
     m: SetMember,
     mark_us: f64,
     queue: bool,
+    ask: Option<Ask>,
 ) -> sqlx::Result<AttemptRow> {
     let row = sqlx::query_as(AssertSqlSafe(sql))
         .bind(m.name.as_str())
@@ -48,12 +50,22 @@ async fn exclusive_row(
         .bind(mark_us)
         .bind(queue)
         .bind(QUEUE_ENTRY_TTL.as_micros() as f64)
+        .bind(ask.map(|a| a.number as i64))
+        .bind(ask.map_or(0.0, |a| a.claim.as_micros() as f64))
         .fetch_one(c)
         .await;
     match row {
         Err(e) if super::exclusion::key_busy(&e) => Ok((None, None, None, false, 0)),
         other => other,
     }
+}
+
+/// What a queued attempt leaves for a release to grant its waiter the lock
+/// (`handover=grant`, see `handover`): its number and the claim TTL.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Ask {
+    pub(super) number: u64,
+    pub(super) claim: Duration,
 }
 
 /// A PostgreSQL lease's statements once held (see [`LeaseStatements`]).
@@ -116,8 +128,9 @@ impl PgBackend {
     /// database knows it and no queued waiter is ahead of this one, and whether one is. `waits`: the attempt
     /// belongs to a waiting `lock()`, whose writer marks itself as waiting behind shared
     /// holders (a `try_lock` marks nothing); `queue`: an exclusive attempt that loses enters
-    /// the waiters' queue (or renews its entry there); `in_flight`, its wait's lock held until
-    /// the (detached) attempt is done, so that the wait's clean-up removes its entry after it.
+    /// the waiters' queue (or renews its entry there), asking for a grant with `ask`; `in_flight`,
+    /// its wait's lock held until the (detached) attempt is done, so that the wait's clean-up
+    /// removes its entry after it.
     ///
     /// Cancel safety: a share or lease won by an attempt whose caller is gone is released in
     /// the background.
@@ -127,6 +140,7 @@ impl PgBackend {
         bound: Instant,
         waits: bool,
         queue: bool,
+        ask: Option<Ask>,
         in_flight: Option<&Arc<tokio::sync::Mutex<()>>>,
     ) -> Result<(Option<Acquired>, Option<Duration>, bool)> {
         if req.mode != LockMode::Exclusive {
@@ -151,7 +165,7 @@ impl PgBackend {
             let _turn = turn;
             let reply: Option<AttemptRow> = conns
                 .run_unless_gone(&gone, bound, "acquiring a lease", move |c| {
-                    exclusive_row(c, sql.clone(), member.clone(), mark, queue).boxed()
+                    exclusive_row(c, sql.clone(), member.clone(), mark, queue, ask).boxed()
                 })
                 .await?;
             Ok(reply.map(found))
@@ -284,7 +298,7 @@ impl PgBackend {
     ) -> Result<lockcore::backend::SetAttempt> {
         let sql = self.sql.lease_acquire.clone();
         crate::lease::try_set_on(&self.conns, &self.held, reqs, move |c, m| {
-            exclusive_row(c, sql.clone(), m.clone(), 0.0, false)
+            exclusive_row(c, sql.clone(), m.clone(), 0.0, false, None)
                 .map(|row| row.map(|row| found(row).without_wait()))
                 .boxed()
         })

@@ -1,8 +1,15 @@
 //! PostgreSQL lease waiters: woken by LISTEN/NOTIFY (a release names the exclusive queue's
-//! head, or the name for shared and permit waiters who announced themselves), with a safety
-//! poll; a queued waiter whose wait ends without the lock leaves the queue.
+//! head, or the name for shared and permit waiters who announced themselves), or granted the
+//! lock by the release itself (`handover=grant`, see `handover`), with a safety poll; a queued
+//! waiter whose wait ends without the lock leaves the queue (and gives back a grant).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::handover::{self, Grant};
+use super::lease::Ask;
 use super::*;
+use crate::config::Handover;
+use crate::lease::SqlLease;
 
 impl PgBackend {
     /// The release notifications (and revocation notices), started at connect under the lease
@@ -102,7 +109,7 @@ impl PgBackend {
         // first and only one (no extra round trip for a contended wait).
         if self.wakeups.get().is_none() {
             match self
-                .lease_attempt(req, self.conns.bound_by(deadline), true, false, None)
+                .lease_attempt(req, self.conns.bound_by(deadline), true, false, None, None)
                 .await
             {
                 Ok((Some(acquired), _, _)) => return Ok(Some(acquired)),
@@ -121,6 +128,27 @@ impl PgBackend {
         // it itself. A shared or permit waiter's entry (made with its mark) goes in the
         // background whichever way its wait ends.
         let queued = req.mode == LockMode::Exclusive;
+        // handover=grant: each queued attempt leaves its number in the entry, and a release
+        // may grant this waiter the lock, naming the attempt (only to a renewed lease: the
+        // claim alone would be its validity). Numbers from `first_ask` on are this wait's.
+        let grants =
+            queued && rx.is_some() && req.renewed && self.config.handover == Handover::Grant;
+        let claim = handover::claim(req.ttl);
+        // A grant gives this token the lock before its lease exists: a revocation notice naming
+        // it meanwhile (the listener handles it before this waiter hears of the grant) fires
+        // this request's lost signal. Handed on to the lease once won; dropped (unregistered)
+        // when the wait ends without it.
+        let mut revocable = if grants {
+            self.held
+                .revocations
+                .watch_until_dropped(req.token.uuid().as_u128(), req.lost.reporter())
+        } else {
+            None
+        };
+        let first_ask = handover::next_ask();
+        let last_ask = Arc::new(AtomicU64::new(first_ask));
+        // The number of the last refused attempt and when it was sent.
+        let mut refused: Option<(u64, Instant)>;
         let in_flight = Arc::new(tokio::sync::Mutex::new(()));
         let dequeue = CleanUpIfCancelled::arm(
             Dequeue {
@@ -130,18 +158,28 @@ impl PgBackend {
                 table: self.config.table.clone(),
                 name: req.name.as_str().to_owned(),
                 token: req.token.to_hex(),
+                asks: (first_ask, last_ask.clone()),
             },
             &req.background,
         );
-        let called = format!("{WAITER_PREFIX}{}", req.token.to_hex());
+        let called_token = req.token.to_hex();
+        let called = format!("{WAITER_PREFIX}{called_token}");
         let backoff = lockcore::backend::Backoff::for_ttl(req.ttl);
         let mut attempt = 0u32;
         let mut marked_until: Option<Instant> = None;
         let mut entered = false;
         loop {
             let bound = self.conns.bound_by(deadline);
+            let ask = grants.then(|| Ask {
+                number: handover::next_ask(),
+                claim,
+            });
+            if let Some(a) = ask {
+                last_ask.store(a.number, Ordering::Release);
+            }
+            let sent = Instant::now();
             let (acquired, remaining, behind) = match self
-                .lease_attempt(req, bound, true, queued, Some(&in_flight))
+                .lease_attempt(req, bound, true, queued, ask, Some(&in_flight))
                 .await
             {
                 Ok(r) => r,
@@ -152,8 +190,12 @@ impl PgBackend {
                 if queued {
                     dequeue.disarm();
                 }
+                if let Some(w) = revocable.take() {
+                    w.hand_on();
+                }
                 return Ok(acquired);
             }
+            refused = ask.map(|a| (a.number, sent));
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);
@@ -203,6 +245,23 @@ impl PgBackend {
                 Some(rx) => loop {
                     tokio::select! {
                         m = rx.recv() => match m {
+                            Ok(Some(n)) if n.starts_with(handover::GRANT_PREFIX) => {
+                                match handover::grant_of(&n) {
+                                    Some(g) if g.token == called_token => {
+                                        if let Some(a) = self.granted(req, &g, refused) {
+                                            dequeue.disarm();
+                                            if let Some(w) = revocable.take() {
+                                                w.hand_on();
+                                            }
+                                            return Ok(Some(a));
+                                        }
+                                        // An earlier attempt's grant, or too old to hold on:
+                                        // the next attempt wins the row if it is still ours.
+                                        break;
+                                    }
+                                    _ => continue,
+                                }
+                            }
                             Ok(Some(n)) if &*n == req.name.as_str() || *n == *called => break,
                             Ok(Some(_)) => continue,
                             Ok(None) | Err(broadcast::error::RecvError::Lagged(_)) => break,
@@ -219,9 +278,38 @@ impl PgBackend {
     }
 }
 
+impl PgBackend {
+    /// The lease a grant gives (`handover=grant`): the release that granted it read the entry
+    /// the waiter's last refused attempt `refused` (its number, its send) left, so it ran
+    /// after that attempt reached the server, and the claim's validity counts from that send
+    /// (see `handover`). `None` when the grant names another attempt (a later one was refused
+    /// since, so the claim may be gone), or when less than a third of the claim is left (the
+    /// waiter then attempts again, which wins the row if it is still its own).
+    fn granted(
+        &self,
+        req: &AcquireRequest,
+        grant: &Grant<'_>,
+        refused: Option<(u64, Instant)>,
+    ) -> Option<Acquired> {
+        let (number, sent) = refused?;
+        if grant.ask != number {
+            return None;
+        }
+        let claim = handover::claim(req.ttl);
+        let margin = crate::capabilities::capabilities(&self.config).drift_margin(claim);
+        let valid_until = sent + claim.saturating_sub(margin);
+        if valid_until.saturating_duration_since(Instant::now()) < claim / 3 {
+            return None;
+        }
+        let lease = SqlLease::of(&self.held, req).with_fencing(grant.fence);
+        Some(Acquired::new(lease, sent).with_granted_ttl(claim))
+    }
+}
+
 /// The clean-up of a queued exclusive lease waiter whose wait ended without the lock: its
-/// queue entry removed, and the next waiter named if the lock is free (this one may have been
-/// woken as the head and gone).
+/// queue entry removed, the lock given back if a release granted it to this wait meanwhile
+/// (to the next head), and otherwise the next waiter named if the lock is free (this one may
+/// have been woken as the head and gone).
 struct Dequeue {
     /// Locked by each attempt until it is answered: a cancelled wait's attempt runs on
     /// detached and may still enter the queue, so the removal waits for it.
@@ -231,6 +319,10 @@ struct Dequeue {
     table: String,
     name: String,
     token: String,
+    /// The numbers of this wait's attempts: from the first, to the last one's (read once the
+    /// attempts are done). A grant answering another (a later wait of the same request) is
+    /// not this wait's to give back.
+    asks: (u64, Arc<AtomicU64>),
 }
 
 impl CancelCleanUp for Dequeue {
@@ -243,8 +335,10 @@ impl CancelCleanUp for Dequeue {
                 table,
                 name,
                 token,
+                asks,
             } = self;
             let _after = in_flight.lock_owned().await;
+            let (first, last) = (asks.0 as i64, asks.1.load(Ordering::Acquire) as i64);
             let stmt = sql.lease_dequeue.clone();
             let done: Result<i64> = conns
                 .run(conns.bound(), "leaving the lease queue", move |c| {
@@ -252,6 +346,8 @@ impl CancelCleanUp for Dequeue {
                         .bind(name.clone())
                         .bind(token.clone())
                         .bind(table.clone())
+                        .bind(first)
+                        .bind(last)
                         .fetch_one(c)
                         .boxed()
                 })

@@ -22,6 +22,7 @@ use crate::sql_errors::{db_code, map_err};
 
 mod ddl;
 pub(crate) mod exclusion;
+mod handover;
 mod lease;
 mod lease_wait;
 mod names;
@@ -78,13 +79,22 @@ struct Wakeups {
 }
 
 /// Every new connection: commits wait for the WAL flush (fencing tokens and leases must survive
-/// a crash whatever the server's default), and (PostgreSQL 14+) a waiter whose client is gone
-/// leaves the lock queue within 250 ms.
+/// a crash whatever the server's default), (PostgreSQL 14+) a waiter whose client is gone
+/// leaves the lock queue within 250 ms, and (PostgreSQL 12+) the prepared statements run on
+/// their generic plan, planned once per connection. Left to choose (`plan_cache_mode = auto`),
+/// the server planned the lease statements (CTEs over the lock row and the queue, every one a
+/// lookup by primary key, which a generic plan does as well) anew at every execution:
+/// measured through sqlx on PostgreSQL 15, a lease `try_lock` took 520 µs and its release
+/// 210 µs, 177 µs and 123 µs on the generic plan (most of the difference is planning).
 fn setup(conn: &mut PgConnection) -> futures::future::BoxFuture<'_, sqlx::Result<()>> {
     async move {
         let mut sql = String::from("SET synchronous_commit = on");
-        if conn.server_version_num().unwrap_or(0) >= 140000 {
+        let version = conn.server_version_num().unwrap_or(0);
+        if version >= 140000 {
             sql.push_str("; SET client_connection_check_interval = '250ms'");
+        }
+        if version >= 120000 {
+            sql.push_str("; SET plan_cache_mode = force_generic_plan");
         }
         sqlx::raw_sql(AssertSqlSafe(sql)).execute(conn).await?;
         Ok(())
@@ -132,7 +142,7 @@ impl PgBackend {
             t,
             &share_function(t, "sacq"),
             &share_function(t, "srel"),
-            &|chan, cond, but| statements::notify_head(&q, chan, cond, but),
+            &|chan, cond, but| handover::notify_head(&q, chan, cond, but),
         );
         conns
             .run(conns.bound(), "creating the share functions", move |c| {
@@ -185,7 +195,7 @@ impl PgBackend {
                 self.rows.in_turn(&req.name, wait, attempt).await
             }
             Strategy::Lease => Ok(self
-                .lease_attempt(req, self.conns.bound(), false, false, None)
+                .lease_attempt(req, self.conns.bound(), false, false, None, None)
                 .await?
                 .0),
         }

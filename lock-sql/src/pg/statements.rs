@@ -4,8 +4,9 @@
 use lockcore::LockMode;
 
 use super::exclusion;
+use super::handover::{RELEASED, notify_head, release_ctes};
 use super::names::{queue_table, share_function, table_seed};
-use crate::config::{Parsed, Strategy};
+use crate::config::{Handover, Parsed, Strategy};
 
 /// The row-lock statements of one mode, alike but for the advisory-lock functions they call:
 /// `pg_advisory_lock` and friends for an exclusive holder, `pg_advisory_lock_shared` and
@@ -67,16 +68,6 @@ impl Sql {
             _ => &self.row_exclusive,
         }
     }
-}
-
-/// The queue's head for name `$1` (the first live entry of queue table `q`), notified by name
-/// on channel `chan` when `cond` holds: only it tries; `but` leaves out an entry being removed.
-pub(super) fn notify_head(q: &str, chan: &str, cond: &str, but: &str) -> String {
-    format!(
-        "SELECT pg_notify({chan}, chr(1) || w.waiter) FROM (SELECT waiter FROM {q} \
-           WHERE name = $1 AND mode = 'x' AND expires > clock_timestamp() {but} \
-           ORDER BY enqueued, waiter LIMIT 1) w WHERE {cond}"
-    )
 }
 
 impl Sql {
@@ -141,7 +132,7 @@ impl Sql {
             Strategy::Lease => format!(
                 "SELECT COALESCE(r.owner IS NOT NULL AND r.expires_at > clock_timestamp(), false) AS held, \
                    EXTRACT(EPOCH FROM (r.expires_at - clock_timestamp()))::float8 AS remaining, \
-                   (SELECT count(*) FROM {q} w WHERE w.name = $1 \
+                   (SELECT count(*) FROM {q} w WHERE w.name = $1 AND w.mode <> 'g' \
                      AND w.expires > clock_timestamp()) AS waiting, r.fence, r.holder, \
                    (EXTRACT(EPOCH FROM r.acquired_at) * 1000)::float8 AS acquired_ms, \
                    NULL::int8 AS readers \
@@ -232,6 +223,7 @@ impl Sql {
         // A lease attempt takes the name's advisory key for its transaction: busy while a row
         // lock or a transaction lock has it (see `exclusion`).
         let takes_key = exclusion::lease_key_ctes(t);
+        let grant = config.handover == Handover::Grant;
         Sql {
             row_exclusive: row_sql(false),
             row_shared: row_sql(true),
@@ -258,9 +250,13 @@ impl Sql {
             // already this owner's (a retry whose answer was lost). A queued attempt (`$6`)
             // that loses enters the queue or renews its entry for `$7` µs and clears expired
             // entries (skipping those another statement holds: two waiters clearing each
-            // other's would deadlock); one that wins leaves it. An entry renewed within the
-            // last second is left as it is (the look again right after entering writes
-            // nothing), and an attempt that did not win commits without waiting for the WAL
+            // other's would deadlock); one that wins leaves it. A queued attempt asking for a
+            // grant (`handover=grant`) leaves in its entry its number (`$8`, NULL when it asks
+            // none), its claim TTL (`$9` µs) and its holder metadata, from which a release
+            // grants it the lock (see `handover`); an entry granted earlier whose claim passed
+            // is a plain entry again. An entry renewed within the
+            // last second and asking nothing new is left as it is (without grants the look
+            // again right after entering writes nothing), and an attempt that did not win commits without waiting for the WAL
             // flush (`lazy`: the setting is read at the statement's commit): the queue is soft
             // state, a crash loses nothing its waiters' next attempts do not make again, and a
             // won lease stays durable. The fourth column: someone is ahead (so the
@@ -302,11 +298,14 @@ impl Sql {
                    AND EXISTS (SELECT 1 FROM won)), \
                  gone AS (DELETE FROM {q} WHERE ctid IN (SELECT ctid FROM {q} WHERE $6 AND name = $1 \
                    AND expires <= clock_timestamp() AND waiter <> $2 FOR UPDATE SKIP LOCKED)), \
-                 queued AS (INSERT INTO {q} (name, waiter, mode, enqueued, expires) \
-                   SELECT $1, $2, 'x', clock_timestamp(), clock_timestamp() + $7::float8 * interval '1 microsecond' \
+                 queued AS (INSERT INTO {q} (name, waiter, mode, enqueued, expires, ask, claim, holder) \
+                   SELECT $1, $2, 'x', clock_timestamp(), clock_timestamp() + $7::float8 * interval '1 microsecond', \
+                     $8::int8, $9::float8, CASE WHEN $8::int8 IS NOT NULL THEN $4::text END \
                    WHERE $6 AND NOT EXISTS (SELECT 1 FROM won) \
-                   ON CONFLICT (name, waiter) DO UPDATE SET expires = EXCLUDED.expires \
-                   WHERE {q}.expires < EXCLUDED.expires - interval '1 second'), \
+                   ON CONFLICT (name, waiter) DO UPDATE SET expires = EXCLUDED.expires, mode = 'x', \
+                     granted = NULL, ask = EXCLUDED.ask, claim = EXCLUDED.claim, holder = EXCLUDED.holder \
+                   WHERE {q}.expires < EXCLUDED.expires - interval '1 second' \
+                     OR {q}.ask IS DISTINCT FROM EXCLUDED.ask OR {q}.mode <> 'x'), \
                  lazy AS (SELECT set_config('synchronous_commit', 'off', true) AS s \
                    WHERE NOT EXISTS (SELECT 1 FROM won)) \
                  SELECT (SELECT fence FROM won) AS fence, (SELECT remaining FROM busy) AS remaining, \
@@ -321,25 +320,37 @@ impl Sql {
             // The row (and its fencing counter) stays; a notification goes out on commit only
             // if a waiter announced itself (NOTIFY serialises commits on a global queue lock).
             // Waiters that announced themselves (`wait_until`: shared holders' waiters) hear
-            // the name; the exclusive waiters' queue hears only its head's token.
+            // the name; the exclusive waiters' queue hears only its head's token. With
+            // `handover=grant` the row goes to the queue's head instead, when it asked for it
+            // (see `handover::release_ctes`).
             lease_release: format!(
-                "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = 'epoch' \
-                   WHERE name = $1 AND owner = $2 AND expires_at > clock_timestamp() \
-                   RETURNING name, wait_until), \
-                 n AS (SELECT pg_notify($3, name) FROM r WHERE wait_until > clock_timestamp()), \
-                 h AS ({}) \
-                 SELECT (SELECT count(*) FROM r) + 0 * (SELECT count(*) FROM n) \
-                   + 0 * (SELECT count(*) FROM h)",
-                notify_head("$3", "EXISTS (SELECT 1 FROM r)", "")
+                "WITH {} {RELEASED}",
+                release_ctes(t, &q, "l.owner = $2", grant, true)
             ),
+            // The leaver's entry goes (a granted one only if the grant answered an attempt of
+            // this wait, numbered `$4` to `$5`: a later wait of the same request may hold it);
+            // the lock granted to it and not taken is given back as a release does (to the
+            // next head, granted or woken); otherwise the next head is woken if the lock is
+            // free (the leaver may have been woken as the head and gone).
             lease_dequeue: format!(
-                "WITH d AS (DELETE FROM {q} WHERE name = $1 AND waiter = $2 RETURNING 1), \
-                 h AS ({}) \
-                 SELECT (SELECT count(*) FROM d) + 0 * (SELECT count(*) FROM h)",
+                "WITH d AS (DELETE FROM {q} WHERE name = $1 AND waiter = $2 \
+                   AND (mode <> 'g' OR ask BETWEEN $4 AND $5) RETURNING mode, granted), \
+                 {}, \
+                 wk AS ({}) \
+                 SELECT (SELECT count(*) FROM d) + 0 * (SELECT count(*) FROM wk) \
+                   + 0 * ({RELEASED})",
+                release_ctes(
+                    t,
+                    &q,
+                    "l.owner = $2 AND l.fence = (SELECT granted FROM d WHERE mode = 'g')",
+                    grant,
+                    false
+                ),
                 notify_head(
                     "$3",
                     &format!(
-                        "EXISTS (SELECT 1 FROM d) AND NOT EXISTS (SELECT 1 FROM {t} \
+                        "EXISTS (SELECT 1 FROM d) AND NOT EXISTS (SELECT 1 FROM r) \
+                       AND NOT EXISTS (SELECT 1 FROM {t} \
                        WHERE name = $1 AND ((owner IS NOT NULL AND expires_at > clock_timestamp()) \
                          OR shares_until > clock_timestamp()))"
                     ),
@@ -347,7 +358,8 @@ impl Sql {
                 )
             ),
             queued_lease: format!(
-                "SELECT count(*) FROM {q} WHERE name = $1 AND expires > clock_timestamp()"
+                "SELECT count(*) FROM {q} WHERE name = $1 AND mode <> 'g' \
+                 AND expires > clock_timestamp()"
             ),
             // A shared or permit waiter's mark, and its queue entry (mode 's': counted by
             // `queued_waiters`, outside the exclusive waiters' order) as long as the mark.

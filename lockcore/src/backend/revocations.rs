@@ -61,7 +61,7 @@ impl Revocations {
         }
         self.watch(token, lost);
         Some(RevocationWatch {
-            revocations: self.clone(),
+            revocations: Some(self.clone()),
             token,
         })
     }
@@ -112,12 +112,25 @@ impl Revocations {
 /// dropping it unregisters the lease.
 #[derive(Debug)]
 pub struct RevocationWatch {
-    revocations: Arc<Revocations>,
+    /// `None` once handed on.
+    revocations: Option<Arc<Revocations>>,
     token: u128,
+}
+
+impl RevocationWatch {
+    /// Ends this registration without unregistering the token: a waiting request's watch
+    /// (registered before its lease exists, so that a notice naming a lock granted to it is
+    /// not missed) whose lease, now won, registered the same token itself and unregisters it
+    /// when dropped.
+    pub fn hand_on(mut self) {
+        self.revocations = None;
+    }
 }
 
 impl Drop for RevocationWatch {
     fn drop(&mut self) {
-        self.revocations.unwatch(self.token);
+        if let Some(r) = &self.revocations {
+            r.unwatch(self.token);
+        }
     }
 }

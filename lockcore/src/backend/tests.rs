@@ -405,6 +405,18 @@ fn a_revocation_notice_fires_the_named_leases_only() {
     revocations.unwatch(a_token);
     drop(b_watch);
     assert!(revocations.is_empty());
+    // A waiting request's watch handed on to the lease it won (the same token): the lease's
+    // registration stays until the lease's own is dropped.
+    let waiting = revocations
+        .watch_until_dropped(b_token, b.reporter())
+        .expect("listening");
+    let won = revocations
+        .watch_until_dropped(b_token, b.reporter())
+        .expect("listening");
+    waiting.hand_on();
+    assert_eq!(revocations.len(), 1, "handing on unregistered the lease");
+    drop(won);
+    assert!(revocations.is_empty());
 }
 
 /// A lease registered for revocation notices does not keep its request alive: the late win of
