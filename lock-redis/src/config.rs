@@ -4,6 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use lockcore::config::Handover;
 use lockcore::config::{UrlParts, UserInfoAt, check_millis, decode_userinfo, host_port};
 use lockcore::{Error, Result, Secret};
 
@@ -93,34 +94,10 @@ pub struct Config {
     #[serde(default)]
     pub interop: Option<crate::Interop>,
     /// How a release hands the lock to the next exclusive waiter (`handover=grant` or
-    /// `handover=wake`; see [`Handover`]).
+    /// `handover=wake`; see [`Handover`]). In locksmith's own layout only: under `interop=`
+    /// and with `min_replicas` a release always wakes.
     #[serde(default)]
     pub handover: Handover,
-}
-
-/// How a release hands the exclusive lock to the queue's head (locksmith's own layout; under
-/// `interop=` and with `min_replicas` a release always wakes).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Deserialize)]
-#[non_exhaustive]
-pub enum Handover {
-    /// The release publishes a wake-up naming the head, which then sends an acquire: two trips.
-    #[serde(rename = "wake")]
-    Wake,
-    /// The default: the release script gives the lock to the head itself, with a short claim
-    /// TTL, and publishes the grant; the head holds as soon as it arrives (one trip), and its
-    /// renewal extends the claim to the lease's TTL (see the `queue` module).
-    #[default]
-    #[serde(rename = "grant")]
-    Grant,
-}
-
-impl fmt::Display for Handover {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Handover::Wake => "wake",
-            Handover::Grant => "grant",
-        })
-    }
 }
 
 fn default_replica_timeout() -> Duration {

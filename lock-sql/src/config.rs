@@ -7,6 +7,7 @@ use std::time::Duration;
 
 // A query parameter's value is never shown when it looks like a secret (`sslkey`, a path, is
 // hidden anyway).
+pub use lockcore::config::Handover;
 use lockcore::config::is_secret_param;
 use lockcore::{Error, Result, Secret};
 
@@ -40,38 +41,6 @@ impl Strategy {
             Strategy::RowLock => "row-lock",
             Strategy::Lease => "lease",
         }
-    }
-}
-
-/// How a PostgreSQL lease's release hands the lock to the next exclusive waiter in the queue
-/// (`handover=` in the URL, `handover` in a config file; PostgreSQL with `strategy=lease` only).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Deserialize)]
-#[non_exhaustive]
-pub enum Handover {
-    /// The release notifies the queue's head, which then sends an attempt: two trips.
-    #[serde(rename = "wake")]
-    Wake,
-    /// The default: the release gives the lock to the queue's head itself, with a short claim
-    /// TTL, and notifies it of the grant; the head holds as soon as the notification arrives
-    /// (one trip), and its renewal extends the claim to the lease's TTL.
-    #[default]
-    #[serde(rename = "grant")]
-    Grant,
-}
-
-impl Handover {
-    /// The name used in URLs (`handover=grant` / `handover=wake`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Handover::Wake => "wake",
-            Handover::Grant => "grant",
-        }
-    }
-}
-
-impl fmt::Display for Handover {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

@@ -366,6 +366,9 @@ pub fn host_port(host: &str, port: u16) -> String {
 }
 
 pub use crate::secret::{is_secret_param, redact_url, redacted_userinfo};
+pub use handover::Handover;
+
+mod handover;
 
 /// Deserializes `T` from text pairs (a URL query, environment variables): each value is parsed as
 /// the field's type asks (`"250"` for a number, `"true"`/`"false"` for a flag, `"a,b"` for a
