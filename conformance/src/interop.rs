@@ -36,13 +36,29 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
+    let found = poll_until(within, || {
+        let ready = f();
+        async move { ready.await.then_some(()) }
+    });
+    found.await.is_some()
+}
+
+/// Polls `f` every 10 ms until it gives a value or `within` passes; the value, if one came.
+/// [`eventually`] for state whose value the caller wants (a queue's head, a key's holder).
+///
+/// Cancel safe.
+pub async fn poll_until<T, F, Fut>(within: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
     let end = Instant::now() + within;
     loop {
-        if f().await {
-            return true;
+        if let Some(value) = f().await {
+            return Some(value);
         }
         if Instant::now() >= end {
-            return false;
+            return None;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

@@ -1,7 +1,6 @@
 //! A TCP proxy between a client and a server, whose mode switches at run time.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -137,7 +136,7 @@ struct Shared {
     wire: Option<Wire>,
     /// Requests the clients sent: messages parsed when `wire` is set, reads from a client
     /// socket otherwise.
-    requests: AtomicU64,
+    requests: watch::Sender<u64>,
 }
 
 impl Shared {
@@ -229,7 +228,7 @@ impl Proxy {
             armed: Mutex::new(None),
             lost: watch::channel(0).0,
             wire,
-            requests: AtomicU64::new(0),
+            requests: watch::channel(0).0,
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(Proxy {
@@ -284,7 +283,18 @@ impl Proxy {
     /// client's request count is the server work it causes: a herd of waiters shows as a count
     /// growing with their number.
     pub fn requests(&self) -> u64 {
-        self.shared.requests.load(Ordering::SeqCst)
+        *self.shared.requests.borrow()
+    }
+
+    /// Waits up to `d` until the clients have sent at least `n` requests in all (see
+    /// [`Proxy::requests`]); whether they had.
+    ///
+    /// Cancel safe.
+    pub async fn wait_requests(&self, n: u64, d: Duration) -> bool {
+        let mut rx = self.shared.requests.subscribe();
+        tokio::time::timeout(d, rx.wait_for(|&r| r >= n))
+            .await
+            .is_ok_and(|r| r.is_ok())
     }
 
     /// Delays every chunk going in `direction` by `latency` (counted from when the proxy read
@@ -532,7 +542,7 @@ async fn pump(
             for m in parser.as_mut().map(|p| p.feed(chunk)).unwrap_or_default() {
                 match m {
                     Message::Request => {
-                        shared.requests.fetch_add(1, Ordering::SeqCst);
+                        shared.requests.send_modify(|r| *r += 1);
                     }
                     Message::Keepalive(reply) if answering => {
                         if let Some(tx) = &answer_tx {
@@ -566,7 +576,7 @@ async fn pump(
                 }
                 (Direction::ToServer, Loss::None) => {
                     if shared.wire.is_none() {
-                        shared.requests.fetch_add(1, Ordering::SeqCst);
+                        shared.requests.send_modify(|r| *r += 1);
                     }
                     match shared.picks(&tail, chunk) {
                         Some(ReplyLoss::Unsent) => {

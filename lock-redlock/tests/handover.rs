@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use conformance::interop::{eventually, poll_until};
 use conformance::time_scale;
 use faultkit::RedisServer;
 use lock_redlock::RedlockBackend;
@@ -78,17 +79,38 @@ impl Cluster {
     /// Waits (bounded) until the masters have run `count` script calls, and returns how many
     /// they ran.
     async fn script_calls_reach(&self, count: u64, what: &str) -> u64 {
-        let deadline = Instant::now() + scaled(Duration::from_secs(20));
-        loop {
+        poll_until(scaled(Duration::from_secs(20)), || async {
             let calls = self.script_calls().await;
-            if calls >= count {
-                return calls;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: {calls} script calls, {count} expected"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            (calls >= count).then_some(calls)
+        })
+        .await
+        .unwrap_or_else(|| panic!("{what}: fewer than {count} script calls"))
+    }
+
+    /// The value of `key` on master `i` (empty when it has none).
+    async fn key_on(&self, i: usize, key: &str) -> String {
+        let value = self.masters[i].cli(&["GET", key]).await.expect("GET");
+        value.trim().to_owned()
+    }
+
+    /// Waits (bounded) until the value of `key` on master `i` is one `done` accepts, and
+    /// returns it.
+    async fn await_key(
+        &self,
+        i: usize,
+        key: &str,
+        what: &str,
+        done: impl Fn(&str) -> bool,
+    ) -> String {
+        let done = &done;
+        let found = poll_until(scaled(Duration::from_secs(20)), || async move {
+            let value = self.key_on(i, key).await;
+            done(&value).then_some(value)
+        })
+        .await;
+        match found {
+            Some(value) => value,
+            None => panic!("{what}: master {i} holds {:?}", self.key_on(i, key).await),
         }
     }
 
@@ -96,21 +118,10 @@ impl Cluster {
     /// once a majority did; the rest may still be on their way), so that later script counts
     /// do not include it. Returns the key's owner token on each master.
     async fn key_everywhere(&self, key: &str) -> Vec<String> {
-        let deadline = Instant::now() + scaled(Duration::from_secs(20));
         let mut tokens = Vec::with_capacity(self.masters.len());
-        for (i, m) in self.masters.iter().enumerate() {
-            loop {
-                let token = m.cli(&["GET", key]).await.expect("GET").trim().to_owned();
-                if !token.is_empty() {
-                    tokens.push(token);
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "the key never reached master {i}"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+        for i in 0..self.masters.len() {
+            let token = self.await_key(i, key, "the key never came", |v| !v.is_empty());
+            tokens.push(token.await);
         }
         tokens
     }
@@ -118,25 +129,12 @@ impl Cluster {
     /// Waits (bounded) until every master has `count` entries in the queue of `key`.
     async fn queued_everywhere(&self, key: &str, count: usize) {
         let queue = key.replace(":lock", ":queue");
-        let deadline = Instant::now() + scaled(Duration::from_secs(20));
         for (i, m) in self.masters.iter().enumerate() {
-            loop {
-                let n: usize = m
-                    .cli(&["ZCARD", &queue])
-                    .await
-                    .expect("ZCARD")
-                    .trim()
-                    .parse()
-                    .expect("a count");
-                if n >= count {
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "{count} waiter(s) never queued on master {i} ({n})"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            let queued = eventually(scaled(Duration::from_secs(20)), || async {
+                let n = m.cli(&["ZCARD", &queue]).await.expect("ZCARD");
+                n.trim().parse::<usize>().expect("a count") >= count
+            });
+            assert!(queued.await, "{count} waiter(s) never queued on master {i}");
         }
     }
 
@@ -242,14 +240,9 @@ async fn a_majority_of_grants_holds_without_a_vote() {
     assert_eq!(before, start + 10, "the waiter voted twice, no more");
     held.release().await.expect("release");
     let g = won(rx, scaled(Duration::from_secs(10)), "a granted hand-over").await;
-    let deadline = Instant::now() + scaled(Duration::from_secs(10));
-    while cluster.script_calls().await < before + 5 {
-        assert!(
-            Instant::now() < deadline,
-            "the release did not reach every master"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    cluster
+        .script_calls_reach(before + 5, "the release did not reach every master")
+        .await;
     for (i, m) in cluster.masters.iter().enumerate() {
         assert_eq!(
             m.cli(&["GET", &key]).await.expect("GET").trim(),
@@ -266,15 +259,9 @@ async fn a_majority_of_grants_holds_without_a_vote() {
     // each master it runs before the guard's release, sent after on the same connection. Once
     // every master has run that release (the key is gone everywhere), any vote is counted.
     g.release().await.expect("release");
-    let deadline = Instant::now() + scaled(Duration::from_secs(10));
-    for (i, m) in cluster.masters.iter().enumerate() {
-        while !m.cli(&["GET", &key]).await.expect("GET").trim().is_empty() {
-            assert!(
-                Instant::now() < deadline,
-                "master {i} never ran the guard's release"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    for i in 0..cluster.masters.len() {
+        let what = "the guard's release never ran";
+        cluster.await_key(i, &key, what, str::is_empty).await;
     }
     assert_eq!(
         cluster.script_calls().await - before,
@@ -338,21 +325,10 @@ async fn a_handover_costs_the_release_and_the_requeued_vote_only() {
     let key_moved_on = |tokens: Vec<String>, what: String| {
         let (cluster, key) = (&cluster, &key);
         async move {
-            let deadline = Instant::now() + scaled(Duration::from_secs(10));
             let mut moved = Vec::with_capacity(tokens.len());
-            for (i, (m, token)) in cluster.masters.iter().zip(tokens).enumerate() {
-                loop {
-                    let now = m.cli(&["GET", key]).await.expect("GET").trim().to_owned();
-                    if now != token {
-                        moved.push(now);
-                        break;
-                    }
-                    assert!(
-                        Instant::now() < deadline,
-                        "{what}: master {i} never ran the release"
-                    );
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
+            for (i, token) in tokens.into_iter().enumerate() {
+                let now = cluster.await_key(i, key, &what, |v| v != token).await;
+                moved.push(now);
             }
             moved
         }
@@ -441,20 +417,8 @@ async fn a_crashed_granted_waiter_costs_the_next_at_most_the_claim() {
     cluster.queued_everywhere(&key, 2).await;
     let released = Instant::now();
     held.release().await.expect("release");
-    let deadline = Instant::now() + scaled(Duration::from_secs(10));
-    while cluster.masters[0]
-        .cli(&["GET", &key])
-        .await
-        .expect("GET")
-        .trim()
-        != ghost
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the dead waiter was never granted the lock"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let what = "the dead waiter was never granted the lock";
+    cluster.await_key(0, &key, what, |v| v == ghost).await;
     let ttl = cluster.masters[0].cli(&["PTTL", &key]).await.expect("PTTL");
     let ttl: i64 = ttl.trim().parse().expect("a PTTL");
     assert!(
@@ -503,20 +467,8 @@ async fn a_grant_lost_on_one_master_is_made_up_by_the_majority() {
         );
     }
     cluster.masters[4].process().resume().expect("SIGCONT");
-    let deadline = Instant::now() + scaled(Duration::from_secs(10));
-    while cluster.masters[4]
-        .cli(&["GET", &key])
-        .await
-        .expect("GET")
-        .trim()
-        != token
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the late release did not grant the waiter on master 4"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = "the late release did not grant the waiter";
+    cluster.await_key(4, &key, what, |v| v == token).await;
     assert!(g.is_valid());
     g.release().await.expect("release");
 }
@@ -586,20 +538,9 @@ async fn a_minority_of_grants_is_given_back() {
     }
     // Refused by a majority (2-4 hold the contender's key): an error, granted on 0 and 1.
     let _ = held.release().await;
-    let deadline = Instant::now() + scaled(Duration::from_secs(5));
-    for (i, m) in cluster.masters[..2].iter().enumerate() {
-        loop {
-            let now = m.cli(&["GET", &key]).await.expect("GET");
-            if now.trim().is_empty() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "master {i} still holds {} for the waiter: the minority grant was not given back",
-                now.trim()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    for i in 0..2 {
+        let what = "the minority grant was not given back";
+        cluster.await_key(i, &key, what, str::is_empty).await;
     }
     assert!(
         cluster.granted(&monitor, &token).await,

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 mod support;
 
+use conformance::interop::{eventually, poll_until};
 use faultkit::{Proxy, ProxyMode, Wire, rewrite_url};
 use lockcore::{LockGuard, LockOptions, Locker, Result};
 use support::{client, pg_url, scaled, unique, with_params};
@@ -54,22 +55,16 @@ impl Table {
              AND ask IS NOT NULL AND expires > clock_timestamp() ORDER BY enqueued, waiter LIMIT 1",
             self.name
         );
-        let t0 = Instant::now();
-        loop {
-            let head: Option<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
+        let (pool, sql) = (&self.pool, &sql);
+        poll_until(scaled(Duration::from_secs(10)), || async move {
+            sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
                 .bind(name)
-                .fetch_optional(&self.pool)
+                .fetch_optional(pool)
                 .await
-                .unwrap();
-            if let Some(h) = head {
-                return h;
-            }
-            assert!(
-                t0.elapsed() < scaled(Duration::from_secs(10)),
-                "no waiter asking for a grant in the queue"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+                .unwrap()
+        })
+        .await
+        .expect("no waiter asking for a grant in the queue")
     }
 
     /// How many live exclusive entries the queue has.
@@ -88,14 +83,13 @@ impl Table {
 
     /// Until `n` exclusive waiters are queued.
     async fn until_queued(&self, name: &str, n: i64) {
-        let t0 = Instant::now();
-        while self.queued(name).await < n {
-            assert!(
-                t0.elapsed() < scaled(Duration::from_secs(10)),
-                "{n} waiters never queued"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        assert!(
+            eventually(scaled(Duration::from_secs(10)), || async {
+                self.queued(name).await >= n
+            })
+            .await,
+            "{n} waiters never queued"
+        );
     }
 
     /// The lock row: (owner, fence, expiry and acquisition in seconds on the server's clock).
@@ -169,14 +163,12 @@ async fn proxied(url: &str) -> (Proxy, String) {
 /// period away.
 async fn after_a_request(proxy: &Proxy) {
     let seen = proxy.requests();
-    let t0 = Instant::now();
-    while proxy.requests() == seen {
-        assert!(
-            t0.elapsed() < scaled(Duration::from_secs(10)),
-            "the waiter sent no request"
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    assert!(
+        proxy
+            .wait_requests(seen + 1, scaled(Duration::from_secs(10)))
+            .await,
+        "the waiter sent no request"
+    );
 }
 
 fn waiting(locker: &Locker, name: &str) -> JoinHandle<Result<LockGuard>> {
@@ -220,14 +212,13 @@ async fn a_grant_costs_the_waiter_no_request() {
     assert!(wg.valid_until() <= wg.acquired_at() + CLAIM);
     assert_eq!(wg.fencing_token(), Some(released_fence + 1));
     // Renewed to the TTL within the claim, and held throughout.
-    let t0 = Instant::now();
-    while wg.valid_until() < wg.acquired_at() + CLAIM {
-        assert!(
-            t0.elapsed() < scaled(Duration::from_secs(10)),
-            "the granted lease was not renewed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        eventually(scaled(Duration::from_secs(10)), || async {
+            wg.valid_until() >= wg.acquired_at() + CLAIM
+        })
+        .await,
+        "the granted lease was not renewed"
+    );
     assert!(wg.is_valid());
     let (owner, fence, ..) = table.row(&name).await;
     assert_eq!(owner.as_deref(), Some(token.as_str()));

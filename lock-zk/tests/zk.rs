@@ -688,7 +688,7 @@ async fn held_leases_cost_one_watch_each() {
     assert_eq!(backend.stats().node_watches, LEASES as u64);
     // The watches go out from their tasks: wait (bounded) until they have.
     let expected = 3 * LEASES as u64;
-    eventually(scaled(20), || async { proxy.requests() - sent >= expected }).await;
+    proxy.wait_requests(sent + expected, scaled(20)).await;
     let requests = proxy.requests() - sent;
     assert_eq!(
         requests, expected,
