@@ -200,10 +200,7 @@ impl Inner {
             return None;
         }
         let claim = self.claim(req);
-        let valid_until = sent + claim.saturating_sub(self.caps.drift_margin(claim));
-        if valid_until.saturating_duration_since(Instant::now()) < claim / 3 {
-            return None;
-        }
+        self.caps.granted_until(sent, claim)?;
         let fence = req.fencing.wanted().then_some(grant.fence);
         Some(Acquired::new(self.won_lease(req, fence), sent).with_granted_ttl(claim))
     }

@@ -93,10 +93,7 @@ impl RedlockBackend {
             return None;
         }
         let inner = &self.inner;
-        let valid_until = r.sent_at + r.claim.saturating_sub(inner.caps.drift_margin(r.claim));
-        if valid_until.saturating_duration_since(Instant::now()) < r.claim / 3 {
-            return None;
-        }
+        let valid_until = inner.caps.granted_until(r.sent_at, r.claim)?;
         let lease = RedlockLease {
             inner: inner.clone(),
             keys: keys.clone(),

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::{Compatibility, Support};
+use crate::{Compatibility, Instant, Support};
 
 /// The longest TTL accepted by the contract; a backend may declare a smaller range
 /// ([`Capabilities::max_ttl`]).
@@ -169,6 +169,17 @@ impl Capabilities {
         let rate = ttl.as_nanos().saturating_mul(u128::from(self.drift_ppm)) / 1_000_000;
         Duration::from_nanos(rate.min(u128::from(u64::MAX)) as u64).saturating_add(self.drift_fixed)
     }
+
+    /// Until when a lock a release granted with a claim of `claim` is held, counted from
+    /// `sent`, the send of the waiter's last refused attempt (the grant answers it, so the
+    /// release ran after it reached the server), less the drift margin. `None` when less than
+    /// a third of the claim is left now: too little to hold on until the first renewal
+    /// extends it, so the waiter attempts again (and wins the lock if it is still its own).
+    /// The rule every server-side hand-over shares (Redis, Redlock, PostgreSQL leases).
+    pub fn granted_until(&self, sent: Instant, claim: Duration) -> Option<Instant> {
+        let valid_until = sent + claim.saturating_sub(self.drift_margin(claim));
+        (valid_until.saturating_duration_since(Instant::now()) >= claim / 3).then_some(valid_until)
+    }
 }
 
 fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -201,5 +212,29 @@ impl Default for Capabilities {
             notes: Vec::new(),
             compatibility: Compatibility::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::Capabilities;
+    use crate::Instant;
+
+    #[test]
+    fn a_grant_holds_from_the_refused_attempts_send_while_a_third_of_its_claim_is_left() {
+        let caps = Capabilities {
+            drift_ppm: 10_000,
+            drift_fixed: Duration::from_millis(2),
+            ..Capabilities::default()
+        };
+        let claim = Duration::from_secs(6);
+        let margin = Duration::from_millis(60 + 2);
+        let sent = Instant::now();
+        assert_eq!(caps.granted_until(sent, claim), Some(sent + claim - margin));
+        // Sent so long ago that less than a third of the claim is left: attempt again.
+        let old = Instant::now() - (claim - claim / 4);
+        assert_eq!(caps.granted_until(old, claim), None);
     }
 }

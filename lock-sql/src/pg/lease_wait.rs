@@ -296,11 +296,7 @@ impl PgBackend {
             return None;
         }
         let claim = handover::claim(req.ttl);
-        let margin = crate::capabilities::capabilities(&self.config).drift_margin(claim);
-        let valid_until = sent + claim.saturating_sub(margin);
-        if valid_until.saturating_duration_since(Instant::now()) < claim / 3 {
-            return None;
-        }
+        crate::capabilities::capabilities(&self.config).granted_until(sent, claim)?;
         let lease = SqlLease::of(&self.held, req).with_fencing(grant.fence);
         Some(Acquired::new(lease, sent).with_granted_ttl(claim))
     }
