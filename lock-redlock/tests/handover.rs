@@ -166,12 +166,15 @@ fn scaled(d: Duration) -> Duration {
     d.mul_f64(time_scale())
 }
 
+/// The lock key of `n` on every master.
+async fn lock_key(cluster: &Cluster, n: &LockName) -> String {
+    let backend = RedlockBackend::connect(&cluster.url("")).await;
+    backend.expect("connect").lock_key(n)
+}
+
 /// The keys of `n` on every master: the lock, its queue, the queue's expiries, the grants.
 async fn keys_of(cluster: &Cluster, n: &LockName) -> (String, String, String, String) {
-    let key = RedlockBackend::connect(&cluster.url(""))
-        .await
-        .expect("connect")
-        .lock_key(n);
+    let key = lock_key(cluster, n).await;
     let of = |suffix: &str| key.replace(":lock", suffix);
     let (queue, queue_exp, grants) = (of(":queue"), of(":queuexp"), of(":grants"));
     (key, queue, queue_exp, grants)
@@ -219,10 +222,7 @@ async fn a_majority_of_grants_holds_without_a_vote() {
     let holder = cluster.client("poll_ms=600000").await;
     let waiters = cluster.client("poll_ms=600000").await;
     let n = name("majority");
-    let key = RedlockBackend::connect(&cluster.url(""))
-        .await
-        .expect("connect")
-        .lock_key(&n);
+    let key = lock_key(&cluster, &n).await;
     let held = holder.lock(&n, &long()).await.expect("holder locks");
     cluster.key_everywhere(&key).await;
     let start = cluster.script_calls().await;
@@ -290,10 +290,7 @@ async fn a_handover_costs_the_release_and_the_requeued_vote_only() {
     let cluster = Cluster::start().await;
     let holder = cluster.client("poll_ms=600000").await;
     let n = name("count");
-    let key = RedlockBackend::connect(&cluster.url(""))
-        .await
-        .expect("connect")
-        .lock_key(&n);
+    let key = lock_key(&cluster, &n).await;
     let held = holder.lock(&n, &long()).await.expect("holder locks");
     cluster.key_everywhere(&key).await;
     type Got = (usize, tokio::sync::oneshot::Sender<()>);
@@ -445,10 +442,7 @@ async fn a_grant_lost_on_one_master_is_made_up_by_the_majority() {
     let holder = cluster.client("poll_ms=600000").await;
     let waiters = cluster.client("poll_ms=600000").await;
     let n = name("one-lost");
-    let key = RedlockBackend::connect(&cluster.url(""))
-        .await
-        .expect("connect")
-        .lock_key(&n);
+    let key = lock_key(&cluster, &n).await;
     let held = holder.lock(&n, &long()).await.expect("holder locks");
     let rx = waiter(&waiters, &n, long());
     cluster.queued_everywhere(&key, 1).await;
@@ -522,10 +516,7 @@ async fn a_minority_of_grants_is_given_back() {
     let holder = cluster.client("poll_ms=600000").await;
     let waiters = cluster.client("poll_ms=600000").await;
     let n = name("minority");
-    let key = RedlockBackend::connect(&cluster.url(""))
-        .await
-        .expect("connect")
-        .lock_key(&n);
+    let key = lock_key(&cluster, &n).await;
     let held = holder.lock(&n, &long()).await.expect("holder locks");
     let rx = waiter(&waiters, &n, long());
     cluster.queued_everywhere(&key, 1).await;
