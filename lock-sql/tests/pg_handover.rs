@@ -348,7 +348,23 @@ async fn a_waiter_cancelled_between_grant_and_notification_gives_it_back() {
     table.until_queued(&name, 2).await;
     // Right after the head's poll (the next is 500 ms away): granted without a word, and the
     // head's lock() dropped.
+    let (_, ask) = table.head_asking(&name).await;
     after_a_request(&proxy).await;
+    // And its attempt answered by the server (its entry names a later attempt): granted while
+    // that attempt was still on its way, the head would hold by its own attempt, not the grant.
+    let (pool, table_name) = (&table.pool, &table.name);
+    let answered = format!("SELECT ask FROM {table_name}_waits WHERE name = $1 AND waiter = $2");
+    let later = poll_until(scaled(Duration::from_secs(10)), || async {
+        let now: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(answered.clone()))
+            .bind(&name)
+            .bind(&token)
+            .fetch_optional(pool)
+            .await
+            .unwrap()
+            .flatten();
+        now.filter(|&a| a > ask)
+    });
+    later.await.expect("the head's poll was never answered");
     let (granted_to, fence, claim_end) = table.grant_silently(&name).await;
     c.abort();
     assert_eq!(granted_to, token);
